@@ -1,0 +1,33 @@
+# The user's interface. `make demo` and `make test` are the README's two commands.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test demo bench test-vllm tools clean
+
+install: $(STAMP)
+
+# Reinstall when the project's dependencies change.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+# Real Prometheus, Alertmanager, promtool, docker-compose and Chromium: installed from Debian when
+# we are root on Debian, otherwise the tests that need them skip with one loud line.
+tools:
+	@bash tools/ensure-tools.sh
+
+test: install tools
+	$(BIN)/pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+demo: install
+	$(BIN)/llm-vitals-sim --backends 3 --port 8101 --proxy 8100
+
+bench: install
+	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

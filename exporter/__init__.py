@@ -1,0 +1,1 @@
+"""llm-vitals exporter."""

@@ -1,0 +1,1 @@
+"""Shared pieces of llm-vitals: duration parsing and logging, used by the exporter, remediator and simulator."""
