@@ -1,0 +1,121 @@
+"""The Grafana dashboard as shipped: in sync with its generator, well-formed, on the metric contract.
+
+The end-to-end test runs the same queries (`dashboards/queries.py`) against a real Prometheus;
+here everything is offline, with promtool's parser as the judge of PromQL syntax.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO, require_binary
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"dashboards_{name}", REPO / "dashboards" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # NamedTuple/dataclass machinery looks the module up
+    spec.loader.exec_module(module)
+    return module
+
+
+generate = _load("generate")
+queries = _load("queries")
+
+BOARD = json.loads((REPO / "dashboards" / "llm-vitals.json").read_text())
+
+
+def test_committed_json_is_what_the_generator_writes():
+    committed = (REPO / "dashboards" / "llm-vitals.json").read_text()
+    assert committed == generate.render(), "run: python dashboards/generate.py"
+
+
+def test_every_panel_has_a_datasource_and_a_query_on_the_target_variable():
+    variables = {v["name"]: v for v in BOARD["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert BOARD["panels"], "dashboard has no panels"
+    for panel in BOARD["panels"]:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        assert panel["targets"], f"panel {panel['title']!r} has no query"
+        for tgt in panel["targets"]:
+            assert tgt["datasource"] == panel["datasource"], panel["title"]
+            assert tgt["expr"].strip(), panel["title"]
+            assert '=~"$target"' in tgt["expr"], f"{panel['title']!r} ignores the target variable"
+
+
+def test_target_variable_lists_targets_from_target_info():
+    target = next(v for v in BOARD["templating"]["list"] if v["name"] == "target")
+    assert target["type"] == "query"
+    assert queries.variable_query(BOARD) == "label_values(llm_vitals_target_info, target)"
+    assert target["datasource"]["uid"] == "${datasource}"
+    assert target["multi"] and target["includeAll"] and target["allValue"] == ".+"
+
+
+def test_queries_name_only_contract_metrics():
+    used: set[str] = set()
+    for q in queries.dashboard_queries():
+        names = queries.metric_names(q.expr)
+        assert names, f"{q.panel}: no metric found in {q.expr}"
+        assert names <= queries.CONTRACT_METRICS, f"{q.panel}: {names - queries.CONTRACT_METRICS}"
+        used |= names
+    used.add("llm_vitals_target_info")  # via the variable
+    # The issue's panel list: state, steps/s, tokens/s, running/waiting, stuck seconds, restarts,
+    # canary results, remediator decisions by reason.
+    required = {
+        "llm_vitals_state", "llm_vitals_engine_steps_per_second",
+        "llm_vitals_generation_tokens_per_second", "llm_vitals_requests_running",
+        "llm_vitals_requests_waiting", "llm_vitals_stuck_seconds", "llm_vitals_restarts_total",
+        "llm_vitals_canary_requests_total", "llm_vitals_remediator_decisions_total",
+    }
+    assert required <= used, f"missing panels for {required - used}"
+
+
+def test_state_timeline_maps_every_exporter_state():
+    timeline = next(p for p in BOARD["panels"] if p["type"] == "state-timeline")
+    options = timeline["fieldConfig"]["defaults"]["mappings"][0]["options"]
+    assert {o["text"] for o in options.values()} == {
+        "starting", "idle", "busy", "stuck", "unresponsive", "down"}
+    for number, option in options.items():
+        assert f"* {number}" in timeline["targets"][0]["expr"]
+        assert f'state="{option["text"]}"' in timeline["targets"][0]["expr"]
+
+
+def test_panels_have_unique_ids_and_do_not_overlap():
+    ids = [p["id"] for p in BOARD["panels"]]
+    assert len(ids) == len(set(ids))
+    cells: set[tuple[int, int]] = set()
+    for panel in BOARD["panels"]:
+        pos = panel["gridPos"]
+        assert pos["x"] + pos["w"] <= 24, panel["title"]
+        mine = {(x, y) for x in range(pos["x"], pos["x"] + pos["w"])
+                for y in range(pos["y"], pos["y"] + pos["h"])}
+        assert not cells & mine, f"{panel['title']!r} overlaps another panel"
+        cells |= mine
+
+
+def test_substitution_rejects_unknown_variables():
+    assert queries.substitute('x{target=~"$target"}[$__rate_interval]', "a|b", "30s") == \
+        'x{target=~"a|b"}[30s]'
+    with pytest.raises(ValueError, match=r"unknown variable \$nope"):
+        queries.substitute("x{a=\"$nope\"}")
+
+
+def test_every_query_parses_with_promtool(tmp_path):
+    """promtool's PromQL parser, via recording rules: one rule per dashboard query."""
+    promtool = require_binary("promtool")
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:panel_{i}", "expr": q.expr}
+        for i, q in enumerate(queries.dashboard_queries(target="gpu-a|gpu-b", rate_interval="1m"))
+    ]}]}
+    path = tmp_path / "dashboard-queries.rules.yml"
+    path.write_text(yaml.safe_dump(rules))
+    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr

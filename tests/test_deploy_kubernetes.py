@@ -1,0 +1,283 @@
+"""deploy/kubernetes/: every manifest schema-valid offline, and the probes where they must be.
+
+Schemas come from `kubernetes-validate` (it ships them; no cluster, no network). The Prometheus
+Operator's CRDs (ServiceMonitor, PrometheusRule) have no schema there, so they get a structure
+check instead, and the PrometheusRule must be exactly the wrapped `alerts/llm-vitals.rules.yml`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from pathlib import Path
+
+import aiohttp
+import kubernetes_validate
+import pytest
+import yaml
+
+from conftest import REPO
+
+from exporter.app import create_app
+from exporter.settings import ExporterSettings, parse_settings
+from remediator.settings import KubernetesTarget, Settings as RemediatorSettings
+
+K8S = REPO / "deploy" / "kubernetes"
+# Native sidecars (initContainers with restartPolicy: Always) need 1.29; check a recent one too.
+VERSIONS = ["1.29.0", "1.33.0"]
+CRDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def _manifests() -> list[tuple[str, dict]]:
+    docs = []
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is not None:
+                docs.append((path.name, doc))
+    return docs
+
+
+MANIFESTS = _manifests()
+
+
+def _one(kind: str, name: str) -> dict:
+    found = [d for _, d in MANIFESTS if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def _load_script(path: Path):
+    spec = importlib.util.spec_from_file_location("make_prometheusrule", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---- every manifest -------------------------------------------------------------------------
+
+def test_kustomization_lists_every_manifest_file():
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kustomization["resources"]) == files
+    assert kustomization["namespace"] == "llm"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_builtin_manifest_is_schema_valid(version):
+    checked = 0
+    for filename, doc in MANIFESTS:
+        if doc["kind"] in CRDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{filename}: {doc['kind']}/{doc['metadata']['name']}: {exc.message} at "
+                        f"{'.'.join(str(p) for p in exc.path)}")
+        checked += 1
+    assert checked >= 12
+
+
+def test_the_validator_rejects_a_typo():
+    """Strict mode is live: a misspelt probe field is an error, not silently dropped."""
+    deployment = yaml.safe_load(yaml.safe_dump(_one("Deployment", "vllm-a")))
+    probe = deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]
+    probe["failureTreshold"] = probe.pop("failureThreshold")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, VERSIONS[0], strict=True)
+
+
+def test_crds_have_the_expected_structure():
+    service = _one("Service", "llm-vitals")
+    monitor = _one("ServiceMonitor", "llm-vitals")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    labels = monitor["spec"]["selector"]["matchLabels"]
+    assert labels.items() <= service["metadata"]["labels"].items()
+    ports = {p["name"] for p in service["spec"]["ports"]}
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["http"] and "http" in ports
+    remediator_monitor = _one("ServiceMonitor", "llm-vitals-remediator")
+    remediator_service = _one("Service", "llm-vitals-remediator")
+    assert remediator_monitor["spec"]["selector"]["matchLabels"].items() <= \
+        remediator_service["metadata"]["labels"].items()
+    # Only the fleet exporter is scraped: the sidecar shims would duplicate every series.
+    assert not monitor["spec"]["selector"]["matchLabels"].items() <= \
+        remediator_service["metadata"]["labels"].items()
+    rule = _one("PrometheusRule", "llm-vitals")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    for group in rule["spec"]["groups"]:
+        assert group["name"] and group["rules"]
+        for r in group["rules"]:
+            assert set(r) <= {"alert", "record", "expr", "for", "labels", "annotations",
+                              "keep_firing_for"}
+            assert r["expr"]
+
+
+def test_prometheusrule_is_in_sync_with_the_rules_file():
+    script = _load_script(K8S / "make_prometheusrule.py")
+    committed = (K8S / "prometheusrule.yaml").read_text()
+    assert committed == script.render(), "run: python deploy/kubernetes/make_prometheusrule.py"
+    rules = yaml.safe_load((REPO / "alerts" / "llm-vitals.rules.yml").read_text())
+    assert yaml.safe_load(committed)["spec"]["groups"] == rules["groups"]
+    assert script.main(["--check"]) == 0
+
+
+def test_make_prometheusrule_rejects_a_file_without_groups(tmp_path):
+    script = _load_script(K8S / "make_prometheusrule.py")
+    bad = tmp_path / "rules.yml"
+    bad.write_text("rules: []\n")
+    with pytest.raises(ValueError, match="groups"):
+        script.render(bad)
+
+
+# ---- the vLLM pod: probes on the server, aimed at the shim ----------------------------------
+
+def _pod(name: str) -> dict:
+    return _one("Deployment", name)["spec"]["template"]["spec"]
+
+
+def test_probes_sit_on_the_server_container_and_target_the_shim_port():
+    pod = _pod("vllm-a")
+    (server,) = pod["containers"]
+    (shim,) = pod["initContainers"]
+    assert server["name"] == "vllm" and "vllm-openai" in server["image"]
+    assert shim["restartPolicy"] == "Always", "the shim must be a native sidecar"
+    shim_port = next(p["containerPort"] for p in shim["ports"] if p["name"] == "vitals")
+    expected = {"startupProbe": "startup", "readinessProbe": "ready", "livenessProbe": "live"}
+    for key, route in expected.items():
+        probe = server[key]["httpGet"]
+        assert probe["port"] == shim_port, key
+        assert probe["path"] == f"/probe/vllm-a/{route}", key
+    startup, liveness = server["startupProbe"], server["livenessProbe"]
+    assert (startup["failureThreshold"], startup["periodSeconds"]) == (90, 10)
+    assert (liveness["periodSeconds"], liveness["failureThreshold"]) == (20, 6)
+
+
+def test_the_shim_has_no_liveness_or_readiness_probe():
+    (shim,) = _pod("vllm-a")["initContainers"]
+    assert "livenessProbe" not in shim, "a liveness failure must restart the server, not the shim"
+    assert "readinessProbe" not in shim
+
+
+def test_prestop_drains_through_the_shim():
+    (server,) = _pod("vllm-a")["containers"]
+    command = server["lifecycle"]["preStop"]["exec"]["command"]
+    script = command[-1]
+    assert "http://127.0.0.1:9471/probe/vllm-a/drain" in script and 'method="POST"' in script
+    assert "LLM_VITALS_DRAIN_TOKEN" in script
+    env = {e["name"]: e for e in server["env"]}
+    assert env["LLM_VITALS_DRAIN_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "drain-token"
+    # Drain + wait must fit in the grace period.
+    assert _pod("vllm-a")["terminationGracePeriodSeconds"] >= 30
+
+
+def _configmap_yaml(name: str, key: str) -> dict:
+    return yaml.safe_load(_one("ConfigMap", name)["data"][key])
+
+
+def test_shim_config_is_a_valid_exporter_config_for_the_probed_target():
+    settings = ExporterSettings.model_validate(_configmap_yaml("vllm-a-shim", "exporter.yaml"))
+    assert [t.name for t in settings.targets] == ["vllm-a"]
+    assert settings.port == 9471 and settings.host == "0.0.0.0"
+    target = settings.targets[0]
+    assert target.base_url == "http://127.0.0.1:8000"
+    # startup_grace covers the probe's startup budget (90 x 10 s).
+    assert target.startup_grace >= 900
+    assert settings.drain_token_file is not None
+
+
+# ---- the fleet exporter and the remediator --------------------------------------------------
+
+def test_fleet_exporter_and_remediator_know_the_same_targets():
+    exporter = ExporterSettings.model_validate(_configmap_yaml("llm-vitals-exporter", "exporter.yaml"))
+    remediator = RemediatorSettings.model_validate(
+        _configmap_yaml("llm-vitals-remediator", "remediator.yaml"))
+    assert {t.name for t in exporter.targets} == set(remediator.targets)
+    assert remediator.exporter_url == "http://llm-vitals:9471"
+    for name, target in remediator.targets.items():
+        assert isinstance(target, KubernetesTarget)
+        assert target.namespace == "llm"
+        # The selector picks exactly this target's pods.
+        selector = dict(part.split("=") for part in target.pod_selector.split(","))
+        deployment = _one("Deployment", name)
+        assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+        assert target.max_pods == 1
+
+
+def test_remediator_is_one_replica_with_a_journal_on_a_pvc():
+    deployment = _one("Deployment", "llm-vitals-remediator")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "llm-vitals-remediator"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    claim = volumes["journal"]["persistentVolumeClaim"]["claimName"]
+    _one("PersistentVolumeClaim", claim)
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    settings = RemediatorSettings.model_validate(
+        _configmap_yaml("llm-vitals-remediator", "remediator.yaml"))
+    assert str(settings.state_path.parent) == mounts["journal"]
+
+
+def test_remediator_rbac_is_get_list_delete_pods_in_its_namespace_only():
+    kinds = {d["kind"] for _, d in MANIFESTS}
+    assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
+    role = _one("Role", "llm-vitals-remediator")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"],
+                              "verbs": ["get", "list", "delete"]}]
+    binding = _one("RoleBinding", "llm-vitals-remediator")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "llm-vitals-remediator"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llm-vitals-remediator"}]
+    _one("ServiceAccount", "llm-vitals-remediator")
+
+
+def test_exporter_service_is_the_job_the_rules_expect():
+    rules = (REPO / "alerts" / "llm-vitals.rules.yml").read_text()
+    # The Prometheus Operator names the job after the Service.
+    assert 'job="llm-vitals"' in rules
+    _one("Service", "llm-vitals")
+
+
+def test_the_server_stays_reachable_to_the_exporter_when_unready():
+    service = _one("Service", "vllm-a")
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    exporter = ExporterSettings.model_validate(_configmap_yaml("llm-vitals-exporter", "exporter.yaml"))
+    assert exporter.target("vllm-a").base_url == "http://vllm-a:8000"
+
+
+# ---- the preStop hook against the real shim -------------------------------------------------
+
+async def _run_prestop(port: int, token: str) -> str:
+    """The hook's own script, aimed at a test port, without its 15 s wait."""
+    (server,) = _pod("vllm-a")["containers"]
+    script = server["lifecycle"]["preStop"]["exec"]["command"][-1]
+    script = "import time\ntime.sleep = lambda seconds: None\n" + script.replace(":9471/", f":{port}/")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, env={"LLM_VITALS_DRAIN_TOKEN": token},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=30)
+    assert process.returncode == 0, output
+    return output.decode()
+
+
+async def test_prestop_hook_drains_the_real_shim(aiohttp_server, tmp_path):
+    """The hook's python, run for real against the exporter app with the shim's config."""
+    token_file = tmp_path / "drain-token"
+    token_file.write_text("drain-secret\n")
+    config = _configmap_yaml("vllm-a-shim", "exporter.yaml")
+    config["drain_token_file"] = str(token_file)
+    server = await aiohttp_server(create_app(parse_settings(config, environ={}), poll=False))
+
+    output = await _run_prestop(server.port, "wrong-token")
+    assert "drain failed" in output  # best effort: a refused drain never blocks shutdown
+    async with aiohttp.ClientSession() as session:
+        async with session.get(server.make_url("/api/v1/targets/vllm-a")) as answer:
+            assert (await answer.json())["draining"] is False
+
+        assert "drain failed" not in await _run_prestop(server.port, "drain-secret")
+        async with session.get(server.make_url("/api/v1/targets/vllm-a")) as answer:
+            assert (await answer.json())["draining"] is True
+        async with session.get(server.make_url("/probe/vllm-a/ready")) as answer:
+            assert answer.status == 503
