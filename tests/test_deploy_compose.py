@@ -213,3 +213,16 @@ def test_the_real_cli_accepts_the_mounted_configs(program):
     result = subprocess.run([sys.executable, "-c", code, *configs], capture_output=True, text=True,
                             timeout=30, cwd=REPO, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_alertmanager_repeats_slower_than_every_remediator_cooldown():
+    """A repeat inside the cooldown is only refused; the example must not invite that."""
+    from llm_vitals.durations import parse_duration
+
+    compose_dir = REPO / "deploy" / "compose"
+    am = yaml.safe_load((compose_dir / "alertmanager.yml").read_text())
+    restart_routes = [r for r in am["route"]["routes"] if r["receiver"] == "remediator"]
+    repeat = parse_duration(restart_routes[0].get("repeat_interval", am["route"]["repeat_interval"]))
+    for cfg in compose_dir.glob("remediator*.yaml"):
+        cooldown = parse_duration(yaml.safe_load(cfg.read_text())["global_cooldown"])
+        assert repeat > cooldown, cfg.name
