@@ -1,16 +1,58 @@
-"""`llm-vitals-remediator`: placeholder until the remediator issue lands."""
+"""`llm-vitals-remediator --config FILE [--check-config]`: the Alertmanager webhook receiver."""
+
+from __future__ import annotations
 
 import argparse
+import logging
+import sys
+
+from aiohttp import web
+
+from llm_vitals.logs import log_event, setup_logging
+
+from .journal import JournalBusy
+from .settings import ConfigError, load_settings
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="llm-vitals-remediator",
-        description="Alertmanager webhook receiver that performs one gated restart of a "
-        "server shown to be stuck. (Not built yet.)",
+        description="Alertmanager webhook receiver that performs one gated restart of a server "
+        "the exporter shows to be stuck: re-checked, one at a time, behind a global cooldown, a "
+        "per-target budget and a fleet gate, with a durable SQLite journal.",
     )
-    parser.add_argument("--config", help="YAML config file")
+    parser.add_argument("--config", required=True, help="YAML config file (see remediator/example.yaml)")
     parser.add_argument("--check-config", action="store_true", help="validate the config and exit")
-    parser.parse_args(argv)
-    print("llm-vitals-remediator is not built yet")
-    return 2
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    args = parser.parse_args(argv)
+
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        print(f"llm-vitals-remediator: config error in {args.config}:\n{exc}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        print(f"{args.config}: ok ({len(settings.targets)} targets, auth: "
+              f"{'none' if settings.auth.none else 'required'}, dry_run: {settings.dry_run})")  # fmt: skip
+        return 0
+
+    setup_logging(args.log_level)
+    # httpx logs every request URL at INFO; ours carry no secrets, but a configured URL might.
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+    log = logging.getLogger("remediator")
+    from .app import create_app  # after logging is set up
+
+    host, port = settings.host_port
+    log_event(log, "starting", listen=settings.listen, targets=sorted(settings.targets), dry_run=settings.dry_run,
+              auth="none" if settings.auth.none else "required")  # fmt: skip
+    try:
+        web.run_app(create_app(settings), host=host, port=port, print=None, access_log=None)
+    except JournalBusy as exc:
+        log_event(log, "cannot start", level=logging.ERROR, error=str(exc))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

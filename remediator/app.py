@@ -1,0 +1,169 @@
+"""The remediator's HTTP routes: thin handlers that parse, call the service and format the answer.
+
+Status codes follow Alertmanager's retry rule (5xx is retried, 4xx is dropped): 401 without valid
+auth, 413 over the body cap, 400 for invalid JSON, 422 for a payload of the wrong shape (naming
+the field), 200 for anything handled or deliberately refused, and 503 only when nothing was started
+and a retry is safe (see `Remediator.handle_payload`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import AsyncIterator, Callable
+
+import httpx
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+
+from llm_vitals.logs import log_event
+
+from .auth import Authenticator
+from .executors import Executor
+from .journal import Journal
+from .payload import WebhookPayload, describe_errors
+from .service import Remediator, log
+from .settings import Settings
+
+SETTINGS = web.AppKey("settings", Settings)
+CLOCK = web.AppKey("clock", Callable[[], float])
+AUTH = web.AppKey("auth", Authenticator)
+SERVICE = web.AppKey("service", Remediator)
+EXECUTORS = web.AppKey("executors", dict)
+
+_CHUNK = 64 * 1024
+
+
+def create_app(
+    settings: Settings,
+    *,
+    clock: Callable[[], float] = time.time,
+    executors: dict[str, Executor] | None = None,
+) -> web.Application:
+    """The remediator as an aiohttp application; the journal and HTTP client live in cleanup_ctx."""
+    app = web.Application(client_max_size=settings.body_limit)
+    app[SETTINGS] = settings
+    app[CLOCK] = clock
+    app[AUTH] = Authenticator(settings.auth)
+    app[EXECUTORS] = executors or {}
+    app.cleanup_ctx.append(_service_ctx)
+    app.router.add_post("/webhook", webhook)
+    app.router.add_get("/api/v1/actions", actions)
+    app.router.add_post("/api/v1/circuit/reset", circuit_reset)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    journal = Journal(settings.state_path, retention=settings.journal_retention)
+    interrupted = await journal.open(app[CLOCK]())
+    if interrupted:
+        log_event(log, "restarts interrupted by a previous stop; they count against the cooldown", count=interrupted)
+    try:
+        # One client for the exporter and the http executors; never one per request.
+        async with httpx.AsyncClient(follow_redirects=False) as client:
+            service = Remediator(settings, journal, client, app[CLOCK], app[EXECUTORS] or None)
+            app[SERVICE] = service
+            yield
+            await service.shutdown()
+    finally:
+        await journal.close()
+
+
+def _error(status: int, message: str, **extra: object) -> web.Response:
+    return web.json_response({"error": message, **extra}, status=status)
+
+
+def _unauthorized(app: web.Application) -> web.Response:
+    response = _error(401, "authentication required")
+    response.headers["WWW-Authenticate"] = f'{app[AUTH].scheme} realm="llm-vitals-remediator"'
+    return response
+
+
+async def _read_capped(request: web.Request, limit: int) -> bytes | None:
+    """The body, or None as soon as it passes `limit` (the rest is never read)."""
+    if request.content_length is not None and request.content_length > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.content.iter_chunked(_CHUNK):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def webhook(request: web.Request) -> web.Response:
+    """POST /webhook: one Alertmanager v4 payload."""
+    if not request.app[AUTH].check(request.headers.get("Authorization")):
+        return _unauthorized(request.app)
+    limit = request.app[SETTINGS].body_limit
+    body = await _read_capped(request, limit)
+    if body is None:
+        return _error(413, f"body larger than {limit} bytes")
+    try:
+        data = json.loads(body)
+    except ValueError as exc:  # includes UnicodeDecodeError
+        return _error(400, f"invalid JSON: {exc}")
+    except RecursionError:
+        return _error(400, "invalid JSON: nested too deeply")
+    try:
+        payload = WebhookPayload.model_validate(data)
+    except ValidationError as exc:
+        fields = describe_errors(exc)
+        return _error(422, "invalid Alertmanager payload: " + "; ".join(fields[:5]), fields=fields)
+    outcome = await request.app[SERVICE].handle_payload(payload)
+    return web.json_response(
+        {"decisions": outcome.decisions, "truncated_alerts": payload.truncatedAlerts}, status=outcome.status
+    )
+
+
+async def actions(request: web.Request) -> web.Response:
+    """GET /api/v1/actions?limit=N: the journal, newest first."""
+    raw = request.query.get("limit", "100")
+    try:
+        limit = int(raw)
+        if not 1 <= limit <= 1000:
+            raise ValueError
+    except ValueError:
+        return _error(400, "limit must be an integer from 1 to 1000")
+    rows = await request.app[SERVICE].journal.actions(limit)
+    return web.json_response({"actions": rows})
+
+
+async def circuit_reset(request: web.Request) -> web.Response:
+    """POST /api/v1/circuit/reset [{"target": NAME}]: close one circuit, or all without a target."""
+    if not request.app[AUTH].check(request.headers.get("Authorization")):
+        return _unauthorized(request.app)
+    targets = list(request.app[SETTINGS].targets)
+    body = await _read_capped(request, 64 * 1024)
+    if body is None:
+        return _error(413, "body too large")
+    wanted = request.query.get("target")
+    if body.strip():
+        try:
+            data = json.loads(body)
+        except ValueError as exc:
+            return _error(400, f"invalid JSON: {exc}")
+        if not isinstance(data, dict) or set(data) - {"target"}:
+            return _error(422, 'expected {"target": NAME} or an empty body')
+        wanted = data.get("target", wanted)
+    if wanted is not None:
+        if not isinstance(wanted, str) or wanted not in targets:
+            return _error(404, "unknown target")
+        targets = [wanted]
+    was_open = await request.app[SERVICE].reset_circuits(targets)
+    return web.json_response({"reset": targets, "were_open": was_open})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[SERVICE].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    state = request.app[SERVICE].journal.state
+    return web.json_response({"status": "ok", "restart_in_progress": state.in_progress})

@@ -1,0 +1,241 @@
+"""Executors: one per restart method, all behind the `Executor` protocol.
+
+Each is built from its target's config only; nothing here ever sees the webhook payload. Each
+returns an `ExecResult` and never raises for an upstream failure: a failed restart is data for
+the journal. Error text never carries a credential (tokens are sent as headers and never echoed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import ssl
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import httpx
+
+from .settings import CommandTarget, DockerTarget, HttpTarget, KubernetesTarget, TargetConfig
+
+_DETAIL_LIMIT = 2000
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    result: str  # ok | error | timeout
+    detail: str = ""
+
+
+class Executor(Protocol):
+    """Restart one target. Bounded by the executor's own timeout; never raises for upstream errors."""
+
+    kind: str
+
+    async def restart(self) -> ExecResult: ...
+
+
+def _truncate(text: str, limit: int = _DETAIL_LIMIT) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more chars]"
+
+
+def redact_url(url: str) -> str:
+    """The URL without userinfo or query, for error text."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception's class and message, without a URL's credentials (httpx puts the URL in some)."""
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text
+
+
+class CommandExecutor:
+    """Runs a fixed argv, no shell, with a timeout; output is captured and truncated."""
+
+    kind = "command"
+
+    def __init__(self, config: CommandTarget):
+        self.argv = list(config.argv)
+        self.timeout = config.timeout
+        self.output_limit = config.output_limit
+
+    async def restart(self) -> ExecResult:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                # Own process group, so a timeout kills the command's children too.
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return ExecResult("error", f"cannot start {self.argv[0]}: {exc.strerror or exc}")
+        try:
+            output, _ = await asyncio.wait_for(proc.communicate(), self.timeout)
+        except asyncio.TimeoutError:
+            _kill_group(proc.pid)
+            await proc.wait()
+            return ExecResult("timeout", f"{self.argv[0]} did not finish within {self.timeout:g}s; killed")
+        except asyncio.CancelledError:
+            _kill_group(proc.pid)
+            raise
+        text = output[: self.output_limit].decode("utf-8", "replace")
+        if len(output) > self.output_limit:
+            text += f"... [{len(output) - self.output_limit} more bytes]"
+        if proc.returncode == 0:
+            return ExecResult("ok", text)
+        return ExecResult("error", _truncate(f"exit status {proc.returncode}: {text}"))
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class HttpExecutor:
+    """POSTs to a fixed URL; any 2xx is success."""
+
+    kind = "http"
+
+    def __init__(self, config: HttpTarget, client: httpx.AsyncClient):
+        self.url = config.url
+        self.timeout = config.timeout
+        self.client = client
+
+    async def restart(self) -> ExecResult:
+        where = redact_url(self.url)
+        try:
+            response = await self.client.post(self.url, timeout=self.timeout)
+        except httpx.TimeoutException:
+            return ExecResult("timeout", f"POST {where}: no answer within {self.timeout:g}s")
+        except httpx.HTTPError as exc:
+            return ExecResult("error", f"POST {where}: {type(exc).__name__}")
+        body = _truncate(response.text, 500)
+        if 200 <= response.status_code < 300:
+            return ExecResult("ok", f"HTTP {response.status_code}: {body}")
+        return ExecResult("error", f"POST {where}: HTTP {response.status_code}: {body}")
+
+
+class DockerExecutor:
+    """Docker Engine API `POST /containers/{name}/restart` over the daemon's unix socket."""
+
+    kind = "docker"
+
+    def __init__(self, config: DockerTarget):
+        self.container = config.container
+        self.socket_path = str(config.socket_path)
+        self.stop_timeout = config.stop_timeout
+        self.timeout = config.timeout
+        prefix = f"/v{config.api_version}" if config.api_version else ""
+        self.path = f"{prefix}/containers/{quote(self.container, safe='')}/restart"
+
+    async def restart(self) -> ExecResult:
+        transport = httpx.AsyncHTTPTransport(uds=self.socket_path)
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://docker") as client:
+                response = await client.post(self.path, params={"t": str(self.stop_timeout)}, timeout=self.timeout)
+        except httpx.TimeoutException:
+            return ExecResult("timeout", f"docker restart {self.container}: no answer within {self.timeout:g}s")
+        except httpx.HTTPError as exc:
+            return ExecResult("error", f"docker socket {self.socket_path}: {_describe(exc)}")
+        if response.status_code == 204:
+            return ExecResult("ok", f"docker restarted {self.container}")
+        return ExecResult(
+            "error", f"docker restart {self.container}: HTTP {response.status_code}: {_engine_message(response)}"
+        )
+
+
+def _engine_message(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("message", ""))[:500]
+    except (ValueError, AttributeError):
+        return _truncate(response.text, 500)
+
+
+class KubernetesExecutor:
+    """Deletes the pod(s) matching a label selector; their controller recreates them.
+
+    Uses the in-cluster service account: the token is re-read from its file on every restart
+    (projected tokens rotate) and the API server is verified against the mounted CA.
+    """
+
+    kind = "kubernetes"
+
+    def __init__(self, config: KubernetesTarget):
+        self.config = config
+
+    async def restart(self) -> ExecResult:
+        cfg = self.config
+        try:
+            token = cfg.token_path.read_text().strip()
+        except OSError as exc:
+            return ExecResult("error", f"cannot read the service account token {cfg.token_path}: {exc.strerror}")
+        try:
+            tls = ssl.create_default_context(cafile=str(cfg.ca_path))
+        except (OSError, ssl.SSLError) as exc:
+            return ExecResult("error", f"cannot load the cluster CA {cfg.ca_path}: {_describe(exc)}")
+        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        base = f"/api/v1/namespaces/{cfg.namespace}/pods"
+        try:
+            async with httpx.AsyncClient(
+                base_url=cfg.api_url, verify=tls, headers=headers, timeout=cfg.timeout
+            ) as client:
+                listed = await client.get(base, params={"labelSelector": cfg.pod_selector})
+                if listed.status_code != 200:
+                    return ExecResult("error", f"list pods: HTTP {listed.status_code}: {_k8s_message(listed)}")
+                names = [item["metadata"]["name"] for item in listed.json().get("items", [])]
+                if not names:
+                    return ExecResult("error", f"no pod in {cfg.namespace} matches {cfg.pod_selector!r}")
+                if len(names) > cfg.max_pods:
+                    return ExecResult(
+                        "error",
+                        f"{len(names)} pods match {cfg.pod_selector!r}, more than max_pods={cfg.max_pods};"
+                        " nothing deleted",
+                    )
+                deleted = []
+                for name in names:
+                    response = await client.delete(f"{base}/{quote(name, safe='')}")
+                    # 404: already gone, which is what we wanted.
+                    if response.status_code not in (200, 202, 404):
+                        return ExecResult(
+                            "error",
+                            f"delete pod {name}: HTTP {response.status_code}: {_k8s_message(response)}"
+                            + (f" (deleted before: {', '.join(deleted)})" if deleted else ""),
+                        )
+                    deleted.append(name)
+        except httpx.TimeoutException:
+            return ExecResult("timeout", f"Kubernetes API {cfg.api_url}: no answer within {cfg.timeout:g}s")
+        except httpx.HTTPError as exc:
+            return ExecResult("error", f"Kubernetes API {cfg.api_url}: {_describe(exc)}")
+        except (ValueError, KeyError, TypeError) as exc:
+            return ExecResult("error", f"Kubernetes API {cfg.api_url}: unexpected answer ({type(exc).__name__})")
+        return ExecResult("ok", f"deleted pod(s) {', '.join(deleted)} in {cfg.namespace}")
+
+
+def _k8s_message(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("message", ""))[:500]
+    except (ValueError, AttributeError):
+        return _truncate(response.text, 500)
+
+
+def build_executor(config: TargetConfig, http_client: httpx.AsyncClient) -> Executor:
+    """The executor for one configured target."""
+    if isinstance(config, CommandTarget):
+        return CommandExecutor(config)
+    if isinstance(config, HttpTarget):
+        return HttpExecutor(config, http_client)
+    if isinstance(config, DockerTarget):
+        return DockerExecutor(config)
+    if isinstance(config, KubernetesTarget):
+        return KubernetesExecutor(config)
+    raise TypeError(f"no executor for {type(config).__name__}")

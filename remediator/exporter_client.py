@@ -1,0 +1,91 @@
+"""Re-checks targets through the exporter's `GET /api/v1/targets` (docs/interfaces.md, "Exporter API").
+
+Concurrent callers share one in-flight request (single flight), and a successful read is reused
+for `max_age` (default 1 s; the exporter itself polls every few seconds, so a younger read is as
+fresh as "now" gets): a storm of 500 webhooks costs the exporter a handful of reads. Any failure
+(connect, timeout, HTTP status, bad JSON) is reported as `None`, which the gate reads as
+"exporter unreachable: do nothing".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import httpx
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from llm_vitals.logs import log_event
+
+from .gate import FleetView, TargetStatus
+
+log = logging.getLogger("remediator.exporter")
+
+# The exporter's answer is small (one object per target); anything bigger is not it.
+_MAX_BYTES = 8 * 1024 * 1024
+
+
+class _Target(BaseModel):
+    # The exporter may add fields; we read only these.
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    state: str
+    process_start_time: float | None = None
+    last_restart_at: float | None = None  # the exporter's last detected restart (counter reset)
+    gpu_fault: bool = False
+
+
+class _Targets(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    targets: list[_Target]
+
+
+class ExporterClient:
+    def __init__(self, base_url: str, client: httpx.AsyncClient, timeout: float, max_age: float = 1.0):
+        self.url = base_url.rstrip("/") + "/api/v1/targets"
+        self.client = client
+        self.timeout = timeout
+        self.max_age = max_age
+        self._inflight: asyncio.Future[FleetView | None] | None = None
+        self._last: tuple[float, FleetView] | None = None  # (monotonic time of the read, view)
+
+    async def fleet(self) -> FleetView | None:
+        """The fleet as the exporter sees it now, or None when it cannot be read."""
+        if self._last is not None and time.monotonic() - self._last[0] < self.max_age:
+            return self._last[1]
+        if self._inflight is None:
+            self._inflight = asyncio.ensure_future(self._fetch())
+            self._inflight.add_done_callback(self._clear)
+        # shield: one caller's cancellation (its client went away) must not cancel the others' read.
+        return await asyncio.shield(self._inflight)
+
+    def _clear(self, _: object) -> None:
+        self._inflight = None
+
+    async def _fetch(self) -> FleetView | None:
+        read_at = time.monotonic()
+        try:
+            response = await self.client.get(self.url, timeout=self.timeout)
+            if response.status_code != 200:
+                raise ValueError(f"HTTP {response.status_code}")
+            if len(response.content) > _MAX_BYTES:
+                raise ValueError("answer too large")
+            parsed = _Targets.model_validate_json(response.content)
+        except (httpx.HTTPError, ValueError, ValidationError) as exc:
+            log_event(log, "exporter unreachable", level=logging.WARNING, url=self.url, error=type(exc).__name__,
+                      detail=str(exc)[:200])  # fmt: skip
+            return None
+        view = FleetView(
+            targets={
+                t.name: TargetStatus(
+                    state=t.state,
+                    process_start_time=t.process_start_time,
+                    last_restart_time=t.last_restart_at,
+                    gpu_fault=t.gpu_fault,
+                )
+                for t in parsed.targets
+            }
+        )
+        self._last = (read_at, view)  # failures are never cached: the next alert asks again
+        return view

@@ -1,0 +1,353 @@
+"""The remediator's validated config: one YAML file, unknown keys are errors, secrets are SecretStr.
+
+What runs for a target is decided here and only here: the webhook payload names a target, and the
+executor config below is looked up by that name. Nothing from a payload is ever executed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Literal, Mapping
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from llm_vitals.durations import Duration
+
+
+class ConfigError(Exception):
+    """A config problem, worded for the user; never contains a secret's value."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------------------------------------
+# Auth
+
+
+class BasicAuth(_Strict):
+    username: str = Field(min_length=1)
+    password_env: str | None = None
+    password_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "BasicAuth":
+        if (self.password_env is None) == (self.password_file is None):
+            raise ValueError("set exactly one of password_env or password_file")
+        return self
+
+
+class AuthSettings(_Strict):
+    """How the webhook and the circuit reset authenticate callers. Exactly one method, or `none: true`."""
+
+    bearer_token_env: str | None = None
+    bearer_token_file: Path | None = None
+    basic_auth: BasicAuth | None = None
+    none: bool = False
+
+    # Resolved at load time so that --check-config catches a missing env var or file.
+    _bearer: SecretStr | None = PrivateAttr(default=None)
+    _password: SecretStr | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "AuthSettings":
+        chosen = [
+            name
+            for name, value in (
+                ("bearer_token_env", self.bearer_token_env),
+                ("bearer_token_file", self.bearer_token_file),
+                ("basic_auth", self.basic_auth),
+            )
+            if value is not None
+        ]
+        if self.none and chosen:
+            raise ValueError(f"`none: true` contradicts {chosen[0]}")
+        if not self.none and len(chosen) != 1:
+            if not chosen:
+                raise ValueError(
+                    "set one of bearer_token_env, bearer_token_file or basic_auth "
+                    "(or `none: true` to run without auth, explicitly)"
+                )
+            raise ValueError(f"set only one auth method, not {' and '.join(chosen)}")
+        return self
+
+    def resolve(self, environ: Mapping[str, str]) -> None:
+        """Read the secret from the environment or a file. Raises ConfigError naming the source."""
+        if self.bearer_token_env is not None:
+            self._bearer = SecretStr(_from_env("auth.bearer_token_env", self.bearer_token_env, environ))
+        elif self.bearer_token_file is not None:
+            self._bearer = SecretStr(_from_file("auth.bearer_token_file", self.bearer_token_file))
+        elif self.basic_auth is not None:
+            basic = self.basic_auth
+            if basic.password_env is not None:
+                self._password = SecretStr(_from_env("auth.basic_auth.password_env", basic.password_env, environ))
+            else:
+                assert basic.password_file is not None
+                self._password = SecretStr(_from_file("auth.basic_auth.password_file", basic.password_file))
+
+    @property
+    def bearer_token(self) -> SecretStr | None:
+        return self._bearer
+
+    @property
+    def basic_password(self) -> SecretStr | None:
+        return self._password
+
+
+def _from_env(where: str, name: str, environ: Mapping[str, str]) -> str:
+    value = environ.get(name, "")
+    if not value.strip():
+        raise ConfigError(f"{where}: environment variable {name} is not set or empty")
+    return value.strip()
+
+
+def _from_file(where: str, path: Path) -> str:
+    try:
+        value = path.read_text()
+    except OSError as exc:
+        # exc.strerror only: the message must not quote file contents.
+        raise ConfigError(f"{where}: cannot read {path}: {exc.strerror}") from None
+    if not value.strip():
+        raise ConfigError(f"{where}: {path} is empty")
+    return value.strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# Executors: one config model per restart method, discriminated by `executor`.
+
+
+class CommandTarget(_Strict):
+    executor: Literal["command"]
+    argv: list[str] = Field(min_length=1)
+    timeout: Duration = 120.0
+    output_limit: int = Field(default=4096, ge=0, description="bytes of output kept in the journal")
+
+
+class HttpTarget(_Strict):
+    executor: Literal["http"]
+    url: str
+    timeout: Duration = 30.0
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", url):
+            raise ValueError("must be an http:// or https:// URL")
+        return url
+
+
+# Docker's own rule for container names (plus 64-hex ids, which it also matches).
+_CONTAINER_NAME = re.compile(r"^/?[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+
+
+class DockerTarget(_Strict):
+    executor: Literal["docker"]
+    container: str
+    socket_path: Path = Path("/var/run/docker.sock")
+    # None = unversioned path (the daemon's current API); e.g. "1.43" pins `/v1.43/...`.
+    api_version: str | None = None
+    # Seconds Docker waits for the container to stop before killing it (`?t=`).
+    stop_timeout: int = Field(default=30, ge=0)
+    timeout: Duration = 120.0
+
+    @field_validator("container")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not _CONTAINER_NAME.match(name):
+            raise ValueError("not a valid Docker container name")
+        return name.lstrip("/")
+
+    @field_validator("api_version")
+    @classmethod
+    def _version(cls, version: str | None) -> str | None:
+        if version is not None and not re.match(r"^v?\d+\.\d+$", version):
+            raise ValueError("must look like 1.43")
+        return version.lstrip("v") if version else None
+
+
+_SA = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _in_cluster_api_url() -> str:
+    host = os.environ.get("KUBERNETES_SERVICE_HOST")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    if host:
+        host = f"[{host}]" if ":" in host else host
+        return f"https://{host}:{port}"
+    return "https://kubernetes.default.svc"
+
+
+class KubernetesTarget(_Strict):
+    executor: Literal["kubernetes"]
+    namespace: str
+    pod_selector: str = Field(min_length=1)
+    # A selector that matches more pods than this is refused: deleting a whole deployment's pods
+    # at once is exactly the cascade the remediator exists to prevent.
+    max_pods: int = Field(default=1, ge=1)
+    api_url: str = Field(default_factory=_in_cluster_api_url)
+    token_path: Path = _SA / "token"
+    ca_path: Path = _SA / "ca.crt"
+    timeout: Duration = 30.0
+
+    @field_validator("namespace")
+    @classmethod
+    def _ns(cls, ns: str) -> str:
+        if not _DNS_LABEL.match(ns) or len(ns) > 63:
+            raise ValueError("not a valid Kubernetes namespace name")
+        return ns
+
+    @field_validator("api_url")
+    @classmethod
+    def _https(cls, url: str) -> str:
+        if not url.startswith("https://"):
+            raise ValueError("the Kubernetes API is reached over https:// only")
+        return url.rstrip("/")
+
+
+TargetConfig = Annotated[
+    CommandTarget | HttpTarget | DockerTarget | KubernetesTarget,
+    Field(discriminator="executor"),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class Budget(_Strict):
+    max_restarts: int = Field(default=3, ge=1)
+    window: Duration = 3600.0
+
+
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+
+
+class Settings(_Strict):
+    listen: str = "127.0.0.1:9472"
+    exporter_url: str = "http://127.0.0.1:9471"
+    exporter_timeout: Duration = 5.0
+    # A successful exporter read is reused this long (the exporter polls every few seconds).
+    exporter_max_age: Duration = 1.0
+    auth: AuthSettings
+    state_path: Path = Path("./remediator.db")
+    # Refusals and resolutions older than this are pruned at start; restarts and circuits are kept.
+    journal_retention: Duration = 30 * 86400.0
+    global_cooldown: Duration = 900.0
+    budget: Budget = Budget()
+    # A count ("2", 2) or a percentage ("40%") of the configured targets.
+    max_unhealthy: int | str = "40%"
+    dry_run: bool = False
+    body_limit: int = Field(default=1024 * 1024, ge=1024)
+    # Alerts named here may be acted on in state `down` (when a user labelled them for restart).
+    down_alertnames: list[str] = ["LLMServerDown"]
+    targets: dict[str, TargetConfig] = Field(min_length=1)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, listen: str) -> str:
+        parse_listen(listen)
+        return listen
+
+    @field_validator("exporter_url")
+    @classmethod
+    def _exporter_url(cls, url: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", url):
+            raise ValueError("must be an http:// or https:// URL")
+        return url.rstrip("/")
+
+    @field_validator("max_unhealthy")
+    @classmethod
+    def _max_unhealthy(cls, value: int | str) -> int | str:
+        if isinstance(value, int):
+            if value < 0:
+                raise ValueError("must not be negative")
+            return value
+        if _PERCENT.match(value):
+            if float(_PERCENT.match(value).group(1)) > 100:
+                raise ValueError("a percentage must be at most 100%")
+            return value.strip()
+        if value.strip().isdigit():
+            return int(value)
+        raise ValueError('must be a count (2) or a percentage ("40%")')
+
+    @field_validator("targets")
+    @classmethod
+    def _target_names(cls, targets: dict[str, TargetConfig]) -> dict[str, TargetConfig]:
+        for name in targets:
+            if not name or len(name) > 128 or not re.match(r"^[A-Za-z0-9_.:-]+$", name):
+                raise ValueError(f"target name {name!r} must be 1-128 of [A-Za-z0-9_.:-]")
+        return targets
+
+    def max_unhealthy_count(self) -> int:
+        """How many configured targets may be unhealthy at once and still get a restart.
+
+        A percentage rounds down, as Cluster API's maxUnhealthy does, but never below one: with one
+        or two targets a single stuck server says nothing about a fault elsewhere. An explicit
+        count of 0 turns restarts off.
+        """
+        if isinstance(self.max_unhealthy, int):
+            return self.max_unhealthy
+        match = _PERCENT.match(self.max_unhealthy)
+        assert match
+        return max(1, math.floor(float(match.group(1)) * len(self.targets) / 100.0 + 1e-9))
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        return parse_listen(self.listen)
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """`host:port` or `[v6]:port` -> (host, port)."""
+    match = re.match(r"^\[([^\]]+)\]:(\d+)$", listen) or re.match(r"^([^:\s]*):(\d+)$", listen)
+    if not match or not 0 <= int(match.group(2)) <= 65535:
+        raise ValueError(f"listen must be host:port, not {listen!r}")
+    return match.group(1) or "0.0.0.0", int(match.group(2))
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One line per problem, `field.path: message`. Input values are left out: they may be secrets."""
+    lines = []
+    for error in exc.errors(include_input=False, include_url=False):
+        loc = ".".join(str(part) for part in error["loc"] if not str(part).startswith("function-"))
+        msg = error["msg"].removeprefix("Value error, ")
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return "\n".join(lines)
+
+
+def build_settings(data: object, environ: Mapping[str, str] | None = None) -> Settings:
+    """Validate a parsed config and resolve its secrets. Raises ConfigError."""
+    if not isinstance(data, dict):
+        raise ConfigError("the config must be a YAML mapping")
+    try:
+        settings = Settings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+    settings.auth.resolve(os.environ if environ is None else environ)
+    return settings
+
+
+def load_settings(path: str | Path, environ: Mapping[str, str] | None = None) -> Settings:
+    """Read, validate and resolve a YAML config file. Raises ConfigError."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return build_settings(data, environ)
