@@ -1,16 +1,43 @@
-"""`llm-vitals-exporter`: placeholder until the exporter issue lands."""
+"""`llm-vitals-exporter --config FILE [--check-config]`: validate the config, then serve."""
+
+from __future__ import annotations
 
 import argparse
+import sys
+
+from exporter.settings import ConfigError, load_settings
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="llm-vitals-exporter",
         description="Polls LLM servers' own metrics, caches a verdict per target, and serves "
-        "Prometheus gauges and Kubernetes probes from that cache. (Not built yet.)",
+        "Prometheus gauges and Kubernetes probes from that cache.",
     )
-    parser.add_argument("--config", help="YAML config file")
-    parser.add_argument("--check-config", action="store_true", help="validate the config and exit")
-    parser.parse_args(argv)
-    print("llm-vitals-exporter is not built yet")
-    return 2
+    parser.add_argument("--config", required=True, help="YAML config file")
+    parser.add_argument("--check-config", action="store_true", help="validate the config and exit (0 valid, 1 not)")
+    parser.add_argument("--log-level", help="override the config's log_level")
+    args = parser.parse_args(argv)
+
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        print(f"invalid config: {exc}", file=sys.stderr)
+        return 1
+    if args.check_config:
+        print(f"config OK: {len(settings.targets)} target(s), listening on {settings.listen}")
+        return 0
+
+    # Imported late so that --check-config stays fast and free of the web stack.
+    from aiohttp import web
+
+    from exporter.app import create_app
+    from llm_vitals.logs import setup_logging
+
+    setup_logging(args.log_level or settings.log_level)
+    web.run_app(create_app(settings), host=settings.host, port=settings.port, access_log=None, print=None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

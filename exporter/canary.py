@@ -1,0 +1,59 @@
+"""The idle canary: one `max_tokens: 1`, `temperature: 0` completion, with a hard timeout.
+
+The poller decides *when* (only after a poll that saw nothing running and nothing waiting, one in
+flight per target); this module only sends it and classifies the answer as ok, error or timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+
+from exporter.engines import PageError
+from exporter.engines.openai import parse_models
+from exporter.settings import TargetSettings
+from exporter.upstream import auth_headers, bounded_get
+from exporter.verdict import CanaryOutcome
+
+MAX_ANSWER_BYTES = 256 * 1024
+
+
+async def resolve_model(session: aiohttp.ClientSession, target: TargetSettings, timeout: float) -> str:
+    """The configured model, else the first id `/v1/models` lists; raises PageError."""
+    if target.model:
+        return target.model
+    status, body = await bounded_get(
+        session, target.base_url + "/v1/models", timeout=timeout, max_bytes=MAX_ANSWER_BYTES,
+        headers=auth_headers(target.api_key),
+    )
+    if status != 200:
+        raise PageError("http_status", f"/v1/models answered HTTP {status}")
+    return parse_models(body)[0]
+
+
+async def send_canary(session: aiohttp.ClientSession, target: TargetSettings, model: str) -> CanaryOutcome:
+    """POST one tiny completion; the whole exchange is bounded by `target.canary.timeout`."""
+    payload = {"model": model, "prompt": target.canary.prompt, "max_tokens": 1, "temperature": 0}
+    try:
+        async with asyncio.timeout(target.canary.timeout):
+            async with session.post(
+                target.base_url + "/v1/completions", json=payload, headers=auth_headers(target.api_key),
+                allow_redirects=False,
+            ) as response:
+                body = await response.content.read(MAX_ANSWER_BYTES)
+                if response.status != 200:
+                    # The body is not echoed: an upstream may reflect request headers in its errors.
+                    return CanaryOutcome("error", f"HTTP {response.status}")
+    except TimeoutError:
+        return CanaryOutcome("timeout", f"no answer within {target.canary.timeout:g}s")
+    except (aiohttp.ClientError, OSError) as exc:
+        return CanaryOutcome("error", type(exc).__name__)
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return CanaryOutcome("error", "answer is not JSON")
+    if not isinstance(answer, dict) or not answer.get("choices"):
+        return CanaryOutcome("error", "answer has no choices")
+    return CanaryOutcome("ok")

@@ -1,0 +1,206 @@
+"""The background loops: one task per target polls on a fixed interval with jitter, judges, caches.
+
+Nothing here can end a loop except cancellation: every upstream failure becomes a PollError, and an
+unexpected exception is logged and counted as `internal` so a bug is visible but not fatal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from exporter.canary import resolve_model, send_canary
+from exporter.engines import PageError, Snapshot
+from exporter.engines.openai import parse_models
+from exporter.engines.vllm import parse_page
+from exporter.settings import ExporterSettings
+from exporter.state import StateStore, TargetRecord
+from exporter.upstream import auth_headers, bounded_get
+from exporter.verdict import CanaryOutcome, ModelsOk, Observation, PollError, judge, progressed, record_canary
+from llm_vitals.logs import log_event
+
+log = logging.getLogger("llm_vitals.exporter")
+
+MODELS_MAX_BYTES = 1024 * 1024
+
+
+class Poller:
+    """Owns the per-target tasks; writes each target's record in the StateStore."""
+
+    def __init__(
+        self,
+        settings: ExporterSettings,
+        store: StateStore,
+        session: aiohttp.ClientSession,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.session = session
+        self.clock = clock
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        for record in self.store:
+            self.tasks.append(asyncio.create_task(self._loop(record), name=f"poll:{record.name}"))
+
+    async def stop(self) -> None:
+        canaries = [r.canary_task for r in self.store if r.canary_task is not None]
+        for task in [*self.tasks, *canaries]:
+            task.cancel()
+        await asyncio.gather(*self.tasks, *canaries, return_exceptions=True)
+        self.tasks.clear()
+
+    async def _loop(self, record: TargetRecord) -> None:
+        interval = self.settings.poll_interval
+        loop = asyncio.get_running_loop()
+        # Spread the first polls over one interval so a large fleet does not poll in lockstep.
+        await asyncio.sleep(random.uniform(0, min(interval, 1.0) if len(self.store.records) < 50 else interval))
+        next_at = loop.time()
+        while True:
+            try:
+                await self.poll_once(record)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug in the exporter, never an upstream failure
+                record.poll_errors["internal"] += 1
+                log.exception("poll failed unexpectedly", extra={"fields": {"target": record.name, "error": type(exc).__name__}})
+            next_at += interval
+            now = loop.time()
+            if next_at < now:  # a poll overran the interval: re-anchor rather than fire a burst
+                next_at = now
+            jitter = random.uniform(0, interval * self.settings.poll_jitter)
+            await asyncio.sleep(next_at - now + jitter)
+
+    async def poll_once(self, record: TargetRecord) -> None:
+        """One poll: observe, judge, cache, log a state change, maybe send a canary."""
+        started = time.perf_counter()
+        observation = await self.observe(record)
+        record.poll_duration = time.perf_counter() - started
+        self._read_gpu_fault(record)
+        now = self.clock()
+        before = record.verdict
+        record.verdict = judge(before, observation, now, record.settings)
+        record.polls += 1
+        if record.verdict.error_reason:
+            record.poll_errors[record.verdict.error_reason] += 1
+        record.remember(now)
+        self._log_change(record, before)
+        if self._canary_due(record, observation, now):
+            record.last_canary_sent = now
+            record.canary_task = asyncio.create_task(self._canary(record), name=f"canary:{record.name}")
+
+    async def observe(self, record: TargetRecord) -> Observation:
+        """What one poll sees: a Snapshot, the model list, or a PollError. Never raises for upstream trouble."""
+        target = record.settings
+        try:
+            if target.role == "proxy" or target.engine == "openai":
+                return await self._read_models(record)
+            snapshot = await self._read_metrics(record)
+            previous = record.verdict.snapshot
+            if snapshot.pending and previous is not None and not progressed(previous, snapshot):
+                # Work pending and nothing moved: is the engine dead (503) or just slow? /health tells.
+                await self._check_health(record)
+            return snapshot
+        except PageError as exc:
+            return PollError(exc.reason, exc.detail)
+
+    async def _read_metrics(self, record: TargetRecord) -> Snapshot:
+        status, body = await bounded_get(
+            self.session, record.settings.base_url + "/metrics",
+            timeout=self.settings.metrics_timeout, max_bytes=self.settings.max_page_bytes,
+        )
+        if status != 200:
+            raise PageError("http_status", f"/metrics answered HTTP {status}")
+        return parse_page(body)
+
+    async def _check_health(self, record: TargetRecord) -> None:
+        status, _ = await bounded_get(
+            self.session, record.settings.base_url + "/health",
+            timeout=self.settings.health_timeout, max_bytes=64 * 1024,
+        )
+        if status == 503:
+            raise PageError("health_503", "/health answered 503: the engine is dead")
+
+    async def _read_models(self, record: TargetRecord) -> ModelsOk:
+        target = record.settings
+        status, body = await bounded_get(
+            self.session, target.base_url + "/v1/models",
+            timeout=self.settings.models_timeout, max_bytes=MODELS_MAX_BYTES, headers=auth_headers(target.api_key),
+        )
+        if status != 200:
+            raise PageError("http_status", f"/v1/models answered HTTP {status}")
+        return ModelsOk(tuple(parse_models(body)))
+
+    def _canary_due(self, record: TargetRecord, observation: Observation, now: float) -> bool:
+        target = record.settings
+        if not target.canary.enabled or target.role != "backend" or record.canary_task is not None:
+            return False
+        if record.last_canary_sent is not None and now - record.last_canary_sent < target.canary.interval:
+            return False
+        if isinstance(observation, Snapshot):
+            # The rule that makes the canary safe: only when this very poll saw nothing running or waiting.
+            return not observation.pending
+        # An engine with no /metrics cannot show its load; its models answer is the best we have.
+        return isinstance(observation, ModelsOk) and target.engine == "openai"
+
+    async def _canary(self, record: TargetRecord) -> None:
+        target = record.settings
+        try:
+            try:
+                async with asyncio.timeout(target.canary.timeout):
+                    if record.model is None:
+                        record.model = await resolve_model(self.session, target, self.settings.models_timeout)
+                    outcome = await send_canary(self.session, target, record.model)
+            except TimeoutError:
+                outcome = CanaryOutcome("timeout", f"no answer within {target.canary.timeout:g}s")
+            except PageError as exc:
+                outcome = CanaryOutcome("error", f"model lookup failed ({exc.reason})")
+            if outcome.result != "ok" and not target.model:
+                record.model = None  # the server may have been replaced: look the model up again
+            record.canaries[outcome.result] += 1
+            before = record.verdict
+            record.verdict = record_canary(before, outcome, self.clock(), target)
+            if outcome.result != "ok":
+                log_event(log, "canary failed", logging.WARNING, target=record.name, result=outcome.result,
+                          detail=outcome.detail, consecutive_failures=record.verdict.canary_failures)
+            self._log_change(record, before)
+        finally:
+            record.canary_task = None
+
+    def _read_gpu_fault(self, record: TargetRecord) -> None:
+        path = record.settings.gpu_fault_file
+        if path is None:
+            return
+        try:
+            with open(path, "rb") as flag:
+                text = flag.read(4096).decode("utf-8", "replace").strip()
+        except FileNotFoundError:
+            text = ""
+        except OSError as exc:
+            text = ""
+            log_event(log, "cannot read gpu_fault_file", logging.WARNING, target=record.name, error=exc.strerror)
+        fault = text.splitlines()[0][:200] if text else None
+        if fault != record.gpu_fault:
+            log_event(log, "gpu fault flagged" if fault else "gpu fault cleared", logging.WARNING,
+                      target=record.name, detail=fault)
+            record.gpu_fault = fault
+
+    def _log_change(self, record: TargetRecord, before) -> None:
+        after = record.verdict
+        if after.restarts != before.restarts:
+            log_event(log, "restart detected", logging.WARNING, target=record.name, restarts=after.restarts,
+                      process_start_time=after.process_start_time)
+        if after.state == before.state:
+            return
+        snap = after.snapshot
+        log_event(
+            log, "state change", logging.WARNING if after.state in ("stuck", "unresponsive", "down") else logging.INFO,
+            target=record.name, **{"from": before.state, "to": after.state}, reason=after.reason,
+            detail=after.detail, restarts=after.restarts, counters=snap.counters() if snap else {},
+        )

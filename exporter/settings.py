@@ -1,0 +1,260 @@
+"""The exporter's validated configuration: one YAML file, unknown keys rejected, secrets kept secret."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from llm_vitals.durations import Duration
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message names the file and the offending key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CanarySettings(_Strict):
+    """The idle canary: one tiny completion, only ever sent to a server with nothing running or waiting."""
+
+    enabled: bool = True
+    interval: Duration = 30.0
+    timeout: Duration = 10.0
+    # Consecutive failures (errors or timeouts) on an idle-looking server before it is `unresponsive`.
+    failures_before_unresponsive: int = Field(3, ge=1)
+    # Readiness of an idle server needs evidence it serves (a canary or counters that moved) this recent;
+    # default 3 x interval, so one lost canary does not flap readiness.
+    fresh_for: Duration | None = None
+    prompt: str = "ping"
+
+    @property
+    def freshness(self) -> float:
+        return self.fresh_for if self.fresh_for is not None else 3 * self.interval
+
+
+class TargetSettings(_Strict):
+    """One LLM server (or proxy) to watch."""
+
+    name: str
+    url: AnyHttpUrl
+    engine: Literal["vllm", "openai"] = "vllm"
+    role: Literal["backend", "proxy"] = "backend"
+    model: str | None = None
+    api_key_env: str | None = None
+    api_key_file: Path | None = None
+    stuck_after: Duration = 60.0
+    startup_grace: Duration = 900.0
+    # Liveness fails only when stuck for longer than this (default 2 x stuck_after): a wrong liveness
+    # verdict costs minutes of weight loading.
+    liveness_budget: Duration | None = None
+    canary: CanarySettings = CanarySettings()
+    # A file a node agent (DCGM health, an Xid log watcher) writes when this target's GPU is faulty:
+    # present and non-empty means `gpu_fault`, and a restart will not help. Read once per poll.
+    gpu_fault_file: Path | None = None
+
+    # Resolved at load time from api_key_env / api_key_file; never part of a dump.
+    _api_key: SecretStr | None = PrivateAttr(default=None)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_label(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"target name {value!r} must match {_NAME.pattern}")
+        return value
+
+    @field_validator("stuck_after")
+    @classmethod
+    def _stuck_after_positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("stuck_after must be > 0")
+        return value
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> TargetSettings:
+        if self.api_key_env and self.api_key_file:
+            raise ValueError("set at most one of api_key_env and api_key_file")
+        return self
+
+    @property
+    def base_url(self) -> str:
+        return str(self.url).rstrip("/")
+
+    @property
+    def public_url(self) -> str:
+        """The URL as shown in labels and API answers: any user:password@ in it is dropped."""
+        url = self.url
+        host = url.host or ""
+        port = f":{url.port}" if url.port and f":{url.port}" in str(url) else ""
+        return f"{url.scheme}://{host}{port}{url.path or ''}".rstrip("/")
+
+    @property
+    def liveness(self) -> float:
+        return self.liveness_budget if self.liveness_budget is not None else 2 * self.stuck_after
+
+    @property
+    def api_key(self) -> SecretStr | None:
+        return self._api_key
+
+    def resolve_secrets(self, environ: dict[str, str] | None = None) -> None:
+        """Read the API key from its env var or file; a missing source is a config error."""
+        environ = os.environ if environ is None else environ
+        if self.api_key_env:
+            value = environ.get(self.api_key_env)
+            if not value:
+                raise ConfigError(f"target {self.name!r}: environment variable {self.api_key_env} (api_key_env) is not set")
+            self._api_key = SecretStr(value.strip())
+        elif self.api_key_file:
+            try:
+                value = self.api_key_file.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"target {self.name!r}: cannot read api_key_file {str(self.api_key_file)!r}: {exc.strerror}") from None
+            if not value:
+                raise ConfigError(f"target {self.name!r}: api_key_file {str(self.api_key_file)!r} is empty")
+            self._api_key = SecretStr(value)
+
+
+class ExporterSettings(_Strict):
+    """The whole exporter config file."""
+
+    listen: str = "127.0.0.1:9471"
+    poll_interval: Duration = 5.0
+    # Fraction of poll_interval added at random to each wait, so 1,000 targets do not poll in lockstep.
+    poll_jitter: float = Field(0.1, ge=0.0, le=1.0)
+    connect_timeout: Duration = 3.0
+    # A real vLLM on a saturated CPU once took 9 s to answer /metrics: be patient by default.
+    metrics_timeout: Duration = 10.0
+    models_timeout: Duration = 5.0
+    health_timeout: Duration = 3.0
+    max_page_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    history_seconds: Duration = 600.0
+    drain_token_env: str | None = None
+    drain_token_file: Path | None = None
+    # Not used by the exporter itself: the status page reads it to link to the remediator.
+    remediator_url: AnyHttpUrl | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    targets: list[TargetSettings] = Field(min_length=1)
+
+    _drain_token: SecretStr | None = PrivateAttr(default=None)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_is_host_port(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"listen must be HOST:PORT, got {value!r}")
+        return value
+
+    @field_validator("poll_interval")
+    @classmethod
+    def _interval_positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("poll_interval must be > 0")
+        return value
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> ExporterSettings:
+        seen: set[str] = set()
+        for target in self.targets:
+            if target.name in seen:
+                raise ValueError(f"duplicate target name {target.name!r}")
+            seen.add(target.name)
+        if self.drain_token_env and self.drain_token_file:
+            raise ValueError("set at most one of drain_token_env and drain_token_file")
+        return self
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+    @property
+    def drain_token(self) -> SecretStr | None:
+        return self._drain_token
+
+    def target(self, name: str) -> TargetSettings | None:
+        for target in self.targets:
+            if target.name == name:
+                return target
+        return None
+
+    def resolve_secrets(self, environ: dict[str, str] | None = None) -> ExporterSettings:
+        """Resolve every secret source now, so a missing key fails at start, not at the first canary."""
+        environ = os.environ if environ is None else environ
+        for target in self.targets:
+            target.resolve_secrets(environ)
+        if self.drain_token_env:
+            value = environ.get(self.drain_token_env)
+            if not value:
+                raise ConfigError(f"environment variable {self.drain_token_env} (drain_token_env) is not set")
+            self._drain_token = SecretStr(value.strip())
+        elif self.drain_token_file:
+            try:
+                self._drain_token = SecretStr(self.drain_token_file.read_text().strip())
+            except OSError as exc:
+                raise ConfigError(f"cannot read drain_token_file {str(self.drain_token_file)!r}: {exc.strerror}") from None
+        return self
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in item["loc"]).lstrip(".")
+        where = where or "config"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown key")
+        else:
+            message = item["msg"].removeprefix("Value error, ")
+            lines.append(f"{where}: {message}")
+    return "; ".join(lines)
+
+
+def parse_settings(data: object, source: str = "config", environ: dict[str, str] | None = None) -> ExporterSettings:
+    """Validate an already-loaded YAML document; errors name the source and each offending key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    try:
+        settings = ExporterSettings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {_describe(exc)}") from None
+    try:
+        return settings.resolve_secrets(environ)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def load_settings(path: str | Path, environ: dict[str, str] | None = None) -> ExporterSettings:
+    """Read and validate the YAML config file at `path`."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+    return parse_settings(data, str(path), environ)

@@ -1,0 +1,116 @@
+"""The cache the poller writes and every route reads: one record per target, plus its JSON view."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from exporter.settings import ExporterSettings, TargetSettings
+from exporter.verdict import Verdict, initial, is_live, is_ready, is_started
+
+# Poll-error reasons always exposed (at 0), so `increase()` sees the first error of each kind.
+STANDARD_ERROR_REASONS = ("connect", "timeout", "http_status", "bad_metrics", "too_large")
+CANARY_RESULTS = ("ok", "error", "timeout")
+
+
+@dataclass(eq=False)
+class TargetRecord:
+    """Mutable per-target cache. Only the event loop touches it, so no lock is needed."""
+
+    settings: TargetSettings
+    verdict: Verdict
+    history_seconds: float = 600.0
+    draining: bool = False
+    poll_duration: float | None = None
+    polls: int = 0
+    poll_errors: Counter[str] = field(default_factory=Counter)
+    canaries: Counter[str] = field(default_factory=Counter)
+    canary_task: asyncio.Task[None] | None = None
+    last_canary_sent: float | None = None
+    model: str | None = None  # resolved canary model (configured, or first id of /v1/models)
+    gpu_fault: str | None = None  # first line of the gpu_fault_file when it flags a fault
+    history: deque[tuple[float, float, str]] = field(default_factory=deque)
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    def ready(self, now: float) -> bool:
+        """What the readiness probe answers: the verdict's readiness, and no flagged GPU fault."""
+        return is_ready(self.verdict, self.settings, now, self.draining) and self.gpu_fault is None
+
+    def live(self, now: float) -> bool:
+        return is_live(self.verdict, self.settings, now)
+
+    def remember(self, now: float) -> None:
+        """Append this poll to the short history a status page draws its sparkline from."""
+        self.history.append((round(now, 3), round(self.verdict.steps_per_second or 0.0, 3), self.verdict.state))
+        horizon = now - self.history_seconds
+        while self.history and self.history[0][0] < horizon:
+            self.history.popleft()
+
+
+class StateStore:
+    """Records for the configured targets, in config order."""
+
+    def __init__(self, settings: ExporterSettings, now: float) -> None:
+        self.records: dict[str, TargetRecord] = {
+            target.name: TargetRecord(target, initial(now), history_seconds=settings.history_seconds)
+            for target in settings.targets
+        }
+
+    def get(self, name: str) -> TargetRecord | None:
+        return self.records.get(name)
+
+    def __iter__(self):
+        return iter(self.records.values())
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def target_view(record: TargetRecord, now: float) -> dict[str, object]:
+    """The TARGET JSON of docs/interfaces.md ("Exporter API"). Never holds a secret."""
+    verdict, target = record.verdict, record.settings
+    snap = verdict.snapshot
+    fresh = snap if verdict.up else None  # running/waiting as read by the last poll, not a stale one
+    return {
+        "name": target.name,
+        "engine": target.engine,
+        "role": target.role,
+        "url": target.public_url,
+        "state": verdict.state,
+        "reason": verdict.reason,
+        "detail": verdict.detail,
+        "since": _round(verdict.since),
+        "stuck_seconds": round(now - verdict.last_progress, 3)
+        if verdict.state == "stuck" and verdict.last_progress is not None
+        else round(verdict.stuck_seconds, 3),
+        "process_start_time": verdict.process_start_time,
+        "last_poll": _round(verdict.last_poll),
+        "up": verdict.up,
+        "ready": record.ready(now),
+        "live": record.live(now),
+        "started": is_started(verdict),
+        "draining": record.draining,
+        "gpu_fault": record.gpu_fault is not None,
+        "gpu_fault_detail": record.gpu_fault,
+        "restarts": verdict.restarts,
+        "last_restart_at": _round(verdict.last_restart_at),
+        "running": fresh.running if fresh else None,
+        "waiting": fresh.waiting if fresh else None,
+        "steps_per_second": _round(verdict.steps_per_second),
+        "generation_tokens_per_second": _round(verdict.generation_tokens_per_second),
+        "counters": snap.counters() if snap else {},
+        "canary": {
+            "consecutive_failures": verdict.canary_failures,
+            "last_success": _round(verdict.last_canary_ok),
+            "in_flight": record.canary_task is not None,
+            "results": {result: record.canaries[result] for result in CANARY_RESULTS},
+        },
+        "poll_errors": dict(record.poll_errors),
+        "poll_duration_seconds": _round(record.poll_duration, 4),
+        "polls": record.polls,
+    }

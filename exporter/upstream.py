@@ -1,0 +1,63 @@
+"""Bounded HTTP reads of an upstream server: a size cap, a hard deadline, and errors turned into data."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from exporter.engines import PageError
+
+CHUNK = 64 * 1024
+
+
+def auth_headers(api_key) -> dict[str, str]:
+    """The bearer header for `/v1/*` routes; `/metrics` and `/health` never get the key."""
+    return {"Authorization": f"Bearer {api_key.get_secret_value()}"} if api_key is not None else {}
+
+
+async def bounded_get(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    timeout: float,
+    max_bytes: int,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, bytes]:
+    """GET `url`, streamed and aborted past `max_bytes` or `timeout` (total, headers to last byte).
+
+    Raises PageError with a poll-error reason: timeout, connect, too_large. The status is returned,
+    not judged: the caller knows what a 503 means for its route.
+    """
+    path = url.split("//", 1)[-1].partition("/")[2]
+    try:
+        # One deadline for the whole exchange: a server that trickles a byte a second never trips
+        # a per-read timeout, but does trip this one.
+        async with asyncio.timeout(timeout):
+            async with session.get(url, headers=headers, allow_redirects=False) as response:
+                declared = response.content_length
+                if declared is not None and declared > max_bytes:
+                    response.close()
+                    raise PageError("too_large", f"/{path} declares {declared} bytes, over the {max_bytes}-byte cap")
+                body = bytearray()
+                async for chunk in response.content.iter_chunked(CHUNK):
+                    body += chunk
+                    if len(body) > max_bytes:
+                        # Closing drops the connection rather than draining an endless body.
+                        response.close()
+                        raise PageError("too_large", f"/{path} is over the {max_bytes}-byte cap")
+                return response.status, bytes(body)
+    except TimeoutError:
+        raise PageError("timeout", f"/{path} took longer than {timeout:g}s") from None
+    except aiohttp.ClientPayloadError as exc:
+        raise PageError("connect", f"/{path}: body cut short ({type(exc).__name__})") from None
+    except aiohttp.ClientResponseError as exc:
+        raise PageError("http_status", f"/{path}: malformed HTTP answer ({exc.status})") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise PageError("connect", f"/{path}: {type(exc).__name__}: {_os_reason(exc)}") from None
+
+
+def _os_reason(exc: BaseException) -> str:
+    # Connection errors carry the host:port and the OS reason, never request headers.
+    text = str(exc)
+    return text[:200] if text else "no detail"

@@ -1,0 +1,244 @@
+"""The pure state machine: (previous verdict, what one poll saw, now, target settings) -> new verdict.
+
+No I/O and no clock of its own: every case is a table test with an injected `now`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from exporter.engines import Snapshot
+from exporter.settings import TargetSettings
+
+STATES = ("starting", "idle", "busy", "stuck", "unresponsive", "down")
+NOT_READY_STATES = frozenset({"starting", "down", "stuck", "unresponsive"})
+
+
+@dataclass(frozen=True, slots=True)
+class PollError:
+    """A poll that produced no usable reading. `reason` is the `poll_errors_total` label."""
+
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsOk:
+    """A good `/v1/models` answer: all a proxy (or an engine with no `/metrics`) is judged by."""
+
+    models: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryOutcome:
+    result: Literal["ok", "error", "timeout"]
+    detail: str = ""
+
+
+Observation = Snapshot | PollError | ModelsOk
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Everything the exporter believes about one target after its latest poll."""
+
+    state: str
+    reason: str
+    detail: str
+    since: float  # when the current state began
+    first_seen: float  # when the exporter started watching (startup grace counts from here)
+    started: bool = False  # has ever been servable
+    up: bool = False  # the last poll gave a usable reading
+    last_poll: float | None = None
+    error_reason: str | None = None  # set when the last poll failed: the poll_errors_total label
+    snapshot: Snapshot | None = None  # last good reading, in the current process lifetime
+    snapshot_at: float | None = None
+    last_progress: float | None = None  # last read that saw progress, or saw nothing owed
+    last_served: float | None = None  # last evidence the server serves: progress or a good canary
+    reads_without_progress: int = 0  # consecutive reads with work pending and nothing moving
+    stuck_seconds: float = 0.0
+    restarts: int = 0
+    last_restart_at: float | None = None
+    canary_failures: int = 0  # consecutive
+    last_canary_ok: float | None = None
+    steps_per_second: float | None = None
+    generation_tokens_per_second: float | None = None
+    models: tuple[str, ...] = ()
+
+    @property
+    def process_start_time(self) -> float | None:
+        return self.snapshot.process_start_time if self.snapshot else None
+
+
+def initial(now: float) -> Verdict:
+    """The verdict before the first poll."""
+    return Verdict(state="starting", reason="startup", detail="not polled yet", since=now, first_seen=now)
+
+
+def progressed(before: Snapshot, after: Snapshot) -> bool:
+    """True when any work signal moved between two reads of one process lifetime."""
+    for name in Snapshot.PROGRESS:
+        old, new = getattr(before, name), getattr(after, name)
+        if old is not None and new is not None and old != new:
+            return True
+    return False
+
+
+def went_backwards(before: Snapshot, after: Snapshot) -> str | None:
+    """Name of the first monotone counter that decreased, or None."""
+    for name in Snapshot.MONOTONE:
+        old, new = getattr(before, name), getattr(after, name)
+        if old is not None and new is not None and new < old:
+            return name
+    return None
+
+
+def _move(previous: Verdict, now: float, state: str, reason: str, detail: str, **changes: object) -> Verdict:
+    since = previous.since if state == previous.state else now
+    return replace(previous, state=state, reason=reason, detail=detail, since=since, last_poll=now, **changes)
+
+
+def judge(previous: Verdict | None, observation: Observation, now: float, target: TargetSettings) -> Verdict:
+    """The new verdict for `target` after one poll that saw `observation` at time `now`."""
+    previous = previous or initial(now)
+    if isinstance(observation, PollError):
+        return _on_error(previous, observation, now, target)
+    if isinstance(observation, ModelsOk):
+        return _on_models(previous, observation, now, target)
+    return _on_snapshot(previous, observation, now, target)
+
+
+def _on_error(previous: Verdict, error: PollError, now: float, target: TargetSettings, **changes: object) -> Verdict:
+    if not previous.started and now - previous.first_seen < target.startup_grace:
+        state, reason, detail = "starting", "startup", f"not servable yet ({error.reason}: {error.detail})"
+    else:
+        state, reason, detail = "down", error.reason, error.detail
+    # No progress can be judged while the server cannot be read: stuck needs fresh evidence.
+    return _move(
+        previous, now, state, reason, detail,
+        up=False, error_reason=error.reason, reads_without_progress=0, last_progress=now,
+        stuck_seconds=0.0, steps_per_second=None, generation_tokens_per_second=None, **changes,
+    )
+
+
+def _on_models(previous: Verdict, seen: ModelsOk, now: float, target: TargetSettings) -> Verdict:
+    common = dict(up=True, started=True, error_reason=None, models=seen.models, last_progress=now,
+                  reads_without_progress=0, stuck_seconds=0.0)
+    if target.role == "proxy":
+        return _move(previous, now, "idle", "proxy_models_ok", f"/v1/models lists {len(seen.models)} model(s)",
+                     last_served=now, **common)
+    # An engine with no /metrics looks idle; only the canary can show it cannot serve.
+    if previous.canary_failures >= target.canary.failures_before_unresponsive:
+        return _move(previous, now, "unresponsive", "canary_failed",
+                     f"{previous.canary_failures} canaries in a row failed", **common)
+    return _move(previous, now, "idle", "models_ok", f"/v1/models lists {len(seen.models)} model(s)", **common)
+
+
+def _rate(before: float | None, after: float | None, seconds: float) -> float | None:
+    if before is None or after is None or seconds <= 0:
+        return None
+    return (after - before) / seconds
+
+
+def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSettings) -> Verdict:
+    base = previous.snapshot
+    restarted = False
+    if base is not None:
+        if base.process_start_time is not None and snap.process_start_time is not None:
+            restarted = snap.process_start_time != base.process_start_time
+            backwards = None if restarted else went_backwards(base, snap)
+            if backwards:
+                # Same lifetime, yet a counter fell: the page is not one process's counters (a proxy
+                # mixing backends, a broken exporter). Re-base on it so one bad read stays one.
+                return _on_error(
+                    previous,
+                    PollError("bad_metrics", f"counter {backwards} went backwards with the same process start time"),
+                    now, target, snapshot=snap, snapshot_at=now,
+                )
+        else:
+            # No start time (e.g. --api-server-count > 1): a monotone counter that fell is a restart.
+            restarted = went_backwards(base, snap) is not None
+
+    # Counters are compared only within one lifetime; the first read of a lifetime compares nothing.
+    comparable = base is not None and not restarted
+    moved = comparable and progressed(base, snap)
+    elapsed = now - previous.snapshot_at if comparable and previous.snapshot_at is not None else 0.0
+    restarts = previous.restarts + (1 if restarted else 0)
+    changes: dict[str, object] = dict(
+        up=True, started=True, error_reason=None, snapshot=snap, snapshot_at=now, restarts=restarts,
+        last_restart_at=now if restarted else previous.last_restart_at,
+        steps_per_second=_rate(base.steps, snap.steps, elapsed) if comparable else None,
+        generation_tokens_per_second=(
+            _rate(base.generation_tokens, snap.generation_tokens, elapsed) if comparable else None
+        ),
+    )
+    load = f"running {snap.running:g}, waiting {snap.waiting:g}"
+
+    if moved:
+        changes.update(last_progress=now, last_served=now, reads_without_progress=0, stuck_seconds=0.0,
+                       canary_failures=0)
+    elif not snap.pending or not comparable:
+        # Nothing owed (or nothing to compare with yet): the stuck clock starts from here.
+        changes.update(last_progress=now, reads_without_progress=0, stuck_seconds=0.0)
+
+    if restarted:
+        reason, detail = "restart", f"process restarted (restart #{restarts}); {load}"
+        state = "busy" if snap.pending else "idle"
+        return _move(previous, now, state, reason, detail, **changes)
+
+    if not snap.pending:
+        failures = previous.canary_failures if not moved else 0
+        if failures >= target.canary.failures_before_unresponsive:
+            return _move(previous, now, "unresponsive", "canary_failed",
+                         f"idle-looking, but {failures} canaries in a row failed", **changes)
+        return _move(previous, now, "idle", "idle", "nothing running or waiting", **changes)
+
+    if moved or not comparable:
+        return _move(previous, now, "busy", "progress", f"{load}; engine signals moving", **changes)
+
+    reads = previous.reads_without_progress + 1
+    last_progress = previous.last_progress if previous.last_progress is not None else now
+    stuck_for = now - last_progress
+    changes.update(reads_without_progress=reads, last_progress=last_progress, stuck_seconds=stuck_for)
+    if reads >= 2 and stuck_for >= target.stuck_after:
+        return _move(previous, now, "stuck", "no_progress",
+                     f"{load}; no engine signal moved for {stuck_for:.1f}s over {reads} reads", **changes)
+    return _move(previous, now, "busy", "waiting_for_progress",
+                 f"{load}; nothing moved for {stuck_for:.1f}s ({reads} read(s))", **changes)
+
+
+def record_canary(previous: Verdict, outcome: CanaryOutcome, now: float, target: TargetSettings) -> Verdict:
+    """Fold one canary result into the verdict: repeated failures on an idle-looking server are `unresponsive`."""
+    if outcome.result == "ok":
+        verdict = replace(previous, canary_failures=0, last_canary_ok=now, last_served=now)
+        if verdict.state == "unresponsive":
+            return replace(verdict, state="idle", reason="canary_ok", detail="canary answered again", since=now)
+        return verdict
+    failures = previous.canary_failures + 1
+    verdict = replace(previous, canary_failures=failures)
+    if failures >= target.canary.failures_before_unresponsive and previous.state == "idle":
+        return replace(verdict, state="unresponsive", reason="canary_failed", since=now,
+                       detail=f"idle-looking, but {failures} canaries in a row failed (last: {outcome.result} {outcome.detail})".strip())
+    return verdict
+
+
+def is_started(verdict: Verdict) -> bool:
+    """Startup probe: the server has been servable at least once."""
+    return verdict.started
+
+
+def is_ready(verdict: Verdict, target: TargetSettings, now: float, draining: bool) -> bool:
+    """Readiness: started, not down/stuck/unresponsive, fresh evidence when idle, not draining. Never load."""
+    if draining or not verdict.started or verdict.state in NOT_READY_STATES:
+        return False
+    if verdict.state == "idle" and target.role == "backend" and target.canary.enabled:
+        return verdict.last_served is not None and now - verdict.last_served <= target.canary.freshness
+    return True
+
+
+def is_live(verdict: Verdict, target: TargetSettings, now: float) -> bool:
+    """Liveness fails only on sustained, shown lack of progress: stuck for longer than the budget."""
+    if verdict.state != "stuck" or verdict.last_progress is None:
+        return True
+    return now - verdict.last_progress <= target.liveness
