@@ -1,0 +1,265 @@
+"""The exporter's routes on a live app: the metric contract, the API shape, probes, drain, canaries, secrets."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.app import STORE, create_app
+from exporter.verdict import CanaryOutcome, PollError, judge, record_canary
+from test_exporter_helpers import (
+    BUSY_PAGE,
+    FakeVllm,
+    make_settings,
+    make_target,
+    record,
+    start_exporter,
+    target_json,
+    wait_for,
+)
+
+# DESIGN §2: the public contract (name -> type, labels besides `target`).
+CONTRACT = {
+    "llm_vitals_target_info": ("gauge", {"engine", "role", "url"}),
+    "llm_vitals_up": ("gauge", set()),
+    "llm_vitals_state": ("gauge", {"state"}),
+    "llm_vitals_requests_running": ("gauge", set()),
+    "llm_vitals_requests_waiting": ("gauge", set()),
+    "llm_vitals_engine_steps_per_second": ("gauge", set()),
+    "llm_vitals_generation_tokens_per_second": ("gauge", set()),
+    "llm_vitals_stuck_seconds": ("gauge", set()),
+    "llm_vitals_restarts": ("counter", set()),
+    "llm_vitals_process_start_time_seconds": ("gauge", set()),
+    "llm_vitals_canary_requests": ("counter", {"result"}),
+    "llm_vitals_canary_last_success_timestamp_seconds": ("gauge", set()),
+    "llm_vitals_ready": ("gauge", set()),
+    "llm_vitals_live": ("gauge", set()),
+    "llm_vitals_draining": ("gauge", set()),
+    "llm_vitals_gpu_fault": ("gauge", set()),
+    "llm_vitals_last_poll_timestamp_seconds": ("gauge", set()),
+    "llm_vitals_poll_duration_seconds": ("gauge", set()),
+    "llm_vitals_poll_errors": ("counter", {"reason"}),
+}
+TARGET_KEYS = {"name", "engine", "role", "url", "state", "reason", "detail", "since", "stuck_seconds",
+               "process_start_time", "last_poll", "up", "ready", "live", "draining", "gpu_fault", "restarts",
+               "running", "waiting", "steps_per_second", "generation_tokens_per_second", "counters"}
+
+
+async def test_metrics_follow_the_design_contract(aiohttp_server, aiohttp_client) -> None:
+    upstream = FakeVllm()
+    server = await aiohttp_server(upstream.app())
+    client = await start_exporter(aiohttp_client, make_settings([make_target("gpu-a", str(server.make_url("")))]))
+    await wait_for(lambda: record(client, "gpu-a").verdict.last_canary_ok, what="first poll and canary")
+
+    response = await client.get("/metrics")
+    assert response.status == 200
+    families = {f.name: f for f in text_string_to_metric_families(await response.text())}
+    for name, (kind, extra_labels) in CONTRACT.items():
+        assert name in families, name
+        family = families[name]
+        assert family.type == kind, name
+        assert family.samples, name
+        for sample in family.samples:
+            assert set(sample.labels) == {"target"} | extra_labels, (name, sample.labels)
+            assert sample.labels["target"] == "gpu-a"
+    states = {s.labels["state"]: s.value for s in families["llm_vitals_state"].samples}
+    assert sorted(states) == sorted(["starting", "idle", "busy", "stuck", "unresponsive", "down"])
+    assert list(states.values()).count(1.0) == 1 and states["idle"] == 1.0
+    assert {s.name for s in families["llm_vitals_restarts"].samples} == {"llm_vitals_restarts_total"}
+    assert "cached" in families["llm_vitals_up"].documentation.lower() or "cache" in families["llm_vitals_up"].documentation
+    errors = {s.labels["reason"] for s in families["llm_vitals_poll_errors"].samples}
+    assert {"connect", "timeout", "http_status", "bad_metrics", "too_large"} <= errors
+
+
+async def test_a_removed_target_leaves_no_series(aiohttp_client) -> None:
+    both = make_settings([make_target("a", "http://127.0.0.1:9"), make_target("b", "http://127.0.0.1:9")])
+    first = await aiohttp_client(create_app(both, poll=False))
+    assert 'target="b"' in await (await first.get("/metrics")).text()
+    only_a = make_settings([make_target("a", "http://127.0.0.1:9")])
+    second = await aiohttp_client(create_app(only_a, poll=False))
+    text = await (await second.get("/metrics")).text()
+    assert 'target="a"' in text and 'target="b"' not in text
+
+
+async def test_api_shape_matches_the_interface(aiohttp_server, aiohttp_client) -> None:
+    upstream = FakeVllm(BUSY_PAGE)
+    server = await aiohttp_server(upstream.app())
+    client = await start_exporter(aiohttp_client, make_settings(
+        [make_target("gpu-a", str(server.make_url(""))), make_target("gone", "http://127.0.0.1:9")]))
+    await wait_for(lambda: record(client, "gpu-a").verdict.last_poll, what="first poll")
+
+    listing = await (await client.get("/api/v1/targets")).json()
+    assert isinstance(listing["generated_at"], float)
+    assert [t["name"] for t in listing["targets"]] == ["gpu-a", "gone"]
+    one = await target_json(client, "gpu-a")
+    assert TARGET_KEYS <= set(one)
+    assert one["state"] == "busy" and one["running"] == 2 and one["waiting"] == 6
+    assert one["process_start_time"] == pytest.approx(1796222422.26)
+    assert one["counters"] == {"steps": 462.0, "generation_tokens": 903.0, "prompt_tokens": 29.0, "finished": 1.0,
+                               "kv_usage": pytest.approx(0.0019536019536019467)}
+    assert one["ready"] is True  # busy is ready: load never makes a server unready
+    missing = await client.get("/api/v1/targets/nope")
+    assert missing.status == 404
+    assert await missing.json() == {"error": "unknown target 'nope'"}
+
+    await wait_for(lambda: len(record(client, "gpu-a").history) >= 2, what="two history points")
+    points = (await (await client.get("/api/v1/targets/gpu-a/history")).json())["points"]
+    assert all(len(p) == 3 and isinstance(p[0], float) and p[2] in ("busy",) for p in points)
+    assert (await client.get("/api/v1/targets/nope/history")).status == 404
+
+
+async def test_probes_answer_from_the_cache(aiohttp_client) -> None:
+    settings = make_settings([make_target("gpu-a", "http://127.0.0.1:9", stuck_after=60)])
+    client = await aiohttp_client(create_app(settings, poll=False))
+    rec = client.app[STORE].get("gpu-a")
+    target = rec.settings
+
+    async def status(kind: str) -> int:
+        return (await client.get(f"/probe/gpu-a/{kind}")).status
+
+    assert (await status("startup"), await status("ready"), await status("live")) == (503, 503, 200)
+    from exporter.engines import Snapshot
+    t0 = rec.verdict.first_seen
+    rec.verdict = judge(rec.verdict, Snapshot(0, 0, 1, 1, 1, 1, 0.0, 5.0), t0, target)
+    rec.verdict = record_canary(rec.verdict, CanaryOutcome("ok"), t0, target)
+    assert (await status("startup"), await status("ready"), await status("live")) == (200, 200, 200)
+    rec.verdict = judge(rec.verdict, PollError("connect", "refused"), t0 + 1, target)
+    assert (await status("startup"), await status("ready"), await status("live")) == (200, 503, 200)
+    body = await (await client.get("/probe/gpu-a/ready")).json()
+    assert body["state"] == "down" and body["reason"] == "connect"
+    assert (await client.get("/probe/gpu-a/other")).status == 404
+    assert (await client.get("/probe/nope/ready")).status == 404
+
+
+async def test_drain_is_guarded_by_the_bearer_token(aiohttp_client) -> None:
+    settings = make_settings([make_target("gpu-a", "http://127.0.0.1:9", startup_grace=60)],
+                             environ={"DRAIN_TOKEN": "drain-secret-789"}, drain_token_env="DRAIN_TOKEN")
+    client = await aiohttp_client(create_app(settings, poll=False))
+    rec = client.app[STORE].get("gpu-a")
+    from exporter.engines import Snapshot
+    rec.verdict = judge(rec.verdict, Snapshot(1, 0, 1, 1, 1, 1, 0.0, 5.0), rec.verdict.first_seen, rec.settings)
+    assert (await client.get("/probe/gpu-a/ready")).status == 200
+
+    assert (await client.post("/probe/gpu-a/drain")).status == 401
+    assert (await client.post("/probe/gpu-a/drain", headers={"Authorization": "Bearer wrong"})).status == 401
+    auth = {"Authorization": "Bearer drain-secret-789"}
+    drained = await client.post("/probe/gpu-a/drain", headers=auth)
+    assert drained.status == 200 and (await drained.json())["draining"] is True
+    assert (await client.get("/probe/gpu-a/ready")).status == 503
+    assert (await client.get("/probe/gpu-a/live")).status == 200
+    assert "llm_vitals_draining{target=\"gpu-a\"} 1.0" in await (await client.get("/metrics")).text()
+    assert (await client.post("/probe/gpu-a/undrain", headers=auth)).status == 200
+    assert (await client.get("/probe/gpu-a/ready")).status == 200
+    assert (await client.post("/probe/nope/drain", headers=auth)).status == 404
+
+
+async def test_idle_canary_uses_the_first_model_and_one_greedy_token(aiohttp_server, aiohttp_client) -> None:
+    upstream = FakeVllm()
+    server = await aiohttp_server(upstream.app())
+    client = await start_exporter(aiohttp_client, make_settings([make_target("gpu-a", str(server.make_url("")))]))
+    await wait_for(lambda: upstream.completions, what="a canary")
+    assert upstream.completions[0]["body"] == {"model": "tiny", "prompt": "ping", "max_tokens": 1, "temperature": 0}
+    await wait_for(lambda: record(client, "gpu-a").canaries["ok"] >= 1, what="canary counted")
+    assert (await client.get("/probe/gpu-a/ready")).status == 200
+
+
+async def test_busy_server_gets_no_canary(aiohttp_server, aiohttp_client) -> None:
+    upstream = FakeVllm(BUSY_PAGE)
+    server = await aiohttp_server(upstream.app())
+    client = await start_exporter(aiohttp_client, make_settings([make_target("gpu-a", str(server.make_url("")))]))
+    await wait_for(lambda: record(client, "gpu-a").polls >= 6, what="six polls")
+    assert upstream.completions == []
+    assert sum(record(client, "gpu-a").canaries.values()) == 0
+
+
+async def test_hung_canaries_make_an_idle_server_unresponsive_one_at_a_time(aiohttp_server, aiohttp_client) -> None:
+    upstream = FakeVllm()
+    upstream.completion_mode = "hang"
+    server = await aiohttp_server(upstream.app())
+    target = make_target("gpu-a", str(server.make_url("")), canary={"interval": 0.2, "timeout": 0.4})
+    client = await start_exporter(aiohttp_client, make_settings([target]))
+    try:
+        await wait_for(lambda: record(client, "gpu-a").verdict.state == "unresponsive", what="unresponsive")
+        rec = record(client, "gpu-a")
+        assert rec.canaries["timeout"] == 3 and rec.verdict.reason == "canary_failed"
+        # At most one canary in flight: never more sent than timed out, plus the one now running.
+        assert len(upstream.completions) <= rec.canaries["timeout"] + 1
+        assert (await client.get("/probe/gpu-a/ready")).status == 503
+        upstream.completion_mode = "ok"
+        upstream.release.set()
+        await wait_for(lambda: record(client, "gpu-a").verdict.state == "idle", what="back to idle")
+    finally:
+        upstream.release.set()
+
+
+async def test_no_secret_in_logs_api_errors_or_metrics(aiohttp_server, aiohttp_client, caplog) -> None:
+    secret = "sk-very-secret-4242"
+    upstream = FakeVllm()
+    upstream.completion_mode = "error"  # 401 whose body echoes the Authorization header
+    server = await aiohttp_server(upstream.app())
+    settings = make_settings([make_target("gpu-a", str(server.make_url("")), api_key_env="VLLM_KEY",
+                                          canary={"interval": 0.1, "timeout": 1})],
+                             environ={"VLLM_KEY": secret})
+    caplog.set_level(logging.DEBUG)
+    client = await start_exporter(aiohttp_client, settings)
+    await wait_for(lambda: record(client, "gpu-a").verdict.state == "unresponsive", what="unresponsive")
+    # The key was used (so the test proves something) ...
+    assert upstream.completions[0]["headers"]["Authorization"] == f"Bearer {secret}"
+    assert upstream.models_headers[0]["Authorization"] == f"Bearer {secret}"
+    # ... and appears nowhere the exporter writes.
+    answers = [await (await client.get(path)).text() for path in (
+        "/metrics", "/api/v1/targets", "/api/v1/targets/gpu-a", "/api/v1/targets/gpu-a/history",
+        "/probe/gpu-a/ready", "/probe/gpu-a/live", "/probe/gpu-a/startup", "/healthz")]
+    logs = caplog.text + "".join(str(getattr(r, "fields", "")) for r in caplog.records)
+    for text in [*answers, logs, repr(settings), repr(record(client, "gpu-a").verdict)]:
+        assert secret not in text
+    assert "canary failed" in caplog.text  # the failures were logged, just without the key
+
+
+async def test_gpu_fault_file_flags_the_target_and_makes_it_unready(aiohttp_server, aiohttp_client, tmp_path) -> None:
+    upstream = FakeVllm(BUSY_PAGE)
+    server = await aiohttp_server(upstream.app())
+    flag = tmp_path / "gpu-a.fault"
+    client = await start_exporter(aiohttp_client, make_settings(
+        [make_target("gpu-a", str(server.make_url("")), gpu_fault_file=str(flag))]))
+    rec = record(client, "gpu-a")
+    await wait_for(lambda: rec.verdict.state == "busy", what="busy")
+    assert (await target_json(client, "gpu-a"))["gpu_fault"] is False
+    flag.write_text("Xid 79: GPU has fallen off the bus\n")
+    await wait_for(lambda: rec.gpu_fault, what="gpu fault flagged")
+    view = await target_json(client, "gpu-a")
+    assert view["gpu_fault"] is True and view["gpu_fault_detail"] == "Xid 79: GPU has fallen off the bus"
+    assert view["ready"] is False
+    assert 'llm_vitals_gpu_fault{target="gpu-a"} 1.0' in await (await client.get("/metrics")).text()
+    flag.unlink()
+    await wait_for(lambda: rec.gpu_fault is None, what="gpu fault cleared")
+
+
+async def test_credentials_in_a_target_url_are_not_shown(aiohttp_client) -> None:
+    settings = make_settings([make_target("gpu-a", "http://admin:hunter2-pw@127.0.0.1:9/")])
+    client = await aiohttp_client(create_app(settings, poll=False))
+    for path in ("/metrics", "/api/v1/targets", "/api/v1/targets/gpu-a"):
+        text = await (await client.get(path)).text()
+        assert "hunter2-pw" not in text and "http://127.0.0.1:9" in text
+
+
+async def test_each_state_change_is_one_json_log_line(aiohttp_server, aiohttp_client, caplog) -> None:
+    import json
+
+    from llm_vitals.logs import JsonFormatter
+
+    upstream = FakeVllm(BUSY_PAGE)
+    server = await aiohttp_server(upstream.app())
+    caplog.set_level(logging.INFO, logger="llm_vitals.exporter")
+    client = await start_exporter(aiohttp_client, make_settings([make_target("gpu-a", str(server.make_url("")))]))
+    rec = record(client, "gpu-a")
+    await wait_for(lambda: rec.verdict.state == "busy", what="busy")
+    upstream.metrics_status = 500
+    await wait_for(lambda: rec.verdict.state == "down", what="down")
+    lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records if r.getMessage() == "state change"]
+    assert [(line["from"], line["to"]) for line in lines] == [("starting", "busy"), ("busy", "down")]
+    last = lines[-1]
+    assert last["target"] == "gpu-a" and last["reason"] == "http_status" and last["restarts"] == 0
+    assert last["counters"]["generation_tokens"] == 903.0

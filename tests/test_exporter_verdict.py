@@ -1,0 +1,223 @@
+"""The pure verdict, as tables: each row is a sequence of (time, observation) and the verdict it must end in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from exporter.engines import Snapshot
+from exporter.settings import TargetSettings
+from exporter.verdict import (
+    CanaryOutcome,
+    ModelsOk,
+    PollError,
+    Verdict,
+    is_live,
+    is_ready,
+    is_started,
+    judge,
+    record_canary,
+)
+
+START = 1_796_000_000.0
+PST = 1_795_999_000.0  # process start time of the first lifetime
+
+
+def target(**overrides: object) -> TargetSettings:
+    config = {"name": "t", "url": "http://127.0.0.1:1", "stuck_after": 60, "startup_grace": 300}
+    config.update(overrides)
+    return TargetSettings.model_validate(config)
+
+
+def snap(running: float = 0, waiting: float = 0, steps: float = 0, gen: float = 0, prompt: float = 0,
+         finished: float = 0, kv: float = 0.0, pst: float | None = PST) -> Snapshot:
+    return Snapshot(running, waiting, steps, gen, prompt, finished, kv, pst)
+
+
+def run(rows: list[tuple[float, object]], settings: TargetSettings | None = None) -> list[Verdict]:
+    """Feed observations (or canary outcomes) at their times; return every verdict."""
+    settings = settings or target()
+    verdicts: list[Verdict] = []
+    verdict = None
+    for offset, seen in rows:
+        if isinstance(seen, CanaryOutcome):
+            verdict = record_canary(verdict, seen, START + offset, settings)
+        else:
+            verdict = judge(verdict, seen, START + offset, settings)
+        verdicts.append(verdict)
+    return verdicts
+
+
+@dataclass
+class Case:
+    id: str
+    rows: list[tuple[float, object]]
+    state: str
+    reason: str
+    settings: dict[str, object] = field(default_factory=dict)
+    checks: dict[str, object] = field(default_factory=dict)
+
+
+CASES = [
+    Case("nothing_running_or_waiting_is_idle", [(0, snap())], "idle", "idle"),
+    Case("first_read_with_work_is_busy_not_judged", [(0, snap(running=2, steps=5))], "busy", "progress"),
+    Case("work_pending_and_steps_moving_is_busy",
+         [(0, snap(running=2, steps=5)), (5, snap(running=2, steps=9))], "busy", "progress",
+         checks={"steps_per_second": 0.8, "stuck_seconds": 0.0}),
+    Case("long_prefill_without_output_tokens_is_busy_not_stuck",
+         [(0, snap(running=1, kv=0.1)), (30, snap(running=1, kv=0.2)), (61, snap(running=1, kv=0.3)),
+          (91, snap(running=1, kv=0.4))], "busy", "progress"),
+    Case("running_0_waiting_with_steps_advancing_is_busy",
+         [(0, snap(waiting=3, steps=1)), (30, snap(waiting=3, steps=2)), (70, snap(waiting=3, steps=3))],
+         "busy", "progress"),
+    Case("prompt_tokens_or_finished_moving_is_progress",
+         [(0, snap(running=1)), (40, snap(running=1, prompt=900)), (80, snap(running=1, prompt=900, finished=1))],
+         "busy", "progress"),
+    Case("pending_without_progress_past_stuck_after_over_two_reads_is_stuck",
+         [(0, snap(running=2, steps=5)), (5, snap(running=2, steps=9)), (35, snap(running=2, steps=9)),
+          (65, snap(running=2, steps=9))], "stuck", "no_progress",
+         checks={"stuck_seconds": 60.0, "reads_without_progress": 2}),
+    Case("one_read_without_progress_is_not_stuck_even_after_stuck_after",
+         [(0, snap(running=2, steps=5)), (100, snap(running=2, steps=5))], "busy", "waiting_for_progress",
+         checks={"stuck_seconds": 100.0, "reads_without_progress": 1}),
+    Case("many_reads_without_progress_short_of_stuck_after_is_not_stuck",
+         [(t, snap(running=2, steps=5)) for t in range(0, 60, 5)], "busy", "waiting_for_progress",
+         checks={"stuck_seconds": 55.0}),
+    Case("stuck_clock_starts_when_work_appears_not_at_last_idle_progress",
+         [(0, snap(steps=5)), (5, snap(steps=5)), (600, snap(steps=5)), (605, snap(running=1, steps=5)),
+          (610, snap(running=1, steps=5))], "busy", "waiting_for_progress", checks={"stuck_seconds": 10.0}),
+    Case("stuck_that_moves_again_is_busy",
+         [(0, snap(running=2, steps=5)), (35, snap(running=2, steps=5)), (65, snap(running=2, steps=5)),
+          (70, snap(running=2, steps=6))], "busy", "progress", checks={"stuck_seconds": 0.0}),
+    Case("start_time_changed_is_a_restart_then_idle_with_counters_rebased",
+         [(0, snap(running=2, steps=900, gen=9000)), (5, snap(steps=0, gen=0, pst=PST + 100))], "idle", "restart",
+         checks={"restarts": 1, "steps_per_second": None, "last_restart_at": START + 5}),
+    Case("restart_with_work_pending_is_busy_not_stuck_nor_negative",
+         [(0, snap(running=2, steps=900)), (70, snap(running=2, steps=900)), (140, snap(running=1, steps=3, pst=PST + 1))],
+         "busy", "restart", checks={"restarts": 1, "steps_per_second": None, "stuck_seconds": 0.0}),
+    Case("counter_down_without_start_time_is_a_restart",
+         [(0, snap(steps=900, gen=50, pst=None)), (5, snap(steps=3, gen=1, pst=None))], "idle", "restart",
+         checks={"restarts": 1}),
+    Case("restart_is_counted_once_not_on_each_later_read",
+         [(0, snap(steps=9)), (5, snap(steps=0, pst=PST + 1)), (10, snap(steps=0, pst=PST + 1)),
+          (15, snap(steps=0, pst=PST + 1))],
+         "idle", "idle", checks={"restarts": 1}),
+    Case("restart_across_a_down_period_is_counted",
+         [(0, snap(steps=9)), (5, PollError("connect", "refused")), (10, snap(steps=0, pst=PST + 7))], "idle", "restart",
+         checks={"restarts": 1}),
+    Case("counter_backwards_with_same_start_time_is_down_bad_metrics",
+         [(0, snap(steps=900)), (5, snap(steps=3))], "down", "bad_metrics", checks={"restarts": 0, "up": False}),
+    Case("connection_refused_after_serving_is_down", [(0, snap()), (5, PollError("connect", "refused"))], "down", "connect",
+         checks={"up": False, "error_reason": "connect"}),
+    Case("timeout_is_down", [(0, snap()), (5, PollError("timeout", "slow"))], "down", "timeout"),
+    Case("http_5xx_is_down", [(0, snap()), (5, PollError("http_status", "HTTP 500"))], "down", "http_status"),
+    Case("health_503_is_down", [(0, snap(running=2)), (5, PollError("health_503", "dead"))], "down", "health_503"),
+    Case("html_or_garbage_is_down", [(0, snap()), (5, PollError("bad_metrics", "html"))], "down", "bad_metrics"),
+    Case("page_over_cap_is_down", [(0, snap()), (5, PollError("too_large", "big"))], "down", "too_large"),
+    Case("never_servable_within_grace_is_starting",
+         [(0, PollError("connect", "refused")), (299, PollError("connect", "refused"))], "starting", "startup",
+         checks={"error_reason": "connect"}),
+    Case("never_servable_past_grace_is_down",
+         [(0, PollError("connect", "refused")), (301, PollError("connect", "refused"))], "down", "connect"),
+    Case("starting_then_first_good_read_is_idle", [(0, PollError("connect", "refused")), (5, snap())], "idle", "idle",
+         checks={"started": True}),
+    Case("idle_with_three_canary_failures_is_unresponsive",
+         [(0, snap()), (1, CanaryOutcome("timeout")), (31, CanaryOutcome("error")), (61, CanaryOutcome("timeout"))],
+         "unresponsive", "canary_failed"),
+    Case("unresponsive_stays_on_next_idle_poll",
+         [(0, snap()), (1, CanaryOutcome("timeout")), (31, CanaryOutcome("timeout")), (61, CanaryOutcome("timeout")),
+          (65, snap())], "unresponsive", "canary_failed"),
+    Case("two_canary_failures_are_not_unresponsive",
+         [(0, snap()), (1, CanaryOutcome("timeout")), (31, CanaryOutcome("timeout"))], "idle", "idle"),
+    Case("a_good_canary_brings_unresponsive_back_to_idle",
+         [(0, snap()), (1, CanaryOutcome("error")), (2, CanaryOutcome("error")), (3, CanaryOutcome("error")),
+          (4, CanaryOutcome("ok"))], "idle", "canary_ok", checks={"canary_failures": 0}),
+    Case("progress_clears_canary_failures",
+         [(0, snap()), (1, CanaryOutcome("error")), (2, CanaryOutcome("error")), (5, snap(running=1, steps=1)),
+          (6, snap(steps=4)), (7, CanaryOutcome("error"))], "idle", "idle", checks={"canary_failures": 1}),
+    Case("proxy_with_models_is_idle_never_compared",
+         [(0, ModelsOk(("tiny",))), (100, ModelsOk(("tiny",)))], "idle", "proxy_models_ok", settings={"role": "proxy"},
+         checks={"snapshot": None, "models": ("tiny",)}),
+    Case("proxy_without_models_is_down",
+         [(0, ModelsOk(("tiny",))), (5, PollError("connect", "refused"))], "down", "connect", settings={"role": "proxy"}),
+    Case("proxy_never_answered_is_starting", [(0, PollError("connect", "refused"))], "starting", "startup",
+         settings={"role": "proxy"}),
+    Case("openai_engine_judged_by_models_and_canary",
+         [(0, ModelsOk(("m",))), (1, CanaryOutcome("error")), (2, CanaryOutcome("error")), (3, CanaryOutcome("error")),
+          (5, ModelsOk(("m",)))], "unresponsive", "canary_failed", settings={"engine": "openai"}),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_verdict_table(case: Case) -> None:
+    verdict = run(case.rows, target(**case.settings))[-1]
+    assert (verdict.state, verdict.reason) == (case.state, case.reason), verdict.detail
+    for name, expected in case.checks.items():
+        actual = getattr(verdict, name)
+        if isinstance(expected, float):
+            assert actual == pytest.approx(expected), name
+        else:
+            assert actual == expected, name
+
+
+def test_since_holds_while_the_state_holds_and_moves_on_change() -> None:
+    verdicts = run([(0, snap()), (5, snap()), (10, snap(running=1, steps=1)), (15, snap(running=1, steps=2))])
+    assert [v.since for v in verdicts] == [START, START, START + 10, START + 10]
+
+
+def test_rates_never_go_negative_across_a_restart() -> None:
+    verdicts = run([(0, snap(running=2, steps=100, gen=1000)), (5, snap(running=2, steps=5, gen=10, pst=PST + 2)),
+                    (10, snap(running=2, steps=15, gen=30, pst=PST + 2))])
+    assert verdicts[1].steps_per_second is None
+    assert verdicts[2].steps_per_second == pytest.approx(2.0)
+    assert verdicts[2].generation_tokens_per_second == pytest.approx(4.0)
+
+
+def test_sigstop_fixture_pages_become_stuck() -> None:
+    from conftest import VLLM_FIXTURES
+    from exporter.engines.vllm import parse_page
+
+    frozen = parse_page((VLLM_FIXTURES / "vllm-0.32.0-cpu-metrics-enginecore-sigstop.txt").read_bytes())
+    verdict = run([(0, frozen), (30, frozen), (61, frozen)])[-1]
+    assert verdict.state == "stuck"
+
+
+def test_ready_never_depends_on_queue_length() -> None:
+    settings = target()
+    verdict = run([(0, snap(running=4, waiting=500, steps=1)), (5, snap(running=4, waiting=900, steps=2))], settings)[-1]
+    assert verdict.state == "busy"
+    assert is_ready(verdict, settings, START + 5, draining=False)
+
+
+def test_ready_is_false_when_draining_stuck_down_or_not_started() -> None:
+    settings = target()
+    busy = run([(0, snap(running=1, steps=1)), (5, snap(running=1, steps=2))], settings)[-1]
+    assert not is_ready(busy, settings, START + 5, draining=True)
+    stuck = run([(0, snap(running=1)), (35, snap(running=1)), (65, snap(running=1))], settings)[-1]
+    assert not is_ready(stuck, settings, START + 65, draining=False)
+    down = run([(0, snap()), (5, PollError("connect", "refused"))], settings)[-1]
+    assert not is_ready(down, settings, START + 5, draining=False)
+    starting = run([(0, PollError("connect", "refused"))], settings)[-1]
+    assert not is_ready(starting, settings, START, draining=False) and not is_started(starting)
+
+
+def test_idle_server_is_ready_only_with_fresh_evidence() -> None:
+    settings = target(canary={"interval": 30})
+    idle = run([(0, snap())], settings)[-1]
+    assert not is_ready(idle, settings, START, draining=False)  # no canary yet
+    served = record_canary(idle, CanaryOutcome("ok"), START + 1, settings)
+    assert is_ready(served, settings, START + 1, draining=False)
+    assert is_ready(served, settings, START + 90, draining=False)
+    assert not is_ready(served, settings, START + 92, draining=False)  # fresh_for = 3 x interval
+
+
+def test_liveness_fails_only_when_stuck_past_the_budget() -> None:
+    settings = target()  # budget 2 x 60 s
+    rows = [(0, snap(running=1)), (35, snap(running=1)), (65, snap(running=1))]
+    stuck = run(rows, settings)[-1]
+    assert stuck.state == "stuck"
+    assert is_live(stuck, settings, START + 120)
+    assert not is_live(stuck, settings, START + 121)
+    down = run([(0, snap()), (5, PollError("connect", "refused"))], settings)[-1]
+    assert is_live(down, settings, START + 10_000)
