@@ -1,0 +1,133 @@
+"""CPU of one exporter process polling 1,000 targets at a 5 s interval, served by one static page server.
+
+Target (issue 3): <= 25% of one core. The exporter runs as its real CLI in a child process; its CPU
+time (user + system, from /proc via psutil) is measured over a window after a warm-up, so the page
+server's own CPU is not counted. The page is the real 51 KB busy page; by default its step counter
+moves on every read (a fleet making progress), `--frozen` serves it unchanged (every poll then also
+reads /health, the costlier stuck-check path).
+
+    .venv/bin/python bench/bench_poll_1000.py [--targets 1000] [--interval 5] [--warmup 8] [--window 20] [--frozen]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+PAGE = REPO / "tests" / "fixtures" / "vllm" / "vllm-0.32.0-cpu-metrics-busy.txt"
+
+PAGE_SERVER = r'''
+import sys
+from aiohttp import web
+page = open(sys.argv[2], "rb").read()
+frozen = sys.argv[3] == "1"
+marker = b'vllm:iteration_tokens_total_count{engine="0",model_name="tiny"} 462.0'
+head, tail = page.split(marker)
+reads = 0
+async def metrics(request):
+    global reads
+    reads += 1
+    if frozen:
+        return web.Response(body=page, content_type="text/plain")
+    body = head + b'vllm:iteration_tokens_total_count{engine="0",model_name="tiny"} %d.0' % (462 + reads) + tail
+    return web.Response(body=body, content_type="text/plain")
+async def health(request):
+    return web.Response()
+app = web.Application()
+app.router.add_get("/{target}/metrics", metrics)
+app.router.add_get("/{target}/health", health)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def total_polls(exporter_url: str) -> int:
+    with urllib.request.urlopen(exporter_url + "/api/v1/targets", timeout=30) as response:
+        return sum(t["polls"] for t in json.load(response)["targets"])
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", type=int, default=1000)
+    parser.add_argument("--interval", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=8.0, help="seconds before measuring (first polls are spread over one interval)")
+    parser.add_argument("--window", type=float, default=20.0, help="seconds of measurement")
+    parser.add_argument("--frozen", action="store_true", help="serve the page unchanged (stuck path: + /health each poll)")
+    args = parser.parse_args()
+
+    page_port, exporter_port = free_port(), free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "exporter.yaml"
+        lines = [f'listen: "127.0.0.1:{exporter_port}"', f"poll_interval: {args.interval}", "log_level: warning", "targets:"]
+        for i in range(args.targets):
+            lines.append(f"  - {{name: t{i}, url: 'http://127.0.0.1:{page_port}/t{i}', canary: {{enabled: false}}}}")
+        config.write_text("\n".join(lines) + "\n")
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        server = subprocess.Popen([sys.executable, "-c", PAGE_SERVER, str(page_port), str(PAGE), "1" if args.frozen else "0"], env=env)
+        exporter = None
+        try:
+            wait_http(f"http://127.0.0.1:{page_port}/t0/metrics")
+            exporter = subprocess.Popen([sys.executable, "-m", "exporter.cli", "--config", str(config)], env=env, cwd=REPO)
+            wait_http(f"http://127.0.0.1:{exporter_port}/healthz")
+            time.sleep(args.warmup)
+            process = psutil.Process(exporter.pid)
+            polls_before, cpu_before, started = total_polls(f"http://127.0.0.1:{exporter_port}"), cpu_seconds(process), time.monotonic()
+            time.sleep(args.window)
+            cpu_after, elapsed = cpu_seconds(process), time.monotonic() - started
+            polls = total_polls(f"http://127.0.0.1:{exporter_port}") - polls_before
+            states: dict[str, int] = {}
+            with urllib.request.urlopen(f"http://127.0.0.1:{exporter_port}/api/v1/targets", timeout=30) as response:
+                for target in json.load(response)["targets"]:
+                    states[target["state"]] = states.get(target["state"], 0) + 1
+        finally:
+            for child in (exporter, server):
+                if child is not None:
+                    child.terminate()
+                    child.wait(timeout=10)
+
+    share = (cpu_after - cpu_before) / elapsed
+    expected = args.targets * elapsed / args.interval
+    print(f"targets: {args.targets}, poll interval {args.interval:g}s, page {PAGE.name} ({'frozen' if args.frozen else 'moving'})")
+    print(f"window: {elapsed:.1f}s, polls: {polls} ({polls / expected:.0%} of the {expected:.0f} expected), states: {states}")
+    print(f"exporter CPU: {cpu_after - cpu_before:.2f}s over {elapsed:.1f}s = {share:.1%} of one core "
+          f"({(cpu_after - cpu_before) / max(polls, 1) * 1e3:.2f} ms per poll); target <= 25%")
+    ok = share <= 0.25 and polls >= 0.9 * expected
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
