@@ -24,7 +24,7 @@ test: install tools
 	$(BIN)/pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 demo: install
-	$(BIN)/llm-vitals-sim --backends 3 --port 8101 --proxy 8100
+	$(BIN)/python -m demo
 
 bench: install
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

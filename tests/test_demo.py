@@ -1,0 +1,108 @@
+"""`python -m demo --once`: the README's first command tells its story, and the journal agrees.
+
+The demo runs as users run it (a subprocess with its own children), with the compressed timings of
+`--fast` and kernel-chosen ports, so it can run beside other tests. The story's outcome is read
+twice: from the demo's JSON summary and straight from the remediator's SQLite journal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, real_stack_required
+
+
+# Real Prometheus + Alertmanager when installed; no xdist group: free ports and its own workdir,
+# so it runs beside the other tests.
+@pytest.mark.e2e
+def test_demo_once_tells_the_story(tmp_path) -> None:
+    summary_path = tmp_path / "summary.json"
+    workdir = tmp_path / "run"
+    # Under .ci/run the real alert path is required; elsewhere the demo falls back to its relay.
+    alert_path = "prometheus" if real_stack_required() else "auto"
+    argv = [sys.executable, "-m", "demo", "--once", "--fast", "--no-table", "--free-ports",
+            "--alerts", alert_path, "--workdir", str(workdir), "--summary-json", str(summary_path)]
+    try:
+        run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=240,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the demo did not finish within 240 s:\n{exc.stdout}\n{exc.stderr}")
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert "story summary (every step as told)" in output
+    assert "stopped 5 processes" in output or "stopped 3 processes" in output, output
+
+    summary = json.loads(summary_path.read_text())
+    steps = {step["name"]: step for step in summary["steps"]}
+    assert list(steps) == ["batch", "hang-one", "hang-pair", "hang-all"]
+    assert all(step["ok"] for step in steps.values()), json.dumps(summary, indent=2)
+    assert steps["batch"]["restarts"] == {}
+    assert steps["hang-one"]["restarts"] == {"backend-2": 1}
+    assert steps["hang-pair"]["restarts"] == {"backend-1": 1, "backend-3": 1}
+    assert steps["hang-pair"]["refusals"].get("cooldown", 0) >= 1
+    assert steps["hang-all"]["restarts"] == {}
+    assert summary["restarts"] == {"backend-1": 1, "backend-2": 1, "backend-3": 1}
+
+    # The remediator's own journal: backend-1 never restarted during the batch, the pair's two
+    # restarts a cooldown apart, and the all-hang step refused by the fleet gate only.
+    journal = sqlite3.connect(workdir / "remediator.db")
+    rows = journal.execute("SELECT id, time, target, decision, reason FROM actions ORDER BY id").fetchall()
+    journal.close()
+
+    def in_step(name: str) -> list[tuple]:
+        step = steps[name]
+        return [r for r in rows if step["first_action_id"] < r[0] <= step["last_action_id"]]
+
+    assert not [r for r in in_step("batch") if r[3] != "resolved"]
+    assert [(r[2], r[3]) for r in in_step("hang-one") if r[3] == "restart"] == [("backend-2", "restart")]
+    pair = [r for r in in_step("hang-pair") if r[3] == "restart"]
+    assert sorted(r[2] for r in pair) == ["backend-1", "backend-3"]
+    assert pair[1][1] - pair[0][1] >= summary["timings"]["cooldown"] - 0.5
+    all_hang = [r for r in in_step("hang-all") if r[3] != "resolved"]
+    assert ("refused", "fleet_gate") in {(r[3], r[4]) for r in all_hang}
+    # Besides the fleet gate, only an alert re-sent after the demo cleared the hang (not_stuck).
+    assert {(r[3], r[4]) for r in all_hang} <= {("refused", "fleet_gate"), ("refused", "not_stuck")}, all_hang
+    if alert_path == "prometheus" or "Prometheus" in summary["alert_path"]:
+        assert summary["alert_path"].startswith("alert path: Prometheus")
+
+
+async def test_relay_posts_alertmanager_v4_webhooks_like_alertmanager(aiohttp_server) -> None:
+    """The fallback alert path (no Prometheus installed): firing after `for`, repeats, one resolved."""
+    import aiohttp
+    from aiohttp import web
+
+    from demo.alerts import WebhookRelay
+    from demo.timings import FAST
+    from remediator.payload import WebhookPayload
+
+    received: list[tuple[str | None, WebhookPayload]] = []
+
+    async def webhook(request: web.Request) -> web.Response:
+        received.append((request.headers.get("Authorization"), WebhookPayload.model_validate(await request.json())))
+        return web.json_response({"decisions": []})
+
+    app = web.Application()
+    app.router.add_post("/webhook", webhook)
+    sink = await aiohttp_server(app)
+    relay = WebhookRelay("http://127.0.0.1:9", str(sink.make_url("")).rstrip("/"), "t0ken", FAST,
+                         frozenset({"backend-1", "backend-2"}))
+    t0 = 1_800_000_000.0
+    async with aiohttp.ClientSession() as session:
+        await relay.step(session, {"backend-1": "stuck", "backend-2": "busy"}, t0)
+        assert received == []  # pending: not yet `for` long
+        await relay.step(session, {"backend-1": "stuck"}, t0 + FAST.rule_for)
+        await relay.step(session, {"backend-1": "stuck"}, t0 + FAST.rule_for + 0.1)  # within repeat: no re-send
+        await relay.step(session, {"backend-1": "stuck"}, t0 + FAST.rule_for + FAST.repeat_interval)
+        await relay.step(session, {"backend-1": "busy"}, t0 + 30)
+    statuses = [(payload.status, payload.alerts[0].labels["target"]) for _, payload in received]
+    assert statuses == [("firing", "backend-1"), ("firing", "backend-1"), ("resolved", "backend-1")]
+    assert {auth for auth, _ in received} == {"Bearer t0ken"}
+    first = received[0][1].alerts[0]
+    assert first.labels["remediation"] == "restart" and first.labels["alertname"] == "LLMServerStuck"
+    assert first.starts_at == t0  # when the state was first seen, as Prometheus's activeAt
+    assert len({payload.alerts[0].fingerprint for _, payload in received}) == 1
