@@ -12,7 +12,6 @@ remediator detail must never become markup.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -114,7 +113,7 @@ def _target_row(target: Mapping[str, Any], history: Sequence[Sequence[Any]], now
     detail = target.get("detail") or ""
     return (
         f'<tr class="target" data-target="{_text(target.get("name"))}" data-state="{_text(state)}">'
-        f'<td class="name">{_text(target.get("name"))}<div class="sub">{_text(target.get("role"))} · {_text(target.get("url"))}</div></td>'
+        f'<td class="name"><span class="nowrap">{_text(target.get("name"))}</span><div class="sub">{_text(target.get("role"))} · {_text(target.get("url"))}</div></td>'
         f'<td><span class="state" style="background:{colour}">{_text(state)}</span></td>'
         f'<td class="reason" title="{_text(detail)}">{_text(target.get("reason"))}<div class="sub">{_text(detail)}</div></td>'
         f'<td class="num">{in_state}</td>'
@@ -143,10 +142,10 @@ def _decisions_section(decisions: Decisions | None, now: float) -> str:
             ago = f"{format_duration(now - when)} ago" if isinstance(when, (int, float)) else ""
             decision = str(action.get("decision") or "")
             parts.append(
-                f'<tr class="decision {_text(decision)}"><td class="num">{ago}</td><td>{_text(action.get("target"))}</td>'
+                f'<tr class="decision {_text(decision)}"><td class="num">{ago}</td><td class="nowrap">{_text(action.get("target"))}</td>'
                 f'<td>{_text(action.get("alertname"))}</td><td>{_text(decision)}</td>'
                 f'<td>{_text(action.get("reason"))}</td><td>{_text(action.get("result"))}</td>'
-                f'<td class="sub">{_text(action.get("detail"))}</td></tr>'
+                f'<td class="sub detail" title="{_text(action.get("detail"))}">{_text(action.get("detail"))}</td></tr>'
             )
         parts.append("</tbody></table>")
     elif not decisions.note:
@@ -164,7 +163,8 @@ th{font-size:.75rem;text-transform:uppercase;letter-spacing:.03em;color:#6b7280}
 .num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .state{color:#fff;border-radius:.6rem;padding:.1rem .55rem;font-weight:600;font-size:.85rem}
 .sub{color:#6b7280;font-size:.78rem;font-weight:normal}
-.reason .sub{max-width:28rem;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+.reason .sub,td.detail{max-width:28rem;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+.nowrap{white-space:nowrap}
 .note{color:#92400e;background:#fffbeb;border:1px solid #fde68a;padding:.4rem .6rem;display:inline-block}
 tr.decision.restart td:nth-child(4){color:#166534;font-weight:600}
 tr.decision.refused td:nth-child(4){color:#92400e}
@@ -213,7 +213,7 @@ async def fetch_decisions(session: aiohttp.ClientSession, base_url: str, timeout
             if response.status != 200:
                 return Decisions(note=f"the remediator answered HTTP {response.status}", url=base_url)
             body = await response.json(content_type=None)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return Decisions(note=f"the remediator did not answer within {timeout:g} s", url=base_url)
     except (aiohttp.ClientError, ValueError) as exc:
         return Decisions(note=f"cannot read the remediator: {type(exc).__name__}", url=base_url)

@@ -1,0 +1,229 @@
+"""The exporter's status page at `/`: pure renders, then the real page in headless Chromium.
+
+The browser test runs a real exporter app polling an in-process simulated fleet (an idle, a busy
+and a stuck server, plus a closed port that is down) and a real remediator app in dry-run with one
+decision in its journal. Chromium loads `/`, the states in the DOM it built must match
+`/api/v1/targets`, and a screenshot goes to `.cache/status-page.png` for people to look at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from datetime import UTC, datetime
+from html.parser import HTMLParser
+from pathlib import Path
+
+import aiohttp
+from conftest import REPO, free_port, require_binary
+
+from exporter.app import create_app as create_exporter_app
+from exporter.settings import parse_settings
+from exporter.status_page import Decisions, render_page, setup_status_page, sparkline
+from remediator.app import create_app as create_remediator_app
+from remediator.settings import build_settings as build_remediator_settings
+from simulator.fleet import Fleet, SimConfig
+
+NOW = 1_800_000_000.0
+
+
+def target(name: str, state: str, **extra) -> dict:
+    base = {"name": name, "role": "backend", "url": "http://127.0.0.1:8101", "state": state, "reason": "progress",
+            "detail": "", "since": NOW - 75, "running": 2, "waiting": 0, "steps_per_second": 12.5,
+            "generation_tokens_per_second": 25.0, "stuck_seconds": 0.0, "restarts": 1}
+    base.update(extra)
+    return base
+
+
+class Rows(HTMLParser):
+    """Collects `data-*` attributes of the rows marked `class="target"` and `class="decision ..."`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.targets: dict[str, str] = {}
+        self.decisions = 0
+        self.notes: list[str] = []
+        self._in_note = False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        classes = (attrs.get("class") or "").split()
+        if tag == "tr" and "target" in classes:
+            self.targets[attrs["data-target"]] = attrs["data-state"]
+        if tag == "tr" and "decision" in classes:
+            self.decisions += 1
+        self._in_note = "note" in classes
+
+    def handle_data(self, data):
+        if self._in_note:
+            self.notes.append(data)
+            self._in_note = False
+
+
+def parse(html: str) -> Rows:
+    rows = Rows()
+    rows.feed(html)
+    return rows
+
+
+def test_one_row_per_target_with_state_reason_and_time_in_state() -> None:
+    html = render_page([target("gpu-a", "busy"), target("gpu-b", "stuck", reason="no_progress", stuck_seconds=95.0)],
+                       {"gpu-a": [(NOW - 10, 10.0, "busy"), (NOW - 5, 12.0, "busy")]}, None, NOW)
+    rows = parse(html)
+    assert rows.targets == {"gpu-a": "busy", "gpu-b": "stuck"}
+    assert "no_progress" in html and "1m 15s" in html and "1m 35s" in html
+    assert '<meta http-equiv="refresh" content="5">' in html
+    assert "remediator_url" in html  # says why no decisions are shown
+
+
+def test_target_names_reasons_and_remediator_text_are_escaped() -> None:
+    evil = '<script>alert("x")</script>'
+    html = render_page([target(evil, "stuck", reason=evil, detail=evil)], {},
+                       Decisions(actions=[{"time": NOW, "target": evil, "decision": "refused", "reason": evil,
+                                           "detail": evil, "alertname": evil}], url="http://r"), NOW)
+    assert "<script>" not in html
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html
+    assert parse(html).targets == {evil: "stuck"}
+
+
+def test_sparkline_covers_only_the_window_and_shades_stuck_polls() -> None:
+    points = [(NOW - 900, 99.0, "busy"), (NOW - 60, 10.0, "busy"), (NOW - 30, 0.0, "stuck"), (NOW - 1, 0.0, "stuck")]
+    svg = sparkline(points, NOW)
+    assert svg.startswith("<svg") and svg.count("<rect") == 2
+    # The 900 s old point is outside the 5 min window, so the peak is 10, not 99.
+    assert "peak 10.0" in svg
+    assert "no history" in sparkline([], NOW)
+
+
+def test_remediator_failure_is_a_note_not_an_error() -> None:
+    html = render_page([target("gpu-a", "idle")], {}, Decisions(note="the remediator did not answer within 1 s", url="http://r"), NOW)
+    assert "did not answer" in parse(html).notes[0]
+
+
+async def test_remediator_down_gives_200_with_a_note(aiohttp_client) -> None:
+    settings = parse_settings({"poll_interval": 5, "remediator_url": f"http://127.0.0.1:{free_port()}",
+                               "targets": [{"name": "gpu-a", "url": "http://127.0.0.1:9"}]})
+    app = create_exporter_app(settings, poll=False)
+    setup_status_page(app)
+    setup_status_page(app)  # idempotent: create_app may already have done it
+    client = await aiohttp_client(app)
+    response = await client.get("/")
+    assert response.status == 200 and response.content_type == "text/html"
+    rows = parse(await response.text())
+    assert rows.targets == {"gpu-a": "starting"}
+    assert any("cannot read the remediator" in note for note in rows.notes)
+
+
+# ----------------------------------------------------------------------------------------------
+# The real page in headless Chromium
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars"]
+
+
+async def chromium(binary: str, profile: Path, *args: str, timeout: float = 60) -> bytes:
+    """Run headless Chromium once (its own profile dir) and return its stdout."""
+    proc = await asyncio.create_subprocess_exec(
+        binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise AssertionError(f"chromium did not finish within {timeout} s") from None
+    assert proc.returncode == 0, f"chromium exited {proc.returncode}: {err.decode(errors='replace')[-2000:]}"
+    return out
+
+
+async def wait_until(predicate, timeout: float = 30, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last: {value!r}")
+        await asyncio.sleep(0.2)
+
+
+async def test_chromium_shows_the_states_the_api_reports(aiohttp_server, tmp_path) -> None:
+    binary = require_binary("chromium")
+    # 20 tokens/s: a 1,500-token completion keeps a server busy for over a minute.
+    async with Fleet(SimConfig(max_num_seqs=2, tokens_per_second=20), backends=3) as fleet, \
+            aiohttp.ClientSession() as load:
+        idle_url, busy_url, stuck_url = fleet.backend_urls
+        exporter_port = free_port()
+        remediator = await aiohttp_server(create_remediator_app(build_remediator_settings({
+            "listen": "127.0.0.1:0", "exporter_url": f"http://127.0.0.1:{exporter_port}", "auth": {"none": True},
+            "state_path": str(tmp_path / "remediator.db"), "dry_run": True,
+            "targets": {"gpu-stuck": {"executor": "http", "url": f"{fleet.control_url}/backends/2/restart"}}})))
+        settings = parse_settings({
+            "listen": f"127.0.0.1:{exporter_port}", "poll_interval": 0.25, "poll_jitter": 0,
+            "remediator_url": str(remediator.make_url("/")),
+            "targets": [
+                {"name": "gpu-idle", "url": idle_url, "stuck_after": 1},
+                {"name": "gpu-busy", "url": busy_url, "stuck_after": 1},
+                {"name": "gpu-stuck", "url": stuck_url, "stuck_after": 1},
+                {"name": "gpu-gone", "url": f"http://127.0.0.1:{free_port()}",
+                 "startup_grace": 0.5},
+            ]})
+        app = create_exporter_app(settings)
+        setup_status_page(app)
+        exporter = await aiohttp_server(app, port=exporter_port)
+        base = str(exporter.make_url("")).rstrip("/")
+
+        async def complete(url: str, tokens: int) -> None:
+            body = {"model": "tiny", "prompt": "hello", "max_tokens": tokens, "ignore_eos": True}
+            async with load.post(f"{url}/v1/completions", json=body) as response:
+                await response.read()
+
+        requests = [asyncio.create_task(complete(url, 1500)) for url in (busy_url, stuck_url)]
+        try:
+            async def states() -> dict[str, str]:
+                async with load.get(f"{base}/api/v1/targets") as r:
+                    return {t["name"]: t["state"] for t in (await r.json())["targets"]}
+
+            await wait_until(lambda: _when(states(), lambda s: s.get("gpu-busy") == "busy" and s.get("gpu-stuck") == "busy"),
+                             what="both loaded servers busy")
+            fleet.backends[2].set_fault("hang")
+            expected = {"gpu-idle": "idle", "gpu-busy": "busy", "gpu-stuck": "stuck", "gpu-gone": "down"}
+            await wait_until(lambda: _when(states(), lambda s: s == expected), what=f"states {expected}")
+
+            # One decision in the remediator's journal (dry-run: nothing restarts).
+            starts = datetime.fromtimestamp(time.time(), UTC).isoformat()
+            alert = {"version": "4", "status": "firing", "receiver": "llm-vitals-remediator", "alerts": [{
+                "status": "firing", "labels": {"alertname": "LLMServerStuck", "target": "gpu-stuck",
+                                               "remediation": "restart"},
+                "startsAt": starts, "fingerprint": "f00d"}]}
+            async with load.post(str(remediator.make_url("/webhook")), json=alert) as r:
+                assert r.status == 200, await r.text()
+
+            profile = tmp_path / "chromium-profile"
+            dom = (await chromium(binary, profile, "--dump-dom", f"{base}/")).decode()
+            api = await states()
+            shown = parse(dom)
+            assert shown.targets == api == expected
+            assert shown.decisions == 1, dom[dom.find("Remediator"):]
+            assert "dry_run" in dom, dom[dom.find("Remediator"):]
+            assert re.search(r"<svg[^>]*class=\"spark\"", dom)
+
+            cache = REPO / ".cache"
+            cache.mkdir(exist_ok=True)
+            shot = cache / "status-page.png"
+            shot.unlink(missing_ok=True)
+            await chromium(binary, profile, f"--screenshot={shot}", "--window-size=1400,640", f"{base}/")
+            assert shot.exists() and shot.stat().st_size > 10_000
+            print(f"status page screenshot: {shot}")
+        finally:
+            for request in requests:
+                request.cancel()
+            await asyncio.gather(*requests, return_exceptions=True)
+
+
+async def _when(awaitable, check):
+    value = await awaitable
+    return value if check(value) else None
