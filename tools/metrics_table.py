@@ -1,0 +1,77 @@
+"""Print the README's metrics reference: one markdown row per metric the exporter's collector emits.
+
+The names, types, labels and HELP texts come from `exporter.collector.VitalsCollector` itself (run
+on a one-target store, no polling, no network), so the README cannot drift from the code:
+
+    .venv/bin/python tools/metrics_table.py            # print the table
+    .venv/bin/python tools/metrics_table.py --write    # replace it in README.md, between the markers
+
+`tests/test_readme_metrics.py` fails while README.md's table differs from this output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
+START = "<!-- metrics-table:start -->"
+END = "<!-- metrics-table:end -->"
+
+sys.path.insert(0, str(REPO))  # run from a checkout without installing, too
+
+from exporter.collector import VitalsCollector
+from exporter.settings import parse_settings
+from exporter.state import StateStore
+
+
+def _cell(text: str) -> str:
+    # `<target>` would be read as an HTML tag by a markdown renderer.
+    text = " ".join(text.split()).replace("|", "\\|")
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def metrics_table() -> str:
+    """The markdown table (header included, no trailing newline)."""
+    settings = parse_settings({"targets": [{"name": "t", "url": "http://127.0.0.1:9"}]})
+    collector = VitalsCollector(StateStore(settings, 0.0), clock=lambda: 0.0)
+    rows = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
+    for family in collector.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        # The label names a family was declared with (also when it has no sample for this store).
+        labels = getattr(family, "_labelnames", None) or sorted({k for s in family.samples for k in s.labels})
+        label_text = ", ".join(f"`{label}`" for label in labels) or "–"
+        rows.append(f"| `{name}` | {family.type} | {label_text} | {_cell(family.documentation)} |")
+    return "\n".join(rows)
+
+
+def readme_table(text: str) -> str:
+    """The table currently between the markers in README text."""
+    if START not in text or END not in text:
+        raise ValueError(f"README.md has no {START} ... {END} block")
+    return text.split(START, 1)[1].split(END, 1)[0].strip()
+
+
+def replace_table(text: str, table: str) -> str:
+    before, rest = text.split(START, 1)
+    after = rest.split(END, 1)[1]
+    return f"{before}{START}\n{table}\n{END}{after}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="update README.md between the marker comments")
+    args = parser.parse_args(argv)
+    table = metrics_table()
+    if args.write:
+        README.write_text(replace_table(README.read_text(), table))
+        print(f"updated {README}")
+    else:
+        print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
