@@ -1,0 +1,277 @@
+"""The real `llm-vitals-exporter` as a child process, seen only through its HTTP API.
+
+The drills judge the exporter by its public contract (docs/interfaces.md, DESIGN §2):
+`GET /api/v1/targets/{name}`, `/probe/{name}/ready|live` and `/metrics`
+(`llm_vitals_canary_requests_total{target,result}`, `llm_vitals_restarts_total{target}`).
+A `Watcher` thread samples that API twice a second while a drill runs, so the drill's own thread
+is free to drive load and signals; the samples become the verdict timeline of the report.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from typing import Self
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from .vllm_server import LOG_DIR, free_port, tail
+
+TARGET = "real-vllm"
+POLL_INTERVAL_S = 1.0
+STUCK_AFTER_S = 6.0
+LIVENESS_BUDGET_S = 2 * STUCK_AFTER_S  # the exporter's documented default
+CANARY_INTERVAL_S = 3.0
+CANARY_TIMEOUT_S = 10.0
+# A saturated 2-core box once took 9 s to answer one /metrics read: every read here gets 20 s.
+HTTP_TIMEOUT_S = 20.0
+SAMPLE_EVERY_S = 0.5
+
+
+def exporter_binary() -> str:
+    """The exporter's console script in the venv running the tests (the project venv)."""
+    beside = Path(sys.executable).parent / "llm-vitals-exporter"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("llm-vitals-exporter")
+    if not found:
+        raise FileNotFoundError("llm-vitals-exporter not installed in the project venv (make install)")
+    return found
+
+
+def config_yaml(listen_port: int, vllm_url: str) -> str:
+    """The exporter config the drills run with (YAML shape of issue 3 / DESIGN §2)."""
+    return f"""\
+listen: "127.0.0.1:{listen_port}"
+poll_interval: {POLL_INTERVAL_S:g}s
+targets:
+  - name: {TARGET}
+    url: {vllm_url}
+    engine: vllm
+    role: backend
+    stuck_after: {STUCK_AFTER_S:g}s
+    startup_grace: 5m
+    canary: {{interval: {CANARY_INTERVAL_S:g}s, timeout: {CANARY_TIMEOUT_S:g}s}}
+"""
+
+
+@dataclass
+class Sample:
+    """One look at the exporter: the target's verdict, its probes and its canary counters."""
+
+    t: float  # time.time()
+    state: str | None
+    reason: str | None
+    running: float | None
+    waiting: float | None
+    since: float | None
+    stuck_seconds: float | None
+    restarts: float | None  # from the API's "restarts"
+    ready: int | None  # HTTP status of /probe/{name}/ready
+    live: int | None
+    canaries: dict[str, float]  # result -> count, from /metrics
+    error: str | None = None
+    last_poll: float | None = None  # the exporter's own: how fresh its verdict was
+    took: float = 0.0  # seconds the four reads took together
+
+    @property
+    def canaries_total(self) -> float:
+        return sum(self.canaries.values())
+
+
+@dataclass
+class ExporterProcess:
+    """One exporter subprocess polling one vLLM target."""
+
+    vllm_url: str
+    port: int = field(default_factory=free_port)
+    _proc: subprocess.Popen | None = None
+    _log_path: Path | None = None
+    _log_file: object = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, deadline_s: float = 60.0) -> None:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        config = LOG_DIR / f"exporter-{self.port}.yaml"
+        config.write_text(config_yaml(self.port, self.vllm_url))
+        self._log_path = LOG_DIR / f"exporter-{self.port}.log"
+        self._log_file = open(self._log_path, "wb")  # noqa: SIM115 -- open for the child's whole life
+        self._proc = subprocess.Popen(
+            [exporter_binary(), "--config", str(config)],
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        started = time.monotonic()
+        with httpx.Client(timeout=HTTP_TIMEOUT_S) as client:
+            while True:
+                if self._proc.poll() is not None:
+                    raise RuntimeError(
+                        f"exporter exited with status {self._proc.returncode}; {self._log_path}:\n{tail(self._log_path)}"
+                    )
+                try:
+                    answer = client.get(f"{self.url}/api/v1/targets/{TARGET}")
+                    if answer.status_code == 200 and answer.json().get("last_poll") is not None:
+                        return
+                except (httpx.HTTPError, ValueError):
+                    pass
+                if time.monotonic() - started > deadline_s:
+                    self.stop()
+                    raise TimeoutError(f"exporter gave no first poll in {deadline_s:.0f} s; {self._log_path}")
+                time.sleep(0.25)
+
+    def stop(self) -> None:
+        """Stop the exporter by its PID; never raises."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=10)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def log_tail(self) -> str:
+        return tail(self._log_path) if self._log_path else ""
+
+    def sample(self, client: httpx.Client, pool: ThreadPoolExecutor) -> Sample:
+        """Read the verdict, both probes and the canary counters once, the four reads in parallel.
+
+        In parallel because on a saturated box each read can take a second: one after the other,
+        a sample would lag the verdict it reports by several seconds.
+        """
+        now = time.time()
+        target_f = pool.submit(lambda: client.get(f"{self.url}/api/v1/targets/{TARGET}").json())
+        ready_f = pool.submit(lambda: client.get(f"{self.url}/probe/{TARGET}/ready").status_code)
+        live_f = pool.submit(lambda: client.get(f"{self.url}/probe/{TARGET}/live").status_code)
+        canaries_f = pool.submit(self.counter, client, "llm_vitals_canary_requests_total", "result")
+        try:
+            target, ready, live, canaries = (f.result() for f in (target_f, ready_f, live_f, canaries_f))
+        except (httpx.HTTPError, ValueError) as exc:
+            return Sample(now, None, None, None, None, None, None, None, None, None, {}, error=repr(exc))
+        return Sample(
+            last_poll=target.get("last_poll"),
+            took=time.time() - now,
+            t=now,
+            state=target.get("state"),
+            reason=target.get("reason"),
+            running=target.get("running"),
+            waiting=target.get("waiting"),
+            since=target.get("since"),
+            stuck_seconds=target.get("stuck_seconds"),
+            restarts=target.get("restarts"),
+            ready=ready,
+            live=live,
+            canaries=canaries,
+        )
+
+    def counter(self, client: httpx.Client, sample_name: str, by: str | None = None) -> dict[str, float]:
+        """Values of one of the exporter's samples for our target, keyed by label `by` ("" without)."""
+        page = client.get(f"{self.url}/metrics").text
+        values: dict[str, float] = {}
+        for family in text_string_to_metric_families(page):
+            for s in family.samples:
+                if s.name == sample_name and s.labels.get("target") == TARGET:
+                    key = s.labels.get(by, "") if by else ""
+                    values[key] = values.get(key, 0.0) + s.value
+        return values
+
+
+class Watcher:
+    """Samples the exporter in a background thread until stopped; waits on conditions over samples."""
+
+    def __init__(self, exporter: ExporterProcess):
+        self.exporter = exporter
+        self.samples: list[Sample] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._new = threading.Condition(self._lock)
+        self._thread = threading.Thread(target=self._run, name="exporter-watcher", daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        self.wait_for(lambda s: s.error is None, timeout=60, what="a first exporter sample")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=HTTP_TIMEOUT_S * 5)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=HTTP_TIMEOUT_S) as client, ThreadPoolExecutor(4, "exporter-sample") as pool:
+            while not self._stop.is_set():
+                began = time.monotonic()
+                sample = self.exporter.sample(client, pool)
+                with self._new:
+                    self.samples.append(sample)
+                    self._new.notify_all()
+                self._stop.wait(max(0.0, SAMPLE_EVERY_S - (time.monotonic() - began)))
+
+    def latest(self) -> Sample:
+        with self._lock:
+            return self.samples[-1]
+
+    def since(self, t: float) -> list[Sample]:
+        with self._lock:
+            return [s for s in self.samples if s.t >= t and s.error is None]
+
+    def wait_for(self, condition: Callable[[Sample], bool], timeout: float, what: str, after: float = 0.0) -> Sample:
+        """The first sample taken at or after `after` that satisfies `condition`; AssertionError at the deadline."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._new:
+            while True:
+                for sample in self.samples[seen:]:
+                    if sample.t >= after and sample.error is None and condition(sample):
+                        return sample
+                seen = len(self.samples)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    last = self.samples[-1] if self.samples else None
+                    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last sample: {last}")
+                self._new.wait(timeout=left)
+
+    def period(self, t0: float) -> float | None:
+        """Median seconds between samples since t0 (how sharp the timeline is)."""
+        times = [s.t for s in self.since(t0)]
+        gaps = [b - a for a, b in pairwise(times)]
+        return round(statistics.median(gaps), 2) if gaps else None
+
+    def health(self, t0: float) -> dict:
+        """How well the watcher and the exporter kept up since t0 (to tell a slow box from a bug)."""
+        samples = self.since(t0)
+        ages = [s.t - s.last_poll for s in samples if s.last_poll is not None]
+        return {
+            "sample_period_s": self.period(t0),
+            "max_sample_s": round(max((s.took for s in samples), default=0.0), 2),
+            "max_poll_age_s": round(max(ages, default=0.0), 2),
+        }
+
+    def timeline(self, t0: float) -> list[list]:
+        """State changes since t0 as [seconds after t0, state, reason, running, waiting, ready, live]."""
+        rows: list[list] = []
+        last_key = None
+        for s in self.since(t0):
+            key = (s.state, s.reason, s.ready, s.live)
+            if key != last_key:
+                rows.append([round(s.t - t0, 1), s.state, s.reason, s.running, s.waiting, s.ready, s.live])
+                last_key = key
+        return rows

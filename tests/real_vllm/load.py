@@ -1,0 +1,127 @@
+"""Load for the drills: concurrent completions in threads, and direct reads of the engine's counters."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from .vllm_server import MAX_MODEL_LEN, SERVED_MODEL
+
+# Requests wait for minutes when the engine is SIGSTOPped; a stuck client must not outlive a drill.
+REQUEST_TIMEOUT_S = 240.0
+# A read of vLLM's /metrics on a saturated 2-core box once took 9 s.
+METRICS_TIMEOUT_S = 20.0
+VOCAB = 2048
+FIRST_ORDINARY_TOKEN = 4  # ids 0..3 are <unk> <s> </s> <pad>
+
+
+@dataclass
+class Outcome:
+    status: int | None  # HTTP status, None when the connection failed
+    seconds: float
+    body: str = ""
+
+
+@dataclass
+class Load:
+    """A batch of completions running in background threads."""
+
+    futures: list[Future] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+    _pool: ThreadPoolExecutor | None = None
+
+    def done(self) -> bool:
+        return all(f.done() for f in self.futures)
+
+    def wait(self, timeout: float) -> list[Outcome]:
+        """Every request's outcome; TimeoutError when they are not all back in time."""
+        deadline = time.monotonic() + timeout
+        outcomes = [f.result(timeout=max(0.1, deadline - time.monotonic())) for f in self.futures]
+        self._pool.shutdown(wait=False)
+        return outcomes
+
+
+def start_load(base_url: str, bodies: list[dict], concurrency: int) -> Load:
+    """Send the completion bodies with `concurrency` requests in flight; returns at once."""
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="vllm-load")
+    client = httpx.Client(timeout=REQUEST_TIMEOUT_S, limits=httpx.Limits(max_connections=concurrency))
+    remaining = threading.Semaphore(0)
+
+    def one(body: dict) -> Outcome:
+        began = time.monotonic()
+        try:
+            answer = client.post(f"{base_url}/v1/completions", json=body)
+            return Outcome(answer.status_code, time.monotonic() - began, answer.text[:300])
+        except httpx.HTTPError as exc:
+            return Outcome(None, time.monotonic() - began, repr(exc))
+        finally:
+            remaining.release()
+
+    load = Load(_pool=pool)
+    load.futures = [pool.submit(one, body) for body in bodies]
+
+    def close_when_done() -> None:
+        for _ in bodies:
+            remaining.acquire()
+        client.close()
+
+    threading.Thread(target=close_when_done, daemon=True).start()
+    return load
+
+
+def long_generations(count: int, max_tokens: int) -> list[dict]:
+    """`count` requests that each generate exactly `max_tokens` tokens (ignore_eos)."""
+    return [
+        {"model": SERVED_MODEL, "prompt": "def main():", "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+        for _ in range(count)
+    ]
+
+
+def long_prompts(count: int, prompt_tokens: int, max_tokens: int, seed: int = 0) -> list[dict]:
+    """`count` distinct prompts of `prompt_tokens` token ids each (distinct, so prefix caching cannot skip them)."""
+    assert prompt_tokens + max_tokens <= MAX_MODEL_LEN
+    rng = random.Random(seed)
+    return [
+        {
+            "model": SERVED_MODEL,
+            "prompt": [rng.randrange(FIRST_ORDINARY_TOKEN, VOCAB) for _ in range(prompt_tokens)],
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+        }
+        for _ in range(count)
+    ]
+
+
+def engine_counter(base_url: str, sample_name: str) -> float:
+    """Sum of one sample of vLLM's own /metrics over all its label sets (e.g. every finished_reason)."""
+    page = httpx.get(f"{base_url}/metrics", timeout=METRICS_TIMEOUT_S).text
+    total = 0.0
+    for family in text_string_to_metric_families(page):
+        for s in family.samples:
+            if s.name == sample_name:
+                total += s.value
+    return total
+
+
+def wait_engine_busy(base_url: str, load: Load, timeout: float = 60.0) -> float:
+    """Wait until vLLM itself reports requests running (read directly, not through the exporter).
+
+    The faults are aimed at an engine with work in flight; waiting on our own read rather than the
+    exporter's verdict keeps a slow sample from letting the load finish before the fault.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if load.done():
+            raise AssertionError("the load finished before the engine was seen running it")
+        running = engine_counter(base_url, "vllm:num_requests_running")
+        if running > 0:
+            return running
+        time.sleep(0.2)
+    raise AssertionError(f"vLLM showed no running request within {timeout:.0f} s of the load")

@@ -1,0 +1,347 @@
+"""Fault drills: the exporter (poll 1 s, stuck_after 6 s) judged against a real vLLM engine.
+
+The tests run in file order on one server and one exporter: saturation, long prompts, hang,
+kill, restart (on the same port), idle. Every wait polls for a condition with a bounded deadline;
+the deadlines are generous because the 2-core box is saturated during load (a /metrics read once
+took 9 s). Each drill writes its detection latency, verdict timeline and canary count to the report.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import httpx
+
+from .drill_report import Drill
+from .exporter_process import (
+    CANARY_INTERVAL_S,
+    CANARY_TIMEOUT_S,
+    HTTP_TIMEOUT_S,
+    LIVENESS_BUDGET_S,
+    POLL_INTERVAL_S,
+    STUCK_AFTER_S,
+    ExporterProcess,
+    Sample,
+    Watcher,
+)
+from .load import (
+    engine_counter,
+    long_generations,
+    long_prompts,
+    start_load,
+    wait_engine_busy,
+)
+from .vllm_server import MAX_MODEL_LEN, SERVED_MODEL, VllmServer
+
+SATURATION_REQUESTS = 8  # with --max-num-seqs 2: 2 running, up to 6 waiting, ~15-20 s of load
+SATURATION_TOKENS = 1000
+# The hang and kill drills aim at an engine with work in flight: twice the saturation load (~30 s)
+# leaves margin for a box so loaded that one read of /metrics stalls for seconds.
+FAULT_LOAD_REQUESTS = 16
+IDLE_WINDOW_S = 15.0
+# Scheduling slack for the exporter's own poll jitter on a loaded box, on top of stuck_after + 2 polls.
+DETECTION_SLACK_S = 1.0
+SUCCESS = "vllm:request_success_total"
+
+
+def wait_idle(watcher: Watcher, timeout: float = 120.0) -> Sample:
+    return watcher.wait_for(lambda s: s.state == "idle", timeout=timeout, what="state idle")
+
+
+def canary_delta(before: Sample, after: Sample) -> dict[str, float]:
+    results = set(before.canaries) | set(after.canaries)
+    return {r: after.canaries.get(r, 0.0) - before.canaries.get(r, 0.0) for r in sorted(results)}
+
+
+def restarts_total(exporter: ExporterProcess) -> float:
+    """`llm_vitals_restarts_total{target}` as the exporter's /metrics shows it now."""
+    with httpx.Client(timeout=HTTP_TIMEOUT_S) as client:
+        return exporter.counter(client, "llm_vitals_restarts_total").get("", 0.0)
+
+
+def detection_seconds(sample: Sample, t_event: float) -> float:
+    """Seconds from the event to the verdict: the exporter's own `since` when it is after the event."""
+    if sample.since is not None and sample.since >= t_event:
+        return sample.since - t_event
+    return sample.t - t_event
+
+
+def test_engine_serves_the_tiny_model_and_its_metrics(vllm: VllmServer):
+    """Smoke: the tier's server is a real vLLM with the families the exporter reads."""
+    models = httpx.get(f"{vllm.url}/v1/models", timeout=20).json()
+    assert [m["id"] for m in models["data"]] == [SERVED_MODEL]
+    page = httpx.get(f"{vllm.url}/metrics", timeout=20).text
+    for family in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:iteration_tokens_total_count",
+                   "vllm:generation_tokens_total", "vllm:kv_cache_usage_perc", "process_start_time_seconds"):  # fmt: skip
+        assert family in page, family
+    answer = httpx.post(
+        f"{vllm.url}/v1/completions",
+        json={"model": SERVED_MODEL, "prompt": "def", "max_tokens": 4, "ignore_eos": True},
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] == 4
+
+
+def test_saturation_stays_busy_and_gets_zero_canaries(vllm: VllmServer, watcher: Watcher, drill: Drill):
+    wait_idle(watcher)
+    # Start right after an idle canary came back, so none is due while the load ramps up: a canary
+    # sent by the last idle poll would queue behind the load and blur the count.
+    base = watcher.latest()
+    watcher.wait_for(
+        lambda s: s.canaries_total > base.canaries_total,
+        timeout=CANARY_INTERVAL_S + CANARY_TIMEOUT_S + 15,
+        what="an idle canary before the load",
+    )
+    success_before = engine_counter(vllm.url, SUCCESS)
+    before = watcher.latest()
+    t0 = time.time()
+    load = start_load(vllm.url, long_generations(SATURATION_REQUESTS, SATURATION_TOKENS), SATURATION_REQUESTS)
+
+    first_busy = watcher.wait_for(lambda s: s.state == "busy", timeout=30, what="busy", after=t0)
+    drill.detected("load to busy", detection_seconds(first_busy, t0))
+    outcomes = load.wait(timeout=300)
+    t_end = time.time()
+    success_after = engine_counter(vllm.url, SUCCESS)
+    after = watcher.wait_for(lambda s: True, timeout=30, what="a sample after the load", after=time.time())
+
+    window = watcher.since(t0)
+    window = [s for s in window if s.t <= t_end]
+    states = [s.state for s in window]
+    busy_at = [i for i, state in enumerate(states) if state == "busy"]
+    during = window[busy_at[0] : busy_at[-1] + 1]
+    drill.timeline = watcher.timeline(t0)
+    drill.canaries = {"sent": sum(canary_delta(window[0], during[-1]).values()), "by_result": canary_delta(before, after)}
+    drill.facts = {
+        "load_seconds": round(t_end - t0, 1),
+        "statuses": sorted({o.status for o in outcomes}),
+        "max_waiting_seen": max((s.waiting or 0) for s in window),
+        "request_success_delta": success_after - success_before,
+        "canaries_around_load": sum(canary_delta(before, after).values()),
+    }
+
+    assert all(o.status == 200 for o in outcomes), [o.body for o in outcomes if o.status != 200]
+    assert drill.facts["max_waiting_seen"] > 0, "the load never queued: no saturation to judge"
+    # The verdict stays busy the whole time: idle before the exporter sees the load and after it
+    # ends, one contiguous run of busy in between, and nothing else.
+    assert set(states) <= {"idle", "busy"}, drill.timeline
+    assert all(s.state == "busy" for s in during), drill.timeline
+    # Zero canaries while work is pending.
+    assert drill.canaries["sent"] == 0, drill.canaries
+    # The engine finished only the load's own requests, plus at most the one idle canary the
+    # exporter may send (and counts) right after the load ends.
+    extra = success_after - success_before - SATURATION_REQUESTS
+    assert 0 <= extra <= drill.facts["canaries_around_load"] <= 1, drill.facts
+
+
+def test_long_prompts_near_max_model_len_are_busy_never_stuck(vllm: VllmServer, watcher: Watcher, drill: Drill):
+    wait_idle(watcher)
+    before = watcher.latest()
+    prompt_tokens, max_tokens = MAX_MODEL_LEN - 24, 16
+    t0 = time.time()
+    load = start_load(vllm.url, long_prompts(48, prompt_tokens, max_tokens), concurrency=8)
+    first_busy = watcher.wait_for(lambda s: s.state == "busy", timeout=60, what="busy", after=t0)
+    drill.detected("load to busy", detection_seconds(first_busy, t0))
+    outcomes = load.wait(timeout=300)
+    t_end = time.time()
+    after = wait_idle(watcher, timeout=60)
+
+    window = [s for s in watcher.since(t0) if s.t <= t_end]
+    drill.timeline = watcher.timeline(t0)
+    drill.canaries = {"sent": sum(canary_delta(before, after).values()), "by_result": canary_delta(before, after)}
+    drill.facts = {
+        "prompt_tokens": prompt_tokens,
+        "requests": len(outcomes),
+        "load_seconds": round(t_end - t0, 1),
+        "max_stuck_seconds_seen": max((s.stuck_seconds or 0) for s in window),
+    }
+    assert all(o.status == 200 for o in outcomes), [o.body for o in outcomes if o.status != 200]
+    assert "stuck" not in {s.state for s in window}, drill.timeline
+    assert {s.state for s in window} <= {"idle", "busy"}, drill.timeline
+    assert drill.facts["max_stuck_seconds_seen"] < STUCK_AFTER_S, drill.facts
+
+
+def test_hang_sigstop_enginecore_is_stuck_then_live_fails_then_recovers(
+    vllm: VllmServer, exporter: ExporterProcess, watcher: Watcher, drill: Drill
+):
+    wait_idle(watcher)
+    restarts_before = watcher.latest().restarts
+    restarts_total_before = restarts_total(exporter)
+    t0 = time.time()
+    load = start_load(vllm.url, long_generations(FAULT_LOAD_REQUESTS, SATURATION_TOKENS), FAULT_LOAD_REQUESTS)
+    wait_engine_busy(vllm.url, load)
+    core = vllm.find("VLLM::EngineCore")
+    assert not load.done(), "the load ended before the SIGSTOP"
+    t_stop = time.time()
+    core.suspend()  # SIGSTOP: /health, /v1/models and /metrics keep answering 200, nothing moves
+    try:
+        stuck = watcher.wait_for(
+            lambda s: s.state == "stuck", timeout=STUCK_AFTER_S + 2 * POLL_INTERVAL_S + 30, what="stuck", after=t_stop
+        )
+        drill.detected("SIGSTOP to stuck", detection_seconds(stuck, t_stop))
+        not_ready = watcher.wait_for(
+            lambda s: s.state == "stuck" and s.ready != 200, timeout=15, what="ready 503 while stuck", after=t_stop
+        )
+        live_fail = watcher.wait_for(
+            lambda s: s.live != 200, timeout=LIVENESS_BUDGET_S + 2 * POLL_INTERVAL_S + 30, what="live 503", after=t_stop
+        )
+    finally:
+        t_cont = time.time()
+        core.resume()  # SIGCONT
+    recovered = watcher.wait_for(
+        lambda s: s.state in ("busy", "idle"), timeout=60, what="busy or idle after SIGCONT", after=t_cont
+    )
+    outcomes = load.wait(timeout=300)
+    after = wait_idle(watcher, timeout=60)
+
+    hung = [s for s in watcher.since(t_stop) if s.t <= t_cont]
+    drill.timeline = watcher.timeline(t0)
+    drill.canaries = {"sent": sum(canary_delta(hung[0], hung[-1]).values()), "by_result": canary_delta(hung[0], after)}
+    drill.facts = {
+        "stuck_after": STUCK_AFTER_S,
+        "stopped_after_load_start_s": round(t_stop - t0, 1),
+        "stuck_detected_s": drill.detection["seconds"],
+        "ready_false_s": round(not_ready.t - t_stop, 1),
+        "live_false_s": round(live_fail.t - t_stop, 1),
+        "liveness_budget": LIVENESS_BUDGET_S,
+        "stopped_for_s": round(t_cont - t_stop, 1),
+        "recovered_s": round(recovered.t - t_cont, 1),
+        "recovered_state": recovered.state,
+        "restarts_delta": (after.restarts or 0) - (restarts_before or 0),
+        "restarts_total_delta": restarts_total(exporter) - restarts_total_before,
+        "statuses": sorted({o.status for o in outcomes}),
+    }
+    assert drill.detection["seconds"] <= STUCK_AFTER_S + 2 * POLL_INTERVAL_S + DETECTION_SLACK_S, drill.facts
+    # Liveness fails only once stuck for longer than its budget (counted from the last progress,
+    # which is at most one poll before the SIGSTOP), and never before.
+    assert live_fail.t - t_stop >= LIVENESS_BUDGET_S - POLL_INTERVAL_S - 0.5, drill.facts
+    assert any(s.state == "stuck" and s.live == 200 for s in hung), "live failed as soon as stuck"
+    # The exporter may not have polled since the load began: idle is allowed only before its first
+    # busy/stuck verdict, never after.
+    seen = next(i for i, s in enumerate(hung) if s.state in ("busy", "stuck"))
+    assert all(s.state in ("busy", "stuck") for s in hung[seen:]), drill.timeline
+    assert not any(s.state == "stuck" and s.ready == 200 for s in hung if s.t > not_ready.t), drill.timeline
+    assert canary_delta(hung[0], hung[-1]) == {r: 0.0 for r in hung[-1].canaries}, "canary sent to a hung busy server"
+    assert all(o.status == 200 for o in outcomes), [o.body for o in outcomes if o.status != 200]
+    assert drill.facts["restarts_delta"] == drill.facts["restarts_total_delta"] == 0, "SIGSTOP/SIGCONT is no restart"
+    assert after.live == 200
+
+
+def test_kill_enginecore_is_down_with_a_reason(vllm: VllmServer, watcher: Watcher, drill: Drill):
+    wait_idle(watcher)
+    t0 = time.time()
+    load = start_load(vllm.url, long_generations(FAULT_LOAD_REQUESTS, SATURATION_TOKENS), FAULT_LOAD_REQUESTS)
+    wait_engine_busy(vllm.url, load)
+    core = vllm.find("VLLM::EngineCore")
+    assert not load.done(), "the load ended before the SIGKILL"
+    t_kill = time.time()
+    core.kill()  # SIGKILL
+    down = watcher.wait_for(lambda s: s.state == "down", timeout=30, what="down", after=t_kill)
+    drill.detected("SIGKILL to down", detection_seconds(down, t_kill))
+    # vLLM 0.32 quirk, kept as a fact: once its engine is dead the API server exits with status 0,
+    # so a supervisor that restarts only on failure (systemd Restart=on-failure) leaves it down.
+    api_status = vllm.wait_exit(timeout=30)
+    outcomes = load.wait(timeout=60)
+    orphans_gone = _wait_until(lambda: not vllm.leftovers(), timeout=20)
+    still_down = watcher.wait_for(lambda s: True, timeout=30, what="a later sample", after=time.time() + 3)
+
+    drill.timeline = watcher.timeline(t0)
+    samples = watcher.since(t0)
+    drill.canaries = {"sent": sum(canary_delta(samples[0], samples[-1]).values()),
+                      "by_result": canary_delta(samples[0], samples[-1])}  # fmt: skip
+    drill.facts = {
+        "reason": down.reason,
+        "api_server_exit_status": api_status,
+        "in_flight_statuses": dict(Counter(str(o.status) for o in outcomes)),
+        "killed_after_load_start_s": round(t_kill - t0, 1),
+        "orphans_gone_by_themselves_s": orphans_gone,
+    }
+    vllm.stop()  # whatever is left, by PID
+    assert down.reason, "down without a reason"
+    assert still_down.state == "down", drill.timeline
+    assert api_status == 0, f"vLLM 0.32's API server used to exit 0 after an engine death; got {api_status}"
+    # In-flight requests get vLLM's HTTP 500 "EngineCore encountered an issue" (or a dropped connection).
+    assert any(o.status in (500, None) for o in outcomes), drill.facts
+
+
+def test_restart_on_the_same_port_counts_one_restart_then_idle_and_canary_ok(
+    vllm: VllmServer, exporter: ExporterProcess, watcher: Watcher, drill: Drill
+):
+    if vllm.returncode is None:  # the kill drill did not take it down: stop it cleanly first
+        vllm.stop()
+    before = watcher.wait_for(lambda s: s.state == "down", timeout=60, what="down before the restart")
+    restarts_total_before = restarts_total(exporter)
+    t_launch = time.time()
+    startup_s = vllm.start()
+    t_ready = time.time()
+    counted = watcher.wait_for(
+        lambda s: (s.restarts or 0) > (before.restarts or 0), timeout=60, what="a restart counted", after=t_launch
+    )
+    drill.detected("ready to restart counted", max(0.0, counted.t - t_ready))
+    idle = watcher.wait_for(lambda s: s.state == "idle", timeout=60, what="idle after the restart", after=t_ready)
+    ok = watcher.wait_for(
+        lambda s: s.canaries.get("ok", 0) > before.canaries.get("ok", 0),
+        timeout=CANARY_INTERVAL_S + CANARY_TIMEOUT_S + 30,
+        what="a successful canary after the restart",
+        after=t_ready,
+    )
+    later = watcher.wait_for(lambda s: True, timeout=30, what="a later sample", after=time.time() + 3 * POLL_INTERVAL_S)
+
+    drill.timeline = watcher.timeline(t_launch)
+    drill.canaries = {"sent": sum(canary_delta(before, later).values()), "by_result": canary_delta(before, later)}
+    drill.facts = {
+        "startup_seconds": startup_s,
+        "restarts_before": before.restarts,
+        "restarts_after": later.restarts,
+        "idle_after_ready_s": round(idle.t - t_ready, 1),
+        "canary_ok_after_ready_s": round(ok.t - t_ready, 1),
+    }
+    drill.facts["restarts_total_delta"] = restarts_total(exporter) - restarts_total_before
+    assert (later.restarts or 0) - (before.restarts or 0) == 1, drill.facts
+    assert drill.facts["restarts_total_delta"] == 1, "llm_vitals_restarts_total disagrees with the API"
+    assert later.state == "idle", drill.timeline
+    assert canary_delta(before, later).get("error", 0) == 0
+
+
+def test_idle_server_gets_canaries_at_the_configured_rate_each_answered(
+    vllm: VllmServer, watcher: Watcher, drill: Drill
+):
+    wait_idle(watcher)
+    success_before = engine_counter(vllm.url, SUCCESS)
+    before = watcher.latest()
+    t0 = time.time()
+    end = watcher.wait_for(lambda s: True, timeout=IDLE_WINDOW_S + 30, what="the end of the window", after=t0 + IDLE_WINDOW_S)
+    success_after = engine_counter(vllm.url, SUCCESS)
+    after = watcher.wait_for(lambda s: True, timeout=30, what="a sample after the window", after=time.time())
+
+    window = [s for s in watcher.since(t0) if s.t <= end.t]
+    delta = canary_delta(before, after)
+    sent = sum(delta.values())
+    expected = IDLE_WINDOW_S / CANARY_INTERVAL_S
+    drill.timeline = watcher.timeline(t0)
+    drill.canaries = {"sent": sent, "by_result": delta, "expected": expected}
+    drill.detected("one canary every", (after.t - before.t) / sent if sent else float("inf"))
+    drill.facts = {
+        "window_s": round(after.t - before.t, 1),
+        "request_success_delta": success_after - success_before,
+        "idle_fraction": round(sum(s.state == "idle" for s in window) / len(window), 2),
+    }
+    assert expected - 2 <= sent <= expected + 2, drill.canaries
+    assert delta.get("ok", 0) == sent, f"an idle canary failed: {delta}"
+    # Each canary is a real request the engine answered: its own counter moved with them.
+    assert abs(drill.facts["request_success_delta"] - delta.get("ok", 0)) <= 1, drill.facts
+    # A canary in flight can show up as one running request in a poll; nothing worse.
+    assert {s.state for s in window} <= {"idle", "busy"}, drill.timeline
+    assert drill.facts["idle_fraction"] >= 0.7, drill.timeline
+    assert all(s.ready == 200 and s.live == 200 for s in window), drill.timeline
+
+
+def _wait_until(condition, timeout: float) -> float | None:
+    """Seconds until `condition()` held, or None at the deadline."""
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        if condition():
+            return round(time.monotonic() - began, 1)
+        time.sleep(0.5)
+    return None

