@@ -26,6 +26,11 @@ test: install tools
 demo: install
 	$(BIN)/python -m demo
 
+# The real-vLLM tier (tests/real_vllm/README.md): its own cached vLLM venv under .cache/, a tiny model
+# built locally, fault drills against a real `vllm serve`; prints the summary table at the end.
+test-vllm: install
+	@bash tools/real-vllm-test.sh $(PYTEST_ARGS)
+
 bench: install
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
