@@ -14,7 +14,7 @@ import aiohttp
 from exporter.engines import PageError
 from exporter.engines.openai import parse_models
 from exporter.settings import TargetSettings
-from exporter.upstream import auth_headers, bounded_get
+from exporter.upstream import auth_headers, bounded_get, read_capped
 from exporter.verdict import CanaryOutcome
 
 MAX_ANSWER_BYTES = 256 * 1024
@@ -42,12 +42,14 @@ async def send_canary(session: aiohttp.ClientSession, target: TargetSettings, mo
                 target.base_url + "/v1/completions", json=payload, headers=auth_headers(target.api_key),
                 allow_redirects=False,
             ) as response:
-                body = await response.content.read(MAX_ANSWER_BYTES)
                 if response.status != 200:
-                    # The body is not echoed: an upstream may reflect request headers in its errors.
+                    # The body is not read, let alone echoed: an upstream may reflect request headers in its errors.
                     return CanaryOutcome("error", f"HTTP {response.status}")
+                body = await read_capped(response, MAX_ANSWER_BYTES, "the answer")
     except TimeoutError:
         return CanaryOutcome("timeout", f"no answer within {target.canary.timeout:g}s")
+    except PageError as exc:
+        return CanaryOutcome("error", exc.detail)
     except (aiohttp.ClientError, OSError) as exc:
         return CanaryOutcome("error", type(exc).__name__)
     try:

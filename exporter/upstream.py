@@ -35,18 +35,7 @@ async def bounded_get(
         # a per-read timeout, but does trip this one.
         async with asyncio.timeout(timeout):
             async with session.get(url, headers=headers, allow_redirects=False) as response:
-                declared = response.content_length
-                if declared is not None and declared > max_bytes:
-                    response.close()
-                    raise PageError("too_large", f"/{path} declares {declared} bytes, over the {max_bytes}-byte cap")
-                body = bytearray()
-                async for chunk in response.content.iter_chunked(CHUNK):
-                    body += chunk
-                    if len(body) > max_bytes:
-                        # Closing drops the connection rather than draining an endless body.
-                        response.close()
-                        raise PageError("too_large", f"/{path} is over the {max_bytes}-byte cap")
-                return response.status, bytes(body)
+                return response.status, await read_capped(response, max_bytes, f"/{path}")
     except TimeoutError:
         raise PageError("timeout", f"/{path} took longer than {timeout:g}s") from None
     except aiohttp.ClientPayloadError as exc:
@@ -55,6 +44,26 @@ async def bounded_get(
         raise PageError("http_status", f"/{path}: malformed HTTP answer ({exc.status})") from None
     except (aiohttp.ClientError, OSError) as exc:
         raise PageError("connect", f"/{path}: {type(exc).__name__}: {_os_reason(exc)}") from None
+
+
+async def read_capped(response: aiohttp.ClientResponse, max_bytes: int, what: str) -> bytes:
+    """The whole body of `response`; PageError("too_large") past `max_bytes`.
+
+    Reads to the end: a single `content.read(n)` returns only what has arrived so far, which cuts a
+    body that comes in more than one piece.
+    """
+    declared = response.content_length
+    if declared is not None and declared > max_bytes:
+        response.close()
+        raise PageError("too_large", f"{what} declares {declared} bytes, over the {max_bytes}-byte cap")
+    body = bytearray()
+    async for chunk in response.content.iter_chunked(CHUNK):
+        body += chunk
+        if len(body) > max_bytes:
+            # Closing drops the connection rather than draining an endless body.
+            response.close()
+            raise PageError("too_large", f"{what} is over the {max_bytes}-byte cap")
+    return bytes(body)
 
 
 def _os_reason(exc: BaseException) -> str:

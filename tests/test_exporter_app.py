@@ -263,3 +263,31 @@ async def test_each_state_change_is_one_json_log_line(aiohttp_server, aiohttp_cl
     last = lines[-1]
     assert last["target"] == "gpu-a" and last["reason"] == "http_status" and last["restarts"] == 0
     assert last["counters"]["generation_tokens"] == 903.0
+
+
+async def test_a_canary_answer_that_arrives_in_pieces_is_ok(aiohttp_server) -> None:
+    import asyncio
+    import json
+
+    import aiohttp
+    from aiohttp import web
+
+    from exporter.canary import send_canary
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = json.dumps({"choices": [{"index": 0, "text": " the"}]}).encode()
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        await response.write(body[:10])
+        await asyncio.sleep(0.05)  # the rest arrives later, as through a proxy or a slow link
+        await response.write(body[10:])
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    server = await aiohttp_server(app)
+    target = make_settings([make_target("gpu-a", str(server.make_url("")))]).targets[0]
+    async with aiohttp.ClientSession() as session:
+        outcome = await send_canary(session, target, "tiny")
+    assert (outcome.result, outcome.detail) == ("ok", "")
