@@ -12,9 +12,8 @@ import json
 import aiohttp
 
 from exporter.engines import PageError
-from exporter.engines.openai import parse_models
 from exporter.settings import TargetSettings
-from exporter.upstream import auth_headers, bounded_get, read_capped
+from exporter.upstream import auth_headers, read_capped, read_models
 from exporter.verdict import CanaryOutcome
 
 MAX_ANSWER_BYTES = 256 * 1024
@@ -22,15 +21,7 @@ MAX_ANSWER_BYTES = 256 * 1024
 
 async def resolve_model(session: aiohttp.ClientSession, target: TargetSettings, timeout: float) -> str:
     """The configured model, else the first id `/v1/models` lists; raises PageError."""
-    if target.model:
-        return target.model
-    status, body = await bounded_get(
-        session, target.base_url + "/v1/models", timeout=timeout, max_bytes=MAX_ANSWER_BYTES,
-        headers=auth_headers(target.api_key),
-    )
-    if status != 200:
-        raise PageError("http_status", f"/v1/models answered HTTP {status}")
-    return parse_models(body)[0]
+    return target.model or (await read_models(session, target, timeout))[0]
 
 
 async def send_canary(session: aiohttp.ClientSession, target: TargetSettings, model: str) -> CanaryOutcome:

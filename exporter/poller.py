@@ -16,17 +16,22 @@ import aiohttp
 
 from exporter.canary import resolve_model, send_canary
 from exporter.engines import PageError, Snapshot
-from exporter.engines.openai import parse_models
 from exporter.engines.vllm import parse_page
 from exporter.settings import ExporterSettings
 from exporter.state import StateStore, TargetRecord
-from exporter.upstream import auth_headers, bounded_get
-from exporter.verdict import CanaryOutcome, ModelsOk, Observation, PollError, judge, progressed, record_canary
+from exporter.upstream import bounded_get, read_models
+from exporter.verdict import (
+    CanaryOutcome,
+    ModelsOk,
+    Observation,
+    PollError,
+    judge,
+    progressed,
+    record_canary,
+)
 from llm_vitals.logs import log_event
 
 log = logging.getLogger("llm_vitals.exporter")
-
-MODELS_MAX_BYTES = 1024 * 1024
 
 
 class Poller:
@@ -128,14 +133,7 @@ class Poller:
             raise PageError("health_503", "/health answered 503: the engine is dead")
 
     async def _read_models(self, record: TargetRecord) -> ModelsOk:
-        target = record.settings
-        status, body = await bounded_get(
-            self.session, target.base_url + "/v1/models",
-            timeout=self.settings.models_timeout, max_bytes=MODELS_MAX_BYTES, headers=auth_headers(target.api_key),
-        )
-        if status != 200:
-            raise PageError("http_status", f"/v1/models answered HTTP {status}")
-        return ModelsOk(tuple(parse_models(body)))
+        return ModelsOk(tuple(await read_models(self.session, record.settings, self.settings.models_timeout)))
 
     def _canary_due(self, record: TargetRecord, observation: Observation, now: float) -> bool:
         target = record.settings

@@ -7,8 +7,10 @@ import asyncio
 import aiohttp
 
 from exporter.engines import PageError
+from exporter.engines.openai import parse_models
 
 CHUNK = 64 * 1024
+MODELS_MAX_BYTES = 1024 * 1024
 
 
 def auth_headers(api_key) -> dict[str, str]:
@@ -64,6 +66,17 @@ async def read_capped(response: aiohttp.ClientResponse, max_bytes: int, what: st
             response.close()
             raise PageError("too_large", f"{what} is over the {max_bytes}-byte cap")
     return bytes(body)
+
+
+async def read_models(session: aiohttp.ClientSession, target, timeout: float) -> list[str]:
+    """Model ids from the target's `/v1/models` (sent with its API key), in order; raises PageError."""
+    status, body = await bounded_get(
+        session, target.base_url + "/v1/models", timeout=timeout, max_bytes=MODELS_MAX_BYTES,
+        headers=auth_headers(target.api_key),
+    )
+    if status != 200:
+        raise PageError("http_status", f"/v1/models answered HTTP {status}")
+    return parse_models(body)
 
 
 def _os_reason(exc: BaseException) -> str:
