@@ -30,14 +30,6 @@ class Alert(_Lenient):
     def starts_at(self) -> float:
         return self.startsAt.timestamp()
 
-    @property
-    def target(self) -> str | None:
-        return self.labels.get("target")
-
-    @property
-    def alertname(self) -> str:
-        return self.labels.get("alertname", "")
-
 
 class WebhookPayload(_Lenient):
     version: Literal["4"]
