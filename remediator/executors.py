@@ -85,6 +85,7 @@ class CommandExecutor:
             return ExecResult("timeout", f"{self.argv[0]} did not finish within {self.timeout:g}s; killed")
         except asyncio.CancelledError:
             _kill_group(proc.pid)
+            await proc.wait()  # reap it and close its pipes; a shutdown must not leave a zombie
             raise
         text = output[: self.output_limit].decode("utf-8", "replace")
         if len(output) > self.output_limit:

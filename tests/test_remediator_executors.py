@@ -5,11 +5,13 @@ were not run against a real Docker engine or cluster."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import ssl
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -62,6 +64,26 @@ async def test_command_timeout_kills_the_whole_process_group(tmp_path):
     except psutil.NoSuchProcess:
         pass
     assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_cancelled_command_is_killed_and_reaped(tmp_path):
+    """A shutdown cancels a running restart: the command must not outlive it, not even as a zombie."""
+    import psutil
+
+    pidfile = tmp_path / "command.pid"
+    script = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
+    executor = CommandExecutor(
+        CommandTarget(executor="command", timeout=60.0, argv=[sys.executable, "-c", script, str(pidfile)])
+    )
+    task = asyncio.create_task(executor.restart())
+    deadline = time.monotonic() + 30
+    while not (pidfile.exists() and pidfile.read_text()):
+        assert time.monotonic() < deadline, "the command never started"
+        await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not psutil.pid_exists(int(pidfile.read_text()))
 
 
 async def test_command_missing_binary_is_an_error():
