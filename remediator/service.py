@@ -135,10 +135,12 @@ class Remediator:
                 action_id = await self.journal.record_intent(
                     now, facts, executor.kind, open_circuit=used + 1 >= self.policy.max_restarts
                 )
+                # Straight after the intent: nothing may fail in between and leave a pending
+                # intent that never runs, holding `restart_in_progress` until the next start.
+                self._start_restart(action_id, target, executor)
                 self.metrics.decisions.labels(target, decision.reason).inc()
                 log_event(log, "restart allowed", target=target, fingerprint=facts.fingerprint, action_id=action_id,
                           executor=executor.kind)  # fmt: skip
-                self._start_restart(action_id, target, executor)
                 return decision
             if decision.reason == "circuit_open" and target not in state.open_circuits:
                 await self.journal.open_circuit(target, now)
