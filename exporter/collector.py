@@ -94,10 +94,7 @@ class VitalsCollector(Collector):
                 waiting.add_metric([name], verdict.snapshot.waiting)
             steps.add_metric([name], verdict.steps_per_second or 0.0)
             tokens.add_metric([name], verdict.generation_tokens_per_second or 0.0)
-            stuck_for = verdict.stuck_seconds
-            if verdict.state == "stuck" and verdict.last_progress is not None:
-                stuck_for = now - verdict.last_progress
-            stuck.add_metric([name], stuck_for)
+            stuck.add_metric([name], verdict.stuck_for(now))
             restarts.add_metric([name], verdict.restarts)
             if verdict.process_start_time is not None:
                 start_time.add_metric([name], verdict.process_start_time)

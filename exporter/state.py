@@ -85,9 +85,7 @@ def target_view(record: TargetRecord, now: float) -> dict[str, object]:
         "reason": verdict.reason,
         "detail": verdict.detail,
         "since": _round(verdict.since),
-        "stuck_seconds": round(now - verdict.last_progress, 3)
-        if verdict.state == "stuck" and verdict.last_progress is not None
-        else round(verdict.stuck_seconds, 3),
+        "stuck_seconds": round(verdict.stuck_for(now), 3),
         "process_start_time": verdict.process_start_time,
         "last_poll": _round(verdict.last_poll),
         "up": verdict.up,

@@ -70,6 +70,12 @@ class Verdict:
     def process_start_time(self) -> float | None:
         return self.snapshot.process_start_time if self.snapshot else None
 
+    def stuck_for(self, now: float) -> float:
+        """Seconds work has been pending without progress: up to `now` while stuck, else as of the last poll."""
+        if self.state == "stuck" and self.last_progress is not None:
+            return now - self.last_progress
+        return self.stuck_seconds
+
 
 def initial(now: float) -> Verdict:
     """The verdict before the first poll."""
