@@ -3,8 +3,8 @@
 Concurrent callers share one in-flight request (single flight), and a successful read is reused
 for `max_age` (default 1 s; the exporter itself polls every few seconds, so a younger read is as
 fresh as "now" gets): a storm of 500 webhooks costs the exporter a handful of reads. Any failure
-(connect, timeout, HTTP status, bad JSON) is reported as `None`, which the gate reads as
-"exporter unreachable: do nothing".
+(connect, timeout, HTTP status, an answer over the size cap, bad JSON) is reported as `None`,
+which the gate reads as "exporter unreachable: do nothing".
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from llm_vitals.logs import log_event
 
+from .executors import redact_url
 from .gate import FleetView, TargetStatus
 
 log = logging.getLogger("remediator.exporter")
@@ -63,18 +64,28 @@ class ExporterClient:
     def _clear(self, _: object) -> None:
         self._inflight = None
 
+    async def _read(self) -> bytes:
+        """The answer's body, refused as soon as it passes the cap (the rest is never read)."""
+        async with self.client.stream("GET", self.url, timeout=self.timeout) as response:
+            if response.status_code != 200:
+                raise ValueError(f"HTTP {response.status_code}")
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > _MAX_BYTES:
+                    raise ValueError("answer too large")
+            return bytes(body)
+
     async def _fetch(self) -> FleetView | None:
         read_at = time.monotonic()
         try:
-            response = await self.client.get(self.url, timeout=self.timeout)
-            if response.status_code != 200:
-                raise ValueError(f"HTTP {response.status_code}")
-            if len(response.content) > _MAX_BYTES:
-                raise ValueError("answer too large")
-            parsed = _Targets.model_validate_json(response.content)
-        except (httpx.HTTPError, ValueError, ValidationError) as exc:
-            log_event(log, "exporter unreachable", level=logging.WARNING, url=self.url, error=type(exc).__name__,
-                      detail=str(exc)[:200])  # fmt: skip
+            # httpx's timeout is per read; this bounds the whole answer, so an exporter that
+            # trickles bytes cannot hold every waiting webhook past `timeout`.
+            async with asyncio.timeout(self.timeout):
+                parsed = _Targets.model_validate_json(await self._read())
+        except (httpx.HTTPError, ValueError, ValidationError, TimeoutError) as exc:
+            log_event(log, "exporter unreachable", level=logging.WARNING, url=redact_url(self.url),
+                      error=type(exc).__name__, detail=str(exc)[:200])  # fmt: skip
             return None
         view = FleetView(
             targets={

@@ -306,6 +306,71 @@ async def test_exporter_not_listening_is_unreachable(remediator, restarter):
     assert status == 503 and body["decisions"][0]["reason"] == "exporter_unreachable"
 
 
+async def test_exporter_answer_over_the_cap_is_unreachable_without_reading_it_all(aiohttp_server):
+    import asyncio
+
+    import httpx
+    from aiohttp import web
+
+    from remediator.exporter_client import _MAX_BYTES, ExporterClient
+
+    sent = 0
+
+    async def endless(request):
+        nonlocal sent
+        response = web.StreamResponse()
+        await response.prepare(request)
+        try:
+            while sent < 8 * _MAX_BYTES:
+                await response.write(b" " * 65536)
+                sent += 65536
+        except (ConnectionError, RuntimeError):
+            pass  # the client hung up, as it should
+        return response
+
+    app = web.Application()
+    app.router.add_get("/api/v1/targets", endless)
+    server = await aiohttp_server(app)
+    async with httpx.AsyncClient() as http:
+        client = ExporterClient(str(server.make_url("")), http, timeout=30)
+        assert await asyncio.wait_for(client.fleet(), 60) is None
+    assert sent < 4 * _MAX_BYTES
+
+
+async def test_exporter_trickling_its_answer_is_unreachable_within_the_timeout(aiohttp_server, caplog):
+    import asyncio
+    import time
+
+    import httpx
+    from aiohttp import web
+
+    from remediator.exporter_client import ExporterClient
+
+    async def trickle(request):
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for _ in range(600):  # a byte every 50 ms: no single read ever waits out the timeout
+            await response.write(b" ")
+            await asyncio.sleep(0.05)
+        return response
+
+    app = web.Application()
+    app.router.add_get("/api/v1/targets", trickle)
+    server = await aiohttp_server(app)
+    url = str(server.make_url("")).replace("://", "://reader:exporter-s3cret@")
+    caplog.set_level(logging.DEBUG)
+    async with httpx.AsyncClient() as http:
+        client = ExporterClient(url, http, timeout=0.5)
+        began = time.monotonic()
+        assert await client.fleet() is None
+        assert time.monotonic() - began < 10
+    from llm_vitals.logs import JsonFormatter
+
+    # Our own lines, fields included (httpx's request log is silenced by the CLI for this reason).
+    ours = "\n".join(JsonFormatter().format(r) for r in caplog.records if r.name.startswith("remediator"))
+    assert "exporter unreachable" in ours and "127.0.0.1" in ours and "exporter-s3cret" not in ours
+
+
 async def test_target_no_longer_stuck_is_refused(remediator, restarter, exporter):
     exporter.targets["a"]["state"] = "busy"
     client = await remediator()
