@@ -115,21 +115,11 @@ class TargetSettings(_Strict):
         return self._api_key
 
     def resolve_secrets(self, environ: dict[str, str] | None = None) -> None:
-        """Read the API key from its env var or file; a missing source is a config error."""
-        environ = os.environ if environ is None else environ
-        if self.api_key_env:
-            value = environ.get(self.api_key_env)
-            if not value:
-                raise ConfigError(f"target {self.name!r}: environment variable {self.api_key_env} (api_key_env) is not set")
-            self._api_key = SecretStr(value.strip())
-        elif self.api_key_file:
-            try:
-                value = self.api_key_file.read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"target {self.name!r}: cannot read api_key_file {str(self.api_key_file)!r}: {exc.strerror}") from None
-            if not value:
-                raise ConfigError(f"target {self.name!r}: api_key_file {str(self.api_key_file)!r} is empty")
-            self._api_key = SecretStr(value)
+        """Read the API key from its env var or file; a missing or empty source is a config error."""
+        try:
+            self._api_key = _read_secret("api_key", self.api_key_env, self.api_key_file, environ)
+        except ConfigError as exc:
+            raise ConfigError(f"target {self.name!r}: {exc}") from None
 
 
 class ExporterSettings(_Strict):
@@ -201,20 +191,31 @@ class ExporterSettings(_Strict):
 
     def resolve_secrets(self, environ: dict[str, str] | None = None) -> ExporterSettings:
         """Resolve every secret source now, so a missing key fails at start, not at the first canary."""
-        environ = os.environ if environ is None else environ
         for target in self.targets:
             target.resolve_secrets(environ)
-        if self.drain_token_env:
-            value = environ.get(self.drain_token_env)
-            if not value:
-                raise ConfigError(f"environment variable {self.drain_token_env} (drain_token_env) is not set")
-            self._drain_token = SecretStr(value.strip())
-        elif self.drain_token_file:
-            try:
-                self._drain_token = SecretStr(self.drain_token_file.read_text().strip())
-            except OSError as exc:
-                raise ConfigError(f"cannot read drain_token_file {str(self.drain_token_file)!r}: {exc.strerror}") from None
+        self._drain_token = _read_secret("drain_token", self.drain_token_env, self.drain_token_file, environ)
         return self
+
+
+def _read_secret(key: str, env_name: str | None, file: Path | None, environ: dict[str, str] | None) -> SecretStr | None:
+    """The secret from `<key>_env` or `<key>_file`, None when neither is set; ConfigError when missing or blank."""
+    # Blank is refused, not read as "no secret": an empty drain token would let a bare `Bearer ` through.
+    if env_name:
+        value = (os.environ if environ is None else environ).get(env_name)
+        if not value:
+            raise ConfigError(f"environment variable {env_name} ({key}_env) is not set")
+        where = f"environment variable {env_name} ({key}_env)"
+    elif file:
+        try:
+            value = file.read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {key}_file {str(file)!r}: {exc.strerror}") from None
+        where = f"{key}_file {str(file)!r}"
+    else:
+        return None
+    if not value.strip():
+        raise ConfigError(f"{where} is empty")
+    return SecretStr(value.strip())
 
 
 def _describe(error: ValidationError) -> str:

@@ -78,3 +78,18 @@ def test_check_config_exits_0_for_valid_and_1_for_invalid() -> None:
     bad = run(DATA / "invalid-exporter-target-typo.yaml")
     assert bad.returncode == 1
     assert "targets[0].stuck_afte: unknown key" in bad.stderr
+
+
+def test_a_blank_secret_is_a_config_error_not_an_empty_token(tmp_path: Path) -> None:
+    blank = tmp_path / "blank"
+    blank.write_text("\n")
+    target = {"name": "a", "url": "http://127.0.0.1:1"}
+    cases = [
+        ({"drain_token_file": str(blank)}, {}, f"drain_token_file {str(blank)!r} is empty"),
+        ({"drain_token_env": "T"}, {"T": "  "}, "environment variable T (drain_token_env) is empty"),
+        ({"targets": [{**target, "api_key_file": str(blank)}]}, {}, f"target 'a': api_key_file {str(blank)!r} is empty"),
+    ]
+    for extra, environ, message in cases:
+        with pytest.raises(ConfigError) as caught:
+            parse_settings({"targets": [target], **extra}, "test", environ=environ)
+        assert str(caught.value) == f"test: {message}"
