@@ -50,7 +50,7 @@ def redact_url(url: str) -> str:
 
 
 def _describe(exc: BaseException) -> str:
-    """An exception's class and message, without a URL's credentials (httpx puts the URL in some)."""
+    """An exception's class and message for error text; callers name the place with a redacted URL."""
     text = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text
 
@@ -214,11 +214,11 @@ class KubernetesExecutor:
                         )
                     deleted.append(name)
         except httpx.TimeoutException:
-            return ExecResult("timeout", f"Kubernetes API {cfg.api_url}: no answer within {cfg.timeout:g}s")
+            return ExecResult("timeout", f"Kubernetes API {redact_url(cfg.api_url)}: no answer within {cfg.timeout:g}s")
         except httpx.HTTPError as exc:
-            return ExecResult("error", f"Kubernetes API {cfg.api_url}: {_describe(exc)}")
+            return ExecResult("error", f"Kubernetes API {redact_url(cfg.api_url)}: {_describe(exc)}")
         except (ValueError, KeyError, TypeError) as exc:
-            return ExecResult("error", f"Kubernetes API {cfg.api_url}: unexpected answer ({type(exc).__name__})")
+            return ExecResult("error", f"Kubernetes API {redact_url(cfg.api_url)}: unexpected answer ({type(exc).__name__})")
         return ExecResult("ok", f"deleted pod(s) {', '.join(deleted)} in {cfg.namespace}")
 
 
