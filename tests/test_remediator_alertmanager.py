@@ -7,27 +7,17 @@ import asyncio
 import datetime as dt
 import os
 import signal
-import time
 
 import httpx
 import pytest
 import yaml
 from conftest import free_port, require_binary
+from stack import wait_for
 from test_remediator_helpers import TOKEN, FakeExporter, RestartCounter, make_settings
 
 from remediator.app import SERVICE, create_app
 
 pytestmark = pytest.mark.real_stack
-
-
-async def wait_for(condition, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = await condition()
-        if value:
-            return value
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_real_alertmanager_delivers_one_restart_and_the_resolution(aiohttp_server, tmp_path):
@@ -66,13 +56,10 @@ async def test_real_alertmanager_delivers_one_restart_and_the_resolution(aiohttp
     try:
         async with httpx.AsyncClient(trust_env=False, timeout=5) as http:
 
-            async def ready():
-                try:
-                    return (await http.get(f"{am_url}/-/ready")).status_code == 200
-                except httpx.HTTPError:
-                    return False
+            async def ready():  # a connection error counts as "not yet"
+                return (await http.get(f"{am_url}/-/ready")).status_code == 200
 
-            await wait_for(ready, what="Alertmanager to be ready")
+            await wait_for(ready, 30, what="Alertmanager to be ready")
             starts = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=90)
             alert = {
                 "labels": {"alertname": "LLMServerStuck", "target": "a", "remediation": "restart",
@@ -90,7 +77,7 @@ async def test_real_alertmanager_delivers_one_restart_and_the_resolution(aiohttp
             async def restarted():
                 return [r for r in await rows() if r["decision"] == "restart" and r["result"] == "ok"]
 
-            [restart] = await wait_for(restarted, what="the restart")
+            [restart] = await wait_for(restarted, 30, what="the restart")
             assert restart["target"] == "a" and restart["alertname"] == "LLMServerStuck"
             assert abs(restart["starts_at"] - starts.timestamp()) < 0.01
             assert restarter.calls == 1
@@ -101,7 +88,7 @@ async def test_real_alertmanager_delivers_one_restart_and_the_resolution(aiohttp
             async def resolved():
                 return [r for r in await rows() if r["decision"] == "resolved"]
 
-            await wait_for(resolved, what="the resolved notification")
+            await wait_for(resolved, 30, what="the resolved notification")
             await service.wait_idle()
             assert restarter.calls == 1
             assert not [r for r in await rows() if r["reason"] not in ("allowed", "not_firing", "duplicate")]

@@ -8,26 +8,16 @@ import asyncio
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
 import yaml
 from conftest import REPO, free_port
+from stack import wait_for
 from test_remediator_helpers import AUTH, TOKEN, FakeExporter, alert_payload
 
 # The "restart": records its pid, then blocks like a slow `systemctl restart`.
 BLOCKING_RESTART = "import os, sys, time; open(sys.argv[1], 'a').write(f'{os.getpid()}\\n'); time.sleep(30)"
-
-
-async def wait_for(condition, timeout: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = await condition()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class RemediatorProcess:
@@ -90,15 +80,15 @@ async def test_kill_during_restart_then_restart_blocks_a_second_restart(aiohttp_
 
         try:
             await first.start()
-            await wait_for(healthz, what="the first remediator")
+            await wait_for(healthz, 20, interval=0.05, what="the first remediator")
             assert await post(alert_payload("a")) == (200, "allowed")
-            await wait_for(lambda: asyncio.sleep(0, restarts_run()), what="the restart command to start")
+            await wait_for(restarts_run, 20, interval=0.05, what="the restart command to start")
             assert (await healthz())["restart_in_progress"] == "a"
 
             await first.kill()  # between the journal's intent and the executor's end
 
             await second.start()
-            state = await wait_for(healthz, what="the second remediator")
+            state = await wait_for(healthz, 20, interval=0.05, what="the second remediator")
             assert state["restart_in_progress"] is None  # the interrupted restart is over, but ...
             assert await post(alert_payload("a")) == (200, "duplicate")
             assert await post(alert_payload("a", starts_at="2026-12-02T15:00:00Z")) == (200, "cooldown")
