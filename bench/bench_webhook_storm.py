@@ -98,11 +98,11 @@ async def start_remediator(workdir: Path, upstream_port: int) -> tuple[asyncio.s
         "targets": {n: {"executor": "http", "url": f"http://127.0.0.1:{upstream_port}/admin/restart"} for n in "abcde"},
     }
     (workdir / "remediator.yaml").write_text(json.dumps(config))  # JSON is YAML
-    log = (workdir / "remediator.log").open("wb")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "remediator", "--config", str(workdir / "remediator.yaml"), "--log-level", "warning",
-        cwd=REPO, stdout=log, stderr=log, env={**os.environ, "BENCH_TOKEN": TOKEN},
-    )  # fmt: skip
+    with (workdir / "remediator.log").open("wb") as log:  # the child keeps its own copy of the fd
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "remediator", "--config", str(workdir / "remediator.yaml"), "--log-level", "warning",
+            cwd=REPO, stdout=log, stderr=log, env={**os.environ, "BENCH_TOKEN": TOKEN},
+        )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     async with aiohttp.ClientSession() as http:
         deadline = time.monotonic() + 30
@@ -115,6 +115,7 @@ async def start_remediator(workdir: Path, upstream_port: int) -> tuple[asyncio.s
                 pass
             await asyncio.sleep(0.05)
     proc.kill()
+    await proc.wait()
     raise SystemExit(f"the remediator did not start; see {workdir / 'remediator.log'}")
 
 
@@ -122,10 +123,8 @@ async def storm(base: str, payloads: list[dict], concurrency: int) -> tuple[list
     """POST every payload with `concurrency` in flight; per-POST latency in ms, and reasons seen."""
     latencies: list[float] = []
     reasons: dict[str, int] = {}
-    queue = list(reversed(payloads))
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    bodies = [json.dumps(p).encode() for p in payloads]
-    queue = list(reversed(bodies))
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    queue = [json.dumps(p).encode() for p in reversed(payloads)]
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as http:
 
@@ -133,8 +132,7 @@ async def storm(base: str, payloads: list[dict], concurrency: int) -> tuple[list
             while queue:
                 body = queue.pop()
                 started = time.perf_counter()
-                async with http.post(base + "/webhook", data=body,
-                                     headers={**headers, "Content-Type": "application/json"}) as response:  # fmt: skip
+                async with http.post(base + "/webhook", data=body, headers=headers) as response:
                     answer = await response.json()
                 latencies.append((time.perf_counter() - started) * 1000)
                 if response.status != 200:
@@ -170,7 +168,8 @@ async def run(args: argparse.Namespace) -> int:
             proc, base = await start_remediator(workdir / name, upstream_port)
             before = counts["restarts"]
             try:
-                await storm(base, payloads[:20], min(args.concurrency, 20)) if args.warmup else None
+                if args.warmup:
+                    await storm(base, payloads[:20], min(args.concurrency, 20))
                 started = time.perf_counter()
                 latencies, reasons = await storm(base, payloads, args.concurrency)
                 elapsed = time.perf_counter() - started
