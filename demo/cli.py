@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return asyncio.run(Demo(args).run())
-    except KeyboardInterrupt:  # a second Ctrl-C during shutdown
+    except KeyboardInterrupt:  # Ctrl-C before the demo's own handler is installed, or after it is removed
         return 130
 
 
@@ -82,8 +82,13 @@ class Demo:
         main_task = asyncio.current_task()
         assert main_task is not None
 
+        shutting_down = False
+
         def stop(signame: str) -> None:
-            if self.stopped_by is None:
+            # A signal during the cleanup below (after the story ended or a child died) must not
+            # cancel it half-way and leave children running: it is ignored, since each child gets
+            # SIGKILL after its grace anyway.
+            if self.stopped_by is None and not shutting_down:
                 self.stopped_by = signame
                 main_task.cancel()
 
@@ -115,6 +120,7 @@ class Demo:
             self.say(f"\nthe demo could not get going: {exc}")
             code = 1
         finally:
+            shutting_down = True
             for task in tasks:
                 task.cancel()
             with contextlib.suppress(BaseException):
