@@ -125,10 +125,16 @@ class Poller:
         return parse_page(body)
 
     async def _check_health(self, record: TargetRecord) -> None:
-        status, _ = await bounded_get(
-            self.session, record.settings.base_url + "/health",
-            timeout=self.settings.health_timeout, max_bytes=64 * 1024,
-        )
+        # Only a 503 is news here (vLLM's word that the engine is dead). Any other failure of this
+        # extra read must not replace the page just read: it would make a stuck server `down`, which
+        # liveness never acts on. A server that is really gone fails its next /metrics read.
+        try:
+            status, _ = await bounded_get(
+                self.session, record.settings.base_url + "/health",
+                timeout=self.settings.health_timeout, max_bytes=64 * 1024,
+            )
+        except PageError:
+            return
         if status == 503:
             raise PageError("health_503", "/health answered 503: the engine is dead")
 

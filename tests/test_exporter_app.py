@@ -291,3 +291,26 @@ async def test_a_canary_answer_that_arrives_in_pieces_is_ok(aiohttp_server) -> N
     async with aiohttp.ClientSession() as session:
         outcome = await send_canary(session, target, "tiny")
     assert (outcome.result, outcome.detail) == ("ok", "")
+
+
+async def test_a_slow_health_check_does_not_turn_stuck_into_down(aiohttp_server, aiohttp_client) -> None:
+    import asyncio
+
+    from aiohttp import web
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=BUSY_PAGE, content_type="text/plain")  # work pending, nothing moving
+
+    async def slow_health(request: web.Request) -> web.Response:
+        await asyncio.sleep(2)
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/health", slow_health)
+    server = await aiohttp_server(app)
+    client = await start_exporter(aiohttp_client, make_settings(
+        [make_target("gpu-a", str(server.make_url("")))], health_timeout=0.1))
+    rec = record(client, "gpu-a")
+    await wait_for(lambda: rec.verdict.state == "stuck", what="stuck")
+    assert rec.poll_errors["timeout"] == 0 and rec.verdict.up is True
