@@ -75,8 +75,6 @@ class WebhookRelay:
     token: str
     timings: Timings
     targets: frozenset[str]
-    sent: int = 0
-    errors: int = 0
     _pending: dict[str, tuple[str, float]] = field(default_factory=dict)  # target -> (alertname, since)
     _firing: dict[str, _Firing] = field(default_factory=dict)
 
@@ -125,16 +123,12 @@ class WebhookRelay:
             "groupLabels": {"alertname": firing.alertname, "target": target}, "commonLabels": labels,
             "commonAnnotations": alert["annotations"], "externalURL": "http://demo-relay", "alerts": [alert],
         }
-        try:
+        # Not retried (Alertmanager would retry a 5xx): a still-firing alert is re-sent after repeat_interval.
+        with contextlib.suppress(TimeoutError, aiohttp.ClientError):
             async with session.post(f"{self.remediator_url}/webhook", json=payload,
                                     headers={"Authorization": f"Bearer {self.token}"},
                                     timeout=aiohttp.ClientTimeout(total=15)) as response:
                 await response.read()
-                self.sent += 1
-                if response.status >= 400:
-                    self.errors += 1
-        except (TimeoutError, aiohttp.ClientError):
-            self.errors += 1
 
 
 def _iso(ts: float) -> str:

@@ -17,6 +17,7 @@ the step, not about its predecessor. Outcomes are read back from the remediator'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
@@ -50,7 +51,6 @@ class Observer:
         self.targets: dict[str, dict[str, Any]] = {}
         self.actions: list[dict[str, Any]] = []  # every action seen since the demo started, oldest first
         self.last_action_id = 0
-        self.errors: Counter[str] = Counter()
         self._states: dict[str, str] = {}
 
     async def refresh(self) -> None:
@@ -58,7 +58,7 @@ class Observer:
             async with self.session.get(f"{self.exporter_url}/api/v1/targets", timeout=_TIMEOUT) as r:
                 self.targets = {t["name"]: t for t in (await r.json())["targets"]}
         except (TimeoutError, aiohttp.ClientError, ValueError, KeyError):
-            self.errors["exporter"] += 1
+            pass  # keep the last reading: the next refresh is half a poll away
         for name, target in self.targets.items():
             previous = self._states.get(name)
             # idle <-> busy is traffic coming and going: not worth a line.
@@ -70,7 +70,6 @@ class Observer:
                                         timeout=_TIMEOUT) as r:
                 newest_first = (await r.json())["actions"]
         except (TimeoutError, aiohttp.ClientError, ValueError, KeyError):
-            self.errors["remediator"] += 1
             return
         fresh = sorted((a for a in newest_first if a["id"] > self.last_action_id), key=lambda a: a["id"])
         for action in fresh:
@@ -173,7 +172,6 @@ class Story:
         self.proxy_url = proxy_url
         self.backend_urls = backend_urls
         self.status = status
-        self.results: list[StepResult] = []
         # Two clients pinned to each backend keep work in flight on every one of them, so that a hang
         # is "work pending, no progress" (stuck) at once; three more go through the proxy.
         self.background = [Load(session, url, workers=2, max_tokens=48) for url in backend_urls]
@@ -184,15 +182,14 @@ class Story:
 
     async def fault(self, index: int, fault: str) -> None:
         """Set a fault through the simulator's control server; retried, since a step depends on it."""
-        for attempt in range(5):
-            try:
+        for _ in range(5):
+            with contextlib.suppress(TimeoutError, aiohttp.ClientError):
                 async with self.session.post(f"{self.control_url}/backends/{index}/fault", json={"fault": fault},
                                              timeout=aiohttp.ClientTimeout(total=10)) as response:
                     await response.read()
                     if response.status in (200, 409):  # 409: restarting/loading, no fault to set or clear
                         break
-            except (TimeoutError, aiohttp.ClientError):
-                await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # after an error answer too: five tries, not five at once
         if fault != "none":
             self.observer.on_event(f"story: {fault} {backend_name(index)}")
 
@@ -345,7 +342,6 @@ class Story:
             result.last_action = self.observer.last_action_id
             result.ended_at = time.time()
             results.append(result)
-            self.results.append(result)
             if on_step:
                 await on_step(result)
         return results
