@@ -26,7 +26,6 @@ from simulator.server import FaultConflict, create_app
 
 log = logging.getLogger("simulator.backend")
 
-RESTART_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 # How long closing the port waits for in-flight handlers (they have all been answered by then).
 _SHUTDOWN_TIMEOUT = 1.0
 
@@ -152,7 +151,7 @@ class Backend:
         if self.process is not None:
             process, self.process = self.process, None
             self._last_engine = process.driver.engine
-            process.driver.kill(RESTART_MESSAGE)
+            process.driver.kill()
             await process.close()
 
     def _changed(self) -> None:

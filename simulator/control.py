@@ -6,13 +6,12 @@ always listens, is how it is brought back (`POST /backends/{i}/restart`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 from aiohttp import web
 
 from simulator.backend import Backend
-from simulator.server import RestartRequest, apply_fault, parse_model, read_json
+from simulator.server import apply_fault, apply_restart, json_error, read_json
 
 BACKENDS_KEY: web.AppKey[Sequence[Backend]] = web.AppKey("backends")
 
@@ -21,8 +20,7 @@ def _backend(request: web.Request) -> Backend:
     backends = request.app[BACKENDS_KEY]
     raw = request.match_info["index"]
     if not raw.isdigit() or int(raw) >= len(backends):
-        raise web.HTTPNotFound(text=json.dumps({"error": f"unknown backend {raw!r}: use 0..{len(backends) - 1}"}),
-                               content_type="application/json")
+        raise json_error(web.HTTPNotFound, f"unknown backend {raw!r}: use 0..{len(backends) - 1}")
     return backends[int(raw)]
 
 
@@ -40,10 +38,8 @@ async def backend_fault(request: web.Request) -> web.Response:
 
 
 async def backend_restart(request: web.Request) -> web.Response:
-    backend = _backend(request)
-    body = parse_model(RestartRequest, await read_json(request, optional=True))
-    backend.set_fault("restart", startup_seconds=body.startup_seconds)
-    return web.json_response({"restarting": True, **backend.state()})
+    state = apply_restart(_backend(request), await read_json(request, optional=True))
+    return web.json_response({"restarting": True, **state})
 
 
 async def health(request: web.Request) -> web.Response:

@@ -71,26 +71,28 @@ class FaultConflict(Exception):
     """A fault that cannot apply in the backend's current phase (e.g. `hang` on a dead backend)."""
 
 
+def json_error(kind: type[web.HTTPError], message: str) -> web.HTTPError:
+    """An admin or control error to raise: `{"error": message}` with the status of `kind`."""
+    return kind(text=json.dumps({"error": message}), content_type="application/json")
+
+
 async def read_json(request: web.Request, *, optional: bool = False) -> Any:
     """The request's JSON body, or a 400 with what was wrong with it."""
     raw = await request.read()
     if not raw.strip():
         if optional:
             return {}
-        raise web.HTTPBadRequest(text=json.dumps({"error": "empty body: send a JSON object"}),
-                                 content_type="application/json")
+        raise json_error(web.HTTPBadRequest, "empty body: send a JSON object")
     try:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise web.HTTPBadRequest(text=json.dumps({"error": f"body is not valid JSON: {exc}"}),
-                                 content_type="application/json") from None
+        raise json_error(web.HTTPBadRequest, f"body is not valid JSON: {exc}") from None
 
 
 def parse_model(model: type[BaseModel], body: Any) -> Any:
     """Validate an admin body; a 400 that names the bad field otherwise."""
     if not isinstance(body, dict):
-        raise web.HTTPBadRequest(text=json.dumps({"error": "body must be a JSON object"}),
-                                 content_type="application/json")
+        raise json_error(web.HTTPBadRequest, "body must be a JSON object")
     try:
         return model.model_validate(body)
     except ValidationError as exc:
@@ -103,8 +105,7 @@ def parse_model(model: type[BaseModel], body: Any) -> Any:
                 problems.append(f"unknown field {where!r}")
             else:
                 problems.append(f"{where}: {err['msg']}")
-        raise web.HTTPBadRequest(text=json.dumps({"error": "; ".join(problems)}),
-                                 content_type="application/json") from None
+        raise json_error(web.HTTPBadRequest, "; ".join(problems)) from None
 
 
 def apply_fault(backend: "Backend", body: Any) -> dict[str, Any]:
@@ -113,7 +114,13 @@ def apply_fault(backend: "Backend", body: Any) -> dict[str, Any]:
     try:
         return backend.set_fault(fault.fault, factor=fault.factor, startup_seconds=fault.startup_seconds)
     except FaultConflict as exc:
-        raise web.HTTPConflict(text=json.dumps({"error": str(exc)}), content_type="application/json") from None
+        raise json_error(web.HTTPConflict, str(exc)) from None
+
+
+def apply_restart(backend: "Backend", body: Any) -> dict[str, Any]:
+    """Shared by /admin/restart and the control server: validate, start the restart, return the state."""
+    restart = parse_model(RestartRequest, body)
+    return backend.set_fault("restart", startup_seconds=restart.startup_seconds)
 
 
 # -- vLLM routes ----------------------------------------------------------------------------------
@@ -227,9 +234,7 @@ async def admin_fault(request: web.Request) -> web.Response:
 
 
 async def admin_restart(request: web.Request) -> web.Response:
-    body = parse_model(RestartRequest, await read_json(request, optional=True))
-    backend = request.app[BACKEND_KEY]
-    backend.set_fault("restart", startup_seconds=body.startup_seconds)
+    apply_restart(request.app[BACKEND_KEY], await read_json(request, optional=True))
     return json_response({"restarting": True})
 
 
