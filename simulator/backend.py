@@ -81,7 +81,8 @@ class Backend:
         self.process: ServerProcess | None = None
         self._last_engine: Engine | None = None
         self._process_start_time: float | None = None
-        self._lifecycle: asyncio.Task[None] | None = None
+        self._lifecycle: asyncio.Task[None] | None = None  # the latest die/restart: what die() waits for
+        self._tasks: set[asyncio.Task[None]] = set()  # every die/restart still running (a restart may overtake a die)
         self._restarting = False
         self._lock = asyncio.Lock()
         self._on_change = on_change
@@ -126,12 +127,10 @@ class Backend:
 
     async def stop(self) -> None:
         """Shut down for good (fleet exit)."""
-        if self._lifecycle is not None and not self._lifecycle.done():
-            self._lifecycle.cancel()
-            try:
-                await self._lifecycle
-            except (asyncio.CancelledError, Exception):
-                pass
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         async with self._lock:
             await self._close_process()
             self.phase = "stopped"
@@ -197,6 +196,8 @@ class Backend:
 
     def _begin(self, coroutine: Any) -> None:
         self._lifecycle = asyncio.create_task(coroutine, name=f"sim-backend-{self.index}-lifecycle")
+        self._tasks.add(self._lifecycle)
+        self._lifecycle.add_done_callback(self._tasks.discard)
 
     async def die(self) -> None:
         """Kill the engine: in-flight requests get HTTP 500, /health 503, then the port closes."""

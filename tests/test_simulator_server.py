@@ -400,3 +400,13 @@ async def test_python_api_faults_and_engine_access():
 async def _when(awaitable: Awaitable[Any], predicate: Callable[[Any], bool]) -> Any:
     value = await awaitable
     return value if predicate(value) else None
+
+
+async def test_a_restart_that_overtakes_a_die_leaves_no_task_behind_after_stop():
+    async with Fleet(SimConfig(startup_seconds=0.05, die_close_delay=0.3)) as fleet:
+        backend = fleet.backends[0]
+        backend.set_fault("die")
+        backend.set_fault("restart")  # while still dying: the die's close is still pending
+        await backend.wait_phase("serving")
+    leftover = [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("sim-backend-")]
+    assert leftover == []
