@@ -9,7 +9,10 @@ decision in its journal. Chromium loads `/`, the states in the DOM it built must
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
+import signal
 import time
 from datetime import UTC, datetime
 from html.parser import HTMLParser
@@ -126,15 +129,20 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 async def chromium(binary: str, profile: Path, *args: str, timeout: float = 60) -> bytes:
     """Run headless Chromium once (its own profile dir) and return its stdout."""
+    # Its own process group: on a timeout or an interrupted test, the browser and the zygote and
+    # renderer processes it forked are all killed, not the browser alone.
     proc = await asyncio.create_subprocess_exec(
         binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
     except TimeoutError:
-        proc.kill()
-        await proc.wait()
         raise AssertionError(f"chromium did not finish within {timeout} s") from None
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
     assert proc.returncode == 0, f"chromium exited {proc.returncode}: {err.decode(errors='replace')[-2000:]}"
     return out
 
