@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 
+import aiohttp
 import pytest
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.app import STORE, create_app
+from exporter.canary import send_canary
 from exporter.verdict import CanaryOutcome, PollError, judge, record_canary
 from test_exporter_helpers import (
     BUSY_PAGE,
@@ -246,8 +251,6 @@ async def test_credentials_in_a_target_url_are_not_shown(aiohttp_client) -> None
 
 
 async def test_each_state_change_is_one_json_log_line(aiohttp_server, aiohttp_client, caplog) -> None:
-    import json
-
     from llm_vitals.logs import JsonFormatter
 
     upstream = FakeVllm(BUSY_PAGE)
@@ -266,14 +269,6 @@ async def test_each_state_change_is_one_json_log_line(aiohttp_server, aiohttp_cl
 
 
 async def test_a_canary_answer_that_arrives_in_pieces_is_ok(aiohttp_server) -> None:
-    import asyncio
-    import json
-
-    import aiohttp
-    from aiohttp import web
-
-    from exporter.canary import send_canary
-
     async def completions(request: web.Request) -> web.StreamResponse:
         body = json.dumps({"choices": [{"index": 0, "text": " the"}]}).encode()
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
@@ -294,10 +289,6 @@ async def test_a_canary_answer_that_arrives_in_pieces_is_ok(aiohttp_server) -> N
 
 
 async def test_a_slow_health_check_does_not_turn_stuck_into_down(aiohttp_server, aiohttp_client) -> None:
-    import asyncio
-
-    from aiohttp import web
-
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=BUSY_PAGE, content_type="text/plain")  # work pending, nothing moving
 
