@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -122,8 +122,6 @@ class VitalsCollector(Collector):
 
 def build_registry(store: StateStore, clock: Callable[[], float] = time.time) -> CollectorRegistry:
     """A registry of our own (never the global REGISTRY): the vitals plus this process's CPU and memory."""
-    from prometheus_client import ProcessCollector
-
     registry = CollectorRegistry(auto_describe=False)
     registry.register(VitalsCollector(store, clock))
     ProcessCollector(registry=registry)

@@ -64,7 +64,8 @@ class Poller:
     async def _loop(self, record: TargetRecord) -> None:
         interval = self.settings.poll_interval
         loop = asyncio.get_running_loop()
-        # Spread the first polls over one interval so a large fleet does not poll in lockstep.
+        # A large fleet spreads its first polls over one interval so it does not poll in lockstep;
+        # a small one starts within a second, so its first verdicts (and probes) come quickly.
         await asyncio.sleep(random.uniform(0, min(interval, 1.0) if len(self.store.records) < 50 else interval))
         next_at = loop.time()
         while True:
@@ -77,8 +78,7 @@ class Poller:
                 log.exception("poll failed unexpectedly", extra={"fields": {"target": record.name, "error": type(exc).__name__}})
             next_at += interval
             now = loop.time()
-            if next_at < now:  # a poll overran the interval: re-anchor rather than fire a burst
-                next_at = now
+            next_at = max(next_at, now)  # a poll overran the interval: re-anchor rather than fire a burst
             jitter = random.uniform(0, interval * self.settings.poll_jitter)
             await asyncio.sleep(next_at - now + jitter)
 
