@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, real_stack_required
+from conftest import REPO, real_stack_required, require_binary
 
 
 # Real Prometheus + Alertmanager when installed; no xdist group: free ports and its own workdir,
@@ -69,6 +69,28 @@ def test_demo_once_tells_the_story(tmp_path) -> None:
     assert {(r[3], r[4]) for r in all_hang} <= {("refused", "fleet_gate"), ("refused", "not_stuck")}, all_hang
     if alert_path == "prometheus" or "Prometheus" in summary["alert_path"]:
         assert summary["alert_path"].startswith("alert path: Prometheus")
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["normal", "fast"])
+def test_demo_configs_pass_the_real_config_checks(tmp_path, fast) -> None:
+    """Every file the demo writes, at both paces: the story above runs only `--fast`, `make demo` the normal one."""
+    from demo.configs import TOKEN_ENV, write_all
+    from demo.ports import choose_ports
+    from demo.timings import FAST, NORMAL
+    from exporter.settings import load_settings as load_exporter_settings
+    from remediator.settings import load_settings as load_remediator_settings
+
+    ports, _ = choose_ports(prefer_defaults=False)
+    files = write_all(tmp_path, ports, FAST if fast else NORMAL, "t0ken")
+    exporter = load_exporter_settings(files["exporter"])
+    remediator = load_remediator_settings(files["remediator"], environ={TOKEN_ENV: "t0ken"})
+    assert exporter.port == ports.exporter and remediator.exporter_url == f"http://127.0.0.1:{ports.exporter}"
+    assert set(remediator.targets) <= {t.name for t in exporter.targets}
+    promtool, amtool = require_binary("promtool"), require_binary("amtool")
+    for argv in ([promtool, "check", "config", str(files["prometheus"])],  # also checks the rules it loads
+                 [amtool, "check-config", str(files["alertmanager"])]):
+        check = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stdout + check.stderr
 
 
 async def test_relay_posts_alertmanager_v4_webhooks_like_alertmanager(aiohttp_server) -> None:
