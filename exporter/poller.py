@@ -105,7 +105,7 @@ class Poller:
         target = record.settings
         try:
             if target.role == "proxy" or target.engine == "openai":
-                return await self._read_models(record)
+                return ModelsOk(tuple(await read_models(self.session, target, self.settings.models_timeout)))
             snapshot = await self._read_metrics(record)
             previous = record.verdict.snapshot
             if snapshot.pending and previous is not None and not progressed(previous, snapshot):
@@ -137,9 +137,6 @@ class Poller:
             return
         if status == 503:
             raise PageError("health_503", "/health answered 503: the engine is dead")
-
-    async def _read_models(self, record: TargetRecord) -> ModelsOk:
-        return ModelsOk(tuple(await read_models(self.session, record.settings, self.settings.models_timeout)))
 
     def _canary_due(self, record: TargetRecord, observation: Observation, now: float) -> bool:
         target = record.settings
@@ -174,6 +171,8 @@ class Poller:
                 log_event(log, "canary failed", logging.WARNING, target=record.name, result=outcome.result,
                           detail=outcome.detail, consecutive_failures=record.verdict.canary_failures)
             self._log_change(record, before)
+        except Exception as exc:  # a bug in the exporter: logged, and never counted against the server
+            log.exception("canary failed unexpectedly", extra={"fields": {"target": record.name, "error": type(exc).__name__}})
         finally:
             record.canary_task = None
 

@@ -305,3 +305,21 @@ async def test_a_slow_health_check_does_not_turn_stuck_into_down(aiohttp_server,
     rec = record(client, "gpu-a")
     await wait_for(lambda: rec.verdict.state == "stuck", what="stuck")
     assert rec.poll_errors["timeout"] == 0 and rec.verdict.up is True
+
+
+async def test_a_bug_in_the_canary_is_logged_and_not_counted_against_the_server(
+        aiohttp_server, aiohttp_client, caplog, monkeypatch) -> None:
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr("exporter.poller.send_canary", broken)
+    upstream = FakeVllm()
+    server = await aiohttp_server(upstream.app())
+    caplog.set_level(logging.ERROR, logger="llm_vitals.exporter")
+    client = await start_exporter(aiohttp_client, make_settings(
+        [make_target("gpu-a", str(server.make_url("")), canary={"interval": 0.1, "timeout": 1})]))
+    rec = record(client, "gpu-a")
+    await wait_for(lambda: sum("canary failed unexpectedly" in r.getMessage() for r in caplog.records) >= 2,
+                   what="two canaries that hit the bug")
+    assert sum(rec.canaries.values()) == 0 and rec.verdict.canary_failures == 0
+    assert rec.verdict.state == "idle"
