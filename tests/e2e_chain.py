@@ -69,10 +69,11 @@ class ChainTimings:
     repeat_interval: str = "2s"  # Alertmanager re-sends a still-firing alert (e.g. after a cooldown refusal)
     rules_for: float = 1.0
     rules_for_overrides: dict[str, float] = field(
-        # Stuck waits 2 s, not 1: when the whole fleet hangs at once, the exporter sees each target
-        # stuck up to one poll apart, and the first alert must not reach the remediator before the
-        # others are stuck too (the fleet gate judges the fleet as the exporter sees it then).
-        default_factory=lambda: {"LLMVitalsExporterAbsent": 30, "LLMServerSaturated": 5, "LLMServerStuck": 2}
+        # Stuck waits 4 s, not 1: when the whole fleet hangs at once, the exporter sees each target
+        # stuck up to a poll or two apart (more on a loaded CI machine), and the first alert must not
+        # reach the remediator before the others are stuck too (the fleet gate judges the fleet as
+        # the exporter sees it then, through a read the remediator may reuse for exporter_max_age).
+        default_factory=lambda: {"LLMVitalsExporterAbsent": 30, "LLMServerSaturated": 5, "LLMServerStuck": 4}
     )
 
 
