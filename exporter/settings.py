@@ -23,6 +23,7 @@ from pydantic import (
 from llm_vitals.durations import Duration
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class ConfigError(Exception):
@@ -102,9 +103,9 @@ class TargetSettings(_Strict):
     def public_url(self) -> str:
         """The URL as shown in labels and API answers: any user:password@ in it is dropped."""
         url = self.url
-        host = url.host or ""
-        port = f":{url.port}" if url.port and f":{url.port}" in str(url) else ""
-        return f"{url.scheme}://{host}{port}{url.path or ''}".rstrip("/")
+        # Decided from the port itself, not by searching str(url), which also holds the password.
+        port = f":{url.port}" if url.port and url.port != _DEFAULT_PORTS.get(url.scheme) else ""
+        return f"{url.scheme}://{url.host or ''}{port}{url.path or ''}".rstrip("/")
 
     @property
     def liveness(self) -> float:

@@ -93,3 +93,13 @@ def test_a_blank_secret_is_a_config_error_not_an_empty_token(tmp_path: Path) -> 
         with pytest.raises(ConfigError) as caught:
             parse_settings({"targets": [target], **extra}, "test", environ=environ)
         assert str(caught.value) == f"test: {message}"
+
+
+def test_public_url_drops_credentials_and_only_a_default_port() -> None:
+    def public(url: str) -> str:
+        return parse_settings({"targets": [{"name": "a", "url": url}]}, environ={}).targets[0].public_url
+
+    assert public("http://admin:8000pw@gpu-a/") == "http://gpu-a"  # ':80' inside the password is no port
+    assert public("http://admin:pw@gpu-a:8000/v1/") == "http://gpu-a:8000/v1"
+    assert public("https://gpu-a:443") == "https://gpu-a"
+    assert public("http://[::1]:9000") == "http://[::1]:9000"
