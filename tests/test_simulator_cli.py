@@ -7,11 +7,25 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import httpx
 
 from conftest import REPO, free_port
 from simulator.cli import main
+
+
+def once_up(process: subprocess.Popen[str], request: Callable[[], httpx.Response],
+            timeout: float = 20.0) -> httpx.Response:
+    """`request()`'s answer, retried while the simulator is still coming up (connection refused)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return request()
+        except httpx.TransportError:
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            assert time.monotonic() < deadline, "the simulator did not come up"
+            time.sleep(0.05)
 
 
 def test_help_names_the_flags(capsys):
@@ -39,16 +53,7 @@ def test_cli_runs_a_fleet_with_proxy_and_control_until_sigterm():
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{proxy}/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, process.stderr.read() if process.stderr else ""
-            assert time.monotonic() < deadline, "the simulator did not come up"
-            time.sleep(0.05)
+        assert once_up(process, lambda: httpx.get(f"http://127.0.0.1:{proxy}/v1/models", timeout=2)).status_code == 200
         listing = httpx.get(f"http://127.0.0.1:{control}/backends", timeout=5).json()
         assert listing["backends"][0]["url"] == f"http://127.0.0.1:{port}"
     finally:
@@ -64,15 +69,8 @@ def test_single_backend_without_control_exits_0_when_its_engine_dies():
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                response = httpx.post(f"http://127.0.0.1:{port}/admin/fault", json={"fault": "die"}, timeout=2)
-                assert response.status_code == 200
-                break
-            except httpx.TransportError:
-                assert process.poll() is None and time.monotonic() < deadline
-                time.sleep(0.05)
+        fault = f"http://127.0.0.1:{port}/admin/fault"
+        assert once_up(process, lambda: httpx.post(fault, json={"fault": "die"}, timeout=2)).status_code == 200
         assert process.wait(timeout=10) == 0  # as vLLM's API server does when its EngineCore dies
     finally:
         if process.poll() is None:
