@@ -189,6 +189,8 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
         changes.update(last_progress=now, reads_without_progress=0, stuck_seconds=0.0)
 
     if restarted:
+        # Canary failures were evidence about the old process, not about this one.
+        changes.update(canary_failures=0)
         reason, detail = "restart", f"process restarted (restart #{restarts}); {load}"
         state = "busy" if snap.pending else "idle"
         return _move(previous, now, state, reason, detail, **changes)
