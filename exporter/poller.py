@@ -96,6 +96,9 @@ class Poller:
             record.poll_errors[record.verdict.error_reason] += 1
         record.remember(now)
         self._log_change(record, before)
+        if record.verdict.restarts != before.restarts:
+            # A new process must show it serves before an idle server is ready: canary at once.
+            record.last_canary_sent = None
         if self._canary_due(record, observation, now):
             record.last_canary_sent = now
             record.canary_task = asyncio.create_task(self._canary(record), name=f"canary:{record.name}")
