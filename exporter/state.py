@@ -7,7 +7,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from exporter.settings import ExporterSettings, TargetSettings
-from exporter.verdict import Verdict, initial, is_live, is_ready, is_started
+from exporter.verdict import Verdict, initial, is_live, is_ready, is_started, recently_unhealthy
 
 # Poll-error reasons always exposed (at 0), so `increase()` sees the first error of each kind.
 STANDARD_ERROR_REASONS = ("connect", "timeout", "http_status", "bad_metrics", "too_large")
@@ -21,6 +21,7 @@ class TargetRecord:
     settings: TargetSettings
     verdict: Verdict
     history_seconds: float = 600.0
+    poll_interval: float = 5.0
     draining: bool = False
     poll_duration: float | None = None
     polls: int = 0
@@ -56,7 +57,8 @@ class StateStore:
 
     def __init__(self, settings: ExporterSettings, now: float) -> None:
         self.records: dict[str, TargetRecord] = {
-            target.name: TargetRecord(target, initial(now), history_seconds=settings.history_seconds)
+            target.name: TargetRecord(target, initial(now), history_seconds=settings.history_seconds,
+                                      poll_interval=settings.poll_interval)
             for target in settings.targets
         }
 
@@ -97,6 +99,9 @@ def target_view(record: TargetRecord, now: float) -> dict[str, object]:
         "gpu_fault_detail": record.gpu_fault,
         "restarts": verdict.restarts,
         "last_restart_at": _round(verdict.last_restart_at),
+        "last_unhealthy_at": _round(verdict.last_unhealthy_at),
+        # Unhealthy now or within two polls: what the remediator's fleet gate counts.
+        "recently_unhealthy": recently_unhealthy(verdict, now, 2 * record.poll_interval),
         "running": fresh.running if fresh else None,
         "waiting": fresh.waiting if fresh else None,
         "steps_per_second": _round(verdict.steps_per_second),

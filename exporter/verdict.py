@@ -13,6 +13,8 @@ from exporter.settings import TargetSettings
 
 STATES = ("starting", "idle", "busy", "stuck", "unresponsive", "down")
 NOT_READY_STATES = frozenset({"starting", "down", "stuck", "unresponsive"})
+# The states the remediator's fleet gate counts as unhealthy.
+UNHEALTHY_STATES = frozenset({"stuck", "unresponsive", "down"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,7 @@ class Verdict:
     stuck_seconds: float = 0.0
     restarts: int = 0
     last_restart_at: float | None = None
+    last_unhealthy_at: float | None = None  # last verdict in an UNHEALTHY_STATES state
     canary_failures: int = 0  # consecutive
     last_canary_ok: float | None = None
     steps_per_second: float | None = None
@@ -102,7 +105,22 @@ def went_backwards(before: Snapshot, after: Snapshot) -> str | None:
 
 def _move(previous: Verdict, now: float, state: str, reason: str, detail: str, **changes: object) -> Verdict:
     since = previous.since if state == previous.state else now
-    return replace(previous, state=state, reason=reason, detail=detail, since=since, last_poll=now, **changes)
+    last_unhealthy_at = now if state in UNHEALTHY_STATES else previous.last_unhealthy_at
+    return replace(previous, state=state, reason=reason, detail=detail, since=since, last_poll=now,
+                   last_unhealthy_at=last_unhealthy_at, **changes)
+
+
+def recently_unhealthy(verdict: Verdict, now: float, window: float) -> bool:
+    """Unhealthy now, or seen unhealthy within `window` seconds.
+
+    When a fleet-wide fault clears, each target's poll sees the recovery at its own moment; for
+    up to a poll interval one target can still read stuck while the others read healthy. The
+    remediator's fleet gate counts targets that were unhealthy that recently, so a straggler of a
+    fleet-wide fault is not restarted as if it had failed alone.
+    """
+    if verdict.state in UNHEALTHY_STATES:
+        return True
+    return verdict.last_unhealthy_at is not None and now - verdict.last_unhealthy_at <= window
 
 
 def judge(previous: Verdict | None, observation: Observation, now: float, target: TargetSettings) -> Verdict:
@@ -189,8 +207,9 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
         changes.update(last_progress=now, reads_without_progress=0, stuck_seconds=0.0)
 
     if restarted:
-        # Canary failures were evidence about the old process, not about this one.
-        changes.update(canary_failures=0)
+        # Canary failures and served evidence were about the old process, not this one: an idle
+        # restarted server is ready once its own canary answers (the poller sends one at once).
+        changes.update(canary_failures=0, last_served=None)
         reason, detail = "restart", f"process restarted (restart #{restarts}); {load}"
         state = "busy" if snap.pending else "idle"
         return _move(previous, now, state, reason, detail, **changes)
@@ -226,7 +245,7 @@ def record_canary(previous: Verdict, outcome: CanaryOutcome, now: float, target:
     failures = previous.canary_failures + 1
     verdict = replace(previous, canary_failures=failures)
     if failures >= target.canary.failures_before_unresponsive and previous.state == "idle":
-        return replace(verdict, state="unresponsive", reason="canary_failed", since=now,
+        return replace(verdict, state="unresponsive", reason="canary_failed", since=now, last_unhealthy_at=now,
                        detail=f"idle-looking, but {failures} canaries in a row failed (last: {outcome.result} {outcome.detail})".strip())
     return verdict
 

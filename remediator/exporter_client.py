@@ -35,6 +35,7 @@ class _Target(BaseModel):
     process_start_time: float | None = None
     last_restart_at: float | None = None  # the exporter's last detected restart (counter reset)
     gpu_fault: bool = False
+    recently_unhealthy: bool = False
 
 
 class _Targets(BaseModel):
@@ -94,6 +95,7 @@ class ExporterClient:
                     process_start_time=t.process_start_time,
                     last_restart_time=t.last_restart_at,
                     gpu_fault=t.gpu_fault,
+                    recently_unhealthy=t.recently_unhealthy,
                 )
                 for t in parsed.targets
             }

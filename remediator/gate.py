@@ -73,6 +73,9 @@ class TargetStatus:
     process_start_time: float | None = None
     last_restart_time: float | None = None
     gpu_fault: bool = False
+    # Unhealthy now or within the exporter's last two polls: a straggler of a fleet-wide fault
+    # that is clearing still counts against the fleet gate. False from an exporter without it.
+    recently_unhealthy: bool = False
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,8 @@ def decide(
 
     # 9. The fleet gate: a mass failure points elsewhere (network, storage, the exporter).
     unhealthy = sum(
-        1 for name in policy.targets if (s := fleet.targets.get(name)) is not None and s.state in UNHEALTHY_STATES
+        1 for name in policy.targets
+        if (s := fleet.targets.get(name)) is not None and (s.state in UNHEALTHY_STATES or s.recently_unhealthy)
     )
     if unhealthy > policy.max_unhealthy:
         return Decision(

@@ -49,7 +49,8 @@ CONTRACT = {
 }
 TARGET_KEYS = {"name", "engine", "role", "url", "state", "reason", "detail", "since", "stuck_seconds",
                "process_start_time", "last_poll", "up", "ready", "live", "draining", "gpu_fault", "restarts",
-               "running", "waiting", "steps_per_second", "generation_tokens_per_second", "counters"}
+               "running", "waiting", "steps_per_second", "generation_tokens_per_second", "counters",
+               "last_unhealthy_at", "recently_unhealthy"}
 
 
 async def test_metrics_follow_the_design_contract(aiohttp_server, aiohttp_client) -> None:

@@ -17,6 +17,7 @@ from exporter.verdict import (
     is_ready,
     is_started,
     judge,
+    recently_unhealthy,
     record_canary,
 )
 
@@ -214,6 +215,33 @@ def test_idle_server_is_ready_only_with_fresh_evidence() -> None:
     assert is_ready(served, settings, START + 1, draining=False)
     assert is_ready(served, settings, START + 90, draining=False)
     assert not is_ready(served, settings, START + 92, draining=False)  # fresh_for = 3 x interval
+
+
+def test_a_restarted_idle_server_is_ready_only_once_its_own_canary_answers() -> None:
+    settings = target(canary={"interval": 30})
+    rows = [(0, snap()), (1, CanaryOutcome("ok")), (5, PollError("connect", "refused")),
+            (10, snap(pst=PST + 9))]
+    restarted = run(rows, settings)[-1]
+    assert (restarted.state, restarted.reason, restarted.restarts) == ("idle", "restart", 1)
+    assert not is_ready(restarted, settings, START + 10, draining=False)  # the old process's canary
+    served = record_canary(restarted, CanaryOutcome("ok"), START + 11, settings)
+    assert is_ready(served, settings, START + 11, draining=False)
+
+
+def test_recently_unhealthy_remembers_an_unhealthy_read_for_the_window() -> None:
+    settings = target(stuck_after=10)
+    rows = [(0, snap(running=1)), (5, snap(running=1)), (10, snap(running=1)), (11, snap(running=1, steps=1))]
+    verdicts = run(rows, settings)
+    stuck, recovered = verdicts[-2], verdicts[-1]
+    assert (stuck.state, recovered.state) == ("stuck", "busy")
+    assert recovered.last_unhealthy_at == START + 10
+    assert recently_unhealthy(stuck, START + 500, window=2)  # unhealthy now, whatever the window
+    assert recently_unhealthy(recovered, START + 12, window=2)
+    assert not recently_unhealthy(recovered, START + 12.5, window=2)
+    never = run([(0, snap()), (5, snap(running=1, steps=1))], settings)[-1]
+    assert never.last_unhealthy_at is None and not recently_unhealthy(never, START + 5, window=2)
+    failed = run([(0, snap())] + [(i, CanaryOutcome("timeout")) for i in (1, 2, 3)], settings)[-1]
+    assert failed.state == "unresponsive" and failed.last_unhealthy_at == START + 3
 
 
 def test_liveness_fails_only_when_stuck_past_the_budget() -> None:

@@ -65,6 +65,10 @@ CASES = [
      last_restart_started=T0 - 1000), POLICY, T0, "circuit_open"),
     ("fleet gate", ALERT, fleet(b=TargetStatus("stuck", OLD), c=TargetStatus("down", None)), JOURNAL, POLICY, T0,
      "fleet_gate"),
+    # A fleet-wide hang clearing: b and c read healthy again, but the exporter saw them unhealthy
+    # within its last two polls; a (still stuck, one poll behind) is no lone failure.
+    ("fleet gate, fault clearing", ALERT, fleet(b=TargetStatus("busy", OLD, recently_unhealthy=True),
+     c=TargetStatus("idle", OLD, recently_unhealthy=True)), JOURNAL, POLICY, T0, "fleet_gate"),
     ("dry run", ALERT, FLEET, JOURNAL, replace(POLICY, dry_run=True), T0, "dry_run"),
     ("allowed", ALERT, FLEET, JOURNAL, POLICY, T0, "allowed"),
     ("unresponsive allowed", ALERT, fleet(a=TargetStatus("unresponsive", OLD)), JOURNAL, POLICY, T0, "allowed"),

@@ -461,3 +461,13 @@ async def test_journal_prunes_old_refusals_at_start_and_keeps_restarts(tmp_path)
     assert journal.state.open_circuits == {"a"} and alert.key in journal.state.decided_keys
     assert journal.state.last_restart_started == 2000
     await journal.close()
+
+
+async def test_a_straggler_of_a_clearing_fleet_wide_fault_is_not_restarted(remediator, restarter, exporter):
+    """b and c read healthy again but were unhealthy within the exporter's last two polls."""
+    for name in "bc":
+        exporter.targets[name].update(state="busy", recently_unhealthy=True)
+    client = await remediator()
+    status, body = await post(client, alert_payload("a"))
+    assert status == 200 and body["decisions"][0]["reason"] == "fleet_gate"
+    assert restarter.calls == 0
