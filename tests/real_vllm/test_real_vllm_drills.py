@@ -36,9 +36,12 @@ from .vllm_server import MAX_MODEL_LEN, SERVED_MODEL, VllmServer
 
 SATURATION_REQUESTS = 8  # with --max-num-seqs 2: 2 running, up to 6 waiting, ~15-20 s of load
 SATURATION_TOKENS = 1000
-# The hang and kill drills aim at an engine with work in flight: twice the saturation load (~30 s)
-# leaves margin for a box so loaded that one read of /metrics stalls for seconds.
-FAULT_LOAD_REQUESTS = 16
+# The hang and kill drills aim at an engine with work in flight, seen running by a direct read of
+# /metrics before the fault; on a loaded box one such read has stalled for 20 s or more. The hang
+# drill waits for its whole load after SIGCONT, so it gets three times the saturation load (~45 s);
+# the kill drill ends its load at the kill, so a long one (~90 s) costs nothing and gives margin.
+HANG_LOAD_REQUESTS = 24
+KILL_LOAD_REQUESTS = 48
 IDLE_WINDOW_S = 15.0
 # Scheduling slack for the exporter's own poll jitter on a loaded box, on top of stuck_after + 2 polls.
 DETECTION_SLACK_S = 1.0
@@ -169,7 +172,7 @@ def test_hang_sigstop_enginecore_is_stuck_then_live_fails_then_recovers(
     restarts_before = watcher.latest().restarts
     restarts_total_before = restarts_total(exporter)
     t0 = time.time()
-    load = start_load(vllm.url, long_generations(FAULT_LOAD_REQUESTS, SATURATION_TOKENS), FAULT_LOAD_REQUESTS)
+    load = start_load(vllm.url, long_generations(HANG_LOAD_REQUESTS, SATURATION_TOKENS), HANG_LOAD_REQUESTS)
     wait_engine_busy(vllm.url, load)
     core = vllm.find("VLLM::EngineCore")
     assert not load.done(), "the load ended before the SIGSTOP"
@@ -231,7 +234,7 @@ def test_hang_sigstop_enginecore_is_stuck_then_live_fails_then_recovers(
 def test_kill_enginecore_is_down_with_a_reason(vllm: VllmServer, watcher: Watcher, drill: Drill):
     wait_idle(watcher)
     t0 = time.time()
-    load = start_load(vllm.url, long_generations(FAULT_LOAD_REQUESTS, SATURATION_TOKENS), FAULT_LOAD_REQUESTS)
+    load = start_load(vllm.url, long_generations(KILL_LOAD_REQUESTS, SATURATION_TOKENS), KILL_LOAD_REQUESTS)
     wait_engine_busy(vllm.url, load)
     core = vllm.find("VLLM::EngineCore")
     assert not load.done(), "the load ended before the SIGKILL"
