@@ -37,10 +37,10 @@ from .vllm_server import MAX_MODEL_LEN, SERVED_MODEL, VllmServer
 SATURATION_REQUESTS = 8  # with --max-num-seqs 2: 2 running, up to 6 waiting, ~15-20 s of load
 SATURATION_TOKENS = 1000
 # The hang and kill drills aim at an engine with work in flight, seen running by a direct read of
-# /metrics before the fault; on a loaded box one such read has stalled for 20 s or more. The hang
-# drill waits for its whole load after SIGCONT, so it gets three times the saturation load (~45 s);
-# the kill drill ends its load at the kill, so a long one (~90 s) costs nothing and gives margin.
-HANG_LOAD_REQUESTS = 24
+# /metrics before the fault; on a loaded box seeing it has taken up to 30 s. The hang drill waits
+# for its whole load after SIGCONT, so it gets four times the saturation load (~60 s); the kill
+# drill ends its load at the kill, so a long one (~90 s) costs nothing and gives margin.
+HANG_LOAD_REQUESTS = 32
 KILL_LOAD_REQUESTS = 48
 IDLE_WINDOW_S = 15.0
 # Scheduling slack for the exporter's own poll jitter on a loaded box, on top of stuck_after + 2 polls.
