@@ -50,7 +50,11 @@ class Load:
 def start_load(base_url: str, bodies: list[dict], concurrency: int) -> Load:
     """Send the completion bodies with `concurrency` requests in flight; returns at once."""
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="vllm-load")
-    client = httpx.Client(timeout=REQUEST_TIMEOUT_S, limits=httpx.Limits(max_connections=concurrency))
+    # No keep-alive: with more requests than `concurrency` a pooled connection is reused, and vLLM's
+    # server closes idle ones after 5 s; a request sent on one just closed fails with no status.
+    client = httpx.Client(
+        timeout=REQUEST_TIMEOUT_S, limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=0)
+    )
     remaining = threading.Semaphore(0)
 
     def one(body: dict) -> Outcome:

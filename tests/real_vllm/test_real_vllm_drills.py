@@ -37,9 +37,11 @@ from .vllm_server import MAX_MODEL_LEN, SERVED_MODEL, VllmServer
 SATURATION_REQUESTS = 8  # with --max-num-seqs 2: 2 running, up to 6 waiting, ~15-20 s of load
 SATURATION_TOKENS = 1000
 # The hang and kill drills aim at an engine with work in flight, seen running by a direct read of
-# /metrics before the fault; on a loaded box seeing it has taken up to 30 s. The hang drill waits
-# for its whole load after SIGCONT, so it gets four times the saturation load (~60 s); the kill
-# drill ends its load at the kill, so a long one (~90 s) costs nothing and gives margin.
+# /metrics before the fault. They keep the saturation drill's 8 requests in flight (2 running, 6
+# waiting) but send more in all: 16-48 requests arriving at once starved vLLM's API server on two
+# cores, so that its /metrics took 10-40 s to answer. The hang drill waits for its whole load
+# after SIGCONT (~60 s); the kill drill ends its load at the kill, so a long one costs nothing.
+FAULT_LOAD_CONCURRENCY = SATURATION_REQUESTS
 HANG_LOAD_REQUESTS = 32
 KILL_LOAD_REQUESTS = 48
 IDLE_WINDOW_S = 15.0
@@ -118,7 +120,7 @@ def test_saturation_stays_busy_and_gets_zero_canaries(vllm: VllmServer, watcher:
     drill.canaries = {"sent": sum(canary_delta(window[0], during[-1]).values()), "by_result": canary_delta(before, after)}
     drill.facts = {
         "load_seconds": round(t_end - t0, 1),
-        "statuses": sorted({o.status for o in outcomes}),
+        "statuses": sorted({o.status for o in outcomes}, key=str),  # None: no answer at all
         "max_waiting_seen": max((s.waiting or 0) for s in window),
         "request_success_delta": success_after - success_before,
         "canaries_around_load": sum(canary_delta(before, after).values()),
@@ -172,7 +174,7 @@ def test_hang_sigstop_enginecore_is_stuck_then_live_fails_then_recovers(
     restarts_before = watcher.latest().restarts
     restarts_total_before = restarts_total(exporter)
     t0 = time.time()
-    load = start_load(vllm.url, long_generations(HANG_LOAD_REQUESTS, SATURATION_TOKENS), HANG_LOAD_REQUESTS)
+    load = start_load(vllm.url, long_generations(HANG_LOAD_REQUESTS, SATURATION_TOKENS), FAULT_LOAD_CONCURRENCY)
     wait_engine_busy(vllm.url, load)
     core = vllm.find("VLLM::EngineCore")
     assert not load.done(), "the load ended before the SIGSTOP"
@@ -213,7 +215,7 @@ def test_hang_sigstop_enginecore_is_stuck_then_live_fails_then_recovers(
         "recovered_state": recovered.state,
         "restarts_delta": (after.restarts or 0) - (restarts_before or 0),
         "restarts_total_delta": restarts_total(exporter) - restarts_total_before,
-        "statuses": sorted({o.status for o in outcomes}),
+        "statuses": sorted({o.status for o in outcomes}, key=str),  # None: no answer at all
     }
     assert drill.detection["seconds"] <= STUCK_AFTER_S + 2 * POLL_INTERVAL_S + DETECTION_SLACK_S, drill.facts
     # Liveness fails only once stuck for longer than its budget (counted from the last progress,
@@ -234,7 +236,7 @@ def test_hang_sigstop_enginecore_is_stuck_then_live_fails_then_recovers(
 def test_kill_enginecore_is_down_with_a_reason(vllm: VllmServer, watcher: Watcher, drill: Drill):
     wait_idle(watcher)
     t0 = time.time()
-    load = start_load(vllm.url, long_generations(KILL_LOAD_REQUESTS, SATURATION_TOKENS), KILL_LOAD_REQUESTS)
+    load = start_load(vllm.url, long_generations(KILL_LOAD_REQUESTS, SATURATION_TOKENS), FAULT_LOAD_CONCURRENCY)
     wait_engine_busy(vllm.url, load)
     core = vllm.find("VLLM::EngineCore")
     assert not load.done(), "the load ended before the SIGKILL"
