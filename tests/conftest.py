@@ -7,12 +7,15 @@ is missing it skips with one loud line saying how to get it; under LLM_VITALS_RE
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
-import socket
+import sys
 from pathlib import Path
 
 import pytest
+
+from demo.ports import free_port  # noqa: F401 -- the tests' one free-port helper, shared with the demo
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -33,6 +36,22 @@ def real_stack_required() -> bool:
     return os.environ.get("LLM_VITALS_REQUIRE_REAL_STACK") == "1"
 
 
+def load_script(path: Path):
+    """Import a script that is not in a package (dashboards/, bench/, deploy/) as a module.
+
+    Registered in sys.modules under a name from its path, because dataclasses and NamedTuple
+    look their defining module up while the script runs.
+    """
+    name = "script_" + "_".join(path.relative_to(REPO).with_suffix("").parts)
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def require_binary(name: str) -> str:
     """Path of a real binary, or a loud skip (a failure when the real stack is required)."""
     path = shutil.which(name)
@@ -44,12 +63,6 @@ def require_binary(name: str) -> str:
     print(message)
     pytest.skip(message)
 
-
-def free_port() -> int:
-    """A loopback port free right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def read_fixture(name: str) -> str:

@@ -6,27 +6,17 @@ here everything is offline, with promtool's parser as the judge of PromQL syntax
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
-import sys
 
 import pytest
 import yaml
 
-from conftest import REPO, require_binary
+from conftest import REPO, load_script, require_binary
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"dashboards_{name}", REPO / "dashboards" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # NamedTuple/dataclass machinery looks the module up
-    spec.loader.exec_module(module)
-    return module
-
-
-generate = _load("generate")
-queries = _load("queries")
+generate = load_script(REPO / "dashboards" / "generate.py")
+queries = load_script(REPO / "dashboards" / "queries.py")
 
 BOARD = json.loads((REPO / "dashboards" / "llm-vitals.json").read_text())
 

@@ -8,16 +8,14 @@ check instead, and the PrometheusRule must be exactly the wrapped `alerts/llm-vi
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import sys
-from pathlib import Path
 
 import aiohttp
 import kubernetes_validate
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, load_script
 
 from exporter.app import create_app
 from exporter.settings import ExporterSettings, parse_settings
@@ -47,13 +45,6 @@ def _one(kind: str, name: str) -> dict:
     found = [d for _, d in MANIFESTS if d["kind"] == kind and d["metadata"]["name"] == name]
     assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
     return found[0]
-
-
-def _load_script(path: Path):
-    spec = importlib.util.spec_from_file_location("make_prometheusrule", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---- every manifest -------------------------------------------------------------------------
@@ -115,7 +106,7 @@ def test_crds_have_the_expected_structure():
 
 
 def test_prometheusrule_is_in_sync_with_the_rules_file():
-    script = _load_script(K8S / "make_prometheusrule.py")
+    script = load_script(K8S / "make_prometheusrule.py")
     committed = (K8S / "prometheusrule.yaml").read_text()
     assert committed == script.render(), "run: python deploy/kubernetes/make_prometheusrule.py"
     rules = yaml.safe_load((REPO / "alerts" / "llm-vitals.rules.yml").read_text())
@@ -124,7 +115,7 @@ def test_prometheusrule_is_in_sync_with_the_rules_file():
 
 
 def test_make_prometheusrule_rejects_a_file_without_groups(tmp_path):
-    script = _load_script(K8S / "make_prometheusrule.py")
+    script = load_script(K8S / "make_prometheusrule.py")
     bad = tmp_path / "rules.yml"
     bad.write_text("rules: []\n")
     with pytest.raises(ValueError, match="groups"):

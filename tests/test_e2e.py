@@ -18,14 +18,12 @@ a backend still loading after a restart counts as `down` for the fleet gate.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 import time
 from collections import Counter
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, load_script
 from e2e_chain import Chain, running_chain
 from stack import StackError, pid_alive
 
@@ -42,14 +40,6 @@ GATE_REASONS = {
 }  # fmt: skip
 
 
-def _load_dashboard_queries():
-    spec = importlib.util.spec_from_file_location("dashboards_queries_e2e", REPO / "dashboards" / "queries.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # NamedTuple looks its module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def restarts_of(actions: list[dict], name: str | None = None) -> list[dict]:
     return [a for a in actions if a["decision"] == "restart" and (name is None or a["target"] == name)]
 
@@ -59,7 +49,7 @@ def decided_after(actions: list[dict], since: float) -> list[dict]:
 
 
 async def test_saturation_hang_cooldown_and_fleet_gate_through_the_real_stack(tmp_path):
-    queries = _load_dashboard_queries()
+    queries = load_script(REPO / "dashboards" / "queries.py")
     timings: dict[str, float] = {}
     begun = time.monotonic()
     async with running_chain(tmp_path / "chain", NAMES) as chain:

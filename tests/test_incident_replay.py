@@ -6,23 +6,13 @@ and the remediator's gate in about a second, with no sleeping, and is determinis
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, load_script
 
 
-def _load_replay():
-    spec = importlib.util.spec_from_file_location("incident_replay", REPO / "bench" / "incident_replay.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-replay_module = _load_replay()
+replay_module = load_script(REPO / "bench" / "incident_replay.py")
 # 6 hours, seed 5: three batch episodes, long enough for the chat watchdog to give up on a busy server.
 SHORT = replay_module.ReplayConfig(hours=6, seed=5)
 
