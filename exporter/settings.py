@@ -5,36 +5,24 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Mapping
 
-import yaml
-from pydantic import (
-    AnyHttpUrl,
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    SecretStr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import AnyHttpUrl, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
+# ConfigError is re-exported: the CLI and callers catch it as exporter.settings.ConfigError.
+from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_env_or_file, validate_document
 from llm_vitals.durations import Duration
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
-class ConfigError(Exception):
-    """A config file that cannot be used; the message names the file and the offending key."""
+class _FrozenStrict(StrictModel):
+    # Frozen: one settings object is shared by the poller, collector and routes, and none may change it.
+    model_config = ConfigDict(frozen=True)
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class CanarySettings(_Strict):
+class CanarySettings(_FrozenStrict):
     """The idle canary: one tiny completion, only ever sent to a server with nothing running or waiting."""
 
     enabled: bool = True
@@ -52,7 +40,7 @@ class CanarySettings(_Strict):
         return self.fresh_for if self.fresh_for is not None else 3 * self.interval
 
 
-class TargetSettings(_Strict):
+class TargetSettings(_FrozenStrict):
     """One LLM server (or proxy) to watch."""
 
     name: str
@@ -115,15 +103,12 @@ class TargetSettings(_Strict):
     def api_key(self) -> SecretStr | None:
         return self._api_key
 
-    def resolve_secrets(self, environ: dict[str, str] | None = None) -> None:
-        """Read the API key from its env var or file; a missing or empty source is a config error."""
-        try:
-            self._api_key = _read_secret("api_key", self.api_key_env, self.api_key_file, environ)
-        except ConfigError as exc:
-            raise ConfigError(f"target {self.name!r}: {exc}") from None
+    def resolve_secrets(self, environ: Mapping[str, str], key_path: str) -> None:
+        """Read the API key from its env var or file; a missing or blank one is a ConfigError naming `key_path`."""
+        self._api_key = secret_from_env_or_file(f"{key_path}.api_key", self.api_key_env, self.api_key_file, environ)
 
 
-class ExporterSettings(_Strict):
+class ExporterSettings(_FrozenStrict):
     """The whole exporter config file."""
 
     listen: str = "127.0.0.1:9471"
@@ -190,73 +175,23 @@ class ExporterSettings(_Strict):
                 return target
         return None
 
-    def resolve_secrets(self, environ: dict[str, str] | None = None) -> ExporterSettings:
+    def resolve_secrets(self, environ: Mapping[str, str]) -> ExporterSettings:
         """Resolve every secret source now, so a missing key fails at start, not at the first canary."""
-        for target in self.targets:
-            target.resolve_secrets(environ)
-        self._drain_token = _read_secret("drain_token", self.drain_token_env, self.drain_token_file, environ)
+        for index, target in enumerate(self.targets):
+            target.resolve_secrets(environ, f"targets[{index}]")
+        self._drain_token = secret_from_env_or_file("drain_token", self.drain_token_env, self.drain_token_file, environ)
         return self
 
 
-def _read_secret(key: str, env_name: str | None, file: Path | None, environ: dict[str, str] | None) -> SecretStr | None:
-    """The secret from `<key>_env` or `<key>_file`, None when neither is set; ConfigError when missing or blank."""
-    # Blank is refused, not read as "no secret": an empty drain token would let a bare `Bearer ` through.
-    if env_name:
-        value = (os.environ if environ is None else environ).get(env_name)
-        if not value:
-            raise ConfigError(f"environment variable {env_name} ({key}_env) is not set")
-        where = f"environment variable {env_name} ({key}_env)"
-    elif file:
-        try:
-            value = file.read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read {key}_file {str(file)!r}: {exc.strerror}") from None
-        where = f"{key}_file {str(file)!r}"
-    else:
-        return None
-    if not value.strip():
-        raise ConfigError(f"{where} is empty")
-    return SecretStr(value.strip())
-
-
-def _describe(error: ValidationError) -> str:
-    lines = []
-    for item in error.errors():
-        where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in item["loc"]).lstrip(".")
-        where = where or "config"
-        if item["type"] == "extra_forbidden":
-            lines.append(f"{where}: unknown key")
-        else:
-            message = item["msg"].removeprefix("Value error, ")
-            lines.append(f"{where}: {message}")
-    return "; ".join(lines)
-
-
-def parse_settings(data: object, source: str = "config", environ: dict[str, str] | None = None) -> ExporterSettings:
+def parse_settings(data: object, source: str = "config", environ: Mapping[str, str] | None = None) -> ExporterSettings:
     """Validate an already-loaded YAML document; errors name the source and each offending key."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping at the top level")
+    settings = validate_document(ExporterSettings, data, source)
     try:
-        settings = ExporterSettings.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"{source}: {_describe(exc)}") from None
-    try:
-        return settings.resolve_secrets(environ)
+        return settings.resolve_secrets(os.environ if environ is None else environ)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
 
 
-def load_settings(path: str | Path, environ: dict[str, str] | None = None) -> ExporterSettings:
+def load_settings(path: str | Path, environ: Mapping[str, str] | None = None) -> ExporterSettings:
     """Read and validate the YAML config file at `path`."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
-    return parse_settings(data, str(path), environ)
+    return parse_settings(read_yaml(path), str(path), environ)

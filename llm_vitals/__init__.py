@@ -1,1 +1,1 @@
-"""Shared pieces of llm-vitals: duration parsing and logging, used by the exporter, remediator and simulator."""
+"""Shared pieces of llm-vitals (config loading, durations, logging) for the exporter, remediator and simulator."""

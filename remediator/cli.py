@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
-        print(f"llm-vitals-remediator: config error in {args.config}:\n{exc}", file=sys.stderr)
+        # No file name here: every ConfigError message starts with it.
+        print(f"llm-vitals-remediator: invalid config: {exc}", file=sys.stderr)
         return 2
     if args.check_config:
         print(f"{args.config}: ok ({len(settings.targets)} targets, auth: "

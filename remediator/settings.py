@@ -12,34 +12,18 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal, Mapping
 
-import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    SecretStr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 
+# ConfigError is re-exported: the CLI and callers catch it as remediator.settings.ConfigError.
+from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_env_or_file, validate_document
 from llm_vitals.durations import Duration
-
-
-class ConfigError(Exception):
-    """A config problem, worded for the user; never contains a secret's value."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 # ---------------------------------------------------------------------------------------------
 # Auth
 
 
-class BasicAuth(_Strict):
+class BasicAuth(StrictModel):
     username: str = Field(min_length=1)
     password_env: str | None = None
     password_file: Path | None = None
@@ -51,7 +35,7 @@ class BasicAuth(_Strict):
         return self
 
 
-class AuthSettings(_Strict):
+class AuthSettings(StrictModel):
     """How the webhook and the circuit reset authenticate callers. Exactly one method, or `none: true`."""
 
     bearer_token_env: str | None = None
@@ -86,18 +70,15 @@ class AuthSettings(_Strict):
         return self
 
     def resolve(self, environ: Mapping[str, str]) -> None:
-        """Read the secret from the environment or a file. Raises ConfigError naming the source."""
-        if self.bearer_token_env is not None:
-            self._bearer = SecretStr(_from_env("auth.bearer_token_env", self.bearer_token_env, environ))
-        elif self.bearer_token_file is not None:
-            self._bearer = SecretStr(_from_file("auth.bearer_token_file", self.bearer_token_file))
-        elif self.basic_auth is not None:
+        """Read the secret from the environment or a file. Raises ConfigError naming the config key."""
+        self._bearer = secret_from_env_or_file(
+            "auth.bearer_token", self.bearer_token_env, self.bearer_token_file, environ
+        )
+        if self.basic_auth is not None:
             basic = self.basic_auth
-            if basic.password_env is not None:
-                self._password = SecretStr(_from_env("auth.basic_auth.password_env", basic.password_env, environ))
-            else:
-                assert basic.password_file is not None
-                self._password = SecretStr(_from_file("auth.basic_auth.password_file", basic.password_file))
+            self._password = secret_from_env_or_file(
+                "auth.basic_auth.password", basic.password_env, basic.password_file, environ
+            )
 
     @property
     def bearer_token(self) -> SecretStr | None:
@@ -108,36 +89,18 @@ class AuthSettings(_Strict):
         return self._password
 
 
-def _from_env(where: str, name: str, environ: Mapping[str, str]) -> str:
-    value = environ.get(name, "")
-    if not value.strip():
-        raise ConfigError(f"{where}: environment variable {name} is not set or empty")
-    return value.strip()
-
-
-def _from_file(where: str, path: Path) -> str:
-    try:
-        value = path.read_text()
-    except OSError as exc:
-        # exc.strerror only: the message must not quote file contents.
-        raise ConfigError(f"{where}: cannot read {path}: {exc.strerror}") from None
-    if not value.strip():
-        raise ConfigError(f"{where}: {path} is empty")
-    return value.strip()
-
-
 # ---------------------------------------------------------------------------------------------
 # Executors: one config model per restart method, discriminated by `executor`.
 
 
-class CommandTarget(_Strict):
+class CommandTarget(StrictModel):
     executor: Literal["command"]
     argv: list[str] = Field(min_length=1)
     timeout: Duration = 120.0
     output_limit: int = Field(default=4096, ge=0, description="bytes of output kept in the journal")
 
 
-class HttpTarget(_Strict):
+class HttpTarget(StrictModel):
     executor: Literal["http"]
     url: str
     timeout: Duration = 30.0
@@ -154,7 +117,7 @@ class HttpTarget(_Strict):
 _CONTAINER_NAME = re.compile(r"^/?[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
 
 
-class DockerTarget(_Strict):
+class DockerTarget(StrictModel):
     executor: Literal["docker"]
     container: str
     socket_path: Path = Path("/var/run/docker.sock")
@@ -192,7 +155,7 @@ def _in_cluster_api_url() -> str:
     return "https://kubernetes.default.svc"
 
 
-class KubernetesTarget(_Strict):
+class KubernetesTarget(StrictModel):
     executor: Literal["kubernetes"]
     namespace: str
     pod_selector: str = Field(min_length=1)
@@ -228,7 +191,7 @@ TargetConfig = Annotated[
 # ---------------------------------------------------------------------------------------------
 
 
-class Budget(_Strict):
+class Budget(StrictModel):
     max_restarts: int = Field(default=3, ge=1)
     window: Duration = 3600.0
 
@@ -236,7 +199,7 @@ class Budget(_Strict):
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
 
-class Settings(_Strict):
+class Settings(StrictModel):
     listen: str = "127.0.0.1:9472"
     exporter_url: str = "http://127.0.0.1:9471"
     exporter_timeout: Duration = 5.0
@@ -318,36 +281,16 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return match.group(1) or "0.0.0.0", int(match.group(2))
 
 
-def format_validation_error(exc: ValidationError) -> str:
-    """One line per problem, `field.path: message`. Input values are left out: they may be secrets."""
-    lines = []
-    for error in exc.errors(include_input=False, include_url=False):
-        loc = ".".join(str(part) for part in error["loc"] if not str(part).startswith("function-"))
-        msg = error["msg"].removeprefix("Value error, ")
-        lines.append(f"{loc}: {msg}" if loc else msg)
-    return "\n".join(lines)
-
-
-def build_settings(data: object, environ: Mapping[str, str] | None = None) -> Settings:
-    """Validate a parsed config and resolve its secrets. Raises ConfigError."""
-    if not isinstance(data, dict):
-        raise ConfigError("the config must be a YAML mapping")
+def build_settings(data: object, environ: Mapping[str, str] | None = None, source: str = "config") -> Settings:
+    """Validate a parsed config and resolve its secrets. Raises ConfigError naming `source`."""
+    settings = validate_document(Settings, data, source)
     try:
-        settings = Settings.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc)) from None
-    settings.auth.resolve(os.environ if environ is None else environ)
+        settings.auth.resolve(os.environ if environ is None else environ)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     return settings
 
 
 def load_settings(path: str | Path, environ: Mapping[str, str] | None = None) -> Settings:
     """Read, validate and resolve a YAML config file. Raises ConfigError."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return build_settings(data, environ)
+    return build_settings(read_yaml(path), environ, str(path))

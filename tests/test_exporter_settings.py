@@ -17,10 +17,10 @@ INVALID = {
     "invalid-exporter-unknown-key.yaml": "poll_intervall: unknown key",
     "invalid-exporter-target-typo.yaml": "targets[0].stuck_afte: unknown key",
     "invalid-exporter-bad-duration.yaml": "poll_interval: not a duration: 'five seconds' (use e.g. 30s, 5m, 1h or plain seconds)",
-    "invalid-exporter-duplicate-name.yaml": "config: duplicate target name 'gpu-a'",
+    "invalid-exporter-duplicate-name.yaml": "duplicate target name 'gpu-a'",
     "invalid-exporter-bad-engine.yaml": "targets[0].engine: Input should be 'vllm' or 'openai'",
     "invalid-exporter-no-targets.yaml": "targets: List should have at least 1 item after validation, not 0",
-    "invalid-exporter-missing-key-env.yaml": "target 'gpu-a': environment variable LLM_VITALS_TEST_KEY_THAT_IS_NOT_SET (api_key_env) is not set",
+    "invalid-exporter-missing-key-env.yaml": "targets[0].api_key_env: environment variable LLM_VITALS_TEST_KEY_THAT_IS_NOT_SET is not set",
     "invalid-exporter-bad-listen.yaml": "listen: listen must be HOST:PORT, got '9471'",
     "invalid-exporter-not-yaml.yaml": "not valid YAML at line 2, column 1: expected ',' or ']', but got '<stream end>'",
 }
@@ -85,9 +85,10 @@ def test_a_blank_secret_is_a_config_error_not_an_empty_token(tmp_path: Path) -> 
     blank.write_text("\n")
     target = {"name": "a", "url": "http://127.0.0.1:1"}
     cases = [
-        ({"drain_token_file": str(blank)}, {}, f"drain_token_file {str(blank)!r} is empty"),
-        ({"drain_token_env": "T"}, {"T": "  "}, "environment variable T (drain_token_env) is empty"),
-        ({"targets": [{**target, "api_key_file": str(blank)}]}, {}, f"target 'a': api_key_file {str(blank)!r} is empty"),
+        ({"drain_token_file": str(blank)}, {}, f"drain_token_file: {blank} is empty"),
+        ({"drain_token_env": "T"}, {"T": "  "}, "drain_token_env: environment variable T is empty"),
+        ({"targets": [target, {**target, "name": "b", "api_key_file": str(blank)}]}, {},
+         f"targets[1].api_key_file: {blank} is empty"),
     ]
     for extra, environ, message in cases:
         with pytest.raises(ConfigError) as caught:

@@ -1,0 +1,122 @@
+"""Config-file plumbing shared by the exporter and the remediator, so both word a problem the same way.
+
+Every message names the file and the key path (`targets[0].url`, `auth.bearer_token_env`). None
+quotes an input value or a secret's contents: config errors end up in logs, CI output and bug reports.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; the message names the file and the key, never a secret's value."""
+
+
+class StrictModel(BaseModel):
+    """Base of every config model: an unknown key is an error, so a typo is never silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def _read_text(path: Path) -> str:
+    # Raises OSError or UnicodeDecodeError; the callers word both without quoting the contents.
+    return path.read_text(encoding="utf-8")
+
+
+def _unreadable(exc: OSError | UnicodeDecodeError) -> str:
+    # UnicodeDecodeError's own text quotes the offending byte, which may be part of a secret.
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 text"
+    return exc.strerror or type(exc).__name__
+
+
+def read_yaml(path: str | Path) -> object:
+    """The YAML document in the file at `path`; a ConfigError names the file (and the line and column of bad YAML)."""
+    try:
+        text = _read_text(Path(path))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {_unreadable(exc)}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        # The problem and its position only: str(exc) also quotes the offending line of the file.
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    # `function-after[...]` parts name a validator, not a key the user wrote.
+    parts = [part for part in loc if not str(part).startswith("function-")]
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in parts).lstrip(".")
+
+
+def describe_validation_error(exc: ValidationError, source: str) -> str:
+    """One `source: key.path: problem` line per problem, with input values left out: they may be secrets."""
+    lines = []
+    for error in exc.errors(include_input=False, include_url=False):
+        if error["type"] == "extra_forbidden":
+            problem = "unknown key"
+        else:
+            problem = error["msg"].removeprefix("Value error, ")
+        key_path = _key_path(error["loc"])
+        lines.append(f"{source}: {key_path}: {problem}" if key_path else f"{source}: {problem}")
+    return "\n".join(lines)
+
+
+def validate_document(model: type[Model], document: object, source: str) -> Model:
+    """`document` (a parsed YAML file) validated as `model`; ConfigError worded as describe_validation_error."""
+    if not isinstance(document, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    try:
+        return model.model_validate(document)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, source)) from None
+
+
+# Blank secrets are refused, never read as "no secret": an empty bearer token would let a bare
+# `Bearer ` through. Values are stripped, so a trailing newline in a secret file is not part of it.
+
+
+def secret_from_env(key_path: str, name: str, environ: Mapping[str, str]) -> SecretStr:
+    """The stripped value of environment variable `name`; ConfigError naming `key_path` when unset or blank."""
+    if not name.strip():
+        # `api_key_env: ""` must not read as "no secret": for the drain token that would mean no auth.
+        raise ConfigError(f"{key_path}: names no environment variable")
+    value = environ.get(name)
+    if value is None:
+        raise ConfigError(f"{key_path}: environment variable {name} is not set")
+    if not value.strip():
+        raise ConfigError(f"{key_path}: environment variable {name} is empty")
+    return SecretStr(value.strip())
+
+
+def secret_from_file(key_path: str, path: Path) -> SecretStr:
+    """The stripped contents of the file at `path`; ConfigError naming `key_path` when unreadable or blank."""
+    try:
+        value = _read_text(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{key_path}: cannot read {path}: {_unreadable(exc)}") from None
+    if not value.strip():
+        raise ConfigError(f"{key_path}: {path} is empty")
+    return SecretStr(value.strip())
+
+
+def secret_from_env_or_file(
+    key: str, env_name: str | None, file: Path | None, environ: Mapping[str, str]
+) -> SecretStr | None:
+    """The secret that the config keys `<key>_env` or `<key>_file` point at (env first); None when neither is set."""
+    if env_name is not None:
+        return secret_from_env(f"{key}_env", env_name, environ)
+    if file is not None:
+        return secret_from_file(f"{key}_file", file)
+    return None
