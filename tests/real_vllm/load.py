@@ -103,15 +103,29 @@ def long_prompts(count: int, prompt_tokens: int, max_tokens: int, seed: int = 0)
     ]
 
 
-def engine_counter(base_url: str, sample_name: str) -> float:
-    """Sum of one sample of vLLM's own /metrics over all its label sets (e.g. every finished_reason)."""
+def engine_counter(base_url: str, sample_name: str, labels: dict[str, str] | None = None) -> float:
+    """Sum of one sample of vLLM's own /metrics over its label sets (e.g. every finished_reason).
+
+    `labels` keeps only the label sets that carry those values, e.g. one histogram bucket's `le`.
+    """
     page = httpx.get(f"{base_url}/metrics", timeout=METRICS_TIMEOUT_S).text
+    wanted = (labels or {}).items()
     total = 0.0
     for family in text_string_to_metric_families(page):
         for s in family.samples:
-            if s.name == sample_name:
+            if s.name == sample_name and wanted <= s.labels.items():
                 total += s.value
     return total
+
+
+def requests_queued_longer_than(base_url: str, le: str) -> float:
+    """How many requests vLLM has counted, in its lifetime, as waiting longer than `le` seconds.
+
+    From the engine's own `vllm:request_queue_time_seconds` histogram: a fact a drill reads after
+    its load, so it cannot be missed the way a sampled `num_requests_waiting` can on a starved box.
+    """
+    family = "vllm:request_queue_time_seconds"
+    return engine_counter(base_url, f"{family}_count") - engine_counter(base_url, f"{family}_bucket", {"le": le})
 
 
 def wait_engine_busy(base_url: str, load: Load, timeout: float = 60.0) -> float:
