@@ -56,7 +56,8 @@ SUCCESS = "vllm:request_success_total"
 
 
 def wait_idle(watcher: Watcher, timeout: float = 120.0) -> Sample:
-    return watcher.wait_for(lambda s: s.state == "idle", timeout=timeout, what="state idle")
+    """The first idle sample taken from now on (an earlier one says nothing about the engine now)."""
+    return watcher.wait_for(lambda s: s.state == "idle", timeout=timeout, what="state idle", after=time.time())
 
 
 def canary_delta(before: Sample, after: Sample) -> dict[str, float]:
@@ -286,7 +287,7 @@ def test_restart_on_the_same_port_counts_one_restart_then_idle_and_canary_ok(
 ):
     if vllm.returncode is None:  # the kill drill did not take it down: stop it cleanly first
         vllm.stop()
-    before = watcher.wait_for(lambda s: s.state == "down", timeout=60, what="down before the restart")
+    before = watcher.wait_for(lambda s: s.state == "down", timeout=60, what="down before the restart", after=time.time())
     restarts_total_before = restarts_total(exporter)
     t_launch = time.time()
     startup_s = vllm.start()
