@@ -1,0 +1,82 @@
+"""The exporter's own text renderer against prometheus-client's, byte for byte, on a varied store.
+
+`render_families` exists for speed (bench/bench_poll_1000.py); prometheus-client's output for
+`VitalsCollector` (the same FAMILIES table) is the reference it must never drift from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collector import FAMILIES, VitalsCollector, render_families, render_vitals
+from exporter.engines import Snapshot
+from exporter.settings import parse_settings
+from exporter.state import StateStore
+
+NOW = 1_800_000_000.25
+
+
+def varied_store() -> StateStore:
+    """Targets in every shape a scrape meets: unpolled, busy, stuck, down, draining, GPU fault, odd counts."""
+    targets = [{"name": f"t{i}", "url": f"http://10.0.0.{i}:8000/v{i}"} for i in range(6)]
+    targets.append({"name": "proxy", "url": "https://user:pw@lb.example:443/", "role": "proxy", "engine": "openai"})
+    store = StateStore(parse_settings({"targets": targets}, environ={}), NOW - 600)
+    records = list(store)
+    busy = Snapshot(running=3, waiting=12, steps=1e12, generation_tokens=5, process_start_time=NOW - 3600.5)
+    records[1].verdict = replace(records[1].verdict, state="busy", up=True, snapshot=busy, last_poll=NOW - 1,
+                                 steps_per_second=31.5, generation_tokens_per_second=1234.5678, restarts=2,
+                                 last_canary_ok=NOW - 90)
+    records[2].verdict = replace(records[2].verdict, state="stuck", up=True, snapshot=busy, last_poll=NOW - 1,
+                                 last_progress=NOW - 75.125)
+    records[3].verdict = replace(records[3].verdict, state="down", up=False, snapshot=busy, last_poll=NOW - 2,
+                                 error_reason="timeout")
+    records[3].poll_errors.update({"timeout": 7, "connect": 1})
+    records[4].draining = True
+    records[4].gpu_fault = "Xid 79"
+    records[5].poll_errors['we"ird\\reason\n'] = 3  # escaping of label values
+    records[5].canaries.update({"ok": 41, "error": 2, "timeout": 1})
+    records[5].poll_duration = 0.0123
+    return store
+
+
+def reference(store: StateStore) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(VitalsCollector(store, clock=lambda: NOW))
+    return generate_latest(registry)
+
+
+def test_render_matches_prometheus_client_byte_for_byte() -> None:
+    store = varied_store()
+    assert render_vitals(store, NOW).encode() == reference(store)
+
+
+def test_render_matches_on_an_empty_looking_fleet_too() -> None:
+    store = StateStore(parse_settings({"targets": [{"name": "only", "url": "http://127.0.0.1:9"}]}, environ={}), NOW)
+    assert render_vitals(store, NOW).encode() == reference(store)
+
+
+def test_the_page_parses_and_carries_the_varied_facts() -> None:
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(render_vitals(varied_store(), NOW))
+               for s in family.samples}  # fmt: skip
+    assert samples[("llm_vitals_state", (("state", "stuck"), ("target", "t2")))] == 1
+    assert samples[("llm_vitals_stuck_seconds", (("target", "t2"),))] == pytest.approx(75.125)
+    assert samples[("llm_vitals_restarts_total", (("target", "t1"),))] == 2
+    assert samples[("llm_vitals_poll_errors_total", (("reason", 'we"ird\\reason\n'), ("target", "t5")))] == 3
+    assert ("llm_vitals_requests_running", (("target", "t3"),)) not in samples  # down: no stale reading
+    assert samples[("llm_vitals_gpu_fault", (("target", "t4"),))] == 1
+    assert samples[("llm_vitals_exporter_targets", ())] == 7
+    # The proxy's credentials never reach a label.
+    assert not [labels for _, labels in samples if any("pw" in value for _, value in labels)]
+
+
+def test_one_piece_per_family_then_the_target_count() -> None:
+    pieces = list(render_families(varied_store(), NOW))
+    assert len(pieces) == len(FAMILIES) + 1
+    for family, piece in zip(FAMILIES, pieces):
+        assert piece.startswith(f"# HELP {family.name} ")
+    assert pieces[-1].startswith("# HELP llm_vitals_exporter_targets ")
