@@ -298,8 +298,9 @@ async def test_restart_refuses_connections_while_loading_then_resets_counters_an
         await client.post(f"{url}/v1/completions", json={**CANARY, "max_tokens": 5})
         before = await scrape(client, url)
         assert before["vllm:generation_tokens_total"] == 5
-        # A loading period long enough to be seen even on a loaded machine.
-        answer = await client.post(f"{url}/admin/restart", json={"startup_seconds": 1.0})
+        # A loading period long enough to be seen even on a loaded machine: with 1 s the test
+        # failed once in a busy parallel run (seeing the refusal and the phase must both fit in it).
+        answer = await client.post(f"{url}/admin/restart", json={"startup_seconds": 3.0})
         assert answer.status_code == 200 and answer.json() == {"restarting": True}
         await eventually(lambda: refused(client, url), what="connections refused while loading")
         assert (await client.get(f"{fleet.control_url}/backends/0/state")).json()["phase"] == "loading"
