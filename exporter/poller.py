@@ -145,7 +145,11 @@ class Poller:
         target = record.settings
         if not target.canary.enabled or target.role != "backend" or record.canary_task is not None:
             return False
-        if record.last_canary_sent is not None and now - record.last_canary_sent < target.canary.interval:
+        # Due from half a poll before the interval is up: a canary can only go out with a poll, so
+        # waiting for the full interval made every gap interval + up to one poll (4 s for 3 s on
+        # the real vLLM); with the half-poll allowance the gaps average the configured interval.
+        due_after = target.canary.interval - self.settings.poll_interval / 2
+        if record.last_canary_sent is not None and now - record.last_canary_sent < due_after:
             return False
         if isinstance(observation, Snapshot):
             # The rule that makes the canary safe: only when this very poll saw nothing running or waiting.
