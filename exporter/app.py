@@ -16,7 +16,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from exporter.collector import build_process_registry, render_families
+from exporter.collector import build_process_registry, read, render_families
 from exporter.poller import Poller
 from exporter.settings import ExporterSettings
 from exporter.state import StateStore, target_view
@@ -85,10 +85,12 @@ def _unknown(name: str) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     # One family at a time, handing the loop back in between: at 1,000 targets the page is 24,000
-    # lines (~50 ms of CPU), and a probe or a poll should not wait for all of it. Each family is
-    # one reading of the store; two families may be a poll apart, as two scrapes would be.
+    # lines (~50 ms of CPU), and a probe or a poll should not wait for all of it. Polls may run in
+    # those gaps, so the page is rendered from readings of every target taken first (~2 ms).
+    now = request.app[CLOCK]()
+    readings = [read(record, now) for record in request.app[STORE]]
     parts = []
-    for family_text in render_families(request.app[STORE], request.app[CLOCK]()):
+    for family_text in render_families(readings, now):
         parts.append(family_text.encode())
         await asyncio.sleep(0)
     parts.append(generate_latest(request.app[REGISTRY]))

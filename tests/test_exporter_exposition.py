@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import FAMILIES, VitalsCollector, render_families, render_vitals
+from exporter.collector import FAMILIES, VitalsCollector, read, render_families, render_vitals
 from exporter.engines import Snapshot
 from exporter.settings import parse_settings
 from exporter.state import StateStore
@@ -75,8 +75,22 @@ def test_the_page_parses_and_carries_the_varied_facts() -> None:
 
 
 def test_one_piece_per_family_then_the_target_count() -> None:
-    pieces = list(render_families(varied_store(), NOW))
+    pieces = list(render_families([read(record, NOW) for record in varied_store()], NOW))
     assert len(pieces) == len(FAMILIES) + 1
     for family, piece in zip(FAMILIES, pieces):
         assert piece.startswith(f"# HELP {family.name} ")
     assert pieces[-1].startswith("# HELP llm_vitals_exporter_targets ")
+
+
+def test_a_poll_landing_mid_page_does_not_change_a_page_of_readings() -> None:
+    # The /metrics route hands the loop back between families; a poll may run in that gap.
+    store = varied_store()
+    before = render_vitals(varied_store(), NOW)
+    pieces = render_families([read(record, NOW) for record in store], NOW)
+    first = next(pieces)
+    t2 = store.get("t2")
+    t2.verdict = replace(t2.verdict, state="busy", last_progress=NOW)  # the stuck target moves again
+    store.get("t3").poll_errors["timeout"] += 1
+    store.get("t5").canaries["ok"] += 1
+    assert first + "".join(pieces) == before
+    assert render_vitals(store, NOW) != before  # the next scrape sees the poll
