@@ -23,8 +23,11 @@ tools:
 test: install tools
 	$(BIN)/pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
+# With an exporter config of your own (CONFIG=FILE, or ./exporter.yaml when it exists) the demo
+# watches your servers instead of the simulated fleet; `make demo CONFIG=` forces the simulation.
+CONFIG ?= $(wildcard exporter.yaml)
 demo: install
-	$(BIN)/python -m demo
+	$(BIN)/python -m demo$(if $(CONFIG), --config $(CONFIG))
 
 # The real-vLLM tier (tests/real_vllm/README.md): its own cached vLLM venv under .cache/, a tiny model
 # built locally, fault drills against a real `vllm serve`; prints the summary table at the end.

@@ -27,6 +27,7 @@ from demo.processes import Children, StartError
 from demo.story import Observer, Status, StepResult, StepTimeout, Story
 from demo.table import Screen, render
 from demo.timings import FAST, NORMAL, Timings
+from exporter.settings import ConfigError, load_settings
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,7 +51,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workdir", type=Path, help="keep configs, logs and the journal here "
                         "(default: a temporary directory, removed on exit)")
     parser.add_argument("--summary-json", type=Path, help="with --once: also write the summary as JSON here")
-    return parser.parse_args(argv)
+    parser.add_argument("--config", type=Path, help="an exporter config of your own: watch its servers instead of "
+                        "the simulated fleet, with the same table. Only the exporter runs: no story, and the demo "
+                        "restarts nothing. `make demo` passes ./exporter.yaml when it exists, or CONFIG=FILE")
+    args = parser.parse_args(argv)
+    if args.config and args.once:
+        parser.error("--once tells the simulated fleet's story; with --config there is no story to end")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,8 +111,12 @@ class Demo:
         story: Story | None = None
         try:
             async with aiohttp.ClientSession(trust_env=False, timeout=aiohttp.ClientTimeout(total=None)) as session:
-                story, tasks = await self.start(session, children, run_dir)
-                code = await self.tell(story)
+                if self.args.config:
+                    tasks = await self.start_watching(session, children, run_dir)
+                    await asyncio.Event().wait()  # until Ctrl-C, SIGTERM or the exporter exiting
+                else:
+                    story, tasks = await self.start(session, children, run_dir)
+                    code = await self.tell(story)
         except asyncio.CancelledError:
             if self.stopped_by:
                 self.say(f"\n{self.stopped_by}: stopping every process the demo started")
@@ -214,6 +225,49 @@ class Demo:
         tasks.append(asyncio.create_task(self.watch(children, main_task)))
         return story, tasks
 
+    async def start_watching(self, session: aiohttp.ClientSession, children: Children, run_dir: Path) -> list[asyncio.Task[Any]]:
+        """`--config`: the exporter on the user's own servers, and the table. Nothing else is started:
+        restarting a real server is the remediator's job, behind its gate, never a demo's."""
+        path = self.args.config.resolve()
+        try:
+            settings = load_settings(path)
+        except ConfigError as exc:
+            raise StartError(f"invalid config: {exc}") from None
+        host = "127.0.0.1" if settings.host in ("", "0.0.0.0", "::") else settings.host
+        exporter_url = f"http://{f'[{host}]' if ':' in host else host}:{settings.port}"
+        remediator_url = str(settings.remediator_url).rstrip("/") if settings.remediator_url else None
+
+        if await _answers(session, f"{exporter_url}/healthz"):
+            self.say(f"an exporter already answers at {exporter_url}: showing its targets, not starting another")
+        else:
+            self.say(f"watching the {len(settings.targets)} target(s) of {path} (no simulator, no story; "
+                     "the demo restarts nothing)")
+            exporter = await children.start("exporter", [sys.executable, "-m", "exporter.cli", "--config", str(path)])
+            await exporter.wait_ready(session, f"{exporter_url}/healthz", timeout=30)
+
+        observer = Observer(session, exporter_url, remediator_url, self.event)
+        self.status.step = "watching your servers"
+        self.status.detail = "state changes other than idle <-> busy are listed below"
+        self.header = [
+            f"llm-vitals: watching the servers of {path}",
+            f"  status page   {exporter_url}/",
+            f"  exporter API  {exporter_url}/api/v1/targets     metrics {exporter_url}/metrics",
+            f"  remediator    {remediator_url}/api/v1/actions" if remediator_url else
+            "  remediator    (no remediator_url in the config: no decisions shown)",
+            f"  logs          {run_dir}    Ctrl-C stops what the demo started",
+        ]
+        if not self.table:
+            for line in self.header:
+                self.say(line)
+            self.say("")
+        main_task = asyncio.current_task()
+        assert main_task is not None
+        tasks = [asyncio.create_task(observer.run(max(0.25, settings.poll_interval / 2))),
+                 asyncio.create_task(self.watch(children, main_task))]
+        if self.table:
+            tasks.append(asyncio.create_task(self.redraw(observer)))
+        return tasks
+
     async def redraw(self, observer: Observer) -> None:
         screen = Screen(sys.stdout)
         self.say("")
@@ -264,6 +318,13 @@ class Demo:
             "restarts": {backend_name(i): story.observer.restarts_of(backend_name(i)) for i in range(BACKENDS)},
             "decisions": dict(Counter(f"{a['decision']}:{a['reason']}" for a in actions)),
         }
+
+
+async def _answers(session: aiohttp.ClientSession, url: str) -> bool:
+    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=1)) as response:
+            return response.status == 200
+    return False
 
 
 def format_summary(summary: dict[str, Any]) -> str:

@@ -42,7 +42,7 @@ class StepTimeout(Exception):
 class Observer:
     """Polls the exporter's targets and the remediator's journal; keeps the latest of each."""
 
-    def __init__(self, session: aiohttp.ClientSession, exporter_url: str, remediator_url: str,
+    def __init__(self, session: aiohttp.ClientSession, exporter_url: str, remediator_url: str | None,
                  on_event: Callable[[str], None]) -> None:
         self.session = session
         self.exporter_url = exporter_url
@@ -65,6 +65,8 @@ class Observer:
             if previous is not None and previous != target["state"] and {previous, target["state"]} - HEALTHY:
                 self.on_event(f"{name}: {previous} -> {target['state']} ({target['reason']})")
             self._states[name] = target["state"]
+        if self.remediator_url is None:  # servers of your own watched with no remediator configured
+            return
         try:
             async with self.session.get(f"{self.remediator_url}/api/v1/actions", params={"limit": "100"},
                                         timeout=_TIMEOUT) as r:

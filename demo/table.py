@@ -55,7 +55,7 @@ def render(observer: Observer, status: Status, header: list[str], colour: bool =
     if not observer.targets:
         lines.append("(waiting for the exporter)")
     lines.append("")
-    lines.append(f"loop {status.loop}, {status.step}")
+    lines.append(f"loop {status.loop}, {status.step}" if status.loop else status.step)
     lines.append(f"  {status.detail}")
     lines.append("")
     lines.append("recent events:")

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
-from conftest import REPO, real_stack_required, require_binary
+from conftest import REPO, free_port, real_stack_required, require_binary
 
 
 # Real Prometheus + Alertmanager when installed; no xdist group: free ports and its own workdir,
@@ -69,6 +73,60 @@ def test_demo_once_tells_the_story(tmp_path) -> None:
     assert {(r[3], r[4]) for r in all_hang} <= {("refused", "fleet_gate"), ("refused", "not_stuck")}, all_hang
     if alert_path == "prometheus" or "Prometheus" in summary["alert_path"]:
         assert summary["alert_path"].startswith("alert path: Prometheus")
+
+
+def test_demo_with_a_config_of_your_own_watches_those_servers_and_starts_nothing_else(tmp_path) -> None:
+    # A live simulated server and a port nobody listens on: the demo's exporter judges both, the
+    # demo prints their state changes, and Ctrl-C stops the one process it started.
+    server_port, exporter_port = free_port(), free_port()
+    server = subprocess.Popen([sys.executable, "-m", "simulator.cli", "--backends", "1", "--port", str(server_port),
+                               "--log-level", "warning"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    config = tmp_path / "exporter.yaml"
+    config.write_text(f"""
+listen: "127.0.0.1:{exporter_port}"
+poll_interval: 0.5s
+targets:
+  - {{name: mine, url: "http://127.0.0.1:{server_port}"}}
+  - {{name: gone, url: "http://127.0.0.1:{free_port()}", startup_grace: 1s}}
+""")
+    demo = subprocess.Popen([sys.executable, "-m", "demo", "--config", str(config), "--no-table"], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in demo.stdout], daemon=True).start()
+    seen: list[str] = []
+    try:
+        wanted = {"mine: starting -> idle", "gone: starting -> down (connect)"}
+        deadline = time.monotonic() + 60  # the simulator and the exporter start on a loaded machine
+        while wanted and time.monotonic() < deadline:
+            try:
+                seen.append(lines.get(timeout=1))
+            except queue.Empty:
+                continue
+            wanted = {w for w in wanted if not any(w in line for line in seen)}
+        assert not wanted, "".join(seen)
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(timeout=30) == 0
+    finally:
+        for process in (demo, server):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    time.sleep(0.2)  # the reader thread drains the last lines
+    while not lines.empty():
+        seen.append(lines.get())
+    output = "".join(seen)
+    assert f"status page   http://127.0.0.1:{exporter_port}/" in output
+    assert "simulated fleet" not in output and "remediator    (no remediator_url" in output
+    assert "stopped 1 processes" in output, output
+
+
+def test_make_demo_passes_a_config_of_your_own_and_none_by_default() -> None:
+    def demo_line(*make_args: str) -> str:
+        out = subprocess.run(["make", "-n", "demo", *make_args], cwd=REPO, capture_output=True, text=True, check=True)
+        return next(line for line in out.stdout.splitlines() if "-m demo" in line)
+
+    assert demo_line("CONFIG=own.yaml").endswith("-m demo --config own.yaml")
+    assert demo_line("CONFIG=").endswith("-m demo")  # forces the simulated fleet even with ./exporter.yaml
 
 
 @pytest.mark.parametrize("fast", [False, True], ids=["normal", "fast"])
