@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import pytest
-from pydantic import AfterValidator, BaseModel, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, model_validator
 
 import exporter.settings
 import remediator.settings
@@ -35,8 +35,19 @@ class _Item(StrictModel):
     token_env: str | None = None
 
 
+class _Command(StrictModel):
+    executor: Literal["command"]
+    argv: list[str]
+
+
+class _Http(StrictModel):
+    executor: Literal["http"]
+    url: str
+
+
 class _Doc(StrictModel):
     items: list[_Item] = []
+    executors: dict[str, Annotated[_Command | _Http, Field(discriminator="executor")]] = {}
     retries: Annotated[int, AfterValidator(_not_negative)] | None = None
     low: int = 0
     high: int = 0
@@ -51,7 +62,7 @@ class _Doc(StrictModel):
 def _problem(document: dict) -> str:
     with pytest.raises(ValidationError) as caught:
         _Doc.model_validate(document)
-    return describe_validation_error(caught.value, "cfg.yaml")
+    return describe_validation_error(caught.value, "cfg.yaml", document)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,8 +123,14 @@ def test_read_yaml_of_an_unreadable_path_gives_the_strerror(tmp_path: Path, name
             {"colour": "red", "items": [{"name": 1}]},
             "cfg.yaml: items[0].name: Input should be a valid string\ncfg.yaml: colour: unknown key",
         ),
+        # A tagged union's tag (`command`) is pydantic's part of the loc, not a key in the file.
+        ({"executors": {"a": {"executor": "command", "argv": "ls"}}}, "cfg.yaml: executors.a.argv: Input should be a valid list"),
+        ({"executors": {"a": {"executor": "http"}}}, "cfg.yaml: executors.a.url: Field required"),
+        # ... unless the user wrote that key.
+        ({"executors": {"http": {"executor": "http", "url": 1}}}, "cfg.yaml: executors.http.url: Input should be a valid string"),
     ],
-    ids=["unknown-key", "nested-unknown-key", "missing-key", "model-level", "validator-in-union", "two-problems"],
+    ids=["unknown-key", "nested-unknown-key", "missing-key", "model-level", "validator-in-union", "two-problems",
+         "tag-left-out", "missing-key-under-a-tag", "a-key-named-like-a-tag"],
 )
 def test_validation_errors_name_the_file_and_key_path(document: dict, message: str) -> None:
     assert _problem(document) == message
