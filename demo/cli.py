@@ -23,7 +23,7 @@ import aiohttp
 from demo import alerts
 from demo.configs import TOKEN_ENV, backend_name, write_all
 from demo.ports import BACKENDS, choose_ports
-from demo.processes import Children, StartError
+from demo.processes import Children, StartError, answers_200
 from demo.story import Observer, Status, StepResult, StepTimeout, Story
 from demo.table import Screen, render
 from demo.timings import FAST, NORMAL, Timings
@@ -237,7 +237,7 @@ class Demo:
         exporter_url = f"http://{f'[{host}]' if ':' in host else host}:{settings.port}"
         remediator_url = str(settings.remediator_url).rstrip("/") if settings.remediator_url else None
 
-        if await _answers(session, f"{exporter_url}/healthz"):
+        if await answers_200(session, f"{exporter_url}/healthz", timeout=1):
             self.say(f"an exporter already answers at {exporter_url}: showing its targets, not starting another")
         else:
             self.say(f"watching the {len(settings.targets)} target(s) of {path} (no simulator, no story; "
@@ -318,13 +318,6 @@ class Demo:
             "restarts": {backend_name(i): story.observer.restarts_of(backend_name(i)) for i in range(BACKENDS)},
             "decisions": dict(Counter(f"{a['decision']}:{a['reason']}" for a in actions)),
         }
-
-
-async def _answers(session: aiohttp.ClientSession, url: str) -> bool:
-    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=1)) as response:
-            return response.status == 200
-    return False
 
 
 def format_summary(summary: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ import ctypes
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -28,6 +28,14 @@ def _child_setup() -> None:
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+async def answers_200(session: aiohttp.ClientSession, url: str, timeout: float = 2) -> bool:
+    """True when a GET of `url` answers 200 within `timeout`; False on any other answer or error."""
+    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+            return response.status == 200
+    return False
 
 
 class Child:
@@ -64,18 +72,22 @@ class Child:
 
     async def wait_ready(self, session: aiohttp.ClientSession, url: str, timeout: float) -> None:
         """Poll `url` until it answers 200; fail early if the child exits."""
+        await self.wait_until(lambda: answers_200(session, url), url, timeout)
+
+    async def wait_until(self, ready: Callable[[], Awaitable[bool]], url: str, timeout: float,
+                         interval: float = 0.2) -> None:
+        """Call `ready()` until it is true; StartError with the log's tail if the child exits first or
+        `timeout` passes. `url` names what is waited for in that error."""
         deadline = time.monotonic() + timeout
         while True:
             if not self.running:
                 code = self.process.returncode if self.process else None
                 raise StartError(f"{self.name} exited with status {code} before it was ready\n{self.log_tail()}")
-            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as response:
-                    if response.status == 200:
-                        return
+            if await ready():
+                return
             if time.monotonic() > deadline:
                 raise StartError(f"{self.name} not ready at {url} after {timeout:g}s\n{self.log_tail()}")
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(interval)
 
     async def stop(self, grace: float = 5.0) -> None:
         """SIGTERM this child's process group (its PID is the group id), then SIGKILL if it lingers."""

@@ -23,10 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import ctypes
 import inspect
-import os
-import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -37,6 +34,8 @@ import yaml
 
 # `tests/` is on sys.path under pytest (rootdir conftest, prepend import mode), as in the other tests.
 from conftest import REPO, free_port, require_binary
+
+from demo.processes import Child, StartError
 
 RULES_FILE = REPO / "alerts" / "llm-vitals.rules.yml"
 ALERTMANAGER_EXAMPLE = REPO / "alerts" / "alertmanager.yml"
@@ -198,16 +197,9 @@ async def wait_for(
 # ---------------------------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM if the test process dies, so no stack outlives a killed run."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-class ManagedProcess:
-    """One child process, its log file, readiness by HTTP, and a stop by its own PID."""
+class ManagedProcess(Child):
+    """The demo's Child (own process group, log file, stop by its PID) that also waits for its
+    `ready_url` with the tests' httpx client, and can tell an "address already in use" failure."""
 
     def __init__(
         self,
@@ -215,75 +207,33 @@ class ManagedProcess:
         argv: Sequence[str],
         log_path: Path,
         ready_url: str | None,
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,  # added to (not replacing) this process's environment
     ) -> None:
-        self.name = name
-        self.argv = list(argv)
-        self.log_path = Path(log_path)
+        super().__init__(name, argv, Path(log_path), env)
         self.ready_url = ready_url
-        # Added to (not replacing) this process's environment, e.g. a token variable.
-        self.env = {**os.environ, **env} if env else None
-        self.process: asyncio.subprocess.Process | None = None
         self._log_start = 0  # where this run's output begins in a log shared with earlier attempts
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
 
     @property
     def returncode(self) -> int | None:
         return self.process.returncode if self.process else None
 
-    async def start(self, client: httpx.AsyncClient, timeout: float = 30) -> None:
+    async def start(self, client: httpx.AsyncClient, timeout: float = 30) -> None:  # type: ignore[override]
         """Start the process and wait until `ready_url` answers 200, or fail with its log."""
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
-        self._log_start = log.tell()
-        try:
-            self.process = await asyncio.create_subprocess_exec(
-                *self.argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log,
-                stderr=asyncio.subprocess.STDOUT,
-                env=self.env,
-                preexec_fn=_die_with_parent,
-            )
-        finally:
-            log.close()
+        with contextlib.suppress(OSError):
+            self._log_start = self.log_path.stat().st_size
+        await super().start()
         if self.ready_url is None:
             return
 
-        async def ready() -> bool:
-            if self.process.returncode is not None:
-                raise StackError(f"{self.name} exited with status {self.process.returncode}")
-            response = await client.get(self.ready_url, timeout=2)
-            return response.status_code == 200
+        async def answers() -> bool:
+            with contextlib.suppress(httpx.HTTPError):
+                return (await client.get(self.ready_url, timeout=2)).status_code == 200
+            return False
 
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if await ready():
-                    return
-            except StackError as exc:
-                raise StackError(f"{exc} before it was ready\n{self.log_tail()}") from None
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() >= deadline:
-                raise StackError(f"{self.name} not ready at {self.ready_url} after {timeout:g}s\n{self.log_tail()}")
-            await asyncio.sleep(0.1)
-
-    async def stop(self, grace: float = 10) -> None:
-        """SIGTERM this PID (only this one), wait, then SIGKILL if it would not go."""
-        proc = self.process
-        if proc is None or proc.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.terminate()
         try:
-            await asyncio.wait_for(proc.wait(), grace)
-        except asyncio.TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+            await self.wait_until(answers, self.ready_url, timeout, interval=0.1)
+        except StartError as exc:
+            raise StackError(str(exc)) from None
 
     def address_in_use(self) -> bool:
         try:
@@ -292,15 +242,8 @@ class ManagedProcess:
             return False
         return b"address already in use" in output.lower()
 
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
     def log_tail(self, lines: int = 25) -> str:
-        tail = "\n".join(self.log_text().splitlines()[-lines:])
-        return f"--- {self.name} (pid {self.pid}) {self.log_path} ---\n{tail}"
+        return super().log_tail(lines)
 
 
 async def start_on_free_port(
