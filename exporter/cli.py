@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 
 from exporter.settings import ConfigError, load_settings
@@ -35,7 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     from llm_vitals.logs import setup_logging
 
     setup_logging(args.log_level or settings.log_level)
-    web.run_app(create_app(settings), host=settings.host, port=settings.port, access_log=None, print=None)
+    app = create_app(settings)
+    # Everything built so far (modules, settings, one record per target) lives as long as the
+    # process: out of the collector's sight, a full collection no longer walks it. In
+    # bench_poll_1000 the worst probe answer during /metrics scrapes went from 50-100 ms in most
+    # runs to under 40 ms in 7 runs of 8 (57 ms in one), and probe p99 from 31-63 ms to 27-38 ms.
+    gc.freeze()
+    web.run_app(app, host=settings.host, port=settings.port, access_log=None, print=None)
     return 0
 
 
