@@ -54,36 +54,30 @@ def read_yaml(path: str | Path) -> object:
         raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
 
 
-_NO_DOCUMENT = object()
-
-
-def _key_path(loc: tuple[int | str, ...], document: object = _NO_DOCUMENT, missing: bool = False) -> str:
+def _key_path(loc: tuple[int | str, ...], document: object, missing: bool = False) -> str:
     """The loc as the user's keys: `targets.gpu-a.argv`, `items[1].shell`.
 
     Pydantic's loc also holds parts the user never wrote: a tagged union's tag (`targets.gpu-a.command.argv`),
-    a union member (`int`) or a validator (`function-after[...]`). With the document at hand, a part
-    is kept only where it is a key (or index) of the document at that point, and, for a `missing`
-    error, the last part: the key to add. Without it, only validator parts are dropped.
+    a union member (`int`) or a validator (`function-after[...]`). A part is kept only where it is a
+    key (or index) of the document at that point, and, for a `missing` error, the last part: the key
+    to add.
     """
-    if document is _NO_DOCUMENT:
-        parts = [part for part in loc if not str(part).startswith("function-")]
-    else:
-        parts, node, found = [], document, False
-        for part in loc:
-            found = (isinstance(node, dict) and part in node) or (
-                isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node))
-            if found:
-                parts.append(part)
-                node = node[part]
-        if missing and loc and not found:
-            parts.append(loc[-1])
+    parts, node, found = [], document, False
+    for part in loc:
+        found = (isinstance(node, dict) and part in node) or (
+            isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node))
+        if found:
+            parts.append(part)
+            node = node[part]
+    if missing and loc and not found:
+        parts.append(loc[-1])
     return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in parts).lstrip(".")
 
 
-def describe_validation_error(exc: ValidationError, source: str, document: object = _NO_DOCUMENT) -> str:
+def describe_validation_error(exc: ValidationError, source: str, document: object) -> str:
     """One `source: key.path: problem` line per problem, with input values left out: they may be secrets.
 
-    Pass the validated `document` so that key paths hold only the keys written in it (see _key_path).
+    `document` is what was validated: key paths hold only the keys written in it (see _key_path).
     """
     lines = []
     for error in exc.errors(include_input=False, include_url=False):
