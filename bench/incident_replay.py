@@ -275,7 +275,7 @@ class Server:
             running=engine.num_running, waiting=engine.num_waiting, steps=stats.iteration_steps,
             generation_tokens=stats.generation_tokens, prompt_tokens=stats.prompt_tokens,
             finished=stats.finished, kv_usage=engine.kv_cache_usage, process_start_time=self.start_time,
-        )  # fmt: skip
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,7 +401,7 @@ class Vitals:
         self.target = TargetSettings(
             name=TARGET, url="http://127.0.0.1:8000", stuck_after=config.stuck_after,
             canary={"interval": config.canary_interval, "timeout": config.canary_timeout},
-        )  # fmt: skip
+        )
         settings = ExporterSettings(poll_interval=config.poll_interval, targets=[self.target])
         self.store = StateStore(settings, 0.0)
         self.record = self.store.get(TARGET)
@@ -415,7 +415,7 @@ class Vitals:
         self.policy = gate.GatePolicy(
             targets=frozenset({TARGET}), global_cooldown=config.global_cooldown, max_restarts=3,
             budget_window=3600.0, max_unhealthy=1,
-        )  # fmt: skip
+        )
         self.journal = gate.JournalState()
         clock.every(config.poll_interval, self._poll)
         clock.every(config.eval_interval, self._evaluate)
@@ -478,10 +478,10 @@ class Vitals:
         alert = gate.AlertFacts(
             status="firing", labels={"alertname": alertname, "target": TARGET, "remediation": "restart"},
             fingerprint=f"{alertname}:{TARGET}", starts_at=starts_at,
-        )  # fmt: skip
+        )
         fleet = gate.FleetView({TARGET: gate.TargetStatus(
             state=verdict.state, process_start_time=verdict.process_start_time,
-            last_restart_time=verdict.last_restart_at)})  # fmt: skip
+            last_restart_time=verdict.last_restart_at)})
         decision = gate.decide(alert, fleet, self.journal, self.policy, now)
         self.decisions.append((now, alertname, decision.reason))
         if decision.allowed:
@@ -489,7 +489,7 @@ class Vitals:
             self.journal = gate.JournalState(
                 decided_keys=self.journal.decided_keys | {alert.key}, last_restart_started=now,
                 restart_times={TARGET: (*times, now)}, open_circuits=self.journal.open_circuits,
-            )  # fmt: skip
+            )
             self.server.restart(f"llm-vitals ({alertname})")
 
 
@@ -545,7 +545,7 @@ def run_baseline(config: ReplayConfig, episodes: list[Episode]) -> WorldResult:
     return WorldResult(
         "baseline", server.restarts, chat.count, batch.completed, batch.failed,
         _first_after([r.time for r in server.restarts], config.hang_at),
-    )  # fmt: skip
+    )
 
 
 def run_vitals(config: ReplayConfig, episodes: list[Episode]) -> WorldResult:
@@ -560,7 +560,7 @@ def run_vitals(config: ReplayConfig, episodes: list[Episode]) -> WorldResult:
         "llm-vitals", server.restarts, vitals.count, batch.completed, batch.failed,
         _first_after([r.time for r in server.restarts], config.hang_at),
         _first_after(detected, config.hang_at), vitals.decisions,
-    )  # fmt: skip
+    )
 
 
 def replay(config: ReplayConfig = ReplayConfig()) -> ReplayResult:
@@ -609,9 +609,9 @@ def format_table(result: ReplayResult) -> str:
     ]
     lines += [f"{label:<{width}}  {bv!s:>12}  {vv!s:>12}" for label, bv, vv in rows]
     lines.append("baseline restarts: " + ", ".join(f"{_clock_time(r.time)} {r.by} ({r.killed} x 500)"
-                                                  for r in b.restarts))  # fmt: skip
+                                                  for r in b.restarts))
     lines.append("llm-vitals restarts: " + ", ".join(f"{_clock_time(r.time)} {r.by} ({r.killed} x 500)"
-                                                    for r in v.restarts))  # fmt: skip
+                                                    for r in v.restarts))
     return "\n".join(lines)
 
 

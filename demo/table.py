@@ -46,9 +46,9 @@ def render(observer: Observer, status: Status, header: list[str], colour: bool =
     now = time.time()
     lines = list(header)
     lines.append("")
-    lines.append("  ".join(_cell(c, w) for c, w in zip(COLUMNS, WIDTHS)))
+    lines.append("  ".join(_cell(c, w) for c, w in zip(COLUMNS, WIDTHS, strict=True)))
     for row in rows(observer, now):
-        cells = [_cell(c, w) for c, w in zip(row, WIDTHS)]
+        cells = [_cell(c, w) for c, w in zip(row, WIDTHS, strict=True)]
         if colour and row[1] in STATE_COLOURS:
             cells[1] = f"\x1b[{STATE_COLOURS[row[1]]}m{cells[1]}\x1b[0m"
         lines.append("  ".join(cells))

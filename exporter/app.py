@@ -14,9 +14,10 @@ from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from exporter.collector import build_process_registry, read, render_families
+from exporter.keys import CLOCK, POLLER, REGISTRY, SESSION, SETTINGS, STORE
 from exporter.poller import Poller
 from exporter.settings import ExporterSettings
 from exporter.state import StateStore, target_view
@@ -26,12 +27,6 @@ from llm_vitals.logs import log_event
 
 log = logging.getLogger("llm_vitals.exporter")
 
-SETTINGS = web.AppKey("settings", ExporterSettings)
-STORE = web.AppKey("store", StateStore)
-REGISTRY = web.AppKey("registry", CollectorRegistry)
-CLOCK = web.AppKey("clock", Callable[[], float])
-SESSION = web.AppKey("session", aiohttp.ClientSession)
-POLLER = web.AppKey("poller", Poller)
 
 PROBES = {"startup", "ready", "live"}
 

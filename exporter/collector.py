@@ -168,7 +168,7 @@ def _help_line(name: str, kind: str, help_text: str) -> str:
 
 
 # Most samples are 0 or 1 (states, flags, zero counters): their text is looked up, not formatted.
-_COMMON_VALUES = {0: "0.0", 1: "1.0"}
+_COMMON_VALUES: dict[float, str] = {0: "0.0", 1: "1.0"}
 
 
 def _number(value: float) -> str:
@@ -183,7 +183,7 @@ def _around_target(names: tuple[str, ...], more: tuple[str, ...]) -> tuple[str, 
 
     Labels are written sorted by name, as prometheus-client does, so `target` goes where it sorts.
     """
-    pairs = sorted(zip(names[1:], more))
+    pairs = sorted(zip(names[1:], more, strict=True))
     before = "".join(f'{k}="{_escape_label(v)}",' for k, v in pairs if k < "target")
     after = "".join(f',{k}="{_escape_label(v)}"' for k, v in pairs if k > "target")
     return before, after

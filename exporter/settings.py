@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Literal
 
 from pydantic import AnyHttpUrl, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from exporter.settings import ExporterSettings, TargetSettings
@@ -65,7 +66,7 @@ class StateStore:
     def get(self, name: str) -> TargetRecord | None:
         return self.records.get(name)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[TargetRecord]:
         return iter(self.records.values())
 
 

@@ -21,6 +21,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from exporter.keys import CLOCK, SESSION, SETTINGS, STORE
+from exporter.state import target_view
+
 # The sparkline shows at most this much history (the exporter may keep more, `history_seconds`).
 SPARK_WINDOW_SECONDS = 300.0
 SPARK_MIN_SECONDS = 60.0
@@ -113,7 +116,8 @@ def _target_row(target: Mapping[str, Any], history: Sequence[Sequence[Any]], now
     detail = target.get("detail") or ""
     return (
         f'<tr class="target" data-target="{_text(target.get("name"))}" data-state="{_text(state)}">'
-        f'<td class="name"><span class="nowrap">{_text(target.get("name"))}</span><div class="sub">{_text(target.get("role"))} · {_text(target.get("url"))}</div></td>'
+        f'<td class="name"><span class="nowrap">{_text(target.get("name"))}</span>'
+        f'<div class="sub">{_text(target.get("role"))} · {_text(target.get("url"))}</div></td>'
         f'<td><span class="state" style="background:{colour}">{_text(state)}</span></td>'
         f'<td class="reason" title="{_text(detail)}">{_text(target.get("reason"))}<div class="sub">{_text(detail)}</div></td>'
         f'<td class="num">{in_state}</td>'
@@ -225,10 +229,6 @@ async def fetch_decisions(session: aiohttp.ClientSession, base_url: str, timeout
 
 def setup_status_page(app: web.Application) -> None:
     """Register `GET /` (the status page) on an exporter app made by `exporter.app.create_app`."""
-    # Imported here, not at module level: exporter.app imports this module.
-    from exporter.app import CLOCK, SESSION, SETTINGS, STORE
-    from exporter.state import target_view
-
     if any(r.method == "GET" and r.resource is not None and r.resource.canonical == "/" for r in app.router.routes()):
         return  # already set up (create_app does it); a second call must not fail
 
@@ -239,7 +239,8 @@ def setup_status_page(app: web.Application) -> None:
         if settings.remediator_url is not None:
             decisions = await fetch_decisions(app_[SESSION], str(settings.remediator_url))
         now = app_[CLOCK]()
-        records = list(app_[STORE])
+        store = app_[STORE]
+        records = list(store)
         targets = [target_view(record, now) for record in records]
         histories = {record.name: list(record.history) for record in records}
         refresh = max(1, min(10, round(settings.poll_interval)))

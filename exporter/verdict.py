@@ -6,7 +6,7 @@ No I/O and no clock of its own: every case is a table test with an injected `now
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from exporter.engines import Snapshot
 from exporter.settings import TargetSettings
@@ -103,7 +103,7 @@ def went_backwards(before: Snapshot, after: Snapshot) -> str | None:
     return None
 
 
-def _move(previous: Verdict, now: float, state: str, reason: str, detail: str, **changes: object) -> Verdict:
+def _move(previous: Verdict, now: float, state: str, reason: str, detail: str, **changes: Any) -> Verdict:
     since = previous.since if state == previous.state else now
     last_unhealthy_at = now if state in UNHEALTHY_STATES else previous.last_unhealthy_at
     return replace(previous, state=state, reason=reason, detail=detail, since=since, last_poll=now,
@@ -133,7 +133,7 @@ def judge(previous: Verdict | None, observation: Observation, now: float, target
     return _on_snapshot(previous, observation, now, target)
 
 
-def _on_error(previous: Verdict, error: PollError, now: float, target: TargetSettings, **changes: object) -> Verdict:
+def _on_error(previous: Verdict, error: PollError, now: float, target: TargetSettings, **changes: Any) -> Verdict:
     if not previous.started and now - previous.first_seen < target.startup_grace:
         state, reason, detail = "starting", "startup", f"not servable yet ({error.reason}: {error.detail})"
     else:
@@ -185,16 +185,17 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
             restarted = went_backwards(base, snap) is not None
 
     # Counters are compared only within one lifetime; the first read of a lifetime compares nothing.
-    comparable = base is not None and not restarted
-    moved = comparable and progressed(base, snap)
+    same_life = base if not restarted else None
+    comparable = same_life is not None
+    moved = same_life is not None and progressed(same_life, snap)
     elapsed = now - previous.snapshot_at if comparable and previous.snapshot_at is not None else 0.0
     restarts = previous.restarts + (1 if restarted else 0)
-    changes: dict[str, object] = dict(
+    changes: dict[str, Any] = dict(
         up=True, started=True, error_reason=None, snapshot=snap, snapshot_at=now, restarts=restarts,
         last_restart_at=now if restarted else previous.last_restart_at,
-        steps_per_second=_rate(base.steps, snap.steps, elapsed) if comparable else None,
+        steps_per_second=_rate(same_life.steps, snap.steps, elapsed) if same_life else None,
         generation_tokens_per_second=(
-            _rate(base.generation_tokens, snap.generation_tokens, elapsed) if comparable else None
+            _rate(same_life.generation_tokens, snap.generation_tokens, elapsed) if same_life else None
         ),
     )
     load = f"running {snap.running:g}, waiting {snap.waiting:g}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 from aiohttp import web
@@ -27,7 +27,7 @@ from .service import Remediator, log
 from .settings import Settings
 
 SETTINGS = web.AppKey("settings", Settings)
-CLOCK = web.AppKey("clock", Callable[[], float])
+CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 AUTH = web.AppKey("auth", Authenticator)
 SERVICE = web.AppKey("service", Remediator)
 EXECUTORS = web.AppKey("executors", dict)

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.check_config:
         print(f"{args.config}: ok ({len(settings.targets)} targets, auth: "
-              f"{'none' if settings.auth.none else 'required'}, dry_run: {settings.dry_run})")  # fmt: skip
+              f"{'none' if settings.auth.none else 'required'}, dry_run: {settings.dry_run})")
         return 0
 
     setup_logging(args.log_level)
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     host, port = settings.host_port
     log_event(log, "starting", listen=settings.listen, targets=sorted(settings.targets), dry_run=settings.dry_run,
-              auth="none" if settings.auth.none else "required")  # fmt: skip
+              auth="none" if settings.auth.none else "required")
     try:
         web.run_app(create_app(settings), host=host, port=port, print=None, access_log=None)
     except JournalBusy as exc:

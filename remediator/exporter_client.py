@@ -86,7 +86,7 @@ class ExporterClient:
                 parsed = _Targets.model_validate_json(await self._read())
         except (httpx.HTTPError, ValueError, ValidationError, TimeoutError) as exc:
             log_event(log, "exporter unreachable", level=logging.WARNING, url=redact_url(self.url),
-                      error=type(exc).__name__, detail=str(exc)[:200])  # fmt: skip
+                      error=type(exc).__name__, detail=str(exc)[:200])
             return None
         view = FleetView(
             targets={

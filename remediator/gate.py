@@ -7,8 +7,9 @@ tests drive it with tables. The checks run in the order of DESIGN §4, and the f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, NamedTuple
+from typing import NamedTuple
 
 # States in which the exporter says a target needs help (and which the fleet gate counts).
 UNHEALTHY_STATES = frozenset({"stuck", "unresponsive", "down"})

@@ -7,7 +7,8 @@ custom collector, so they are right after a restart of the remediator too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -22,7 +23,7 @@ UNKNOWN_TARGET = "(unknown)"
 
 
 class RemediatorMetrics:
-    def __init__(self, targets: Iterable[str], journal: "Journal"):
+    def __init__(self, targets: Iterable[str], journal: Journal):
         self.registry = CollectorRegistry(auto_describe=True)
         self.decisions = Counter(
             "llm_vitals_remediator_decisions_total",
@@ -56,7 +57,7 @@ class _JournalCollector(Collector):
     llm_vitals_remediator_restart_in_progress 0.0
     """
 
-    def __init__(self, targets: list[str], journal: "Journal"):
+    def __init__(self, targets: list[str], journal: Journal):
         self.targets = targets
         self.journal = journal
 

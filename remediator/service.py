@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import httpx
 
@@ -140,7 +140,7 @@ class Remediator:
                 self._start_restart(action_id, target, executor)
                 self.metrics.decisions.labels(target, decision.reason).inc()
                 log_event(log, "restart allowed", target=target, fingerprint=facts.fingerprint, action_id=action_id,
-                          executor=executor.kind)  # fmt: skip
+                          executor=executor.kind)
                 return decision
             if decision.reason == "circuit_open" and target not in state.open_circuits:
                 await self.journal.open_circuit(target, now)
@@ -155,7 +155,7 @@ class Remediator:
         self.metrics.decisions.labels(target or UNKNOWN_TARGET, decision.reason).inc()
         log_event(log, "alert decided", level=logging.DEBUG if decision.reason == "duplicate" else logging.INFO,
                   target=target, fingerprint=facts.fingerprint, decision=word, reason=decision.reason,
-                  detail=decision.detail)  # fmt: skip
+                  detail=decision.detail)
 
     # -- restarts -----------------------------------------------------------------------------
 
@@ -183,7 +183,7 @@ class Remediator:
         self.metrics.duration.labels(target).observe(duration)
         log_event(log, "restart finished", level=logging.INFO if result.result == "ok" else logging.WARNING,
                   target=target, action_id=action_id, result=result.result, duration_seconds=round(duration, 3),
-                  detail=result.detail[:500])  # fmt: skip
+                  detail=result.detail[:500])
         try:
             await self.journal.finish(action_id, result.result, result.detail, duration)
         except Exception:

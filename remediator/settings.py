@@ -9,15 +9,15 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal, Mapping
+from typing import Annotated, Literal
 
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 # ConfigError is re-exported: the CLI and callers catch it as remediator.settings.ConfigError.
 from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_env_or_file, validate_document
 from llm_vitals.durations import Duration
-
 
 # ---------------------------------------------------------------------------------------------
 # Auth
@@ -29,7 +29,7 @@ class BasicAuth(StrictModel):
     password_file: Path | None = None
 
     @model_validator(mode="after")
-    def _one_source(self) -> "BasicAuth":
+    def _one_source(self) -> BasicAuth:
         if (self.password_env is None) == (self.password_file is None):
             raise ValueError("set exactly one of password_env or password_file")
         return self
@@ -48,7 +48,7 @@ class AuthSettings(StrictModel):
     _password: SecretStr | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "AuthSettings":
+    def _exactly_one(self) -> AuthSettings:
         chosen = [
             name
             for name, value in (
@@ -239,8 +239,8 @@ class Settings(StrictModel):
             if value < 0:
                 raise ValueError("must not be negative")
             return value
-        if _PERCENT.match(value):
-            if float(_PERCENT.match(value).group(1)) > 100:
+        if percent := _PERCENT.match(value):
+            if float(percent.group(1)) > 100:
                 raise ValueError("a percentage must be at most 100%")
             return value.strip()
         if value.strip().isdigit():

@@ -33,7 +33,7 @@ _SHUTDOWN_TIMEOUT = 1.0
 class ServerProcess:
     """One lifetime of a simulated server: engine driver, metrics, app and listening socket."""
 
-    def __init__(self, config: SimConfig, backend: "Backend", start_time: float):
+    def __init__(self, config: SimConfig, backend: Backend, start_time: float):
         self.config = config
         self.start_time = start_time  # process_start_time_seconds
         self.driver = EngineDriver(config)
@@ -69,7 +69,7 @@ class Backend:
     """A simulated vLLM server on a fixed port, with faults and restarts on command."""
 
     def __init__(self, index: int, config: SimConfig, host: str = "127.0.0.1", port: int = 0,
-                 on_change: Callable[["Backend"], None] | None = None):
+                 on_change: Callable[[Backend], None] | None = None):
         self.index = index
         self.config = config
         self.host = host

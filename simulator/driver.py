@@ -45,7 +45,7 @@ class EngineDriver:
         self.slow_factor = 1.0
         self.dead = False
         self._channels: dict[str, asyncio.Queue[TokenEvent]] = {}
-        self._held: list[Callable[[], None]] = []  # requests/aborts that arrived while hung
+        self._held: list[Callable[[], object]] = []  # requests/aborts that arrived while hung
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -78,7 +78,7 @@ class EngineDriver:
         if self._channels.pop(request_id, None) is not None and not self.dead:
             self._do(lambda: self.engine.abort(request_id, self.clock()))
 
-    def _do(self, operation: Callable[[], None]) -> None:
+    def _do(self, operation: Callable[[], object]) -> None:
         # A hung engine core does not read its input queue: hold the operation until it resumes.
         if self.hung:
             self._held.append(operation)

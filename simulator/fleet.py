@@ -22,7 +22,7 @@ from simulator.config import SimConfig
 from simulator.control import create_control_app
 from simulator.proxy import create_proxy_app
 
-__all__ = ["Fleet", "SimConfig", "Backend"]
+__all__ = ["Backend", "Fleet", "SimConfig"]
 
 
 class Fleet:
@@ -49,7 +49,7 @@ class Fleet:
     def backend_urls(self) -> list[str]:
         return [b.url for b in self.backends]
 
-    async def start(self) -> "Fleet":
+    async def start(self) -> Fleet:
         try:
             for backend in self.backends:
                 await backend.start()
@@ -81,7 +81,7 @@ class Fleet:
         else:
             self.all_dead.clear()
 
-    async def __aenter__(self) -> "Fleet":
+    async def __aenter__(self) -> Fleet:
         return await self.start()
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -297,4 +297,4 @@ def _le(bound: float) -> str:
 
 def render(collector: VllmCollector) -> bytes:
     """The page's bytes, through prometheus_client's text exposition (the one vLLM uses)."""
-    return generate_latest(collector)  # type: ignore[arg-type]
+    return generate_latest(collector)

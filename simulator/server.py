@@ -42,8 +42,8 @@ def json_response(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status, dumps=_compact)
 
 
-PROCESS_KEY: web.AppKey["ServerProcess"] = web.AppKey("process")
-BACKEND_KEY: web.AppKey["Backend"] = web.AppKey("backend")
+PROCESS_KEY: web.AppKey[ServerProcess] = web.AppKey("process")
+BACKEND_KEY: web.AppKey[Backend] = web.AppKey("backend")
 
 FAULTS = ("hang", "die", "restart", "slow", "none")
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -108,7 +108,7 @@ def parse_model(model: type[BaseModel], body: Any) -> Any:
         raise json_error(web.HTTPBadRequest, "; ".join(problems)) from None
 
 
-def apply_fault(backend: "Backend", body: Any) -> dict[str, Any]:
+def apply_fault(backend: Backend, body: Any) -> dict[str, Any]:
     """Shared by /admin/fault and the control server: validate, apply, return the new state."""
     fault = parse_model(FaultRequest, body)
     try:
@@ -117,7 +117,7 @@ def apply_fault(backend: "Backend", body: Any) -> dict[str, Any]:
         raise json_error(web.HTTPConflict, str(exc)) from None
 
 
-def apply_restart(backend: "Backend", body: Any) -> dict[str, Any]:
+def apply_restart(backend: Backend, body: Any) -> dict[str, Any]:
     """Shared by /admin/restart and the control server: validate, start the restart, return the state."""
     restart = parse_model(RestartRequest, body)
     return backend.set_fault("restart", startup_seconds=restart.startup_seconds)
@@ -273,7 +273,7 @@ async def _server_header(request: web.Request, response: web.StreamResponse) -> 
     response.headers["server"] = "uvicorn"
 
 
-def create_app(process: "ServerProcess", backend: "Backend") -> web.Application:
+def create_app(process: ServerProcess, backend: Backend) -> web.Application:
     """The routes of one vLLM server lifetime."""
     app = web.Application(middlewares=[http_stats_middleware], client_max_size=MAX_BODY_BYTES)
     app[PROCESS_KEY] = process

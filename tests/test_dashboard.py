@@ -11,9 +11,7 @@ import subprocess
 
 import pytest
 import yaml
-
 from conftest import REPO, load_script, require_binary
-
 
 generate = load_script(REPO / "dashboards" / "generate.py")
 queries = load_script(REPO / "dashboards" / "queries.py")

@@ -14,12 +14,12 @@ import aiohttp
 import kubernetes_validate
 import pytest
 import yaml
-
 from conftest import REPO, load_script
 
 from exporter.app import create_app
 from exporter.settings import ExporterSettings, parse_settings
-from remediator.settings import KubernetesTarget, Settings as RemediatorSettings
+from remediator.settings import KubernetesTarget
+from remediator.settings import Settings as RemediatorSettings
 
 K8S = REPO / "deploy" / "kubernetes"
 # Native sidecars (initContainers with restartPolicy: Always) need 1.29; check a recent one too.

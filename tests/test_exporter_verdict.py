@@ -181,6 +181,7 @@ def test_rates_never_go_negative_across_a_restart() -> None:
 
 def test_sigstop_fixture_pages_become_stuck() -> None:
     from conftest import VLLM_FIXTURES
+
     from exporter.engines.vllm import parse_page
 
     frozen = parse_page((VLLM_FIXTURES / "vllm-0.32.0-cpu-metrics-enginecore-sigstop.txt").read_bytes())

@@ -78,11 +78,11 @@ CASES = [
     ("old restarts out of window", ALERT, FLEET, JournalState(restart_times={"a": (T0 - 9000, T0 - 8000, T0 - 7000)},
      last_restart_started=T0 - 7000), POLICY, T0, "allowed"),
     ("two unhealthy within max", ALERT, fleet(b=TargetStatus("stuck", OLD)), JOURNAL, POLICY, T0, "allowed"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("alert, fleet_view, journal, policy, now, reason", [c[1:] for c in CASES],
-                         ids=[c[0] for c in CASES])  # fmt: skip
+                         ids=[c[0] for c in CASES])
 def test_gate_reason(alert, fleet_view, journal, policy, now, reason):
     decision = decide(alert, fleet_view, journal, policy, now)
     assert decision.reason == reason, decision

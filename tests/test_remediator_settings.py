@@ -52,7 +52,7 @@ def test_max_unhealthy_count(value, targets, count):
             "auth": {"none": True},
             "max_unhealthy": value,
             "targets": {f"t{i}": {"executor": "http", "url": "http://x:1/"} for i in range(targets)},
-        }  # fmt: skip
+        }
     )
     assert settings.max_unhealthy_count() == count
 

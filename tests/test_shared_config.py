@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import pytest
-from pydantic import AfterValidator, BaseModel, Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 import exporter.settings
 import remediator.settings
