@@ -23,6 +23,7 @@ from aiohttp import web
 
 from exporter.keys import CLOCK, SESSION, SETTINGS, STORE
 from exporter.state import target_view
+from llm_vitals.targets import TargetView
 
 # The sparkline shows at most this much history (the exporter may keep more, `history_seconds`).
 SPARK_WINDOW_SECONDS = 300.0
@@ -105,28 +106,28 @@ def sparkline(points: Iterable[Sequence[Any]], now: float, window: float = SPARK
             f'{"".join(shading)}<polyline points="{line}" fill="none" stroke="#2563eb" stroke-width="1.5"/></svg>')
 
 
-def _target_row(target: Mapping[str, Any], history: Sequence[Sequence[Any]], now: float) -> str:
-    state = str(target.get("state", ""))
+def _target_row(target: TargetView, history: Sequence[Sequence[Any]], now: float) -> str:
+    state = target.state
     colour = STATE_COLOURS.get(state, "#374151")
-    since = target.get("since")
-    in_state = format_duration(now - since) if isinstance(since, (int, float)) else "–"
-    running, waiting = target.get("running"), target.get("waiting")
+    since = target.since
+    in_state = format_duration(now - since) if since is not None else "–"
+    running, waiting = target.running, target.waiting
     load = "–" if running is None or waiting is None else f"{running:g} / {waiting:g}"
-    stuck = target.get("stuck_seconds") or 0.0
-    detail = target.get("detail") or ""
+    stuck = target.stuck_seconds
+    detail = target.detail
     return (
-        f'<tr class="target" data-target="{_text(target.get("name"))}" data-state="{_text(state)}">'
-        f'<td class="name"><span class="nowrap">{_text(target.get("name"))}</span>'
-        f'<div class="sub">{_text(target.get("role"))} · {_text(target.get("url"))}</div></td>'
+        f'<tr class="target" data-target="{_text(target.name)}" data-state="{_text(state)}">'
+        f'<td class="name"><span class="nowrap">{_text(target.name)}</span>'
+        f'<div class="sub">{_text(target.role)} · {_text(target.url)}</div></td>'
         f'<td><span class="state" style="background:{colour}">{_text(state)}</span></td>'
-        f'<td class="reason" title="{_text(detail)}">{_text(target.get("reason"))}<div class="sub">{_text(detail)}</div></td>'
+        f'<td class="reason" title="{_text(detail)}">{_text(target.reason)}<div class="sub">{_text(detail)}</div></td>'
         f'<td class="num">{in_state}</td>'
         f'<td class="num">{_text(load)}</td>'
-        f'<td class="num">{_number(target.get("steps_per_second"))}</td>'
+        f'<td class="num">{_number(target.steps_per_second)}</td>'
         f'<td>{sparkline(history, now)}</td>'
-        f'<td class="num">{_number(target.get("generation_tokens_per_second"))}</td>'
+        f'<td class="num">{_number(target.generation_tokens_per_second)}</td>'
         f'<td class="num">{format_duration(stuck) if stuck else "–"}</td>'
-        f'<td class="num">{_text(target.get("restarts", 0))}</td>'
+        f'<td class="num">{_text(target.restarts)}</td>'
         "</tr>"
     )
 
@@ -177,17 +178,17 @@ footer{margin-top:1rem;color:#6b7280;font-size:.78rem}
 
 
 def render_page(
-    targets: Sequence[Mapping[str, Any]],
+    targets: Sequence[TargetView],
     histories: Mapping[str, Sequence[Sequence[Any]]],
     decisions: Decisions | None,
     now: float,
     refresh_seconds: int = 5,
 ) -> str:
-    """The whole page. `targets` are TARGET views (docs/interfaces.md); `histories` maps name -> points."""
-    rows = "".join(_target_row(t, histories.get(str(t.get("name")), ()), now) for t in targets)
+    """The whole page for these targets (`histories` maps a name to its points)."""
+    rows = "".join(_target_row(t, histories.get(t.name, ()), now) for t in targets)
     counts: dict[str, int] = {}
     for target in targets:
-        counts[str(target.get("state"))] = counts.get(str(target.get("state")), 0) + 1
+        counts[target.state] = counts.get(target.state, 0) + 1
     summary = ", ".join(f"{n} {_text(s)}" for s, n in sorted(counts.items()))
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(now))
     return (

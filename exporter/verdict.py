@@ -10,18 +10,16 @@ from typing import Any, Literal
 
 from exporter.engines import Snapshot
 from exporter.settings import TargetSettings
+from llm_vitals.targets import NOT_READY_STATES, STATES, UNHEALTHY_STATES, PollErrorReason, Reason, State
 
-STATES = ("starting", "idle", "busy", "stuck", "unresponsive", "down")
-NOT_READY_STATES = frozenset({"starting", "down", "stuck", "unresponsive"})
-# The states the remediator's fleet gate counts as unhealthy.
-UNHEALTHY_STATES = frozenset({"stuck", "unresponsive", "down"})
+__all__ = ["NOT_READY_STATES", "STATES", "UNHEALTHY_STATES"]  # re-exported: the verdict's words
 
 
 @dataclass(frozen=True, slots=True)
 class PollError:
     """A poll that produced no usable reading. `reason` is the `poll_errors_total` label."""
 
-    reason: str
+    reason: PollErrorReason
     detail: str
 
 
@@ -45,15 +43,15 @@ Observation = Snapshot | PollError | ModelsOk
 class Verdict:
     """Everything the exporter believes about one target after its latest poll."""
 
-    state: str
-    reason: str
+    state: State
+    reason: Reason
     detail: str
     since: float  # when the current state began
     first_seen: float  # when the exporter started watching (startup grace counts from here)
     started: bool = False  # has ever been servable
     up: bool = False  # the last poll gave a usable reading
     last_poll: float | None = None
-    error_reason: str | None = None  # set when the last poll failed: the poll_errors_total label
+    error_reason: PollErrorReason | None = None  # set when the last poll failed: the poll_errors_total label
     snapshot: Snapshot | None = None  # last good reading, in the current process lifetime
     snapshot_at: float | None = None
     last_progress: float | None = None  # last read that saw progress, or saw nothing owed
@@ -103,7 +101,7 @@ def went_backwards(before: Snapshot, after: Snapshot) -> str | None:
     return None
 
 
-def _move(previous: Verdict, now: float, state: str, reason: str, detail: str, **changes: Any) -> Verdict:
+def _move(previous: Verdict, now: float, state: State, reason: Reason, detail: str, **changes: Any) -> Verdict:
     since = previous.since if state == previous.state else now
     last_unhealthy_at = now if state in UNHEALTHY_STATES else previous.last_unhealthy_at
     return replace(previous, state=state, reason=reason, detail=detail, since=since, last_poll=now,
@@ -134,6 +132,8 @@ def judge(previous: Verdict | None, observation: Observation, now: float, target
 
 
 def _on_error(previous: Verdict, error: PollError, now: float, target: TargetSettings, **changes: Any) -> Verdict:
+    state: State
+    reason: Reason
     if not previous.started and now - previous.first_seen < target.startup_grace:
         state, reason, detail = "starting", "startup", f"not servable yet ({error.reason}: {error.detail})"
     else:
@@ -211,9 +211,8 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
         # Canary failures and served evidence were about the old process, not this one: an idle
         # restarted server is ready once its own canary answers (the poller sends one at once).
         changes.update(canary_failures=0, last_served=None)
-        reason, detail = "restart", f"process restarted (restart #{restarts}); {load}"
-        state = "busy" if snap.pending else "idle"
-        return _move(previous, now, state, reason, detail, **changes)
+        detail = f"process restarted (restart #{restarts}); {load}"
+        return _move(previous, now, "busy" if snap.pending else "idle", "restart", detail, **changes)
 
     if not snap.pending:
         failures = previous.canary_failures if not moved else 0

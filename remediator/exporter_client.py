@@ -3,7 +3,8 @@
 Concurrent callers share one in-flight request (single flight), and a successful read is reused
 for `max_age` (default 1 s; the exporter itself polls every few seconds, so a younger read is as
 fresh as "now" gets): a storm of 500 webhooks costs the exporter a handful of reads. Any failure
-(connect, timeout, HTTP status, an answer over the size cap, bad JSON) is reported as `None`,
+(connect, timeout, HTTP status, an answer over the size cap, bad JSON, an answer that is not
+llm_vitals.targets.TargetsAnswer: a state this remediator does not know is doubt) is reported as `None`,
 which the gate reads as "exporter unreachable: do nothing".
 """
 
@@ -14,9 +15,10 @@ import logging
 import time
 
 import httpx
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from llm_vitals.logs import log_event
+from llm_vitals.targets import TargetsAnswer
 
 from .executors import redact_url
 from .gate import FleetView, TargetStatus
@@ -25,22 +27,6 @@ log = logging.getLogger("remediator.exporter")
 
 # The exporter's answer is small (one object per target); anything bigger is not it.
 _MAX_BYTES = 8 * 1024 * 1024
-
-
-class _Target(BaseModel):
-    # The exporter may add fields; we read only these.
-    model_config = ConfigDict(extra="ignore")
-    name: str
-    state: str
-    process_start_time: float | None = None
-    last_restart_at: float | None = None  # the exporter's last detected restart (counter reset)
-    gpu_fault: bool = False
-    recently_unhealthy: bool = False
-
-
-class _Targets(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    targets: list[_Target]
 
 
 class ExporterClient:
@@ -83,7 +69,7 @@ class ExporterClient:
             # httpx's timeout is per read; this bounds the whole answer, so an exporter that
             # trickles bytes cannot hold every waiting webhook past `timeout`.
             async with asyncio.timeout(self.timeout):
-                parsed = _Targets.model_validate_json(await self._read())
+                parsed = TargetsAnswer.model_validate_json(await self._read())
         except (httpx.HTTPError, ValueError, ValidationError, TimeoutError) as exc:
             log_event(log, "exporter unreachable", level=logging.WARNING, url=redact_url(self.url),
                       error=type(exc).__name__, detail=str(exc)[:200])

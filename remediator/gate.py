@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
-# States in which the exporter says a target needs help (and which the fleet gate counts).
-UNHEALTHY_STATES = frozenset({"stuck", "unresponsive", "down"})
-RESTARTABLE_STATES = frozenset({"stuck", "unresponsive"})
+from llm_vitals.targets import RESTARTABLE_STATES, UNHEALTHY_STATES, State
 
-REASONS = (
+# The `reason` of every decision: the `..._decisions_total{reason}` label and the journal's word.
+Reason = Literal[
     "not_firing",
     "no_restart_label",
     "unknown_target",
@@ -30,12 +29,13 @@ REASONS = (
     "fleet_gate",
     "dry_run",
     "allowed",
-)
+]
+REASONS: tuple[Reason, ...] = get_args(Reason)
 
 
 class Decision(NamedTuple):
     allowed: bool
-    reason: str
+    reason: Reason
     detail: str = ""
 
 
@@ -70,7 +70,7 @@ def dedupe_key(fingerprint: str, starts_at: float) -> tuple[str, float]:
 class TargetStatus:
     """One target as the exporter's `/api/v1/targets` sees it now."""
 
-    state: str
+    state: State
     process_start_time: float | None = None
     last_restart_time: float | None = None
     gpu_fault: bool = False

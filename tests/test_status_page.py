@@ -24,6 +24,7 @@ from conftest import REPO, free_port, require_binary
 from exporter.app import create_app as create_exporter_app
 from exporter.settings import parse_settings
 from exporter.status_page import Decisions, render_page, setup_status_page, sparkline
+from llm_vitals.targets import TargetView
 from remediator.app import create_app as create_remediator_app
 from remediator.settings import build_settings as build_remediator_settings
 from simulator.fleet import Fleet, SimConfig
@@ -31,12 +32,13 @@ from simulator.fleet import Fleet, SimConfig
 NOW = 1_800_000_000.0
 
 
-def target(name: str, state: str, **extra) -> dict:
-    base = {"name": name, "role": "backend", "url": "http://127.0.0.1:8101", "state": state, "reason": "progress",
-            "detail": "", "since": NOW - 75, "running": 2, "waiting": 0, "steps_per_second": 12.5,
+def target(name: str, state: str, **extra) -> TargetView:
+    base = {"name": name, "engine": "vllm", "role": "backend", "url": "http://127.0.0.1:8101", "state": state,
+            "reason": "progress", "detail": "", "since": NOW - 75, "running": 2, "waiting": 0, "steps_per_second": 12.5,
             "generation_tokens_per_second": 25.0, "stuck_seconds": 0.0, "restarts": 1}
     base.update(extra)
-    return base
+    # Not validated: the page must escape whatever it is handed, even words no exporter writes.
+    return TargetView.model_construct(**base)
 
 
 class Rows(HTMLParser):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llm_vitals.targets import PollErrorReason
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
@@ -37,7 +39,7 @@ class Snapshot:
 class PageError(Exception):
     """A page that cannot be turned into a snapshot. `reason` is the poll-error label."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: PollErrorReason, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
