@@ -40,8 +40,8 @@ class TargetRecord:
         return self.settings.name
 
     def ready(self, now: float) -> bool:
-        """What the readiness probe answers: the verdict's readiness, and no flagged GPU fault."""
-        return is_ready(self.verdict, self.settings, now, self.draining) and self.gpu_fault is None
+        """What the readiness probe answers."""
+        return is_ready(self.verdict, self.settings, now, self.draining, gpu_fault=self.gpu_fault is not None)
 
     def live(self, now: float) -> bool:
         return is_live(self.verdict, self.settings, now)

@@ -121,9 +121,28 @@ def recently_unhealthy(verdict: Verdict, now: float, window: float) -> bool:
     return verdict.last_unhealthy_at is not None and now - verdict.last_unhealthy_at <= window
 
 
-def judge(previous: Verdict | None, observation: Observation, now: float, target: TargetSettings) -> Verdict:
-    """The new verdict for `target` after one poll that saw `observation` at time `now`."""
+def health_check_due(previous: Verdict, snap: Snapshot) -> bool:
+    """Whether this poll should also ask `/health`: work pending and nothing moved since the last read.
+
+    Then the question is whether the engine is dead (vLLM answers 503) or only slow.
+    """
+    base = previous.snapshot
+    return snap.pending and base is not None and not progressed(base, snap)
+
+
+def judge(
+    previous: Verdict | None, observation: Observation, now: float, target: TargetSettings, *, health: int | None = None,
+) -> Verdict:
+    """The new verdict for `target` after one poll that saw `observation` at time `now`.
+
+    `health` is the HTTP status `/health` answered in this poll, when it was asked (see
+    `health_check_due`); None when it was not asked or did not answer.
+    """
     previous = previous or initial(now)
+    if isinstance(observation, Snapshot) and health == 503:
+        # vLLM's word that the engine is dead. Any other answer (or none) is no news: it must not
+        # replace the page just read, or a stuck server would read `down`, which liveness never acts on.
+        return _on_error(previous, PollError("health_503", "/health answered 503: the engine is dead"), now, target)
     if isinstance(observation, PollError):
         return _on_error(previous, observation, now, target)
     if isinstance(observation, ModelsOk):
@@ -255,9 +274,9 @@ def is_started(verdict: Verdict) -> bool:
     return verdict.started
 
 
-def is_ready(verdict: Verdict, target: TargetSettings, now: float, draining: bool) -> bool:
-    """Readiness: started, not down/stuck/unresponsive, fresh evidence when idle, not draining. Never load."""
-    if draining or not verdict.started or verdict.state in NOT_READY_STATES:
+def is_ready(verdict: Verdict, target: TargetSettings, now: float, draining: bool, gpu_fault: bool = False) -> bool:
+    """Readiness: started, not down/stuck/unresponsive, fresh evidence when idle, not draining, no GPU fault. Never load."""
+    if draining or gpu_fault or not verdict.started or verdict.state in NOT_READY_STATES:
         return False
     if verdict.state == "idle" and target.role == "backend" and target.canary.enabled:
         return verdict.last_served is not None and now - verdict.last_served <= target.canary.freshness
@@ -269,3 +288,35 @@ def is_live(verdict: Verdict, target: TargetSettings, now: float) -> bool:
     if verdict.state != "stuck" or verdict.last_progress is None:
         return True
     return now - verdict.last_progress <= target.liveness
+
+
+def canary_due(
+    verdict: Verdict,
+    observation: Observation,
+    last_sent: float | None,
+    now: float,
+    target: TargetSettings,
+    *,
+    poll_interval: float,
+    in_flight: bool = False,
+) -> bool:
+    """May a canary go out with the poll that just judged `observation` into `verdict`?
+
+    The product's key rule: never to a server this very poll saw working, so the canary cannot
+    queue behind the load it guards. `last_sent` is when the previous canary went out (None: never).
+    """
+    if not target.canary.enabled or target.role != "backend" or in_flight:
+        return False
+    # A canary to the process before the last detected restart says nothing about this one: a
+    # new process must show it serves before an idle server is ready, so its canary goes at once.
+    before_restart = last_sent is not None and verdict.last_restart_at is not None and last_sent < verdict.last_restart_at
+    # Due from half a poll before the interval is up: a canary can only go out with a poll, so
+    # waiting for the full interval made every gap interval + up to one poll (4 s for 3 s on
+    # the real vLLM); with the half-poll allowance the gaps average the configured interval.
+    due_after = target.canary.interval - poll_interval / 2
+    if last_sent is not None and not before_restart and now - last_sent < due_after:
+        return False
+    if isinstance(observation, Snapshot):
+        return not observation.pending
+    # An engine with no /metrics cannot show its load; its models answer is the best we have.
+    return isinstance(observation, ModelsOk) and target.engine == "openai"

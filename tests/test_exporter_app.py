@@ -325,25 +325,3 @@ async def test_a_bug_in_the_canary_is_logged_and_not_counted_against_the_server(
     assert sum(rec.canaries.values()) == 0 and rec.verdict.canary_failures == 0
     assert rec.verdict.state == "idle"
 
-
-@pytest.mark.parametrize(
-    ("seconds_since_last", "pending", "due"),
-    [
-        (27.4, False, False),  # interval 30 s, poll 5 s: not before 30 - 5/2
-        (27.5, False, True),  # from half a poll early, so the gaps average the interval
-        (31.0, False, True),
-        (45.0, True, False),  # never to a server with work pending, however overdue
-    ],
-)
-def test_a_canary_is_due_from_half_a_poll_before_its_interval_and_only_when_idle(seconds_since_last, pending, due):
-    from exporter.engines import Snapshot
-    from exporter.poller import Poller
-    from exporter.state import StateStore
-
-    settings = make_settings([make_target("gpu-a", "http://127.0.0.1:9", canary={"interval": 30})], poll_interval=5)
-    store = StateStore(settings, 0.0)
-    poller = Poller(settings, store, session=None)  # type: ignore[arg-type] -- _canary_due does no I/O
-    gpu_a = store.get("gpu-a")
-    gpu_a.last_canary_sent = 1000.0
-    reading = Snapshot(running=1 if pending else 0, waiting=0)
-    assert poller._canary_due(gpu_a, reading, 1000.0 + seconds_since_last) is due

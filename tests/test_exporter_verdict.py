@@ -254,3 +254,35 @@ def test_liveness_fails_only_when_stuck_past_the_budget() -> None:
     assert not is_live(stuck, settings, START + 121)
     down = run([(0, snap()), (5, PollError("connect", "refused"))], settings)[-1]
     assert is_live(down, settings, START + 10_000)
+
+
+def test_health_503_with_a_frozen_page_is_down_any_other_answer_is_no_news() -> None:
+    settings = target()
+    frozen = snap(running=2, steps=5)
+    first = judge(None, frozen, START, settings)
+    dead = judge(first, frozen, START + 5, settings, health=503)
+    assert (dead.state, dead.reason, dead.up) == ("down", "health_503", False)
+    for other in (200, 500, None):  # a slow or failing /health must not turn stuck into down
+        verdict = judge(first, frozen, START + 5, settings, health=other)
+        assert verdict.state == "busy" and verdict.up
+
+
+@pytest.mark.parametrize(
+    ("state", "draining", "gpu_fault", "ready"),
+    [
+        ("busy", False, False, True),
+        ("busy", True, False, False),
+        ("busy", False, True, False),  # a GPU fault: not ready, whatever the counters say
+        ("served idle", False, False, True),
+        ("served idle", False, True, False),
+        ("stuck", False, False, False),
+    ],
+)
+def test_readiness_table(state: str, draining: bool, gpu_fault: bool, ready: bool) -> None:
+    settings = target()
+    verdicts = {
+        "busy": run([(0, snap(running=1, steps=1)), (5, snap(running=1, steps=2))], settings)[-1],
+        "served idle": run([(0, snap()), (5, CanaryOutcome("ok"))], settings)[-1],
+        "stuck": run([(0, snap(running=1)), (35, snap(running=1)), (65, snap(running=1))], settings)[-1],
+    }
+    assert is_ready(verdicts[state], settings, START + 65, draining, gpu_fault=gpu_fault) is ready
