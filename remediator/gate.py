@@ -8,7 +8,7 @@ tests drive it with tables. The checks run in the order of DESIGN §4, and the f
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, NamedTuple, get_args
 
 from llm_vitals.targets import RESTARTABLE_STATES, UNHEALTHY_STATES, State
@@ -34,9 +34,14 @@ REASONS: tuple[Reason, ...] = get_args(Reason)
 
 
 class Decision(NamedTuple):
+    """The gate's answer. `open_circuit`: the service must open the target's circuit with this decision."""
+
     allowed: bool
     reason: Reason
     detail: str = ""
+    # Set on the restart that uses up the budget (opened with its intent, so a crash cannot lose
+    # it) and on the refusal that first finds the budget used up.
+    open_circuit: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,33 @@ class GatePolicy:
     down_alertnames: frozenset[str] = frozenset({"LLMServerDown"})
 
 
+def after_decision(journal: JournalState, alert: AlertFacts, decision: Decision, now: float) -> JournalState:
+    """The journal as the gate sees it once `decision` is recorded: what the journal's own mirror applies."""
+    target = alert.target
+    if target is None:
+        return journal
+    if decision.allowed:
+        last = journal.last_restart_started
+        return replace(
+            journal,
+            decided_keys=journal.decided_keys | {alert.key},
+            in_progress=target,
+            last_restart_started=now if last is None else max(last, now),
+            restart_times={**journal.restart_times, target: (*journal.restart_times.get(target, ()), now)},
+            open_circuits=journal.open_circuits | ({target} if decision.open_circuit else set()),
+        )
+    if decision.reason == "dry_run":  # a would-be restart: the next copy of the alert is a duplicate
+        return replace(journal, decided_keys=journal.decided_keys | {alert.key})
+    if decision.open_circuit:
+        return replace(journal, open_circuits=journal.open_circuits | {target})
+    return journal
+
+
+def after_restart(journal: JournalState) -> JournalState:
+    """The journal once the running restart has finished, whatever its result."""
+    return replace(journal, in_progress=None)
+
+
 def restarts_in_window(journal: JournalState, policy: GatePolicy, target: str, now: float) -> int:
     """Restarts of `target` within the budget window ending now (since its last circuit reset)."""
     since = now - policy.budget_window
@@ -174,7 +206,7 @@ def decide(
         return Decision(False, "circuit_open", "restart budget exhausted; POST /api/v1/circuit/reset")
     used = restarts_in_window(journal, policy, target, now)
     if used >= policy.max_restarts:
-        return Decision(False, "circuit_open", f"{used} restarts within the budget window")
+        return Decision(False, "circuit_open", f"{used} restarts within the budget window", open_circuit=True)
 
     # 9. The fleet gate: a mass failure points elsewhere (network, storage, the exporter).
     unhealthy = sum(
@@ -189,4 +221,4 @@ def decide(
     # 10. Dry-run records what it would have done.
     if policy.dry_run:
         return Decision(False, "dry_run", "would restart")
-    return Decision(True, "allowed", "")
+    return Decision(True, "allowed", "", open_circuit=used + 1 >= policy.max_restarts)

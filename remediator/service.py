@@ -128,13 +128,10 @@ class Remediator:
             target = facts.target
             assert target is not None
             if decision.allowed:
-                used = gate.restarts_in_window(state, self.policy, target, now)
                 executor = self.executors[target]
                 # The intent is durable before the executor may run: a crash from here on still
                 # counts against the cooldown and the budget.
-                action_id = await self.journal.record_intent(
-                    now, facts, executor.kind, open_circuit=used + 1 >= self.policy.max_restarts
-                )
+                action_id = await self.journal.record_intent(now, facts, executor.kind, open_circuit=decision.open_circuit)
                 # Straight after the intent: nothing may fail in between and leave a pending
                 # intent that never runs, holding `restart_in_progress` until the next start.
                 self._start_restart(action_id, target, executor)
@@ -142,7 +139,7 @@ class Remediator:
                 log_event(log, "restart allowed", target=target, fingerprint=facts.fingerprint, action_id=action_id,
                           executor=executor.kind)
                 return decision
-            if decision.reason == "circuit_open" and target not in state.open_circuits:
+            if decision.open_circuit:
                 await self.journal.open_circuit(target, now)
             # Inside the lock: a dry_run row is what makes the next copy a duplicate.
             self._record(facts, decision, now)

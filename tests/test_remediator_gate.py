@@ -115,6 +115,22 @@ def test_checks_run_in_the_documented_order():
 
 
 def test_decision_unpacks_as_allowed_and_reason():
-    allowed, reason, _ = decide(ALERT, FLEET, JOURNAL, POLICY, T0)
+    allowed, reason, *_ = decide(ALERT, FLEET, JOURNAL, POLICY, T0)
     assert (allowed, reason) == (True, "allowed")
     assert isinstance(decide(ALERT, None, JOURNAL, POLICY, T0), Decision)
+
+
+@pytest.mark.parametrize(
+    ("journal", "reason", "opens"),
+    [
+        (JournalState(), "allowed", False),
+        (JournalState(restart_times={"a": (T0 - 3000, T0 - 2000)}, last_restart_started=T0 - 2000), "allowed", True),
+        (JournalState(restart_times={"a": (T0 - 3000, T0 - 2000, T0 - 1000)}, last_restart_started=T0 - 1000),
+         "circuit_open", True),  # the budget found used up: opened now
+        (JournalState(open_circuits=frozenset({"a"})), "circuit_open", False),  # open already
+    ],
+    ids=["first restart", "the restart that uses up the budget", "budget used up", "already open"],
+)
+def test_the_gate_says_when_a_decision_opens_the_circuit(journal: JournalState, reason: str, opens: bool) -> None:
+    decision = decide(ALERT, FLEET, journal, POLICY, T0)
+    assert (decision.reason, decision.open_circuit) == (reason, opens)
