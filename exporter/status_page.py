@@ -7,13 +7,17 @@ when `remediator_url` is set. The page is for people; machines read `/api/v1/tar
 remediator detail must never become markup.
 
 `render_page()` is pure (data and `now` in, HTML out) so that tests render it without a server;
-`setup_status_page(app)` wires it into the exporter app.
+`setup_status_page(app)` wires it into the exporter app. No handler awaits the remediator: a
+background task reads its decisions once at startup and then every refresh interval, and the page
+renders from that cache.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from typing import Any
@@ -25,11 +29,13 @@ from exporter.keys import CLOCK, SESSION, SETTINGS, STORE
 from exporter.state import target_view
 from llm_vitals.targets import TargetView
 
+log = logging.getLogger("llm_vitals.exporter")
+
 # The sparkline shows at most this much history (the exporter may keep more, `history_seconds`).
 SPARK_WINDOW_SECONDS = 300.0
 SPARK_MIN_SECONDS = 60.0
 SPARK_WIDTH, SPARK_HEIGHT = 160, 28
-# The remediator is read on every page view: a slow or dead remediator must not slow the page.
+# A slow or dead remediator must not hold the reader (nor the exporter's startup) for long.
 REMEDIATOR_TIMEOUT_SECONDS = 1.0
 ACTIONS_LIMIT = 10
 
@@ -228,23 +234,62 @@ async def fetch_decisions(session: aiohttp.ClientSession, base_url: str, timeout
     return Decisions(actions=[a for a in actions if isinstance(a, dict)][:ACTIONS_LIMIT], url=base_url)
 
 
+@dataclass
+class DecisionsCache:
+    """The remediator's decisions as last read; None when the exporter has no `remediator_url`."""
+
+    latest: Decisions | None = None
+
+
+DECISIONS = web.AppKey("remediator_decisions", DecisionsCache)
+
+
+def refresh_seconds(poll_interval: float) -> int:
+    """How often the page reloads itself, and so how often the remediator's decisions are read."""
+    return max(1, min(10, round(poll_interval)))
+
+
+async def _read_decisions(app: web.Application) -> AsyncIterator[None]:
+    """Fill the DECISIONS cache: once before serving, then every refresh interval, until shutdown."""
+    settings = app[SETTINGS]
+    if settings.remediator_url is None:
+        yield
+        return
+    url, cache = str(settings.remediator_url), app[DECISIONS]
+    cache.latest = await fetch_decisions(app[SESSION], url)
+
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(refresh_seconds(settings.poll_interval))
+            try:
+                cache.latest = await fetch_decisions(app[SESSION], url)
+            except Exception as exc:  # a bug here: logged, shown, and the next read tries again
+                log.exception("reading the remediator's decisions failed unexpectedly")
+                cache.latest = Decisions(note=f"cannot read the remediator: {type(exc).__name__}", url=url)
+
+    task = asyncio.create_task(loop(), name="remediator-decisions")
+    yield
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 def setup_status_page(app: web.Application) -> None:
     """Register `GET /` (the status page) on an exporter app made by `exporter.app.create_app`."""
     if any(r.method == "GET" and r.resource is not None and r.resource.canonical == "/" for r in app.router.routes()):
         return  # already set up (create_app does it); a second call must not fail
+    app[DECISIONS] = DecisionsCache()
+    app.cleanup_ctx.append(_read_decisions)  # after the client session's: it reads through that session
 
     async def status_page(request: web.Request) -> web.Response:
         app_ = request.app
         settings = app_[SETTINGS]
-        decisions = None
-        if settings.remediator_url is not None:
-            decisions = await fetch_decisions(app_[SESSION], str(settings.remediator_url))
+        decisions = app_[DECISIONS].latest
         now = app_[CLOCK]()
         store = app_[STORE]
         records = list(store)
         targets = [target_view(record, now) for record in records]
         histories = {record.name: list(record.history) for record in records}
-        refresh = max(1, min(10, round(settings.poll_interval)))
+        refresh = refresh_seconds(settings.poll_interval)
         html = render_page(targets, histories, decisions, now, refresh_seconds=refresh)
         return web.Response(text=html, content_type="text/html", charset="utf-8",
                             headers={"Cache-Control": "no-store"})

@@ -120,6 +120,30 @@ async def test_remediator_down_gives_200_with_a_note(aiohttp_client) -> None:
     assert any("cannot read the remediator" in note for note in rows.notes)
 
 
+async def test_the_page_never_waits_for_a_stalled_remediator(aiohttp_client, aiohttp_server) -> None:
+    calls = []
+
+    async def stall(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        calls.append(time.monotonic())
+        await asyncio.sleep(30)
+        return aiohttp.web.json_response({"actions": []})
+
+    remediator = aiohttp.web.Application()
+    remediator.router.add_get("/api/v1/actions", stall)
+    server = await aiohttp_server(remediator)
+    settings = parse_settings({"poll_interval": 10, "remediator_url": str(server.make_url("/")),
+                               "targets": [{"name": "gpu-a", "url": "http://127.0.0.1:9"}]})
+    client = await aiohttp_client(create_exporter_app(settings, poll=False))
+    assert len(calls) == 1  # read once before serving, within the 1 s timeout
+    for _ in range(3):
+        started = time.monotonic()
+        response = await client.get("/")
+        assert response.status == 200
+        assert time.monotonic() - started < 0.9  # under the remediator timeout: rendered from the cache
+        assert any("did not answer" in note for note in parse(await response.text()).notes)
+    assert len(calls) == 1  # page views read nothing upstream
+
+
 # ----------------------------------------------------------------------------------------------
 # The real page in headless Chromium
 
@@ -211,6 +235,12 @@ async def test_chromium_shows_the_states_the_api_reports(aiohttp_server, tmp_pat
                 "startsAt": starts, "fingerprint": "f00d"}]}
             async with load.post(str(remediator.make_url("/webhook")), json=alert) as r:
                 assert r.status == 200, await r.text()
+
+            async def page_shows_a_decision() -> bool:  # the page renders the decisions read in the background
+                async with load.get(f"{base}/") as r:
+                    return 'class="decision' in await r.text()
+
+            await wait_until(page_shows_a_decision, what="the decision on the page")
 
             profile = tmp_path / "chromium-profile"
             dom = (await chromium(binary, profile, "--dump-dom", f"{base}/")).decode()
