@@ -8,10 +8,11 @@ simulated day takes seconds and every run prints the same table:
 - **baseline**: the watchdogs of the incident. One sends a real chat request every 5 min with a
   45 s timeout and restarts after 5 failures in a row; a second restarts the server when it counts
   3 HTTP 500s within 10 min (checked every minute). Both watch the same server.
-- **llm-vitals**: the exporter's own code (`exporter.verdict.judge`/`record_canary` on a snapshot
-  of the engine's counters every 5 s, and the poller's canary rule `Poller._canary_due`), the
-  LLMServerStuck/Unresponsive rules (`for: 1m`, evaluated every 15 s) and the remediator's own gate
-  (`remediator.gate.decide`, production defaults: 15 min cooldown, budget 3/h).
+- **llm-vitals**: the exporter's own pure functions (`exporter.verdict.judge`/`record_canary` on a
+  snapshot of the engine's counters every 5 s, and the canary rule `canary_due`), the
+  LLMServerStuck/Unresponsive rules (`for: 1m`, evaluated every 15 s by `demo.alert_rule.evaluate`,
+  as the demo's relay does) and the remediator's own gate (`remediator.gate.decide` and
+  `after_decision`, production defaults: 15 min cooldown, budget 3/h). No I/O object is built.
 
 A restart fails every request in flight with a 500 and the server reloads its weights for
 `load_seconds`; requests meanwhile are refused (the batch job retries after 30 s).
@@ -30,17 +31,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Literal
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from demo.alert_rule import ALERT_FOR_STATE, RuleState, evaluate  # noqa: E402
 from exporter.engines import Snapshot  # noqa: E402
-from exporter.poller import Poller  # noqa: E402
-from exporter.settings import ExporterSettings, TargetSettings  # noqa: E402
-from exporter.state import StateStore  # noqa: E402
-from exporter.verdict import CanaryOutcome, PollError, judge, record_canary  # noqa: E402
+from exporter.settings import TargetSettings  # noqa: E402
+from exporter.verdict import CanaryOutcome, PollError, Verdict, canary_due, initial, judge, record_canary  # noqa: E402
 from remediator import gate  # noqa: E402
 from simulator.config import SimConfig  # noqa: E402
 from simulator.engine import Engine, SimRequest  # noqa: E402
@@ -391,26 +391,23 @@ class ErrorWatchdog:
 
 
 class Vitals:
-    """The exporter, Prometheus + Alertmanager, and the remediator, on the virtual clock."""
+    """The exporter, Prometheus + Alertmanager, and the remediator, on the virtual clock: pure functions only."""
 
     # The two rules labelled remediation="restart", by the verdict state they alert on.
-    RULES: ClassVar[dict[str, str]] = {"stuck": "LLMServerStuck", "unresponsive": "LLMServerUnresponsive"}
+    RULES = ALERT_FOR_STATE
 
     def __init__(self, clock: Clock, server: Server, config: ReplayConfig) -> None:
         self.clock, self.server, self.config = clock, server, config
-        self.target = TargetSettings(
-            name=TARGET, url="http://127.0.0.1:8000", stuck_after=config.stuck_after,
-            canary={"interval": config.canary_interval, "timeout": config.canary_timeout},
-        )
-        settings = ExporterSettings(poll_interval=config.poll_interval, targets=[self.target])
-        self.store = StateStore(settings, 0.0)
-        self.record = self.store.get(TARGET)
-        # The poller object only for its canary rule; its HTTP loop is replaced by the virtual clock.
-        self.poller = Poller(settings, self.store, session=None, clock=lambda: clock.now)  # type: ignore[arg-type]
+        self.target = TargetSettings.model_validate({
+            "name": TARGET, "url": "http://127.0.0.1:8000", "stuck_after": config.stuck_after,
+            "canary": {"interval": config.canary_interval, "timeout": config.canary_timeout},
+        })
+        self.verdict: Verdict = initial(0.0)
+        self.last_canary_sent: float | None = None
+        self.canary_in_flight = False
         self.count = ProbeCount()
         self.states: list[tuple[float, str]] = []  # (time, state) at each change
-        self.active_at: dict[str, float] = {}  # alertname -> when its expression became true (pending)
-        self.notified: dict[str, float] = {}  # alertname -> last notification sent
+        self.rule = RuleState()  # the target's restartable alert, as Prometheus + Alertmanager hold it
         self.decisions: list[tuple[float, str, str]] = []  # (time, alertname, reason)
         self.policy = gate.GatePolicy(
             targets=frozenset({TARGET}), global_cooldown=config.global_cooldown, max_restarts=3,
@@ -422,30 +419,29 @@ class Vitals:
 
     # -- exporter --------------------------------------------------------------------------------
     def _poll(self) -> None:
-        now, record = self.clock.now, self.record
+        now = self.clock.now
         observation = self.server.observe()
-        record.verdict = judge(record.verdict, observation, now, self.target)
-        if not self.states or self.states[-1][1] != record.verdict.state:
-            self.states.append((now, record.verdict.state))
-        if self.poller._canary_due(record, observation, now):
+        self.verdict = judge(self.verdict, observation, now, self.target)
+        if not self.states or self.states[-1][1] != self.verdict.state:
+            self.states.append((now, self.verdict.state))
+        if canary_due(self.verdict, observation, self.last_canary_sent, now, self.target,
+                      poll_interval=self.config.poll_interval, in_flight=self.canary_in_flight):
             self._canary()
 
     def _canary(self) -> None:
-        record = self.record
-        record.last_canary_sent = self.clock.now
-        record.canary_task = object()  # "one in flight", as the poller marks it
+        self.last_canary_sent = self.clock.now
+        self.canary_in_flight = True
         self.count.sent += 1
         self.count.sent_to_busy += self.server.busy
         outcome: dict[str, str] = {}
 
-        def finish(result: str, detail: str = "") -> None:
+        def finish(result: Literal["ok", "error", "timeout"], detail: str = "") -> None:
             if outcome:
                 return
             outcome["result"] = result
-            record.canary_task = None
-            record.canaries[result] += 1
+            self.canary_in_flight = False
             self.count.failed += result != "ok"
-            record.verdict = record_canary(record.verdict, CanaryOutcome(result, detail), self.clock.now, self.target)  # type: ignore[arg-type]
+            self.verdict = record_canary(self.verdict, CanaryOutcome(result, detail), self.clock.now, self.target)
 
         request_id = self.server.submit(1, 1, lambda r: finish("ok" if r == "ok" else "error", r))
 
@@ -458,23 +454,15 @@ class Vitals:
 
     # -- Prometheus rules + Alertmanager ---------------------------------------------------------
     def _evaluate(self) -> None:
-        now, state = self.clock.now, self.record.verdict.state
-        for rule_state, alertname in self.RULES.items():
-            if state != rule_state:
-                self.active_at.pop(alertname, None)
-                self.notified.pop(alertname, None)
-                continue
-            active_at = self.active_at.setdefault(alertname, now)
-            if now - active_at < self.config.alert_for:
-                continue  # pending
-            last = self.notified.get(alertname)
-            if last is None or now - last >= self.config.repeat_interval:
-                self.notified[alertname] = now
-                self._webhook(alertname, starts_at=active_at + self.config.alert_for)
+        self.rule, sent = evaluate(self.rule, self.verdict.state, self.clock.now, self.config.alert_for,
+                                   self.config.repeat_interval)
+        for notification in sent:
+            if notification.status == "firing":  # a resolved alert is `not_firing` to the gate: nothing to replay
+                self._webhook(notification.alertname, starts_at=notification.starts_at)
 
     # -- remediator ------------------------------------------------------------------------------
     def _webhook(self, alertname: str, starts_at: float) -> None:
-        now, verdict = self.clock.now, self.record.verdict
+        now, verdict = self.clock.now, self.verdict
         alert = gate.AlertFacts(
             status="firing", labels={"alertname": alertname, "target": TARGET, "remediation": "restart"},
             fingerprint=f"{alertname}:{TARGET}", starts_at=starts_at,
@@ -484,13 +472,11 @@ class Vitals:
             last_restart_time=verdict.last_restart_at)})
         decision = gate.decide(alert, fleet, self.journal, self.policy, now)
         self.decisions.append((now, alertname, decision.reason))
+        self.journal = gate.after_decision(self.journal, alert, decision, now)
         if decision.allowed:
-            times = self.journal.restart_times.get(TARGET, ())
-            self.journal = gate.JournalState(
-                decided_keys=self.journal.decided_keys | {alert.key}, last_restart_started=now,
-                restart_times={TARGET: (*times, now)}, open_circuits=self.journal.open_circuits,
-            )
             self.server.restart(f"llm-vitals ({alertname})")
+            # The restart is instant on the virtual clock; the server then loads its weights.
+            self.journal = gate.after_restart(self.journal)
 
 
 # ---------------------------------------------------------------------------------------------
