@@ -76,11 +76,11 @@ def test_demo_once_tells_the_story(tmp_path) -> None:
 
 
 def test_demo_with_a_config_of_your_own_watches_those_servers_and_starts_nothing_else(tmp_path) -> None:
-    # A live simulated server and a port nobody listens on: the demo's exporter judges both, the
-    # demo prints their state changes, and Ctrl-C stops the one process it started.
+    # A simulated server and a port nobody listens on: the demo's exporter judges both, the demo
+    # prints their state changes, and Ctrl-C stops the one process it started. The server starts
+    # only once the demo watches: up before the exporter's first poll, it would never be seen `starting`.
     server_port, exporter_port = free_port(), free_port()
-    server = subprocess.Popen([sys.executable, "-m", "simulator.cli", "--backends", "1", "--port", str(server_port),
-                               "--log-level", "warning"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server: subprocess.Popen[bytes] | None = None
     config = tmp_path / "exporter.yaml"
     config.write_text(f"""
 listen: "127.0.0.1:{exporter_port}"
@@ -95,7 +95,7 @@ targets:
     threading.Thread(target=lambda: [lines.put(line) for line in demo.stdout], daemon=True).start()
     seen: list[str] = []
     try:
-        wanted = {"mine: starting -> idle", "gone: starting -> down (connect)"}
+        wanted = {"  logs  ", "mine: starting -> idle", "gone: starting -> down (connect)"}
         deadline = time.monotonic() + 60  # the simulator and the exporter start on a loaded machine
         while wanted and time.monotonic() < deadline:
             try:
@@ -103,12 +103,16 @@ targets:
             except queue.Empty:
                 continue
             wanted = {w for w in wanted if not any(w in line for line in seen)}
+            if server is None and "  logs  " not in wanted:  # the header is out: the demo watches now
+                server = subprocess.Popen([sys.executable, "-m", "simulator.cli", "--backends", "1", "--port",
+                                           str(server_port), "--log-level", "warning"], cwd=REPO,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         assert not wanted, "".join(seen)
         demo.send_signal(signal.SIGINT)
         assert demo.wait(timeout=30) == 0
     finally:
         for process in (demo, server):
-            if process.poll() is None:
+            if process is not None and process.poll() is None:
                 process.kill()
                 process.wait()
     time.sleep(0.2)  # the reader thread drains the last lines
