@@ -15,11 +15,11 @@ from collections.abc import Callable
 import aiohttp
 
 from exporter.canary import resolve_model, send_canary
-from exporter.engines import PageError, Snapshot
-from exporter.engines.vllm import parse_page
+from exporter.engines import Page, PageError, Snapshot
+from exporter.engines.table import engine_of, read_page
 from exporter.settings import ExporterSettings
 from exporter.state import StateStore, TargetRecord
-from exporter.upstream import bounded_get, read_models
+from exporter.upstream import METRICS_ACCEPT, bounded_get, bounded_get_with_headers, read_models
 from exporter.verdict import (
     CanaryOutcome,
     ModelsOk,
@@ -102,14 +102,14 @@ class Poller:
             record.last_canary_sent = now
             record.canary_task = asyncio.create_task(self._canary(record), name=f"canary:{record.name}")
 
-    async def observe(self, record: TargetRecord) -> tuple[Observation, int | None]:
+    async def observe(self, record: TargetRecord) -> tuple[Observation, tuple[str, int] | None]:
         """What one poll sees (a Snapshot, the model list, or a PollError) and `/health`'s status when asked.
 
         Never raises for upstream trouble.
         """
         target = record.settings
         try:
-            if target.role == "proxy" or target.engine == "openai":
+            if target.role == "proxy" or engine_of(target.engine).parse is None:
                 return ModelsOk(tuple(await read_models(self.session, target, self.settings.models_timeout))), None
             snapshot = await self._read_metrics(record)
             health = await self._read_health(record) if health_check_due(record.verdict, snapshot) else None
@@ -118,24 +118,34 @@ class Poller:
             return PollError(exc.reason, exc.detail), None
 
     async def _read_metrics(self, record: TargetRecord) -> Snapshot:
-        status, body = await bounded_get(
-            self.session, record.settings.base_url + "/metrics",
+        entry = engine_of(record.settings.engine)
+        status, body, headers = await bounded_get_with_headers(
+            self.session, entry.metrics_url(record.settings), headers={"Accept": METRICS_ACCEPT},
             timeout=self.settings.metrics_timeout, max_bytes=self.settings.max_page_bytes,
         )
         if status != 200:
-            raise PageError("http_status", f"/metrics answered HTTP {status}")
-        return parse_page(body)
+            raise PageError("http_status", f"{entry.metrics_path} answered HTTP {status}")
+        return read_page(entry, Page(body, headers))
 
-    async def _read_health(self, record: TargetRecord) -> int | None:
-        """`/health`'s status, or None when it did not answer (a server really gone fails its next /metrics read)."""
-        try:
-            status, _ = await bounded_get(
-                self.session, record.settings.base_url + "/health",
-                timeout=self.settings.health_timeout, max_bytes=64 * 1024,
-            )
-        except PageError:
-            return None
-        return status
+    async def _read_health(self, record: TargetRecord) -> tuple[str, int] | None:
+        """The first of the engine's health routes that answers 503, as (path, 503); else the last answer, or None.
+
+        Only a 503 is news to the verdict; a route that does not answer is skipped (a server really
+        gone fails its next metrics read).
+        """
+        seen = None
+        for path in engine_of(record.settings.engine).health_paths:
+            try:
+                status, _ = await bounded_get(
+                    self.session, record.settings.base_url + path,
+                    timeout=self.settings.health_timeout, max_bytes=64 * 1024,
+                )
+            except PageError:
+                continue
+            seen = (path, status)
+            if status == 503:
+                break
+        return seen
 
     async def _canary(self, record: TargetRecord) -> None:
         target = record.settings

@@ -25,7 +25,10 @@ RESTARTABLE_STATES: frozenset[State] = frozenset({"stuck", "unresponsive"})
 NOT_READY_STATES: frozenset[State] = frozenset({"starting", "down", "stuck", "unresponsive"})
 
 # A poll that gave no usable reading: the `reason` of a `down` verdict and the `poll_errors_total` label.
-PollErrorReason = Literal["connect", "timeout", "http_status", "bad_metrics", "too_large", "health_503", "bad_models"]
+PollErrorReason = Literal[
+    "connect", "timeout", "http_status", "bad_metrics", "too_large", "health_503", "bad_models",
+    "wrong_engine",  # the page is another engine's than the target declares
+]
 POLL_ERROR_REASONS: tuple[PollErrorReason, ...] = get_args(PollErrorReason)
 # Every other reason a verdict gives.
 JudgedReason = Literal[
@@ -34,6 +37,7 @@ JudgedReason = Literal[
     "progress",  # work pending and engine signals moving
     "waiting_for_progress",  # work pending, nothing moved yet, not stuck yet
     "no_progress",  # stuck
+    "metrics_unanswered",  # work pending and /metrics accepted the connection but never answered (llama.cpp)
     "restart",  # the read that detected a restart
     "canary_failed",
     "canary_ok",  # back from unresponsive

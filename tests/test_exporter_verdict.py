@@ -260,9 +260,10 @@ def test_health_503_with_a_frozen_page_is_down_any_other_answer_is_no_news() -> 
     settings = target()
     frozen = snap(running=2, steps=5)
     first = judge(None, frozen, START, settings)
-    dead = judge(first, frozen, START + 5, settings, health=503)
-    assert (dead.state, dead.reason, dead.up) == ("down", "health_503", False)
-    for other in (200, 500, None):  # a slow or failing /health must not turn stuck into down
+    dead = judge(first, frozen, START + 5, settings, health=("/health", 503))
+    assert (dead.state, dead.reason, dead.up, dead.detail) == ("down", "health_503", False,
+                                                               "/health answered 503: the engine is dead")
+    for other in (("/health", 200), ("/health", 500), None):  # a slow or failing /health must not turn stuck into down
         verdict = judge(first, frozen, START + 5, settings, health=other)
         assert verdict.state == "busy" and verdict.up
 
