@@ -18,6 +18,7 @@ from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_valid
 # ConfigError is re-exported: the CLI and callers catch it as remediator.settings.ConfigError.
 from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_env_or_file, validate_document
 from llm_vitals.durations import Duration
+from llm_vitals.validators import HttpUrl, ListenAddress, parse_listen, target_name
 
 # ---------------------------------------------------------------------------------------------
 # Auth
@@ -102,15 +103,8 @@ class CommandTarget(StrictModel):
 
 class HttpTarget(StrictModel):
     executor: Literal["http"]
-    url: str
+    url: HttpUrl
     timeout: Duration = 30.0
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, url: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", url):
-            raise ValueError("must be an http:// or https:// URL")
-        return url
 
 
 # Docker's own rule for container names (plus 64-hex ids, which it also matches).
@@ -200,8 +194,8 @@ _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
 
 class Settings(StrictModel):
-    listen: str = "127.0.0.1:9472"
-    exporter_url: str = "http://127.0.0.1:9471"
+    listen: ListenAddress = "127.0.0.1:9472"
+    exporter_url: HttpUrl = "http://127.0.0.1:9471"
     exporter_timeout: Duration = 5.0
     # A successful exporter read is reused this long (the exporter polls every few seconds).
     exporter_max_age: Duration = 1.0
@@ -219,17 +213,9 @@ class Settings(StrictModel):
     down_alertnames: list[str] = ["LLMServerDown"]
     targets: dict[str, TargetConfig] = Field(min_length=1)
 
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, listen: str) -> str:
-        parse_listen(listen)
-        return listen
-
     @field_validator("exporter_url")
     @classmethod
     def _exporter_url(cls, url: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", url):
-            raise ValueError("must be an http:// or https:// URL")
         return url.rstrip("/")
 
     @field_validator("max_unhealthy")
@@ -251,8 +237,7 @@ class Settings(StrictModel):
     @classmethod
     def _target_names(cls, targets: dict[str, TargetConfig]) -> dict[str, TargetConfig]:
         for name in targets:
-            if not name or len(name) > 128 or not re.match(r"^[A-Za-z0-9_.:-]+$", name):
-                raise ValueError(f"target name {name!r} must be 1-128 of [A-Za-z0-9_.:-]")
+            target_name(name)  # the exporter's `target` label: the same rule
         return targets
 
     def max_unhealthy_count(self) -> int:
@@ -271,14 +256,6 @@ class Settings(StrictModel):
     @property
     def host_port(self) -> tuple[str, int]:
         return parse_listen(self.listen)
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    """`host:port` or `[v6]:port` -> (host, port)."""
-    match = re.match(r"^\[([^\]]+)\]:(\d+)$", listen) or re.match(r"^([^:\s]*):(\d+)$", listen)
-    if not match or not 0 <= int(match.group(2)) <= 65535:
-        raise ValueError(f"listen must be host:port, not {listen!r}")
-    return match.group(1) or "0.0.0.0", int(match.group(2))
 
 
 def build_settings(data: object, environ: Mapping[str, str] | None = None, source: str = "config") -> Settings:
