@@ -11,8 +11,9 @@ simulated day takes seconds and every run prints the same table:
 - **llm-vitals**: the exporter's own pure functions (`exporter.verdict.judge`/`record_canary` on a
   snapshot of the engine's counters every 5 s, and the canary rule `canary_due`), the
   LLMServerStuck/Unresponsive rules (`for: 1m`, evaluated every 15 s by `demo.alert_rule.evaluate`,
-  as the demo's relay does) and the remediator's own gate (`remediator.gate.decide` and
-  `after_decision`, production defaults: 15 min cooldown, budget 3/h). No I/O object is built.
+  as the demo's relay does) and the remediator's own gate (`remediator.gate.decide`, its effects
+  applied by `remediator.shared.with_effects`, production defaults: 15 min cooldown, budget 3/h).
+  No I/O object is built.
 
 A restart fails every request in flight with a 500 and the server reloads its weights for
 `load_seconds`; requests meanwhile are refused (the batch job retries after 30 s).
@@ -41,7 +42,7 @@ from demo.alert_rule import ALERT_FOR_STATE, RuleState, evaluate  # noqa: E402
 from exporter.engines import Snapshot  # noqa: E402
 from exporter.settings import TargetSettings  # noqa: E402
 from exporter.verdict import CanaryOutcome, PollError, Verdict, canary_due, initial, judge, record_canary  # noqa: E402
-from remediator import gate  # noqa: E402
+from remediator import gate, shared  # noqa: E402
 from simulator.config import SimConfig  # noqa: E402
 from simulator.engine import Engine, SimRequest  # noqa: E402
 
@@ -472,11 +473,13 @@ class Vitals:
             last_restart_time=verdict.last_restart_at)})
         decision = gate.decide(alert, fleet, self.journal, self.policy, now)
         self.decisions.append((now, alertname, decision.reason))
-        self.journal = gate.after_decision(self.journal, alert, decision, now)
+        effects = gate.effects_of(decision, alert, fleet, self.journal, self.policy, now)
+        intent = shared.Intent("replay", TARGET, now + self.config.load_seconds) if effects.intent else None
+        self.journal = shared.with_effects(self.journal, effects, alert, now, intent)
         if decision.allowed:
             self.server.restart(f"llm-vitals ({alertname})")
             # The restart is instant on the virtual clock; the server then loads its weights.
-            self.journal = gate.after_restart(self.journal)
+            self.journal = shared.finished(self.journal, "replay")
 
 
 # ---------------------------------------------------------------------------------------------

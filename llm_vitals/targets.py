@@ -81,6 +81,11 @@ class TargetView(_View):
     draining: bool = False
     gpu_fault: bool = Field(False, description="the target's gpu_fault_file exists and is non-empty")
     gpu_fault_detail: str | None = Field(None, description="first line of the gpu_fault_file")
+    # A target discovered in Kubernetes: its own pod as the exporter saw it (null otherwise).
+    namespace: str | None = None
+    pod: str | None = None
+    pod_uid: str | None = None
+    node: str | None = None
     restarts: int = Field(0, description="restarts detected since the exporter started")
     last_restart_at: float | None = Field(None, description="unix seconds of the last detected restart")
     last_unhealthy_at: float | None = Field(None, description="unix seconds of the last verdict in stuck, unresponsive or down")

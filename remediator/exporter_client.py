@@ -11,14 +11,16 @@ which the gate reads as "exporter unreachable: do nothing".
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
+from typing import Any
 
 import httpx
 from pydantic import ValidationError
 
 from llm_vitals.logs import log_event
-from llm_vitals.targets import TargetsAnswer
+from llm_vitals.targets import TargetsAnswer, TargetView
 
 from .executors import redact_url
 from .gate import FleetView, TargetStatus
@@ -69,22 +71,32 @@ class ExporterClient:
             # httpx's timeout is per read; this bounds the whole answer, so an exporter that
             # trickles bytes cannot hold every waiting webhook past `timeout`.
             async with asyncio.timeout(self.timeout):
-                parsed = TargetsAnswer.model_validate_json(await self._read())
+                body = await self._read()
+                answer = TargetsAnswer.model_validate_json(body)
+                # The whole object of each target is kept as the journal's evidence.
+                raw = json.loads(body)["targets"]
+                parsed = list(zip(answer.targets, raw, strict=True))
         except (httpx.HTTPError, ValueError, ValidationError, TimeoutError) as exc:
             log_event(log, "exporter unreachable", level=logging.WARNING, url=redact_url(self.url),
                       error=type(exc).__name__, detail=str(exc)[:200])
             return None
-        view = FleetView(
-            targets={
-                t.name: TargetStatus(
-                    state=t.state,
-                    process_start_time=t.process_start_time,
-                    last_restart_time=t.last_restart_at,
-                    gpu_fault=t.gpu_fault,
-                    recently_unhealthy=t.recently_unhealthy,
-                )
-                for t in parsed.targets
-            }
-        )
+        view = FleetView(targets={t.name: status_of(t, whole) for t, whole in parsed})
         self._last = (read_at, view)  # failures are never cached: the next alert asks again
         return view
+
+
+def status_of(target: TargetView, whole: dict[str, Any]) -> TargetStatus:
+    """What the gate reads of one TARGET, with the whole object kept as the journal's evidence."""
+    return TargetStatus(
+        state=target.state,
+        process_start_time=target.process_start_time,
+        last_restart_time=target.last_restart_at,
+        gpu_fault=target.gpu_fault,
+        recently_unhealthy=target.recently_unhealthy,
+        engine=target.engine,
+        namespace=target.namespace,
+        pod=target.pod,
+        pod_uid=target.pod_uid,
+        node=target.node,
+        raw=whole,
+    )

@@ -35,7 +35,7 @@ def test_what_the_exporter_writes_is_what_the_readers_validate() -> None:
 
 def test_an_older_reader_ignores_fields_it_does_not_know() -> None:
     view = target_view(next(iter(StateStore(parse_settings({"targets": [{"name": "a", "url": "http://h:1"}]}), 1.0))), 2.0)
-    body = {**json.loads(view.model_dump_json()), "namespace": "prod", "added_later": {"x": 1}}
+    body = {**json.loads(view.model_dump_json()), "added_later": {"x": 1}, "another": [1]}
     assert TargetView.model_validate(body) == view
 
 
