@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from tests.real_vllm.drill_report import Report
-from tests.real_vllm.exporter_process import (
+from real_vllm.drill_report import Report
+from real_vllm.exporter_process import (
     CANARY_INTERVAL_S,
     CANARY_TIMEOUT_S,
     LIVENESS_BUDGET_S,
@@ -26,7 +26,7 @@ from tests.real_vllm.exporter_process import (
     ExporterProcess,
     Watcher,
 )
-from tests.real_vllm.vllm_server import free_port
+from real_vllm.vllm_server import free_port
 
 from .sglang_server import (
     CHUNKED_PREFILL_SIZE,

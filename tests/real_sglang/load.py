@@ -11,7 +11,7 @@ import time
 
 import httpx
 
-from tests.real_vllm.load import FIRST_ORDINARY_TOKEN, VOCAB, Load, engine_counter, start_load
+from real_vllm.load import FIRST_ORDINARY_TOKEN, VOCAB, Load, engine_counter, start_load
 
 from .sglang_server import CONTEXT_LENGTH
 

@@ -56,7 +56,7 @@ _ENV = {
 VLLM_NICENESS = 10
 
 
-def lower_priority(pid: int) -> None:
+def lower_priority(pid: int, niceness: int = VLLM_NICENESS) -> None:
     """Best effort: put the session `pid` leads behind every other process for the CPU.
 
     With the kernel's autogroup scheduling (on by default) nice only orders processes within a
@@ -64,7 +64,7 @@ def lower_priority(pid: int) -> None:
     the `nice` in the command line covers kernels without autogroup.
     """
     try:
-        Path(f"/proc/{pid}/autogroup").write_text(f"{VLLM_NICENESS}\n")
+        Path(f"/proc/{pid}/autogroup").write_text(f"{niceness}\n")
     except OSError:
         pass  # no autogroup, or not allowed: the per-process nice still applies
 
