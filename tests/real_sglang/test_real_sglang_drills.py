@@ -23,9 +23,10 @@ from real_vllm.exporter_process import (
     POLL_INTERVAL_S,
     STUCK_AFTER_S,
     ExporterProcess,
-    Sample,
     Watcher,
 )
+# The vLLM drills' helpers over exporter samples are engine-neutral.
+from real_vllm.test_real_vllm_drills import canary_delta, detection_seconds, restarts_total, wait_idle
 
 from .load import counter, generations, long_prompt, page, send, wait_engine_running
 from .sglang_server import (
@@ -59,28 +60,6 @@ def save_page(name: str, text: str) -> None:
     """Keep a real page this drill saw (the fixtures are copied from these)."""
     PAGES.mkdir(parents=True, exist_ok=True)
     (PAGES / f"sglang-0.5.23-cpu-metrics-{name}.txt").write_text(text)
-
-
-def wait_idle(watcher: Watcher, timeout: float = 120.0) -> Sample:
-    """The first idle sample taken from now on."""
-    return watcher.wait_for(lambda s: s.state == "idle", timeout=timeout, what="state idle", after=time.time())
-
-
-def canary_delta(before: Sample, after: Sample) -> dict[str, float]:
-    results = set(before.canaries) | set(after.canaries)
-    return {r: after.canaries.get(r, 0.0) - before.canaries.get(r, 0.0) for r in sorted(results)}
-
-
-def restarts_total(exporter: ExporterProcess) -> float:
-    with httpx.Client(timeout=HTTP_TIMEOUT_S) as client:
-        return exporter.counter(client, "llm_vitals_restarts_total").get("", 0.0)
-
-
-def detection_seconds(sample: Sample, t_event: float) -> float:
-    """Seconds from the event to the verdict: the exporter's own `since` when it is after the event."""
-    if sample.since is not None and sample.since >= t_event:
-        return sample.since - t_event
-    return sample.t - t_event
 
 
 def probe(url: str, path: str, timeout: float) -> tuple[int | None, float]:
