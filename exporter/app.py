@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
 from pydantic import BaseModel
 
 from exporter.collector import build_process_registry, read, render_families
@@ -24,6 +24,7 @@ from exporter.settings import ExporterSettings
 from exporter.state import StateStore, target_view
 from exporter.status_page import setup_status_page
 from exporter.verdict import is_started
+from llm_vitals.exposition import TEXT_CONTENT_TYPE
 from llm_vitals.logs import log_event
 from llm_vitals.targets import TargetsAnswer
 
@@ -92,7 +93,7 @@ async def metrics(request: web.Request) -> web.Response:
         await asyncio.sleep(0)
     parts.append(generate_latest(request.app[REGISTRY]))
     body = b"".join(parts)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(body=body, headers={"Content-Type": TEXT_CONTENT_TYPE})
 
 
 def _json(model: BaseModel) -> web.Response:
