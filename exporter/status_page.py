@@ -44,6 +44,7 @@ STATE_COLOURS = {
     "busy": "#2563eb",
     "stuck": "#dc2626",
     "unresponsive": "#ea580c",
+    "asleep": "#6d28d9",
     "down": "#7f1d1d",
     "starting": "#a16207",
 }

@@ -15,6 +15,9 @@ from llm_vitals.targets import NOT_READY_STATES, STATES, UNHEALTHY_STATES, PollE
 
 __all__ = ["NOT_READY_STATES", "STATES", "UNHEALTHY_STATES"]  # re-exported: the verdict's words
 
+# vLLM's sleep levels (POST /sleep?level=N), as a verdict's detail names them.
+SLEEP_LEVEL_WORDS = {1: "weights offloaded to CPU memory", 2: "weights discarded"}
+
 
 @dataclass(frozen=True, slots=True)
 class PollError:
@@ -263,6 +266,17 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
     )
     load = snap.load()
 
+    if snap.sleep_level:
+        # Put to sleep on purpose (RL frameworks, model-swapping gateways): nothing is owed while it
+        # sleeps, so it is never stuck and never a restart candidate, and it gets no canary (on a
+        # GPU a request to a sleeping vLLM has crashed it: vLLM issue #15483). Not ready, still live.
+        changes.update(last_progress=now, reads_without_progress=0, stuck_seconds=0.0, canary_failures=0)
+        if restarted:
+            changes.update(last_served=None)
+        level = SLEEP_LEVEL_WORDS.get(snap.sleep_level, "")
+        detail = f"engine asleep at level {snap.sleep_level}{f' ({level})' if level else ''}; {load}"
+        return _move(previous, now, "asleep", "asleep", detail, **changes)
+
     if moved:
         changes.update(last_progress=now, last_served=now, reads_without_progress=0, stuck_seconds=0.0,
                        canary_failures=0)
@@ -349,7 +363,7 @@ def canary_due(
     The product's key rule: never to a server this very poll saw working, so the canary cannot
     queue behind the load it guards. `last_sent` is when the previous canary went out (None: never).
     """
-    if not target.canary.enabled or target.role != "backend" or in_flight:
+    if not target.canary.enabled or target.role != "backend" or in_flight or verdict.state == "asleep":
         return False
     # A canary to the process before the last detected restart says nothing about this one: a
     # new process must show it serves before an idle server is ready, so its canary goes at once.

@@ -16,13 +16,14 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-State = Literal["starting", "idle", "busy", "stuck", "unresponsive", "down"]
+State = Literal["starting", "idle", "busy", "stuck", "unresponsive", "down", "asleep"]
 STATES: tuple[State, ...] = get_args(State)
 # The states the remediator's fleet gate counts as unhealthy.
 UNHEALTHY_STATES: frozenset[State] = frozenset({"stuck", "unresponsive", "down"})
 # The states the remediator may restart from (`down` only for a user-labelled down alert).
 RESTARTABLE_STATES: frozenset[State] = frozenset({"stuck", "unresponsive"})
-NOT_READY_STATES: frozenset[State] = frozenset({"starting", "down", "stuck", "unresponsive"})
+# `asleep` (put to sleep on purpose, vLLM's sleep mode): not ready, yet live, never unhealthy nor restartable.
+NOT_READY_STATES: frozenset[State] = frozenset({"starting", "down", "stuck", "unresponsive", "asleep"})
 
 # A poll that gave no usable reading: the `reason` of a `down` verdict and the `poll_errors_total` label.
 PollErrorReason = Literal[
@@ -43,6 +44,7 @@ JudgedReason = Literal[
     "canary_ok",  # back from unresponsive
     "models_ok",  # `engine: openai`, judged by /v1/models
     "proxy_models_ok",
+    "asleep",  # the engine says it sleeps (vLLM's sleep mode); the detail names the level
 ]
 Reason = Literal[PollErrorReason, JudgedReason]
 REASONS: tuple[Reason, ...] = get_args(Reason)

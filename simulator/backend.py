@@ -39,7 +39,8 @@ class ServerProcess:
         self.start_time = start_time  # process_start_time_seconds
         self.driver = EngineDriver(config)
         self.http = HttpStats(created=time.time())
-        self.collector = VllmCollector(config, self.driver.engine, self.http, start_time, created=time.time())
+        self.collector = VllmCollector(config, self.driver.engine, self.http, start_time, created=time.time(),
+                                       sleep_level=lambda: self.driver.sleep_level)
         self.app = create_app(self, backend)
         add_engine_routes(self.app, config.engine)
         self.runner: web.AppRunner | None = None

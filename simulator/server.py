@@ -130,6 +130,26 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(status=503 if process.driver.dead else 200)
 
 
+# Sleep mode, as vLLM serves it with --enable-sleep-mode (and VLLM_SERVER_DEV_MODE=1).
+async def sleep(request: web.Request) -> web.Response:
+    process = request.app[PROCESS_KEY]
+    level = request.query.get("level", "1")
+    if level not in ("1", "2"):
+        error = ApiError(400, f"level must be 1 or 2, not {level!r}", param="level")
+        return json_response(error.body(), status=error.status)
+    process.driver.set_sleep(int(level))
+    return web.Response(status=200)
+
+
+async def wake_up(request: web.Request) -> web.Response:
+    request.app[PROCESS_KEY].driver.set_sleep(0)
+    return web.Response(status=200)
+
+
+async def is_sleeping(request: web.Request) -> web.Response:
+    return json_response({"is_sleeping": request.app[PROCESS_KEY].driver.sleep_level > 0})
+
+
 async def version(request: web.Request) -> web.Response:
     return json_response({"version": VLLM_VERSION})
 

@@ -35,6 +35,9 @@ CASES: list[tuple[str, Observation, float | None, dict[str, object], bool, bool]
     ("an openai engine is judged by its models answer", ModelsOk(("m",)), None, {"engine": "openai"}, False, True),
     ("not on a failed poll", PollError("connect", "refused"), None, {}, False, False),
     ("a vllm target's models answer is no load reading", ModelsOk(("m",)), None, {}, False, False),
+    # A request to a sleeping vLLM has crashed it (vLLM issue #15483): it sleeps on purpose, unprobed.
+    ("never to a sleeping engine, however overdue", Snapshot(running=0, waiting=0, sleep_level=1), 600.0, {}, False,
+     False),
 ]
 
 

@@ -51,3 +51,14 @@ def test_one_list_of_states_and_reasons() -> None:
     assert len(set(STATES)) == len(STATES) and len(set(REASONS)) == len(REASONS)
     assert set(STATES) >= UNHEALTHY_STATES
     assert gate.UNHEALTHY_STATES is UNHEALTHY_STATES  # the remediator counts what the exporter means
+
+
+def test_every_view_of_the_states_knows_every_state() -> None:
+    from conftest import load_script
+
+    from demo.table import STATE_COLOURS as DEMO_COLOURS
+    from exporter.status_page import STATE_COLOURS as PAGE_COLOURS
+
+    dashboard = load_script(REPO / "dashboards" / "generate.py")
+    assert [name for name, _ in dashboard.STATES] == list(STATES)
+    assert set(PAGE_COLOURS) == set(STATES) == set(DEMO_COLOURS)

@@ -60,6 +60,9 @@ class Snapshot:
     # Gauges that, above 0, mean work is owed even while running and waiting read 0 (SGLang's long
     # chunked prefill): the server is busy, never idle, and never gets a canary.
     busy_signs: Signals = ()
+    # The engine says it was put to sleep (vLLM's sleep mode): 0 awake, else its sleep level
+    # (vLLM: 1 weights offloaded to CPU memory, 2 weights discarded). A sleeping engine is `asleep`.
+    sleep_level: int = 0
 
     # The counters that only ever grow within one process lifetime.
     MONOTONE = ("steps", "generation_tokens", "prompt_tokens", "finished")
