@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench test-vllm tools clean
+.PHONY: install test demo bench test-vllm test-triton tools clean
 
 install: $(STAMP)
 
@@ -39,3 +39,8 @@ bench: install
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache
+
+# The real-Triton tier (tests/real_triton/): Triton 2.51 from nvidia-pytriton 0.7.0 in a venv cached
+# outside the clone, the project's toy model, fault drills against it; prints the summary table.
+test-triton: install
+	@bash tools/real-triton-test.sh $(PYTEST_ARGS)

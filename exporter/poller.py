@@ -145,7 +145,7 @@ class Poller:
 
     def _canary_due(self, record: TargetRecord, observation: Observation, now: float) -> bool:
         target = record.settings
-        if not target.canary.enabled or target.role != "backend" or record.canary_task is not None:
+        if not target.sends_canary or record.canary_task is not None:
             return False
         # Due from half a poll before the interval is up: a canary can only go out with a poll, so
         # waiting for the full interval made every gap interval + up to one poll (4 s for 3 s on

@@ -41,7 +41,14 @@ def _vllm_routes(app: web.Application) -> None:
 
 VLLM = SimEngine(name="vllm", metrics=server.metrics, health=(("/health", server.health),), routes=_vllm_routes)
 
-SIM_ENGINES: dict[str, SimEngine] = {entry.name: entry for entry in (VLLM,)}
+def _entries() -> tuple[SimEngine, ...]:
+    # Imported here: each engine module imports this one for SimEngine.
+    from simulator import sim_triton
+
+    return (VLLM, sim_triton.SIM_ENGINE)
+
+
+SIM_ENGINES: dict[str, SimEngine] = {entry.name: entry for entry in _entries()}
 
 
 def sim_engine(name: str) -> SimEngine:

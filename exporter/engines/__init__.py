@@ -116,6 +116,20 @@ class EngineFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class Canary:
+    """How an engine's idle canary is asked and its answer judged (pure: the poller does the I/O)."""
+
+    # POSTed to the target's url + path; "{model}" is replaced by the model's name.
+    path: str
+    # (target, model) -> the JSON body.
+    body: Callable[[TargetSettings, str], object]
+    # The parsed JSON answer -> None when it is a real answer, else what is wrong with it.
+    wrong: Callable[[object], str | None]
+    # The body comes from the operator (`canary.request`): the target must configure it, and a model.
+    needs_request: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Engine:
     """One row of the engine table: where an engine's signals live and how they read."""
 
@@ -135,6 +149,8 @@ class Engine:
     # A response header of /metrics whose value is an opaque restart token (compared for inequality).
     restart_header: str | None = None
     facts: EngineFacts = EngineFacts()
+    # The idle canary; None: a 1-token OpenAI completion (exporter/canary.py).
+    canary: Canary | None = None
 
     def metrics_url(self, target: TargetSettings) -> str:
         """Where this target's page is read: its `metrics_url`, else the engine's port or its url."""
