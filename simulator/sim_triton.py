@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from typing import Any
 
 from aiohttp import web
 
@@ -181,9 +182,16 @@ def _routes(app: web.Application) -> None:
     app.router.add_post("/v2/models/{model}/infer", infer)
 
 
+def exporter_target(url: str, model: str) -> dict[str, Any]:
+    """How an exporter watches this simulated Triton: the page on its own port, a 1-token v2 infer canary."""
+    canary = {"inputs": [{"name": "max_tokens", "shape": [1, 1], "datatype": "INT32", "data": [1]}]}
+    return {"metrics_url": f"{url}/metrics", "model": model, "canary": {"request": canary}}
+
+
 SIM_ENGINE = SimEngine(
     name="triton",
     metrics=metrics,
     health=(("/v2/health/live", health), ("/v2/health/ready", health)),
     routes=_routes,
+    target=exporter_target,
 )

@@ -16,6 +16,8 @@ from exporter.engines import Page
 from exporter.engines.table import engine_of, read_page
 from simulator.config import SimConfig
 from simulator.fleet import Fleet
+from simulator.sim_triton import exporter_target
+from test_exporter_helpers import make_settings, make_target, record, start_exporter, wait_for
 
 REAL_IDLE = (FIXTURES / "triton" / "triton-2.51.0-cpu-metrics-idle.txt").read_text()
 INFER = {"inputs": [{"name": "max_tokens", "shape": [1, 1], "datatype": "INT32", "data": [3]}]}
@@ -76,3 +78,21 @@ async def test_simulated_triton_shows_only_queued_work_and_a_hang_freezes_its_co
     # One runs (invisible on a Triton page), two are queued; while hung nothing moves.
     assert (first.running, first.waiting) == (0, 2)
     assert first == second
+
+
+async def test_the_exporter_judges_a_simulated_triton_by_its_page_model_route_and_v2_canary(aiohttp_client) -> None:
+    # One Triton with its model (idle, canaries ok) and one whose configured model is not served:
+    # its page reads idle, but its /v2/models/<m>/ready is 404, so it is down and gets no canary.
+    async with Fleet(SimConfig(engine="triton"), backends=1, control=False) as fleet:
+        url = fleet.backend_urls[0]
+        good = make_target("good", url, engine="triton", **exporter_target(url, "tiny"))
+        wrong = make_target("wrong", url, engine="triton", **{**exporter_target(url, "tiny"), "model": "nope"})
+        for t in (good, wrong):
+            t["canary"] = {**t["canary"], "interval": 0.5, "timeout": 2}
+        client = await start_exporter(aiohttp_client, make_settings([good, wrong], poll_interval=0.2))
+        ok, bad = record(client, "good"), record(client, "wrong")
+        await wait_for(lambda: ok.canaries["ok"] >= 2, what="two v2 infer canaries answered")
+        await wait_for(lambda: bad.verdict.state == "down", what="the unserved model read down")
+    assert ok.verdict.state == "idle" and ok.canaries["error"] == 0
+    assert "/v2/models/nope/ready answered HTTP 404" in bad.verdict.detail
+    assert sum(bad.canaries.values()) == 0

@@ -144,6 +144,10 @@ class Engine:
     metrics_port: int | None = None
     # Routes whose 503 is the engine's word that it is dead (read when work is pending and nothing moved).
     health_paths: tuple[str, ...] = ()
+    # A route that must answer 200 before an idle-looking server counts as idle (and gets a canary);
+    # "{model}" is the target's model, and the route is read only when one is configured. Triton's
+    # page and /v2/health/ready are up before the model is loaded: its /v2/models/<m>/ready is not.
+    ready_path: str | None = None
     # Where the served models are listed (canary model lookup, and `openai`'s whole judgement).
     models_path: str | None = "/v1/models"
     # A response header of /metrics whose value is an opaque restart token (compared for inequality).

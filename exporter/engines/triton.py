@@ -138,6 +138,7 @@ ENGINE = Engine(
     # Metrics on their own port (a target's metrics_url overrides): url's host, port 8002, /metrics.
     metrics_port=8002,
     health_paths=("/v2/health/live",),
+    ready_path="/v2/models/{model}/ready",
     models_path=None,  # no /v1/models: the model is named in the config (PyTriton's repository index is 403)
     canary=Canary(path="/v2/models/{model}/infer", body=canary_body, wrong=canary_wrong, needs_request=True),
 )

@@ -29,7 +29,8 @@ FAULT_REQUESTS = 40
 CONCURRENCY = 8
 IDLE_WINDOW_S = 15.0
 DETECTION_SLACK_S = 1.0  # the exporter's own poll jitter on a loaded box, on top of stuck_after + 2 polls
-SUCCESS = "nv_inference_request_success"
+# prometheus-client's parser (engine_counter) names Triton's suffix-less counter samples `..._total`.
+SUCCESS = "nv_inference_request_success_total"
 PENDING = "nv_inference_pending_request_count"
 
 
@@ -86,7 +87,7 @@ def test_smoke_server_has_v2_routes_metrics_port_and_no_v1_models(triton: Triton
         assert answer.status_code == 200, answer.text
         assert answer.json()["outputs"][0]["data"] == [3]
         page = client.get(triton.metrics_url).text
-    for family in (PENDING, "nv_inference_exec_count", SUCCESS, "nv_inference_request_failure",
+    for family in (PENDING, "nv_inference_exec_count", "nv_inference_request_success", "nv_inference_request_failure",
                    "nv_inference_compute_infer_duration_us"):  # fmt: skip
         assert f"\n{family}{{" in page, family
 
