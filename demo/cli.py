@@ -214,7 +214,7 @@ class Demo:
         tasks.append(asyncio.create_task(observer.run(max(0.25, t.poll_interval / 2))))
         self.header = [
             "llm-vitals demo: a simulated vLLM fleet, the exporter, the remediator" + (" (fast timings)" if self.args.fast else ""),
-            *([f"  mixed fleet   also watched: " + ", ".join(f"{e} {base}:{p}" for e, p in ports.engines)] if ports.engines else []),
+            *(["  mixed fleet   also watched: " + ", ".join(f"{e} {base}:{p}" for e, p in ports.engines)] if ports.engines else []),
             f"  status page   {exporter_url}/",
             f"  exporter API  {exporter_url}/api/v1/targets     metrics {exporter_url}/metrics",
             f"  remediator    {remediator_url}/api/v1/actions   (http executor -> {control_url}/backends/N/restart; "

@@ -7,9 +7,13 @@ from .triton_server import MODEL, infer_body
 TARGET = "real-triton"
 POLL_INTERVAL_S = 1.0
 # Triton's counters move only when a request completes: stuck_after must exceed the longest request.
-# The drills' requests take 1-4 s on the loaded 2-core box; 10 s leaves room.
+# The drills' requests take well under a second alone and a few seconds at most on the loaded 2-core
+# box with the server niced; 10 s leaves room.
 STUCK_AFTER_S = 10.0
-LIVENESS_BUDGET_S = 2 * STUCK_AFTER_S  # the exporter's documented default
+# Shorter than the default 2 x stuck_after, to keep the worker's freeze short: a PyTriton worker
+# SIGSTOPped for ~30 s and resumed crashed tritonserver a minute later (boost::interprocess::
+# lock_exception); the recipe's 20 s freeze recovered cleanly.
+LIVENESS_BUDGET_S = STUCK_AFTER_S + 5.0
 CANARY_INTERVAL_S = 3.0
 CANARY_TIMEOUT_S = 10.0
 CANARY_TOKENS = 1  # the smallest request the toy model takes
@@ -30,6 +34,7 @@ targets:
     model: {MODEL}
     role: backend
     stuck_after: {STUCK_AFTER_S:g}s
+    liveness_budget: {LIVENESS_BUDGET_S:g}s
     startup_grace: 5m
     canary:
       interval: {CANARY_INTERVAL_S:g}s

@@ -14,7 +14,14 @@ from collections import Counter
 import httpx
 
 from real_vllm.drill_report import Drill
-from real_vllm.exporter_process import HTTP_TIMEOUT_S, ExporterProcess, Sample, Watcher
+from real_vllm.exporter_process import (
+    ExporterProcess,
+    Watcher,
+    canary_delta,
+    detection_seconds,
+    restarts_total,
+    wait_idle,
+)
 from real_vllm.load import engine_counter, start_load
 
 from .drill_config import CANARY_INTERVAL_S, CANARY_TIMEOUT_S, LIVENESS_BUDGET_S, POLL_INTERVAL_S, STUCK_AFTER_S
@@ -42,26 +49,14 @@ def load(triton: TritonServer, requests: int):
     return start_load(triton.url, [infer_body(LOAD_TOKENS)] * requests, CONCURRENCY, path=INFER)
 
 
-def wait_idle(watcher: Watcher, timeout: float = 120.0) -> Sample:
-    """The first idle sample taken from now on."""
-    return watcher.wait_for(lambda s: s.state == "idle", timeout=timeout, what="state idle", after=time.time())
-
-
-def canary_delta(before: Sample, after: Sample) -> dict[str, float]:
-    results = set(before.canaries) | set(after.canaries)
-    return {r: after.canaries.get(r, 0.0) - before.canaries.get(r, 0.0) for r in sorted(results)}
-
-
-def restarts_total(exporter: ExporterProcess) -> float:
-    with httpx.Client(timeout=HTTP_TIMEOUT_S) as client:
-        return exporter.counter(client, "llm_vitals_restarts_total").get("", 0.0)
-
-
-def detection_seconds(sample: Sample, t_event: float) -> float:
-    """Seconds from the event to the verdict: the exporter's own `since` when it is after the event."""
-    if sample.since is not None and sample.since >= t_event:
-        return sample.since - t_event
-    return sample.t - t_event
+def wait_until(condition, timeout: float) -> float | None:
+    """Seconds until `condition()` held (polled every 0.1 s), or None at the deadline."""
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        if condition():
+            return round(time.monotonic() - began, 2)
+        time.sleep(0.1)
+    return None
 
 
 def wait_queued(triton: TritonServer, work, timeout: float = 60.0) -> float:
@@ -184,7 +179,9 @@ def test_frozen_worker_sigstop_is_stuck_within_stuck_after_plus_two_polls_then_r
     t_stop = time.time()
     worker.suspend()  # SIGSTOP of the Python process running the infer functions; tritonserver answers on
     try:
-        assert worker.status() == "stopped", worker.status()
+        # The signal is delivered asynchronously: the state reads "running" for a moment after it.
+        stopped_s = wait_until(lambda: worker.status() == "stopped", timeout=10)
+        assert stopped_s is not None, f"the worker never showed as stopped: {worker.status()}"
         with httpx.Client(timeout=10) as client:
             health = {p: client.get(triton.url + p).status_code for p in ("/v2/health/live", f"/v2/models/{MODEL}/ready")}
         stuck = watcher.wait_for(
@@ -211,6 +208,7 @@ def test_frozen_worker_sigstop_is_stuck_within_stuck_after_plus_two_polls_then_r
     drill.canaries = {"sent": sum(canary_delta(hung[0], hung[-1]).values()), "by_result": canary_delta(hung[0], after)}
     drill.facts = {
         "stuck_after": STUCK_AFTER_S,
+        "stopped_state_after_s": stopped_s,
         "health_while_frozen": health,
         "stopped_after_load_start_s": round(t_stop - t0, 1),
         "ready_false_s": round(not_ready.t - t_stop, 1),

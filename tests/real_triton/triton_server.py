@@ -23,6 +23,7 @@ import httpx
 import psutil
 
 from demo.ports import free_port
+from real_vllm.vllm_server import _signal, tail
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("LLM_VITALS_CACHE", REPO / ".cache"))  # reports and logs, under the clone
@@ -37,6 +38,10 @@ INSTANCES = 2
 VERSION = "nvidia-pytriton 0.7.0 (Triton 2.51.0)"
 START_DEADLINE_S = 120.0  # measured: ready in ~6 s on an idle 2-core box
 NICENESS = 10
+# The toy model's matrix size: 128 makes one "token" ~8x cheaper than the server's default 256, so
+# that a drill request stays far below stuck_after even when the niced server gets ~2% of the CPU
+# of a 2-core box loaded by other work (15 tokens at 256 once took 9 s there).
+TOY_DIM = 128
 LOAD_ATTEMPTS = 4
 
 
@@ -159,7 +164,7 @@ class TritonServer:
         self._proc = subprocess.Popen(
             argv,
             cwd=str(LOG_DIR),
-            env={**os.environ, "PYTRITON_HOME": str(self._workspace)},
+            env={**os.environ, "PYTRITON_HOME": str(self._workspace), "TOY_DIM": str(TOY_DIM)},
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
@@ -269,20 +274,6 @@ class TritonServer:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
-
-
-def _signal(proc: psutil.Process, sig: int) -> None:
-    try:
-        proc.send_signal(sig)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        pass
-
-
-def tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as exc:
-        return f"(cannot read {path}: {exc})"
 
 
 if __name__ == "__main__":  # a manual look: start, print the URLs, stop on Enter
