@@ -246,7 +246,7 @@ def test_kill_tritonserver_is_down_with_a_reason(triton: TritonServer, watcher: 
     down = watcher.wait_for(lambda s: s.state == "down", timeout=30, what="down", after=t_kill)
     drill.detected("SIGKILL to down", detection_seconds(down, t_kill))
     outcomes = work.wait(timeout=120)
-    gone = triton.wait_gone(timeout=30)
+    gone = triton.wait_gone(timeout=15)
     still_down = watcher.wait_for(lambda s: True, timeout=30, what="a later sample", after=time.time() + 3)
 
     drill.timeline = watcher.timeline(t0)
