@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from simulator import server
+from simulator import server, sim_sglang
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -46,10 +46,10 @@ def _vllm_routes(app: web.Application) -> None:
 VLLM = SimEngine(name="vllm", metrics=server.metrics, health=(("/health", server.health),), routes=_vllm_routes)
 
 def _entries() -> tuple[SimEngine, ...]:
-    # Imported here: each engine module imports this one for SimEngine.
+    # Imported here: sim_triton imports this module for SimEngine.
     from simulator import sim_triton
 
-    return (VLLM, sim_triton.SIM_ENGINE)
+    return (VLLM, sim_sglang.sim_engine(), sim_triton.SIM_ENGINE)
 
 
 SIM_ENGINES: dict[str, SimEngine] = {entry.name: entry for entry in _entries()}

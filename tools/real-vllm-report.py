@@ -2,7 +2,7 @@
 """Print a real-engine tier's summary table from its report JSON (stdlib only).
 
 usage: python tools/real-vllm-report.py [REPORT_JSON]     (default: .cache/real-vllm-report.json)
-Other engines' tiers write the same shape, their engine facts under their "engine" key (drill_report.Report).
+Other engines' tiers (SGLang, Triton) write the same shape, their engine facts under their "engine" key (drill_report.Report).
 Exit status 0 even when drills failed (pytest's status is the verdict); 1 when the report is unreadable.
 """
 

@@ -50,15 +50,15 @@ def exporter_binary() -> str:
     return found
 
 
-def config_yaml(listen_port: int, vllm_url: str) -> str:
+def config_yaml(listen_port: int, vllm_url: str, target: str = TARGET, engine: str = "vllm") -> str:
     """The exporter config the drills run with (YAML shape of issue 3 / DESIGN §2)."""
     return f"""\
 listen: "127.0.0.1:{listen_port}"
 poll_interval: {POLL_INTERVAL_S:g}s
 targets:
-  - name: {TARGET}
+  - name: {target}
     url: {vllm_url}
-    engine: vllm
+    engine: {engine}
     role: backend
     stuck_after: {STUCK_AFTER_S:g}s
     startup_grace: 5m
@@ -92,13 +92,14 @@ class Sample:
 
 @dataclass
 class ExporterProcess:
-    """One exporter subprocess polling one target (vLLM unless `config` says otherwise)."""
+    """One exporter subprocess polling one engine target (vLLM unless told; the SGLang and Triton tiers reuse it)."""
 
     vllm_url: str
     port: int = field(default_factory=free_port)
     target: str = TARGET
-    # config(listen_port) -> the YAML; None: the vLLM drills' config_yaml. Other engines' tiers
-    # (tests/real_triton) pass their own and reuse the rest of this harness.
+    engine: str = "vllm"
+    # config(listen_port) -> the whole YAML, for a tier whose target needs more keys (tests/real_triton:
+    # metrics_url, model, a v2 canary); None: config_yaml with `target` and `engine`.
     config: Callable[[int], str] | None = None
     log_dir: Path = LOG_DIR
     _proc: subprocess.Popen | None = None
@@ -112,7 +113,7 @@ class ExporterProcess:
     def start(self, deadline_s: float = 60.0) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         config = self.log_dir / f"exporter-{self.port}.yaml"
-        config.write_text(self.config(self.port) if self.config else config_yaml(self.port, self.vllm_url))
+        config.write_text(self.config(self.port) if self.config else config_yaml(self.port, self.vllm_url, self.target, self.engine))
         self._log_path = self.log_dir / f"exporter-{self.port}.log"
         self._log_file = open(self._log_path, "wb")  # noqa: SIM115 -- open for the child's whole life
         self._proc = subprocess.Popen(

@@ -107,7 +107,7 @@ def long_prompts(count: int, prompt_tokens: int, max_tokens: int, seed: int = 0)
 
 
 def engine_counter(base_url: str, sample_name: str, labels: dict[str, str] | None = None) -> float:
-    """Sum of one sample of vLLM's own /metrics over its label sets (e.g. every finished_reason).
+    """Sum of one sample of the engine's own /metrics over its label sets (e.g. every finished_reason).
 
     `labels` keeps only the label sets that carry those values, e.g. one histogram bucket's `le`.
     """
