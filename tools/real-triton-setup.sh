@@ -35,7 +35,15 @@ fi
 
 [ "$(uname -m)" = x86_64 ] || skip "needs x86-64 Linux (nvidia-pytriton ships manylinux x86-64 wheels only), this is $(uname -m)"
 [ -x "$SYSTEM_PYTHON" ] || skip "needs the system python3 at $SYSTEM_PYTHON (the bundled backend stub links its libpython)"
-"$SYSTEM_PYTHON" -c "import venv, ensurepip" 2>/dev/null || skip "the system python3 has no venv module: apt-get install python3-venv"
+if ! "$SYSTEM_PYTHON" -c "import venv, ensurepip" 2>/dev/null; then
+  # Debian splits venv/ensurepip out of python3: install it when we may (root with apt), as a fresh CI machine needs.
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "real-Triton setup: installing python3-venv (the system python3 has no ensurepip)"
+    apt-get -o DPkg::Lock::Timeout=600 install -y -q python3-venv >/dev/null 2>&1 ||
+      { apt-get update -q >/dev/null 2>&1 && apt-get -o DPkg::Lock::Timeout=600 install -y -q python3-venv >/dev/null 2>&1; } || true
+  fi
+  "$SYSTEM_PYTHON" -c "import venv, ensurepip" 2>/dev/null || skip "the system python3 has no venv module: apt-get install python3-venv"
+fi
 
 mkdir -p "$(dirname "$VENV")"
 LOG=$VENV.install.log
