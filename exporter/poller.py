@@ -113,6 +113,8 @@ class Poller:
                 return ModelsOk(tuple(await read_models(self.session, target, self.settings.models_timeout))), None
             snapshot = await self._read_metrics(record)
             health = await self._read_health(record) if health_check_due(record.verdict, snapshot) else None
+            if not snapshot.pending:
+                await self._check_model_ready(record)
             return snapshot, health
         except PageError as exc:
             return PollError(exc.reason, exc.detail), None
@@ -146,6 +148,19 @@ class Poller:
             if status == 503:
                 break
         return seen
+
+    async def _check_model_ready(self, record: TargetRecord) -> None:
+        # An idle-looking page is idle only once the model can serve: a Triton (re)starting has its
+        # page up before the model is loaded, and a canary then fails (404) as if the server hung.
+        path = engine_of(record.settings.engine).ready_path
+        if path is None or not record.settings.model:
+            return
+        path = path.replace("{model}", record.settings.model)
+        status, _ = await bounded_get(
+            self.session, record.settings.base_url + path, timeout=self.settings.health_timeout, max_bytes=64 * 1024,
+        )
+        if status != 200:
+            raise PageError("http_status", f"{path} answered HTTP {status}: the model is not ready")
 
     async def _canary(self, record: TargetRecord) -> None:
         target = record.settings

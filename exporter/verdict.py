@@ -336,7 +336,7 @@ def is_ready(verdict: Verdict, target: TargetSettings, now: float, draining: boo
     """Readiness: started, not down/stuck/unresponsive, fresh evidence when idle, not draining, no GPU fault. Never load."""
     if draining or gpu_fault or not verdict.started or verdict.state in NOT_READY_STATES:
         return False
-    if verdict.state == "idle" and target.role == "backend" and target.canary.enabled:
+    if verdict.state == "idle" and target.sends_canary:
         return verdict.last_served is not None and now - verdict.last_served <= target.canary.freshness
     return True
 
@@ -363,7 +363,7 @@ def canary_due(
     The product's key rule: never to a server this very poll saw working, so the canary cannot
     queue behind the load it guards. `last_sent` is when the previous canary went out (None: never).
     """
-    if not target.canary.enabled or target.role != "backend" or in_flight or verdict.state == "asleep":
+    if not target.sends_canary or in_flight or verdict.state == "asleep":
         return False
     # A canary to the process before the last detected restart says nothing about this one: a
     # new process must show it serves before an idle server is ready, so its canary goes at once.

@@ -29,6 +29,7 @@ NOT_READY_STATES: frozenset[State] = frozenset({"starting", "down", "stuck", "un
 PollErrorReason = Literal[
     "connect", "timeout", "http_status", "bad_metrics", "too_large", "health_503", "bad_models",
     "wrong_engine",  # the page is another engine's than the target declares
+    "no_model",  # no model to send a canary to (a canary failure's word; never a poll's)
 ]
 POLL_ERROR_REASONS: tuple[PollErrorReason, ...] = get_args(PollErrorReason)
 # Every other reason a verdict gives.
