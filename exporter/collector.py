@@ -107,7 +107,7 @@ FAMILIES: tuple[Family, ...] = (
            _flag(lambda r, now: r.verdict.up)),
     Family("llm_vitals_state", "gauge",
            "1 for the target's current state, 0 for the others. stuck/unresponsive are candidates for a restart;"
-           " busy is load, never a reason to restart." + _CACHED,
+           " busy is load, never a reason to restart; asleep was put to sleep on purpose (vLLM sleep mode)." + _CACHED,
            lambda r, now: [((each,), 1 if r.verdict.state == each else 0) for each in STATES], ("state",)),
     Family("llm_vitals_requests_running", "gauge", "Requests the engine is running, as last read." + _CACHED,
            _fresh("running")),
