@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from simulator import server, sim_sglang
+from simulator import server, sim_sglang, sim_tgi
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -41,7 +41,9 @@ def _vllm_routes(app: web.Application) -> None:
 
 VLLM = SimEngine(name="vllm", metrics=server.metrics, health=(("/health", server.health),), routes=_vllm_routes)
 
-SIM_ENGINES: dict[str, SimEngine] = {entry.name: entry for entry in (VLLM, sim_sglang.sim_engine())}
+TGI = SimEngine(name="tgi", metrics=sim_tgi.metrics, health=(("/health", sim_tgi.health),), routes=sim_tgi.routes)
+
+SIM_ENGINES: dict[str, SimEngine] = {entry.name: entry for entry in (VLLM, sim_sglang.sim_engine(), TGI)}
 
 
 def sim_engine(name: str) -> SimEngine:
