@@ -135,6 +135,14 @@ def _unescape(value: str) -> str:
     return _ESCAPE.sub(lambda m: _UNESCAPED[m.group(0)], value) if "\\" in value else value
 
 
+def decode(body: bytes) -> str:
+    """A page's text (strict UTF-8, as the format requires); PageError("bad_metrics") otherwise."""
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PageError("bad_metrics", f"page is not UTF-8 (byte {exc.start})") from None
+
+
 def show(value: float) -> str:
     """A value as the format writes it (NaN, +Inf, -Inf), for error details."""
     if value != value:

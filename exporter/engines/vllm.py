@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from exporter.engines import Engine, PageError, Snapshot
-from exporter.engines.scan import Sample, Scanner, show
+from exporter.engines.scan import Sample, Scanner, decode, show
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -105,11 +105,7 @@ def parse_text(text: str) -> Snapshot:
 
 def parse_page(body: bytes) -> Snapshot:
     """Decode (strict UTF-8) and parse a `/metrics` body; raises PageError."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PageError("bad_metrics", f"page is not UTF-8 (byte {exc.start})") from None
-    return parse_text(text)
+    return parse_text(decode(body))
 
 
 ENGINE = Engine(

@@ -160,7 +160,7 @@ class TritonServer:
             str(venv_path() / "bin" / "python"), str(SERVER_SCRIPT),
             "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
             "--metrics-port", str(self.metrics_port),
-        ]  # fmt: skip
+        ]
         self._proc = subprocess.Popen(
             argv,
             cwd=str(LOG_DIR),
