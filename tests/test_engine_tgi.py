@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from tgi_pages import FIXTURES, PAGES, render
 
 from exporter.engines import Page, PageError, Snapshot
 from exporter.engines.table import ENGINES, read_page
 from exporter.engines.tgi import parse_text
 from exporter.settings import TargetSettings
 from exporter.verdict import Verdict, judge
-from tgi_pages import FIXTURES, PAGES, render
 
 TGI = ENGINES["tgi"]
 

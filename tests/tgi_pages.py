@@ -15,7 +15,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from simulator.sim_tgi import HistogramView, TgiState, render  # noqa: E402
+from simulator.sim_tgi import HistogramView, TgiState, render
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "tgi"
 MAX_TOTAL_TOKENS = 2048
