@@ -8,6 +8,7 @@ and a retry is safe (see `Remediator.handle_payload`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -79,7 +80,13 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
             async with httpx.AsyncClient(follow_redirects=False) as client:
                 service = Remediator(settings, journal, client, app[CLOCK], app[EXECUTORS] or None, kube)
                 app[SERVICE] = service
+                follower = None
+                if service.store is not None and settings.kubernetes and settings.kubernetes.lease:
+                    follower = asyncio.create_task(service.follow_shared_state(settings.kubernetes.lease.duration))
                 yield
+                if follower is not None:
+                    follower.cancel()
+                    await asyncio.gather(follower, return_exceptions=True)
                 await service.shutdown()
         finally:
             if kube is not None:

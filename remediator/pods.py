@@ -8,6 +8,7 @@ the node for a GPU move), so `kubectl describe pod` tells the story.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -125,9 +126,13 @@ class PodExecutor:
         self.timeout = timeout
 
     async def restart(self) -> ExecResult:
-        result = await delete_pod(self.client, self.pod)
-        if result.result == "ok":
-            await pod_event(self.client, self.pod, "allowed", self.message, self.identity)
+        try:
+            async with asyncio.timeout(self.timeout):
+                result = await delete_pod(self.client, self.pod)
+                if result.result == "ok":
+                    await pod_event(self.client, self.pod, "allowed", self.message, self.identity)
+        except TimeoutError:
+            return ExecResult("timeout", f"pod {self.pod.namespace}/{self.pod.name}: not done within {self.timeout:g}s")
         return result
 
 
@@ -157,6 +162,13 @@ class CordonAndMoveExecutor:
 
     async def restart(self) -> ExecResult:
         steps: list[str] = []
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await self._move(steps)
+        except TimeoutError:
+            return ExecResult("timeout", "; ".join([*steps, f"not done within {self.timeout:g}s"]))
+
+    async def _move(self, steps: list[str]) -> ExecResult:
         node_result = await self._cordon(steps)
         if node_result is not None:
             return ExecResult("error", "; ".join([*steps, node_result]))

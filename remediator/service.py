@@ -405,6 +405,16 @@ class Remediator:
         log_event(log, "paused" if until is not None else "resumed", until=until, reason=reason)
         return state if self.store is not None else self.journal.state
 
+    async def follow_shared_state(self, interval: float) -> None:
+        """Re-read the Lease every `interval` s, so the metrics show what another replica wrote
+        (a pause, an open circuit) without waiting for this replica's next webhook."""
+        while self.store is not None:
+            try:
+                await self.store.read()
+            except StateUnavailable as exc:
+                log_event(log, "cannot read the shared state", level=logging.DEBUG, error=str(exc))
+            await asyncio.sleep(interval)
+
     async def pause_state(self) -> JournalState:
         """The pause as stored now (read fresh from the Lease in the replicated mode)."""
         if self.store is None:
