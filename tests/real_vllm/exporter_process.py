@@ -92,10 +92,14 @@ class Sample:
 
 @dataclass
 class ExporterProcess:
-    """One exporter subprocess polling one vLLM target."""
+    """One exporter subprocess polling one target (vLLM unless `config` says otherwise)."""
 
     vllm_url: str
     port: int = field(default_factory=free_port)
+    target: str = TARGET
+    # config(listen_port) -> the YAML; None: the vLLM drills' config_yaml. Other engines' tiers
+    # (tests/real_llamacpp) pass their own and reuse the rest of this harness.
+    config: Callable[[int], str] | None = None
     _proc: subprocess.Popen | None = None
     _log_path: Path | None = None
     _log_file: object = None
@@ -107,7 +111,7 @@ class ExporterProcess:
     def start(self, deadline_s: float = 60.0) -> None:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         config = LOG_DIR / f"exporter-{self.port}.yaml"
-        config.write_text(config_yaml(self.port, self.vllm_url))
+        config.write_text(self.config(self.port) if self.config else config_yaml(self.port, self.vllm_url))
         self._log_path = LOG_DIR / f"exporter-{self.port}.log"
         self._log_file = open(self._log_path, "wb")  # noqa: SIM115 -- open for the child's whole life
         self._proc = subprocess.Popen(
@@ -126,7 +130,7 @@ class ExporterProcess:
                         f"exporter exited with status {self._proc.returncode}; {self._log_path}:\n{tail(self._log_path)}"
                     )
                 try:
-                    answer = client.get(f"{self.url}/api/v1/targets/{TARGET}")
+                    answer = client.get(f"{self.url}/api/v1/targets/{self.target}")
                     if answer.status_code == 200 and answer.json().get("last_poll") is not None:
                         return
                 except (httpx.HTTPError, ValueError):
@@ -159,9 +163,9 @@ class ExporterProcess:
         a sample would lag the verdict it reports by several seconds.
         """
         now = time.time()
-        target_f = pool.submit(lambda: client.get(f"{self.url}/api/v1/targets/{TARGET}").json())
-        ready_f = pool.submit(lambda: client.get(f"{self.url}/probe/{TARGET}/ready").status_code)
-        live_f = pool.submit(lambda: client.get(f"{self.url}/probe/{TARGET}/live").status_code)
+        target_f = pool.submit(lambda: client.get(f"{self.url}/api/v1/targets/{self.target}").json())
+        ready_f = pool.submit(lambda: client.get(f"{self.url}/probe/{self.target}/ready").status_code)
+        live_f = pool.submit(lambda: client.get(f"{self.url}/probe/{self.target}/live").status_code)
         canaries_f = pool.submit(self.counter, client, "llm_vitals_canary_requests_total", "result")
         try:
             target, ready, live, canaries = (f.result() for f in (target_f, ready_f, live_f, canaries_f))
@@ -189,7 +193,7 @@ class ExporterProcess:
         values: dict[str, float] = {}
         for family in text_string_to_metric_families(page):
             for s in family.samples:
-                if s.name == sample_name and s.labels.get("target") == TARGET:
+                if s.name == sample_name and s.labels.get("target") == self.target:
                     key = s.labels.get(by, "") if by else ""
                     values[key] = values.get(key, 0.0) + s.value
         return values
