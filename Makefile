@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench test-vllm tools clean
+.PHONY: install test demo bench test-vllm test-llamacpp tools clean
 
 install: $(STAMP)
 
@@ -33,6 +33,11 @@ demo: install
 # built locally, fault drills against a real `vllm serve`; prints the summary table at the end.
 test-vllm: install
 	@bash tools/real-vllm-test.sh $(PYTEST_ARGS)
+
+# The real-llama.cpp tier (tests/real_llamacpp/README.md): llama-server built from the llama-cpp-python
+# sdist's llama.cpp and cached outside the clone, a tiny GGUF made here, drills against the real server.
+test-llamacpp: install
+	@bash tools/real-llamacpp-test.sh $(PYTEST_ARGS)
 
 bench: install
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
