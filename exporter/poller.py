@@ -15,11 +15,11 @@ from collections.abc import Callable
 import aiohttp
 
 from exporter.canary import resolve_model, send_canary
-from exporter.engines import PageError, Snapshot
-from exporter.engines.vllm import parse_page
+from exporter.engines import Page, PageError, Snapshot
+from exporter.engines.table import engine_of, read_page
 from exporter.settings import ExporterSettings
 from exporter.state import StateStore, TargetRecord
-from exporter.upstream import bounded_get, read_models
+from exporter.upstream import METRICS_ACCEPT, bounded_get, bounded_get_with_headers, read_models
 from exporter.verdict import (
     CanaryOutcome,
     ModelsOk,
@@ -107,7 +107,7 @@ class Poller:
         """What one poll sees: a Snapshot, the model list, or a PollError. Never raises for upstream trouble."""
         target = record.settings
         try:
-            if target.role == "proxy" or target.engine == "openai":
+            if target.role == "proxy" or engine_of(target.engine).parse is None:
                 return ModelsOk(tuple(await read_models(self.session, target, self.settings.models_timeout)))
             snapshot = await self._read_metrics(record)
             previous = record.verdict.snapshot
@@ -119,27 +119,29 @@ class Poller:
             return PollError(exc.reason, exc.detail)
 
     async def _read_metrics(self, record: TargetRecord) -> Snapshot:
-        status, body = await bounded_get(
-            self.session, record.settings.base_url + "/metrics",
+        entry = engine_of(record.settings.engine)
+        status, body, headers = await bounded_get_with_headers(
+            self.session, entry.metrics_url(record.settings), headers={"Accept": METRICS_ACCEPT},
             timeout=self.settings.metrics_timeout, max_bytes=self.settings.max_page_bytes,
         )
         if status != 200:
-            raise PageError("http_status", f"/metrics answered HTTP {status}")
-        return parse_page(body)
+            raise PageError("http_status", f"{entry.metrics_path} answered HTTP {status}")
+        return read_page(entry, Page(body, headers))
 
     async def _check_health(self, record: TargetRecord) -> None:
-        # Only a 503 is news here (vLLM's word that the engine is dead). Any other failure of this
+        # Only a 503 is news here (the engine's word that it is dead). Any other failure of this
         # extra read must not replace the page just read: it would make a stuck server `down`, which
         # liveness never acts on. A server that is really gone fails its next /metrics read.
-        try:
-            status, _ = await bounded_get(
-                self.session, record.settings.base_url + "/health",
-                timeout=self.settings.health_timeout, max_bytes=64 * 1024,
-            )
-        except PageError:
-            return
-        if status == 503:
-            raise PageError("health_503", "/health answered 503: the engine is dead")
+        for path in engine_of(record.settings.engine).health_paths:
+            try:
+                status, _ = await bounded_get(
+                    self.session, record.settings.base_url + path,
+                    timeout=self.settings.health_timeout, max_bytes=64 * 1024,
+                )
+            except PageError:
+                continue
+            if status == 503:
+                raise PageError("health_503", f"{path} answered 503: the engine is dead")
 
     def _canary_due(self, record: TargetRecord, observation: Observation, now: float) -> bool:
         target = record.settings
@@ -155,7 +157,7 @@ class Poller:
             # The rule that makes the canary safe: only when this very poll saw nothing running or waiting.
             return not observation.pending
         # An engine with no /metrics cannot show its load; its models answer is the best we have.
-        return isinstance(observation, ModelsOk) and target.engine == "openai"
+        return isinstance(observation, ModelsOk) and engine_of(target.engine).parse is None
 
     async def _canary(self, record: TargetRecord) -> None:
         target = record.settings

@@ -13,6 +13,9 @@ from pydantic import AnyHttpUrl, ConfigDict, Field, PrivateAttr, SecretStr, fiel
 from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_env_or_file, validate_document
 from llm_vitals.durations import Duration
 
+# The engines of exporter/engines/table.py; a test keeps the two lists equal.
+EngineName = Literal["vllm", "llamacpp", "triton", "sglang", "tgi", "openai"]
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -45,9 +48,12 @@ class TargetSettings(_FrozenStrict):
 
     name: str
     url: AnyHttpUrl
-    engine: Literal["vllm", "openai"] = "vllm"
+    # Which row of the engine table (exporter/engines/table.py) reads this server.
+    engine: EngineName = "vllm"
     role: Literal["backend", "proxy"] = "backend"
     model: str | None = None
+    # Where the engine's /metrics page is, when not on `url` (Triton's default: url's host, port 8002).
+    metrics_url: AnyHttpUrl | None = None
     api_key_env: str | None = None
     api_key_file: Path | None = None
     stuck_after: Duration = 60.0

@@ -18,6 +18,11 @@ def auth_headers(api_key) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key.get_secret_value()}"} if api_key is not None else {}
 
 
+# What we parse: the classic text format. A server that could also speak OpenMetrics or protobuf
+# (vLLM's prometheus-client can) is asked for this one, so the page is what the scanner reads.
+METRICS_ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"
+
+
 async def bounded_get(
     session: aiohttp.ClientSession,
     url: str,
@@ -31,13 +36,31 @@ async def bounded_get(
     Raises PageError with a poll-error reason: timeout, connect, too_large. The status is returned,
     not judged: the caller knows what a 503 means for its route.
     """
+    status, body, _ = await bounded_get_with_headers(session, url, timeout=timeout, max_bytes=max_bytes,
+                                                     headers=headers)
+    return status, body
+
+
+async def bounded_get_with_headers(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    timeout: float,
+    max_bytes: int,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, bytes, dict[str, str]]:
+    """As `bounded_get`, plus the response headers (llama.cpp's restart token is one)."""
     path = url.split("//", 1)[-1].partition("/")[2]
     try:
         # One deadline for the whole exchange: a server that trickles a byte a second never trips
         # a per-read timeout, but does trip this one.
         async with asyncio.timeout(timeout):
             async with session.get(url, headers=headers, allow_redirects=False) as response:
-                return response.status, await read_capped(response, max_bytes, f"/{path}")
+                body = await read_capped(response, max_bytes, f"/{path}")
+                return response.status, body, dict(response.headers)
+    except aiohttp.ConnectionTimeoutError:
+        # Never connected: unlike `timeout` (connected, no answer), this says nothing about the engine.
+        raise PageError("connect", f"/{path}: no connection within the connect timeout") from None
     except TimeoutError:
         raise PageError("timeout", f"/{path} took longer than {timeout:g}s") from None
     except aiohttp.ClientPayloadError as exc:

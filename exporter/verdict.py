@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from exporter.engines import Snapshot
+from exporter.engines import EngineFacts, Snapshot
+from exporter.engines.table import engine_of
 from exporter.settings import TargetSettings
 
 STATES = ("starting", "idle", "busy", "stuck", "unresponsive", "down")
@@ -86,9 +87,10 @@ def initial(now: float) -> Verdict:
 
 
 def progressed(before: Snapshot, after: Snapshot) -> bool:
-    """True when any work signal moved between two reads of one process lifetime."""
-    for name in Snapshot.PROGRESS:
-        old, new = getattr(before, name), getattr(after, name)
+    """True when any of the engine's named work signals moved between two reads of one process lifetime."""
+    old_signals = before.counters()
+    for name, new in after.counters().items():
+        old = old_signals.get(name)
         if old is not None and new is not None and old != new:
             return True
     return False
@@ -96,10 +98,24 @@ def progressed(before: Snapshot, after: Snapshot) -> bool:
 
 def went_backwards(before: Snapshot, after: Snapshot) -> str | None:
     """Name of the first monotone counter that decreased, or None."""
-    for name in Snapshot.MONOTONE:
-        old, new = getattr(before, name), getattr(after, name)
+    old_counters = before.monotone()
+    for name, new in after.monotone().items():
+        old = old_counters.get(name)
         if old is not None and new is not None and new < old:
             return name
+    return None
+
+
+def same_lifetime(before: Snapshot, after: Snapshot) -> bool | None:
+    """True/False when the two reads say which process they come from, None when only counters can tell.
+
+    An opaque restart token (llama.cpp's header) wins over a start time; either is compared for
+    inequality only, so a token that is not a time (monotonic microseconds) is never misread.
+    """
+    if before.restart_token is not None and after.restart_token is not None:
+        return before.restart_token == after.restart_token
+    if before.process_start_time is not None and after.process_start_time is not None:
+        return before.process_start_time == after.process_start_time
     return None
 
 
@@ -123,10 +139,17 @@ def recently_unhealthy(verdict: Verdict, now: float, window: float) -> bool:
     return verdict.last_unhealthy_at is not None and now - verdict.last_unhealthy_at <= window
 
 
-def judge(previous: Verdict | None, observation: Observation, now: float, target: TargetSettings) -> Verdict:
-    """The new verdict for `target` after one poll that saw `observation` at time `now`."""
+def judge(previous: Verdict | None, observation: Observation, now: float, target: TargetSettings,
+          facts: EngineFacts | None = None) -> Verdict:
+    """The new verdict for `target` after one poll that saw `observation` at time `now`.
+
+    `facts` are the engine table's facts about `target.engine` (given explicitly by table tests).
+    """
     previous = previous or initial(now)
+    facts = facts if facts is not None else engine_of(target.engine).facts
     if isinstance(observation, PollError):
+        if facts.metrics_unanswered_is_stuck and _unanswered_while_pending(previous, observation):
+            return _on_unanswered(previous, observation, now, target)
         return _on_error(previous, observation, now, target)
     if isinstance(observation, ModelsOk):
         return _on_models(previous, observation, now, target)
@@ -144,6 +167,29 @@ def _on_error(previous: Verdict, error: PollError, now: float, target: TargetSet
         up=False, error_reason=error.reason, reads_without_progress=0, last_progress=now,
         stuck_seconds=0.0, steps_per_second=None, generation_tokens_per_second=None, **changes,
     )
+
+
+def _unanswered_while_pending(previous: Verdict, error: PollError) -> bool:
+    # `timeout` is a /metrics read that connected and got no answer in time (a refused or timed-out
+    # connect is `connect`); "pending" is what the last good read showed, as long as every poll
+    # since then was pending or unanswered (a `down` in between breaks the chain).
+    return (error.reason == "timeout" and previous.snapshot is not None and previous.snapshot.pending
+            and previous.state in ("busy", "stuck"))
+
+
+def _on_unanswered(previous: Verdict, error: PollError, now: float, target: TargetSettings) -> Verdict:
+    # An engine whose own loop answers /metrics (llama.cpp) and that accepts the connection but
+    # never answers, while work was owed, is as stuck as one whose counters froze: the stuck clock
+    # keeps running from the last progress, across reads, and nothing is re-based.
+    reads = previous.reads_without_progress + 1
+    last_progress = previous.last_progress if previous.last_progress is not None else now
+    stuck_for = now - last_progress
+    state = "stuck" if reads >= 2 and stuck_for >= target.stuck_after else "busy"
+    detail = (f"/metrics accepted the connection and never answered ({error.detail}) while work was pending; "
+              f"no progress seen for {stuck_for:.1f}s over {reads} read(s)")
+    return _move(previous, now, state, "metrics_unanswered", detail, up=False, error_reason=error.reason,
+                 reads_without_progress=reads, last_progress=last_progress, stuck_seconds=stuck_for,
+                 steps_per_second=None, generation_tokens_per_second=None)
 
 
 def _on_models(previous: Verdict, seen: ModelsOk, now: float, target: TargetSettings) -> Verdict:
@@ -169,19 +215,21 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
     base = previous.snapshot
     restarted = False
     if base is not None:
-        if base.process_start_time is not None and snap.process_start_time is not None:
-            restarted = snap.process_start_time != base.process_start_time
+        lifetime = same_lifetime(base, snap)
+        if lifetime is not None:
+            restarted = not lifetime
             backwards = None if restarted else went_backwards(base, snap)
             if backwards:
                 # Same lifetime, yet a counter fell: the page is not one process's counters (a proxy
                 # mixing backends, a broken exporter). Re-base on it so one bad read stays one.
                 return _on_error(
                     previous,
-                    PollError("bad_metrics", f"counter {backwards} went backwards with the same process start time"),
+                    PollError("bad_metrics", f"counter {backwards} went backwards in the same process lifetime"),
                     now, target, snapshot=snap, snapshot_at=now,
                 )
         else:
-            # No start time (e.g. --api-server-count > 1): a monotone counter that fell is a restart.
+            # No start time nor token (e.g. --api-server-count > 1, SGLang, Triton): a monotone
+            # counter that fell is a restart.
             restarted = went_backwards(base, snap) is not None
 
     # Counters are compared only within one lifetime; the first read of a lifetime compares nothing.
@@ -197,7 +245,7 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
             _rate(base.generation_tokens, snap.generation_tokens, elapsed) if comparable else None
         ),
     )
-    load = f"running {snap.running:g}, waiting {snap.waiting:g}"
+    load = snap.load()
 
     if moved:
         changes.update(last_progress=now, last_served=now, reads_without_progress=0, stuck_seconds=0.0,

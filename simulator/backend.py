@@ -20,6 +20,7 @@ from aiohttp import web
 from llm_vitals.logs import log_event
 from simulator.config import SimConfig
 from simulator.driver import EngineDriver
+from simulator.engine_table import add_engine_routes
 from simulator.engine import Engine
 from simulator.metrics import HttpStats, VllmCollector
 from simulator.server import FaultConflict, create_app
@@ -40,6 +41,7 @@ class ServerProcess:
         self.http = HttpStats(created=time.time())
         self.collector = VllmCollector(config, self.driver.engine, self.http, start_time, created=time.time())
         self.app = create_app(self, backend)
+        add_engine_routes(self.app, config.engine)
         self.runner: web.AppRunner | None = None
 
     async def listen(self, host: str, port: int) -> int:

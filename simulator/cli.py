@@ -1,4 +1,4 @@
-"""`llm-vitals-sim`: run a fleet of simulated vLLM 0.32 servers until Ctrl-C."""
+"""`llm-vitals-sim`: run a fleet of simulated LLM servers (vLLM 0.32 by default, `--engine`) until Ctrl-C."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from llm_vitals.logs import log_event, setup_logging
 from simulator.config import SimConfig
+from simulator.engine_table import SIM_ENGINES
 from simulator.fleet import Fleet
 
 log = logging.getLogger("simulator")
@@ -29,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8101, help="port of backend 0; backend i listens on port + i "
                                                                "(default: %(default)s)")
+    parser.add_argument("--engine", default="vllm", choices=sorted(SIM_ENGINES),
+                        help="which server kind to simulate: its /metrics page, health routes and API "
+                             "(default: %(default)s)")
     parser.add_argument("--backends", type=int, default=1, help="number of servers (default: %(default)s)")
     parser.add_argument("--proxy", type=int, metavar="PORT", help="also run a least-connection proxy on PORT")
     parser.add_argument("--control-port", type=int, metavar="PORT",
@@ -53,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     return SimConfig(
-        model=args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        engine=args.engine, model=args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, tokens_per_second=args.tokens_per_second,
         prefill_tokens_per_second=args.prefill_tokens_per_second, startup_seconds=args.startup_seconds,
         kv_cache_tokens=max(SimConfig().kv_cache_tokens, args.max_model_len),
@@ -71,7 +75,8 @@ async def run(args: argparse.Namespace, config: SimConfig) -> int:
         print(f"llm-vitals-sim: cannot listen: {exc}", file=sys.stderr)
         return 2
     for backend in fleet.backends:
-        print(f"backend {backend.index}: {backend.url}  (model {config.model!r}, max_num_seqs {config.max_num_seqs})")
+        print(f"backend {backend.index}: {backend.url}  ({config.engine}, model {config.model!r}, "
+              f"max_num_seqs {config.max_num_seqs})")
     if fleet.proxy_url:
         print(f"proxy:     {fleet.proxy_url}  (least-connection over /v1/* and /metrics)")
     if fleet.control_url:

@@ -8,10 +8,12 @@ VLLM_VERSION = "0.32.0"
 
 
 class SimConfig(BaseModel):
-    """How every simulated vLLM server in a fleet behaves (all backends share it)."""
+    """How every simulated server in a fleet behaves (all backends share it)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # A key of simulator/engine_table.py's SIM_ENGINES (checked by the Fleet and the CLI's choices).
+    engine: str = Field("vllm", description="which server kind to simulate: its page, health and routes")
     model: str = Field("tiny", min_length=1, description="served model name (the model_name label)")
     max_model_len: int = Field(2048, ge=16, description="longest prompt + completion, in tokens")
     max_num_seqs: int = Field(4, ge=1, description="continuous-batching slots (requests running at once)")

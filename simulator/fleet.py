@@ -20,6 +20,7 @@ from aiohttp import web
 from simulator.backend import Backend
 from simulator.config import SimConfig
 from simulator.control import create_control_app
+from simulator.engine_table import sim_engine
 from simulator.proxy import create_proxy_app
 
 __all__ = ["Fleet", "SimConfig", "Backend"]
@@ -34,6 +35,7 @@ class Fleet:
         if backends < 1:
             raise ValueError(f"a fleet needs at least one backend, got {backends}")
         self.config = config or SimConfig()
+        sim_engine(self.config.engine)  # an unknown engine fails here, not at the first start
         self.host = host
         self.backends = [Backend(i, self.config, host, port + i if port else 0, on_change=self._backend_changed)
                          for i in range(backends)]

@@ -274,18 +274,12 @@ async def _server_header(request: web.Request, response: web.StreamResponse) -> 
 
 
 def create_app(process: "ServerProcess", backend: "Backend") -> web.Application:
-    """The routes of one vLLM server lifetime."""
+    """The admin routes of one simulated server lifetime (the engine's own come from its table entry)."""
     app = web.Application(middlewares=[http_stats_middleware], client_max_size=MAX_BODY_BYTES)
     app[PROCESS_KEY] = process
     app[BACKEND_KEY] = backend
     app.on_response_prepare.append(_server_header)
-    app.router.add_get("/health", health)
-    app.router.add_get("/version", version)
-    app.router.add_get("/load", load)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat_completions)
+    # The engine's own routes are added by the caller, from simulator/engine_table.py.
     app.router.add_post("/admin/fault", admin_fault)
     app.router.add_post("/admin/restart", admin_restart)
     app.router.add_get("/admin/state", admin_state)

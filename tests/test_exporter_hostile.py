@@ -17,7 +17,7 @@ SCENARIOS = {
     "huge": "too_large",  # a 50 MB page with a Content-Length
     "html": "bad_metrics",
     "bad-utf8": "bad_metrics",
-    "nan": "bad_metrics",
+    "nan": "bad_metrics",  # NaN where a required gauge (running) belongs; NaN KV usage is only absent
     "error-500": "http_status",
     "health-503": "health_503",  # work pending, nothing moving, /health 503
 }
@@ -80,8 +80,8 @@ class Hostile:
             return web.Response(body=IDLE_PAGE.replace(b"vllm:num_requests_running", b"vllm:\xff\xfe", 1),
                                 content_type="text/plain")
         if scenario == "nan":
-            page = IDLE_PAGE.replace(b'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.0',
-                                     b'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} NaN')
+            page = IDLE_PAGE.replace(b'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0',
+                                     b'vllm:num_requests_running{engine="0",model_name="tiny"} NaN')
             assert page != IDLE_PAGE
             return web.Response(body=page, content_type="text/plain")
         if scenario == "backwards":

@@ -109,7 +109,7 @@ def test_data_parallel_engines_are_summed() -> None:
     (b"\xff\xfe\x00garbage", "not UTF-8"),
     (b"vllm:num_requests_running{engine=\"0\"} NaN\nvllm:num_requests_waiting 0\n", "is NaN"),
     (b"vllm:num_requests_running 1\nvllm:num_requests_waiting two\n", "non-numeric value 'two'"),
-    (b"vllm:num_requests_running{engine=\"0\" 1\nvllm:num_requests_waiting 0\n", "unterminated label set"),
+    (b"vllm:num_requests_running{engine=\"0\" 1\nvllm:num_requests_waiting 0\n", "unterminated or malformed label set"),
     (b"", "no vllm:num_requests_running"),
 ])
 def test_bad_page_is_a_bad_metrics_error_not_a_crash(body: bytes, fragment: str) -> None:

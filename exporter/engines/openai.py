@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from exporter.engines import PageError
+from exporter.engines import Engine, PageError
 
 
 def parse_models(body: bytes) -> list[str]:
@@ -20,3 +20,7 @@ def parse_models(body: bytes) -> list[str]:
     if not ids:
         raise PageError("bad_models", "/v1/models lists no model")
     return ids
+
+
+# No /metrics worth reading: judged by /v1/models and the idle canary (the check the seed warns about).
+ENGINE = Engine(name="openai", parse=None)

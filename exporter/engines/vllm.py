@@ -1,16 +1,28 @@
 """The vLLM adapter: a targeted scan of `/metrics` that reads only the families the verdict needs.
 
-Why not prometheus-client's parser: it builds every family on a ~50 KB page (hundreds of histogram
-buckets) on every poll of every target; this scanner finds the dozen sample lines it needs with
-one regex pass and is tested to give the same values as that parser on every real page we have.
+It reads only the families the verdict needs, with the shared scanner (exporter/engines/scan.py),
+which is held to prometheus-client's values by a property test. A sample of the page:
+
+    # HELP vllm:num_requests_running Number of requests in model execution batches.
+    # TYPE vllm:num_requests_running gauge
+    vllm:num_requests_running{engine="0",model_name="tiny"} 2.0
+    vllm:num_requests_waiting{engine="0",model_name="tiny"} 8.0
+    vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.0019536019536019467
+    vllm:iteration_tokens_total_count{engine="0",model_name="tiny"} 10547.0
+    vllm:generation_tokens_total{engine="0",model_name="tiny"} 20513.0
+    vllm:request_success_total{engine="0",finished_reason="length",model_name="tiny"} 25.0
+    process_start_time_seconds 1.79622199191e+09
+
+Pending: running + waiting. Progress: steps, tokens, finished requests, KV usage. Restart: the
+start time, else a counter reset (it is absent with --api-server-count > 1).
 """
 
 from __future__ import annotations
 
 import math
-import re
 
-from exporter.engines import PageError, Snapshot
+from exporter.engines import Engine, PageError, Snapshot
+from exporter.engines.scan import Scanner, show
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -23,41 +35,20 @@ KV_USAGE_BEFORE_0_10 = "vllm:gpu_cache_usage_perc"
 START_TIME = "process_start_time_seconds"
 
 
-# One pass over the page for every sample we need. The names are factored so that the regex engine
-# rejects the ~600 other lines after a few characters; a line matches only when the name is followed
-# by `{` or a space, so longer names that share a prefix (`..._waiting_by_reason`) are not ours.
-_WANTED = re.compile(
-    r"\n(vllm:(?:num_requests_(?:running|waiting)|iteration_tokens_total_count|generation_tokens_total"
-    r"|prompt_tokens_total|request_success_total|kv_cache_usage_perc|gpu_cache_usage_perc)"
-    r"|process_start_time_seconds)([{ ][^\n]*)"
-)
-
-
-def _value(name: str, rest: str) -> float:
-    if rest[0] == "{":
-        # Label values cannot hold a newline, and value/timestamp hold no brace: the last `}` closes.
-        close = rest.rfind("}")
-        if close == -1:
-            raise PageError("bad_metrics", f"unterminated label set in {name}")
-        rest = rest[close + 1 :]
-    fields = rest.split()
-    if not fields:
-        raise PageError("bad_metrics", f"sample {name} has no value")
-    try:
-        value = float(fields[0])
-    except ValueError:
-        raise PageError("bad_metrics", f"sample {name} has a non-numeric value {fields[0][:40]!r}") from None
-    if not math.isfinite(value):
-        raise PageError("bad_metrics", f"sample {name} is {fields[0]}")
-    return value
+_SCANNER = Scanner((RUNNING, WAITING, STEPS, GENERATION_TOKENS, PROMPT_TOKENS, FINISHED, KV_USAGE,
+                    KV_USAGE_BEFORE_0_10, START_TIME))
 
 
 def sample_values(text: str) -> dict[str, list[float]]:
     """Values of the wanted samples by full sample name (any labels, in page order)."""
-    found: dict[str, list[float]] = {}
-    for name, rest in _WANTED.findall("\n" + text):
-        found.setdefault(name, []).append(_value(name, rest))
-    return found
+    return {name: [sample.value for sample in samples] for name, samples in _SCANNER.scan(text).items()}
+
+
+def _required(name: str, values: list[float]) -> list[float]:
+    for value in values:
+        if not math.isfinite(value):
+            raise PageError("bad_metrics", f"sample {name} is {show(value)}")
+    return values
 
 
 def parse_text(text: str) -> Snapshot:
@@ -66,16 +57,17 @@ def parse_text(text: str) -> Snapshot:
     if RUNNING not in found or WAITING not in found:
         missing = RUNNING if RUNNING not in found else WAITING
         raise PageError("bad_metrics", f"no {missing} on the page (not a vLLM /metrics page?)")
-    kv_values = found.get(KV_USAGE) or found.get(KV_USAGE_BEFORE_0_10)
-    start_times = found.get(START_TIME)
+    # An optional gauge that reads NaN or ±Inf is absent, not a reason to reject the page.
+    kv_values = [v for v in found.get(KV_USAGE) or found.get(KV_USAGE_BEFORE_0_10) or [] if math.isfinite(v)]
+    start_times = [v for v in found.get(START_TIME, []) if math.isfinite(v)]
 
     def total(name: str) -> float | None:
         values = found.get(name)
-        return sum(values) if values else None
+        return sum(_required(name, values)) if values else None
 
     return Snapshot(
-        running=sum(found[RUNNING]),
-        waiting=sum(found[WAITING]),
+        running=sum(_required(RUNNING, found[RUNNING])),
+        waiting=sum(_required(WAITING, found[WAITING])),
         steps=total(STEPS),
         generation_tokens=total(GENERATION_TOKENS),
         prompt_tokens=total(PROMPT_TOKENS),
@@ -93,3 +85,12 @@ def parse_page(body: bytes) -> Snapshot:
     except UnicodeDecodeError as exc:
         raise PageError("bad_metrics", f"page is not UTF-8 (byte {exc.start})") from None
     return parse_text(text)
+
+
+ENGINE = Engine(
+    name="vllm",
+    parse=lambda page: parse_page(page.body),  # no header carries anything the verdict needs
+    signature="vllm:",
+    # 503 once the engine is known dead (EngineDeadError); a hung engine still answers 200.
+    health_paths=("/health",),
+)
