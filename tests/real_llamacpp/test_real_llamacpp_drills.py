@@ -36,7 +36,7 @@ def save_page(server: LlamaServer, state: str) -> None:
     pages.mkdir(parents=True, exist_ok=True)
     try:
         answer = httpx.get(f"{server.url}/metrics", timeout=METRICS_TIMEOUT_S)
-        head = f"HTTP {answer.status_code}\nProcess-Start-Time-Unix: {answer.headers.get('Process-Start-Time-Unix')}\n"
+        head = f"HTTP {answer.status_code}\n" + "".join(f"{k}: {v}\n" for k, v in answer.headers.items())
         (pages / f"metrics-{state}.txt").write_text(answer.text)
     except httpx.HTTPError as exc:
         head = f"no answer: {exc!r}\n"
