@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench test-vllm test-llamacpp tools clean
+.PHONY: install test demo bench test-vllm test-llamacpp test-sglang tools clean
 
 install: $(STAMP)
 
@@ -38,6 +38,11 @@ test-vllm: install
 # sdist's llama.cpp and cached outside the clone, a tiny GGUF made here, drills against the real server.
 test-llamacpp: install
 	@bash tools/real-llamacpp-test.sh $(PYTEST_ARGS)
+
+# The real-SGLang tier (tests/real_sglang/README.md): SGLang 0.5.23 on CPU torch in a venv cached
+# outside the clone (tools/cache-path.sh sglang 0.5.23), drills against a real server; a table at the end.
+test-sglang: install
+	@bash tools/real-sglang-test.sh $(PYTEST_ARGS)
 
 bench: install
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

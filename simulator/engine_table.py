@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from simulator import server, sim_llamacpp
+from simulator import server, sim_llamacpp, sim_sglang
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -41,7 +41,9 @@ def _vllm_routes(app: web.Application) -> None:
 
 VLLM = SimEngine(name="vllm", metrics=server.metrics, health=(("/health", server.health),), routes=_vllm_routes)
 
-SIM_ENGINES: dict[str, SimEngine] = {entry.name: entry for entry in (VLLM, sim_llamacpp.sim_engine())}
+SIM_ENGINES: dict[str, SimEngine] = {
+    entry.name: entry for entry in (VLLM, sim_llamacpp.sim_engine(), sim_sglang.sim_engine())
+}
 
 
 def sim_engine(name: str) -> SimEngine:

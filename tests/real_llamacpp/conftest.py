@@ -106,7 +106,8 @@ def server(report: Report) -> LlamaServer:
 @pytest.fixture(scope="module")
 def exporter(server: LlamaServer) -> ExporterProcess:
     """The real exporter polling `server` every second (engine: llamacpp), stopped by PID at the end."""
-    proc = ExporterProcess(vllm_url=server.url, target=TARGET, config=lambda port: exporter_config(port, server.url))
+    proc = ExporterProcess(vllm_url=server.url, target=TARGET, engine="llamacpp", log_dir=LOG_DIR,
+                           config=lambda port: exporter_config(port, server.url))
     try:
         proc.start()
         yield proc

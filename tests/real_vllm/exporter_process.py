@@ -50,15 +50,15 @@ def exporter_binary() -> str:
     return found
 
 
-def config_yaml(listen_port: int, vllm_url: str) -> str:
+def config_yaml(listen_port: int, vllm_url: str, target: str = TARGET, engine: str = "vllm") -> str:
     """The exporter config the drills run with (YAML shape of issue 3 / DESIGN §2)."""
     return f"""\
 listen: "127.0.0.1:{listen_port}"
 poll_interval: {POLL_INTERVAL_S:g}s
 targets:
-  - name: {TARGET}
+  - name: {target}
     url: {vllm_url}
-    engine: vllm
+    engine: {engine}
     role: backend
     stuck_after: {STUCK_AFTER_S:g}s
     startup_grace: 5m
@@ -92,13 +92,15 @@ class Sample:
 
 @dataclass
 class ExporterProcess:
-    """One exporter subprocess polling one target (vLLM unless `config` says otherwise)."""
+    """One exporter subprocess polling one engine target (vLLM unless told; the SGLang tier reuses it)."""
 
     vllm_url: str
     port: int = field(default_factory=free_port)
     target: str = TARGET
-    # config(listen_port) -> the YAML; None: the vLLM drills' config_yaml. Other engines' tiers
-    # (tests/real_llamacpp) pass their own and reuse the rest of this harness.
+    engine: str = "vllm"
+    log_dir: Path = LOG_DIR
+    # config(listen_port) -> the whole YAML, for a tier whose exporter settings differ from
+    # config_yaml's (tests/real_llamacpp: a short metrics_timeout); None: config_yaml.
     config: Callable[[int], str] | None = None
     _proc: subprocess.Popen | None = None
     _log_path: Path | None = None
@@ -109,10 +111,10 @@ class ExporterProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, deadline_s: float = 60.0) -> None:
-        LOG_DIR.mkdir(parents=True, exist_ok=True)
-        config = LOG_DIR / f"exporter-{self.port}.yaml"
-        config.write_text(self.config(self.port) if self.config else config_yaml(self.port, self.vllm_url))
-        self._log_path = LOG_DIR / f"exporter-{self.port}.log"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        config = self.log_dir / f"exporter-{self.port}.yaml"
+        config.write_text(self.config(self.port) if self.config else config_yaml(self.port, self.vllm_url, self.target, self.engine))
+        self._log_path = self.log_dir / f"exporter-{self.port}.log"
         self._log_file = open(self._log_path, "wb")  # noqa: SIM115 -- open for the child's whole life
         self._proc = subprocess.Popen(
             [exporter_binary(), "--config", str(config)],

@@ -56,7 +56,7 @@ _ENV = {
 VLLM_NICENESS = 10
 
 
-def lower_priority(pid: int) -> None:
+def lower_priority(pid: int, niceness: int = VLLM_NICENESS) -> None:
     """Best effort: put the session `pid` leads behind every other process for the CPU.
 
     With the kernel's autogroup scheduling (on by default) nice only orders processes within a
@@ -64,7 +64,7 @@ def lower_priority(pid: int) -> None:
     the `nice` in the command line covers kernels without autogroup.
     """
     try:
-        Path(f"/proc/{pid}/autogroup").write_text(f"{VLLM_NICENESS}\n")
+        Path(f"/proc/{pid}/autogroup").write_text(f"{niceness}\n")
     except OSError:
         pass  # no autogroup, or not allowed: the per-process nice still applies
 
@@ -81,10 +81,19 @@ def setup_missing() -> str | None:
 
 @dataclass
 class VllmServer:
-    """One `vllm serve` lifetime at a time on a fixed loopback port; `start()` again to restart."""
+    """One `vllm serve` lifetime at a time on a fixed loopback port; `start()` again to restart.
+
+    The process handling (start, find by title, stop by PID) is engine-neutral: the SGLang tier's
+    server is this class with another `command` and `ready`.
+    """
 
     port: int
     starts: list[dict] = field(default_factory=list)  # {"seconds", "pid", "log"} per start
+    name: str = "vLLM"
+    env: dict[str, str] = field(default_factory=lambda: dict(_ENV))
+    log_dir: Path = LOG_DIR
+    start_deadline_s: float = START_DEADLINE_S
+    nice_from_launch: bool = True  # False: the subclass lowers the priority itself once ready
     _proc: subprocess.Popen | None = None
     _api: psutil.Process | None = None
     _known: dict[int, psutil.Process] = field(default_factory=dict)  # every process ever seen
@@ -102,14 +111,8 @@ class VllmServer:
     def returncode(self) -> int | None:
         return self._proc.poll() if self._proc else None
 
-    def start(self) -> float:
-        """Launch and wait until /v1/models answers 200; return the seconds it took."""
-        if self._proc is not None and self._proc.poll() is None:
-            raise RuntimeError(f"vLLM already running as pid {self._proc.pid}")
-        LOG_DIR.mkdir(parents=True, exist_ok=True)
-        log_path = LOG_DIR / f"vllm-{self.port}-{len(self.starts) + 1}.log"
-        self._close_log()
-        self._log_file = open(log_path, "wb")  # noqa: SIM115 -- open for the child's whole life
+    def command(self) -> list[str]:
+        """The server's command line (the SGLang tier's server overrides this and `ready`)."""
         argv = [
             "nice", "-n", str(VLLM_NICENESS),
             str(VLLM_PYTHON), str(CLI_SHIM), "serve", str(TINY_MODEL),
@@ -121,18 +124,33 @@ class VllmServer:
         ]  # fmt: skip
         if ENFORCE_EAGER:
             argv.append("--enforce-eager")
+        return argv
+
+    def ready(self, client: httpx.Client) -> bool:
+        """One readiness check: vLLM serves /v1/models only once its engine is up."""
+        return client.get(f"{self.url}/v1/models").status_code == 200
+
+    def start(self) -> float:
+        """Launch and wait until `ready`; return the seconds it took."""
+        if self._proc is not None and self._proc.poll() is None:
+            raise RuntimeError(f"{self.name} already running as pid {self._proc.pid}")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{self.name.lower()}-{self.port}-{len(self.starts) + 1}.log"
+        self._close_log()
+        self._log_file = open(log_path, "wb")  # noqa: SIM115 -- open for the child's whole life
         started = time.monotonic()
         self._proc = subprocess.Popen(
-            argv,
-            env={**os.environ, **_ENV},
-            cwd=str(LOG_DIR),
+            self.command(),
+            env={**os.environ, **self.env},
+            cwd=str(self.log_dir),
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
-            # Its own session: a Ctrl-C on the test run reaches pytest, whose teardown stops vLLM by PID.
+            # Its own session: a Ctrl-C on the test run reaches pytest, whose teardown stops it by PID.
             start_new_session=True,
         )
-        lower_priority(self._proc.pid)
+        if self.nice_from_launch:
+            lower_priority(self._proc.pid)
         self._api = psutil.Process(self._proc.pid)
         self._known[self._proc.pid] = self._api
         try:
@@ -150,13 +168,13 @@ class VllmServer:
                 self.track_children()
                 if self._proc.poll() is not None:
                     raise RuntimeError(
-                        f"vLLM exited with status {self._proc.returncode} before it was ready; "
+                        f"{self.name} exited with status {self._proc.returncode} before it was ready; "
                         f"last lines of {log_path}:\n{tail(log_path)}"
                     )
-                if time.monotonic() - started > START_DEADLINE_S:
-                    raise TimeoutError(f"vLLM not ready after {START_DEADLINE_S:.0f} s; see {log_path}:\n{tail(log_path)}")
+                if time.monotonic() - started > self.start_deadline_s:
+                    raise TimeoutError(f"{self.name} not ready after {self.start_deadline_s:.0f} s; see {log_path}:\n{tail(log_path)}")
                 try:
-                    if client.get(f"{self.url}/v1/models").status_code == 200:
+                    if self.ready(client):
                         self.track_children()
                         return
                 except httpx.HTTPError:
@@ -182,7 +200,7 @@ class VllmServer:
                     return proc
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-        raise LookupError(f"no live {title} process under vLLM pid {self.pid}")
+        raise LookupError(f"no live {title} process under {self.name} pid {self.pid}")
 
     def leftovers(self) -> list[psutil.Process]:
         """Processes of ours (any lifetime) still alive."""
