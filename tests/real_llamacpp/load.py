@@ -1,8 +1,10 @@
 """Load for the llama.cpp drills: long generations that run until cancelled, and direct reads of /metrics.
 
 Each request is a plain HTTP/1.1 exchange on a socket of its own, so a drill ends its load at once
-by shutting the sockets: llama-server sees the connection close and cancels the task (its slots
-free up within a decode step or two). Requests ask for more tokens than a drill lasts.
+by shutting the sockets. The requests stream (`"stream": true`): llama-server then writes every
+token as it comes, a write to the closed socket fails, and the task is cancelled within a token.
+A non-streamed request was cancelled only ~100 s after its client went away (seen in the tier).
+Requests ask for more tokens than a drill lasts.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 METRICS_TIMEOUT_S = 10.0
-LONG_GENERATION_TOKENS = 3800  # under the 4096-token slot context; minutes of work on this box
+LONG_GENERATION_TOKENS = 8000  # under the 8192-token slot context
 
 
 @dataclass
@@ -82,7 +84,8 @@ def long_generations(url: str, count: int, tokens: int = LONG_GENERATION_TOKENS)
     host, port = url.removeprefix("http://").split(":")
     load = Load(host, int(port))
     for k in range(count):
-        load.send({"prompt": f"Once upon a time {k}", "n_predict": tokens, "ignore_eos": True, "cache_prompt": False})
+        load.send({"prompt": f"Once upon a time {k}", "n_predict": tokens, "ignore_eos": True, "cache_prompt": False,
+                   "stream": True})
     return load
 
 

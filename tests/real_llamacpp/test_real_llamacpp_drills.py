@@ -18,7 +18,7 @@ from real_vllm.exporter_process import ExporterProcess, Sample, Watcher
 
 from .freeze_thread import frozen_thread, thread_state
 from .llamacpp_server import ALIAS, LOG_DIR, SLOTS, LlamaServer
-from .load import busy, idle, long_generations, metrics, wait_metrics
+from .load import LONG_GENERATION_TOKENS, busy, idle, long_generations, metrics, wait_metrics
 from .timing import CANARY_INTERVAL_S, CANARY_TIMEOUT_S, METRICS_TIMEOUT_S, POLL_INTERVAL_S, STUCK_AFTER_S
 
 IDLE_WINDOW_S = 15.0
@@ -65,16 +65,21 @@ def detection_seconds(sample: Sample, t_event: float) -> float:
     return sample.t - t_event
 
 
+# Every slot busy and the rest deferred: on an idle box the tiny model makes ~1,000 tokens/s, so
+# 8 x 8,000 tokens last over a minute; each drill cancels its load when it is done.
+LOAD_REQUESTS = SLOTS + 6
+
+
 def start_saturating_load(server: LlamaServer):
-    """SLOTS + 1 long generations: every slot busy and one request deferred, seen on /metrics."""
-    load = long_generations(server.url, SLOTS + 1)
+    """LOAD_REQUESTS long generations: every slot busy and requests deferred, seen on /metrics."""
+    load = long_generations(server.url, LOAD_REQUESTS)
     wait_metrics(server.url, lambda p: busy(p, SLOTS, 1), timeout=60, what="all slots busy and one deferred")
     return load
 
 
 def end_load(server: LlamaServer, load) -> None:
     load.cancel()
-    wait_metrics(server.url, idle, timeout=60, what="the server idle after the load was cancelled")
+    wait_metrics(server.url, idle, timeout=180, what="the server idle after the load was cancelled")
 
 
 def test_smoke_server_serves_the_tiny_model_and_its_metrics(server: LlamaServer, drill: Drill):
@@ -130,7 +135,7 @@ def test_saturation_stays_busy_and_gets_zero_canaries(server: LlamaServer, watch
     wait_idle(watcher)
     before = watcher.latest()
     t0 = time.time()
-    load = long_generations(server.url, SLOTS + 1)
+    load = long_generations(server.url, LOAD_REQUESTS)
     first_busy = watcher.wait_for(lambda s: s.state == "busy", timeout=30, what="busy", after=t0)
     drill.detected("load to busy", detection_seconds(first_busy, t0))
     page = wait_metrics(server.url, lambda p: busy(p, SLOTS, 1), timeout=60, what="all slots busy and one deferred")
@@ -156,7 +161,8 @@ def test_saturation_stays_busy_and_gets_zero_canaries(server: LlamaServer, watch
     assert drill.canaries["sent"] == 0, drill.canaries
     # The live progress signal moved the whole time; the token counters move only at request end.
     assert drill.facts["n_decode_during"] > 0, drill.facts
-    assert drill.facts["tokens_predicted_during"] == 0, drill.facts
+    # ignore_eos: a request that ended in the window added exactly its LONG_GENERATION_TOKENS.
+    assert drill.facts["tokens_predicted_during"] % LONG_GENERATION_TOKENS == 0, drill.facts
 
 
 def test_frozen_engine_loop_with_http_alive_is_stuck_then_recovers(
@@ -166,7 +172,8 @@ def test_frozen_engine_loop_with_http_alive_is_stuck_then_recovers(
     restarts_before = restarts_total(exporter)
     t0 = time.time()
     load = start_saturating_load(server)
-    watcher.wait_for(lambda s: s.state == "busy", timeout=30, what="busy before the freeze", after=t0)
+    watcher.wait_for(lambda s: s.state == "busy" and s.reason == "progress", timeout=60,
+                     what="busy with progress before the freeze", after=t0)  # fmt: skip
     # ptrace-stop the main thread (the engine loop); the HTTP threads keep running.
     with frozen_thread(server.pid, max_seconds=120) as t_freeze:
         frozen_as = thread_state(server.pid, server.pid)
@@ -211,7 +218,8 @@ def test_sigstop_metrics_accepted_never_answered_is_stuck_metrics_unanswered(
     restarts_before = restarts_total(exporter)
     t0 = time.time()
     load = start_saturating_load(server)
-    watcher.wait_for(lambda s: s.state == "busy", timeout=30, what="busy before the SIGSTOP", after=t0)
+    watcher.wait_for(lambda s: s.state == "busy" and s.reason == "progress", timeout=60,
+                     what="busy with progress before the SIGSTOP", after=t0)  # fmt: skip
     t_stop = time.time()
     server.signal(signal.SIGSTOP)
     try:
@@ -282,7 +290,8 @@ def test_restart_on_the_same_port_counts_exactly_one_restart_then_idle_and_canar
     ok = watcher.wait_for(lambda s: s.canaries.get("ok", 0) > before.canaries.get("ok", 0),
                           timeout=CANARY_INTERVAL_S + CANARY_TIMEOUT_S + 30, what="a good canary after the restart",
                           after=t_ready)  # fmt: skip
-    later = watcher.wait_for(lambda s: True, timeout=30, what="a later sample", after=time.time() + 5 * POLL_INTERVAL_S)
+    # The canary may still show as one request processing: the new lifetime settles on idle.
+    later = watcher.wait_for(lambda s: s.state == "idle", timeout=60, what="idle after the restart", after=ok.t)
     drill.timeline = watcher.timeline(t_launch)
     drill.canaries = {"sent": sum(canary_delta(before, later).values()), "by_result": canary_delta(before, later)}
     drill.facts = {
@@ -295,5 +304,4 @@ def test_restart_on_the_same_port_counts_exactly_one_restart_then_idle_and_canar
     }
     assert (later.restarts or 0) - (before.restarts or 0) == 1, drill.facts
     assert drill.facts["restarts_total_delta"] == 1, "llm_vitals_restarts_total disagrees with the API"
-    assert later.state == "idle", drill.timeline
     assert canary_delta(before, later).get("error", 0) == 0

@@ -1,9 +1,10 @@
 """The exporter's settings for the llama.cpp drills, and the one config file they run with.
 
 poll 1 s and stuck_after 6 s, as the vLLM drills. stuck_after must cover one prefill batch: a long
-prompt moves llamacpp:n_decode_total once per `-b` tokens, and this tiny model on the shared 2-core
-box prefills ~140 tokens/s, so the server runs with -b 256 (~2 s a batch; 4-6 s when the box is
-loaded) rather than llama.cpp's 2048 (~15 s a batch, which would need stuck_after >= 30 s).
+prompt moves llamacpp:n_decode_total once per `-b` tokens. The recipe's 86M model prefilled ~140
+tokens/s on the 2-core box (~15 s per 2048-token batch, which would need stuck_after >= 30 s); the
+tier's 3.4M model is far faster, and the server runs with -b 256 besides, so that one batch stays
+well under stuck_after even on a box loaded by other work.
 metrics_timeout 2 s: llama-server answers /metrics in under 40 ms even while busy, and a read it
 accepts but never answers (the process stopped, or its loop wedged outside a decode) is the fact the
 verdict judges as `metrics_unanswered`; a short timeout keeps each such poll short.
