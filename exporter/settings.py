@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import os
-import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Any, Literal
 
-from pydantic import AnyHttpUrl, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
+
+from exporter.engines.table import engine_of
 
 # ConfigError is re-exported: the CLI and callers catch it as exporter.settings.ConfigError.
 from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_env_or_file, validate_document
 from llm_vitals.durations import Duration
+from llm_vitals.validators import ListenAddress, ParsedHttpUrl, TargetName, parse_listen
 
 # The engines of exporter/engines/table.py; a test keeps the two lists equal.
 EngineName = Literal["vllm", "llamacpp", "triton", "sglang", "tgi", "openai"]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -37,6 +39,9 @@ class CanarySettings(_FrozenStrict):
     # default 3 x interval, so one lost canary does not flap readiness.
     fresh_for: Duration | None = None
     prompt: str = "ping"
+    # The request body itself, for engines whose canary the operator must describe (Triton: a KServe
+    # v2 infer body, `{inputs: [{name, shape, datatype, data}]}`, of the smallest request the model takes).
+    request: dict[str, Any] | None = None
 
     @property
     def freshness(self) -> float:
@@ -46,14 +51,14 @@ class CanarySettings(_FrozenStrict):
 class TargetSettings(_FrozenStrict):
     """One LLM server (or proxy) to watch."""
 
-    name: str
-    url: AnyHttpUrl
+    name: TargetName
+    url: ParsedHttpUrl
     # Which row of the engine table (exporter/engines/table.py) reads this server.
     engine: EngineName = "vllm"
     role: Literal["backend", "proxy"] = "backend"
     model: str | None = None
     # Where the engine's /metrics page is, when not on `url` (Triton's default: url's host, port 8002).
-    metrics_url: AnyHttpUrl | None = None
+    metrics_url: ParsedHttpUrl | None = None
     api_key_env: str | None = None
     api_key_file: Path | None = None
     stuck_after: Duration = 60.0
@@ -69,13 +74,6 @@ class TargetSettings(_FrozenStrict):
     # Resolved at load time from api_key_env / api_key_file; never part of a dump.
     _api_key: SecretStr | None = PrivateAttr(default=None)
 
-    @field_validator("name")
-    @classmethod
-    def _name_is_a_label(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError(f"target name {value!r} must match {_NAME.pattern}")
-        return value
-
     @field_validator("stuck_after")
     @classmethod
     def _stuck_after_positive(cls, value: float) -> float:
@@ -88,6 +86,31 @@ class TargetSettings(_FrozenStrict):
         if self.api_key_env and self.api_key_file:
             raise ValueError("set at most one of api_key_env and api_key_file")
         return self
+
+    @model_validator(mode="after")
+    def _canary_request_fits_the_engine(self) -> TargetSettings:
+        entry = engine_of(self.engine)
+        takes_request = entry.canary is not None and entry.canary.needs_request
+        if self.canary.request is not None and not takes_request:
+            raise ValueError(f"canary.request is for engines whose canary is a request you describe (triton), "
+                             f"not {self.engine}: its canary is a 1-token completion")
+        if self.canary.request is not None and entry.models_path is None and not self.model:
+            raise ValueError(f"engine {self.engine} lists no models at /v1/models: set model, which the canary.request is for")
+        return self
+
+    @property
+    def sends_canary(self) -> bool:
+        """Whether this target gets idle canaries at all: enabled, a backend, and its engine's canary can be built.
+
+        Triton's canary is the operator's request: without `canary.request` (and `model`) none is sent,
+        and an idle-looking wedged Triton then stays idle (README "Engines").
+        """
+        entry = engine_of(self.engine)
+        if not self.canary.enabled or self.role != "backend":
+            return False
+        if entry.canary is not None and entry.canary.needs_request and self.canary.request is None:
+            return False
+        return entry.models_path is not None or bool(self.model)
 
     @property
     def base_url(self) -> str:
@@ -117,7 +140,7 @@ class TargetSettings(_FrozenStrict):
 class ExporterSettings(_FrozenStrict):
     """The whole exporter config file."""
 
-    listen: str = "127.0.0.1:9471"
+    listen: ListenAddress = "127.0.0.1:9471"
     poll_interval: Duration = 5.0
     # Fraction of poll_interval added at random to each wait, so 1,000 targets do not poll in lockstep.
     poll_jitter: float = Field(0.1, ge=0.0, le=1.0)
@@ -131,19 +154,11 @@ class ExporterSettings(_FrozenStrict):
     drain_token_env: str | None = None
     drain_token_file: Path | None = None
     # Not used by the exporter itself: the status page reads it to link to the remediator.
-    remediator_url: AnyHttpUrl | None = None
+    remediator_url: ParsedHttpUrl | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     targets: list[TargetSettings] = Field(min_length=1)
 
     _drain_token: SecretStr | None = PrivateAttr(default=None)
-
-    @field_validator("listen")
-    @classmethod
-    def _listen_is_host_port(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError(f"listen must be HOST:PORT, got {value!r}")
-        return value
 
     @field_validator("poll_interval")
     @classmethod
@@ -165,11 +180,11 @@ class ExporterSettings(_FrozenStrict):
 
     @property
     def host(self) -> str:
-        return self.listen.rpartition(":")[0].strip("[]")
+        return parse_listen(self.listen)[0]
 
     @property
     def port(self) -> int:
-        return int(self.listen.rpartition(":")[2])
+        return parse_listen(self.listen)[1]
 
     @property
     def drain_token(self) -> SecretStr | None:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
-from simulator import server, sim_llamacpp, sim_sglang
+from simulator import server, sim_llamacpp, sim_sglang, sim_tgi
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -29,10 +30,16 @@ class SimEngine:
     health: tuple[tuple[str, Handler], ...]  # (path, handler): the routes the exporter's table counts
     routes: Callable[[web.Application], None]  # everything else the server answers (models, completions)
     metrics_path: str = "/metrics"
+    # url, model -> the exporter target keys (beyond name/url/engine) that watch this simulated server
+    # (Triton: its page is on the server's own port, its canary a v2 infer): what the demo configures.
+    target: Callable[[str, str], dict[str, Any]] = lambda url, model: {}
 
 
 def _vllm_routes(app: web.Application) -> None:
     app.router.add_get("/version", server.version)
+    app.router.add_post("/sleep", server.sleep)
+    app.router.add_post("/wake_up", server.wake_up)
+    app.router.add_get("/is_sleeping", server.is_sleeping)
     app.router.add_get("/load", server.load)
     app.router.add_get("/v1/models", server.models)
     app.router.add_post("/v1/completions", server.completions)
@@ -41,9 +48,17 @@ def _vllm_routes(app: web.Application) -> None:
 
 VLLM = SimEngine(name="vllm", metrics=server.metrics, health=(("/health", server.health),), routes=_vllm_routes)
 
-SIM_ENGINES: dict[str, SimEngine] = {
-    entry.name: entry for entry in (VLLM, sim_llamacpp.sim_engine(), sim_sglang.sim_engine())
-}
+TGI = SimEngine(name="tgi", metrics=sim_tgi.metrics, health=(("/health", sim_tgi.health),), routes=sim_tgi.routes)
+
+
+def _entries() -> tuple[SimEngine, ...]:
+    # Imported here: sim_triton imports this module for SimEngine.
+    from simulator import sim_triton
+
+    return (VLLM, sim_llamacpp.sim_engine(), sim_sglang.sim_engine(), sim_triton.SIM_ENGINE, TGI)
+
+
+SIM_ENGINES: dict[str, SimEngine] = {entry.name: entry for entry in _entries()}
 
 
 def sim_engine(name: str) -> SimEngine:

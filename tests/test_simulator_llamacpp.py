@@ -7,15 +7,14 @@ import re
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from test_engine_llamacpp import FIXTURES, PREFIX
+from test_simulator_server import LONG, cancel, eventually, fire, refused
 
 from exporter.engines import Page
 from exporter.engines.llamacpp import ENGINE, RESTART_HEADER
 from exporter.engines.table import read_page
 from simulator.config import SimConfig
 from simulator.fleet import Fleet
-
-from test_engine_llamacpp import FIXTURES, PREFIX
-from test_simulator_server import LONG, cancel, eventually, fire, refused
 
 LOADED = SimConfig(engine="llamacpp", max_num_seqs=2, tokens_per_second=100, startup_seconds=0.3, die_close_delay=0.05)
 

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from llm_vitals.targets import PollErrorReason
+
 if TYPE_CHECKING:
     from exporter.settings import TargetSettings
 
@@ -58,6 +60,9 @@ class Snapshot:
     # Gauges that, above 0, mean work is owed even while running and waiting read 0 (SGLang's long
     # chunked prefill): the server is busy, never idle, and never gets a canary.
     busy_signs: Signals = ()
+    # The engine says it was put to sleep (vLLM's sleep mode): 0 awake, else its sleep level
+    # (vLLM: 1 weights offloaded to CPU memory, 2 weights discarded). A sleeping engine is `asleep`.
+    sleep_level: int = 0
 
     # The counters that only ever grow within one process lifetime.
     MONOTONE = ("steps", "generation_tokens", "prompt_tokens", "finished")
@@ -91,7 +96,7 @@ class Snapshot:
 class PageError(Exception):
     """A page that cannot be turned into a snapshot. `reason` is the poll-error label."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: PollErrorReason, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
@@ -116,6 +121,20 @@ class EngineFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class Canary:
+    """How an engine's idle canary is asked and its answer judged (pure: the poller does the I/O)."""
+
+    # POSTed to the target's url + path; "{model}" is replaced by the model's name.
+    path: str
+    # (target, model) -> the JSON body.
+    body: Callable[[TargetSettings, str], object]
+    # The parsed JSON answer -> None when it is a real answer, else what is wrong with it.
+    wrong: Callable[[object], str | None]
+    # The body comes from the operator (`canary.request`): the target must configure it, and a model.
+    needs_request: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Engine:
     """One row of the engine table: where an engine's signals live and how they read."""
 
@@ -130,11 +149,17 @@ class Engine:
     metrics_port: int | None = None
     # Routes whose 503 is the engine's word that it is dead (read when work is pending and nothing moved).
     health_paths: tuple[str, ...] = ()
+    # A route that must answer 200 before an idle-looking server counts as idle (and gets a canary);
+    # "{model}" is the target's model, and the route is read only when one is configured. Triton's
+    # page and /v2/health/ready are up before the model is loaded: its /v2/models/<m>/ready is not.
+    ready_path: str | None = None
     # Where the served models are listed (canary model lookup, and `openai`'s whole judgement).
     models_path: str | None = "/v1/models"
     # A response header of /metrics whose value is an opaque restart token (compared for inequality).
     restart_header: str | None = None
     facts: EngineFacts = EngineFacts()
+    # The idle canary; None: a 1-token OpenAI completion (exporter/canary.py).
+    canary: Canary | None = None
 
     def metrics_url(self, target: TargetSettings) -> str:
         """Where this target's page is read: its `metrics_url`, else the engine's port or its url."""

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-
 from real_vllm.vllm_server import lower_priority, tail
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +29,9 @@ MODEL = os.environ.get("LLM_VITALS_LLAMACPP_MODEL", "")
 ALIAS = "tiny-llama"
 SLOTS = 2  # -np: two requests decode together, a third is deferred
 CONTEXT = 16384  # -c: shared by the slots, 8192 tokens each
-THREADS = 1  # no barriers: 2 threads meet at dozens of OpenMP barriers per token, and on a loaded box each waits for the other to be scheduled (3.5 s a token seen)
+# One thread, so no barriers: two meet at dozens of OpenMP barriers per token, and on a loaded box
+# each waits for the other to be scheduled (3.5 s a token seen).
+THREADS = 1
 BATCH = 256  # -b: a prompt goes in as one decode call per this many tokens (timing.py says why not 2048)
 START_DEADLINE_S = 120.0  # ready in ~1 s on an idle box; the shared box can be far slower
 

@@ -31,9 +31,8 @@ def test_freeze_stops_exactly_the_thread_then_lets_it_run_on():
 
 
 def test_freeze_of_no_such_thread_is_a_clear_error():
-    with pytest.raises(FreezeError, match="PTRACE_SEIZE"):
-        with frozen_thread(2**22 + 12345, max_seconds=5):
-            pass
+    with pytest.raises(FreezeError, match="PTRACE_SEIZE"), frozen_thread(2**22 + 12345, max_seconds=5):
+        pass
 
 
 def test_setup_skips_with_one_line_without_a_compiler(tmp_path):

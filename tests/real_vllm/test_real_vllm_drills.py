@@ -17,19 +17,21 @@ from .drill_report import Drill
 from .exporter_process import (
     CANARY_INTERVAL_S,
     CANARY_TIMEOUT_S,
-    HTTP_TIMEOUT_S,
     LIVENESS_BUDGET_S,
     POLL_INTERVAL_S,
     STUCK_AFTER_S,
     ExporterProcess,
-    Sample,
     Watcher,
+    canary_delta,
+    detection_seconds,
+    restarts_total,
+    wait_idle,
 )
 from .load import (
     engine_counter,
     long_generations,
-    requests_queued_longer_than,
     long_prompts,
+    requests_queued_longer_than,
     start_load,
     wait_engine_busy,
 )
@@ -55,36 +57,13 @@ DETECTION_SLACK_S = 1.0
 SUCCESS = "vllm:request_success_total"
 
 
-def wait_idle(watcher: Watcher, timeout: float = 120.0) -> Sample:
-    """The first idle sample taken from now on (an earlier one says nothing about the engine now)."""
-    return watcher.wait_for(lambda s: s.state == "idle", timeout=timeout, what="state idle", after=time.time())
-
-
-def canary_delta(before: Sample, after: Sample) -> dict[str, float]:
-    results = set(before.canaries) | set(after.canaries)
-    return {r: after.canaries.get(r, 0.0) - before.canaries.get(r, 0.0) for r in sorted(results)}
-
-
-def restarts_total(exporter: ExporterProcess) -> float:
-    """`llm_vitals_restarts_total{target}` as the exporter's /metrics shows it now."""
-    with httpx.Client(timeout=HTTP_TIMEOUT_S) as client:
-        return exporter.counter(client, "llm_vitals_restarts_total").get("", 0.0)
-
-
-def detection_seconds(sample: Sample, t_event: float) -> float:
-    """Seconds from the event to the verdict: the exporter's own `since` when it is after the event."""
-    if sample.since is not None and sample.since >= t_event:
-        return sample.since - t_event
-    return sample.t - t_event
-
-
 def test_engine_serves_the_tiny_model_and_its_metrics(vllm: VllmServer):
     """Smoke: the tier's server is a real vLLM with the families the exporter reads."""
     models = httpx.get(f"{vllm.url}/v1/models", timeout=20).json()
     assert [m["id"] for m in models["data"]] == [SERVED_MODEL]
     page = httpx.get(f"{vllm.url}/metrics", timeout=20).text
     for family in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:iteration_tokens_total_count",
-                   "vllm:generation_tokens_total", "vllm:kv_cache_usage_perc", "process_start_time_seconds"):  # fmt: skip
+                   "vllm:generation_tokens_total", "vllm:kv_cache_usage_perc", "process_start_time_seconds"):
         assert family in page, family
     answer = httpx.post(
         f"{vllm.url}/v1/completions",
@@ -266,7 +245,7 @@ def test_kill_enginecore_is_down_with_a_reason(vllm: VllmServer, watcher: Watche
     drill.timeline = watcher.timeline(t0)
     samples = watcher.since(t0)
     drill.canaries = {"sent": sum(canary_delta(samples[0], samples[-1]).values()),
-                      "by_result": canary_delta(samples[0], samples[-1])}  # fmt: skip
+                      "by_result": canary_delta(samples[0], samples[-1])}
     drill.facts = {
         "reason": down.reason,
         "api_server_exit_status": api_status,
