@@ -213,6 +213,9 @@ ISSUE_15_PAGES = [
     'vllm:kv_cache_usage_perc{engine="0"} NaN\nvllm:num_requests_running 0\nvllm:num_requests_waiting 0\n',
     'vllm:num_requests_running{a="}",b="\\"}"} 3 1700000000000\r\n',  # `}` in values, a timestamp, CRLF
 ]
+# Found by the mutation property: a carriage return between a name and its label set.
+FOUND_PAGES = ['nv_inference_exec_count\r{model="toy_lm",version="1"} 1\nvllm:num_requests_running\x0c{a="b"} 3\n'
+               'vllm:num_requests_waiting\r 4\nvllm:kv_cache_usage_perc\r5\n']
 
 
 @given(st.integers(0, 2**64).map(page))
@@ -286,6 +289,7 @@ def mutated_window(seed: int) -> str:
 
 
 @given(st.integers(0, 2**64).map(mutated_window))
+@example(FOUND_PAGES[0])
 @property_settings(MUTATED_EXAMPLES)
 def _mutated(text: str) -> None:
     RUNS['mutated'] += 1

@@ -53,7 +53,9 @@ class Scanner:
         alternation = _trie(self.names)
         # A sample line: line start, any blanks, the name followed by a blank or `{`, an optional
         # label set, then the rest of the line (value, timestamp, exemplar).
-        self._pattern = re.compile(rf"\n\s*({alternation})(?=[ \t{{])[ \t]*({_LABEL_SET})?([^\n]*)")
+        # After the name any blanks but a newline (prometheus-client strips them, \r included), as
+        # long as a space, a tab or the label set's `{` is among or after them.
+        self._pattern = re.compile(rf"\n\s*({alternation})(?=[^\S\n]*[ \t{{])[^\S\n]*({_LABEL_SET})?([^\n]*)")
 
     def scan(self, text: str) -> dict[str, list[Sample]]:
         """The wanted samples by name, in page order; PageError("bad_metrics") for a line that is not a sample."""
