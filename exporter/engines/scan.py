@@ -51,10 +51,10 @@ class Scanner:
             if not _NAME_CHARS.fullmatch(name):
                 raise ValueError(f"not a metric name: {name!r}")
         alternation = _trie(self.names)
-        # A sample line: line start, any blanks, the name followed by a blank or `{`, an optional
-        # label set, then the rest of the line (value, timestamp, exemplar).
-        # After the name any blanks but a newline (prometheus-client strips them, \r included), as
-        # long as a space, a tab or the label set's `{` is among or after them.
+        # A sample line: line start, any blanks, the name, an optional label set, then the rest of
+        # the line (value, timestamp, exemplar). After the name any blanks but a newline may stand
+        # (prometheus-client strips them, a lone CR included), as long as a space, a tab or the
+        # label set's `{` is among or after them.
         self._pattern = re.compile(rf"\n\s*({alternation})(?=[^\S\n]*[ \t{{])[^\S\n]*({_LABEL_SET})?([^\n]*)")
 
     def scan(self, text: str) -> dict[str, list[Sample]]:
