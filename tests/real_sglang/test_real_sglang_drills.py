@@ -238,6 +238,8 @@ def test_detokenizer_stopped_keeps_the_engine_busy_and_health_green(
     t0 = time.time()
     load = send(sglang.url, generations(FAULT_REQUESTS, FAULT_TOKENS), FAULT_REQUESTS)
     wait_engine_running(sglang.url, load)
+    # The exporter's verdict lags SGLang by up to a poll: stop the detokenizer once it reads busy.
+    watcher.wait_for(lambda s: s.state == "busy", timeout=30, what="busy", after=t0)
     detok = sglang.find(DETOKENIZER)
     t_stop = time.time()
     detok.suspend()
