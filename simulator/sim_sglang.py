@@ -68,9 +68,9 @@ def render(process: ServerProcess, active: Counter[str]) -> bytes:
     decoding = sum(1 for r in engine.running if not r.prefilling)
     used = sum(r.computed_prompt + r.generated for r in engine.running)
     histograms = stats.histograms
-    http_totals: Counter[tuple[str, str]] = Counter()
+    http_totals: dict[tuple[str, str], float] = {}
     for (handler, method, _status), (count, _created) in process.http.requests.items():
-        http_totals[(handler, method)] += count
+        http_totals[(handler, method)] = http_totals.get((handler, method), 0.0) + count
     series: dict[str, list[tuple[dict[str, str], float]]] = {
         "realtime_tokens_total": [({**scheduler, "mode": "prefill_compute"}, stats.prefill_tokens_computed),
                                   ({**scheduler, "mode": "decode"}, stats.generation_tokens)],

@@ -15,7 +15,6 @@ import signal
 import time
 
 import pytest
-
 from real_vllm.drill_report import Report
 from real_vllm.exporter_process import (
     CANARY_INTERVAL_S,
@@ -27,14 +26,14 @@ from real_vllm.exporter_process import (
 from real_vllm.vllm_server import free_port
 
 from .sglang_server import (
-    LIVENESS_BUDGET_S,
-    STUCK_AFTER_S,
     CHUNKED_PREFILL_SIZE,
     CONTEXT_LENGTH,
+    LIVENESS_BUDGET_S,
     LOG_DIR,
     MAX_RUNNING_REQUESTS,
     RUN_DIR,
     SGLANG_VERSION,
+    STUCK_AFTER_S,
     SglangServer,
     setup_missing,
 )

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 import psutil
-
 from real_vllm.vllm_server import VllmServer, lower_priority
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,6 @@ import time
 from collections import Counter
 
 import httpx
-
 from real_vllm.drill_report import Drill
 from real_vllm.exporter_process import (
     CANARY_INTERVAL_S,
@@ -23,19 +22,20 @@ from real_vllm.exporter_process import (
     ExporterProcess,
     Watcher,
 )
+
 # The vLLM drills' helpers over exporter samples are engine-neutral.
 from real_vllm.test_real_vllm_drills import canary_delta, detection_seconds, restarts_total, wait_idle
 
 from .load import counter, generations, long_prompt, page, send, wait_engine_running
 from .sglang_server import (
-    LIVENESS_BUDGET_S,
-    STUCK_AFTER_S,
     CHUNKED_PREFILL_SIZE,
     DETOKENIZER,
+    LIVENESS_BUDGET_S,
     LOG_DIR,
     MAX_RUNNING_REQUESTS,
     SCHEDULER,
     SERVED_MODEL,
+    STUCK_AFTER_S,
     SglangServer,
 )
 
