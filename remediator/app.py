@@ -16,9 +16,10 @@ from typing import AsyncIterator, Callable
 
 import httpx
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
 from pydantic import ValidationError
 
+from llm_vitals.exposition import TEXT_CONTENT_TYPE
 from llm_vitals.logs import log_event
 
 from .auth import Authenticator
@@ -269,7 +270,7 @@ async def circuit_reset(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[SERVICE].metrics.registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(body=body, headers={"Content-Type": TEXT_CONTENT_TYPE})
 
 
 async def healthz(request: web.Request) -> web.Response:

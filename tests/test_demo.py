@@ -19,6 +19,7 @@ import time
 
 import pytest
 from conftest import REPO, free_port, real_stack_required, require_binary
+from demo.ports import MIXED_ENGINES
 
 
 # Real Prometheus + Alertmanager when installed; no xdist group: free ports and its own workdir,
@@ -39,7 +40,9 @@ def test_demo_once_tells_the_story(tmp_path) -> None:
     output = run.stdout + run.stderr
     assert run.returncode == 0, output
     assert "story summary (every step as told)" in output
-    assert "stopped 5 processes" in output or "stopped 3 processes" in output, output
+    # The simulator, exporter, remediator (+ Prometheus, Alertmanager), and one simulator per mixed-fleet engine.
+    mixed = len(MIXED_ENGINES)
+    assert f"stopped {5 + mixed} processes" in output or f"stopped {3 + mixed} processes" in output, output
 
     summary = json.loads(summary_path.read_text())
     steps = {step["name"]: step for step in summary["steps"]}
@@ -51,6 +54,9 @@ def test_demo_once_tells_the_story(tmp_path) -> None:
     assert steps["hang-pair"]["refusals"].get("cooldown", 0) >= 1
     assert steps["hang-all"]["restarts"] == {}
     assert summary["restarts"] == {"backend-1": 1, "backend-2": 1, "backend-3": 1}
+    # The mixed fleet: a server of every other simulated engine, judged by its own adapter, healthy.
+    assert set(summary["mixed_fleet"]) == {f"{engine}-1" for engine in MIXED_ENGINES} and "triton-1" in summary["mixed_fleet"]
+    assert set(summary["mixed_fleet"].values()) <= {"idle", "busy"}, summary["mixed_fleet"]
 
     # The remediator's own journal: backend-1 never restarted during the batch, the pair's two
     # restarts a cooldown apart, and the all-hang step refused by the fleet gate only.

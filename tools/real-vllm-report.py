@@ -2,7 +2,7 @@
 """Print a real-engine tier's summary table from its report JSON (stdlib only).
 
 usage: python tools/real-vllm-report.py [REPORT_JSON]     (default: .cache/real-vllm-report.json)
-The SGLang tier's report has the same shape, its engine facts under "sglang" (drill_report.Report).
+Other engines' tiers (SGLang, Triton) write the same shape, their engine facts under their "engine" key (drill_report.Report).
 Exit status 0 even when drills failed (pytest's status is the verdict); 1 when the report is unreadable.
 """
 
@@ -50,7 +50,7 @@ def table(report: dict) -> list[str]:
 
 
 # The engine's name as the tier's lines print it, by the report's "engine" key.
-DISPLAY = {"vllm": "vLLM", "sglang": "SGLang"}
+DISPLAY = {"vllm": "vLLM", "sglang": "SGLang", "triton": "Triton", "llamacpp": "llama.cpp"}
 
 
 def main(argv: list[str]) -> int:

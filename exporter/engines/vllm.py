@@ -35,13 +35,13 @@ KV_USAGE_BEFORE_0_10 = "vllm:gpu_cache_usage_perc"
 START_TIME = "process_start_time_seconds"
 
 
-_SCANNER = Scanner((RUNNING, WAITING, STEPS, GENERATION_TOKENS, PROMPT_TOKENS, FINISHED, KV_USAGE,
+SCANNER = Scanner((RUNNING, WAITING, STEPS, GENERATION_TOKENS, PROMPT_TOKENS, FINISHED, KV_USAGE,
                     KV_USAGE_BEFORE_0_10, START_TIME))
 
 
 def sample_values(text: str) -> dict[str, list[float]]:
     """Values of the wanted samples by full sample name (any labels, in page order)."""
-    return {name: [sample.value for sample in samples] for name, samples in _SCANNER.scan(text).items()}
+    return {name: [sample.value for sample in samples] for name, samples in SCANNER.scan(text).items()}
 
 
 def _required(name: str, values: list[float]) -> list[float]:

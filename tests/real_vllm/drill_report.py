@@ -65,7 +65,7 @@ class Report:
     drills: dict[str, Drill] = field(default_factory=dict)
     vllm: dict = field(default_factory=dict)  # the engine's facts (version, starts), whichever engine
     exporter: dict = field(default_factory=dict)
-    engine: str = "vllm"  # the key the engine's facts are written under (the SGLang tier: "sglang")
+    engine: str = "vllm"  # the key the engine's facts are written under (the SGLang tier: "sglang", Triton: "triton")
 
     def drill(self, name: str) -> Drill:
         self.drills[name] = Drill(name)

@@ -93,12 +93,15 @@ class Sample:
 
 @dataclass
 class ExporterProcess:
-    """One exporter subprocess polling one engine target (vLLM unless told; the SGLang tier reuses it)."""
+    """One exporter subprocess polling one engine target (vLLM unless told; the SGLang and Triton tiers reuse it)."""
 
     vllm_url: str
     port: int = field(default_factory=free_port)
     target: str = TARGET
     engine: str = "vllm"
+    # config(listen_port) -> the whole YAML, for a tier whose target needs more keys (tests/real_triton:
+    # metrics_url, model, a v2 canary); None: config_yaml with `target` and `engine`.
+    config: Callable[[int], str] | None = None
     log_dir: Path = LOG_DIR
     stuck_after: float = STUCK_AFTER_S
     _proc: subprocess.Popen | None = None
@@ -112,7 +115,8 @@ class ExporterProcess:
     def start(self, deadline_s: float = 60.0) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         config = self.log_dir / f"exporter-{self.port}.yaml"
-        config.write_text(config_yaml(self.port, self.vllm_url, self.target, self.engine, self.stuck_after))
+        config.write_text(self.config(self.port) if self.config else
+                          config_yaml(self.port, self.vllm_url, self.target, self.engine, self.stuck_after))
         self._log_path = self.log_dir / f"exporter-{self.port}.log"
         self._log_file = open(self._log_path, "wb")  # noqa: SIM115 -- open for the child's whole life
         self._proc = subprocess.Popen(
@@ -280,3 +284,27 @@ class Watcher:
                 rows.append([round(s.t - t0, 1), s.state, s.reason, s.running, s.waiting, s.ready, s.live])
                 last_key = key
         return rows
+
+
+# Helpers the drills of every real-engine tier share (tests/real_vllm, tests/real_triton).
+def wait_idle(watcher: Watcher, timeout: float = 120.0) -> Sample:
+    """The first idle sample taken from now on (an earlier one says nothing about the engine now)."""
+    return watcher.wait_for(lambda s: s.state == "idle", timeout=timeout, what="state idle", after=time.time())
+
+
+def canary_delta(before: Sample, after: Sample) -> dict[str, float]:
+    results = set(before.canaries) | set(after.canaries)
+    return {r: after.canaries.get(r, 0.0) - before.canaries.get(r, 0.0) for r in sorted(results)}
+
+
+def restarts_total(exporter: ExporterProcess) -> float:
+    """`llm_vitals_restarts_total{target}` as the exporter's /metrics shows it now."""
+    with httpx.Client(timeout=HTTP_TIMEOUT_S) as client:
+        return exporter.counter(client, "llm_vitals_restarts_total").get("", 0.0)
+
+
+def detection_seconds(sample: Sample, t_event: float) -> float:
+    """Seconds from the event to the verdict: the exporter's own `since` when it is after the event."""
+    if sample.since is not None and sample.since >= t_event:
+        return sample.since - t_event
+    return sample.t - t_event

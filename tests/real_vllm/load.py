@@ -48,7 +48,10 @@ class Load:
 
 
 def start_load(base_url: str, bodies: list[dict], concurrency: int, path: str = "/v1/completions") -> Load:
-    """POST the bodies to `path` with `concurrency` requests in flight; returns at once."""
+    """POST the bodies to `path` with `concurrency` requests in flight; returns at once.
+
+    The Triton tier sends KServe v2 infer bodies to `/v2/models/<m>/infer` with it.
+    """
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="vllm-load")
     # No keep-alive: with more requests than `concurrency` a pooled connection is reused, and vLLM's
     # server closes idle ones after 5 s; a request sent on one just closed fails with no status.
