@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from simulator import server, sim_sglang
+from simulator import server, sim_sglang, sim_tgi
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -37,6 +37,9 @@ class SimEngine:
 
 def _vllm_routes(app: web.Application) -> None:
     app.router.add_get("/version", server.version)
+    app.router.add_post("/sleep", server.sleep)
+    app.router.add_post("/wake_up", server.wake_up)
+    app.router.add_get("/is_sleeping", server.is_sleeping)
     app.router.add_get("/load", server.load)
     app.router.add_get("/v1/models", server.models)
     app.router.add_post("/v1/completions", server.completions)
@@ -45,11 +48,14 @@ def _vllm_routes(app: web.Application) -> None:
 
 VLLM = SimEngine(name="vllm", metrics=server.metrics, health=(("/health", server.health),), routes=_vllm_routes)
 
+TGI = SimEngine(name="tgi", metrics=sim_tgi.metrics, health=(("/health", sim_tgi.health),), routes=sim_tgi.routes)
+
+
 def _entries() -> tuple[SimEngine, ...]:
     # Imported here: sim_triton imports this module for SimEngine.
     from simulator import sim_triton
 
-    return (VLLM, sim_sglang.sim_engine(), sim_triton.SIM_ENGINE)
+    return (VLLM, sim_sglang.sim_engine(), sim_triton.SIM_ENGINE, TGI)
 
 
 SIM_ENGINES: dict[str, SimEngine] = {entry.name: entry for entry in _entries()}

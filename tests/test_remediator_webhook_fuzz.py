@@ -19,10 +19,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import example, given
 from hypothesis import strategies as st
-
 from property import property_settings, record_examples
-from remediator.app import create_app
 from test_remediator_helpers import AUTH, FIRING, RESOLVED, TRUNCATED, FakeExporter, make_settings
+
+from remediator.app import create_app
 
 EXAMPLES = 2_000
 SEEDS = [FIRING, RESOLVED, TRUNCATED]
@@ -37,10 +37,10 @@ def _paths(document: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]
     found = [prefix]
     if isinstance(document, dict):
         for key, value in document.items():
-            found += _paths(value, prefix + (key,))
+            found += _paths(value, (*prefix, key))
     elif isinstance(document, list):
         for index, value in enumerate(document):
-            found += _paths(value, prefix + (index,))
+            found += _paths(value, (*prefix, index))
     return found
 
 

@@ -51,9 +51,11 @@ class Scanner:
             if not _NAME_CHARS.fullmatch(name):
                 raise ValueError(f"not a metric name: {name!r}")
         alternation = _trie(self.names)
-        # A sample line: line start, any blanks, the name followed by a blank or `{`, an optional
-        # label set, then the rest of the line (value, timestamp, exemplar).
-        self._pattern = re.compile(rf"\n\s*({alternation})(?=[ \t{{])[ \t]*({_LABEL_SET})?([^\n]*)")
+        # A sample line: line start, any blanks, the name, an optional label set, then the rest of
+        # the line (value, timestamp, exemplar). After the name any blanks but a newline may stand
+        # (prometheus-client strips them, a lone CR included), as long as a space, a tab or the
+        # label set's `{` is among or after them.
+        self._pattern = re.compile(rf"\n\s*({alternation})(?=[^\S\n]*[ \t{{])[^\S\n]*({_LABEL_SET})?([^\n]*)")
 
     def scan(self, text: str) -> dict[str, list[Sample]]:
         """The wanted samples by name, in page order; PageError("bad_metrics") for a line that is not a sample."""
@@ -132,6 +134,14 @@ def parse_labels(label_text: str) -> dict[str, str]:
 
 def _unescape(value: str) -> str:
     return _ESCAPE.sub(lambda m: _UNESCAPED[m.group(0)], value) if "\\" in value else value
+
+
+def decode(body: bytes) -> str:
+    """A page's text (strict UTF-8, as the format requires); PageError("bad_metrics") otherwise."""
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PageError("bad_metrics", f"page is not UTF-8 (byte {exc.start})") from None
 
 
 def show(value: float) -> str:

@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 
 from exporter.engines import Engine, Page, PageError, Snapshot
-from exporter.engines.scan import Scanner, show
+from exporter.engines.scan import Scanner, decode, show
 
 RUNNING = "sglang:num_running_reqs"
 QUEUED = "sglang:num_queue_reqs"
@@ -66,7 +66,7 @@ WORK_ROUTES = frozenset({
     "/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
     "/v1/embeddings", "/encode", "/classify", "/v1/score", "/v1/rerank", "/invocations",
     "/v1/audio/transcriptions",
-})  # fmt: skip
+})
 
 _SCANNER = Scanner((RUNNING, QUEUED, USED_TOKENS, REALTIME_TOKENS, STEPS, GENERATION_TOKENS, PROMPT_TOKENS,
                     FINISHED, HTTP_ACTIVE))
@@ -112,11 +112,7 @@ def parse_text(text: str) -> Snapshot:
 
 def parse(page: Page) -> Snapshot:
     """Decode (strict UTF-8) and parse a `/metrics` answer; raises PageError."""
-    try:
-        text = page.body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PageError("bad_metrics", f"page is not UTF-8 (byte {exc.start})") from None
-    return parse_text(text)
+    return parse_text(decode(page.body))
 
 
 ENGINE = Engine(

@@ -78,7 +78,7 @@ def test_engine_serves_the_tiny_model_and_its_metrics(sglang: SglangServer):
     assert [m["id"] for m in models["data"]] == [SERVED_MODEL]
     text = page(sglang.url)
     for family in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:realtime_tokens_total",
-                   "sglang:cuda_graph_passes_total", "sglang:num_used_tokens", "sglang:http_requests_active"):  # fmt: skip
+                   "sglang:cuda_graph_passes_total", "sglang:num_used_tokens", "sglang:http_requests_active"):
         assert family in text, family
     answer = httpx.post(
         f"{sglang.url}/v1/completions",
@@ -255,7 +255,7 @@ def test_detokenizer_stopped_keeps_the_engine_busy_and_health_green(
     sglang_abort(sglang, load)
     drill.timeline = watcher.timeline(t0)
     drill.facts = {"stopped_for_s": round(t_cont - t_stop, 1), "health_while_stopped": health,
-                   "states_while_stopped": sorted({s.state for s in stopped})}  # fmt: skip
+                   "states_while_stopped": sorted({s.state for s in stopped})}
     assert {s.state for s in stopped} <= {"busy"}, drill.timeline
 
 
@@ -344,7 +344,7 @@ def test_kill_scheduler_is_down_with_a_reason(sglang: SglangServer, watcher: Wat
     drill.timeline = watcher.timeline(t0)
     samples = watcher.since(t0)
     drill.canaries = {"sent": sum(canary_delta(samples[0], samples[-1]).values()),
-                      "by_result": canary_delta(samples[0], samples[-1])}  # fmt: skip
+                      "by_result": canary_delta(samples[0], samples[-1])}
     drill.facts = {
         "reason": down.reason,
         "launcher_exit_status": launcher_status,
