@@ -17,6 +17,7 @@ test tests/test_scan_differential.py holds it to prometheus-client's values on g
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -134,6 +135,17 @@ def parse_labels(label_text: str) -> dict[str, str]:
 
 def _unescape(value: str) -> str:
     return _ESCAPE.sub(lambda m: _UNESCAPED[m.group(0)], value) if "\\" in value else value
+
+
+def total(found: dict[str, list[Sample]], name: str) -> float | None:
+    """The sum of `name`'s samples, None when the page has none; PageError("bad_metrics") if one is NaN or ±Inf."""
+    samples = found.get(name)
+    if not samples:
+        return None
+    for sample in samples:
+        if not math.isfinite(sample.value):
+            raise PageError("bad_metrics", f"sample {name} is {show(sample.value)}")
+    return sum(sample.value for sample in samples)
 
 
 def decode(body: bytes) -> str:
