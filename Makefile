@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench test-vllm tools clean
+.PHONY: install test demo bench test-vllm test-sglang test-triton tools clean
 
 install: $(STAMP)
 
@@ -34,6 +34,16 @@ demo: install
 # the summary table at the end. Its reports and logs stay under .cache/.
 test-vllm: install
 	@bash tools/real-vllm-test.sh $(PYTEST_ARGS)
+
+# The real-SGLang tier (tests/real_sglang/README.md): SGLang 0.5.23 on CPU torch in a venv cached
+# outside the clone (tools/cache-path.sh sglang 0.5.23), drills against a real server; a table at the end.
+test-sglang: install
+	@bash tools/real-sglang-test.sh $(PYTEST_ARGS)
+
+# The real-Triton tier (tests/real_triton/): Triton 2.51 from nvidia-pytriton 0.7.0 in a venv cached
+# outside the clone, the project's toy model, fault drills against it; prints the summary table.
+test-triton: install
+	@bash tools/real-triton-test.sh $(PYTEST_ARGS)
 
 bench: install
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

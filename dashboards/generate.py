@@ -145,8 +145,10 @@ def panels() -> list[dict]:
             (12, timeseries(
                 "Engine steps per second",
                 "Engine steps that produced output, per second between the exporter's last two "
-                "reads (llm_vitals_engine_steps_per_second). A busy target at 0 here is the "
-                "picture of a hang; a long prefill can show 0 briefly while KV usage grows.",
+                "reads (llm_vitals_engine_steps_per_second): vLLM iterations, llama.cpp decode "
+                "calls, Triton executions, SGLang forward passes (none for an openai target). A busy "
+                "target at 0 here is the picture of a hang; a long prefill can show 0 briefly "
+                "while other signals move, and Triton counts an execution only when it completes.",
                 [target(f"llm_vitals_engine_steps_per_second{{{SEL}}}", "{{target}}")],
                 unit="ops")),
             (12, timeseries(
@@ -158,8 +160,9 @@ def panels() -> list[dict]:
         [
             (12, timeseries(
                 "Requests running / waiting",
-                "As the engine reports them. A long queue with steps moving is load (busy), not a "
-                "fault: it never triggers a restart.",
+                "As the engine reports them (Triton counts only queued requests: running reads 0). "
+                "A long queue with steps moving is load (busy), not a fault: it never triggers a "
+                "restart.",
                 [
                     target(f"llm_vitals_requests_running{{{SEL}}}", "{{target}} running", "A"),
                     target(f"llm_vitals_requests_waiting{{{SEL}}}", "{{target}} waiting", "B"),
@@ -271,7 +274,7 @@ def dashboard() -> dict:
         "title": "llm-vitals",
         "description": "LLM server health from the engines' own counters: verdicts, progress, "
         "load, canaries and the remediator's decisions.",
-        "tags": ["llm-vitals", "llm", "vllm"],
+        "tags": ["llm-vitals", "llm", "vllm", "llama.cpp", "triton", "sglang", "tgi"],
         "editable": True,
         "graphTooltip": 1,
         "timezone": "browser",

@@ -21,13 +21,14 @@ from typing import Any
 import aiohttp
 
 from demo import alerts
-from demo.configs import TOKEN_ENV, backend_name, write_all
-from demo.ports import BACKENDS, choose_ports
+from demo.configs import TOKEN_ENV, backend_name, engine_target_name, write_all
+from demo.ports import BACKENDS, MIXED_ENGINES, choose_ports
 from demo.processes import Children, StartError, answers_200
 from demo.story import Observer, Status, StepResult, StepTimeout, Story
 from demo.table import Screen, render
 from demo.timings import FAST, NORMAL, Timings
 from exporter.settings import ConfigError, load_settings
+from simulator.engine_table import sim_engine
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -179,6 +180,13 @@ class Demo:
         for url in backend_urls:
             await sim.wait_ready(session, f"{url}/health", timeout=30)
 
+        for engine, port in ports.engines:
+            self.say(f"starting a simulated {engine} server beside them: {base}:{port} (watched, outside the story)")
+            other = await children.start(f"simulator-{engine}", [
+                py, "-m", "simulator.cli", "--engine", engine, "--backends", "1", "--port", str(port), "--no-control",
+                "--max-num-seqs", "4", "--tokens-per-second", "60", "--log-level", "warning"])
+            await other.wait_ready(session, f"{base}:{port}{sim_engine(engine).health[0][0]}", timeout=30)
+
         exporter = await children.start("exporter", [py, "-m", "exporter.cli", "--config", str(files["exporter"])])
         await exporter.wait_ready(session, f"{exporter_url}/healthz", timeout=30)
         remediator = await children.start("remediator", [py, "-m", "remediator.cli", "--config", str(files["remediator"])],
@@ -206,6 +214,7 @@ class Demo:
         tasks.append(asyncio.create_task(observer.run(max(0.25, t.poll_interval / 2))))
         self.header = [
             "llm-vitals demo: a simulated vLLM fleet, the exporter, the remediator" + (" (fast timings)" if self.args.fast else ""),
+            *(["  mixed fleet   also watched: " + ", ".join(f"{e} {base}:{p}" for e, p in ports.engines)] if ports.engines else []),
             f"  status page   {exporter_url}/",
             f"  exporter API  {exporter_url}/api/v1/targets     metrics {exporter_url}/metrics",
             f"  remediator    {remediator_url}/api/v1/actions   (http executor -> {control_url}/backends/N/restart; "
@@ -310,8 +319,11 @@ class Demo:
 
     def summary(self, story: Story, results: list[StepResult]) -> dict[str, Any]:
         actions = story.observer.actions
+        # The mixed fleet's servers are outside the story: each must simply read healthy at the end.
+        mixed = {name: story.observer.state(name) for name in (engine_target_name(e) for e in MIXED_ENGINES)}
         return {
-            "ok": all(r.ok for r in results),
+            "ok": all(r.ok for r in results) and all(state in ("idle", "busy") for state in mixed.values()),
+            "mixed_fleet": mixed,
             "alert_path": self.alert_path,
             "timings": dataclasses.asdict(self.timings),
             "steps": [r.summary(story.observer) for r in results],
@@ -332,6 +344,8 @@ def format_summary(summary: dict[str, Any]) -> str:
             lines.append(f"         {'✓' if check['ok'] else '✗'} {check['check']}")
         if step["error"]:
             lines.append(f"         ✗ {step['error']}")
+    if summary.get("mixed_fleet"):
+        lines.append("  mixed fleet (outside the story): " + ", ".join(f"{t} {s}" for t, s in summary["mixed_fleet"].items()))
     lines.append("  restarts per target: " + ", ".join(f"{t} {n}" for t, n in summary["restarts"].items()))
     lines.append("  decisions: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["decisions"].items())))
     return "\n".join(lines)

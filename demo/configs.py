@@ -16,12 +16,20 @@ import yaml
 
 from demo.ports import BACKENDS, Ports
 from demo.timings import Timings
+from simulator.engine_table import sim_engine
+
+SIM_MODEL = "tiny"  # the simulator's default served model
 
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "alerts" / "llm-vitals.rules.yml"
 ALERTMANAGER = REPO / "alerts" / "alertmanager.yml"
 REMEDIATOR_RECEIVER = "llm-vitals-remediator"
 TOKEN_ENV = "LLM_VITALS_DEMO_WEBHOOK_TOKEN"
+
+
+def engine_target_name(engine: str) -> str:
+    """The mixed fleet's server of `engine`: "triton-1" on screen."""
+    return f"{engine}-1"
 
 
 def backend_name(index: int) -> str:
@@ -47,6 +55,15 @@ def exporter_config(ports: Ports, timings: Timings) -> dict[str, Any]:
         for i in range(BACKENDS)
     ]
     targets.append({"name": "proxy", "url": f"http://127.0.0.1:{ports.proxy}", "role": "proxy", "startup_grace": 30})
+    # The mixed fleet: one simulated server per other engine, judged by its own adapter, outside the story.
+    for engine, port in ports.engines:
+        url = f"http://127.0.0.1:{port}"
+        target: dict[str, Any] = {"name": engine_target_name(engine), "url": url, "engine": engine,
+                                  "stuck_after": timings.stuck_after, "startup_grace": 30,
+                                  "canary": {"interval": max(5.0, 5 * timings.poll_interval), "timeout": 3}}
+        for key, value in sim_engine(engine).target(url, SIM_MODEL).items():
+            target[key] = {**target[key], **value} if isinstance(value, dict) and key in target else value
+        targets.append(target)
     # Generous HTTP timeouts: on a busy laptop a slow answer must not read as `down (timeout)`.
     return {"listen": f"127.0.0.1:{ports.exporter}", "poll_interval": timings.poll_interval,
             "metrics_timeout": 10, "health_timeout": 10, "models_timeout": 10,

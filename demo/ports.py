@@ -10,6 +10,16 @@ DEFAULTS = {"proxy": 8100, "backend": 8101, "control": 8104, "exporter": 9471, "
 BACKENDS = 3
 
 
+def _mixed_engines() -> tuple[str, ...]:
+    # Every engine the simulator can be, but vLLM (the story's fleet): one server each, watched beside it.
+    from simulator.engine_table import SIM_ENGINES
+
+    return tuple(name for name in SIM_ENGINES if name != "vllm")
+
+
+MIXED_ENGINES = _mixed_engines()
+
+
 def is_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
@@ -45,6 +55,8 @@ class Ports:
     remediator: int
     prometheus: int
     alertmanager: int
+    # One simulated server of each other engine (the mixed fleet): engine -> port, always free ones.
+    engines: tuple[tuple[str, int], ...] = ()
 
     def backend_port(self, index: int) -> int:
         return self.backend + index
@@ -76,4 +88,11 @@ def choose_ports(prefer_defaults: bool = True) -> tuple[Ports, list[str]]:
                 notes.append(f"{name} port {default} busy: using {port}")
         chosen[name] = port
         taken.add(port)
-    return Ports(**chosen), notes
+    engines = []
+    for engine in MIXED_ENGINES:
+        port = free_port()
+        while port in taken:
+            port = free_port()
+        taken.add(port)
+        engines.append((engine, port))
+    return Ports(**chosen, engines=tuple(engines)), notes

@@ -8,8 +8,8 @@ from typing import Any
 
 from demo.story import Observer, Status
 
-COLUMNS = ("target", "state", "run/wait", "steps/s", "tok/s", "stuck s", "restarts", "last decision")
-WIDTHS = (11, 12, 9, 8, 8, 8, 8, 0)
+COLUMNS = ("target", "engine", "state", "run/wait", "steps/s", "tok/s", "stuck s", "restarts", "last decision")
+WIDTHS = (11, 9, 12, 9, 8, 8, 8, 8, 0)
 STATE_COLOURS = {"idle": "2", "busy": "34", "stuck": "1;31", "unresponsive": "1;33", "down": "31", "starting": "33"}
 
 
@@ -32,7 +32,7 @@ def rows(observer: Observer, now: float) -> list[list[str]]:
         running, waiting = t.get("running"), t.get("waiting")
         stuck = t.get("stuck_seconds") or 0.0
         out.append([
-            name, t.get("state", "?"),
+            name, t.get("engine", "?"), t.get("state", "?"),
             "–" if running is None or waiting is None else f"{running:g}/{waiting:g}",
             f"{t.get('steps_per_second') or 0:.1f}", f"{t.get('generation_tokens_per_second') or 0:.1f}",
             f"{stuck:.1f}" if stuck else "–", str(t.get("restarts", 0)),
@@ -49,8 +49,8 @@ def render(observer: Observer, status: Status, header: list[str], colour: bool =
     lines.append("  ".join(_cell(c, w) for c, w in zip(COLUMNS, WIDTHS)))
     for row in rows(observer, now):
         cells = [_cell(c, w) for c, w in zip(row, WIDTHS)]
-        if colour and row[1] in STATE_COLOURS:
-            cells[1] = f"\x1b[{STATE_COLOURS[row[1]]}m{cells[1]}\x1b[0m"
+        if colour and row[2] in STATE_COLOURS:
+            cells[2] = f"\x1b[{STATE_COLOURS[row[2]]}m{cells[2]}\x1b[0m"
         lines.append("  ".join(cells))
     if not observer.targets:
         lines.append("(waiting for the exporter)")

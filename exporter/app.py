@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.collector import build_process_registry, read, render_families
 from exporter.poller import Poller
@@ -22,6 +22,7 @@ from exporter.settings import ExporterSettings
 from exporter.state import StateStore, target_view
 from exporter.status_page import setup_status_page
 from exporter.verdict import is_started
+from llm_vitals.exposition import TEXT_CONTENT_TYPE
 from llm_vitals.logs import log_event
 
 log = logging.getLogger("llm_vitals.exporter")
@@ -95,7 +96,7 @@ async def metrics(request: web.Request) -> web.Response:
         await asyncio.sleep(0)
     parts.append(generate_latest(request.app[REGISTRY]))
     body = b"".join(parts)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(body=body, headers={"Content-Type": TEXT_CONTENT_TYPE})
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -114,6 +114,8 @@ class Poller:
             if snapshot.pending and previous is not None and not progressed(previous, snapshot):
                 # Work pending and nothing moved: is the engine dead (503) or just slow? /health tells.
                 await self._check_health(record)
+            if not snapshot.pending:
+                await self._check_model_ready(record)
             return snapshot
         except PageError as exc:
             return PollError(exc.reason, exc.detail)
@@ -143,9 +145,22 @@ class Poller:
             if status == 503:
                 raise PageError("health_503", f"{path} answered 503: the engine is dead")
 
+    async def _check_model_ready(self, record: TargetRecord) -> None:
+        # An idle-looking page is idle only once the model can serve: a Triton (re)starting has its
+        # page up before the model is loaded, and a canary then fails (404) as if the server hung.
+        path = engine_of(record.settings.engine).ready_path
+        if path is None or not record.settings.model:
+            return
+        path = path.replace("{model}", record.settings.model)
+        status, _ = await bounded_get(
+            self.session, record.settings.base_url + path, timeout=self.settings.health_timeout, max_bytes=64 * 1024,
+        )
+        if status != 200:
+            raise PageError("http_status", f"{path} answered HTTP {status}: the model is not ready")
+
     def _canary_due(self, record: TargetRecord, observation: Observation, now: float) -> bool:
         target = record.settings
-        if not target.canary.enabled or target.role != "backend" or record.canary_task is not None:
+        if not target.sends_canary or record.canary_task is not None:
             return False
         # Due from half a poll before the interval is up: a canary can only go out with a poll, so
         # waiting for the full interval made every gap interval + up to one poll (4 s for 3 s on

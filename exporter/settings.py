@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Any, Literal, Mapping
 
 from pydantic import AnyHttpUrl, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 # ConfigError is re-exported: the CLI and callers catch it as exporter.settings.ConfigError.
 from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_env_or_file, validate_document
+from exporter.engines.table import engine_of
 from llm_vitals.durations import Duration
 
 # The engines of exporter/engines/table.py; a test keeps the two lists equal.
@@ -37,6 +38,9 @@ class CanarySettings(_FrozenStrict):
     # default 3 x interval, so one lost canary does not flap readiness.
     fresh_for: Duration | None = None
     prompt: str = "ping"
+    # The request body itself, for engines whose canary the operator must describe (Triton: a KServe
+    # v2 infer body, `{inputs: [{name, shape, datatype, data}]}`, of the smallest request the model takes).
+    request: dict[str, Any] | None = None
 
     @property
     def freshness(self) -> float:
@@ -88,6 +92,31 @@ class TargetSettings(_FrozenStrict):
         if self.api_key_env and self.api_key_file:
             raise ValueError("set at most one of api_key_env and api_key_file")
         return self
+
+    @model_validator(mode="after")
+    def _canary_request_fits_the_engine(self) -> TargetSettings:
+        entry = engine_of(self.engine)
+        takes_request = entry.canary is not None and entry.canary.needs_request
+        if self.canary.request is not None and not takes_request:
+            raise ValueError(f"canary.request is for engines whose canary is a request you describe (triton), "
+                             f"not {self.engine}: its canary is a 1-token completion")
+        if self.canary.request is not None and entry.models_path is None and not self.model:
+            raise ValueError(f"engine {self.engine} lists no models at /v1/models: set model, which the canary.request is for")
+        return self
+
+    @property
+    def sends_canary(self) -> bool:
+        """Whether this target gets idle canaries at all: enabled, a backend, and its engine's canary can be built.
+
+        Triton's canary is the operator's request: without `canary.request` (and `model`) none is sent,
+        and an idle-looking wedged Triton then stays idle (README "Engines").
+        """
+        entry = engine_of(self.engine)
+        if not self.canary.enabled or self.role != "backend":
+            return False
+        if entry.canary is not None and entry.canary.needs_request and self.canary.request is None:
+            return False
+        return entry.models_path is not None or bool(self.model)
 
     @property
     def base_url(self) -> str:

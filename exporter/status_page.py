@@ -46,6 +46,7 @@ class Decisions:
     actions: Sequence[Mapping[str, Any]] = ()
     note: str | None = None
     url: str | None = None
+    pause: Mapping[str, Any] | None = None  # the remediator's pause, when it reports one in force
 
 
 def _text(value: object) -> str:
@@ -134,6 +135,11 @@ def _decisions_section(decisions: Decisions | None, now: float) -> str:
     parts = [f'<section><h2>Remediator decisions <span class="sub">{_text(decisions.url)}</span></h2>']
     if decisions.note:
         parts.append(f'<p class="note" id="remediator-note">{_text(decisions.note)}</p>')
+    pause = decisions.pause
+    if pause and pause.get("paused") and isinstance(pause.get("until"), (int, float)):
+        left = format_duration(pause["until"] - now)
+        parts.append(f'<p class="note paused" id="remediator-paused"><strong>Paused</strong> for {left} more: '
+                     f'{_text(pause.get("reason"))}. Nothing is restarted; DELETE /api/v1/pause resumes.</p>')
     if decisions.actions:
         parts.append('<table id="decisions"><thead><tr><th>when</th><th>target</th><th>alert</th><th>decision</th>'
                      "<th>reason</th><th>result</th><th>detail</th></tr></thead><tbody>")
@@ -220,7 +226,9 @@ async def fetch_decisions(session: aiohttp.ClientSession, base_url: str, timeout
     actions = body.get("actions") if isinstance(body, dict) else None
     if not isinstance(actions, list):
         return Decisions(note="the remediator's answer has no `actions` list", url=base_url)
-    return Decisions(actions=[a for a in actions if isinstance(a, dict)][:ACTIONS_LIMIT], url=base_url)
+    pause = body.get("pause")
+    return Decisions(actions=[a for a in actions if isinstance(a, dict)][:ACTIONS_LIMIT], url=base_url,
+                     pause=pause if isinstance(pause, dict) else None)  # fmt: skip
 
 
 def setup_status_page(app: web.Application) -> None:

@@ -307,7 +307,7 @@ def is_ready(verdict: Verdict, target: TargetSettings, now: float, draining: boo
     """Readiness: started, not down/stuck/unresponsive, fresh evidence when idle, not draining. Never load."""
     if draining or not verdict.started or verdict.state in NOT_READY_STATES:
         return False
-    if verdict.state == "idle" and target.role == "backend" and target.canary.enabled:
+    if verdict.state == "idle" and target.sends_canary:
         return verdict.last_served is not None and now - verdict.last_served <= target.canary.freshness
     return True
 

@@ -9,22 +9,28 @@ and a retry is safe (see `Remediator.handle_payload`).
 from __future__ import annotations
 
 import json
+import math
 import time
+from datetime import datetime
 from typing import AsyncIterator, Callable
 
 import httpx
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
 from pydantic import ValidationError
 
+from llm_vitals.exposition import TEXT_CONTENT_TYPE
 from llm_vitals.logs import log_event
 
 from .auth import Authenticator
 from .executors import Executor
+from .gate import JournalState
 from .journal import Journal
+from .kube import KubeClient, credentials_from
+from .store import StateUnavailable
 from .payload import WebhookPayload, describe_errors
 from .service import Remediator, log
-from .settings import Settings
+from .settings import KubernetesSettings, Settings
 
 SETTINGS = web.AppKey("settings", Settings)
 CLOCK = web.AppKey("clock", Callable[[], float])
@@ -50,7 +56,11 @@ def create_app(
     app.cleanup_ctx.append(_service_ctx)
     app.router.add_post("/webhook", webhook)
     app.router.add_get("/api/v1/actions", actions)
+    app.router.add_get("/api/v1/actions/{id}", action)
     app.router.add_post("/api/v1/circuit/reset", circuit_reset)
+    app.router.add_get("/api/v1/pause", pause_get)
+    app.router.add_post("/api/v1/pause", pause_post)
+    app.router.add_delete("/api/v1/pause", pause_delete)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     return app
@@ -63,14 +73,27 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     if interrupted:
         log_event(log, "restarts interrupted by a previous stop; they count against the cooldown", count=interrupted)
     try:
-        # One client for the exporter and the http executors; never one per request.
-        async with httpx.AsyncClient(follow_redirects=False) as client:
-            service = Remediator(settings, journal, client, app[CLOCK], app[EXECUTORS] or None)
-            app[SERVICE] = service
-            yield
-            await service.shutdown()
+        kube = kube_client(settings)
+        try:
+            # One client for the exporter and the http executors; never one per request.
+            async with httpx.AsyncClient(follow_redirects=False) as client:
+                service = Remediator(settings, journal, client, app[CLOCK], app[EXECUTORS] or None, kube)
+                app[SERVICE] = service
+                yield
+                await service.shutdown()
+        finally:
+            if kube is not None:
+                await kube.close()
     finally:
         await journal.close()
+
+
+def kube_client(settings: Settings) -> KubeClient | None:
+    """The Kubernetes API client, when the shared Lease or a target template needs one."""
+    if settings.kubernetes is None and not settings.target_templates:
+        return None
+    config = settings.kubernetes or KubernetesSettings()
+    return KubeClient(credentials_from(config), config.timeout)
 
 
 def _error(status: int, message: str, **extra: object) -> web.Response:
@@ -130,15 +153,101 @@ async def actions(request: web.Request) -> web.Response:
             raise ValueError
     except ValueError:
         return _error(400, "limit must be an integer from 1 to 1000")
-    rows = await request.app[SERVICE].journal.actions(limit)
-    return web.json_response({"actions": rows})
+    service = request.app[SERVICE]
+    rows = await service.journal.actions(limit)
+    # The pause as last seen (no Lease read here): what the status page shows.
+    state, now = service.gate_state_now(), request.app[CLOCK]()
+    return web.json_response({"actions": rows, "pause": _pause_view(state, now)})
+
+
+async def action(request: web.Request) -> web.Response:
+    """GET /api/v1/actions/{id}: one decision with its evidence (the exporter's TARGET, pre_restart output)."""
+    try:
+        action_id = int(request.match_info["id"])
+    except ValueError:
+        return _error(400, "the action id is an integer")
+    row = await request.app[SERVICE].journal.action(action_id)
+    if row is None:
+        return _error(404, f"no action {action_id}")
+    return web.json_response(row)
+
+
+def _pause_view(state: JournalState, now: float) -> dict[str, object]:
+    paused = state.paused_until is not None and now < state.paused_until
+    return {"paused": paused, "until": state.paused_until if paused else None, "reason": state.pause_reason if paused else ""}
+
+
+async def pause_get(request: web.Request) -> web.Response:
+    """GET /api/v1/pause: the pause as stored (shared by every replica)."""
+    try:
+        state = await request.app[SERVICE].pause_state()
+    except StateUnavailable as exc:
+        return _error(503, f"cannot read the shared state: {exc}")
+    return web.json_response(_pause_view(state, request.app[CLOCK]()))
+
+
+async def pause_post(request: web.Request) -> web.Response:
+    """POST /api/v1/pause {"until": RFC 3339 or unix seconds, "reason": TEXT}: restart nothing until then."""
+    if not request.app[AUTH].check(request.headers.get("Authorization")):
+        return _unauthorized(request.app)
+    body = await _read_capped(request, 64 * 1024)
+    if body is None:
+        return _error(413, "body too large")
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        return _error(400, f"invalid JSON: {exc}")
+    parsed = parse_pause(data, request.app[CLOCK]())
+    if isinstance(parsed, str):
+        return _error(422, parsed)
+    until, reason = parsed
+    try:
+        state = await request.app[SERVICE].set_pause(until, reason)
+    except StateUnavailable as exc:
+        return _error(503, f"cannot write the shared state: {exc}")
+    return web.json_response(_pause_view(state, request.app[CLOCK]()))
+
+
+async def pause_delete(request: web.Request) -> web.Response:
+    """DELETE /api/v1/pause: resume now."""
+    if not request.app[AUTH].check(request.headers.get("Authorization")):
+        return _unauthorized(request.app)
+    try:
+        state = await request.app[SERVICE].set_pause(None, "")
+    except StateUnavailable as exc:
+        return _error(503, f"cannot write the shared state: {exc}")
+    return web.json_response(_pause_view(state, request.app[CLOCK]()))
+
+
+def parse_pause(data: object, now: float) -> tuple[float, str] | str:
+    """`{"until", "reason"}` -> (unix seconds, reason), or the error message for a 422."""
+    if not isinstance(data, dict) or set(data) - {"until", "reason"}:
+        return 'expected {"until": TIME, "reason": TEXT}'
+    until, reason = data.get("until"), data.get("reason")
+    if not isinstance(reason, str) or not reason.strip() or len(reason) > 500:
+        return "reason: a non-empty text of at most 500 characters is required"
+    if isinstance(until, bool) or not isinstance(until, (int, float, str)):
+        return "until: an RFC 3339 time or unix seconds is required"
+    if isinstance(until, str):
+        try:
+            stamp = datetime.fromisoformat(until.replace("Z", "+00:00"))
+        except ValueError:
+            return f"until: not an RFC 3339 time: {until[:64]!r}"
+        if stamp.tzinfo is None:
+            return "until: give a time zone (Z or +01:00)"
+        until = stamp.timestamp()
+    if not math.isfinite(until) or until <= now:
+        return "until: must be in the future"
+    return float(until), reason.strip()
 
 
 async def circuit_reset(request: web.Request) -> web.Response:
     """POST /api/v1/circuit/reset [{"target": NAME}]: close one circuit, or all without a target."""
     if not request.app[AUTH].check(request.headers.get("Authorization")):
         return _unauthorized(request.app)
-    targets = list(request.app[SETTINGS].targets)
+    # Static targets, and any target (a template's) whose circuit is open now.
+    open_now = request.app[SERVICE].gate_state_now().open_circuits
+    targets = list(request.app[SETTINGS].targets) + sorted(open_now - set(request.app[SETTINGS].targets))
     body = await _read_capped(request, 64 * 1024)
     if body is None:
         return _error(413, "body too large")
@@ -161,9 +270,9 @@ async def circuit_reset(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[SERVICE].metrics.registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(body=body, headers={"Content-Type": TEXT_CONTENT_TYPE})
 
 
 async def healthz(request: web.Request) -> web.Response:
-    state = request.app[SERVICE].journal.state
+    state = request.app[SERVICE].gate_state_now()
     return web.json_response({"status": "ok", "restart_in_progress": state.in_progress})

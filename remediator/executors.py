@@ -66,33 +66,38 @@ class CommandExecutor:
         self.output_limit = config.output_limit
 
     async def restart(self) -> ExecResult:
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                # Own process group, so a timeout kills the command's children too.
-                start_new_session=True,
-            )
-        except OSError as exc:
-            return ExecResult("error", f"cannot start {self.argv[0]}: {exc.strerror or exc}")
-        try:
-            output, _ = await asyncio.wait_for(proc.communicate(), self.timeout)
-        except asyncio.TimeoutError:
-            _kill_group(proc.pid)
-            await proc.wait()
-            return ExecResult("timeout", f"{self.argv[0]} did not finish within {self.timeout:g}s; killed")
-        except asyncio.CancelledError:
-            _kill_group(proc.pid)
-            await proc.wait()  # reap it and close its pipes; a shutdown must not leave a zombie
-            raise
-        text = output[: self.output_limit].decode("utf-8", "replace")
-        if len(output) > self.output_limit:
-            text += f"... [{len(output) - self.output_limit} more bytes]"
-        if proc.returncode == 0:
-            return ExecResult("ok", text)
-        return ExecResult("error", _truncate(f"exit status {proc.returncode}: {text}"))
+        return await run_argv(self.argv, self.timeout, self.output_limit)
+
+
+async def run_argv(argv: list[str], timeout: float, output_limit: int) -> ExecResult:
+    """Run a fixed argv (no shell) with a timeout, its output captured and capped; never raises."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            # Own process group, so a timeout kills the command's children too.
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return ExecResult("error", f"cannot start {argv[0]}: {exc.strerror or exc}")
+    try:
+        output, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    except asyncio.TimeoutError:
+        _kill_group(proc.pid)
+        await proc.wait()
+        return ExecResult("timeout", f"{argv[0]} did not finish within {timeout:g}s; killed")
+    except asyncio.CancelledError:
+        _kill_group(proc.pid)
+        await proc.wait()  # reap it and close its pipes; a shutdown must not leave a zombie
+        raise
+    text = output[:output_limit].decode("utf-8", "replace")
+    if len(output) > output_limit:
+        text += f"... [{len(output) - output_limit} more bytes]"
+    if proc.returncode == 0:
+        return ExecResult("ok", text)
+    return ExecResult("error", _truncate(f"exit status {proc.returncode}: {text}", max(_DETAIL_LIMIT, output_limit + 100)))
 
 
 def _kill_group(pid: int) -> None:

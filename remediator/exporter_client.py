@@ -14,6 +14,8 @@ import logging
 import time
 
 import httpx
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from llm_vitals.logs import log_event
@@ -36,11 +38,17 @@ class _Target(BaseModel):
     last_restart_at: float | None = None  # the exporter's last detected restart (counter reset)
     gpu_fault: bool = False
     recently_unhealthy: bool = False
+    engine: str | None = None
+    # A target discovered in Kubernetes: its own pod as the exporter saw it (null otherwise).
+    namespace: str | None = None
+    pod: str | None = None
+    pod_uid: str | None = None
+    node: str | None = None
 
 
 class _Targets(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    targets: list[_Target]
+    targets: list[dict[str, Any]]
 
 
 class ExporterClient:
@@ -83,22 +91,29 @@ class ExporterClient:
             # httpx's timeout is per read; this bounds the whole answer, so an exporter that
             # trickles bytes cannot hold every waiting webhook past `timeout`.
             async with asyncio.timeout(self.timeout):
-                parsed = _Targets.model_validate_json(await self._read())
+                raw = _Targets.model_validate_json(await self._read()).targets
+                parsed = [(_Target.model_validate(t), t) for t in raw]
         except (httpx.HTTPError, ValueError, ValidationError, TimeoutError) as exc:
             log_event(log, "exporter unreachable", level=logging.WARNING, url=redact_url(self.url),
                       error=type(exc).__name__, detail=str(exc)[:200])  # fmt: skip
             return None
-        view = FleetView(
-            targets={
-                t.name: TargetStatus(
-                    state=t.state,
-                    process_start_time=t.process_start_time,
-                    last_restart_time=t.last_restart_at,
-                    gpu_fault=t.gpu_fault,
-                    recently_unhealthy=t.recently_unhealthy,
-                )
-                for t in parsed.targets
-            }
-        )
+        view = FleetView(targets={t.name: status_of(t, whole) for t, whole in parsed})
         self._last = (read_at, view)  # failures are never cached: the next alert asks again
         return view
+
+
+def status_of(target: _Target, whole: dict[str, Any]) -> TargetStatus:
+    """What the gate reads of one TARGET, with the whole object kept as the journal's evidence."""
+    return TargetStatus(
+        state=target.state,
+        process_start_time=target.process_start_time,
+        last_restart_time=target.last_restart_at,
+        gpu_fault=target.gpu_fault,
+        recently_unhealthy=target.recently_unhealthy,
+        engine=target.engine,
+        namespace=target.namespace,
+        pod=target.pod,
+        pod_uid=target.pod_uid,
+        node=target.node,
+        raw=whole,
+    )

@@ -8,7 +8,8 @@ tests drive it with tables. The checks run in the order of DESIGN §4, and the f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, NamedTuple
+from fnmatch import fnmatchcase
+from typing import Any, Mapping, NamedTuple
 
 # States in which the exporter says a target needs help (and which the fleet gate counts).
 UNHEALTHY_STATES = frozenset({"stuck", "unresponsive", "down"})
@@ -19,17 +20,23 @@ REASONS = (
     "no_restart_label",
     "unknown_target",
     "duplicate",
+    "paused",
+    "state_unreachable",
     "exporter_unreachable",
     "not_stuck",
     "restarted_since_alert",
     "gpu_fault",
     "restart_in_progress",
     "cooldown",
+    "storm_cooldown",
     "circuit_open",
     "fleet_gate",
     "dry_run",
     "allowed",
+    "cordon_and_move",
 )
+# Refusals a human must see on the pod itself (as a Kubernetes Event).
+HUMAN_REFUSALS = frozenset({"gpu_fault", "circuit_open", "fleet_gate"})
 
 
 class Decision(NamedTuple):
@@ -76,6 +83,14 @@ class TargetStatus:
     # Unhealthy now or within the exporter's last two polls: a straggler of a fleet-wide fault
     # that is clearing still counts against the fleet gate. False from an exporter without it.
     recently_unhealthy: bool = False
+    engine: str | None = None
+    # For a target discovered in Kubernetes: where its own pod is, as the exporter saw it.
+    namespace: str | None = None
+    pod: str | None = None
+    pod_uid: str | None = None
+    node: str | None = None
+    # The exporter's whole TARGET object, kept as evidence in the journal; never decided on.
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -94,6 +109,33 @@ class JournalState:
     # Start times of restarts per target since its circuit was last reset (any result).
     restart_times: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     open_circuits: frozenset[str] = frozenset()
+    # A restart intent whose replica died ends at this time (its executor's timeout); None = no expiry.
+    in_progress_expires: float | None = None
+    in_progress_by: str | None = None  # the replica (and its intent) that holds the restart
+    # When each decided key was decided (shared mode: to forget old keys); may be empty.
+    decided_at: Mapping[tuple[str, float], float] = field(default_factory=dict)
+    paused_until: float | None = None
+    pause_reason: str = ""
+    # Last time the fleet gate saw a storm (too many unhealthy at once); the storm cooldown counts from it.
+    storm_seen_at: float | None = None
+    # Nodes llm-vitals has cordoned for a GPU fault: each is escalated once.
+    gpu_nodes: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class TemplateMatch:
+    """Which discovered targets a `target_templates:` entry takes; every field set must match."""
+
+    engine: str | None = None
+    namespace: str | None = None
+    name: str | None = None  # a glob over the target's name
+
+    def matches(self, name: str, status: TargetStatus) -> bool:
+        return (
+            (self.engine is None or status.engine == self.engine)
+            and (self.namespace is None or status.namespace == self.namespace)
+            and (self.name is None or fnmatchcase(name, self.name))
+        )
 
 
 @dataclass(frozen=True)
@@ -105,6 +147,45 @@ class GatePolicy:
     max_unhealthy: int
     dry_run: bool = False
     down_alertnames: frozenset[str] = frozenset({"LLMServerDown"})
+    # With templates, the fleet is the static targets plus the exporter's targets they match,
+    # and a percentage `max_unhealthy` is taken of that count at decision time.
+    templates: tuple[TemplateMatch, ...] = ()
+    max_unhealthy_percent: float | None = None
+    storm_cooldown: float = 0.0
+    gpu_fault_action: str = "refuse"  # refuse | cordon_and_move
+
+
+def template_index(policy: GatePolicy, name: str, status: TargetStatus | None) -> int | None:
+    """The first template taking a target the exporter reports, or None."""
+    if status is None:
+        return None
+    return next((i for i, t in enumerate(policy.templates) if t.matches(name, status)), None)
+
+
+def managed_targets(policy: GatePolicy, fleet: FleetView) -> list[str]:
+    """The fleet the gate guards: static targets, and the exporter's targets a template takes."""
+    extra = [n for n, s in fleet.targets.items() if n not in policy.targets and template_index(policy, n, s) is not None]
+    return sorted(policy.targets) + sorted(extra)
+
+
+def unhealthy_limit(policy: GatePolicy, fleet_size: int) -> int:
+    """`max_unhealthy` as a count: a percentage rounds down but never below one (see Settings)."""
+    if policy.max_unhealthy_percent is None:
+        return policy.max_unhealthy
+    return max(1, int(policy.max_unhealthy_percent * fleet_size / 100.0 + 1e-9))
+
+
+def paused(journal: JournalState, now: float) -> bool:
+    return journal.paused_until is not None and now < journal.paused_until
+
+
+def in_progress(journal: JournalState, now: float) -> str | None:
+    """The target of a restart running now; an intent past its expiry (a dead replica's) is over."""
+    if journal.in_progress is None:
+        return None
+    if journal.in_progress_expires is not None and now >= journal.in_progress_expires:
+        return None
+    return journal.in_progress
 
 
 def restarts_in_window(journal: JournalState, policy: GatePolicy, target: str, now: float) -> int:
@@ -113,31 +194,43 @@ def restarts_in_window(journal: JournalState, policy: GatePolicy, target: str, n
     return sum(1 for started in journal.restart_times.get(target, ()) if started > since)
 
 
-def precheck(alert: AlertFacts, journal: JournalState, policy: GatePolicy) -> Decision | None:
-    """Steps 1-3, which need no exporter: a refusal, or None when the exporter must be asked."""
+_UNKNOWN = Decision(False, "unknown_target", "target is not in the remediator's config")
+
+
+def precheck(alert: AlertFacts, journal: JournalState, policy: GatePolicy, now: float | None = None) -> Decision | None:
+    """Steps 1-3, which need no exporter: a refusal, or None when the exporter must be asked.
+
+    A target that is not static may still be taken by a template: that needs the exporter's view,
+    so it is decided in `decide`. The pause is checked only when `now` is given.
+    """
     if alert.status != "firing":
         return Decision(False, "not_firing", f"alert is {alert.status}")
     if alert.labels.get("remediation") != "restart":
         return Decision(False, "no_restart_label", 'alert has no remediation="restart" label')
     target = alert.target
-    if target is None or target not in policy.targets:
-        return Decision(False, "unknown_target", "target is not in the remediator's config")
+    if target is None or (target not in policy.targets and not policy.templates):
+        return _UNKNOWN
     if alert.key in journal.decided_keys:
         return Decision(False, "duplicate", "this fingerprint and startsAt were already decided")
+    if now is not None and paused(journal, now):
+        return Decision(False, "paused", f"paused: {journal.pause_reason}"[:500])
     return None
 
 
 def decide(
     alert: AlertFacts,
     fleet: FleetView | None,
-    journal: JournalState,
+    journal: JournalState | None,
     policy: GatePolicy,
     now: float,
 ) -> Decision:
-    """The whole gate, steps 1-10. `fleet` is None when the exporter could not be reached."""
-    refused = precheck(alert, journal, policy)
+    """The whole gate, steps 1-10. `fleet` is None when the exporter could not be reached, and
+    `journal` None when the shared state (the Kubernetes Lease) could not be read."""
+    refused = precheck(alert, journal or JournalState(), policy, now)
     if refused is not None:
         return refused
+    if journal is None:
+        return Decision(False, "state_unreachable", "cannot read the shared state; nothing is restarted")
     target = alert.target
     assert target is not None
 
@@ -145,6 +238,8 @@ def decide(
     if fleet is None:
         return Decision(False, "exporter_unreachable", "cannot re-check: the exporter did not answer")
     status = fleet.targets.get(target)
+    if target not in policy.targets and template_index(policy, target, status) is None:
+        return _UNKNOWN
     if status is None:
         return Decision(False, "not_stuck", "the exporter does not know this target")
     acceptable = RESTARTABLE_STATES | ({"down"} if alert.alertname in policy.down_alertnames else frozenset())
@@ -154,13 +249,20 @@ def decide(
     if started is not None and started >= alert.starts_at:
         return Decision(False, "restarted_since_alert", "the server process started after the alert did")
 
-    # 5. A GPU fault fails the same way after a restart: escalate instead.
+    # 5. A GPU fault fails the same way after a restart: refuse, or move the pod off its node
+    #    (once per node, under the same cooldown and fleet gate as a restart).
+    escalate = False
     if status.gpu_fault:
-        return Decision(False, "gpu_fault", "a GPU fault is flagged; a restart would not help")
+        if policy.gpu_fault_action != "cordon_and_move" or status.node is None or status.pod is None:
+            return Decision(False, "gpu_fault", "a GPU fault is flagged; a restart would not help")
+        if status.node in journal.gpu_nodes:
+            return Decision(False, "gpu_fault", f"a GPU fault is flagged; node {status.node} was already cordoned")
+        escalate = True
 
     # 6. One restart at a time, fleet-wide.
-    if journal.in_progress is not None:
-        return Decision(False, "restart_in_progress", f"a restart of {journal.in_progress} is running")
+    running = in_progress(journal, now)
+    if running is not None:
+        return Decision(False, "restart_in_progress", f"a restart of {running} is running")
 
     # 7. The global cooldown counts from the start of the last restart of any target.
     last = journal.last_restart_started
@@ -176,16 +278,77 @@ def decide(
         return Decision(False, "circuit_open", f"{used} restarts within the budget window")
 
     # 9. The fleet gate: a mass failure points elsewhere (network, storage, the exporter).
-    unhealthy = sum(
-        1 for name in policy.targets
-        if (s := fleet.targets.get(name)) is not None and (s.state in UNHEALTHY_STATES or s.recently_unhealthy)
-    )
-    if unhealthy > policy.max_unhealthy:
-        return Decision(
-            False, "fleet_gate", f"{unhealthy} of {len(policy.targets)} targets unhealthy (max {policy.max_unhealthy})"
-        )
+    storm = fleet_storm(fleet, policy)
+    if storm is not None:
+        return Decision(False, "fleet_gate", storm)
+    # 9b. After a storm, the fleet must stay healthy for `storm_cooldown` (medik8s NHC's
+    #     stormCooldownDuration): the stragglers of a mass failure are not lone failures.
+    if journal.storm_seen_at is not None and now - journal.storm_seen_at < policy.storm_cooldown:
+        remaining = policy.storm_cooldown - (now - journal.storm_seen_at)
+        return Decision(False, "storm_cooldown", f"the fleet was in a storm; {remaining:.0f}s of storm cooldown left")
 
     # 10. Dry-run records what it would have done.
     if policy.dry_run:
-        return Decision(False, "dry_run", "would restart")
+        return Decision(False, "dry_run", "would cordon and move" if escalate else "would restart")
+    if escalate:
+        return Decision(True, "cordon_and_move", f"GPU fault on node {status.node}: cordon, taint, move the pod")
     return Decision(True, "allowed", "")
+
+
+def fleet_storm(fleet: FleetView, policy: GatePolicy) -> str | None:
+    """Why the fleet is in a storm (more unhealthy targets than allowed), or None."""
+    names = managed_targets(policy, fleet)
+    limit = unhealthy_limit(policy, len(names))
+    unhealthy = sum(
+        1 for name in names
+        if (s := fleet.targets.get(name)) is not None and (s.state in UNHEALTHY_STATES or s.recently_unhealthy)
+    )  # fmt: skip
+    if unhealthy > limit:
+        return f"{unhealthy} of {len(names)} targets unhealthy (max {limit})"
+    return None
+
+
+@dataclass(frozen=True)
+class Effects:
+    """What one decision changes in the state the gate reads; the store applies them atomically."""
+
+    intent: bool = False  # a restart (or a GPU move) starts: in progress, cooldown, budget, dedupe
+    open_circuit: bool = False  # the target's budget is used up now
+    storm_seen_at: float | None = None  # the fleet was seen in a storm at this time
+    gpu_node: str | None = None  # this node is escalated once, from now on
+
+    def __bool__(self) -> bool:
+        return self.intent or self.open_circuit or self.storm_seen_at is not None or self.gpu_node is not None
+
+
+# A storm seen again within this many seconds of the last record is not written again: a storm of
+# webhooks must not become a storm of writes to the shared state.
+STORM_RECORD_GRANULARITY = 1.0
+
+
+def effects_of(
+    decision: Decision, alert: AlertFacts, fleet: FleetView | None, journal: JournalState, policy: GatePolicy, now: float
+) -> Effects:
+    """The state change a decision implies (pure): what the caller must commit before acting."""
+    target = alert.target or ""
+    storm_at = None
+    if fleet is not None and policy.storm_cooldown > 0 and decision.reason not in _BEFORE_FLEET:
+        if fleet_storm(fleet, policy) is not None and (
+            journal.storm_seen_at is None or now - journal.storm_seen_at >= STORM_RECORD_GRANULARITY
+        ):
+            storm_at = now
+    if decision.allowed:
+        used = restarts_in_window(journal, policy, target, now)
+        status = fleet.targets.get(target) if fleet is not None else None
+        node = status.node if decision.reason == "cordon_and_move" and status is not None else None
+        return Effects(intent=True, open_circuit=used + 1 >= policy.max_restarts, storm_seen_at=storm_at,
+                       gpu_node=node)  # fmt: skip
+    opens = decision.reason == "circuit_open" and target not in journal.open_circuits
+    return Effects(open_circuit=opens, storm_seen_at=storm_at)
+
+
+# Decisions made before the fleet was read (or about an alert the gate does not act on).
+_BEFORE_FLEET = frozenset(
+    {"not_firing", "no_restart_label", "unknown_target", "duplicate", "paused", "state_unreachable",
+     "exporter_unreachable"}
+)  # fmt: skip

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import logging
 import os
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 from .gate import AlertFacts, JournalState, dedupe_key
 
@@ -38,10 +39,16 @@ CREATE TABLE IF NOT EXISTS actions (
     executor TEXT,
     result TEXT,                 -- ok | error | timeout | pending | interrupted | NULL
     detail TEXT NOT NULL DEFAULT '',
-    duration_seconds REAL
+    duration_seconds REAL,
+    evidence TEXT,               -- JSON: the exporter's TARGET object when the decision was made
+    pre_restart TEXT             -- JSON: {argv, result, output, duration_seconds} of pre_restart
 );
 CREATE INDEX IF NOT EXISTS actions_decision ON actions(decision, target, time);
 CREATE INDEX IF NOT EXISTS actions_time ON actions(time);
+CREATE TABLE IF NOT EXISTS shared (   -- pause, storm marker, escalated nodes (single-replica mode)
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS circuits (
     target TEXT PRIMARY KEY,
     open INTEGER NOT NULL,
@@ -54,6 +61,8 @@ _COLUMNS = (
     "id", "time", "target", "alertname", "fingerprint", "starts_at", "decision",
     "reason", "executor", "result", "detail", "duration_seconds",
 )  # fmt: skip
+# Columns added after the first release: added to an older journal at open.
+_ADDED_COLUMNS = {"evidence": "TEXT", "pre_restart": "TEXT"}
 
 
 class JournalBusy(Exception):
@@ -75,6 +84,10 @@ class Journal:
         self._restart_times: dict[str, tuple[float, ...]] = {}
         self._open: frozenset[str] = frozenset()
         self._last_by_target: dict[str, float] = {}
+        self._paused_until: float | None = None
+        self._pause_reason = ""
+        self._storm_seen_at: float | None = None
+        self._gpu_nodes: frozenset[str] = frozenset()
         self._batch: list[tuple] = []
         self._flusher: asyncio.Task | None = None
 
@@ -106,6 +119,10 @@ class Journal:
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA busy_timeout=5000")
         conn.executescript(_SCHEMA)
+        have = {row[1] for row in conn.execute("PRAGMA table_info(actions)")}
+        for column, kind in _ADDED_COLUMNS.items():
+            if column not in have:
+                conn.execute(f"ALTER TABLE actions ADD COLUMN {column} {kind}")
         self._conn = conn
         with self._tx():
             interrupted = conn.execute(
@@ -115,7 +132,7 @@ class Journal:
             if self.retention is not None:
                 # Restart rows feed the cooldown, budget and dedupe: never pruned.
                 conn.execute(
-                    "DELETE FROM actions WHERE decision IN ('refused', 'resolved') AND time < ?",
+                    "DELETE FROM actions WHERE decision IN ('refused', 'resolved', 'paused') AND time < ?",
                     (now - self.retention,),
                 )
         self._load_mirror()
@@ -150,6 +167,11 @@ class Journal:
             conn.execute("SELECT target, max(time) FROM actions WHERE decision='restart' GROUP BY target").fetchall()
         )
         self._in_progress = {}
+        shared = {k: json.loads(v) for k, v in conn.execute("SELECT key, value FROM shared")}
+        pause = shared.get("pause") or {}
+        self._paused_until, self._pause_reason = pause.get("until"), pause.get("reason", "")
+        self._storm_seen_at = shared.get("storm_seen_at")
+        self._gpu_nodes = frozenset(shared.get("gpu_nodes", ()))
 
     # -- the gate's view ----------------------------------------------------------------------
 
@@ -161,6 +183,10 @@ class Journal:
             last_restart_started=self._last_started,
             restart_times=self._restart_times,
             open_circuits=self._open,
+            paused_until=self._paused_until,
+            pause_reason=self._pause_reason,
+            storm_seen_at=self._storm_seen_at,
+            gpu_nodes=self._gpu_nodes,
         )
 
     @property
@@ -171,7 +197,14 @@ class Journal:
     # -- writes -------------------------------------------------------------------------------
 
     def record_decision(
-        self, now: float, alert: AlertFacts, decision: str, reason: str, detail: str = "", executor: str | None = None
+        self,
+        now: float,
+        alert: AlertFacts,
+        decision: str,
+        reason: str,
+        detail: str = "",
+        executor: str | None = None,
+        evidence: Mapping[str, Any] | None = None,
     ) -> None:
         """Journal a decision that runs nothing (refused, dry_run, resolved), without waiting for it.
 
@@ -180,7 +213,7 @@ class Journal:
         on the disk. Only the restart intent is awaited (`record_intent`). Readers (`actions`)
         wait for the queue to drain first, so the journal they see is never behind an answer.
         """
-        self._batch.append((now, alert, decision, reason, detail, executor, None))
+        self._batch.append((now, alert, decision, reason, detail, executor, None, _json(evidence)))
         if decision == "dry_run":
             self._decided = self._decided | {alert.key}
         if self._flusher is None or self._flusher.done():
@@ -200,14 +233,30 @@ class Journal:
                 # The answers went out already (200, decided); losing the record is logged loudly.
                 log.exception("cannot journal %d decisions", len(batch))
 
-    async def record_intent(self, now: float, alert: AlertFacts, executor: str, open_circuit: bool) -> int:
+    async def record_intent(
+        self,
+        now: float,
+        alert: AlertFacts,
+        executor: str,
+        open_circuit: bool,
+        *,
+        reason: str = "allowed",
+        detail: str = "",
+        evidence: Mapping[str, Any] | None = None,
+        storm_seen_at: float | None = None,
+        gpu_node: str | None = None,
+    ) -> int:
         """Commit the restart row (result `pending`) durably; only then may the executor start."""
 
         def write() -> int:
             with self._tx():
-                action_id = self._insert_row(now, alert, "restart", "allowed", "", executor, "pending")
+                action_id = self._insert_row(now, alert, "restart", reason, detail, executor, "pending", _json(evidence))
                 if open_circuit:
                     self._set_circuit(alert.target, True, now)
+                if storm_seen_at is not None:
+                    self._put_shared("storm_seen_at", storm_seen_at)
+                if gpu_node is not None:
+                    self._put_shared("gpu_nodes", sorted(self._gpu_nodes | {gpu_node}))
             return action_id
 
         action_id = await self._run(write)
@@ -219,7 +268,44 @@ class Journal:
         self._restart_times = {**self._restart_times, target: self._restart_times.get(target, ()) + (now,)}
         if open_circuit:
             self._open = self._open | {target}
+        if storm_seen_at is not None:
+            self._storm_seen_at = storm_seen_at
+        if gpu_node is not None:
+            self._gpu_nodes = self._gpu_nodes | {gpu_node}
         return action_id
+
+    async def record_storm(self, seen_at: float) -> None:
+        """The fleet gate saw a storm: the storm cooldown counts from `seen_at`."""
+
+        def write() -> None:
+            with self._tx():
+                self._put_shared("storm_seen_at", seen_at)
+
+        await self._run(write)
+        self._storm_seen_at = seen_at
+
+    async def set_pause(self, now: float, until: float | None, reason: str) -> None:
+        """Pause until `until` (None: lift the pause), journaled as a `pause`/`unpause` row."""
+
+        def write() -> None:
+            with self._tx():
+                self._put_shared("pause", {"until": until, "reason": reason} if until is not None else None)
+                word = "pause" if until is not None else "unpause"
+                self._insert_row(now, AlertFacts("", {}, "", 0.0), word, word, reason, None, None)
+
+        await self._run(write)
+        self._paused_until, self._pause_reason = until, reason if until is not None else ""
+
+    async def record_pre_restart(self, action_id: int, record: Mapping[str, Any]) -> None:
+        """Keep the output of the target's pre_restart command with its restart row."""
+
+        def write() -> None:
+            with self._tx():
+                self._conn.execute(  # type: ignore[union-attr]
+                    "UPDATE actions SET pre_restart=? WHERE id=?", (_json(record), action_id)
+                )
+
+        await self._run(write)
 
     async def finish(self, action_id: int, result: str, detail: str, duration: float) -> None:
         """Record the executor's outcome; the restart is no longer in progress."""
@@ -262,6 +348,24 @@ class Journal:
 
     # -- reads --------------------------------------------------------------------------------
 
+    async def action(self, action_id: int) -> dict[str, Any] | None:
+        """One journal row with its evidence and pre_restart output, or None."""
+        await self.drain()
+        columns = _COLUMNS + tuple(_ADDED_COLUMNS)
+
+        def read() -> dict[str, Any] | None:
+            row = self._conn.execute(  # type: ignore[union-attr]
+                f"SELECT {', '.join(columns)} FROM actions WHERE id=?", (action_id,)
+            ).fetchone()
+            if row is None:
+                return None
+            found = dict(zip(columns, row))
+            for column in _ADDED_COLUMNS:
+                found[column] = json.loads(found[column]) if found[column] else None
+            return found
+
+        return await self._run(read)
+
     async def actions(self, limit: int) -> list[dict[str, Any]]:
         """The newest `limit` journal rows, newest first."""
         await self.drain()
@@ -287,11 +391,11 @@ class Journal:
         with self._tx():
             return [self._insert_row(*row) for row in rows]
 
-    def _insert_row(self, now, alert: AlertFacts, decision, reason, detail, executor, result) -> int:  # noqa: ANN001
+    def _insert_row(self, now, alert: AlertFacts, decision, reason, detail, executor, result, evidence=None) -> int:  # noqa: ANN001
         cursor = self._conn.execute(  # type: ignore[union-attr]
             "INSERT INTO actions"
-            " (time, target, alertname, fingerprint, starts_at, decision, reason, executor, result, detail)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " (time, target, alertname, fingerprint, starts_at, decision, reason, executor, result, detail, evidence)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 now,
                 # Payload text: bounded, so a caller cannot bloat the journal.
@@ -304,9 +408,16 @@ class Journal:
                 executor,
                 result,
                 detail,
+                evidence,
             ),
         )
         return int(cursor.lastrowid)
+
+    def _put_shared(self, key: str, value: object) -> None:
+        self._conn.execute(  # type: ignore[union-attr]
+            "INSERT INTO shared (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            (key, json.dumps(value)),
+        )
 
     def _set_circuit(self, target: str | None, is_open: bool, now: float) -> None:
         if is_open:
@@ -321,6 +432,20 @@ class Journal:
                 " ON CONFLICT(target) DO UPDATE SET open=0, reset_at=excluded.reset_at",
                 (target, now),
             )
+
+
+# The whole TARGET object is small (about 1 KB); a hostile exporter cannot bloat the journal past this.
+_EVIDENCE_LIMIT = 64 * 1024
+
+
+def _json(value: Mapping[str, Any] | None) -> str | None:
+    """A mapping as compact JSON for the journal, or None; an oversized one is kept cut and marked."""
+    if not value:
+        return None
+    text = json.dumps(value, separators=(",", ":"), default=str)
+    if len(text) > _EVIDENCE_LIMIT:
+        return json.dumps({"truncated": True, "prefix": text[:_EVIDENCE_LIMIT]})
+    return text
 
 
 class _Transaction:

@@ -7,13 +7,15 @@ custom collector, so they are right after a restart of the remediator too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+import time
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from .gate import JournalState
     from .journal import Journal
 
 # A label value for targets that are not in the config: the payload's own value would let a
@@ -22,7 +24,13 @@ UNKNOWN_TARGET = "(unknown)"
 
 
 class RemediatorMetrics:
-    def __init__(self, targets: Iterable[str], journal: "Journal"):
+    def __init__(
+        self,
+        targets: Iterable[str],
+        journal: "Journal",
+        state: "Callable[[], JournalState] | None" = None,
+        clock: Callable[[], float] = time.time,
+    ):
         self.registry = CollectorRegistry(auto_describe=True)
         self.decisions = Counter(
             "llm_vitals_remediator_decisions_total",
@@ -45,7 +53,7 @@ class RemediatorMetrics:
             buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
             registry=self.registry,
         )
-        self.registry.register(_JournalCollector(sorted(targets), journal))
+        self.registry.register(_JournalCollector(sorted(targets), journal, state or (lambda: journal.state), clock))
 
 
 class _JournalCollector(Collector):
@@ -54,17 +62,22 @@ class _JournalCollector(Collector):
     llm_vitals_remediator_circuit_open{target="gpu-a"} 0.0
     llm_vitals_remediator_last_restart_timestamp_seconds{target="gpu-a"} 1.7962223e+09
     llm_vitals_remediator_restart_in_progress 0.0
+    llm_vitals_remediator_paused 0.0
     """
 
-    def __init__(self, targets: list[str], journal: "Journal"):
+    def __init__(
+        self, targets: list[str], journal: "Journal", state: "Callable[[], JournalState]", clock: Callable[[], float]
+    ):
         self.targets = targets
         self.journal = journal
+        self.state = state
+        self.clock = clock
 
     def describe(self) -> list:
         return []
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        state = self.journal.state
+        state = self.state()
         last_by_target = self.journal.last_restart_by_target
         circuit = GaugeMetricFamily(
             "llm_vitals_remediator_circuit_open",
@@ -87,4 +100,11 @@ class _JournalCollector(Collector):
             "llm_vitals_remediator_restart_in_progress",
             "1 while a restart runs; no other restart starts meanwhile.",
             value=1.0 if state.in_progress else 0.0,
+        )
+        paused_until = state.paused_until
+        yield GaugeMetricFamily(
+            "llm_vitals_remediator_paused",
+            "1 while an operator has paused the remediator (POST /api/v1/pause): alerts are journaled "
+            "as paused and nothing is restarted until the pause ends or DELETE /api/v1/pause.",
+            value=1.0 if paused_until is not None and self.clock() < paused_until else 0.0,
         )

@@ -90,6 +90,19 @@ class AuthSettings(StrictModel):
 
 
 # ---------------------------------------------------------------------------------------------
+# Evidence: an optional command run before a restart, its output kept in the journal.
+
+
+class PreRestart(StrictModel):
+    """A fixed argv (no shell) run before the restart; `{name}`, `{namespace}`, `{pod}`, `{node}` are
+    replaced by what the exporter reports for the target, never by anything from the alert."""
+
+    argv: list[str] = Field(min_length=1)
+    timeout: Duration = 20.0
+    output_limit: int = Field(default=65536, ge=0, description="bytes of output kept in the journal")
+
+
+# ---------------------------------------------------------------------------------------------
 # Executors: one config model per restart method, discriminated by `executor`.
 
 
@@ -98,12 +111,14 @@ class CommandTarget(StrictModel):
     argv: list[str] = Field(min_length=1)
     timeout: Duration = 120.0
     output_limit: int = Field(default=4096, ge=0, description="bytes of output kept in the journal")
+    pre_restart: PreRestart | None = None
 
 
 class HttpTarget(StrictModel):
     executor: Literal["http"]
     url: str
     timeout: Duration = 30.0
+    pre_restart: PreRestart | None = None
 
     @field_validator("url")
     @classmethod
@@ -126,6 +141,7 @@ class DockerTarget(StrictModel):
     # Seconds Docker waits for the container to stop before killing it (`?t=`).
     stop_timeout: int = Field(default=30, ge=0)
     timeout: Duration = 120.0
+    pre_restart: PreRestart | None = None
 
     @field_validator("container")
     @classmethod
@@ -144,6 +160,12 @@ class DockerTarget(StrictModel):
 
 _SA = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _namespace(ns: str) -> str:
+    if not _DNS_LABEL.match(ns) or len(ns) > 63:
+        raise ValueError("not a valid Kubernetes namespace name")
+    return ns
 
 
 def _in_cluster_api_url() -> str:
@@ -166,13 +188,12 @@ class KubernetesTarget(StrictModel):
     token_path: Path = _SA / "token"
     ca_path: Path = _SA / "ca.crt"
     timeout: Duration = 30.0
+    pre_restart: PreRestart | None = None
 
     @field_validator("namespace")
     @classmethod
     def _ns(cls, ns: str) -> str:
-        if not _DNS_LABEL.match(ns) or len(ns) > 63:
-            raise ValueError("not a valid Kubernetes namespace name")
-        return ns
+        return _namespace(ns)
 
     @field_validator("api_url")
     @classmethod
@@ -186,6 +207,71 @@ TargetConfig = Annotated[
     CommandTarget | HttpTarget | DockerTarget | KubernetesTarget,
     Field(discriminator="executor"),
 ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Kubernetes: the API client, the Lease holding the shared state, and targets learnt from the exporter.
+
+
+class LeaseRef(StrictModel):
+    namespace: str
+    name: str = "llm-vitals-remediator"
+    # The lock's Lease duration when no restart runs; a restart holds it for its executor's timeout.
+    duration: Duration = 15.0
+
+    @field_validator("namespace")
+    @classmethod
+    def _ns(cls, ns: str) -> str:
+        return _namespace(ns)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", name) or len(name) > 253:
+            raise ValueError("not a valid Kubernetes object name")
+        return name
+
+
+class KubernetesSettings(StrictModel):
+    """The client for the shared state and the pod executor; in-cluster service account by default."""
+
+    kubeconfig: Path | None = None
+    api_url: str = Field(default_factory=_in_cluster_api_url)
+    token_path: Path = _SA / "token"
+    ca_path: Path = _SA / "ca.crt"
+    timeout: Duration = 10.0
+    # None: the single-replica SQLite mode. Set, the replicas share their state in this Lease.
+    lease: LeaseRef | None = None
+    # This replica's name in the Lease and in Events; default: $POD_NAME, else the host name.
+    identity: str | None = None
+
+    @field_validator("api_url")
+    @classmethod
+    def _https(cls, url: str) -> str:
+        if not url.startswith("https://"):
+            raise ValueError("the Kubernetes API is reached over https:// only")
+        return url.rstrip("/")
+
+
+class TemplateMatchConfig(StrictModel):
+    engine: str | None = None
+    namespace: str | None = None
+    name: str | None = Field(default=None, description="a glob over the exporter's target name")
+
+    @model_validator(mode="after")
+    def _something(self) -> "TemplateMatchConfig":
+        if self.engine is None and self.namespace is None and self.name is None:
+            raise ValueError("set at least one of engine, namespace or name")
+        return self
+
+
+class TargetTemplate(StrictModel):
+    """Targets the exporter discovered in Kubernetes: the restart deletes the target's own pod."""
+
+    match: TemplateMatchConfig
+    executor: Literal["kubernetes"]
+    timeout: Duration = 30.0
+    pre_restart: PreRestart | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,11 +299,22 @@ class Settings(StrictModel):
     budget: Budget = Budget()
     # A count ("2", 2) or a percentage ("40%") of the configured targets.
     max_unhealthy: int | str = "40%"
+    # After a fleet_gate refusal, no restart until the fleet has been healthy this long.
+    storm_cooldown: Duration = 0.0
+    gpu_fault_action: Literal["refuse", "cordon_and_move"] = "refuse"
     dry_run: bool = False
     body_limit: int = Field(default=1024 * 1024, ge=1024)
     # Alerts named here may be acted on in state `down` (when a user labelled them for restart).
     down_alertnames: list[str] = ["LLMServerDown"]
-    targets: dict[str, TargetConfig] = Field(min_length=1)
+    targets: dict[str, TargetConfig] = {}
+    target_templates: list[TargetTemplate] = []
+    kubernetes: KubernetesSettings | None = None
+
+    @model_validator(mode="after")
+    def _some_target(self) -> "Settings":
+        if not self.targets and not self.target_templates:
+            raise ValueError("set targets, target_templates or both")
+        return self
 
     @field_validator("listen")
     @classmethod

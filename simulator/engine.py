@@ -82,6 +82,11 @@ class EngineStats:
     generation_tokens: int = 0
     prefix_cache_queries: int = 0
     num_preemptions: int = 0
+    # Per step, as SGLang's page counts them: prompt tokens computed (chunks included) and forward
+    # passes with decodes / with prefill work.
+    prefill_tokens_computed: int = 0
+    decode_passes: int = 0
+    prefill_passes: int = 0
     request_success: dict[str, int] = field(default_factory=lambda: {r: 0 for r in FINISHED_REASONS})
     histograms: dict[str, Histogram] = field(default_factory=dict)
 
@@ -257,6 +262,9 @@ class Engine:
         if returned_output:
             self.stats.histograms["iteration_tokens_total"].observe(iteration_prompt_tokens + generated)
         self.steps += 1
+        self.stats.prefill_tokens_computed += prefill_tokens
+        self.stats.decode_passes += 1 if decoding else 0
+        self.stats.prefill_passes += 1 if prefill_tokens else 0
         cost = (1.0 / self.config.tokens_per_second if decoding or not prefill_tokens else 0.0) + (
             prefill_tokens / self.config.prefill_tokens_per_second
         )

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
-from simulator import server
+from simulator import server, sim_sglang, sim_tgi
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -29,6 +30,9 @@ class SimEngine:
     health: tuple[tuple[str, Handler], ...]  # (path, handler): the routes the exporter's table counts
     routes: Callable[[web.Application], None]  # everything else the server answers (models, completions)
     metrics_path: str = "/metrics"
+    # url, model -> the exporter target keys (beyond name/url/engine) that watch this simulated server
+    # (Triton: its page is on the server's own port, its canary a v2 infer): what the demo configures.
+    target: Callable[[str, str], dict[str, Any]] = lambda url, model: {}
 
 
 def _vllm_routes(app: web.Application) -> None:
@@ -41,7 +45,17 @@ def _vllm_routes(app: web.Application) -> None:
 
 VLLM = SimEngine(name="vllm", metrics=server.metrics, health=(("/health", server.health),), routes=_vllm_routes)
 
-SIM_ENGINES: dict[str, SimEngine] = {entry.name: entry for entry in (VLLM,)}
+TGI = SimEngine(name="tgi", metrics=sim_tgi.metrics, health=(("/health", sim_tgi.health),), routes=sim_tgi.routes)
+
+
+def _entries() -> tuple[SimEngine, ...]:
+    # Imported here: sim_triton imports this module for SimEngine.
+    from simulator import sim_triton
+
+    return (VLLM, sim_sglang.sim_engine(), sim_triton.SIM_ENGINE, TGI)
+
+
+SIM_ENGINES: dict[str, SimEngine] = {entry.name: entry for entry in _entries()}
 
 
 def sim_engine(name: str) -> SimEngine:

@@ -67,3 +67,18 @@ def require_binary(name: str) -> str:
 
 def read_fixture(name: str) -> str:
     return (VLLM_FIXTURES / name).read_text()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ARG001
+    """Print how many examples each property test ran (tests/property.py records them)."""
+    rows = []
+    for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
+        if report.when != "call":
+            continue
+        for key, value in getattr(report, "user_properties", ()):
+            if key == "hypothesis_examples":
+                rows.append((report.nodeid, value))
+    if rows:
+        terminalreporter.section("property tests: examples run")
+        for nodeid, count in sorted(rows):
+            terminalreporter.write_line(f"{count:>7}  {nodeid}")

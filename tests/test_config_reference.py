@@ -34,6 +34,11 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "Remediator: targets.NAME, executor http": remediator_settings.HttpTarget,
     "Remediator: targets.NAME, executor docker": remediator_settings.DockerTarget,
     "Remediator: targets.NAME, executor kubernetes": remediator_settings.KubernetesTarget,
+    "Remediator: pre_restart": remediator_settings.PreRestart,
+    "Remediator: target_templates[]": remediator_settings.TargetTemplate,
+    "Remediator: target_templates[].match": remediator_settings.TemplateMatchConfig,
+    "Remediator: kubernetes": remediator_settings.KubernetesSettings,
+    "Remediator: kubernetes.lease": remediator_settings.LeaseRef,
 }
 
 
@@ -95,7 +100,7 @@ def expected_default(field) -> str:
     if _is_duration(field):
         return _duration(value)
     if isinstance(value, list):
-        return ", ".join(map(str, value))
+        return ", ".join(map(str, value)) or "[]"
     return str(value)
 
 

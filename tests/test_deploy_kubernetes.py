@@ -19,7 +19,7 @@ from conftest import REPO, load_script
 
 from exporter.app import create_app
 from exporter.settings import ExporterSettings, parse_settings
-from remediator.settings import KubernetesTarget, Settings as RemediatorSettings
+from remediator.settings import Settings as RemediatorSettings
 
 K8S = REPO / "deploy" / "kubernetes"
 # Native sidecars (initContainers with restartPolicy: Always) need 1.29; check a recent one too.
@@ -180,47 +180,52 @@ def test_shim_config_is_a_valid_exporter_config_for_the_probed_target():
 
 # ---- the fleet exporter and the remediator --------------------------------------------------
 
-def test_fleet_exporter_and_remediator_know_the_same_targets():
-    exporter = ExporterSettings.model_validate(_configmap_yaml("llm-vitals-exporter", "exporter.yaml"))
+def test_the_remediator_takes_the_vllm_pods_it_is_allowed_to_delete():
     remediator = RemediatorSettings.model_validate(
         _configmap_yaml("llm-vitals-remediator", "remediator.yaml"))
-    assert {t.name for t in exporter.targets} == set(remediator.targets)
     assert remediator.exporter_url == "http://llm-vitals:9471"
-    for name, target in remediator.targets.items():
-        assert isinstance(target, KubernetesTarget)
-        assert target.namespace == "llm"
-        # The selector picks exactly this target's pods.
-        selector = dict(part.split("=") for part in target.pod_selector.split(","))
-        deployment = _one("Deployment", name)
-        assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
-        assert target.max_pods == 1
+    assert not remediator.targets  # learnt from the exporter, never from the alert
+    [template] = remediator.target_templates
+    assert (template.executor, template.match.namespace, template.match.engine) == ("kubernetes", "llm", "vllm")
+    assert remediator.kubernetes is not None and remediator.kubernetes.lease is not None
+    assert (remediator.kubernetes.lease.namespace, remediator.kubernetes.lease.name) == ("llm", "llm-vitals-remediator")
+    assert remediator.gpu_fault_action == "refuse"  # cordon_and_move is a choice a human makes
 
 
-def test_remediator_is_one_replica_with_a_journal_on_a_pvc():
-    deployment = _one("Deployment", "llm-vitals-remediator")
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
-    pod = deployment["spec"]["template"]["spec"]
+def test_remediator_is_two_replicas_each_with_its_journal_on_a_pvc():
+    stateful = _one("StatefulSet", "llm-vitals-remediator")
+    assert stateful["spec"]["replicas"] == 2
+    pod = stateful["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "llm-vitals-remediator"
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    claim = volumes["journal"]["persistentVolumeClaim"]["claimName"]
-    _one("PersistentVolumeClaim", claim)
+    [claim] = stateful["spec"]["volumeClaimTemplates"]
     mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     settings = RemediatorSettings.model_validate(
         _configmap_yaml("llm-vitals-remediator", "remediator.yaml"))
-    assert str(settings.state_path.parent) == mounts["journal"]
+    assert str(settings.state_path.parent) == mounts[claim["metadata"]["name"]]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
-def test_remediator_rbac_is_get_list_delete_pods_in_its_namespace_only():
-    kinds = {d["kind"] for _, d in MANIFESTS}
-    assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
+def test_remediator_rbac_is_exactly_the_verbs_it_uses():
+    """Pods: delete. Its Lease: get, update (by name), create. Events: create. Nodes: get, patch.
+    tests/k8s/ runs the remediator on the real API server with exactly these rules."""
     role = _one("Role", "llm-vitals-remediator")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"],
-                              "verbs": ["get", "list", "delete"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["llm-vitals-remediator"],
+         "verbs": ["get", "update"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+    ]  # fmt: skip
+    cluster = _one("ClusterRole", "llm-vitals-remediator")
+    assert cluster["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+                                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     binding = _one("RoleBinding", "llm-vitals-remediator")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": "llm-vitals-remediator"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llm-vitals-remediator"}]
+    cluster_binding = _one("ClusterRoleBinding", "llm-vitals-remediator")
+    assert cluster_binding["subjects"] == [{"kind": "ServiceAccount", "name": "llm-vitals-remediator",
+                                            "namespace": "llm"}]
     _one("ServiceAccount", "llm-vitals-remediator")
 
 

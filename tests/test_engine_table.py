@@ -7,8 +7,8 @@ import typing
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, VLLM_FIXTURES
+
 from exporter.engines import Page, PageError
 from exporter.engines.table import ENGINES, engine_of, identify, read_page
 from exporter.settings import EngineName, TargetSettings

@@ -14,7 +14,10 @@ from remediator.gate import (
     GatePolicy,
     JournalState,
     TargetStatus,
+    TemplateMatch,
     decide,
+    effects_of,
+    Effects,
 )
 
 T0 = 1_800_000_000.0
@@ -31,6 +34,11 @@ POLICY = GatePolicy(
 ALERT = AlertFacts("firing", {"alertname": "LLMServerStuck", "target": "a", "remediation": "restart"}, "fp1", STARTS)
 FLEET = FleetView({name: TargetStatus("idle", OLD) for name in "bcde"} | {"a": TargetStatus("stuck", OLD)})
 JOURNAL = JournalState()
+POD = TargetStatus("stuck", OLD, engine="vllm", namespace="llm", pod="p1", pod_uid="u1", node="node-a")
+GPU_POD = replace(POD, gpu_fault=True)
+TEMPLATED = replace(POLICY, templates=(TemplateMatch(engine="vllm", namespace="llm"),))
+MOVING = replace(TEMPLATED, gpu_fault_action="cordon_and_move")
+POD_ALERT = replace(ALERT, labels={**ALERT.labels, "target": "llm/p1"})
 
 
 def labels(**over: str) -> dict[str, str]:
@@ -78,6 +86,48 @@ CASES = [
     ("old restarts out of window", ALERT, FLEET, JournalState(restart_times={"a": (T0 - 9000, T0 - 8000, T0 - 7000)},
      last_restart_started=T0 - 7000), POLICY, T0, "allowed"),
     ("two unhealthy within max", ALERT, fleet(b=TargetStatus("stuck", OLD)), JOURNAL, POLICY, T0, "allowed"),
+    # Pause (shared across replicas, in the state the gate reads).
+    ("paused", ALERT, FLEET, JournalState(paused_until=T0 + 1, pause_reason="maintenance"), POLICY, T0, "paused"),
+    ("pause over", ALERT, FLEET, JournalState(paused_until=T0, pause_reason="maintenance"), POLICY, T0, "allowed"),
+    ("paused duplicate", ALERT, FLEET, JournalState(decided_keys=frozenset({ALERT.key}), paused_until=T0 + 1),
+     POLICY, T0, "duplicate"),
+    ("shared state unreadable", ALERT, FLEET, None, POLICY, T0, "state_unreachable"),
+    # A dead replica's intent ends at its executor's timeout.
+    ("intent not expired", ALERT, FLEET, JournalState(in_progress="c", in_progress_expires=T0 + 1), POLICY, T0,
+     "restart_in_progress"),
+    ("intent expired", ALERT, FLEET, JournalState(in_progress="c", in_progress_expires=T0), POLICY, T0, "allowed"),
+    # Storm cooldown: the fleet is healthy again, but a storm was seen within storm_cooldown.
+    ("storm cooldown", ALERT, FLEET, JournalState(storm_seen_at=T0 - 599), replace(POLICY, storm_cooldown=600), T0,
+     "storm_cooldown"),
+    ("storm cooldown over", ALERT, FLEET, JournalState(storm_seen_at=T0 - 600), replace(POLICY, storm_cooldown=600),
+     T0, "allowed"),
+    ("storm still on", ALERT, fleet(b=TargetStatus("stuck", OLD), c=TargetStatus("down", None)),
+     JournalState(storm_seen_at=T0 - 1), replace(POLICY, storm_cooldown=600), T0, "fleet_gate"),
+    # Templates: a discovered target is known when a template takes it.
+    ("template by engine", replace(ALERT, labels=labels(target="llm/p1")),
+     fleet(**{"llm/p1": POD}), JOURNAL, TEMPLATED, T0, "allowed"),
+    ("template, other engine", replace(ALERT, labels=labels(target="llm/p1")),
+     fleet(**{"llm/p1": replace(POD, engine="tgi")}), JOURNAL, TEMPLATED, T0, "unknown_target"),
+    ("template, other namespace", replace(ALERT, labels=labels(target="llm/p1")),
+     fleet(**{"llm/p1": replace(POD, namespace="dev")}), JOURNAL, TEMPLATED, T0, "unknown_target"),
+    ("template, not reported", replace(ALERT, labels=labels(target="llm/p9")), FLEET, JOURNAL, TEMPLATED, T0,
+     "unknown_target"),
+    ("template by name glob", replace(ALERT, labels=labels(target="llm/p1")), fleet(**{"llm/p1": POD}), JOURNAL,
+     replace(POLICY, templates=(TemplateMatch(name="llm/p*"),)), T0, "allowed"),
+    ("template, glob misses", replace(ALERT, labels=labels(target="llm/p1")), fleet(**{"llm/p1": POD}), JOURNAL,
+     replace(POLICY, templates=(TemplateMatch(name="llm/q*"),)), T0, "unknown_target"),
+    ("static still known with templates", ALERT, FLEET, JOURNAL, TEMPLATED, T0, "allowed"),
+    # GPU escalation: off by default; once per node; under the cooldown and the fleet gate.
+    ("gpu fault, refuse by default", POD_ALERT, fleet(**{"llm/p1": GPU_POD}), JOURNAL, TEMPLATED, T0, "gpu_fault"),
+    ("gpu fault, cordon_and_move", POD_ALERT, fleet(**{"llm/p1": GPU_POD}), JOURNAL, MOVING, T0, "cordon_and_move"),
+    ("gpu fault, node done once", POD_ALERT, fleet(**{"llm/p1": GPU_POD}),
+     JournalState(gpu_nodes=frozenset({"node-a"})), MOVING, T0, "gpu_fault"),
+    ("gpu fault, no node known", POD_ALERT, fleet(**{"llm/p1": replace(GPU_POD, node=None)}), JOURNAL, MOVING, T0,
+     "gpu_fault"),
+    ("gpu move under cooldown", POD_ALERT, fleet(**{"llm/p1": GPU_POD}),
+     JournalState(last_restart_started=T0 - 10), MOVING, T0, "cooldown"),
+    ("gpu move under fleet gate", POD_ALERT, fleet(**{"llm/p1": GPU_POD}, b=TargetStatus("stuck", OLD),
+     c=TargetStatus("down", None)), JOURNAL, MOVING, T0, "fleet_gate"),
 ]  # fmt: skip
 
 
@@ -86,7 +136,7 @@ CASES = [
 def test_gate_reason(alert, fleet_view, journal, policy, now, reason):
     decision = decide(alert, fleet_view, journal, policy, now)
     assert decision.reason == reason, decision
-    assert decision.allowed == (reason == "allowed")
+    assert decision.allowed == (reason in ("allowed", "cordon_and_move"))
 
 
 def test_every_reason_has_a_case():
@@ -118,3 +168,47 @@ def test_decision_unpacks_as_allowed_and_reason():
     allowed, reason, _ = decide(ALERT, FLEET, JOURNAL, POLICY, T0)
     assert (allowed, reason) == (True, "allowed")
     assert isinstance(decide(ALERT, None, JOURNAL, POLICY, T0), Decision)
+
+
+def test_a_percentage_limit_is_taken_of_the_fleet_the_templates_make():
+    """Six targets (five static, one discovered) at 40%: two may be unhealthy, three is a storm."""
+    policy = replace(TEMPLATED, max_unhealthy_percent=40.0)
+    alert = POD_ALERT
+    idle = TargetStatus("idle", OLD)
+    two = fleet(**{"llm/p1": POD}, a=idle, b=TargetStatus("stuck", OLD))
+    assert decide(alert, two, JOURNAL, policy, T0).reason == "allowed"
+    three = fleet(**{"llm/p1": POD}, a=idle, b=TargetStatus("stuck", OLD), c=TargetStatus("down"))
+    assert decide(alert, three, JOURNAL, policy, T0).reason == "fleet_gate"
+    # Unmatched targets the exporter reports are not part of the fleet.
+    other = fleet(**{"llm/p1": POD, "dev/x": replace(POD, namespace="dev", state="down")}, a=idle,
+                  b=TargetStatus("stuck", OLD))
+    assert decide(alert, other, JOURNAL, policy, T0).reason == "allowed"
+
+
+EFFECT_CASES = [
+    ("allowed: intent", ALERT, FLEET, JOURNAL, POLICY, Effects(intent=True)),
+    ("last of the budget opens the circuit", ALERT, FLEET, JournalState(restart_times={"a": (T0 - 3000, T0 - 2000)}),
+     POLICY, Effects(intent=True, open_circuit=True)),
+    ("budget used up opens the circuit once", ALERT, FLEET,
+     JournalState(restart_times={"a": (T0 - 3000, T0 - 2000, T0 - 1000)}), POLICY, Effects(open_circuit=True)),
+    ("already open: nothing", ALERT, FLEET, JournalState(open_circuits=frozenset({"a"})), POLICY, Effects()),
+    ("storm recorded", ALERT, fleet(b=TargetStatus("stuck", OLD), c=TargetStatus("down")), JOURNAL,
+     replace(POLICY, storm_cooldown=600), Effects(storm_seen_at=T0)),
+    ("storm recorded under a cooldown too", ALERT, fleet(b=TargetStatus("stuck", OLD), c=TargetStatus("down")),
+     JournalState(last_restart_started=T0 - 5), replace(POLICY, storm_cooldown=600), Effects(storm_seen_at=T0)),
+    ("storm just recorded: no second write", ALERT, fleet(b=TargetStatus("stuck", OLD), c=TargetStatus("down")),
+     JournalState(storm_seen_at=T0 - 0.5), replace(POLICY, storm_cooldown=600), Effects()),
+    ("no storm cooldown configured: not recorded", ALERT, fleet(b=TargetStatus("stuck", OLD), c=TargetStatus("down")),
+     JOURNAL, POLICY, Effects()),
+    ("gpu move marks the node", POD_ALERT, fleet(**{"llm/p1": GPU_POD}), JOURNAL, MOVING,
+     Effects(intent=True, gpu_node="node-a")),
+    ("duplicate: nothing", ALERT, FLEET, JournalState(decided_keys=frozenset({ALERT.key})), POLICY, Effects()),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("alert, fleet_view, journal, policy, expected", [c[1:] for c in EFFECT_CASES],
+                         ids=[c[0] for c in EFFECT_CASES])  # fmt: skip
+def test_effects_of_a_decision(alert, fleet_view, journal, policy, expected):
+    decision = decide(alert, fleet_view, journal, policy, T0)
+    assert effects_of(decision, alert, fleet_view, journal, policy, T0) == expected
+    assert bool(expected) == (expected != Effects())

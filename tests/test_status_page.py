@@ -235,3 +235,11 @@ async def test_chromium_shows_the_states_the_api_reports(aiohttp_server, tmp_pat
 async def _when(awaitable, check):
     value = await awaitable
     return value if check(value) else None
+
+
+def test_a_pause_in_force_is_shown_with_its_reason_escaped() -> None:
+    pause = {"paused": True, "until": NOW + 1800, "reason": "<b>driver upgrade</b>"}
+    html = render_page([target("gpu-a", "idle")], {}, Decisions(actions=[], url="http://r", pause=pause), NOW)
+    assert 'id="remediator-paused"' in html and "30m 00s" in html and "&lt;b&gt;driver upgrade" in html
+    lifted = {"paused": False, "until": None, "reason": ""}
+    assert "remediator-paused" not in render_page([], {}, Decisions(url="http://r", pause=lifted), NOW)

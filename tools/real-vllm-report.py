@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Print the real-vLLM tier's summary table from .cache/real-vllm-report.json (stdlib only).
+"""Print a real-engine tier's summary table from its report JSON (stdlib only).
 
-usage: python tools/real-vllm-report.py [REPORT_JSON]
+usage: python tools/real-vllm-report.py [REPORT_JSON]     (default: .cache/real-vllm-report.json)
+Other engines' tiers (SGLang, Triton) write the same shape, their engine facts under their "engine" key (drill_report.Report).
 Exit status 0 even when drills failed (pytest's status is the verdict); 1 when the report is unreadable.
 """
 
@@ -48,20 +49,27 @@ def table(report: dict) -> list[str]:
     return lines
 
 
+# The engine's name as the tier's lines print it, by the report's "engine" key.
+DISPLAY = {"vllm": "vLLM", "sglang": "SGLang", "triton": "Triton", "llamacpp": "llama.cpp"}
+
+
 def main(argv: list[str]) -> int:
     path = Path(argv[1]) if len(argv) > 1 else DEFAULT
     try:
         report = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        print(f"real-vLLM report: cannot read {path}: {exc}", file=sys.stderr)
+        print(f"real-engine report: cannot read {path}: {exc}", file=sys.stderr)
         return 1
-    vllm = report.get("vllm", {})
-    starts = ", ".join(f"{s['seconds']:.1f} s" for s in vllm.get("starts", [])) or "-"
+    key = report.get("engine", "vllm")
+    name = DISPLAY.get(key, key)
+    engine = report.get(key, {})
+    starts = ", ".join(f"{s['seconds']:.1f} s" for s in engine.get("starts", [])) or "-"
     exp = report.get("exporter", {})
-    print(f"== real-vLLM drills ({vllm.get('version', '?')}, enforce_eager={vllm.get('enforce_eager')}; "
+    settings = ", ".join(f"{k}={v}" for k, v in engine.items() if k not in ("version", "starts", "leftover_pids_after_stop"))
+    print(f"== real-{name} drills ({engine.get('version', '?')}, {settings}; "
           f"exporter poll {exp.get('poll_interval')} s, stuck_after {exp.get('stuck_after')} s, "
           f"canary every {exp.get('canary_interval')} s)")  # fmt: skip
-    print(f"vLLM starts (to /v1/models 200): {starts}")
+    print(f"{name} starts (to ready): {starts}")
     for line in table(report):
         print(line)
     for d in report.get("drills", []):

@@ -116,6 +116,20 @@ class EngineFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class Canary:
+    """How an engine's idle canary is asked and its answer judged (pure: the poller does the I/O)."""
+
+    # POSTed to the target's url + path; "{model}" is replaced by the model's name.
+    path: str
+    # (target, model) -> the JSON body.
+    body: Callable[[TargetSettings, str], object]
+    # The parsed JSON answer -> None when it is a real answer, else what is wrong with it.
+    wrong: Callable[[object], str | None]
+    # The body comes from the operator (`canary.request`): the target must configure it, and a model.
+    needs_request: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Engine:
     """One row of the engine table: where an engine's signals live and how they read."""
 
@@ -130,11 +144,17 @@ class Engine:
     metrics_port: int | None = None
     # Routes whose 503 is the engine's word that it is dead (read when work is pending and nothing moved).
     health_paths: tuple[str, ...] = ()
+    # A route that must answer 200 before an idle-looking server counts as idle (and gets a canary);
+    # "{model}" is the target's model, and the route is read only when one is configured. Triton's
+    # page and /v2/health/ready are up before the model is loaded: its /v2/models/<m>/ready is not.
+    ready_path: str | None = None
     # Where the served models are listed (canary model lookup, and `openai`'s whole judgement).
     models_path: str | None = "/v1/models"
     # A response header of /metrics whose value is an opaque restart token (compared for inequality).
     restart_header: str | None = None
     facts: EngineFacts = EngineFacts()
+    # The idle canary; None: a 1-token OpenAI completion (exporter/canary.py).
+    canary: Canary | None = None
 
     def metrics_url(self, target: TargetSettings) -> str:
         """Where this target's page is read: its `metrics_url`, else the engine's port or its url."""

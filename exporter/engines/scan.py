@@ -91,11 +91,15 @@ def _trie(names: Iterable[str]) -> str:
 
 
 def _value(name: str, label_text: str, rest: str) -> float:
-    fields = rest.split(None, 1)
+    # An exemplar (` # {trace_id="..."} 1.0`) follows the value and timestamp: never read it.
+    head = rest.split(" # ", 1)[0]
+    fields = head.split(None, 1)
     if not fields:
         raise PageError("bad_metrics", f"sample {name} has no value")
     token = fields[0]
-    if token.startswith("{"):
+    if token.startswith("{") or "{" in head or "}" in head:
+        # A second label set, or one not closed: prometheus-client would read some of these as a
+        # sample of another name; reading a number from them could only be a wrong number.
         raise PageError("bad_metrics", f"unterminated or malformed label set in {name}: {token[:40]!r}")
     # float() alone would take `1_000`, which the format (and prometheus-client) refuse.
     if "_" in token:
@@ -128,6 +132,14 @@ def parse_labels(label_text: str) -> dict[str, str]:
 
 def _unescape(value: str) -> str:
     return _ESCAPE.sub(lambda m: _UNESCAPED[m.group(0)], value) if "\\" in value else value
+
+
+def decode(body: bytes) -> str:
+    """A page's text (strict UTF-8, as the format requires); PageError("bad_metrics") otherwise."""
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PageError("bad_metrics", f"page is not UTF-8 (byte {exc.start})") from None
 
 
 def show(value: float) -> str:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from exporter.engines import Engine, Page, PageError, Snapshot, header
-from exporter.engines import llamacpp, openai, sglang, tgi, triton, vllm
+from exporter.engines import Engine, Page, PageError, Snapshot, header, llamacpp, openai, sglang, tgi, triton, vllm
 
 ENGINES: dict[str, Engine] = {
     entry.name: entry

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from exporter.engines import Engine, PageError, Snapshot
-from exporter.engines.scan import Scanner, show
+from exporter.engines.scan import Scanner, decode, show
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -35,13 +35,13 @@ KV_USAGE_BEFORE_0_10 = "vllm:gpu_cache_usage_perc"
 START_TIME = "process_start_time_seconds"
 
 
-_SCANNER = Scanner((RUNNING, WAITING, STEPS, GENERATION_TOKENS, PROMPT_TOKENS, FINISHED, KV_USAGE,
+SCANNER = Scanner((RUNNING, WAITING, STEPS, GENERATION_TOKENS, PROMPT_TOKENS, FINISHED, KV_USAGE,
                     KV_USAGE_BEFORE_0_10, START_TIME))
 
 
 def sample_values(text: str) -> dict[str, list[float]]:
     """Values of the wanted samples by full sample name (any labels, in page order)."""
-    return {name: [sample.value for sample in samples] for name, samples in _SCANNER.scan(text).items()}
+    return {name: [sample.value for sample in samples] for name, samples in SCANNER.scan(text).items()}
 
 
 def _required(name: str, values: list[float]) -> list[float]:
@@ -80,11 +80,7 @@ def parse_text(text: str) -> Snapshot:
 
 def parse_page(body: bytes) -> Snapshot:
     """Decode (strict UTF-8) and parse a `/metrics` body; raises PageError."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PageError("bad_metrics", f"page is not UTF-8 (byte {exc.start})") from None
-    return parse_text(text)
+    return parse_text(decode(body))
 
 
 ENGINE = Engine(

@@ -114,6 +114,7 @@ def vllm(report: Report) -> VllmServer:
     try:
         try:
             server.start()
+            server.preflight()
         except EngineDied as exc:
             # One clear line and the end of the run, not a timeout per drill that hides the cause.
             pytest.exit(f"real-vLLM preflight: {exc}", returncode=1)

@@ -63,8 +63,9 @@ class Report:
     path: Path = REPORT_PATH
     started: float = field(default_factory=time.time)
     drills: dict[str, Drill] = field(default_factory=dict)
-    vllm: dict = field(default_factory=dict)
+    vllm: dict = field(default_factory=dict)  # the engine's facts (version, starts), whichever engine
     exporter: dict = field(default_factory=dict)
+    engine: str = "vllm"  # the key the engine's facts are written under (the SGLang tier: "sglang", Triton: "triton")
 
     def drill(self, name: str) -> Drill:
         self.drills[name] = Drill(name)
@@ -76,7 +77,8 @@ class Report:
             "started_at": self.started,
             "finished_at": now,
             "total_seconds": round(now - self.started, 1),
-            "vllm": self.vllm,
+            "engine": self.engine,
+            self.engine: self.vllm,
             "exporter": self.exporter,
             "drills": [d.as_dict() for d in self.drills.values()],
         }

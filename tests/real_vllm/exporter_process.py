@@ -50,15 +50,15 @@ def exporter_binary() -> str:
     return found
 
 
-def config_yaml(listen_port: int, vllm_url: str) -> str:
+def config_yaml(listen_port: int, vllm_url: str, target: str = TARGET, engine: str = "vllm") -> str:
     """The exporter config the drills run with (YAML shape of issue 3 / DESIGN §2)."""
     return f"""\
 listen: "127.0.0.1:{listen_port}"
 poll_interval: {POLL_INTERVAL_S:g}s
 targets:
-  - name: {TARGET}
+  - name: {target}
     url: {vllm_url}
-    engine: vllm
+    engine: {engine}
     role: backend
     stuck_after: {STUCK_AFTER_S:g}s
     startup_grace: 5m
@@ -92,10 +92,16 @@ class Sample:
 
 @dataclass
 class ExporterProcess:
-    """One exporter subprocess polling one vLLM target."""
+    """One exporter subprocess polling one engine target (vLLM unless told; the SGLang and Triton tiers reuse it)."""
 
     vllm_url: str
     port: int = field(default_factory=free_port)
+    target: str = TARGET
+    engine: str = "vllm"
+    # config(listen_port) -> the whole YAML, for a tier whose target needs more keys (tests/real_triton:
+    # metrics_url, model, a v2 canary); None: config_yaml with `target` and `engine`.
+    config: Callable[[int], str] | None = None
+    log_dir: Path = LOG_DIR
     _proc: subprocess.Popen | None = None
     _log_path: Path | None = None
     _log_file: object = None
@@ -105,10 +111,10 @@ class ExporterProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, deadline_s: float = 60.0) -> None:
-        LOG_DIR.mkdir(parents=True, exist_ok=True)
-        config = LOG_DIR / f"exporter-{self.port}.yaml"
-        config.write_text(config_yaml(self.port, self.vllm_url))
-        self._log_path = LOG_DIR / f"exporter-{self.port}.log"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        config = self.log_dir / f"exporter-{self.port}.yaml"
+        config.write_text(self.config(self.port) if self.config else config_yaml(self.port, self.vllm_url, self.target, self.engine))
+        self._log_path = self.log_dir / f"exporter-{self.port}.log"
         self._log_file = open(self._log_path, "wb")  # noqa: SIM115 -- open for the child's whole life
         self._proc = subprocess.Popen(
             [exporter_binary(), "--config", str(config)],
@@ -126,7 +132,7 @@ class ExporterProcess:
                         f"exporter exited with status {self._proc.returncode}; {self._log_path}:\n{tail(self._log_path)}"
                     )
                 try:
-                    answer = client.get(f"{self.url}/api/v1/targets/{TARGET}")
+                    answer = client.get(f"{self.url}/api/v1/targets/{self.target}")
                     if answer.status_code == 200 and answer.json().get("last_poll") is not None:
                         return
                 except (httpx.HTTPError, ValueError):
@@ -159,9 +165,9 @@ class ExporterProcess:
         a sample would lag the verdict it reports by several seconds.
         """
         now = time.time()
-        target_f = pool.submit(lambda: client.get(f"{self.url}/api/v1/targets/{TARGET}").json())
-        ready_f = pool.submit(lambda: client.get(f"{self.url}/probe/{TARGET}/ready").status_code)
-        live_f = pool.submit(lambda: client.get(f"{self.url}/probe/{TARGET}/live").status_code)
+        target_f = pool.submit(lambda: client.get(f"{self.url}/api/v1/targets/{self.target}").json())
+        ready_f = pool.submit(lambda: client.get(f"{self.url}/probe/{self.target}/ready").status_code)
+        live_f = pool.submit(lambda: client.get(f"{self.url}/probe/{self.target}/live").status_code)
         canaries_f = pool.submit(self.counter, client, "llm_vitals_canary_requests_total", "result")
         try:
             target, ready, live, canaries = (f.result() for f in (target_f, ready_f, live_f, canaries_f))
@@ -189,7 +195,7 @@ class ExporterProcess:
         values: dict[str, float] = {}
         for family in text_string_to_metric_families(page):
             for s in family.samples:
-                if s.name == sample_name and s.labels.get("target") == TARGET:
+                if s.name == sample_name and s.labels.get("target") == self.target:
                     key = s.labels.get(by, "") if by else ""
                     values[key] = values.get(key, 0.0) + s.value
         return values
@@ -275,3 +281,27 @@ class Watcher:
                 rows.append([round(s.t - t0, 1), s.state, s.reason, s.running, s.waiting, s.ready, s.live])
                 last_key = key
         return rows
+
+
+# Helpers the drills of every real-engine tier share (tests/real_vllm, tests/real_triton).
+def wait_idle(watcher: Watcher, timeout: float = 120.0) -> Sample:
+    """The first idle sample taken from now on (an earlier one says nothing about the engine now)."""
+    return watcher.wait_for(lambda s: s.state == "idle", timeout=timeout, what="state idle", after=time.time())
+
+
+def canary_delta(before: Sample, after: Sample) -> dict[str, float]:
+    results = set(before.canaries) | set(after.canaries)
+    return {r: after.canaries.get(r, 0.0) - before.canaries.get(r, 0.0) for r in sorted(results)}
+
+
+def restarts_total(exporter: ExporterProcess) -> float:
+    """`llm_vitals_restarts_total{target}` as the exporter's /metrics shows it now."""
+    with httpx.Client(timeout=HTTP_TIMEOUT_S) as client:
+        return exporter.counter(client, "llm_vitals_restarts_total").get("", 0.0)
+
+
+def detection_seconds(sample: Sample, t_event: float) -> float:
+    """Seconds from the event to the verdict: the exporter's own `since` when it is after the event."""
+    if sample.since is not None and sample.since >= t_event:
+        return sample.since - t_event
+    return sample.t - t_event

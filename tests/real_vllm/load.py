@@ -47,8 +47,11 @@ class Load:
         return outcomes
 
 
-def start_load(base_url: str, bodies: list[dict], concurrency: int) -> Load:
-    """Send the completion bodies with `concurrency` requests in flight; returns at once."""
+def start_load(base_url: str, bodies: list[dict], concurrency: int, path: str = "/v1/completions") -> Load:
+    """POST the bodies to `path` with `concurrency` requests in flight; returns at once.
+
+    The Triton tier sends KServe v2 infer bodies to `/v2/models/<m>/infer` with it.
+    """
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="vllm-load")
     # No keep-alive: with more requests than `concurrency` a pooled connection is reused, and vLLM's
     # server closes idle ones after 5 s; a request sent on one just closed fails with no status.
@@ -60,7 +63,7 @@ def start_load(base_url: str, bodies: list[dict], concurrency: int) -> Load:
     def one(body: dict) -> Outcome:
         began = time.monotonic()
         try:
-            answer = client.post(f"{base_url}/v1/completions", json=body)
+            answer = client.post(f"{base_url}{path}", json=body)
             return Outcome(answer.status_code, time.monotonic() - began, answer.text[:300])
         except httpx.HTTPError as exc:
             return Outcome(None, time.monotonic() - began, repr(exc))
@@ -104,7 +107,7 @@ def long_prompts(count: int, prompt_tokens: int, max_tokens: int, seed: int = 0)
 
 
 def engine_counter(base_url: str, sample_name: str, labels: dict[str, str] | None = None) -> float:
-    """Sum of one sample of vLLM's own /metrics over its label sets (e.g. every finished_reason).
+    """Sum of one sample of the engine's own /metrics over its label sets (e.g. every finished_reason).
 
     `labels` keeps only the label sets that carry those values, e.g. one histogram bucket's `le`.
     """

@@ -17,13 +17,15 @@ from .drill_report import Drill
 from .exporter_process import (
     CANARY_INTERVAL_S,
     CANARY_TIMEOUT_S,
-    HTTP_TIMEOUT_S,
     LIVENESS_BUDGET_S,
     POLL_INTERVAL_S,
     STUCK_AFTER_S,
     ExporterProcess,
-    Sample,
     Watcher,
+    canary_delta,
+    detection_seconds,
+    restarts_total,
+    wait_idle,
 )
 from .load import (
     engine_counter,
@@ -53,29 +55,6 @@ IDLE_WINDOW_S = 15.0
 # Scheduling slack for the exporter's own poll jitter on a loaded box, on top of stuck_after + 2 polls.
 DETECTION_SLACK_S = 1.0
 SUCCESS = "vllm:request_success_total"
-
-
-def wait_idle(watcher: Watcher, timeout: float = 120.0) -> Sample:
-    """The first idle sample taken from now on (an earlier one says nothing about the engine now)."""
-    return watcher.wait_for(lambda s: s.state == "idle", timeout=timeout, what="state idle", after=time.time())
-
-
-def canary_delta(before: Sample, after: Sample) -> dict[str, float]:
-    results = set(before.canaries) | set(after.canaries)
-    return {r: after.canaries.get(r, 0.0) - before.canaries.get(r, 0.0) for r in sorted(results)}
-
-
-def restarts_total(exporter: ExporterProcess) -> float:
-    """`llm_vitals_restarts_total{target}` as the exporter's /metrics shows it now."""
-    with httpx.Client(timeout=HTTP_TIMEOUT_S) as client:
-        return exporter.counter(client, "llm_vitals_restarts_total").get("", 0.0)
-
-
-def detection_seconds(sample: Sample, t_event: float) -> float:
-    """Seconds from the event to the verdict: the exporter's own `since` when it is after the event."""
-    if sample.since is not None and sample.since >= t_event:
-        return sample.since - t_event
-    return sample.t - t_event
 
 
 def test_engine_serves_the_tiny_model_and_its_metrics(vllm: VllmServer):
@@ -292,6 +271,7 @@ def test_restart_on_the_same_port_counts_one_restart_then_idle_and_canary_ok(
     t_launch = time.time()
     # Kept alive on engine death for the last drill (kill_worker); nothing before it differs.
     startup_s = vllm.start(keep_alive_on_engine_death=True)
+    vllm.preflight()
     t_ready = time.time()
     counted = watcher.wait_for(
         lambda s: (s.restarts or 0) > (before.restarts or 0), timeout=60, what="a restart counted", after=t_launch

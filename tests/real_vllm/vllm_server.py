@@ -84,16 +84,17 @@ _ENV = {
 }
 
 
-def vllm_env(keep_alive_on_engine_death: bool = False) -> dict[str, str]:
-    """The environment of `vllm serve`: ours on top of the caller's."""
-    env = {**os.environ, **_ENV}
+def vllm_env() -> dict[str, str]:
+    """What `vllm serve` gets on top of the caller's environment."""
+    env = dict(_ENV)
     if ASK_AMX_PERMISSION:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(AMX_PERMISSION_DIR), os.environ.get("PYTHONPATH")) if p)
-    if keep_alive_on_engine_death:
-        # vLLM's API server then stays up with /health 503 once its engine is dead, instead of
-        # exiting (status 0) within a second: the "engine dead, API still answering" fault.
-        env["VLLM_KEEP_ALIVE_ON_ENGINE_DEATH"] = "1"
     return env
+
+
+# vLLM's API server then stays up with /health 503 once its engine is dead, instead of exiting
+# (status 0) within a second: the "engine dead, API still answering" fault (the kill_worker drill).
+KEEP_ALIVE_ON_ENGINE_DEATH = {"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}
 
 
 # vLLM on CPU keeps both cores busy: its EngineCore busy-polls the Worker's queue while the
@@ -107,25 +108,17 @@ def vllm_env(keep_alive_on_engine_death: bool = False) -> dict[str, str]:
 VLLM_NICENESS = 3
 
 
-def lower_priority(procs: list[psutil.Process]) -> None:
-    """Best effort: put vLLM's processes (`procs[0]` leads its session) behind every other for the CPU.
+def lower_priority(pid: int, niceness: int = VLLM_NICENESS) -> None:
+    """Best effort: put the session `pid` leads behind every other process for the CPU.
 
     With the kernel's autogroup scheduling (on by default) nice only orders processes within a
     session, and vLLM runs in its own session, so the session's autogroup gets the niceness too;
-    each process's own nice covers kernels without autogroup.
-    Done once vLLM is ready, not at launch: on a box loaded by others (load 17 on 2 cores) a vLLM
-    niced from the start took over 300 s to reach ready; the drills need it behind the judge only
-    while they run.
+    each process's own nice (`VllmServer.lower_priority`) covers kernels without autogroup.
     """
     try:
-        Path(f"/proc/{procs[0].pid}/autogroup").write_text(f"{VLLM_NICENESS}\n")
+        Path(f"/proc/{pid}/autogroup").write_text(f"{niceness}\n")
     except OSError:
         pass  # no autogroup, or not allowed: the per-process nice still applies
-    for proc in procs:
-        try:
-            proc.nice(VLLM_NICENESS)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
 
 
 
@@ -140,10 +133,22 @@ def setup_missing() -> str | None:
 
 @dataclass
 class VllmServer:
-    """One `vllm serve` lifetime at a time on a fixed loopback port; `start()` again to restart."""
+    """One `vllm serve` lifetime at a time on a fixed loopback port; `start()` again to restart.
+
+    The process handling (start, find by title, stop by PID) is engine-neutral: the SGLang tier's
+    server is this class with another `command` and `ready`.
+    """
 
     port: int
     starts: list[dict] = field(default_factory=list)  # {"seconds", "pid", "log"} per start
+    name: str = "vLLM"
+    env: dict[str, str] = field(default_factory=vllm_env)
+    log_dir: Path = LOG_DIR
+    start_deadline_s: float = START_DEADLINE_S
+    # False: lowered once ready, not at launch: on a box loaded by others (load 17 on 2 cores) a vLLM
+    # niced from the launch took over 300 s to reach ready; the drills need it behind the judge only
+    # while they run.
+    nice_from_launch: bool = False
     _proc: subprocess.Popen | None = None
     _api: psutil.Process | None = None
     _known: dict[int, psutil.Process] = field(default_factory=dict)  # every process ever seen
@@ -163,14 +168,8 @@ class VllmServer:
     def returncode(self) -> int | None:
         return self._proc.poll() if self._proc else None
 
-    def start(self, keep_alive_on_engine_death: bool = False) -> float:
-        """Launch, wait until /v1/models answers 200, run the preflight; return the seconds to ready."""
-        if self._proc is not None and self._proc.poll() is None:
-            raise RuntimeError(f"vLLM already running as pid {self._proc.pid}")
-        LOG_DIR.mkdir(parents=True, exist_ok=True)
-        log_path = self._log_path = LOG_DIR / f"vllm-{self.port}-{len(self.starts) + 1}.log"
-        self._close_log()
-        self._log_file = open(log_path, "wb")  # noqa: SIM115 -- open for the child's whole life
+    def command(self) -> list[str]:
+        """The server's command line (the SGLang tier's server overrides this and `ready`)."""
         argv = [
             str(VLLM_PYTHON), str(CLI_SHIM), "serve", str(TINY_MODEL),
             "--host", "127.0.0.1", "--port", str(self.port),
@@ -178,36 +177,66 @@ class VllmServer:
             "--max-model-len", str(MAX_MODEL_LEN),
             "--max-num-seqs", str(MAX_NUM_SEQS),
             "--dtype", "bfloat16",
-        ]  # fmt: skip
+        ]
         if ENFORCE_EAGER:
             argv.append("--enforce-eager")
+        return argv
+
+    def ready(self, client: httpx.Client) -> bool:
+        """One readiness check: vLLM serves /v1/models only once its engine is up."""
+        return client.get(f"{self.url}/v1/models").status_code == 200
+
+    def start(self, keep_alive_on_engine_death: bool = False) -> float:
+        """Launch and wait until `ready`; return the seconds it took. vLLM's drills then run `preflight`."""
+        if self._proc is not None and self._proc.poll() is None:
+            raise RuntimeError(f"{self.name} already running as pid {self._proc.pid}")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self._log_path = self.log_dir / f"{self.name.lower()}-{self.port}-{len(self.starts) + 1}.log"
+        self._close_log()
+        self._log_file = open(log_path, "wb")  # noqa: SIM115 -- open for the child's whole life
         started = time.monotonic()
         self._proc = subprocess.Popen(
-            argv,
-            env=vllm_env(keep_alive_on_engine_death),
-            cwd=str(LOG_DIR),
+            self.command(),
+            env={**os.environ, **self.env, **(KEEP_ALIVE_ON_ENGINE_DEATH if keep_alive_on_engine_death else {})},
+            cwd=str(self.log_dir),
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
-            # Its own session: a Ctrl-C on the test run reaches pytest, whose teardown stops vLLM by PID.
+            # Its own session: a Ctrl-C on the test run reaches pytest, whose teardown stops it by PID.
             start_new_session=True,
         )
+        if self.nice_from_launch:
+            lower_priority(self._proc.pid)
         self._api = psutil.Process(self._proc.pid)
         self._known[self._proc.pid] = self._api
         try:
             self._wait_ready(started, log_path)
-            seconds = round(time.monotonic() - started, 1)
-            lower_priority([self._api, *(p for p in self.leftovers() if p.pid != self._api.pid)])
-            self.preflight(log_path)
         except BaseException:
             self.stop()
             raise
+        seconds = round(time.monotonic() - started, 1)
+        if not self.nice_from_launch:
+            self.lower_priority(VLLM_NICENESS)
         self.starts.append({"seconds": seconds, "pid": self._proc.pid, "log": str(log_path),
                             "keep_alive_on_engine_death": keep_alive_on_engine_death})  # fmt: skip
         return seconds
 
-    def preflight(self, log_path: Path) -> None:
-        """One tiny completion; EngineDied (one line: who died, by which signal, vLLM's line) if it fails."""
+    def lower_priority(self, niceness: int) -> None:
+        """Best effort: the session's autogroup and each of its processes get `niceness`."""
+        lower_priority(self._proc.pid, niceness)
+        for proc in self.leftovers():
+            try:
+                proc.nice(niceness)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+
+    def preflight(self) -> None:
+        """One tiny completion; EngineDied (one line: who died, by which signal, vLLM's line) if it fails.
+
+        `/v1/models` answers 200 before the model ever ran: this is the first forward pass, where
+        issue 11's SIGILL struck. Called by the drills after each `start`.
+        """
+        log_path = self._log_path
         body = {"model": SERVED_MODEL, "prompt": "def", "max_tokens": 2, "ignore_eos": True}
         try:
             answer = httpx.post(f"{self.url}/v1/completions", json=body, timeout=PREFLIGHT_TIMEOUT_S)
@@ -234,13 +263,13 @@ class VllmServer:
                 self.track_children()
                 if self._proc.poll() is not None:
                     raise RuntimeError(
-                        f"vLLM exited with status {self._proc.returncode} before it was ready; "
+                        f"{self.name} exited with status {self._proc.returncode} before it was ready; "
                         f"last lines of {log_path}:\n{tail(log_path)}"
                     )
-                if time.monotonic() - started > START_DEADLINE_S:
-                    raise TimeoutError(f"vLLM not ready after {START_DEADLINE_S:.0f} s; see {log_path}:\n{tail(log_path)}")
+                if time.monotonic() - started > self.start_deadline_s:
+                    raise TimeoutError(f"{self.name} not ready after {self.start_deadline_s:.0f} s; see {log_path}:\n{tail(log_path)}")
                 try:
-                    if client.get(f"{self.url}/v1/models").status_code == 200:
+                    if self.ready(client):
                         self.track_children()
                         return
                 except httpx.HTTPError:
@@ -271,7 +300,7 @@ class VllmServer:
                     return proc
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-        raise LookupError(f"no live {title} process under vLLM pid {self.pid}")
+        raise LookupError(f"no live {title} process under {self.name} pid {self.pid}")
 
     def leftovers(self) -> list[psutil.Process]:
         """Processes of ours (any lifetime) still alive."""
