@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench test-vllm test-sglang test-triton tools clean
+.PHONY: install test lint demo bench test-vllm test-sglang test-triton tools clean
 
 install: $(STAMP)
 
@@ -20,8 +20,14 @@ $(STAMP): pyproject.toml
 tools:
 	@bash tools/ensure-tools.sh
 
-test: install tools
+test: install tools lint
 	$(BIN)/pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+# Lint (ruff, whole tree) and types (mypy, on the packages that ship): a second or two each,
+# configured in pyproject.toml. `ruff check --fix .` mends what it can.
+lint: install
+	@echo "== ruff check ." && $(BIN)/ruff check .
+	@echo "== mypy ($$(sed -n 's/^files = //p' pyproject.toml))" && $(BIN)/mypy
 
 # With an exporter config of your own (CONFIG=FILE, or ./exporter.yaml when it exists) the demo
 # watches your servers instead of the simulated fleet; `make demo CONFIG=` forces the simulation.

@@ -39,7 +39,7 @@ def target_json(name: str, state: str) -> dict:
             "process_start_time": STARTS_AT_UNIX - 3600, "last_poll": time.time(), "up": True, "ready": False,
             "live": True, "draining": False, "gpu_fault": False, "restarts": 0, "running": 2, "waiting": 4,
             "steps_per_second": 0.0, "generation_tokens_per_second": 0.0,
-            "counters": {"steps": 1, "generation_tokens": 1, "prompt_tokens": 1, "finished": 1, "kv_usage": 0.3}}  # fmt: skip
+            "counters": {"steps": 1, "generation_tokens": 1, "prompt_tokens": 1, "finished": 1, "kv_usage": 0.3}}
 
 
 def alert(target: str, fingerprint: str, starts_at: str) -> dict:
@@ -51,7 +51,7 @@ def alert(target: str, fingerprint: str, starts_at: str) -> dict:
         "alerts": [{"status": "firing", "labels": labels, "annotations": {"summary": "stuck"},
                     "startsAt": starts_at, "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "",
                     "fingerprint": fingerprint}],
-    }  # fmt: skip
+    }
 
 
 def free_port() -> int:
@@ -102,7 +102,7 @@ async def start_remediator(workdir: Path, upstream_port: int) -> tuple[asyncio.s
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "remediator", "--config", str(workdir / "remediator.yaml"), "--log-level", "warning",
             cwd=REPO, stdout=log, stderr=log, env={**os.environ, "BENCH_TOKEN": TOKEN},
-        )  # fmt: skip
+        )
     base = f"http://127.0.0.1:{port}"
     async with aiohttp.ClientSession() as http:
         deadline = time.monotonic() + 30
@@ -160,7 +160,7 @@ async def run(args: argparse.Namespace) -> int:
             "distinct": [
                 alert("ab"[i % 2], f"fp-{i}", f"2026-12-02T14:{i // 60 % 60:02d}:{i % 60:02d}.000Z")
                 for i in range(args.posts)
-            ],  # fmt: skip
+            ],
         }
         for name, payloads in storms.items():
             # A fresh remediator and journal per storm, so each starts with no cooldown.
@@ -181,7 +181,7 @@ async def run(args: argparse.Namespace) -> int:
             verdict = "ok" if p99 <= TARGET_P99_MS else f"OVER the {TARGET_P99_MS:.0f} ms target"
             print(f"{name:10s} {len(latencies)} POSTs, {args.concurrency} in flight: "
                   f"p50 {p50:.1f} ms  p99 {p99:.1f} ms  max {max(latencies):.1f} ms  "
-                  f"({len(latencies) / elapsed:.0f} POST/s)  restarts {restarts}  [{verdict}]")  # fmt: skip
+                  f"({len(latencies) / elapsed:.0f} POST/s)  restarts {restarts}  [{verdict}]")
             print(f"{'':10s} reasons: {dict(sorted(reasons.items()))}")
             if restarts != 1:
                 print(f"FAIL: {name} ran {restarts} restarts, expected exactly 1")

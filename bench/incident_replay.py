@@ -8,10 +8,12 @@ simulated day takes seconds and every run prints the same table:
 - **baseline**: the watchdogs of the incident. One sends a real chat request every 5 min with a
   45 s timeout and restarts after 5 failures in a row; a second restarts the server when it counts
   3 HTTP 500s within 10 min (checked every minute). Both watch the same server.
-- **llm-vitals**: the exporter's own code (`exporter.verdict.judge`/`record_canary` on a snapshot
-  of the engine's counters every 5 s, and the poller's canary rule `Poller._canary_due`), the
-  LLMServerStuck/Unresponsive rules (`for: 1m`, evaluated every 15 s) and the remediator's own gate
-  (`remediator.gate.decide`, production defaults: 15 min cooldown, budget 3/h).
+- **llm-vitals**: the exporter's own pure functions (`exporter.verdict.judge`/`record_canary` on a
+  snapshot of the engine's counters every 5 s, and the canary rule `canary_due`), the
+  LLMServerStuck/Unresponsive rules (`for: 1m`, evaluated every 15 s by `demo.alert_rule.evaluate`,
+  as the demo's relay does) and the remediator's own gate (`remediator.gate.decide`, its effects
+  applied by `remediator.shared.with_effects`, production defaults: 15 min cooldown, budget 3/h).
+  No I/O object is built.
 
 A restart fails every request in flight with a 500 and the server reloads its weights for
 `load_seconds`; requests meanwhile are refused (the batch job retries after 30 s).
@@ -30,18 +32,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Literal
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from demo.alert_rule import ALERT_FOR_STATE, RuleState, evaluate  # noqa: E402
 from exporter.engines import Snapshot  # noqa: E402
-from exporter.poller import Poller  # noqa: E402
-from exporter.settings import ExporterSettings, TargetSettings  # noqa: E402
-from exporter.state import StateStore  # noqa: E402
-from exporter.verdict import CanaryOutcome, PollError, judge, record_canary  # noqa: E402
-from remediator import gate  # noqa: E402
+from exporter.settings import TargetSettings  # noqa: E402
+from exporter.verdict import CanaryOutcome, PollError, Verdict, canary_due, initial, judge, record_canary  # noqa: E402
+from remediator import gate, shared  # noqa: E402
 from simulator.config import SimConfig  # noqa: E402
 from simulator.engine import Engine, SimRequest  # noqa: E402
 
@@ -275,7 +276,7 @@ class Server:
             running=engine.num_running, waiting=engine.num_waiting, steps=stats.iteration_steps,
             generation_tokens=stats.generation_tokens, prompt_tokens=stats.prompt_tokens,
             finished=stats.finished, kv_usage=engine.kv_cache_usage, process_start_time=self.start_time,
-        )  # fmt: skip
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -391,61 +392,57 @@ class ErrorWatchdog:
 
 
 class Vitals:
-    """The exporter, Prometheus + Alertmanager, and the remediator, on the virtual clock."""
+    """The exporter, Prometheus + Alertmanager, and the remediator, on the virtual clock: pure functions only."""
 
     # The two rules labelled remediation="restart", by the verdict state they alert on.
-    RULES: ClassVar[dict[str, str]] = {"stuck": "LLMServerStuck", "unresponsive": "LLMServerUnresponsive"}
+    RULES = ALERT_FOR_STATE
 
     def __init__(self, clock: Clock, server: Server, config: ReplayConfig) -> None:
         self.clock, self.server, self.config = clock, server, config
-        self.target = TargetSettings(
-            name=TARGET, url="http://127.0.0.1:8000", stuck_after=config.stuck_after,
-            canary={"interval": config.canary_interval, "timeout": config.canary_timeout},
-        )  # fmt: skip
-        settings = ExporterSettings(poll_interval=config.poll_interval, targets=[self.target])
-        self.store = StateStore(settings, 0.0)
-        self.record = self.store.get(TARGET)
-        # The poller object only for its canary rule; its HTTP loop is replaced by the virtual clock.
-        self.poller = Poller(settings, self.store, session=None, clock=lambda: clock.now)  # type: ignore[arg-type]
+        self.target = TargetSettings.model_validate({
+            "name": TARGET, "url": "http://127.0.0.1:8000", "stuck_after": config.stuck_after,
+            "canary": {"interval": config.canary_interval, "timeout": config.canary_timeout},
+        })
+        self.verdict: Verdict = initial(0.0)
+        self.last_canary_sent: float | None = None
+        self.canary_in_flight = False
         self.count = ProbeCount()
         self.states: list[tuple[float, str]] = []  # (time, state) at each change
-        self.active_at: dict[str, float] = {}  # alertname -> when its expression became true (pending)
-        self.notified: dict[str, float] = {}  # alertname -> last notification sent
+        self.rule = RuleState()  # the target's restartable alert, as Prometheus + Alertmanager hold it
         self.decisions: list[tuple[float, str, str]] = []  # (time, alertname, reason)
         self.policy = gate.GatePolicy(
             targets=frozenset({TARGET}), global_cooldown=config.global_cooldown, max_restarts=3,
             budget_window=3600.0, max_unhealthy=1,
-        )  # fmt: skip
+        )
         self.journal = gate.JournalState()
         clock.every(config.poll_interval, self._poll)
         clock.every(config.eval_interval, self._evaluate)
 
     # -- exporter --------------------------------------------------------------------------------
     def _poll(self) -> None:
-        now, record = self.clock.now, self.record
+        now = self.clock.now
         observation = self.server.observe()
-        record.verdict = judge(record.verdict, observation, now, self.target)
-        if not self.states or self.states[-1][1] != record.verdict.state:
-            self.states.append((now, record.verdict.state))
-        if self.poller._canary_due(record, observation, now):
+        self.verdict = judge(self.verdict, observation, now, self.target)
+        if not self.states or self.states[-1][1] != self.verdict.state:
+            self.states.append((now, self.verdict.state))
+        if canary_due(self.verdict, observation, self.last_canary_sent, now, self.target,
+                      poll_interval=self.config.poll_interval, in_flight=self.canary_in_flight):
             self._canary()
 
     def _canary(self) -> None:
-        record = self.record
-        record.last_canary_sent = self.clock.now
-        record.canary_task = object()  # "one in flight", as the poller marks it
+        self.last_canary_sent = self.clock.now
+        self.canary_in_flight = True
         self.count.sent += 1
         self.count.sent_to_busy += self.server.busy
         outcome: dict[str, str] = {}
 
-        def finish(result: str, detail: str = "") -> None:
+        def finish(result: Literal["ok", "error", "timeout"], detail: str = "") -> None:
             if outcome:
                 return
             outcome["result"] = result
-            record.canary_task = None
-            record.canaries[result] += 1
+            self.canary_in_flight = False
             self.count.failed += result != "ok"
-            record.verdict = record_canary(record.verdict, CanaryOutcome(result, detail), self.clock.now, self.target)  # type: ignore[arg-type]
+            self.verdict = record_canary(self.verdict, CanaryOutcome(result, detail), self.clock.now, self.target)
 
         request_id = self.server.submit(1, 1, lambda r: finish("ok" if r == "ok" else "error", r))
 
@@ -458,39 +455,31 @@ class Vitals:
 
     # -- Prometheus rules + Alertmanager ---------------------------------------------------------
     def _evaluate(self) -> None:
-        now, state = self.clock.now, self.record.verdict.state
-        for rule_state, alertname in self.RULES.items():
-            if state != rule_state:
-                self.active_at.pop(alertname, None)
-                self.notified.pop(alertname, None)
-                continue
-            active_at = self.active_at.setdefault(alertname, now)
-            if now - active_at < self.config.alert_for:
-                continue  # pending
-            last = self.notified.get(alertname)
-            if last is None or now - last >= self.config.repeat_interval:
-                self.notified[alertname] = now
-                self._webhook(alertname, starts_at=active_at + self.config.alert_for)
+        self.rule, sent = evaluate(self.rule, self.verdict.state, self.clock.now, self.config.alert_for,
+                                   self.config.repeat_interval)
+        for notification in sent:
+            if notification.status == "firing":  # a resolved alert is `not_firing` to the gate: nothing to replay
+                self._webhook(notification.alertname, starts_at=notification.starts_at)
 
     # -- remediator ------------------------------------------------------------------------------
     def _webhook(self, alertname: str, starts_at: float) -> None:
-        now, verdict = self.clock.now, self.record.verdict
+        now, verdict = self.clock.now, self.verdict
         alert = gate.AlertFacts(
             status="firing", labels={"alertname": alertname, "target": TARGET, "remediation": "restart"},
             fingerprint=f"{alertname}:{TARGET}", starts_at=starts_at,
-        )  # fmt: skip
+        )
         fleet = gate.FleetView({TARGET: gate.TargetStatus(
             state=verdict.state, process_start_time=verdict.process_start_time,
-            last_restart_time=verdict.last_restart_at)})  # fmt: skip
+            last_restart_time=verdict.last_restart_at)})
         decision = gate.decide(alert, fleet, self.journal, self.policy, now)
         self.decisions.append((now, alertname, decision.reason))
+        effects = gate.effects_of(decision, alert, fleet, self.journal, self.policy, now)
+        intent = shared.Intent("replay", TARGET, now + self.config.load_seconds) if effects.intent else None
+        self.journal = shared.with_effects(self.journal, effects, alert, now, intent)
         if decision.allowed:
-            times = self.journal.restart_times.get(TARGET, ())
-            self.journal = gate.JournalState(
-                decided_keys=self.journal.decided_keys | {alert.key}, last_restart_started=now,
-                restart_times={TARGET: (*times, now)}, open_circuits=self.journal.open_circuits,
-            )  # fmt: skip
             self.server.restart(f"llm-vitals ({alertname})")
+            # The restart is instant on the virtual clock; the server then loads its weights.
+            self.journal = shared.finished(self.journal, "replay")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -545,7 +534,7 @@ def run_baseline(config: ReplayConfig, episodes: list[Episode]) -> WorldResult:
     return WorldResult(
         "baseline", server.restarts, chat.count, batch.completed, batch.failed,
         _first_after([r.time for r in server.restarts], config.hang_at),
-    )  # fmt: skip
+    )
 
 
 def run_vitals(config: ReplayConfig, episodes: list[Episode]) -> WorldResult:
@@ -560,7 +549,7 @@ def run_vitals(config: ReplayConfig, episodes: list[Episode]) -> WorldResult:
         "llm-vitals", server.restarts, vitals.count, batch.completed, batch.failed,
         _first_after([r.time for r in server.restarts], config.hang_at),
         _first_after(detected, config.hang_at), vitals.decisions,
-    )  # fmt: skip
+    )
 
 
 def replay(config: ReplayConfig = ReplayConfig()) -> ReplayResult:
@@ -609,9 +598,9 @@ def format_table(result: ReplayResult) -> str:
     ]
     lines += [f"{label:<{width}}  {bv!s:>12}  {vv!s:>12}" for label, bv, vv in rows]
     lines.append("baseline restarts: " + ", ".join(f"{_clock_time(r.time)} {r.by} ({r.killed} x 500)"
-                                                  for r in b.restarts))  # fmt: skip
+                                                  for r in b.restarts))
     lines.append("llm-vitals restarts: " + ", ".join(f"{_clock_time(r.time)} {r.by} ({r.killed} x 500)"
-                                                    for r in v.restarts))  # fmt: skip
+                                                    for r in v.restarts))
     return "\n".join(lines)
 
 

@@ -27,8 +27,9 @@ OUTPUT = Path(__file__).resolve().parent / "llm-vitals.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 SEL = 'target=~"$target"'
 
-# The exporter's states, in the order the state timeline numbers them (1..6) and with the colour
-# each gets. `idle` and `busy` are both healthy; only stuck/unresponsive lead to a restart.
+# The exporter's states, in the order the state timeline numbers them (1..7) and with the colour
+# each gets. `idle` and `busy` are both healthy; only stuck/unresponsive lead to a restart; `asleep`
+# (vLLM's sleep mode, on purpose) is neither.
 STATES = [
     ("starting", "blue"),
     ("idle", "green"),
@@ -36,11 +37,12 @@ STATES = [
     ("stuck", "red"),
     ("unresponsive", "orange"),
     ("down", "purple"),
+    ("asleep", "text"),
 ]
 
 
 def state_number_expr() -> str:
-    """One number per target naming its current state (1..6), from the one-hot `llm_vitals_state`.
+    """One number per target naming its current state (1..7), from the one-hot `llm_vitals_state`.
 
     Each state's series is kept only where it is 1 and multiplied by its number; `or` keeps them
     apart (their `state` labels differ) and `max by (target)` leaves the one current number. Unlike
@@ -113,7 +115,8 @@ def state_timeline() -> dict:
         "description": "The exporter's verdict for each target (llm_vitals_state). busy = work "
         "pending and progressing (healthy, maybe full); stuck = work pending and no engine progress "
         "for stuck_after; unresponsive = idle-looking but the canary keeps failing; down = "
-        "unreachable or engine dead. Only stuck and unresponsive are restarted.",
+        "unreachable or engine dead; asleep = put to sleep on purpose (vLLM sleep mode: no canary, "
+        "not ready). Only stuck and unresponsive are restarted.",
         "datasource": DATASOURCE,
         "targets": [target(state_number_expr(), "{{target}}")],
         "fieldConfig": {

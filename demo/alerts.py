@@ -20,13 +20,12 @@ from typing import Any
 
 import aiohttp
 
+from demo.alert_rule import Notification, RuleState, evaluate
 from demo.configs import REMEDIATOR_RECEIVER
 from demo.ports import Ports
 from demo.processes import Children
 from demo.timings import Timings
 
-# The restartable alerts of alerts/llm-vitals.rules.yml, by the exporter state they fire on.
-ALERT_FOR_STATE = {"stuck": "LLMServerStuck", "unresponsive": "LLMServerUnresponsive"}
 ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's endsAt of a firing alert
 
 
@@ -60,13 +59,6 @@ async def start_prometheus_stack(children: Children, session: aiohttp.ClientSess
 
 
 @dataclass
-class _Firing:
-    alertname: str
-    starts_at: float
-    last_sent: float | None = None
-
-
-@dataclass
 class WebhookRelay:
     """Alertmanager's part, for machines without it: exporter state -> v4 webhook to the remediator."""
 
@@ -75,8 +67,7 @@ class WebhookRelay:
     token: str
     timings: Timings
     targets: frozenset[str]
-    _pending: dict[str, tuple[str, float]] = field(default_factory=dict)  # target -> (alertname, since)
-    _firing: dict[str, _Firing] = field(default_factory=dict)
+    _rules: dict[str, RuleState] = field(default_factory=dict)  # target -> its alert, pending or firing
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         """Poll the exporter every half poll interval until cancelled."""
@@ -89,26 +80,13 @@ class WebhookRelay:
 
     async def step(self, session: aiohttp.ClientSession, states: dict[str, str], now: float) -> None:
         for name in sorted(self.targets):
-            alertname = ALERT_FOR_STATE.get(states.get(name, ""))
-            firing = self._firing.get(name)
-            if firing and firing.alertname != alertname:
-                await self._send(session, name, firing, "resolved", now)
-                del self._firing[name]
-                firing = None
-            if alertname is None:
-                self._pending.pop(name, None)
-                continue
-            pending = self._pending.get(name)
-            if pending is None or pending[0] != alertname:
-                self._pending[name] = (alertname, now)
-                continue
-            if firing is None and now - pending[1] >= self.timings.rule_for:
-                firing = self._firing[name] = _Firing(alertname, starts_at=pending[1])
-            if firing and (firing.last_sent is None or now - firing.last_sent >= self.timings.repeat_interval):
-                await self._send(session, name, firing, "firing", now)
-                firing.last_sent = now
+            self._rules[name], sent = evaluate(self._rules.get(name, RuleState()), states.get(name), now,
+                                               self.timings.rule_for, self.timings.repeat_interval)
+            for notification in sent:
+                await self._send(session, name, notification, now)
 
-    async def _send(self, session: aiohttp.ClientSession, target: str, firing: _Firing, status: str, now: float) -> None:
+    async def _send(self, session: aiohttp.ClientSession, target: str, firing: Notification, now: float) -> None:
+        status = firing.status
         labels = {"alertname": firing.alertname, "target": target, "severity": "critical",
                   "remediation": "restart", "job": "llm-vitals"}
         alert = {

@@ -305,7 +305,8 @@ class Story:
             await self.until("a fleet_gate refusal", lambda: bool(gate_refusals()))
             end = time.monotonic() + self.t.hold_seconds
             while (left := end - time.monotonic()) > 0:
-                self.status.detail = f"fleet gate holding: 3 of 3 unhealthy, nothing restarted ({left:.0f}s, then the shared cause is 'fixed')"
+                self.status.detail = (f"fleet gate holding: 3 of 3 unhealthy, nothing restarted "
+                                      f"({left:.0f}s, then the shared cause is 'fixed')")
                 await asyncio.sleep(0.25)
         finally:
             cleared_at = time.time()

@@ -10,7 +10,8 @@ from demo.story import Observer, Status
 
 COLUMNS = ("target", "engine", "state", "run/wait", "steps/s", "tok/s", "stuck s", "restarts", "last decision")
 WIDTHS = (11, 9, 12, 9, 8, 8, 8, 8, 0)
-STATE_COLOURS = {"idle": "2", "busy": "34", "stuck": "1;31", "unresponsive": "1;33", "down": "31", "starting": "33"}
+STATE_COLOURS = {"idle": "2", "busy": "34", "stuck": "1;31", "unresponsive": "1;33", "down": "31", "starting": "33",
+                 "asleep": "35"}
 
 
 def _cell(text: str, width: int) -> str:
@@ -46,9 +47,9 @@ def render(observer: Observer, status: Status, header: list[str], colour: bool =
     now = time.time()
     lines = list(header)
     lines.append("")
-    lines.append("  ".join(_cell(c, w) for c, w in zip(COLUMNS, WIDTHS)))
+    lines.append("  ".join(_cell(c, w) for c, w in zip(COLUMNS, WIDTHS, strict=True)))
     for row in rows(observer, now):
-        cells = [_cell(c, w) for c, w in zip(row, WIDTHS)]
+        cells = [_cell(c, w) for c, w in zip(row, WIDTHS, strict=True)]
         if colour and row[2] in STATE_COLOURS:
             cells[2] = f"\x1b[{STATE_COLOURS[row[2]]}m{cells[2]}\x1b[0m"
         lines.append("  ".join(cells))

@@ -14,9 +14,11 @@ from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
+from pydantic import BaseModel
 
 from exporter.collector import build_process_registry, read, render_families
+from exporter.keys import CLOCK, POLLER, REGISTRY, SESSION, SETTINGS, STORE
 from exporter.poller import Poller
 from exporter.settings import ExporterSettings
 from exporter.state import StateStore, target_view
@@ -24,15 +26,10 @@ from exporter.status_page import setup_status_page
 from exporter.verdict import is_started
 from llm_vitals.exposition import TEXT_CONTENT_TYPE
 from llm_vitals.logs import log_event
+from llm_vitals.targets import TargetsAnswer
 
 log = logging.getLogger("llm_vitals.exporter")
 
-SETTINGS = web.AppKey("settings", ExporterSettings)
-STORE = web.AppKey("store", StateStore)
-REGISTRY = web.AppKey("registry", CollectorRegistry)
-CLOCK = web.AppKey("clock", Callable[[], float])
-SESSION = web.AppKey("session", aiohttp.ClientSession)
-POLLER = web.AppKey("poller", Poller)
 
 PROBES = {"startup", "ready", "live"}
 
@@ -99,21 +96,25 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": TEXT_CONTENT_TYPE})
 
 
+def _json(model: BaseModel) -> web.Response:
+    return web.Response(text=model.model_dump_json(), content_type="application/json")
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "targets": len(request.app[STORE].records)})
 
 
 async def list_targets(request: web.Request) -> web.Response:
     now = request.app[CLOCK]()
-    targets = [target_view(record, now) for record in request.app[STORE]]
-    return web.json_response({"targets": targets, "generated_at": round(now, 3)})
+    answer = TargetsAnswer(targets=[target_view(record, now) for record in request.app[STORE]], generated_at=round(now, 3))
+    return _json(answer)
 
 
 async def show_target(request: web.Request) -> web.Response:
     record = request.app[STORE].get(request.match_info["name"])
     if record is None:
         return _unknown(request.match_info["name"])
-    return web.json_response(target_view(record, request.app[CLOCK]()))
+    return _json(target_view(record, request.app[CLOCK]()))
 
 
 async def show_history(request: web.Request) -> web.Response:

@@ -107,7 +107,7 @@ FAMILIES: tuple[Family, ...] = (
            _flag(lambda r, now: r.verdict.up)),
     Family("llm_vitals_state", "gauge",
            "1 for the target's current state, 0 for the others. stuck/unresponsive are candidates for a restart;"
-           " busy is load, never a reason to restart." + _CACHED,
+           " busy is load, never a reason to restart; asleep was put to sleep on purpose (vLLM sleep mode)." + _CACHED,
            lambda r, now: [((each,), 1 if r.verdict.state == each else 0) for each in STATES], ("state",)),
     Family("llm_vitals_requests_running", "gauge", "Requests the engine is running, as last read." + _CACHED,
            _fresh("running")),
@@ -168,7 +168,7 @@ def _help_line(name: str, kind: str, help_text: str) -> str:
 
 
 # Most samples are 0 or 1 (states, flags, zero counters): their text is looked up, not formatted.
-_COMMON_VALUES = {0: "0.0", 1: "1.0"}
+_COMMON_VALUES: dict[float, str] = {0: "0.0", 1: "1.0"}
 
 
 def _number(value: float) -> str:
@@ -183,7 +183,7 @@ def _around_target(names: tuple[str, ...], more: tuple[str, ...]) -> tuple[str, 
 
     Labels are written sorted by name, as prometheus-client does, so `target` goes where it sorts.
     """
-    pairs = sorted(zip(names[1:], more))
+    pairs = sorted(zip(names[1:], more, strict=True))
     before = "".join(f'{k}="{_escape_label(v)}",' for k, v in pairs if k < "target")
     after = "".join(f',{k}="{_escape_label(v)}"' for k, v in pairs if k > "target")
     return before, after

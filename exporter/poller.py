@@ -25,8 +25,9 @@ from exporter.verdict import (
     ModelsOk,
     Observation,
     PollError,
+    canary_due,
+    health_check_due,
     judge,
-    progressed,
     record_canary,
 )
 from llm_vitals.logs import log_event
@@ -85,40 +86,38 @@ class Poller:
     async def poll_once(self, record: TargetRecord) -> None:
         """One poll: observe, judge, cache, log a state change, maybe send a canary."""
         started = time.perf_counter()
-        observation = await self.observe(record)
+        observation, health = await self.observe(record)
         record.poll_duration = time.perf_counter() - started
         self._read_gpu_fault(record)
         now = self.clock()
         before = record.verdict
-        record.verdict = judge(before, observation, now, record.settings)
+        record.verdict = judge(before, observation, now, record.settings, health=health)
         record.polls += 1
         if record.verdict.error_reason:
             record.poll_errors[record.verdict.error_reason] += 1
         record.remember(now)
         self._log_change(record, before)
-        if record.verdict.restarts != before.restarts:
-            # A new process must show it serves before an idle server is ready: canary at once.
-            record.last_canary_sent = None
-        if self._canary_due(record, observation, now):
+        if canary_due(record.verdict, observation, record.last_canary_sent, now, record.settings,
+                      poll_interval=self.settings.poll_interval, in_flight=record.canary_task is not None):
             record.last_canary_sent = now
             record.canary_task = asyncio.create_task(self._canary(record), name=f"canary:{record.name}")
 
-    async def observe(self, record: TargetRecord) -> Observation:
-        """What one poll sees: a Snapshot, the model list, or a PollError. Never raises for upstream trouble."""
+    async def observe(self, record: TargetRecord) -> tuple[Observation, tuple[str, int] | None]:
+        """What one poll sees (a Snapshot, the model list, or a PollError) and `/health`'s status when asked.
+
+        Never raises for upstream trouble.
+        """
         target = record.settings
         try:
             if target.role == "proxy" or engine_of(target.engine).parse is None:
-                return ModelsOk(tuple(await read_models(self.session, target, self.settings.models_timeout)))
+                return ModelsOk(tuple(await read_models(self.session, target, self.settings.models_timeout))), None
             snapshot = await self._read_metrics(record)
-            previous = record.verdict.snapshot
-            if snapshot.pending and previous is not None and not progressed(previous, snapshot):
-                # Work pending and nothing moved: is the engine dead (503) or just slow? /health tells.
-                await self._check_health(record)
+            health = await self._read_health(record) if health_check_due(record.verdict, snapshot) else None
             if not snapshot.pending:
                 await self._check_model_ready(record)
-            return snapshot
+            return snapshot, health
         except PageError as exc:
-            return PollError(exc.reason, exc.detail)
+            return PollError(exc.reason, exc.detail), None
 
     async def _read_metrics(self, record: TargetRecord) -> Snapshot:
         entry = engine_of(record.settings.engine)
@@ -130,10 +129,13 @@ class Poller:
             raise PageError("http_status", f"{entry.metrics_path} answered HTTP {status}")
         return read_page(entry, Page(body, headers))
 
-    async def _check_health(self, record: TargetRecord) -> None:
-        # Only a 503 is news here (the engine's word that it is dead). Any other failure of this
-        # extra read must not replace the page just read: it would make a stuck server `down`, which
-        # liveness never acts on. A server that is really gone fails its next /metrics read.
+    async def _read_health(self, record: TargetRecord) -> tuple[str, int] | None:
+        """The first of the engine's health routes that answers 503, as (path, 503); else the last answer, or None.
+
+        Only a 503 is news to the verdict; a route that does not answer is skipped (a server really
+        gone fails its next metrics read).
+        """
+        seen = None
         for path in engine_of(record.settings.engine).health_paths:
             try:
                 status, _ = await bounded_get(
@@ -142,8 +144,10 @@ class Poller:
                 )
             except PageError:
                 continue
+            seen = (path, status)
             if status == 503:
-                raise PageError("health_503", f"{path} answered 503: the engine is dead")
+                break
+        return seen
 
     async def _check_model_ready(self, record: TargetRecord) -> None:
         # An idle-looking page is idle only once the model can serve: a Triton (re)starting has its
@@ -157,22 +161,6 @@ class Poller:
         )
         if status != 200:
             raise PageError("http_status", f"{path} answered HTTP {status}: the model is not ready")
-
-    def _canary_due(self, record: TargetRecord, observation: Observation, now: float) -> bool:
-        target = record.settings
-        if not target.sends_canary or record.canary_task is not None:
-            return False
-        # Due from half a poll before the interval is up: a canary can only go out with a poll, so
-        # waiting for the full interval made every gap interval + up to one poll (4 s for 3 s on
-        # the real vLLM); with the half-poll allowance the gaps average the configured interval.
-        due_after = target.canary.interval - self.settings.poll_interval / 2
-        if record.last_canary_sent is not None and now - record.last_canary_sent < due_after:
-            return False
-        if isinstance(observation, Snapshot):
-            # The rule that makes the canary safe: only when this very poll saw nothing running or waiting.
-            return not observation.pending
-        # An engine with no /metrics cannot show its load; its models answer is the best we have.
-        return isinstance(observation, ModelsOk) and engine_of(target.engine).parse is None
 
     async def _canary(self, record: TargetRecord) -> None:
         target = record.settings

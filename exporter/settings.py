@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import os
-import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
-from pydantic import AnyHttpUrl, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
+
+from exporter.engines.table import engine_of
 
 # ConfigError is re-exported: the CLI and callers catch it as exporter.settings.ConfigError.
 from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_env_or_file, validate_document
-from exporter.engines.table import engine_of
 from llm_vitals.durations import Duration
+from llm_vitals.validators import ListenAddress, ParsedHttpUrl, TargetName, parse_listen
 
 # The engines of exporter/engines/table.py; a test keeps the two lists equal.
 EngineName = Literal["vllm", "llamacpp", "triton", "sglang", "tgi", "openai"]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -50,14 +51,14 @@ class CanarySettings(_FrozenStrict):
 class TargetSettings(_FrozenStrict):
     """One LLM server (or proxy) to watch."""
 
-    name: str
-    url: AnyHttpUrl
+    name: TargetName
+    url: ParsedHttpUrl
     # Which row of the engine table (exporter/engines/table.py) reads this server.
     engine: EngineName = "vllm"
     role: Literal["backend", "proxy"] = "backend"
     model: str | None = None
     # Where the engine's /metrics page is, when not on `url` (Triton's default: url's host, port 8002).
-    metrics_url: AnyHttpUrl | None = None
+    metrics_url: ParsedHttpUrl | None = None
     api_key_env: str | None = None
     api_key_file: Path | None = None
     stuck_after: Duration = 60.0
@@ -72,13 +73,6 @@ class TargetSettings(_FrozenStrict):
 
     # Resolved at load time from api_key_env / api_key_file; never part of a dump.
     _api_key: SecretStr | None = PrivateAttr(default=None)
-
-    @field_validator("name")
-    @classmethod
-    def _name_is_a_label(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError(f"target name {value!r} must match {_NAME.pattern}")
-        return value
 
     @field_validator("stuck_after")
     @classmethod
@@ -146,7 +140,7 @@ class TargetSettings(_FrozenStrict):
 class ExporterSettings(_FrozenStrict):
     """The whole exporter config file."""
 
-    listen: str = "127.0.0.1:9471"
+    listen: ListenAddress = "127.0.0.1:9471"
     poll_interval: Duration = 5.0
     # Fraction of poll_interval added at random to each wait, so 1,000 targets do not poll in lockstep.
     poll_jitter: float = Field(0.1, ge=0.0, le=1.0)
@@ -160,19 +154,11 @@ class ExporterSettings(_FrozenStrict):
     drain_token_env: str | None = None
     drain_token_file: Path | None = None
     # Not used by the exporter itself: the status page reads it to link to the remediator.
-    remediator_url: AnyHttpUrl | None = None
+    remediator_url: ParsedHttpUrl | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     targets: list[TargetSettings] = Field(min_length=1)
 
     _drain_token: SecretStr | None = PrivateAttr(default=None)
-
-    @field_validator("listen")
-    @classmethod
-    def _listen_is_host_port(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError(f"listen must be HOST:PORT, got {value!r}")
-        return value
 
     @field_validator("poll_interval")
     @classmethod
@@ -194,11 +180,11 @@ class ExporterSettings(_FrozenStrict):
 
     @property
     def host(self) -> str:
-        return self.listen.rpartition(":")[0].strip("[]")
+        return parse_listen(self.listen)[0]
 
     @property
     def port(self) -> int:
-        return int(self.listen.rpartition(":")[2])
+        return parse_listen(self.listen)[1]
 
     @property
     def drain_token(self) -> SecretStr | None:

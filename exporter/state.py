@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from exporter.settings import ExporterSettings, TargetSettings
 from exporter.verdict import Verdict, initial, is_live, is_ready, is_started, recently_unhealthy
+from llm_vitals.targets import CanaryView, TargetView
 
 # Poll-error reasons always exposed (at 0), so `increase()` sees the first error of each kind.
 STANDARD_ERROR_REASONS = ("connect", "timeout", "http_status", "bad_metrics", "too_large")
@@ -38,8 +40,8 @@ class TargetRecord:
         return self.settings.name
 
     def ready(self, now: float) -> bool:
-        """What the readiness probe answers: the verdict's readiness, and no flagged GPU fault."""
-        return is_ready(self.verdict, self.settings, now, self.draining) and self.gpu_fault is None
+        """What the readiness probe answers."""
+        return is_ready(self.verdict, self.settings, now, self.draining, gpu_fault=self.gpu_fault is not None)
 
     def live(self, now: float) -> bool:
         return is_live(self.verdict, self.settings, now)
@@ -65,7 +67,7 @@ class StateStore:
     def get(self, name: str) -> TargetRecord | None:
         return self.records.get(name)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[TargetRecord]:
         return iter(self.records.values())
 
 
@@ -73,47 +75,47 @@ def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def target_view(record: TargetRecord, now: float) -> dict[str, object]:
+def target_view(record: TargetRecord, now: float) -> TargetView:
     """The TARGET JSON of docs/interfaces.md ("Exporter API"). Never holds a secret."""
     verdict, target = record.verdict, record.settings
     snap = verdict.snapshot
     fresh = snap if verdict.up else None  # running/waiting as read by the last poll, not a stale one
-    return {
-        "name": target.name,
-        "engine": target.engine,
-        "role": target.role,
-        "url": target.public_url,
-        "state": verdict.state,
-        "reason": verdict.reason,
-        "detail": verdict.detail,
-        "since": _round(verdict.since),
-        "stuck_seconds": round(verdict.stuck_for(now), 3),
-        "process_start_time": verdict.process_start_time,
-        "last_poll": _round(verdict.last_poll),
-        "up": verdict.up,
-        "ready": record.ready(now),
-        "live": record.live(now),
-        "started": is_started(verdict),
-        "draining": record.draining,
-        "gpu_fault": record.gpu_fault is not None,
-        "gpu_fault_detail": record.gpu_fault,
-        "restarts": verdict.restarts,
-        "last_restart_at": _round(verdict.last_restart_at),
-        "last_unhealthy_at": _round(verdict.last_unhealthy_at),
+    return TargetView(
+        name=target.name,
+        engine=target.engine,
+        role=target.role,
+        url=target.public_url,
+        state=verdict.state,
+        reason=verdict.reason,
+        detail=verdict.detail,
+        since=_round(verdict.since),
+        stuck_seconds=round(verdict.stuck_for(now), 3),
+        process_start_time=verdict.process_start_time,
+        last_poll=_round(verdict.last_poll),
+        up=verdict.up,
+        ready=record.ready(now),
+        live=record.live(now),
+        started=is_started(verdict),
+        draining=record.draining,
+        gpu_fault=record.gpu_fault is not None,
+        gpu_fault_detail=record.gpu_fault,
+        restarts=verdict.restarts,
+        last_restart_at=_round(verdict.last_restart_at),
+        last_unhealthy_at=_round(verdict.last_unhealthy_at),
         # Unhealthy now or within two polls: what the remediator's fleet gate counts.
-        "recently_unhealthy": recently_unhealthy(verdict, now, 2 * record.poll_interval),
-        "running": fresh.running if fresh else None,
-        "waiting": fresh.waiting if fresh else None,
-        "steps_per_second": _round(verdict.steps_per_second),
-        "generation_tokens_per_second": _round(verdict.generation_tokens_per_second),
-        "counters": snap.counters() if snap else {},
-        "canary": {
-            "consecutive_failures": verdict.canary_failures,
-            "last_success": _round(verdict.last_canary_ok),
-            "in_flight": record.canary_task is not None,
-            "results": {result: record.canaries[result] for result in CANARY_RESULTS},
-        },
-        "poll_errors": dict(record.poll_errors),
-        "poll_duration_seconds": _round(record.poll_duration, 4),
-        "polls": record.polls,
-    }
+        recently_unhealthy=recently_unhealthy(verdict, now, 2 * record.poll_interval),
+        running=fresh.running if fresh else None,
+        waiting=fresh.waiting if fresh else None,
+        steps_per_second=_round(verdict.steps_per_second),
+        generation_tokens_per_second=_round(verdict.generation_tokens_per_second),
+        counters=snap.counters() if snap else {},
+        canary=CanaryView(
+            consecutive_failures=verdict.canary_failures,
+            last_success=_round(verdict.last_canary_ok),
+            in_flight=record.canary_task is not None,
+            results={result: record.canaries[result] for result in CANARY_RESULTS},
+        ),
+        poll_errors=dict(record.poll_errors),
+        poll_duration_seconds=_round(record.poll_duration, 4),
+        polls=record.polls,
+    )

@@ -7,13 +7,17 @@ when `remediator_url` is set. The page is for people; machines read `/api/v1/tar
 remediator detail must never become markup.
 
 `render_page()` is pure (data and `now` in, HTML out) so that tests render it without a server;
-`setup_status_page(app)` wires it into the exporter app.
+`setup_status_page(app)` wires it into the exporter app. No handler awaits the remediator: a
+background task reads its decisions once at startup and then every refresh interval, and the page
+renders from that cache.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from typing import Any
@@ -21,11 +25,17 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from exporter.keys import CLOCK, SESSION, SETTINGS, STORE
+from exporter.state import target_view
+from llm_vitals.targets import TargetView
+
+log = logging.getLogger("llm_vitals.exporter")
+
 # The sparkline shows at most this much history (the exporter may keep more, `history_seconds`).
 SPARK_WINDOW_SECONDS = 300.0
 SPARK_MIN_SECONDS = 60.0
 SPARK_WIDTH, SPARK_HEIGHT = 160, 28
-# The remediator is read on every page view: a slow or dead remediator must not slow the page.
+# A slow or dead remediator must not hold the reader (nor the exporter's startup) for long.
 REMEDIATOR_TIMEOUT_SECONDS = 1.0
 ACTIONS_LIMIT = 10
 
@@ -34,6 +44,7 @@ STATE_COLOURS = {
     "busy": "#2563eb",
     "stuck": "#dc2626",
     "unresponsive": "#ea580c",
+    "asleep": "#6d28d9",
     "down": "#7f1d1d",
     "starting": "#a16207",
 }
@@ -103,27 +114,28 @@ def sparkline(points: Iterable[Sequence[Any]], now: float, window: float = SPARK
             f'{"".join(shading)}<polyline points="{line}" fill="none" stroke="#2563eb" stroke-width="1.5"/></svg>')
 
 
-def _target_row(target: Mapping[str, Any], history: Sequence[Sequence[Any]], now: float) -> str:
-    state = str(target.get("state", ""))
+def _target_row(target: TargetView, history: Sequence[Sequence[Any]], now: float) -> str:
+    state = target.state
     colour = STATE_COLOURS.get(state, "#374151")
-    since = target.get("since")
-    in_state = format_duration(now - since) if isinstance(since, (int, float)) else "–"
-    running, waiting = target.get("running"), target.get("waiting")
+    since = target.since
+    in_state = format_duration(now - since) if since is not None else "–"
+    running, waiting = target.running, target.waiting
     load = "–" if running is None or waiting is None else f"{running:g} / {waiting:g}"
-    stuck = target.get("stuck_seconds") or 0.0
-    detail = target.get("detail") or ""
+    stuck = target.stuck_seconds
+    detail = target.detail
     return (
-        f'<tr class="target" data-target="{_text(target.get("name"))}" data-state="{_text(state)}">'
-        f'<td class="name"><span class="nowrap">{_text(target.get("name"))}</span><div class="sub">{_text(target.get("role"))} · {_text(target.get("url"))}</div></td>'
+        f'<tr class="target" data-target="{_text(target.name)}" data-state="{_text(state)}">'
+        f'<td class="name"><span class="nowrap">{_text(target.name)}</span>'
+        f'<div class="sub">{_text(target.role)} · {_text(target.url)}</div></td>'
         f'<td><span class="state" style="background:{colour}">{_text(state)}</span></td>'
-        f'<td class="reason" title="{_text(detail)}">{_text(target.get("reason"))}<div class="sub">{_text(detail)}</div></td>'
+        f'<td class="reason" title="{_text(detail)}">{_text(target.reason)}<div class="sub">{_text(detail)}</div></td>'
         f'<td class="num">{in_state}</td>'
         f'<td class="num">{_text(load)}</td>'
-        f'<td class="num">{_number(target.get("steps_per_second"))}</td>'
+        f'<td class="num">{_number(target.steps_per_second)}</td>'
         f'<td>{sparkline(history, now)}</td>'
-        f'<td class="num">{_number(target.get("generation_tokens_per_second"))}</td>'
+        f'<td class="num">{_number(target.generation_tokens_per_second)}</td>'
         f'<td class="num">{format_duration(stuck) if stuck else "–"}</td>'
-        f'<td class="num">{_text(target.get("restarts", 0))}</td>'
+        f'<td class="num">{_text(target.restarts)}</td>'
         "</tr>"
     )
 
@@ -179,17 +191,17 @@ footer{margin-top:1rem;color:#6b7280;font-size:.78rem}
 
 
 def render_page(
-    targets: Sequence[Mapping[str, Any]],
+    targets: Sequence[TargetView],
     histories: Mapping[str, Sequence[Sequence[Any]]],
     decisions: Decisions | None,
     now: float,
     refresh_seconds: int = 5,
 ) -> str:
-    """The whole page. `targets` are TARGET views (docs/interfaces.md); `histories` maps name -> points."""
-    rows = "".join(_target_row(t, histories.get(str(t.get("name")), ()), now) for t in targets)
+    """The whole page for these targets (`histories` maps a name to its points)."""
+    rows = "".join(_target_row(t, histories.get(t.name, ()), now) for t in targets)
     counts: dict[str, int] = {}
     for target in targets:
-        counts[str(target.get("state"))] = counts.get(str(target.get("state")), 0) + 1
+        counts[target.state] = counts.get(target.state, 0) + 1
     summary = ", ".join(f"{n} {_text(s)}" for s, n in sorted(counts.items()))
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(now))
     return (
@@ -228,29 +240,65 @@ async def fetch_decisions(session: aiohttp.ClientSession, base_url: str, timeout
         return Decisions(note="the remediator's answer has no `actions` list", url=base_url)
     pause = body.get("pause")
     return Decisions(actions=[a for a in actions if isinstance(a, dict)][:ACTIONS_LIMIT], url=base_url,
-                     pause=pause if isinstance(pause, dict) else None)  # fmt: skip
+                     pause=pause if isinstance(pause, dict) else None)
+
+
+@dataclass
+class DecisionsCache:
+    """The remediator's decisions as last read; None when the exporter has no `remediator_url`."""
+
+    latest: Decisions | None = None
+
+
+DECISIONS = web.AppKey("remediator_decisions", DecisionsCache)
+
+
+def refresh_seconds(poll_interval: float) -> int:
+    """How often the page reloads itself, and so how often the remediator's decisions are read."""
+    return max(1, min(10, round(poll_interval)))
+
+
+async def _read_decisions(app: web.Application) -> AsyncIterator[None]:
+    """Fill the DECISIONS cache: once before serving, then every refresh interval, until shutdown."""
+    settings = app[SETTINGS]
+    if settings.remediator_url is None:
+        yield
+        return
+    url, cache = str(settings.remediator_url), app[DECISIONS]
+    cache.latest = await fetch_decisions(app[SESSION], url)
+
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(refresh_seconds(settings.poll_interval))
+            try:
+                cache.latest = await fetch_decisions(app[SESSION], url)
+            except Exception as exc:  # a bug here: logged, shown, and the next read tries again
+                log.exception("reading the remediator's decisions failed unexpectedly")
+                cache.latest = Decisions(note=f"cannot read the remediator: {type(exc).__name__}", url=url)
+
+    task = asyncio.create_task(loop(), name="remediator-decisions")
+    yield
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 def setup_status_page(app: web.Application) -> None:
     """Register `GET /` (the status page) on an exporter app made by `exporter.app.create_app`."""
-    # Imported here, not at module level: exporter.app imports this module.
-    from exporter.app import CLOCK, SESSION, SETTINGS, STORE
-    from exporter.state import target_view
-
     if any(r.method == "GET" and r.resource is not None and r.resource.canonical == "/" for r in app.router.routes()):
         return  # already set up (create_app does it); a second call must not fail
+    app[DECISIONS] = DecisionsCache()
+    app.cleanup_ctx.append(_read_decisions)  # after the client session's: it reads through that session
 
     async def status_page(request: web.Request) -> web.Response:
         app_ = request.app
         settings = app_[SETTINGS]
-        decisions = None
-        if settings.remediator_url is not None:
-            decisions = await fetch_decisions(app_[SESSION], str(settings.remediator_url))
+        decisions = app_[DECISIONS].latest
         now = app_[CLOCK]()
-        records = list(app_[STORE])
+        store = app_[STORE]
+        records = list(store)
         targets = [target_view(record, now) for record in records]
         histories = {record.name: list(record.history) for record in records}
-        refresh = max(1, min(10, round(settings.poll_interval)))
+        refresh = refresh_seconds(settings.poll_interval)
         html = render_page(targets, histories, decisions, now, refresh_seconds=refresh)
         return web.Response(text=html, content_type="text/html", charset="utf-8",
                             headers={"Cache-Control": "no-store"})

@@ -6,23 +6,24 @@ No I/O and no clock of its own: every case is a table test with an injected `now
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from exporter.engines import EngineFacts, Snapshot
 from exporter.engines.table import engine_of
 from exporter.settings import TargetSettings
+from llm_vitals.targets import NOT_READY_STATES, STATES, UNHEALTHY_STATES, PollErrorReason, Reason, State
 
-STATES = ("starting", "idle", "busy", "stuck", "unresponsive", "down")
-NOT_READY_STATES = frozenset({"starting", "down", "stuck", "unresponsive"})
-# The states the remediator's fleet gate counts as unhealthy.
-UNHEALTHY_STATES = frozenset({"stuck", "unresponsive", "down"})
+__all__ = ["NOT_READY_STATES", "STATES", "UNHEALTHY_STATES"]  # re-exported: the verdict's words
+
+# vLLM's sleep levels (POST /sleep?level=N), as a verdict's detail names them.
+SLEEP_LEVEL_WORDS = {1: "weights offloaded to CPU memory", 2: "weights discarded"}
 
 
 @dataclass(frozen=True, slots=True)
 class PollError:
     """A poll that produced no usable reading. `reason` is the `poll_errors_total` label."""
 
-    reason: str
+    reason: PollErrorReason
     detail: str
 
 
@@ -46,15 +47,15 @@ Observation = Snapshot | PollError | ModelsOk
 class Verdict:
     """Everything the exporter believes about one target after its latest poll."""
 
-    state: str
-    reason: str
+    state: State
+    reason: Reason
     detail: str
     since: float  # when the current state began
     first_seen: float  # when the exporter started watching (startup grace counts from here)
     started: bool = False  # has ever been servable
     up: bool = False  # the last poll gave a usable reading
     last_poll: float | None = None
-    error_reason: str | None = None  # set when the last poll failed: the poll_errors_total label
+    error_reason: PollErrorReason | None = None  # set when the last poll failed: the poll_errors_total label
     snapshot: Snapshot | None = None  # last good reading, in the current process lifetime
     snapshot_at: float | None = None
     last_progress: float | None = None  # last read that saw progress, or saw nothing owed
@@ -119,7 +120,7 @@ def same_lifetime(before: Snapshot, after: Snapshot) -> bool | None:
     return None
 
 
-def _move(previous: Verdict, now: float, state: str, reason: str, detail: str, **changes: object) -> Verdict:
+def _move(previous: Verdict, now: float, state: State, reason: Reason, detail: str, **changes: Any) -> Verdict:
     since = previous.since if state == previous.state else now
     last_unhealthy_at = now if state in UNHEALTHY_STATES else previous.last_unhealthy_at
     return replace(previous, state=state, reason=reason, detail=detail, since=since, last_poll=now,
@@ -139,14 +140,29 @@ def recently_unhealthy(verdict: Verdict, now: float, window: float) -> bool:
     return verdict.last_unhealthy_at is not None and now - verdict.last_unhealthy_at <= window
 
 
+def health_check_due(previous: Verdict, snap: Snapshot) -> bool:
+    """Whether this poll should also ask `/health`: work pending and nothing moved since the last read.
+
+    Then the question is whether the engine is dead (vLLM answers 503) or only slow.
+    """
+    base = previous.snapshot
+    return snap.pending and base is not None and not progressed(base, snap)
+
+
 def judge(previous: Verdict | None, observation: Observation, now: float, target: TargetSettings,
-          facts: EngineFacts | None = None) -> Verdict:
+          facts: EngineFacts | None = None, *, health: tuple[str, int] | None = None) -> Verdict:
     """The new verdict for `target` after one poll that saw `observation` at time `now`.
 
     `facts` are the engine table's facts about `target.engine` (given explicitly by table tests).
+    `health` is (route, HTTP status) of the engine's health route in this poll, when it was asked
+    (see `health_check_due`); None when it was not asked or did not answer.
     """
     previous = previous or initial(now)
     facts = facts if facts is not None else engine_of(target.engine).facts
+    if isinstance(observation, Snapshot) and health is not None and health[1] == 503:
+        # The engine's word that it is dead. Any other answer (or none) is no news: it must not
+        # replace the page just read, or a stuck server would read `down`, which liveness never acts on.
+        return _on_error(previous, PollError("health_503", f"{health[0]} answered 503: the engine is dead"), now, target)
     if isinstance(observation, PollError):
         if facts.metrics_unanswered_is_stuck and _unanswered_while_pending(previous, observation):
             return _on_unanswered(previous, observation, now, target)
@@ -156,7 +172,9 @@ def judge(previous: Verdict | None, observation: Observation, now: float, target
     return _on_snapshot(previous, observation, now, target)
 
 
-def _on_error(previous: Verdict, error: PollError, now: float, target: TargetSettings, **changes: object) -> Verdict:
+def _on_error(previous: Verdict, error: PollError, now: float, target: TargetSettings, **changes: Any) -> Verdict:
+    state: State
+    reason: Reason
     if not previous.started and now - previous.first_seen < target.startup_grace:
         state, reason, detail = "starting", "startup", f"not servable yet ({error.reason}: {error.detail})"
     else:
@@ -184,7 +202,7 @@ def _on_unanswered(previous: Verdict, error: PollError, now: float, target: Targ
     reads = previous.reads_without_progress + 1
     last_progress = previous.last_progress if previous.last_progress is not None else now
     stuck_for = now - last_progress
-    state = "stuck" if reads >= 2 and stuck_for >= target.stuck_after else "busy"
+    state: State = "stuck" if reads >= 2 and stuck_for >= target.stuck_after else "busy"
     detail = (f"/metrics accepted the connection and never answered ({error.detail}) while work was pending; "
               f"no progress seen for {stuck_for:.1f}s over {reads} read(s)")
     return _move(previous, now, state, "metrics_unanswered", detail, up=False, error_reason=error.reason,
@@ -233,19 +251,31 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
             restarted = went_backwards(base, snap) is not None
 
     # Counters are compared only within one lifetime; the first read of a lifetime compares nothing.
-    comparable = base is not None and not restarted
-    moved = comparable and progressed(base, snap)
+    same_life = base if not restarted else None
+    comparable = same_life is not None
+    moved = same_life is not None and progressed(same_life, snap)
     elapsed = now - previous.snapshot_at if comparable and previous.snapshot_at is not None else 0.0
     restarts = previous.restarts + (1 if restarted else 0)
-    changes: dict[str, object] = dict(
+    changes: dict[str, Any] = dict(
         up=True, started=True, error_reason=None, snapshot=snap, snapshot_at=now, restarts=restarts,
         last_restart_at=now if restarted else previous.last_restart_at,
-        steps_per_second=_rate(base.steps, snap.steps, elapsed) if comparable else None,
+        steps_per_second=_rate(same_life.steps, snap.steps, elapsed) if same_life else None,
         generation_tokens_per_second=(
-            _rate(base.generation_tokens, snap.generation_tokens, elapsed) if comparable else None
+            _rate(same_life.generation_tokens, snap.generation_tokens, elapsed) if same_life else None
         ),
     )
     load = snap.load()
+
+    if snap.sleep_level:
+        # Put to sleep on purpose (RL frameworks, model-swapping gateways): nothing is owed while it
+        # sleeps, so it is never stuck and never a restart candidate, and it gets no canary (on a
+        # GPU a request to a sleeping vLLM has crashed it: vLLM issue #15483). Not ready, still live.
+        changes.update(last_progress=now, reads_without_progress=0, stuck_seconds=0.0, canary_failures=0)
+        if restarted:
+            changes.update(last_served=None)
+        level = SLEEP_LEVEL_WORDS.get(snap.sleep_level, "")
+        detail = f"engine asleep at level {snap.sleep_level}{f' ({level})' if level else ''}; {load}"
+        return _move(previous, now, "asleep", "asleep", detail, **changes)
 
     if moved:
         changes.update(last_progress=now, last_served=now, reads_without_progress=0, stuck_seconds=0.0,
@@ -258,9 +288,8 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
         # Canary failures and served evidence were about the old process, not this one: an idle
         # restarted server is ready once its own canary answers (the poller sends one at once).
         changes.update(canary_failures=0, last_served=None)
-        reason, detail = "restart", f"process restarted (restart #{restarts}); {load}"
-        state = "busy" if snap.pending else "idle"
-        return _move(previous, now, state, reason, detail, **changes)
+        detail = f"process restarted (restart #{restarts}); {load}"
+        return _move(previous, now, "busy" if snap.pending else "idle", "restart", detail, **changes)
 
     if not snap.pending:
         failures = previous.canary_failures if not moved else 0
@@ -303,9 +332,9 @@ def is_started(verdict: Verdict) -> bool:
     return verdict.started
 
 
-def is_ready(verdict: Verdict, target: TargetSettings, now: float, draining: bool) -> bool:
-    """Readiness: started, not down/stuck/unresponsive, fresh evidence when idle, not draining. Never load."""
-    if draining or not verdict.started or verdict.state in NOT_READY_STATES:
+def is_ready(verdict: Verdict, target: TargetSettings, now: float, draining: bool, gpu_fault: bool = False) -> bool:
+    """Readiness: started, not down/stuck/unresponsive, fresh evidence when idle, not draining, no GPU fault. Never load."""
+    if draining or gpu_fault or not verdict.started or verdict.state in NOT_READY_STATES:
         return False
     if verdict.state == "idle" and target.sends_canary:
         return verdict.last_served is not None and now - verdict.last_served <= target.canary.freshness
@@ -317,3 +346,35 @@ def is_live(verdict: Verdict, target: TargetSettings, now: float) -> bool:
     if verdict.state != "stuck" or verdict.last_progress is None:
         return True
     return now - verdict.last_progress <= target.liveness
+
+
+def canary_due(
+    verdict: Verdict,
+    observation: Observation,
+    last_sent: float | None,
+    now: float,
+    target: TargetSettings,
+    *,
+    poll_interval: float,
+    in_flight: bool = False,
+) -> bool:
+    """May a canary go out with the poll that just judged `observation` into `verdict`?
+
+    The product's key rule: never to a server this very poll saw working, so the canary cannot
+    queue behind the load it guards. `last_sent` is when the previous canary went out (None: never).
+    """
+    if not target.sends_canary or in_flight or verdict.state == "asleep":
+        return False
+    # A canary to the process before the last detected restart says nothing about this one: a
+    # new process must show it serves before an idle server is ready, so its canary goes at once.
+    before_restart = last_sent is not None and verdict.last_restart_at is not None and last_sent < verdict.last_restart_at
+    # Due from half a poll before the interval is up: a canary can only go out with a poll, so
+    # waiting for the full interval made every gap interval + up to one poll (4 s for 3 s on
+    # the real vLLM); with the half-poll allowance the gaps average the configured interval.
+    due_after = target.canary.interval - poll_interval / 2
+    if last_sent is not None and not before_restart and now - last_sent < due_after:
+        return False
+    if isinstance(observation, Snapshot):
+        return not observation.pending
+    # An engine with no /metrics cannot show its load; its models answer is the best we have.
+    return isinstance(observation, ModelsOk) and engine_of(target.engine).parse is None

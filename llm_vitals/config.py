@@ -6,8 +6,9 @@ quotes an input value or a secret's contents: config errors end up in logs, CI o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
@@ -62,7 +63,9 @@ def _key_path(loc: tuple[int | str, ...], document: object, missing: bool = Fals
     key (or index) of the document at that point, and, for a `missing` error, the last part: the key
     to add.
     """
-    parts, node, found = [], document, False
+    parts: list[str | int] = []
+    node: Any = document
+    found = False
     for part in loc:
         found = (isinstance(node, dict) and part in node) or (
             isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node))
@@ -81,10 +84,7 @@ def describe_validation_error(exc: ValidationError, source: str, document: objec
     """
     lines = []
     for error in exc.errors(include_input=False, include_url=False):
-        if error["type"] == "extra_forbidden":
-            problem = "unknown key"
-        else:
-            problem = error["msg"].removeprefix("Value error, ")
+        problem = "unknown key" if error["type"] == "extra_forbidden" else error["msg"].removeprefix("Value error, ")
         key_path = _key_path(error["loc"], document, missing=error["type"] == "missing")
         lines.append(f"{source}: {key_path}: {problem}" if key_path else f"{source}: {problem}")
     return "\n".join(lines)

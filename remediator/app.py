@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
-from typing import AsyncIterator, Callable
 
 import httpx
 from aiohttp import web
@@ -27,13 +27,13 @@ from .executors import Executor
 from .gate import JournalState
 from .journal import Journal
 from .kube import KubeClient, credentials_from
-from .store import StateUnavailable
 from .payload import WebhookPayload, describe_errors
 from .service import Remediator, log
 from .settings import KubernetesSettings, Settings
+from .store import StateUnavailable
 
 SETTINGS = web.AppKey("settings", Settings)
-CLOCK = web.AppKey("clock", Callable[[], float])
+CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 AUTH = web.AppKey("auth", Authenticator)
 SERVICE = web.AppKey("service", Remediator)
 EXECUTORS = web.AppKey("executors", dict)

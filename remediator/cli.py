@@ -8,6 +8,7 @@ import sys
 
 from aiohttp import web
 
+from llm_vitals import exits
 from llm_vitals.logs import log_event, setup_logging
 
 from .journal import JournalBusy
@@ -22,20 +23,18 @@ def main(argv: list[str] | None = None) -> int:
         "per-target budget and a fleet gate, with a durable SQLite journal.",
     )
     parser.add_argument("--config", required=True, help="YAML config file (see remediator/example.yaml)")
-    parser.add_argument("--check-config", action="store_true", help="validate the config and exit")
+    parser.add_argument("--check-config", action="store_true", help="validate the config and exit (0 valid, 1 not)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
 
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
-        # No file name here: every ConfigError message starts with it.
-        print(f"llm-vitals-remediator: invalid config: {exc}", file=sys.stderr)
-        return 2
+        return exits.invalid_config(parser.prog, exc)
     if args.check_config:
         print(f"{args.config}: ok ({len(settings.targets)} targets, auth: "
-              f"{'none' if settings.auth.none else 'required'}, dry_run: {settings.dry_run})")  # fmt: skip
-        return 0
+              f"{'none' if settings.auth.none else 'required'}, dry_run: {settings.dry_run})")
+        return exits.OK
 
     setup_logging(args.log_level)
     # httpx logs every request URL at INFO; ours carry no secrets, but a configured URL might.
@@ -46,13 +45,13 @@ def main(argv: list[str] | None = None) -> int:
 
     host, port = settings.host_port
     log_event(log, "starting", listen=settings.listen, targets=sorted(settings.targets), dry_run=settings.dry_run,
-              auth="none" if settings.auth.none else "required")  # fmt: skip
+              auth="none" if settings.auth.none else "required")
     try:
         web.run_app(create_app(settings), host=host, port=port, print=None, access_log=None)
     except JournalBusy as exc:
         log_event(log, "cannot start", level=logging.ERROR, error=str(exc))
-        return 1
-    return 0
+        return exits.CANNOT_RUN
+    return exits.OK
 
 
 if __name__ == "__main__":

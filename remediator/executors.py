@@ -84,7 +84,7 @@ async def run_argv(argv: list[str], timeout: float, output_limit: int) -> ExecRe
         return ExecResult("error", f"cannot start {argv[0]}: {exc.strerror or exc}")
     try:
         output, _ = await asyncio.wait_for(proc.communicate(), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         _kill_group(proc.pid)
         await proc.wait()
         return ExecResult("timeout", f"{argv[0]} did not finish within {timeout:g}s; killed")
@@ -207,7 +207,7 @@ class KubernetesExecutor:
                         f"{len(names)} pods match {cfg.pod_selector!r}, more than max_pods={cfg.max_pods};"
                         " nothing deleted",
                     )
-                deleted = []
+                deleted: list[str] = []
                 for name in names:
                     response = await client.delete(f"{base}/{quote(name, safe='')}")
                     # 404: already gone, which is what we wanted.

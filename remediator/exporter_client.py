@@ -3,22 +3,24 @@
 Concurrent callers share one in-flight request (single flight), and a successful read is reused
 for `max_age` (default 1 s; the exporter itself polls every few seconds, so a younger read is as
 fresh as "now" gets): a storm of 500 webhooks costs the exporter a handful of reads. Any failure
-(connect, timeout, HTTP status, an answer over the size cap, bad JSON) is reported as `None`,
+(connect, timeout, HTTP status, an answer over the size cap, bad JSON, an answer that is not
+llm_vitals.targets.TargetsAnswer: a state this remediator does not know is doubt) is reported as `None`,
 which the gate reads as "exporter unreachable: do nothing".
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-
-import httpx
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+import httpx
+from pydantic import ValidationError
 
 from llm_vitals.logs import log_event
+from llm_vitals.targets import TargetsAnswer, TargetView
 
 from .executors import redact_url
 from .gate import FleetView, TargetStatus
@@ -27,28 +29,6 @@ log = logging.getLogger("remediator.exporter")
 
 # The exporter's answer is small (one object per target); anything bigger is not it.
 _MAX_BYTES = 8 * 1024 * 1024
-
-
-class _Target(BaseModel):
-    # The exporter may add fields; we read only these.
-    model_config = ConfigDict(extra="ignore")
-    name: str
-    state: str
-    process_start_time: float | None = None
-    last_restart_at: float | None = None  # the exporter's last detected restart (counter reset)
-    gpu_fault: bool = False
-    recently_unhealthy: bool = False
-    engine: str | None = None
-    # A target discovered in Kubernetes: its own pod as the exporter saw it (null otherwise).
-    namespace: str | None = None
-    pod: str | None = None
-    pod_uid: str | None = None
-    node: str | None = None
-
-
-class _Targets(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    targets: list[dict[str, Any]]
 
 
 class ExporterClient:
@@ -91,18 +71,21 @@ class ExporterClient:
             # httpx's timeout is per read; this bounds the whole answer, so an exporter that
             # trickles bytes cannot hold every waiting webhook past `timeout`.
             async with asyncio.timeout(self.timeout):
-                raw = _Targets.model_validate_json(await self._read()).targets
-                parsed = [(_Target.model_validate(t), t) for t in raw]
+                body = await self._read()
+                answer = TargetsAnswer.model_validate_json(body)
+                # The whole object of each target is kept as the journal's evidence.
+                raw = json.loads(body)["targets"]
+                parsed = list(zip(answer.targets, raw, strict=True))
         except (httpx.HTTPError, ValueError, ValidationError, TimeoutError) as exc:
             log_event(log, "exporter unreachable", level=logging.WARNING, url=redact_url(self.url),
-                      error=type(exc).__name__, detail=str(exc)[:200])  # fmt: skip
+                      error=type(exc).__name__, detail=str(exc)[:200])
             return None
         view = FleetView(targets={t.name: status_of(t, whole) for t, whole in parsed})
         self._last = (read_at, view)  # failures are never cached: the next alert asks again
         return view
 
 
-def status_of(target: _Target, whole: dict[str, Any]) -> TargetStatus:
+def status_of(target: TargetView, whole: dict[str, Any]) -> TargetStatus:
     """What the gate reads of one TARGET, with the whole object kept as the journal's evidence."""
     return TargetStatus(
         state=target.state,

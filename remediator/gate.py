@@ -7,15 +7,15 @@ tests drive it with tables. The checks run in the order of DESIGN §4, and the f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
-# States in which the exporter says a target needs help (and which the fleet gate counts).
-UNHEALTHY_STATES = frozenset({"stuck", "unresponsive", "down"})
-RESTARTABLE_STATES = frozenset({"stuck", "unresponsive"})
+from llm_vitals.targets import RESTARTABLE_STATES, UNHEALTHY_STATES, State
 
-REASONS = (
+# The `reason` of every decision: the `..._decisions_total{reason}` label and the journal's word.
+Reason = Literal[
     "not_firing",
     "no_restart_label",
     "unknown_target",
@@ -34,14 +34,15 @@ REASONS = (
     "dry_run",
     "allowed",
     "cordon_and_move",
-)
+]
+REASONS: tuple[Reason, ...] = get_args(Reason)
 # Refusals a human must see on the pod itself (as a Kubernetes Event).
 HUMAN_REFUSALS = frozenset({"gpu_fault", "circuit_open", "fleet_gate"})
 
 
 class Decision(NamedTuple):
     allowed: bool
-    reason: str
+    reason: Reason
     detail: str = ""
 
 
@@ -76,7 +77,7 @@ def dedupe_key(fingerprint: str, starts_at: float) -> tuple[str, float]:
 class TargetStatus:
     """One target as the exporter's `/api/v1/targets` sees it now."""
 
-    state: str
+    state: State
     process_start_time: float | None = None
     last_restart_time: float | None = None
     gpu_fault: bool = False
@@ -302,7 +303,7 @@ def fleet_storm(fleet: FleetView, policy: GatePolicy) -> str | None:
     unhealthy = sum(
         1 for name in names
         if (s := fleet.targets.get(name)) is not None and (s.state in UNHEALTHY_STATES or s.recently_unhealthy)
-    )  # fmt: skip
+    )
     if unhealthy > limit:
         return f"{unhealthy} of {len(names)} targets unhealthy (max {limit})"
     return None
@@ -332,17 +333,16 @@ def effects_of(
     """The state change a decision implies (pure): what the caller must commit before acting."""
     target = alert.target or ""
     storm_at = None
-    if fleet is not None and policy.storm_cooldown > 0 and decision.reason not in _BEFORE_FLEET:
-        if fleet_storm(fleet, policy) is not None and (
-            journal.storm_seen_at is None or now - journal.storm_seen_at >= STORM_RECORD_GRANULARITY
-        ):
-            storm_at = now
+    if (fleet is not None and policy.storm_cooldown > 0 and decision.reason not in _BEFORE_FLEET
+            and fleet_storm(fleet, policy) is not None
+            and (journal.storm_seen_at is None or now - journal.storm_seen_at >= STORM_RECORD_GRANULARITY)):
+        storm_at = now
     if decision.allowed:
         used = restarts_in_window(journal, policy, target, now)
         status = fleet.targets.get(target) if fleet is not None else None
         node = status.node if decision.reason == "cordon_and_move" and status is not None else None
         return Effects(intent=True, open_circuit=used + 1 >= policy.max_restarts, storm_seen_at=storm_at,
-                       gpu_node=node)  # fmt: skip
+                       gpu_node=node)
     opens = decision.reason == "circuit_open" and target not in journal.open_circuits
     return Effects(open_circuit=opens, storm_seen_at=storm_at)
 
@@ -351,4 +351,4 @@ def effects_of(
 _BEFORE_FLEET = frozenset(
     {"not_firing", "no_restart_label", "unknown_target", "duplicate", "paused", "state_unreachable",
      "exporter_unreachable"}
-)  # fmt: skip
+)

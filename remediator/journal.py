@@ -17,9 +17,10 @@ import json
 import logging
 import os
 import sqlite3
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from .gate import AlertFacts, JournalState, dedupe_key
 
@@ -60,7 +61,7 @@ CREATE TABLE IF NOT EXISTS circuits (
 _COLUMNS = (
     "id", "time", "target", "alertname", "fingerprint", "starts_at", "decision",
     "reason", "executor", "result", "detail", "duration_seconds",
-)  # fmt: skip
+)
 # Columns added after the first release: added to an older journal at open.
 _ADDED_COLUMNS = {"evidence": "TEXT", "pre_restart": "TEXT"}
 
@@ -265,7 +266,7 @@ class Journal:
         self._in_progress[action_id] = target
         self._last_started = max(self._last_started or now, now)
         self._last_by_target[target] = now
-        self._restart_times = {**self._restart_times, target: self._restart_times.get(target, ()) + (now,)}
+        self._restart_times = {**self._restart_times, target: (*self._restart_times.get(target, ()), now)}
         if open_circuit:
             self._open = self._open | {target}
         if storm_seen_at is not None:
@@ -339,7 +340,7 @@ class Journal:
                 for target in targets:
                     self._set_circuit(target, False, now)
                     self._insert_row(now, AlertFacts("", {"target": target}, "", 0.0), "circuit_reset",
-                                     "circuit_reset", "reset by an operator", None, None)  # fmt: skip
+                                     "circuit_reset", "reset by an operator", None, None)
 
         await self._run(write)
         self._open = self._open - set(targets)
@@ -359,7 +360,7 @@ class Journal:
             ).fetchone()
             if row is None:
                 return None
-            found = dict(zip(columns, row))
+            found = dict(zip(columns, row, strict=True))
             for column in _ADDED_COLUMNS:
                 found[column] = json.loads(found[column]) if found[column] else None
             return found
@@ -374,7 +375,7 @@ class Journal:
             rows = self._conn.execute(  # type: ignore[union-attr]
                 f"SELECT {', '.join(_COLUMNS)} FROM actions ORDER BY time DESC, id DESC LIMIT ?", (limit,)
             ).fetchall()
-            return [dict(zip(_COLUMNS, row)) for row in rows]
+            return [dict(zip(_COLUMNS, row, strict=True)) for row in rows]
 
         return await self._run(read)
 
@@ -383,7 +384,7 @@ class Journal:
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
-    def _tx(self) -> "_Transaction":
+    def _tx(self) -> _Transaction:
         assert self._conn is not None, "journal is not open"
         return _Transaction(self._conn)
 
@@ -391,7 +392,7 @@ class Journal:
         with self._tx():
             return [self._insert_row(*row) for row in rows]
 
-    def _insert_row(self, now, alert: AlertFacts, decision, reason, detail, executor, result, evidence=None) -> int:  # noqa: ANN001
+    def _insert_row(self, now, alert: AlertFacts, decision, reason, detail, executor, result, evidence=None) -> int:
         cursor = self._conn.execute(  # type: ignore[union-attr]
             "INSERT INTO actions"
             " (time, target, alertname, fingerprint, starts_at, decision, reason, executor, result, detail, evidence)"
@@ -411,7 +412,8 @@ class Journal:
                 evidence,
             ),
         )
-        return int(cursor.lastrowid)
+        assert cursor.lastrowid is not None  # an INSERT always sets it
+        return cursor.lastrowid
 
     def _put_shared(self, key: str, value: object) -> None:
         self._conn.execute(  # type: ignore[union-attr]
@@ -458,5 +460,5 @@ class _Transaction:
         self.conn.execute("BEGIN IMMEDIATE")
         return self.conn
 
-    def __exit__(self, exc_type, exc, tb) -> None:  # noqa: ANN001
+    def __exit__(self, exc_type, exc, tb) -> None:
         self.conn.execute("ROLLBACK" if exc_type else "COMMIT")

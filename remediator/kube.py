@@ -11,7 +11,7 @@ import base64
 import ssl
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +61,8 @@ def _materialise(data: str | None, path: str | None, base: Path) -> str | None:
     if path:
         return str((base / path).resolve())
     if data:
-        handle = tempfile.NamedTemporaryFile(prefix="llm-vitals-kube-", delete=False)
-        handle.write(base64.b64decode(data))
-        handle.close()
+        with tempfile.NamedTemporaryFile(prefix="llm-vitals-kube-", delete=False) as handle:
+            handle.write(base64.b64decode(data))
         return handle.name
     return None
 
@@ -152,7 +151,7 @@ def message_of(response: httpx.Response) -> str:
 
 def micro_time(unix: float) -> str:
     """A MicroTime: exactly six fractional digits (isoformat drops them when they are zero)."""
-    return datetime.fromtimestamp(unix, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.fromtimestamp(unix, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def parse_time(text: str | None) -> float | None:

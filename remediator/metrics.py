@@ -8,7 +8,8 @@ custom collector, so they are right after a restart of the remediator too.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -27,8 +28,8 @@ class RemediatorMetrics:
     def __init__(
         self,
         targets: Iterable[str],
-        journal: "Journal",
-        state: "Callable[[], JournalState] | None" = None,
+        journal: Journal,
+        state: Callable[[], JournalState] | None = None,
         clock: Callable[[], float] = time.time,
     ):
         self.registry = CollectorRegistry(auto_describe=True)
@@ -66,7 +67,7 @@ class _JournalCollector(Collector):
     """
 
     def __init__(
-        self, targets: list[str], journal: "Journal", state: "Callable[[], JournalState]", clock: Callable[[], float]
+        self, targets: list[str], journal: Journal, state: Callable[[], JournalState], clock: Callable[[], float]
     ):
         self.targets = targets
         self.journal = journal

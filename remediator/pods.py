@@ -76,7 +76,7 @@ async def record_event(
         return False
     if response.status_code not in (200, 201):
         log_event(log, "cannot record an Event", level=logging.WARNING, reason=reason,
-                  status=response.status_code, error=message_of(response))  # fmt: skip
+                  status=response.status_code, error=message_of(response))
         return False
     return True
 
@@ -89,7 +89,7 @@ def pod_object(pod: PodRef) -> dict[str, Any]:
 async def pod_event(client: KubeClient, pod: PodRef, reason_word: str, message: str, identity: str) -> bool:
     kind = "Normal" if reason_word == "allowed" else "Warning"
     return await record_event(client, pod_object(pod), pod.namespace, EVENT_REASONS[reason_word], message, kind,
-                              identity)  # fmt: skip
+                              identity)
 
 
 async def delete_pod(client: KubeClient, pod: PodRef) -> ExecResult:
@@ -159,11 +159,11 @@ class CordonAndMoveExecutor:
         steps: list[str] = []
         node_result = await self._cordon(steps)
         if node_result is not None:
-            return ExecResult("error", "; ".join(steps + [node_result]))
+            return ExecResult("error", "; ".join([*steps, node_result]))
         node = {"apiVersion": "v1", "kind": "Node", "name": self.node}
         message = f"GPU fault ({self.fault}): moving pod {self.pod.namespace}/{self.pod.name} off this node"
         if await record_event(self.client, node, "default", EVENT_REASONS["cordon_and_move"], message, "Warning",
-                              self.identity):  # fmt: skip
+                              self.identity):
             steps.append("Event on the node")
         deleted = await delete_pod(self.client, self.pod)
         steps.append(deleted.detail)
@@ -196,7 +196,7 @@ class CordonAndMoveExecutor:
                                         CORDON_REASON: self.fault[:1024]},
                     },
                     "spec": {"unschedulable": True, "taints": taints},
-                }  # fmt: skip
+                }
                 response = await self.client.request("PATCH", path, patch, content_type="application/merge-patch+json")
             except KubeUnavailable as exc:
                 return f"node {self.node}: {exc}"
@@ -207,6 +207,6 @@ class CordonAndMoveExecutor:
             if response.status_code != 200:
                 return f"cordon node {self.node}: HTTP {response.status_code}: {message_of(response)}"
             steps.append(f"node {self.node} cordoned and tainted {GPU_TAINT_KEY}={taint_value(self.fault)}:NoSchedule,"
-                         f" marked {CORDONED_BY}={self.identity}")  # fmt: skip
+                         f" marked {CORDONED_BY}={self.identity}")
             return None
         return f"node {self.node}: still conflicting after 5 tries; not cordoned"

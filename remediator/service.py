@@ -18,8 +18,8 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import httpx
 
@@ -31,12 +31,12 @@ from .exporter_client import ExporterClient
 from .gate import AlertFacts, Decision, FleetView, GatePolicy, JournalState, TargetStatus, TemplateMatch
 from .journal import Journal
 from .kube import KubeClient
-from .pods import CordonAndMoveExecutor, PodExecutor, PodRef, pod_event
-from .shared import Intent
-from .store import CONFLICT_RETRIES, LeaseStore, StateUnavailable
 from .metrics import UNKNOWN_TARGET, RemediatorMetrics
 from .payload import Alert, WebhookPayload
+from .pods import CordonAndMoveExecutor, PodExecutor, PodRef, pod_event
 from .settings import _PERCENT, PreRestart, Settings, TargetTemplate
+from .shared import Intent
+from .store import CONFLICT_RETRIES, LeaseStore, StateUnavailable
 
 log = logging.getLogger("remediator")
 
@@ -178,7 +178,7 @@ class Remediator:
                 now, facts, executor.kind, effects.open_circuit, reason=decision.reason, detail=decision.detail,
                 evidence=status.raw if status else None, storm_seen_at=effects.storm_seen_at,
                 gpu_node=effects.gpu_node,
-            )  # fmt: skip
+            )
             # Straight after the intent: nothing may fail in between and leave a pending
             # intent that never runs, holding `restart_in_progress` until the next start.
             self._start_restart(action_id, facts, executor, None, status)
@@ -226,7 +226,7 @@ class Remediator:
                 action_id = await self.journal.record_intent(
                     now, facts, executor.kind, effects.open_circuit, reason=decision.reason,
                     detail=decision.detail, evidence=status.raw if status else None,
-                )  # fmt: skip
+                )
                 self._start_restart(action_id, facts, executor, intent.holder, status)
                 self._count_allowed(facts, decision, action_id, executor)
                 return decision
@@ -242,18 +242,18 @@ class Remediator:
     def _count_allowed(self, facts: AlertFacts, decision: Decision, action_id: int, executor: Executor) -> None:
         self.metrics.decisions.labels(facts.target, decision.reason).inc()
         log_event(log, "restart allowed", target=facts.target, fingerprint=facts.fingerprint, action_id=action_id,
-                  executor=executor.kind, reason=decision.reason)  # fmt: skip
+                  executor=executor.kind, reason=decision.reason)
 
     def _record(self, facts: AlertFacts, decision: Decision, now: float, status: TargetStatus | None = None) -> None:
         known = facts.target in self.policy.targets or (status is not None and decision.reason != "unknown_target")
         target = facts.target if known else None
         word = decision_word(facts, decision)
         self.journal.record_decision(now, facts, word, decision.reason, decision.detail,
-                                     evidence=status.raw if status is not None else None)  # fmt: skip
+                                     evidence=status.raw if status is not None else None)
         self.metrics.decisions.labels(target or UNKNOWN_TARGET, decision.reason).inc()
         log_event(log, "alert decided", level=logging.DEBUG if decision.reason == "duplicate" else logging.INFO,
                   target=target, fingerprint=facts.fingerprint, decision=word, reason=decision.reason,
-                  detail=decision.detail)  # fmt: skip
+                  detail=decision.detail)
         if decision.reason in gate.HUMAN_REFUSALS and status is not None:
             self._refusal_event(facts, decision, status)
 
@@ -307,7 +307,7 @@ class Remediator:
 
     # -- restarts -----------------------------------------------------------------------------
 
-    def _background(self, coro, name: str) -> None:  # noqa: ANN001
+    def _background(self, coro, name: str) -> None:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -344,7 +344,7 @@ class Remediator:
         began = time.monotonic()
         result = await run_argv(argv, pre.timeout, pre.output_limit)
         record = {"argv": argv, "result": result.result, "output": result.detail,
-                  "duration_seconds": round(time.monotonic() - began, 3)}  # fmt: skip
+                  "duration_seconds": round(time.monotonic() - began, 3)}
         try:
             await self.journal.record_pre_restart(action_id, record)
         except Exception:
@@ -357,7 +357,7 @@ class Remediator:
         self.metrics.duration.labels(target).observe(duration)
         log_event(log, "restart finished", level=logging.INFO if result.result == "ok" else logging.WARNING,
                   target=target, action_id=action_id, result=result.result, duration_seconds=round(duration, 3),
-                  detail=result.detail[:500])  # fmt: skip
+                  detail=result.detail[:500])
         try:
             await self.journal.finish(action_id, result.result, result.detail, duration)
         except Exception:

@@ -9,15 +9,16 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal, Mapping
+from typing import Annotated, Literal
 
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 # ConfigError is re-exported: the CLI and callers catch it as remediator.settings.ConfigError.
 from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_env_or_file, validate_document
 from llm_vitals.durations import Duration
-
+from llm_vitals.validators import HttpUrl, ListenAddress, parse_listen, target_name
 
 # ---------------------------------------------------------------------------------------------
 # Auth
@@ -29,7 +30,7 @@ class BasicAuth(StrictModel):
     password_file: Path | None = None
 
     @model_validator(mode="after")
-    def _one_source(self) -> "BasicAuth":
+    def _one_source(self) -> BasicAuth:
         if (self.password_env is None) == (self.password_file is None):
             raise ValueError("set exactly one of password_env or password_file")
         return self
@@ -48,7 +49,7 @@ class AuthSettings(StrictModel):
     _password: SecretStr | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "AuthSettings":
+    def _exactly_one(self) -> AuthSettings:
         chosen = [
             name
             for name, value in (
@@ -116,16 +117,9 @@ class CommandTarget(StrictModel):
 
 class HttpTarget(StrictModel):
     executor: Literal["http"]
-    url: str
+    url: HttpUrl
     timeout: Duration = 30.0
     pre_restart: PreRestart | None = None
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, url: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", url):
-            raise ValueError("must be an http:// or https:// URL")
-        return url
 
 
 # Docker's own rule for container names (plus 64-hex ids, which it also matches).
@@ -259,7 +253,7 @@ class TemplateMatchConfig(StrictModel):
     name: str | None = Field(default=None, description="a glob over the exporter's target name")
 
     @model_validator(mode="after")
-    def _something(self) -> "TemplateMatchConfig":
+    def _something(self) -> TemplateMatchConfig:
         if self.engine is None and self.namespace is None and self.name is None:
             raise ValueError("set at least one of engine, namespace or name")
         return self
@@ -286,8 +280,8 @@ _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
 
 class Settings(StrictModel):
-    listen: str = "127.0.0.1:9472"
-    exporter_url: str = "http://127.0.0.1:9471"
+    listen: ListenAddress = "127.0.0.1:9472"
+    exporter_url: HttpUrl = "http://127.0.0.1:9471"
     exporter_timeout: Duration = 5.0
     # A successful exporter read is reused this long (the exporter polls every few seconds).
     exporter_max_age: Duration = 1.0
@@ -311,22 +305,14 @@ class Settings(StrictModel):
     kubernetes: KubernetesSettings | None = None
 
     @model_validator(mode="after")
-    def _some_target(self) -> "Settings":
+    def _some_target(self) -> Settings:
         if not self.targets and not self.target_templates:
             raise ValueError("set targets, target_templates or both")
         return self
 
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, listen: str) -> str:
-        parse_listen(listen)
-        return listen
-
     @field_validator("exporter_url")
     @classmethod
     def _exporter_url(cls, url: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", url):
-            raise ValueError("must be an http:// or https:// URL")
         return url.rstrip("/")
 
     @field_validator("max_unhealthy")
@@ -336,8 +322,8 @@ class Settings(StrictModel):
             if value < 0:
                 raise ValueError("must not be negative")
             return value
-        if _PERCENT.match(value):
-            if float(_PERCENT.match(value).group(1)) > 100:
+        if percent := _PERCENT.match(value):
+            if float(percent.group(1)) > 100:
                 raise ValueError("a percentage must be at most 100%")
             return value.strip()
         if value.strip().isdigit():
@@ -348,8 +334,7 @@ class Settings(StrictModel):
     @classmethod
     def _target_names(cls, targets: dict[str, TargetConfig]) -> dict[str, TargetConfig]:
         for name in targets:
-            if not name or len(name) > 128 or not re.match(r"^[A-Za-z0-9_.:-]+$", name):
-                raise ValueError(f"target name {name!r} must be 1-128 of [A-Za-z0-9_.:-]")
+            target_name(name)  # the exporter's `target` label: the same rule
         return targets
 
     def max_unhealthy_count(self) -> int:
@@ -368,14 +353,6 @@ class Settings(StrictModel):
     @property
     def host_port(self) -> tuple[str, int]:
         return parse_listen(self.listen)
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    """`host:port` or `[v6]:port` -> (host, port)."""
-    match = re.match(r"^\[([^\]]+)\]:(\d+)$", listen) or re.match(r"^([^:\s]*):(\d+)$", listen)
-    if not match or not 0 <= int(match.group(2)) <= 65535:
-        raise ValueError(f"listen must be host:port, not {listen!r}")
-    return match.group(1) or "0.0.0.0", int(match.group(2))
 
 
 def build_settings(data: object, environ: Mapping[str, str] | None = None, source: str = "config") -> Settings:

@@ -41,7 +41,7 @@ def with_effects(state: JournalState, effects: Effects, alert: AlertFacts, now: 
             in_progress_expires=intent.expires,
             in_progress_by=intent.holder,
             last_restart_started=max(new.last_restart_started or now, now),
-            restart_times={**new.restart_times, target: new.restart_times.get(target, ()) + (now,)},
+            restart_times={**new.restart_times, target: (*new.restart_times.get(target, ()), now)},
             decided_keys=new.decided_keys | {alert.key},
             decided_at={**new.decided_at, alert.key: now},
         )

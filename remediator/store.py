@@ -12,8 +12,9 @@ and so exactly one replica's intent wins. The Lease's own fields say who holds t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from . import shared
 from .gate import JournalState
@@ -116,7 +117,7 @@ class LeaseStore:
             "annotations": {**(snap.lease.get("metadata", {}).get("annotations") or {}),
                             STATE_ANNOTATION: shared.to_json(new)},
             "labels": {"app.kubernetes.io/name": "llm-vitals-remediator"},
-        }  # fmt: skip
+        }
         if snap.version is not None:
             metadata["resourceVersion"] = snap.version
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}

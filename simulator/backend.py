@@ -20,8 +20,8 @@ from aiohttp import web
 from llm_vitals.logs import log_event
 from simulator.config import SimConfig
 from simulator.driver import EngineDriver
-from simulator.engine_table import add_engine_routes
 from simulator.engine import Engine
+from simulator.engine_table import add_engine_routes
 from simulator.metrics import HttpStats, VllmCollector
 from simulator.server import FaultConflict, create_app
 
@@ -34,12 +34,13 @@ _SHUTDOWN_TIMEOUT = 1.0
 class ServerProcess:
     """One lifetime of a simulated server: engine driver, metrics, app and listening socket."""
 
-    def __init__(self, config: SimConfig, backend: "Backend", start_time: float):
+    def __init__(self, config: SimConfig, backend: Backend, start_time: float):
         self.config = config
         self.start_time = start_time  # process_start_time_seconds
         self.driver = EngineDriver(config)
         self.http = HttpStats(created=time.time())
-        self.collector = VllmCollector(config, self.driver.engine, self.http, start_time, created=time.time())
+        self.collector = VllmCollector(config, self.driver.engine, self.http, start_time, created=time.time(),
+                                       sleep_level=lambda: self.driver.sleep_level)
         self.app = create_app(self, backend)
         add_engine_routes(self.app, config.engine)
         self.runner: web.AppRunner | None = None
@@ -71,7 +72,7 @@ class Backend:
     """A simulated vLLM server on a fixed port, with faults and restarts on command."""
 
     def __init__(self, index: int, config: SimConfig, host: str = "127.0.0.1", port: int = 0,
-                 on_change: Callable[["Backend"], None] | None = None):
+                 on_change: Callable[[Backend], None] | None = None):
         self.index = index
         self.config = config
         self.host = host

@@ -28,7 +28,7 @@ class SimConfig(BaseModel):
     die_close_delay: float = Field(0.1, ge=0, description="seconds /health answers 503 after `die` before the port closes")
 
     @model_validator(mode="after")
-    def _kv_fits_one_request(self) -> "SimConfig":
+    def _kv_fits_one_request(self) -> SimConfig:
         if self.kv_cache_tokens < self.max_model_len:
             raise ValueError(
                 f"kv_cache_tokens ({self.kv_cache_tokens}) must hold at least one full request "

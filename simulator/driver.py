@@ -44,8 +44,11 @@ class EngineDriver:
         self.hung = False
         self.slow_factor = 1.0
         self.dead = False
+        # vLLM's sleep mode (POST /sleep?level=N): 0 awake. A sleeping engine steps nothing and
+        # takes nothing in; what arrives meanwhile waits for /wake_up.
+        self.sleep_level = 0
         self._channels: dict[str, asyncio.Queue[TokenEvent]] = {}
-        self._held: list[Callable[[], None]] = []  # requests/aborts that arrived while hung
+        self._held: list[Callable[[], object]] = []  # requests/aborts that arrived while hung
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -78,9 +81,9 @@ class EngineDriver:
         if self._channels.pop(request_id, None) is not None and not self.dead:
             self._do(lambda: self.engine.abort(request_id, self.clock()))
 
-    def _do(self, operation: Callable[[], None]) -> None:
+    def _do(self, operation: Callable[[], object]) -> None:
         # A hung engine core does not read its input queue: hold the operation until it resumes.
-        if self.hung:
+        if self.hung or self.sleep_level:
             self._held.append(operation)
         else:
             operation()
@@ -89,7 +92,15 @@ class EngineDriver:
     # -- faults -----------------------------------------------------------------------------------
     def set_hung(self, hung: bool) -> None:
         self.hung = hung
-        if not hung:
+        self._release()
+
+    def set_sleep(self, level: int) -> None:
+        """Sleep at `level` (1 weights offloaded, 2 discarded), or wake with 0."""
+        self.sleep_level = level
+        self._release()
+
+    def _release(self) -> None:
+        if not self.hung and not self.sleep_level:
             held, self._held = self._held, []
             for operation in held:
                 operation()
@@ -112,7 +123,7 @@ class EngineDriver:
     async def _run(self) -> None:
         debt = 0.0
         while True:
-            if self.hung or not self.engine.has_work:
+            if self.hung or self.sleep_level or not self.engine.has_work:
                 self._wake.clear()
                 await self._wake.wait()
                 debt = 0.0

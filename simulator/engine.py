@@ -67,7 +67,7 @@ class Histogram:
     def cumulative(self) -> list[tuple[float, int]]:
         """[(upper bound, cumulative count)], the last bound being +Inf, as the exposition wants."""
         out, running = [], 0
-        for bound, count in zip([*self.bounds, math.inf], self.bucket_counts):
+        for bound, count in zip([*self.bounds, math.inf], self.bucket_counts, strict=True):
             running += count
             out.append((bound, running))
         return out

@@ -37,6 +37,9 @@ class SimEngine:
 
 def _vllm_routes(app: web.Application) -> None:
     app.router.add_get("/version", server.version)
+    app.router.add_post("/sleep", server.sleep)
+    app.router.add_post("/wake_up", server.wake_up)
+    app.router.add_get("/is_sleeping", server.is_sleeping)
     app.router.add_get("/load", server.load)
     app.router.add_get("/v1/models", server.models)
     app.router.add_post("/v1/completions", server.completions)

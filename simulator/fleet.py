@@ -23,7 +23,7 @@ from simulator.control import create_control_app
 from simulator.engine_table import sim_engine
 from simulator.proxy import create_proxy_app
 
-__all__ = ["Fleet", "SimConfig", "Backend"]
+__all__ = ["Backend", "Fleet", "SimConfig"]
 
 
 class Fleet:
@@ -51,7 +51,7 @@ class Fleet:
     def backend_urls(self) -> list[str]:
         return [b.url for b in self.backends]
 
-    async def start(self) -> "Fleet":
+    async def start(self) -> Fleet:
         try:
             for backend in self.backends:
                 await backend.start()
@@ -83,7 +83,7 @@ class Fleet:
         else:
             self.all_dead.clear()
 
-    async def __aenter__(self) -> "Fleet":
+    async def __aenter__(self) -> Fleet:
         return await self.start()
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -18,7 +18,7 @@ process_/python_ families are the real ones of the hosting Python process.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
@@ -156,8 +156,9 @@ class VllmCollector:
     """
 
     def __init__(self, config: SimConfig, engine: Engine, http: HttpStats, process_start_time: float,
-                 created: float):
+                 created: float, sleep_level: Callable[[], int] = lambda: 0):
         self.config = config
+        self.sleep_level = sleep_level
         self.engine = engine
         self.http = http
         self.process_start_time = process_start_time
@@ -218,9 +219,10 @@ class VllmCollector:
         yield self._gauge("num_requests_waiting", [(base, engine.num_waiting)])
         yield self._gauge("num_requests_waiting_by_reason",
                           [({**base, "reason": "capacity"}, engine.num_waiting), ({**base, "reason": "deferred"}, 0)])
-        yield self._gauge("engine_sleep_state", [({**base, "sleep_state": "awake"}, 1),
-                                                 ({**base, "sleep_state": "weights_offloaded"}, 0),
-                                                 ({**base, "sleep_state": "discard_all"}, 0)])
+        level = self.sleep_level()
+        yield self._gauge("engine_sleep_state", [({**base, "sleep_state": "awake"}, level == 0),
+                                                 ({**base, "sleep_state": "weights_offloaded"}, level == 1),
+                                                 ({**base, "sleep_state": "discard_all"}, level == 2)])
         yield self._gauge("kv_cache_usage_perc", [(base, engine.kv_cache_usage)])
         yield self._counter("prefix_cache_queries", [(base, stats.prefix_cache_queries)])
         yield self._counter("prefix_cache_hits", one)
@@ -297,4 +299,4 @@ def _le(bound: float) -> str:
 
 def render(collector: VllmCollector) -> bytes:
     """The page's bytes, through prometheus_client's text exposition (the one vLLM uses)."""
-    return generate_latest(collector)  # type: ignore[arg-type]
+    return generate_latest(collector)

@@ -9,14 +9,14 @@ Ties go round-robin; a backend that refuses the connection is skipped (nginx's
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import aiohttp
 from aiohttp import web
 
 BACKEND_URLS_KEY: web.AppKey[Callable[[], Sequence[str]]] = web.AppKey("backend_urls")
 SESSION_KEY: web.AppKey[aiohttp.ClientSession] = web.AppKey("session")
-BALANCER_KEY: web.AppKey["LeastConnections"] = web.AppKey("balancer")
+BALANCER_KEY: web.AppKey[LeastConnections] = web.AppKey("balancer")
 
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
                          "transfer-encoding", "upgrade", "host", "content-length"})
@@ -65,7 +65,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     return web.json_response({"error": f"no backend available ({last_error})"}, status=502)
 
 
-async def _client_session(app: web.Application):  # type: ignore[no-untyped-def]
+async def _client_session(app: web.Application) -> AsyncIterator[None]:
     # No total timeout: completions stream for as long as they take; connecting must be quick.
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=2.0)
     async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as session:

@@ -42,8 +42,8 @@ def json_response(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status, dumps=_compact)
 
 
-PROCESS_KEY: web.AppKey["ServerProcess"] = web.AppKey("process")
-BACKEND_KEY: web.AppKey["Backend"] = web.AppKey("backend")
+PROCESS_KEY: web.AppKey[ServerProcess] = web.AppKey("process")
+BACKEND_KEY: web.AppKey[Backend] = web.AppKey("backend")
 
 FAULTS = ("hang", "die", "restart", "slow", "none")
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -108,7 +108,7 @@ def parse_model(model: type[BaseModel], body: Any) -> Any:
         raise json_error(web.HTTPBadRequest, "; ".join(problems)) from None
 
 
-def apply_fault(backend: "Backend", body: Any) -> dict[str, Any]:
+def apply_fault(backend: Backend, body: Any) -> dict[str, Any]:
     """Shared by /admin/fault and the control server: validate, apply, return the new state."""
     fault = parse_model(FaultRequest, body)
     try:
@@ -117,7 +117,7 @@ def apply_fault(backend: "Backend", body: Any) -> dict[str, Any]:
         raise json_error(web.HTTPConflict, str(exc)) from None
 
 
-def apply_restart(backend: "Backend", body: Any) -> dict[str, Any]:
+def apply_restart(backend: Backend, body: Any) -> dict[str, Any]:
     """Shared by /admin/restart and the control server: validate, start the restart, return the state."""
     restart = parse_model(RestartRequest, body)
     return backend.set_fault("restart", startup_seconds=restart.startup_seconds)
@@ -128,6 +128,26 @@ async def health(request: web.Request) -> web.Response:
     # 200 with an empty body while the engine lives (even hung); 503 once it is known dead.
     process = request.app[PROCESS_KEY]
     return web.Response(status=503 if process.driver.dead else 200)
+
+
+# Sleep mode, as vLLM serves it with --enable-sleep-mode (and VLLM_SERVER_DEV_MODE=1).
+async def sleep(request: web.Request) -> web.Response:
+    process = request.app[PROCESS_KEY]
+    level = request.query.get("level", "1")
+    if level not in ("1", "2"):
+        error = ApiError(400, f"level must be 1 or 2, not {level!r}", param="level")
+        return json_response(error.body(), status=error.status)
+    process.driver.set_sleep(int(level))
+    return web.Response(status=200)
+
+
+async def wake_up(request: web.Request) -> web.Response:
+    request.app[PROCESS_KEY].driver.set_sleep(0)
+    return web.Response(status=200)
+
+
+async def is_sleeping(request: web.Request) -> web.Response:
+    return json_response({"is_sleeping": request.app[PROCESS_KEY].driver.sleep_level > 0})
 
 
 async def version(request: web.Request) -> web.Response:
@@ -273,7 +293,7 @@ async def _server_header(request: web.Request, response: web.StreamResponse) -> 
     response.headers["server"] = "uvicorn"
 
 
-def create_app(process: "ServerProcess", backend: "Backend") -> web.Application:
+def create_app(process: ServerProcess, backend: Backend) -> web.Application:
     """The admin routes of one simulated server lifetime (the engine's own come from its table entry)."""
     app = web.Application(middlewares=[http_stats_middleware], client_max_size=MAX_BODY_BYTES)
     app[PROCESS_KEY] = process

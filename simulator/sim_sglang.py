@@ -63,14 +63,14 @@ def render(process: ServerProcess, active: Counter[str]) -> bytes:
     config, engine = process.config, process.driver.engine
     stats = engine.stats
     scheduler = {"engine_type": "unified", "model_name": config.model, "moe_ep_rank": "0", "pp_rank": "0",
-                 "tp_rank": "0"}  # fmt: skip
+                 "tp_rank": "0"}
     tokenizer = {"engine_type": "unified", "is_streaming": "false", "model_name": config.model}
     decoding = sum(1 for r in engine.running if not r.prefilling)
     used = sum(r.computed_prompt + r.generated for r in engine.running)
     histograms = stats.histograms
-    http_totals: Counter[tuple[str, str]] = Counter()
+    http_totals: dict[tuple[str, str], float] = {}
     for (handler, method, _status), (count, _created) in process.http.requests.items():
-        http_totals[(handler, method)] += count
+        http_totals[(handler, method)] = http_totals.get((handler, method), 0.0) + count
     series: dict[str, list[tuple[dict[str, str], float]]] = {
         "realtime_tokens_total": [({**scheduler, "mode": "prefill_compute"}, stats.prefill_tokens_computed),
                                   ({**scheduler, "mode": "decode"}, stats.generation_tokens)],
@@ -125,7 +125,7 @@ async def models(request: web.Request) -> web.Response:
     return server.json_response({"object": "list", "data": [{
         "id": config.model, "object": "model", "created": int(request.app[server.PROCESS_KEY].start_time),
         "owned_by": "sglang", "root": config.model, "parent": None, "max_model_len": config.max_model_len,
-    }]})  # fmt: skip
+    }]})
 
 
 def _counted(endpoint: str, handler: Handler) -> Handler:

@@ -69,7 +69,7 @@ def read_fixture(name: str) -> str:
     return (VLLM_FIXTURES / name).read_text()
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ARG001
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     """Print how many examples each property test ran (tests/property.py records them)."""
     rows = []
     for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):

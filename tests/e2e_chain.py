@@ -27,7 +27,6 @@ from typing import Any
 import aiohttp
 import httpx
 import yaml
-
 from conftest import free_port
 from stack import (
     EXPORTER_JOB,
@@ -255,7 +254,7 @@ def exporter_config(port: int, names: Sequence[str], urls: Sequence[str], t: Cha
                 "startup_grace": 30,
                 "canary": {"interval": t.canary_interval, "timeout": t.canary_timeout},
             }
-            for name, url in zip(names, urls)
+            for name, url in zip(names, urls, strict=True)
         ],
     }
 
@@ -294,7 +293,7 @@ async def _start_sim(run_dir: Path, client: httpx.AsyncClient, backends: int, t:
             _cli("llm-vitals-sim"), "--port", str(port), "--backends", str(backends),
             "--control-port", str(control_port), "--max-num-seqs", "2", "--tokens-per-second", "50",
             "--startup-seconds", str(t.startup_seconds), "--log-level", "warning",
-        ]  # fmt: skip
+        ]
         return argv, f"http://127.0.0.1:{control_port}/backends"
 
     process, port = await start_on_free_port("simulator", build, run_dir / "simulator.log", client=client)

@@ -182,9 +182,9 @@ async def wait_for(
             if inspect.isawaitable(value):
                 value = await value
             if value:
-                return value  # type: ignore[return-value]
+                return value
             last = value
-        except Exception as exc:  # noqa: BLE001 - "not ready yet", reported on timeout
+        except Exception as exc:
             last = exc
         if time.monotonic() >= deadline:
             extra = f"\n{diagnostics()}" if diagnostics else ""
@@ -217,7 +217,7 @@ class ManagedProcess(Child):
     def returncode(self) -> int | None:
         return self.process.returncode if self.process else None
 
-    async def start(self, client: httpx.AsyncClient, timeout: float = 30) -> None:  # type: ignore[override]
+    async def start(self, client: httpx.AsyncClient, timeout: float = 30) -> None:
         """Start the process and wait until `ready_url` answers 200, or fail with its log."""
         with contextlib.suppress(OSError):
             self._log_start = self.log_path.stat().st_size

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, require_binary
 
 ALERTS = REPO / "alerts"

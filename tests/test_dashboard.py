@@ -11,9 +11,7 @@ import subprocess
 
 import pytest
 import yaml
-
 from conftest import REPO, load_script, require_binary
-
 
 generate = load_script(REPO / "dashboards" / "generate.py")
 queries = load_script(REPO / "dashboards" / "queries.py")
@@ -71,7 +69,7 @@ def test_state_timeline_maps_every_exporter_state():
     timeline = next(p for p in BOARD["panels"] if p["type"] == "state-timeline")
     options = timeline["fieldConfig"]["defaults"]["mappings"][0]["options"]
     assert {o["text"] for o in options.values()} == {
-        "starting", "idle", "busy", "stuck", "unresponsive", "down"}
+        "starting", "idle", "busy", "stuck", "unresponsive", "down", "asleep"}
     for number, option in options.items():
         assert f"* {number}" in timeline["targets"][0]["expr"]
         assert f'state="{option["text"]}"' in timeline["targets"][0]["expr"]

@@ -20,6 +20,7 @@ import urllib.request
 
 import pytest
 from conftest import REPO, free_port, real_stack_required, require_binary
+
 from demo.ports import MIXED_ENGINES
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, require_binary
 
 from exporter.settings import ExporterSettings
-from remediator.settings import DockerTarget, Settings as RemediatorSettings
+from remediator.settings import DockerTarget
+from remediator.settings import Settings as RemediatorSettings
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
 COMPOSE = yaml.safe_load(COMPOSE_FILE.read_text())

@@ -14,7 +14,6 @@ import aiohttp
 import kubernetes_validate
 import pytest
 import yaml
-
 from conftest import REPO, load_script
 
 from exporter.app import create_app
@@ -215,7 +214,7 @@ def test_remediator_rbac_is_exactly_the_verbs_it_uses():
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["llm-vitals-remediator"],
          "verbs": ["get", "update"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
-    ]  # fmt: skip
+    ]
     cluster = _one("ClusterRole", "llm-vitals-remediator")
     assert cluster["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
                                 {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]

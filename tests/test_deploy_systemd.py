@@ -13,7 +13,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from conftest import REPO
 
 SYSTEMD = REPO / "deploy" / "systemd"

@@ -22,7 +22,6 @@ import time
 from collections import Counter
 
 import pytest
-
 from conftest import REPO, load_script
 from e2e_chain import Chain, running_chain
 from stack import StackError, pid_alive
@@ -37,7 +36,7 @@ GATE_REASONS = {
     "not_firing", "no_restart_label", "unknown_target", "duplicate", "exporter_unreachable", "not_stuck",
     "restarted_since_alert", "gpu_fault", "restart_in_progress", "cooldown", "circuit_open", "fleet_gate",
     "dry_run", "allowed",
-}  # fmt: skip
+}
 
 
 def restarts_of(actions: list[dict], name: str | None = None) -> list[dict]:

@@ -59,7 +59,7 @@ def reference_snapshot(text: str) -> Snapshot:
 
 def test_the_real_pages_the_project_keeps_are_all_there() -> None:
     assert {"idle", "busy-1", "busy-2", "scheduler-sigstop", "scheduler-sigstop-2", "detokenizer-sigstop-2",
-            "prefill", "after-prefill", "after-sigkill-scheduler", "restarted-idle", "loading-run1"} <= set(PAGES)  # fmt: skip
+            "prefill", "after-prefill", "after-sigkill-scheduler", "restarted-idle", "loading-run1"} <= set(PAGES)
 
 
 @pytest.mark.parametrize("state", sorted(set(PAGES) - NOT_READY))

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES, VLLM_FIXTURES
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import FIXTURES, VLLM_FIXTURES
 from exporter.engines import Page, PageError
 from exporter.engines.table import engine_of, read_page
 from exporter.engines.triton import canary_wrong, parse_text

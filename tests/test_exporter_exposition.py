@@ -62,7 +62,7 @@ def test_render_matches_on_an_empty_looking_fleet_too() -> None:
 def test_the_page_parses_and_carries_the_varied_facts() -> None:
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(render_vitals(varied_store(), NOW))
-               for s in family.samples}  # fmt: skip
+               for s in family.samples}
     assert samples[("llm_vitals_state", (("state", "stuck"), ("target", "t2")))] == 1
     assert samples[("llm_vitals_stuck_seconds", (("target", "t2"),))] == pytest.approx(75.125)
     assert samples[("llm_vitals_restarts_total", (("target", "t1"),))] == 2
@@ -77,7 +77,7 @@ def test_the_page_parses_and_carries_the_varied_facts() -> None:
 def test_one_piece_per_family_then_the_target_count() -> None:
     pieces = list(render_families([read(record, NOW) for record in varied_store()], NOW))
     assert len(pieces) == len(FAMILIES) + 1
-    for family, piece in zip(FAMILIES, pieces):
+    for family, piece in zip(FAMILIES, pieces, strict=False):
         assert piece.startswith(f"# HELP {family.name} ")
     assert pieces[-1].startswith("# HELP llm_vitals_exporter_targets ")
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
-
 from conftest import VLLM_FIXTURES
+
 from exporter.app import STORE, create_app
 from exporter.settings import ExporterSettings, parse_settings
 

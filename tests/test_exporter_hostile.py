@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import web
-
 from conftest import free_port
 from test_exporter_helpers import BUSY_PAGE, IDLE_PAGE, make_settings, make_target, record, start_exporter, wait_for
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from conftest import VLLM_FIXTURES
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import VLLM_FIXTURES
 from exporter.engines import PageError, Snapshot
 from exporter.engines.vllm import parse_page, parse_text
 from exporter.verdict import progressed

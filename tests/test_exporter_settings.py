@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from exporter.settings import ConfigError, load_settings, parse_settings
 
 DATA = REPO / "tests" / "data"

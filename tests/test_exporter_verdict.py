@@ -181,6 +181,7 @@ def test_rates_never_go_negative_across_a_restart() -> None:
 
 def test_sigstop_fixture_pages_become_stuck() -> None:
     from conftest import VLLM_FIXTURES
+
     from exporter.engines.vllm import parse_page
 
     frozen = parse_page((VLLM_FIXTURES / "vllm-0.32.0-cpu-metrics-enginecore-sigstop.txt").read_bytes())
@@ -253,3 +254,78 @@ def test_liveness_fails_only_when_stuck_past_the_budget() -> None:
     assert not is_live(stuck, settings, START + 121)
     down = run([(0, snap()), (5, PollError("connect", "refused"))], settings)[-1]
     assert is_live(down, settings, START + 10_000)
+
+
+def test_health_503_with_a_frozen_page_is_down_any_other_answer_is_no_news() -> None:
+    settings = target()
+    frozen = snap(running=2, steps=5)
+    first = judge(None, frozen, START, settings)
+    dead = judge(first, frozen, START + 5, settings, health=("/health", 503))
+    assert (dead.state, dead.reason, dead.up, dead.detail) == ("down", "health_503", False,
+                                                               "/health answered 503: the engine is dead")
+    for other in (("/health", 200), ("/health", 500), None):  # a slow or failing /health must not turn stuck into down
+        verdict = judge(first, frozen, START + 5, settings, health=other)
+        assert verdict.state == "busy" and verdict.up
+
+
+@pytest.mark.parametrize(
+    ("state", "draining", "gpu_fault", "ready"),
+    [
+        ("busy", False, False, True),
+        ("busy", True, False, False),
+        ("busy", False, True, False),  # a GPU fault: not ready, whatever the counters say
+        ("served idle", False, False, True),
+        ("served idle", False, True, False),
+        ("stuck", False, False, False),
+        ("asleep", False, False, False),
+    ],
+)
+def test_readiness_table(state: str, draining: bool, gpu_fault: bool, ready: bool) -> None:
+    settings = target()
+    verdicts = {
+        "busy": run([(0, snap(running=1, steps=1)), (5, snap(running=1, steps=2))], settings)[-1],
+        "served idle": run([(0, snap()), (5, CanaryOutcome("ok"))], settings)[-1],
+        "stuck": run([(0, snap(running=1)), (35, snap(running=1)), (65, snap(running=1))], settings)[-1],
+        "asleep": run([(0, snap()), (5, CanaryOutcome("ok")), (65, Snapshot(running=0, waiting=0, sleep_level=1))],
+                      settings)[-1],
+    }
+    assert is_ready(verdicts[state], settings, START + 65, draining, gpu_fault=gpu_fault) is ready
+
+
+def _asleep(level: int = 1, **kw: float) -> Snapshot:
+    return Snapshot(**{"running": 0, "waiting": 0, "steps": 5, "generation_tokens": 9, "process_start_time": PST, **kw},
+                    sleep_level=level)
+
+
+@pytest.mark.parametrize(("rows", "state", "reason", "detail"), [
+    ([(0, _asleep(1))], "asleep", "asleep", "engine asleep at level 1 (weights offloaded to CPU memory); running 0, waiting 0"),
+    ([(0, _asleep(2))], "asleep", "asleep", "engine asleep at level 2 (weights discarded); running 0, waiting 0"),
+    # Requests queued at a sleeping engine go nowhere: that is sleep, not a hang, however long.
+    ([(0, _asleep(1, waiting=3)), (70, _asleep(1, waiting=3)), (140, _asleep(1, waiting=3))], "asleep", "asleep",
+     "engine asleep at level 1 (weights offloaded to CPU memory); running 0, waiting 3"),
+    # Woken: judged afresh, the stuck clock starting at the wake.
+    ([(0, _asleep(1, waiting=3)), (140, _asleep(1, waiting=3)), (145, snap(waiting=3, steps=5, gen=9))],
+     "busy", "waiting_for_progress", None),
+    ([(0, snap(steps=5, gen=9)), (5, _asleep(1)), (10, snap(steps=5, gen=9))], "idle", "idle", None),
+])
+def test_a_sleeping_engine_is_asleep_never_stuck(rows, state: str, reason: str, detail: str | None) -> None:
+    settings = target()
+    verdict = run(rows, settings)[-1]
+    assert (verdict.state, verdict.reason) == (state, reason)
+    if detail is not None:
+        assert verdict.detail == detail
+    at = START + rows[-1][0]
+    if state == "asleep":
+        assert not is_ready(verdict, settings, at, draining=False)
+        assert is_live(verdict, settings, at)
+        assert not recently_unhealthy(verdict, at, 10.0)  # the fleet gate does not count it
+
+
+def test_canaries_that_failed_before_sleep_do_not_make_it_unresponsive_after() -> None:
+    settings = target()
+    awake = snap(steps=5, gen=9)
+    rows: list[tuple[float, object]] = [(0, awake), (1, CanaryOutcome("timeout")), (2, CanaryOutcome("timeout")),
+                                        (5, _asleep(1)), (10, awake), (11, CanaryOutcome("timeout"))]
+    verdicts = run(rows, settings)
+    assert [v.state for v in verdicts] == ["idle", "idle", "idle", "asleep", "idle", "idle"]
+    assert verdicts[-1].canary_failures == 1

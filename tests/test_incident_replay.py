@@ -6,11 +6,8 @@ and the remediator's gate in about a second, with no sleeping, and is determinis
 
 from __future__ import annotations
 
-
 import pytest
-
 from conftest import REPO, load_script
-
 
 replay_module = load_script(REPO / "bench" / "incident_replay.py")
 # 6 hours, seed 5: three batch episodes, long enough for the chat watchdog to give up on a busy server.

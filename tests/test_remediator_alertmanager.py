@@ -42,7 +42,7 @@ async def test_real_alertmanager_delivers_one_restart_and_the_resolution(aiohttp
         "receivers": [{"name": "remediator", "webhook_configs": [{
             "url": str(remediator.make_url("/webhook")), "send_resolved": True,
             "http_config": {"authorization": {"type": "Bearer", "credentials_file": str(token_file)}}}]}],
-    }  # fmt: skip
+    }
     (tmp_path / "am.yml").write_text(yaml.safe_dump(am_config))
     (tmp_path / "am-data").mkdir()
     port = free_port()
@@ -52,7 +52,7 @@ async def test_real_alertmanager_delivers_one_restart_and_the_resolution(aiohttp
             binary, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am-data'}",
             f"--web.listen-address=127.0.0.1:{port}", f"--web.external-url={am_url}/", "--cluster.listen-address=",
             stdout=log, stderr=log,
-        )  # fmt: skip
+        )
     try:
         async with httpx.AsyncClient(trust_env=False, timeout=5) as http:
 
@@ -60,13 +60,13 @@ async def test_real_alertmanager_delivers_one_restart_and_the_resolution(aiohttp
                 return (await http.get(f"{am_url}/-/ready")).status_code == 200
 
             await wait_for(ready, 30, what="Alertmanager to be ready")
-            starts = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=90)
+            starts = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=90)
             alert = {
                 "labels": {"alertname": "LLMServerStuck", "target": "a", "remediation": "restart",
                            "severity": "critical", "job": "llm-vitals"},
                 "annotations": {"summary": "a is stuck"},
                 "startsAt": starts.isoformat(),
-            }  # fmt: skip
+            }
             # Posted twice, as an HA pair of Prometheus servers would.
             for _ in range(2):
                 assert (await http.post(f"{am_url}/api/v2/alerts", json=[alert])).status_code == 200
@@ -82,7 +82,7 @@ async def test_real_alertmanager_delivers_one_restart_and_the_resolution(aiohttp
             assert abs(restart["starts_at"] - starts.timestamp()) < 0.01
             assert restarter.calls == 1
 
-            alert["endsAt"] = dt.datetime.now(dt.timezone.utc).isoformat()
+            alert["endsAt"] = dt.datetime.now(dt.UTC).isoformat()
             assert (await http.post(f"{am_url}/api/v2/alerts", json=[alert])).status_code == 200
 
             async def resolved():
@@ -97,7 +97,7 @@ async def test_real_alertmanager_delivers_one_restart_and_the_resolution(aiohttp
             am.send_signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(am.wait(), 10)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 os.kill(am.pid, signal.SIGKILL)
                 await am.wait()
     assert TOKEN not in (tmp_path / "am.log").read_text()

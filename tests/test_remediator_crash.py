@@ -30,7 +30,7 @@ class RemediatorProcess:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "remediator", "--config", str(self.config), "--log-level", "debug",
                 cwd=REPO, stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )  # fmt: skip
+            )
         return self.proc
 
     async def kill(self) -> None:

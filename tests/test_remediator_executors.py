@@ -29,7 +29,7 @@ async def test_command_runs_argv_without_a_shell_and_keeps_output(tmp_path):
     executor = CommandExecutor(CommandTarget(executor="command", argv=[
         sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write('x'); print('restarted', sys.argv[2])",
         str(marker), "$(echo not-expanded; touch /tmp/pwned)",
-    ]))  # fmt: skip
+    ]))
     result = await executor.restart()
     assert result.result == "ok" and marker.exists()
     assert result.detail.strip() == "restarted $(echo not-expanded; touch /tmp/pwned)"
@@ -37,7 +37,7 @@ async def test_command_runs_argv_without_a_shell_and_keeps_output(tmp_path):
 
 async def test_command_failure_keeps_the_exit_status_and_truncated_output():
     executor = CommandExecutor(CommandTarget(executor="command", output_limit=100, argv=[
-        sys.executable, "-c", "import sys; sys.stdout.write('e' * 5000); sys.exit(3)"]))  # fmt: skip
+        sys.executable, "-c", "import sys; sys.stdout.write('e' * 5000); sys.exit(3)"]))
     result = await executor.restart()
     assert result.result == "error"
     assert result.detail.startswith("exit status 3: " + "e" * 100 + "... [4900 more bytes]")
@@ -165,7 +165,7 @@ async def test_docker_restarts_the_container_over_the_unix_socket(docker_engine)
     socket_path, calls = docker_engine
     unversioned = DockerExecutor(DockerTarget(executor="docker", container="vllm-c", socket_path=socket_path))
     pinned = DockerExecutor(DockerTarget(executor="docker", container="vllm-c", socket_path=socket_path,
-                                         api_version="1.43", stop_timeout=10))  # fmt: skip
+                                         api_version="1.43", stop_timeout=10))
     assert (await unversioned.restart()).result == "ok"
     assert (await pinned.restart()).result == "ok"
     assert calls == [("/containers/vllm-c/restart", {"t": "30"}), ("/v1.43/containers/vllm-c/restart", {"t": "10"})]
@@ -206,7 +206,7 @@ def make_self_signed(directory: Path) -> tuple[Path, Path]:
          "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=kubernetes",
          "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
         check=True, capture_output=True, timeout=30,
-    )  # fmt: skip
+    )
     return cert, key
 
 
@@ -220,7 +220,7 @@ async def kube_api(aiohttp_server, tls_files, tmp_path):
     """A loopback Kubernetes API: list pods by label selector, delete a pod, bearer token required."""
     cert, key = tls_files
     state = {"pods": {"llm": {"vllm-d-0": {"app": "vllm", "shard": "d"}, "vllm-e-0": {"app": "vllm", "shard": "e"},
-                              "vllm-e-1": {"app": "vllm", "shard": "e"}}}, "calls": []}  # fmt: skip
+                              "vllm-e-1": {"app": "vllm", "shard": "e"}}}, "calls": []}
 
     def matches(labels: dict, selector: str) -> bool:
         return all(labels.get(k) == v for k, v in (term.split("=", 1) for term in selector.split(",")))
@@ -231,7 +231,7 @@ async def kube_api(aiohttp_server, tls_files, tmp_path):
             return web.json_response({"kind": "Status", "message": "Unauthorized", "code": 401}, status=401)
         pods = state["pods"].get(request.match_info["ns"], {})
         items = [{"metadata": {"name": n, "namespace": request.match_info["ns"], "labels": lab}}
-                 for n, lab in pods.items() if matches(lab, request.query["labelSelector"])]  # fmt: skip
+                 for n, lab in pods.items() if matches(lab, request.query["labelSelector"])]
         return web.json_response({"kind": "PodList", "apiVersion": "v1", "items": items})
 
     async def delete_pod(request: web.Request) -> web.Response:
@@ -253,7 +253,7 @@ async def kube_api(aiohttp_server, tls_files, tmp_path):
     token = tmp_path / "token"
     token.write_text(SA_TOKEN + "\n")
     state["config"] = dict(executor="kubernetes", namespace="llm", api_url=f"https://127.0.0.1:{server.port}",
-                           token_path=token, ca_path=cert)  # fmt: skip
+                           token_path=token, ca_path=cert)
     return state
 
 
@@ -295,5 +295,5 @@ async def test_kubernetes_verifies_the_api_server_against_the_ca(kube_api, tmp_p
     assert result.result == "error" and "CERTIFICATE_VERIFY_FAILED" in result.detail
     assert kube_api["calls"] == []  # the request never reached the handler
     missing = await KubernetesExecutor(KubernetesTarget(**{**kube_api["config"], "token_path": tmp_path / "nope"},
-                                                        pod_selector="app=vllm")).restart()  # fmt: skip
+                                                        pod_selector="app=vllm")).restart()
     assert missing.result == "error" and "cannot read the service account token" in missing.detail

@@ -10,6 +10,7 @@ from remediator.gate import (
     REASONS,
     AlertFacts,
     Decision,
+    Effects,
     FleetView,
     GatePolicy,
     JournalState,
@@ -17,7 +18,6 @@ from remediator.gate import (
     TemplateMatch,
     decide,
     effects_of,
-    Effects,
 )
 
 T0 = 1_800_000_000.0
@@ -128,11 +128,11 @@ CASES = [
      JournalState(last_restart_started=T0 - 10), MOVING, T0, "cooldown"),
     ("gpu move under fleet gate", POD_ALERT, fleet(**{"llm/p1": GPU_POD}, b=TargetStatus("stuck", OLD),
      c=TargetStatus("down", None)), JOURNAL, MOVING, T0, "fleet_gate"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("alert, fleet_view, journal, policy, now, reason", [c[1:] for c in CASES],
-                         ids=[c[0] for c in CASES])  # fmt: skip
+                         ids=[c[0] for c in CASES])
 def test_gate_reason(alert, fleet_view, journal, policy, now, reason):
     decision = decide(alert, fleet_view, journal, policy, now)
     assert decision.reason == reason, decision
@@ -203,11 +203,11 @@ EFFECT_CASES = [
     ("gpu move marks the node", POD_ALERT, fleet(**{"llm/p1": GPU_POD}), JOURNAL, MOVING,
      Effects(intent=True, gpu_node="node-a")),
     ("duplicate: nothing", ALERT, FLEET, JournalState(decided_keys=frozenset({ALERT.key})), POLICY, Effects()),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("alert, fleet_view, journal, policy, expected", [c[1:] for c in EFFECT_CASES],
-                         ids=[c[0] for c in EFFECT_CASES])  # fmt: skip
+                         ids=[c[0] for c in EFFECT_CASES])
 def test_effects_of_a_decision(alert, fleet_view, journal, policy, expected):
     decision = decide(alert, fleet_view, journal, policy, T0)
     assert effects_of(decision, alert, fleet_view, journal, policy, T0) == expected

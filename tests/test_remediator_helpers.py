@@ -36,7 +36,7 @@ def target_json(name: str, state: str = "idle", **over: Any) -> dict[str, Any]:
         "restarts": 0, "running": 2, "waiting": 4, "steps_per_second": 0.0,
         "generation_tokens_per_second": 0.0,
         "counters": {"steps": 1, "generation_tokens": 2, "prompt_tokens": 3, "finished": 4, "kv_usage": 0.3},
-    }  # fmt: skip
+    }
     body.update(over)
     return body
 

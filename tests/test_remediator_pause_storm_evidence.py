@@ -61,7 +61,7 @@ async def test_a_pause_ends_by_itself_at_its_until(remediator, restarter):  # no
     ({"until": True, "reason": "x"}, "until: an RFC 3339 time or unix seconds is required"),
     ({"until": 2e9, "reason": "x", "by": "me"}, 'expected {"until": TIME, "reason": TEXT}'),
     ([], 'expected {"until": TIME, "reason": TEXT}'),
-])  # fmt: skip
+])
 async def test_a_bad_pause_gets_422_with_its_reason(remediator, body, message):  # noqa: F811
     client = await remediator()
     response = await client.post("/api/v1/pause", json=body, headers=AUTH)
@@ -160,7 +160,7 @@ async def test_refusals_keep_the_evidence_too_and_unknown_actions_are_404(remedi
 
 def _pod_target(name: str, namespace: str, state: str = "stuck", **over):
     return target_json(name, state, namespace=namespace, pod=name.split("/")[-1], pod_uid="uid-" + name,
-                       node="node-a", **over)  # fmt: skip
+                       node="node-a", **over)
 
 
 @pytest.fixture
@@ -186,13 +186,13 @@ async def test_templates_take_the_exporters_targets_by_engine_namespace_and_name
         kubernetes={"kubeconfig": kubeconfig},
         target_templates=[{"match": {"namespace": "llm", "engine": "vllm", "name": "llm/vllm-*"},
                            "executor": "kubernetes"}],
-    )  # fmt: skip
+    )
     reasons = {}
     for i, name in enumerate(["llm/vllm-0", "dev/vllm-0", "llm/tgi-0", "llm/nothing", "a"]):
-        status, body = await post(client, alert_payload(name, fingerprint=f"f{i}"))
+        _, body = await post(client, alert_payload(name, fingerprint=f"f{i}"))
         reasons[name] = body["decisions"][0]["reason"]
     assert reasons == {"llm/vllm-0": "dry_run", "dev/vllm-0": "unknown_target", "llm/tgi-0": "unknown_target",
-                       "llm/nothing": "unknown_target", "a": "dry_run"}  # fmt: skip
+                       "llm/nothing": "unknown_target", "a": "dry_run"}
     assert await metric(client, 'llm_vitals_remediator_decisions_total{reason="dry_run",target="llm/vllm-0"}') == 1
     assert await metric(client, 'llm_vitals_remediator_decisions_total{reason="unknown_target",target="(unknown)"}') == 3
 
@@ -201,7 +201,7 @@ async def test_gpu_fault_on_a_template_target_is_refused_by_default(remediator, 
     exporter.targets["llm/vllm-0"] = _pod_target("llm/vllm-0", "llm", gpu_fault=True)
     client = await remediator(kubernetes={"kubeconfig": kubeconfig},
                               target_templates=[{"match": {"namespace": "llm"}, "executor": "kubernetes"}])
-    status, body = await post(client, alert_payload("llm/vllm-0"))
+    _, body = await post(client, alert_payload("llm/vllm-0"))
     assert body["decisions"][0]["reason"] == "gpu_fault"
     # The Event for it goes to an API server that is not there: logged, the answer is unaffected.
     await client.service.wait_idle()

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+from llm_vitals import exits
 from remediator.cli import main
 from remediator.settings import ConfigError, build_settings, load_settings
 
@@ -52,7 +53,7 @@ def test_max_unhealthy_count(value, targets, count):
             "auth": {"none": True},
             "max_unhealthy": value,
             "targets": {f"t{i}": {"executor": "http", "url": "http://x:1/"} for i in range(targets)},
-        }  # fmt: skip
+        }
     )
     assert settings.max_unhealthy_count() == count
 
@@ -77,10 +78,10 @@ def test_check_config_cli(capsys, monkeypatch):
     assert main(["--config", str(EXAMPLE), "--check-config"]) == 0
     assert "ok (4 targets" in capsys.readouterr().out
     monkeypatch.delenv("LLM_VITALS_WEBHOOK_TOKEN")
-    assert main(["--config", str(EXAMPLE), "--check-config"]) == 2
+    assert main(["--config", str(EXAMPLE), "--check-config"]) == exits.CANNOT_RUN == 1  # as the exporter's
     assert capsys.readouterr().err == (
         f"llm-vitals-remediator: invalid config: {EXAMPLE}: auth.bearer_token_env: "
         "environment variable LLM_VITALS_WEBHOOK_TOKEN is not set\n"
     )
-    assert main(["--config", "/nonexistent.yaml", "--check-config"]) == 2
+    assert main(["--config", "/nonexistent.yaml", "--check-config"]) == exits.CANNOT_RUN
     assert "invalid config: /nonexistent.yaml: cannot read: No such file or directory" in capsys.readouterr().err

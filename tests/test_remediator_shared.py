@@ -29,7 +29,7 @@ def test_only_the_holder_releases_its_restart():
 
 def test_storm_circuit_and_gpu_node_effects():
     state = shared.with_effects(JournalState(), Effects(open_circuit=True, storm_seen_at=T0, gpu_node="n1"), ALERT,
-                                T0, None)  # fmt: skip
+                                T0, None)
     assert state.open_circuits == {"llm/p1"} and state.storm_seen_at == T0 and state.gpu_nodes == {"n1"}
     assert shared.circuits_reset(state, ["llm/p1"]).open_circuits == frozenset()
 
@@ -47,7 +47,7 @@ def test_pruning_forgets_old_restarts_and_keys_and_caps_the_keys():
 
 def test_json_round_trip_keeps_everything():
     state = shared.with_effects(JournalState(), Effects(intent=True, open_circuit=True, storm_seen_at=T0,
-                                                        gpu_node="n1"), ALERT, T0, INTENT)  # fmt: skip
+                                                        gpu_node="n1"), ALERT, T0, INTENT)
     state = shared.paused_state(state, T0 + 600, "upgrade")
     assert shared.from_json(shared.to_json(state)) == state
     assert shared.from_json(None) == JournalState() == shared.from_json("")

@@ -48,7 +48,7 @@ async def test_storm_of_400_posts_for_two_stuck_targets_runs_exactly_one_restart
 
     same_a = [alert_payload("a", fingerprint="fa") for _ in range(200)]
     same_b = [alert_payload("b", fingerprint="fb") for _ in range(200)]
-    storm = [p for pair in zip(same_a, same_b) for p in pair]
+    storm = [p for pair in zip(same_a, same_b, strict=True) for p in pair]
     answers = await asyncio.gather(*(post(p) for p in storm))
 
     assert {status for status, _ in answers} == {200}

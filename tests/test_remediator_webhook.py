@@ -95,7 +95,7 @@ async def test_stuck_alert_with_real_alertmanager_headers_restarts_once(remediat
     assert row["decision"] == "restart" and row["result"] == "ok" and row["executor"] == "http"
     assert row["target"] == "a" and row["alertname"] == "LLMServerStuck" and row["duration_seconds"] >= 0
     assert set(row) == {"id", "time", "target", "alertname", "fingerprint", "starts_at", "decision", "reason",
-                        "executor", "result", "detail", "duration_seconds"}  # fmt: skip
+                        "executor", "result", "detail", "duration_seconds"}
     assert await metric(client, 'llm_vitals_remediator_decisions_total{reason="allowed",target="a"}') == 1
     assert await metric(client, 'llm_vitals_remediator_restarts_total{result="ok",target="a"}') == 1
     assert await metric(client, 'llm_vitals_remediator_last_restart_timestamp_seconds{target="a"}') == client.clock.now
@@ -133,7 +133,7 @@ async def test_truncated_payload_handles_the_alerts_it_carries(remediator, resta
 async def test_missing_or_wrong_credentials_get_401(remediator, restarter):
     client = await remediator()
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN},
-                    {"Authorization": f"Basic {base64.b64encode(b'x:' + TOKEN.encode()).decode()}"}):  # fmt: skip
+                    {"Authorization": f"Basic {base64.b64encode(b'x:' + TOKEN.encode()).decode()}"}):
         response = await client.post("/webhook", json=alert_payload("a"), headers=headers)
         assert response.status == 401
         assert response.headers["WWW-Authenticate"].startswith("Bearer")

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import pytest
-from pydantic import AfterValidator, BaseModel, Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 import exporter.settings
 import remediator.settings
@@ -279,3 +279,15 @@ def test_exporter_and_remediator_word_the_same_problem_the_same_way(tool, extra,
     with pytest.raises(ConfigError) as caught:
         load(extra, environ)
     assert str(caught.value) == message.format(token_key=token_key)
+
+
+@pytest.mark.parametrize("tool", ["exporter", "remediator"])
+def test_both_clis_exit_with_the_same_codes(tool: str, tmp_path: Path, capsys) -> None:
+    from llm_vitals import exits
+
+    main = __import__(f"{tool}.cli", fromlist=["main"]).main
+    assert main(["--config", str(tmp_path / "absent.yaml"), "--check-config"]) == exits.CANNOT_RUN == 1
+    assert capsys.readouterr().err.startswith(f"llm-vitals-{tool}: invalid config: ")
+    with pytest.raises(SystemExit) as usage:
+        main(["--no-such-option"])
+    assert usage.value.code == exits.USAGE == 2

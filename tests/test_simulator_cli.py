@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 
 import httpx
-
 from conftest import REPO, free_port
+
 from simulator.cli import main
 
 

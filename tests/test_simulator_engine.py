@@ -9,7 +9,7 @@ from simulator.engine import Engine, SimRequest, buckets_1_2_5
 
 
 def engine_with(**overrides: object) -> Engine:
-    return Engine(SimConfig(**overrides))  # type: ignore[arg-type]
+    return Engine(SimConfig(**overrides))
 
 
 def submit(engine: Engine, count: int, prompt: int = 10, max_tokens: int = 1000, now: float = 0.0) -> None:
@@ -152,6 +152,6 @@ def test_config_rejects_nonsense():
     with pytest.raises(ValueError):
         SimConfig(max_num_seqs=0)
     with pytest.raises(ValueError):
-        SimConfig(typo_field=1)  # type: ignore[call-arg]
+        SimConfig(typo_field=1)
     with pytest.raises(ValueError):
         SimConfig(max_model_len=4096, kv_cache_tokens=1024)

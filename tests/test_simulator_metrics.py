@@ -7,13 +7,13 @@ import time
 
 import httpx
 import pytest
+from conftest import VLLM_FIXTURES, read_fixture
 from prometheus_client.parser import text_string_to_metric_families
 
 from simulator.config import SimConfig
 from simulator.engine import Engine, SimRequest
 from simulator.fleet import Fleet
 from simulator.metrics import HttpStats, VllmCollector, render
-from conftest import VLLM_FIXTURES, read_fixture
 
 REAL_PAGES = ["vllm-0.32.0-cpu-metrics-idle.txt", "vllm-0.32.0-cpu-metrics-busy.txt"]
 # The configuration of the captured server, so that even bucket bounds and info labels can match.

@@ -21,9 +21,9 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sglang"
 REAL_PAGES = ["sglang-0.5.23-cpu-metrics-idle.txt", "sglang-0.5.23-cpu-metrics-busy-1.txt"]
 ADAPTER_FAMILIES = {"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_used_tokens",
                     "sglang:realtime_tokens", "sglang:cuda_graph_passes", "sglang:generation_tokens",
-                    "sglang:prompt_tokens", "sglang:num_requests", "sglang:http_requests_active"}  # fmt: skip
+                    "sglang:prompt_tokens", "sglang:num_requests", "sglang:http_requests_active"}
 CONFIG = SimConfig(engine="sglang", model="tiny-llama", max_num_seqs=2, max_num_batched_tokens=64,
-                   tokens_per_second=200.0, prefill_tokens_per_second=400.0)  # fmt: skip
+                   tokens_per_second=200.0, prefill_tokens_per_second=400.0)
 
 
 def families(text: str) -> dict[str, tuple[str, dict[str, frozenset[str]]]]:
@@ -60,7 +60,7 @@ async def test_every_family_served_is_on_the_real_page_with_the_same_type_and_la
         url = fleet.backend_urls[0]
         await client.post(url + "/v1/completions", json=completion(3))
         simulated = families((await client.get(url + "/metrics")).text)
-    assert ADAPTER_FAMILIES <= set(simulated)
+    assert set(simulated) >= ADAPTER_FAMILIES
     for name, (kind, samples) in simulated.items():
         assert name in real, f"{name} is not on the real page"
         real_kind, real_samples = real[name]
@@ -114,7 +114,7 @@ async def test_health_is_503_only_after_its_timeout_while_hung(monkeypatch: pyte
 
 async def test_a_restart_resets_the_counters_and_there_is_no_start_time() -> None:
     async with Fleet(CONFIG.model_copy(update={"startup_seconds": 0.0}), backends=1, control=False) as fleet, \
-            httpx.AsyncClient(timeout=10) as client:  # fmt: skip
+            httpx.AsyncClient(timeout=10) as client:
         backend, url = fleet.backends[0], fleet.backend_urls[0]
         await client.post(url + "/v1/completions", json=completion(5))
         text, before = await read(client, url)

@@ -9,15 +9,15 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 from conftest import FIXTURES
+from prometheus_client.parser import text_string_to_metric_families
+from test_exporter_helpers import make_settings, make_target, record, start_exporter, wait_for
+
 from exporter.engines import Page
 from exporter.engines.table import engine_of, read_page
 from simulator.config import SimConfig
 from simulator.fleet import Fleet
 from simulator.sim_triton import exporter_target
-from test_exporter_helpers import make_settings, make_target, record, start_exporter, wait_for
 
 REAL_IDLE = (FIXTURES / "triton" / "triton-2.51.0-cpu-metrics-idle.txt").read_text()
 INFER = {"inputs": [{"name": "max_tokens", "shape": [1, 1], "datatype": "INT32", "data": [3]}]}
@@ -32,9 +32,8 @@ def shape(text: str) -> dict[str, tuple[str, frozenset[str]]]:
 
 
 async def test_the_simulated_page_has_the_real_pages_names_types_and_labels() -> None:
-    async with Fleet(SimConfig(engine="triton"), backends=1, control=False) as fleet:
-        async with httpx.AsyncClient(timeout=10) as client:
-            text = (await client.get(fleet.backend_urls[0] + "/metrics")).text
+    async with Fleet(SimConfig(engine="triton"), backends=1, control=False) as fleet, httpx.AsyncClient(timeout=10) as client:
+        text = (await client.get(fleet.backend_urls[0] + "/metrics")).text
     assert shape(text) == shape(REAL_IDLE)
     # In Triton's order, and its counters as written (no `_total`), which prometheus-client hides.
     real_names = [line.split()[2] for line in REAL_IDLE.splitlines() if line.startswith("# TYPE")]

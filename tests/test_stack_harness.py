@@ -16,7 +16,6 @@ import httpx
 import pytest
 import yaml
 from aiohttp import web
-
 from conftest import require_binary
 from stack import (
     EXPORTER_JOB,

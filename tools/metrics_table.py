@@ -22,9 +22,9 @@ END = "<!-- metrics-table:end -->"
 
 sys.path.insert(0, str(REPO))  # run from a checkout without installing, too
 
-from exporter.collector import VitalsCollector
-from exporter.settings import parse_settings
-from exporter.state import StateStore
+from exporter.collector import VitalsCollector  # noqa: E402 -- after the sys.path line above
+from exporter.settings import parse_settings  # noqa: E402
+from exporter.state import StateStore  # noqa: E402
 
 
 def _cell(text: str) -> str:

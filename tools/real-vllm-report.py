@@ -42,9 +42,9 @@ def table(report: dict) -> list[str]:
             d["name"], d.get("outcome", "?"), fmt_seconds(d.get("seconds")), det.get("what", "-"),
             fmt_seconds(det.get("seconds")), "-" if sent is None else f"{sent:g}" + (f" ({by})" if by else ""),
             states_of(d.get("timeline") or []),
-        ))  # fmt: skip
+        ))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return lines
 
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
     settings = ", ".join(f"{k}={v}" for k, v in engine.items() if k not in ("version", "starts", "leftover_pids_after_stop"))
     print(f"== real-{name} drills ({engine.get('version', '?')}, {settings}; "
           f"exporter poll {exp.get('poll_interval')} s, stuck_after {exp.get('stuck_after')} s, "
-          f"canary every {exp.get('canary_interval')} s)")  # fmt: skip
+          f"canary every {exp.get('canary_interval')} s)")
     print(f"{name} starts (to ready): {starts}")
     for line in table(report):
         print(line)

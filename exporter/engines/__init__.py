@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from llm_vitals.targets import PollErrorReason
+
 if TYPE_CHECKING:
     from exporter.settings import TargetSettings
 
@@ -58,6 +60,9 @@ class Snapshot:
     # Gauges that, above 0, mean work is owed even while running and waiting read 0 (SGLang's long
     # chunked prefill): the server is busy, never idle, and never gets a canary.
     busy_signs: Signals = ()
+    # The engine says it was put to sleep (vLLM's sleep mode): 0 awake, else its sleep level
+    # (vLLM: 1 weights offloaded to CPU memory, 2 weights discarded). A sleeping engine is `asleep`.
+    sleep_level: int = 0
 
     # The counters that only ever grow within one process lifetime.
     MONOTONE = ("steps", "generation_tokens", "prompt_tokens", "finished")
@@ -91,7 +96,7 @@ class Snapshot:
 class PageError(Exception):
     """A page that cannot be turned into a snapshot. `reason` is the poll-error label."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: PollErrorReason, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail

@@ -51,9 +51,10 @@ class Scanner:
             if not _NAME_CHARS.fullmatch(name):
                 raise ValueError(f"not a metric name: {name!r}")
         alternation = _trie(self.names)
-        # A sample line: line start, any blanks, the name followed by a blank or `{`, an optional
+        # A sample line: line start, any blanks, the name followed by a blank (a lone CR too, as
+        # prometheus-client reads it) or `{`, an optional
         # label set, then the rest of the line (value, timestamp, exemplar).
-        self._pattern = re.compile(rf"\n\s*({alternation})(?=[ \t{{])[ \t]*({_LABEL_SET})?([^\n]*)")
+        self._pattern = re.compile(rf"\n\s*({alternation})(?=[ \t\r{{])[ \t\r]*({_LABEL_SET})?([^\n]*)")
 
     def scan(self, text: str) -> dict[str, list[Sample]]:
         """The wanted samples by name, in page order; PageError("bad_metrics") for a line that is not a sample."""

@@ -66,7 +66,7 @@ WORK_ROUTES = frozenset({
     "/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
     "/v1/embeddings", "/encode", "/classify", "/v1/score", "/v1/rerank", "/invocations",
     "/v1/audio/transcriptions",
-})  # fmt: skip
+})
 
 _SCANNER = Scanner((RUNNING, QUEUED, USED_TOKENS, REALTIME_TOKENS, STEPS, GENERATION_TOKENS, PROMPT_TOKENS,
                     FINISHED, HTTP_ACTIVE))

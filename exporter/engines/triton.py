@@ -94,7 +94,7 @@ def parse_text(text: str) -> Snapshot:
     used, most = _labelled(blocks, "kv_cache_block_type", "used"), _labelled(blocks, "kv_cache_block_type", "max")
     executions = _total(EXEC_COUNT, found[EXEC_COUNT])
     more = [("request_failure", _total(FAILURE, found.get(FAILURE, []))),
-            ("compute_infer_duration_us", _total(COMPUTE_INFER, found[COMPUTE_INFER]))]  # fmt: skip
+            ("compute_infer_duration_us", _total(COMPUTE_INFER, found[COMPUTE_INFER]))]
     if iterations is not None:
         more.append(("exec_count", executions))  # the steps are TensorRT-LLM's iterations then
     return Snapshot(

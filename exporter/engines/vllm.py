@@ -14,7 +14,8 @@ which is held to prometheus-client's values by a property test. A sample of the 
     process_start_time_seconds 1.79622199191e+09
 
 Pending: running + waiting. Progress: steps, tokens, finished requests, KV usage. Restart: the
-start time, else a counter reset (it is absent with --api-server-count > 1).
+start time, else a counter reset (it is absent with --api-server-count > 1). Sleep mode:
+`vllm:engine_sleep_state{sleep_state="awake|weights_offloaded|discard_all"}`, 1 for the state now.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import math
 
 from exporter.engines import Engine, PageError, Snapshot
-from exporter.engines.scan import Scanner, decode, show
+from exporter.engines.scan import Sample, Scanner, decode, show
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -33,10 +34,32 @@ FINISHED = "vllm:request_success_total"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 KV_USAGE_BEFORE_0_10 = "vllm:gpu_cache_usage_perc"
 START_TIME = "process_start_time_seconds"
+# Sleep mode (`--enable-sleep-mode`): one series per sleep_state, at 1 for the engine's state now.
+SLEEP_STATE = "vllm:engine_sleep_state"
+SLEEP_LEVELS = {"awake": 0, "weights_offloaded": 1, "discard_all": 2}
 
 
 SCANNER = Scanner((RUNNING, WAITING, STEPS, GENERATION_TOKENS, PROMPT_TOKENS, FINISHED, KV_USAGE,
-                    KV_USAGE_BEFORE_0_10, START_TIME))
+                   KV_USAGE_BEFORE_0_10, START_TIME, SLEEP_STATE))
+
+
+def sleep_level(samples: list[Sample]) -> int:
+    """The sleep level a page shows (0 awake): asleep only when every engine sleeps, at the lightest level among them.
+
+    Each engine has one series per `sleep_state`, the one at 1 naming its state. An engine with
+    no series at 1 counts as awake: a sleeping server gets no canary, so `asleep` must be what
+    the page says, never a guess.
+    """
+    levels: dict[str, int] = {}
+    engines: set[str] = set()
+    for sample in samples:
+        labels = sample.labels()
+        engine = labels.get("engine", "")
+        engines.add(engine)
+        level = SLEEP_LEVELS.get(labels.get("sleep_state", ""))
+        if level is not None and sample.value == 1:
+            levels[engine] = min(levels.get(engine, level), level)
+    return min((levels.get(engine, 0) for engine in engines), default=0)
 
 
 def sample_values(text: str) -> dict[str, list[float]]:
@@ -53,7 +76,8 @@ def _required(name: str, values: list[float]) -> list[float]:
 
 def parse_text(text: str) -> Snapshot:
     """Turn a vLLM `/metrics` page into a Snapshot, summed over engines; raises PageError."""
-    found = sample_values(text)
+    scanned = SCANNER.scan(text)
+    found = {name: [sample.value for sample in samples] for name, samples in scanned.items()}
     if RUNNING not in found or WAITING not in found:
         missing = RUNNING if RUNNING not in found else WAITING
         raise PageError("bad_metrics", f"no {missing} on the page (not a vLLM /metrics page?)")
@@ -75,6 +99,7 @@ def parse_text(text: str) -> Snapshot:
         # A usage fraction is not additive across data-parallel engines: report their mean.
         kv_usage=sum(kv_values) / len(kv_values) if kv_values else None,
         process_start_time=start_times[0] if start_times else None,
+        sleep_level=sleep_level(scanned.get(SLEEP_STATE, [])),
     )
 
 

@@ -15,7 +15,6 @@ import signal
 import time
 
 import pytest
-
 from real_vllm.drill_report import Report
 from real_vllm.exporter_process import (
     CANARY_INTERVAL_S,

@@ -10,7 +10,6 @@ import random
 import time
 
 import httpx
-
 from real_vllm.load import FIRST_ORDINARY_TOKEN, VOCAB, Load, engine_counter, start_load
 
 from .sglang_server import CONTEXT_LENGTH

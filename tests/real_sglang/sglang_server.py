@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 import psutil
-
 from real_vllm.vllm_server import VllmServer, lower_priority
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +30,7 @@ def _cache_root() -> Path:
     out = subprocess.run(
         ["bash", str(REPO / "tools" / "cache-path.sh"), "sglang", SGLANG_VERSION],
         check=True, capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+    )
     return Path(out.stdout.strip())
 
 
@@ -116,7 +115,7 @@ class SglangServer(VllmServer):
             "--max-running-requests", str(MAX_RUNNING_REQUESTS), "--max-total-tokens", "131072",
             "--context-length", str(CONTEXT_LENGTH), "--chunked-prefill-size", str(CHUNKED_PREFILL_SIZE),
             "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
-        ]  # fmt: skip
+        ]
 
     def ready(self, client: httpx.Client) -> bool:
         """Ready once /health is 200: it runs a 1-token generation through the whole engine.

@@ -13,7 +13,6 @@ import time
 from collections import Counter
 
 import httpx
-
 from real_vllm.drill_report import Drill
 from real_vllm.exporter_process import (
     CANARY_INTERVAL_S,
@@ -25,6 +24,7 @@ from real_vllm.exporter_process import (
     ExporterProcess,
     Watcher,
 )
+
 # The vLLM drills' helpers over exporter samples are engine-neutral.
 from real_vllm.test_real_vllm_drills import canary_delta, detection_seconds, restarts_total, wait_idle
 
@@ -78,7 +78,7 @@ def test_engine_serves_the_tiny_model_and_its_metrics(sglang: SglangServer):
     assert [m["id"] for m in models["data"]] == [SERVED_MODEL]
     text = page(sglang.url)
     for family in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:realtime_tokens_total",
-                   "sglang:cuda_graph_passes_total", "sglang:num_used_tokens", "sglang:http_requests_active"):  # fmt: skip
+                   "sglang:cuda_graph_passes_total", "sglang:num_used_tokens", "sglang:http_requests_active"):
         assert family in text, family
     answer = httpx.post(
         f"{sglang.url}/v1/completions",
@@ -248,7 +248,7 @@ def test_detokenizer_stopped_keeps_the_engine_busy_and_health_green(
     sglang_abort(sglang, load)
     drill.timeline = watcher.timeline(t0)
     drill.facts = {"stopped_for_s": round(t_cont - t_stop, 1), "health_while_stopped": health,
-                   "states_while_stopped": sorted({s.state for s in stopped})}  # fmt: skip
+                   "states_while_stopped": sorted({s.state for s in stopped})}
     assert {s.state for s in stopped} <= {"busy"}, drill.timeline
 
 
@@ -337,7 +337,7 @@ def test_kill_scheduler_is_down_with_a_reason(sglang: SglangServer, watcher: Wat
     drill.timeline = watcher.timeline(t0)
     samples = watcher.since(t0)
     drill.canaries = {"sent": sum(canary_delta(samples[0], samples[-1]).values()),
-                      "by_result": canary_delta(samples[0], samples[-1])}  # fmt: skip
+                      "by_result": canary_delta(samples[0], samples[-1])}
     drill.facts = {
         "reason": down.reason,
         "launcher_exit_status": launcher_status,

@@ -76,5 +76,5 @@ def test_the_kernel_stand_in_raises_on_any_call(tmp_path):
         "try:\n    k.copy_all_layer_kv_cache_cpu()\nexcept NotImplementedError as e:\n    print(e)\n"
     )
     result = subprocess.run(["python3", "-c", code], env={**os.environ, "PYTHONPATH": str(shim)},
-                            capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+                            capture_output=True, text=True, timeout=30, check=True)
     assert result.stdout.strip() == "sgl_kernel shim: sgl_kernel.kvcacheio.copy_all_layer_kv_cache_cpu is not implemented"

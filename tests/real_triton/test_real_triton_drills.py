@@ -12,7 +12,6 @@ import time
 from collections import Counter
 
 import httpx
-
 from real_vllm.drill_report import Drill
 from real_vllm.exporter_process import (
     ExporterProcess,
@@ -83,7 +82,7 @@ def test_smoke_server_has_v2_routes_metrics_port_and_no_v1_models(triton: Triton
         assert answer.json()["outputs"][0]["data"] == [3]
         page = client.get(triton.metrics_url).text
     for family in (PENDING, "nv_inference_exec_count", "nv_inference_request_success", "nv_inference_request_failure",
-                   "nv_inference_compute_infer_duration_us"):  # fmt: skip
+                   "nv_inference_compute_infer_duration_us"):
         assert f"\n{family}{{" in page, family
 
 
@@ -252,7 +251,7 @@ def test_kill_tritonserver_is_down_with_a_reason(triton: TritonServer, watcher: 
     drill.timeline = watcher.timeline(t0)
     samples = watcher.since(t0)
     drill.canaries = {"sent": sum(canary_delta(samples[0], samples[-1]).values()),
-                      "by_result": canary_delta(samples[0], samples[-1])}  # fmt: skip
+                      "by_result": canary_delta(samples[0], samples[-1])}
     drill.facts = {
         "reason": down.reason,
         "in_flight_statuses": dict(Counter(str(o.status) for o in outcomes)),

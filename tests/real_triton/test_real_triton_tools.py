@@ -49,7 +49,7 @@ def test_drills_are_not_collected_without_the_opt_in():
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests/real_triton"],
         cwd=REPO, env=env, check=False, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    )
     assert "test_real_triton_drills.py" not in result.stdout
     assert "test_real_triton_tools.py" in result.stdout
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import httpx
 import psutil
+from real_vllm.vllm_server import _signal, tail
 
 from demo.ports import free_port
-from real_vllm.vllm_server import _signal, tail
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("LLM_VITALS_CACHE", REPO / ".cache"))  # reports and logs, under the clone
@@ -160,7 +160,7 @@ class TritonServer:
             str(venv_path() / "bin" / "python"), str(SERVER_SCRIPT),
             "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
             "--metrics-port", str(self.metrics_port),
-        ]  # fmt: skip
+        ]
         self._proc = subprocess.Popen(
             argv,
             cwd=str(LOG_DIR),

@@ -30,8 +30,8 @@ from .exporter_process import (
 from .load import (
     engine_counter,
     long_generations,
-    requests_queued_longer_than,
     long_prompts,
+    requests_queued_longer_than,
     start_load,
     wait_engine_busy,
 )
@@ -63,7 +63,7 @@ def test_engine_serves_the_tiny_model_and_its_metrics(vllm: VllmServer):
     assert [m["id"] for m in models["data"]] == [SERVED_MODEL]
     page = httpx.get(f"{vllm.url}/metrics", timeout=20).text
     for family in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:iteration_tokens_total_count",
-                   "vllm:generation_tokens_total", "vllm:kv_cache_usage_perc", "process_start_time_seconds"):  # fmt: skip
+                   "vllm:generation_tokens_total", "vllm:kv_cache_usage_perc", "process_start_time_seconds"):
         assert family in page, family
     answer = httpx.post(
         f"{vllm.url}/v1/completions",
@@ -245,7 +245,7 @@ def test_kill_enginecore_is_down_with_a_reason(vllm: VllmServer, watcher: Watche
     drill.timeline = watcher.timeline(t0)
     samples = watcher.since(t0)
     drill.canaries = {"sent": sum(canary_delta(samples[0], samples[-1]).values()),
-                      "by_result": canary_delta(samples[0], samples[-1])}  # fmt: skip
+                      "by_result": canary_delta(samples[0], samples[-1])}
     drill.facts = {
         "reason": down.reason,
         "api_server_exit_status": api_status,

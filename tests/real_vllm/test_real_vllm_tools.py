@@ -78,7 +78,7 @@ def test_drills_are_not_collected_without_the_opt_in(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests/real_vllm"],
         cwd=REPO, env=env, check=False, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    )
     assert "test_real_vllm_drills.py" not in result.stdout
     assert "test_real_vllm_tools.py" in result.stdout
 

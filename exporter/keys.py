@@ -1,0 +1,20 @@
+"""The exporter app's typed keys, in a module of their own so that the app and its pages share them without importing each other."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from exporter.poller import Poller
+from exporter.settings import ExporterSettings
+from exporter.state import StateStore
+
+SETTINGS = web.AppKey("settings", ExporterSettings)
+STORE = web.AppKey("store", StateStore)
+REGISTRY = web.AppKey("registry", CollectorRegistry)
+CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+POLLER = web.AppKey("poller", Poller)

@@ -1,0 +1,122 @@
+"""The exporter's TARGET JSON (`GET /api/v1/targets`): one model, written by the exporter, read by the remediator and the status page.
+
+The states and the reasons a verdict can carry are listed here once, as Literals, so the writer is
+type-checked against the same words the readers validate.
+
+To add a field: give it a default (None, False, {} ...) so that an exporter without it still
+validates, document it with `Field(description=...)`, and regenerate the schema:
+`python -m llm_vitals.targets > docs/target-view.schema.json` (tests/test_target_view.py fails
+until the file matches).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+State = Literal["starting", "idle", "busy", "stuck", "unresponsive", "down", "asleep"]
+STATES: tuple[State, ...] = get_args(State)
+# The states the remediator's fleet gate counts as unhealthy.
+UNHEALTHY_STATES: frozenset[State] = frozenset({"stuck", "unresponsive", "down"})
+# The states the remediator may restart from (`down` only for a user-labelled down alert).
+RESTARTABLE_STATES: frozenset[State] = frozenset({"stuck", "unresponsive"})
+# `asleep` (put to sleep on purpose, vLLM's sleep mode): not ready, yet live, never unhealthy nor restartable.
+NOT_READY_STATES: frozenset[State] = frozenset({"starting", "down", "stuck", "unresponsive", "asleep"})
+
+# A poll that gave no usable reading: the `reason` of a `down` verdict and the `poll_errors_total` label.
+PollErrorReason = Literal[
+    "connect", "timeout", "http_status", "bad_metrics", "too_large", "health_503", "bad_models",
+    "wrong_engine",  # the page is another engine's than the target declares
+    "no_model",  # no model to send a canary to (a canary failure's word; never a poll's)
+]
+POLL_ERROR_REASONS: tuple[PollErrorReason, ...] = get_args(PollErrorReason)
+# Every other reason a verdict gives.
+JudgedReason = Literal[
+    "startup",  # not servable yet, within startup_grace
+    "idle",
+    "progress",  # work pending and engine signals moving
+    "waiting_for_progress",  # work pending, nothing moved yet, not stuck yet
+    "no_progress",  # stuck
+    "metrics_unanswered",  # work pending and /metrics accepted the connection but never answered (llama.cpp)
+    "restart",  # the read that detected a restart
+    "canary_failed",
+    "canary_ok",  # back from unresponsive
+    "models_ok",  # `engine: openai`, judged by /v1/models
+    "proxy_models_ok",
+    "asleep",  # the engine says it sleeps (vLLM's sleep mode); the detail names the level
+]
+Reason = Literal[PollErrorReason, JudgedReason]
+REASONS: tuple[Reason, ...] = get_args(Reason)
+
+
+class _View(BaseModel):
+    # Readers ignore fields they do not know, so an older remediator reads a newer exporter.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class CanaryView(_View):
+    consecutive_failures: int = 0
+    last_success: float | None = Field(None, description="unix seconds of the last canary that answered")
+    in_flight: bool = False
+    results: dict[str, int] = Field(default_factory=dict, description="canaries sent, by result: ok, error, timeout")
+
+
+class TargetView(_View):
+    """One target as the exporter sees it now (docs/interfaces.md, "Exporter API")."""
+
+    name: str
+    engine: str
+    role: str
+    url: str = Field(description="the target's URL without credentials")
+    state: State
+    reason: Reason = Field(description="a machine word; for `down`, the poll_errors_total reason of the failed poll")
+    detail: str = Field(description="human text, never a secret")
+    since: float | None = Field(description="unix seconds when the current state began")
+    stuck_seconds: float = Field(0.0, description="seconds since the last progress while work is pending")
+    process_start_time: float | None = Field(None, description="as read from the page; null when absent")
+    last_poll: float | None = Field(None, description="unix seconds of the last completed poll; null before the first")
+    up: bool = Field(False, description="the last poll gave a usable reading")
+    ready: bool = False
+    live: bool = True
+    started: bool = Field(False, description="ever servable: what /probe/{name}/startup answers")
+    draining: bool = False
+    gpu_fault: bool = Field(False, description="the target's gpu_fault_file exists and is non-empty")
+    gpu_fault_detail: str | None = Field(None, description="first line of the gpu_fault_file")
+    # A target discovered in Kubernetes: its own pod as the exporter saw it (null otherwise).
+    namespace: str | None = None
+    pod: str | None = None
+    pod_uid: str | None = None
+    node: str | None = None
+    restarts: int = Field(0, description="restarts detected since the exporter started")
+    last_restart_at: float | None = Field(None, description="unix seconds of the last detected restart")
+    last_unhealthy_at: float | None = Field(None, description="unix seconds of the last verdict in stuck, unresponsive or down")
+    recently_unhealthy: bool = Field(
+        False, description="unhealthy now or within the last two poll intervals: what the remediator's fleet gate counts")
+    running: float | None = Field(None, description="as read by the last poll; null without a fresh reading")
+    waiting: float | None = None
+    steps_per_second: float | None = None
+    generation_tokens_per_second: float | None = None
+    counters: dict[str, float | None] = Field(
+        default_factory=dict, description="the last reading of the current process lifetime, or {} before any")
+    canary: CanaryView = Field(default_factory=CanaryView)
+    poll_errors: dict[str, int] = Field(default_factory=dict, description="failed polls by reason")
+    poll_duration_seconds: float | None = None
+    polls: int = 0
+
+
+class TargetsAnswer(_View):
+    """The whole answer of `GET /api/v1/targets`."""
+
+    targets: list[TargetView]
+    generated_at: float | None = None
+
+
+def json_schema() -> str:
+    """The JSON Schema of `GET /api/v1/targets`, as kept in docs/target-view.schema.json."""
+    return json.dumps(TargetsAnswer.model_json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    print(json_schema(), end="")

@@ -1,0 +1,67 @@
+"""The canary rule (`verdict.canary_due`), as a table: never canary a busy server, and not too often."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.engines import Snapshot
+from exporter.settings import TargetSettings
+from exporter.verdict import ModelsOk, Observation, PollError, canary_due, initial, judge
+
+T0 = 1000.0
+POLL = 5.0
+IDLE = Snapshot(running=0, waiting=0)
+BUSY = Snapshot(running=1, waiting=0)
+QUEUED = Snapshot(running=0, waiting=3)
+
+
+def target(**overrides: object) -> TargetSettings:
+    config: dict[str, object] = {"name": "gpu-a", "url": "http://127.0.0.1:9", "canary": {"interval": 30}}
+    config.update(overrides)
+    return TargetSettings.model_validate(config)
+
+
+# (case id, observation, seconds since the last canary (None: never sent), target overrides, in flight, due)
+CASES: list[tuple[str, Observation, float | None, dict[str, object], bool, bool]] = [
+    ("interval 30 s, poll 5 s: not before 30 - 5/2", IDLE, 27.4, {}, False, False),
+    ("from half a poll early, so the gaps average the interval", IDLE, 27.5, {}, False, True),
+    ("overdue and idle", IDLE, 31.0, {}, False, True),
+    ("never to a server with work running, however overdue", BUSY, 45.0, {}, False, False),
+    ("never to a server with work waiting", QUEUED, 45.0, {}, False, False),
+    ("the first canary goes at once", IDLE, None, {}, False, True),
+    ("one at a time", IDLE, None, {}, True, False),
+    ("canary disabled", IDLE, None, {"canary": {"enabled": False}}, False, False),
+    ("never to a proxy", ModelsOk(("m",)), None, {"role": "proxy"}, False, False),
+    ("an openai engine is judged by its models answer", ModelsOk(("m",)), None, {"engine": "openai"}, False, True),
+    ("not on a failed poll", PollError("connect", "refused"), None, {}, False, False),
+    ("a vllm target's models answer is no load reading", ModelsOk(("m",)), None, {}, False, False),
+    # A request to a sleeping vLLM has crashed it (vLLM issue #15483): it sleeps on purpose, unprobed.
+    ("never to a sleeping engine, however overdue", Snapshot(running=0, waiting=0, sleep_level=1), 600.0, {}, False,
+     False),
+]
+
+
+@pytest.mark.parametrize("observation, since_last, overrides, in_flight, due", [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_canary_due(observation: Observation, since_last: float | None, overrides: dict[str, object],
+                    in_flight: bool, due: bool) -> None:
+    settings = target(**overrides)
+    verdict = judge(initial(T0 - 60), observation, T0 + 60, settings)
+    last_sent = None if since_last is None else T0 + 60 - since_last
+    assert canary_due(verdict, observation, last_sent, T0 + 60, settings, poll_interval=POLL, in_flight=in_flight) is due
+
+
+def test_a_restarted_process_gets_its_canary_at_once_even_within_the_interval() -> None:
+    settings = target()
+    first = judge(None, Snapshot(running=0, waiting=0, steps=5, process_start_time=900.0), T0, settings)
+    assert canary_due(first, IDLE, T0 - 1, T0, settings, poll_interval=POLL) is False
+    restarted = judge(first, Snapshot(running=0, waiting=0, steps=0, process_start_time=1004.0), T0 + 5, settings)
+    assert restarted.reason == "restart"
+    assert canary_due(restarted, IDLE, T0 - 1, T0 + 5, settings, poll_interval=POLL) is True
+    # A busy restart read sends none; the next idle one does, the old canary being the old process's.
+    busy = judge(first, Snapshot(running=2, waiting=0, steps=0, process_start_time=1004.0), T0 + 5, settings)
+    assert canary_due(busy, BUSY, T0 - 1, T0 + 5, settings, poll_interval=POLL) is False
+    later = judge(busy, Snapshot(running=0, waiting=0, steps=9, process_start_time=1004.0), T0 + 10, settings)
+    assert canary_due(later, IDLE, T0 - 1, T0 + 10, settings, poll_interval=POLL) is True
+    # Once the new process had its canary, the interval applies again.
+    assert canary_due(later, IDLE, T0 + 6, T0 + 10, settings, poll_interval=POLL) is False
