@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,10 +30,10 @@ from .exporter_process import (
 from .vllm_server import (
     ASK_AMX_PERMISSION,
     ENFORCE_EAGER,
-    EngineDied,
     LOG_DIR,
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,
+    EngineDied,
     VllmServer,
     free_port,
     setup_missing,
@@ -65,7 +66,7 @@ _report: Report | None = None
 def cpu_facts() -> dict:
     """The CPU the tier ran on: its model name and the AMX / AVX-512 flags it advertises."""
     try:
-        text = open("/proc/cpuinfo").read()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return {}
     model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), None)

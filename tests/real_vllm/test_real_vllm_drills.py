@@ -17,6 +17,7 @@ from .drill_report import Drill
 from .exporter_process import (
     CANARY_INTERVAL_S,
     CANARY_TIMEOUT_S,
+    HTTP_TIMEOUT_S,
     LIVENESS_BUDGET_S,
     POLL_INTERVAL_S,
     STUCK_AFTER_S,

@@ -141,7 +141,8 @@ def test_report_tool_says_when_there_is_no_report(tmp_path):
 
 WORKER_SIGILL_LOG = """\
 (APIServer pid=101) INFO:     127.0.0.1:40000 - "POST /v1/completions HTTP/1.1" 500 Internal Server Error
-(EngineCore pid=202) ERROR 12-03 13:40:01 [multiproc_executor.py:263] Worker proc VllmWorker-0 died unexpectedly (exit code: -4), shutting down executor.
+(EngineCore pid=202) ERROR 12-03 13:40:01 [multiproc_executor.py:263] Worker proc VllmWorker-0 died unexpectedly \
+(exit code: -4), shutting down executor.
 (APIServer pid=101) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.
 """
 
@@ -163,7 +164,8 @@ WORKER_SIGILL_LOG = """\
             id="no-died-line",
         ),
         pytest.param("", None, [], "no vLLM process gone (API server still running); vLLM log says nothing of it", id="silent"),
-        pytest.param("", -9, ["API server"], "API server gone (API server SIGKILL (exit code -9)); vLLM log says nothing of it", id="api-killed"),
+        pytest.param("", -9, ["API server"],
+                     "API server gone (API server SIGKILL (exit code -9)); vLLM log says nothing of it", id="api-killed"),
     ],
 )  # fmt: skip
 def test_death_line_names_the_process_its_signal_and_the_log_line(log, api_status, gone, expected):
@@ -180,14 +182,18 @@ def test_status_name(code, expected):
 
 
 def test_death_line_when_vllm_logged_no_exit_code():
-    log = "(EngineCore pid=2) ERROR [multiproc_executor.py:315] Worker proc VllmWorker-0 died unexpectedly (exit code: None), shutting down executor.\n"
+    log = (
+        "(EngineCore pid=2) ERROR [multiproc_executor.py:315] Worker proc VllmWorker-0 died unexpectedly "
+        "(exit code: None), shutting down executor.\n"
+    )
     assert death_line(log, None, []).startswith("Worker proc VllmWorker-0 died with no exit code logged; vLLM log: (EngineCore")
 
 
 def test_death_line_takes_the_signal_from_faulthandler_when_vllm_logged_none():
     log = (
         "Fatal Python error: Illegal instruction\n\nThread 0x00007f (most recent call first):\n"
-        "(EngineCore pid=2) ERROR [multiproc_executor.py:315] Worker proc VllmWorker-0 died unexpectedly (exit code: None), shutting down executor.\n"
+        "(EngineCore pid=2) ERROR [multiproc_executor.py:315] Worker proc VllmWorker-0 died unexpectedly "
+        "(exit code: None), shutting down executor.\n"
     )
     assert death_line(log, None, []).startswith(
         "Worker proc VllmWorker-0 died by SIGILL (faulthandler: 'Fatal Python error: Illegal instruction'; "
