@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo bench test-vllm test-sglang test-triton tools clean
+.PHONY: install test lint demo bench test-vllm test-llamacpp test-sglang test-triton tools clean
 
 install: $(STAMP)
 
@@ -40,6 +40,11 @@ demo: install
 # the summary table at the end. Its reports and logs stay under .cache/.
 test-vllm: install
 	@bash tools/real-vllm-test.sh $(PYTEST_ARGS)
+
+# The real-llama.cpp tier (tests/real_llamacpp/README.md): llama-server built from the llama-cpp-python
+# sdist's llama.cpp and cached outside the clone, a tiny GGUF made here, drills against the real server.
+test-llamacpp: install
+	@bash tools/real-llamacpp-test.sh $(PYTEST_ARGS)
 
 # The real-SGLang tier (tests/real_sglang/README.md): SGLang 0.5.23 on CPU torch in a venv cached
 # outside the clone (tools/cache-path.sh sglang 0.5.23), drills against a real server; a table at the end.

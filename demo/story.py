@@ -30,6 +30,7 @@ from demo.configs import backend_name
 from demo.load import Load
 from demo.ports import BACKENDS
 from demo.timings import Timings
+from llm_vitals.targets import RESTARTABLE_STATES
 
 HEALTHY = frozenset({"idle", "busy"})
 _TIMEOUT = aiohttp.ClientTimeout(total=3)
@@ -248,7 +249,7 @@ class Story:
             while (left := end - time.monotonic()) > 0:
                 target = self.observer.targets.get(b1, {})
                 deepest = max(deepest, int(target.get("waiting") or 0))
-                seen_stuck |= target.get("state") in ("stuck", "unresponsive")
+                seen_stuck |= target.get("state") in RESTARTABLE_STATES
                 self.status.detail = (f"backend-1 {target.get('state')}, {target.get('waiting')} waiting: load, "
                                       f"not a fault ({left:.0f}s left)")
                 await asyncio.sleep(0.25)

@@ -31,6 +31,7 @@ from exporter.verdict import (
     record_canary,
 )
 from llm_vitals.logs import log_event
+from llm_vitals.targets import UNHEALTHY_STATES
 
 log = logging.getLogger("llm_vitals.exporter")
 
@@ -215,7 +216,7 @@ class Poller:
             return
         snap = after.snapshot
         log_event(
-            log, "state change", logging.WARNING if after.state in ("stuck", "unresponsive", "down") else logging.INFO,
+            log, "state change", logging.WARNING if after.state in UNHEALTHY_STATES else logging.INFO,
             target=record.name, **{"from": before.state, "to": after.state}, reason=after.reason,
             detail=after.detail, restarts=after.restarts, counters=snap.counters() if snap else {},
         )

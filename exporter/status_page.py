@@ -27,7 +27,7 @@ from aiohttp import web
 
 from exporter.keys import CLOCK, SESSION, SETTINGS, STORE
 from exporter.state import target_view
-from llm_vitals.targets import TargetView
+from llm_vitals.targets import UNHEALTHY_STATES, TargetView
 
 log = logging.getLogger("llm_vitals.exporter")
 
@@ -104,7 +104,7 @@ def sparkline(points: Iterable[Sequence[Any]], now: float, window: float = SPARK
 
     shading = []
     for i, (t, _, state) in enumerate(recent):
-        if state in ("stuck", "unresponsive", "down"):
+        if state in UNHEALTHY_STATES:
             end = recent[i + 1][0] if i + 1 < len(recent) else now
             shading.append(f'<rect x="{x(t)}" y="0" width="{max(1.0, round(x(end) - x(t), 1))}" height="{h}" '
                            f'fill="{STATE_COLOURS[state]}" fill-opacity="0.18"/>')

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from simulator import server, sim_sglang, sim_tgi
+from simulator import server, sim_llamacpp, sim_sglang, sim_tgi
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -55,7 +55,7 @@ def _entries() -> tuple[SimEngine, ...]:
     # Imported here: sim_triton imports this module for SimEngine.
     from simulator import sim_triton
 
-    return (VLLM, sim_sglang.sim_engine(), sim_triton.SIM_ENGINE, TGI)
+    return (VLLM, sim_llamacpp.sim_engine(), sim_sglang.sim_engine(), sim_triton.SIM_ENGINE, TGI)
 
 
 SIM_ENGINES: dict[str, SimEngine] = {entry.name: entry for entry in _entries()}

@@ -122,3 +122,38 @@ async def test_a_restart_resets_the_counters_and_there_is_no_start_time() -> Non
         await backend.restart()
         _, after = await read(client, url)
         assert after.finished == 0 < before.finished
+
+
+# -- the real exporter polling a simulated SGLang: the engine table end to end -----------------------
+
+async def test_exporter_reads_a_chunked_prefill_as_busy_with_no_canary_then_a_hang_as_stuck(aiohttp_client) -> None:
+    from test_exporter_helpers import make_settings, make_target, record, start_exporter
+    from test_exporter_helpers import wait_for as until
+
+    config = CONFIG.model_copy(update={"max_num_batched_tokens": 32, "prefill_tokens_per_second": 200.0,
+                                       "startup_seconds": 0.2})  # fmt: skip
+    async with Fleet(config, backends=1, control=False) as fleet, httpx.AsyncClient(timeout=30) as http:
+        url = fleet.backend_urls[0]
+        client = await start_exporter(aiohttp_client, make_settings(
+            [make_target("sg", url, engine="sglang", canary={"interval": 0.3, "timeout": 2})], poll_interval=0.1))
+        rec = record(client, "sg")
+        await until(lambda: rec.canaries["ok"] >= 1, what="an idle canary")
+        # ~1500 prompt tokens in chunks of 32 at 200 tokens/s: ~7 s of prefill, running 0 and queued 0.
+        prompt = asyncio.create_task(http.post(url + "/v1/completions", json=completion(1, prompt_words=1500)))
+        await until(lambda: rec.verdict.state == "busy" and rec.verdict.snapshot.running == 0, what="busy at running 0")
+        canaries, polls = sum(rec.canaries.values()), rec.polls
+        states = set()
+        while not prompt.done():
+            states.add(rec.verdict.state)
+            await asyncio.sleep(0.05)
+        assert (await prompt).status_code == 200
+        assert rec.polls - polls >= 5 and states == {"busy"}, states
+        assert sum(rec.canaries.values()) == canaries, "a canary was sent during the prefill"
+        load = asyncio.create_task(http.post(url + "/v1/completions", json=completion(2000)))
+        await until(lambda: rec.verdict.state == "busy" and rec.verdict.snapshot.running == 1, what="decoding")
+        fleet.backends[0].set_fault("hang")
+        await until(lambda: rec.verdict.state == "stuck", timeout=10, what="stuck")
+        assert rec.verdict.reason == "no_progress"
+        fleet.backends[0].set_fault("restart")
+        await until(lambda: rec.verdict.restarts == 1 and rec.verdict.state == "idle", timeout=10, what="one restart")
+        load.cancel()

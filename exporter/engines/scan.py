@@ -17,6 +17,7 @@ test tests/test_scan_differential.py holds it to prometheus-client's values on g
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -51,10 +52,11 @@ class Scanner:
             if not _NAME_CHARS.fullmatch(name):
                 raise ValueError(f"not a metric name: {name!r}")
         alternation = _trie(self.names)
-        # A sample line: line start, any blanks, the name followed by a blank (a lone CR too, as
-        # prometheus-client reads it) or `{`, an optional
-        # label set, then the rest of the line (value, timestamp, exemplar).
-        self._pattern = re.compile(rf"\n\s*({alternation})(?=[ \t\r{{])[ \t\r]*({_LABEL_SET})?([^\n]*)")
+        # A sample line: line start, any blanks, the name, an optional label set, then the rest of
+        # the line (value, timestamp, exemplar). After the name any blanks but a newline may stand
+        # (prometheus-client strips them, a lone CR included), as long as a space, a tab or the
+        # label set's `{` is among or after them.
+        self._pattern = re.compile(rf"\n\s*({alternation})(?=[^\S\n]*[ \t{{])[^\S\n]*({_LABEL_SET})?([^\n]*)")
 
     def scan(self, text: str) -> dict[str, list[Sample]]:
         """The wanted samples by name, in page order; PageError("bad_metrics") for a line that is not a sample."""
@@ -133,6 +135,17 @@ def parse_labels(label_text: str) -> dict[str, str]:
 
 def _unescape(value: str) -> str:
     return _ESCAPE.sub(lambda m: _UNESCAPED[m.group(0)], value) if "\\" in value else value
+
+
+def total(found: dict[str, list[Sample]], name: str) -> float | None:
+    """The sum of `name`'s samples, None when the page has none; PageError("bad_metrics") if one is NaN or ±Inf."""
+    samples = found.get(name)
+    if not samples:
+        return None
+    for sample in samples:
+        if not math.isfinite(sample.value):
+            raise PageError("bad_metrics", f"sample {name} is {show(sample.value)}")
+    return sum(sample.value for sample in samples)
 
 
 def decode(body: bytes) -> str:

@@ -50,10 +50,8 @@ family appears only once it was first touched. A sample of a busy page as that c
 
 from __future__ import annotations
 
-import math
-
 from exporter.engines import Engine, Page, PageError, Snapshot
-from exporter.engines.scan import Scanner, decode, show
+from exporter.engines.scan import Scanner, decode, total
 
 QUEUE = "tgi_queue_size"
 BATCH = "tgi_batch_current_size"
@@ -72,22 +70,13 @@ def parse_text(text: str) -> Snapshot:
     if not found and "tgi_" not in text:
         raise PageError("bad_metrics", f"no {QUEUE} nor any tgi_ family on the page (not a TGI /metrics page?)")
 
-    def total(name: str) -> float | None:
-        samples = found.get(name)
-        if not samples:
-            return None
-        for sample in samples:
-            if not math.isfinite(sample.value):
-                raise PageError("bad_metrics", f"sample {name} is {show(sample.value)}")
-        return sum(sample.value for sample in samples)
-
-    forwards = total(FORWARDS)
+    forwards = total(found, FORWARDS)
     return Snapshot(
-        running=total(BATCH) or 0.0,
-        waiting=total(QUEUE) or 0.0,
-        steps=total(STEPS),
-        generation_tokens=total(GENERATED_TOKENS),
-        finished=total(FINISHED),
+        running=total(found, BATCH) or 0.0,
+        waiting=total(found, QUEUE) or 0.0,
+        steps=total(found, STEPS),
+        generation_tokens=total(found, GENERATED_TOKENS),
+        finished=total(found, FINISHED),
         more_counters=(("forwards_started", forwards),) if forwards is not None else (),
     )
 

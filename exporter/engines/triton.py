@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from exporter.engines import Canary, Engine, Page, PageError, Snapshot
-from exporter.engines.scan import Sample, Scanner, finite, show
+from exporter.engines.scan import Sample, Scanner, decode, finite, show
 
 if TYPE_CHECKING:
     from exporter.settings import TargetSettings
@@ -109,11 +109,7 @@ def parse_text(text: str) -> Snapshot:
 
 def parse(page: Page) -> Snapshot:
     """Decode (strict UTF-8) and parse a Triton metrics body; raises PageError."""
-    try:
-        text = page.body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PageError("bad_metrics", f"page is not UTF-8 (byte {exc.start})") from None
-    return parse_text(text)
+    return parse_text(decode(page.body))
 
 
 def canary_body(target: TargetSettings, model: str) -> object:

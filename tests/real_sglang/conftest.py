@@ -19,9 +19,7 @@ from real_vllm.drill_report import Report
 from real_vllm.exporter_process import (
     CANARY_INTERVAL_S,
     CANARY_TIMEOUT_S,
-    LIVENESS_BUDGET_S,
     POLL_INTERVAL_S,
-    STUCK_AFTER_S,
     ExporterProcess,
     Watcher,
 )
@@ -30,10 +28,12 @@ from real_vllm.vllm_server import free_port
 from .sglang_server import (
     CHUNKED_PREFILL_SIZE,
     CONTEXT_LENGTH,
+    LIVENESS_BUDGET_S,
     LOG_DIR,
     MAX_RUNNING_REQUESTS,
     RUN_DIR,
     SGLANG_VERSION,
+    STUCK_AFTER_S,
     SglangServer,
     setup_missing,
 )
@@ -111,8 +111,9 @@ def sglang(report: Report) -> SglangServer:
 
 @pytest.fixture(scope="module")
 def exporter(sglang: SglangServer) -> ExporterProcess:
-    """The real exporter polling `sglang` every second as `engine: sglang`, stopped by PID at the end."""
-    proc = ExporterProcess(vllm_url=sglang.url, target=TARGET, engine="sglang", log_dir=LOG_DIR)
+    """The real exporter polling `sglang` every second as `engine: sglang` (stuck_after 10 s), stopped by PID at the end."""
+    proc = ExporterProcess(vllm_url=sglang.url, target=TARGET, engine="sglang", log_dir=LOG_DIR,
+                           stuck_after=STUCK_AFTER_S)
     try:
         proc.start()
         yield proc

@@ -48,9 +48,14 @@ SERVED_MODEL = "tiny-llama"
 MAX_RUNNING_REQUESTS = 2
 CONTEXT_LENGTH = 32768
 # SGLang chunks a long prompt into pieces of this many tokens, one scheduler step each, and nothing
-# moves within a step: a chunk must take less than stuck_after (6 s here). SGLang's default is 4096;
-# at 4096 a chunk took up to 12 s on this box loaded by other work, at 1024 it takes a quarter of that.
-CHUNKED_PREFILL_SIZE = 1024
+# moves within a step: a chunk must take less than stuck_after. A chunk's cost grows with the prefix
+# before it (torch_native attention): on this box loaded by other work a 1024-token chunk after 15k
+# tokens took 3-15 s. So small chunks and a prompt of 8k tokens here (SGLang's default chunk: 4096).
+CHUNKED_PREFILL_SIZE = 512
+# The tier's stuck_after: 2.5 times the worst chunk expected under that load, and the hang drill's
+# detection bound (stuck_after + 2 polls). The liveness budget is the exporter's default, twice it.
+STUCK_AFTER_S = 10.0
+LIVENESS_BUDGET_S = 2 * STUCK_AFTER_S
 SCHEDULER = "sglang::scheduler"
 DETOKENIZER = "sglang::detokenizer"
 

@@ -1,4 +1,4 @@
-"""Fault drills: the exporter (poll 1 s, stuck_after 6 s, `engine: sglang`) judged against a real SGLang.
+"""Fault drills: the exporter (poll 1 s, stuck_after 10 s, `engine: sglang`) judged against a real SGLang.
 
 The tests run in file order on one server and one exporter: idle canaries, saturation, a long
 chunked prefill, a stopped detokenizer, a stopped scheduler, a killed scheduler, a restart on the
@@ -18,9 +18,7 @@ from real_vllm.exporter_process import (
     CANARY_INTERVAL_S,
     CANARY_TIMEOUT_S,
     HTTP_TIMEOUT_S,
-    LIVENESS_BUDGET_S,
     POLL_INTERVAL_S,
-    STUCK_AFTER_S,
     ExporterProcess,
     Watcher,
 )
@@ -32,10 +30,12 @@ from .load import counter, generations, long_prompt, page, send, wait_engine_run
 from .sglang_server import (
     CHUNKED_PREFILL_SIZE,
     DETOKENIZER,
+    LIVENESS_BUDGET_S,
     LOG_DIR,
     MAX_RUNNING_REQUESTS,
     SCHEDULER,
     SERVED_MODEL,
+    STUCK_AFTER_S,
     SglangServer,
 )
 
@@ -49,7 +49,7 @@ QUEUED_LONGER_THAN = "1.0"  # a bucket bound of SGLang's queue_time_seconds hist
 FAULT_REQUESTS = 3
 FAULT_TOKENS = 20000
 # Sixteen chunks (the recipe, with 4096-token chunks on a quiet box: 12862 tokens in 3.8 s).
-PREFILL_TOKENS = 16 * CHUNKED_PREFILL_SIZE - 100
+PREFILL_TOKENS = 16 * CHUNKED_PREFILL_SIZE - 100  # 8092
 # SGLANG_HEALTH_CHECK_TIMEOUT (default 20 s): /health's own deadline for a frozen scheduler.
 HEALTH_TIMEOUT_S = 20.0
 DETECTION_SLACK_S = 1.0
@@ -187,10 +187,12 @@ def test_prefill_of_a_long_prompt_is_busy_never_idle_and_gets_no_canary(
     load = send(sglang.url, [long_prompt(PREFILL_TOKENS)], 1)
     mid_pages: list[dict] = []
     while not load.done():
+        read_at = time.time()
         text = page(sglang.url)
         used = _sample(text, "sglang:num_used_tokens")
         running = _sample(text, "sglang:num_running_reqs") + _sample(text, "sglang:num_queue_reqs")
-        mid_pages.append({"t": round(time.time() - t0, 1), "used": used, "running_plus_queued": running})
+        active = _sample(text, "sglang:http_requests_active", endpoint="/generate")
+        mid_pages.append({"t": read_at, "used": used, "running_plus_queued": running, "active": active})
         if used > 0 and running == 0 and not any(p.get("saved") for p in mid_pages):
             save_page("prefill", text)
             mid_pages[-1]["saved"] = True
@@ -199,15 +201,18 @@ def test_prefill_of_a_long_prompt_is_busy_never_idle_and_gets_no_canary(
     t_end = time.time()
     after = watcher.wait_for(lambda s: True, timeout=30, what="a sample after the prompt", after=time.time())
 
-    window = [s for s in watcher.since(t0) if s.t <= t_end]
+    # The prompt's time on the server: up to the last direct read that still saw it in flight. Later
+    # samples may rightly read idle (SGLang answered; our thread has not seen the answer yet).
+    t_work_end = max((p["t"] for p in mid_pages if p["active"] >= 1), default=t0)
+    window = [s for s in watcher.since(t0) if s.t <= t_work_end]
     drill.timeline = watcher.timeline(t0)
-    # Canaries sent while the prompt ran: the last one may have been sent by a poll just before it.
     in_window = canary_delta(before, window[-1]) if window else {}
     drill.canaries = {"sent": sum(in_window.values()), "by_result": canary_delta(before, after)}
     seen = next((i for i, s in enumerate(window) if s.state == "busy"), None)
     drill.facts = {
         "prompt_tokens": PREFILL_TOKENS,
         "prefill_seconds": round(t_end - t0, 1),
+        "in_flight_seen_s": round(t_work_end - t0, 1),
         "chunks_tokens": counter(sglang.url, "sglang:realtime_tokens_total", {"mode": "prefill_compute"}) - chunks_before,
         "pages_with_running_0_and_used_tokens": sum(p["used"] > 0 and p["running_plus_queued"] == 0 for p in mid_pages),
         "max_stuck_seconds_seen": max((s.stuck_seconds or 0) for s in window) if window else None,
@@ -233,6 +238,8 @@ def test_detokenizer_stopped_keeps_the_engine_busy_and_health_green(
     t0 = time.time()
     load = send(sglang.url, generations(FAULT_REQUESTS, FAULT_TOKENS), FAULT_REQUESTS)
     wait_engine_running(sglang.url, load)
+    # The exporter's verdict lags SGLang by up to a poll: stop the detokenizer once it reads busy.
+    watcher.wait_for(lambda s: s.state == "busy", timeout=30, what="busy", after=t0)
     detok = sglang.find(DETOKENIZER)
     t_stop = time.time()
     detok.suspend()
@@ -402,8 +409,9 @@ def _queued_longer_than(url: str) -> float:
     return counter(url, f"{family}_count") - counter(url, f"{family}_bucket", {"le": QUEUED_LONGER_THAN})
 
 
-def _sample(text: str, name: str) -> float:
-    """Sum of one sample over its label sets in a page already read."""
+def _sample(text: str, name: str, **labels: str) -> float:
+    """Sum of one sample over its label sets (those carrying `labels`) in a page already read."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and labels.items() <= s.labels.items())

@@ -50,7 +50,8 @@ def exporter_binary() -> str:
     return found
 
 
-def config_yaml(listen_port: int, vllm_url: str, target: str = TARGET, engine: str = "vllm") -> str:
+def config_yaml(listen_port: int, vllm_url: str, target: str = TARGET, engine: str = "vllm",
+                stuck_after: float = STUCK_AFTER_S) -> str:
     """The exporter config the drills run with (YAML shape of issue 3 / DESIGN §2)."""
     return f"""\
 listen: "127.0.0.1:{listen_port}"
@@ -60,7 +61,7 @@ targets:
     url: {vllm_url}
     engine: {engine}
     role: backend
-    stuck_after: {STUCK_AFTER_S:g}s
+    stuck_after: {stuck_after:g}s
     startup_grace: 5m
     canary: {{interval: {CANARY_INTERVAL_S:g}s, timeout: {CANARY_TIMEOUT_S:g}s}}
 """
@@ -102,6 +103,7 @@ class ExporterProcess:
     # metrics_url, model, a v2 canary); None: config_yaml with `target` and `engine`.
     config: Callable[[int], str] | None = None
     log_dir: Path = LOG_DIR
+    stuck_after: float = STUCK_AFTER_S
     _proc: subprocess.Popen | None = None
     _log_path: Path | None = None
     _log_file: object = None
@@ -113,7 +115,8 @@ class ExporterProcess:
     def start(self, deadline_s: float = 60.0) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         config = self.log_dir / f"exporter-{self.port}.yaml"
-        config.write_text(self.config(self.port) if self.config else config_yaml(self.port, self.vllm_url, self.target, self.engine))
+        config.write_text(self.config(self.port) if self.config else
+                          config_yaml(self.port, self.vllm_url, self.target, self.engine, self.stuck_after))
         self._log_path = self.log_dir / f"exporter-{self.port}.log"
         self._log_file = open(self._log_path, "wb")  # noqa: SIM115 -- open for the child's whole life
         self._proc = subprocess.Popen(

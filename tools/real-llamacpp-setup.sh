@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Build, once, what the real-llama.cpp tier needs, cached OUTSIDE the clone (tools/cache-path.sh):
+#  - llama.cpp's native `llama-server`, built from the llama.cpp source that the llama-cpp-python
+#    sdist vendors (commit 0c1e570 in 0.3.36). Built with GGML_NATIVE=ON, i.e. for this CPU, so its
+#    cache directory is keyed on the CPU's flags (--cpu): a binary built on an AVX-512 machine dies
+#    with SIGILL on one without.
+#  - a tiny random-weight llama GGUF written by tests/real_llamacpp/make_tiny_gguf.py (no download),
+#    in a directory keyed on that script's hash (no CPU key: the file is the same everywhere).
+#
+# Exit status: 0 ready (the last line is BIN=... MODEL=...); 77 skipped (one line says why);
+# 1 failed, or skipped while LLM_VITALS_REQUIRE_REAL_LLAMACPP=1 (CI), where a skip is a failure.
+# Re-runs are fast: stamps record what was built.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SDIST_VERSION=0.3.36                 # llama-cpp-python; vendors llama.cpp 0c1e570
+GGUF_PIN="gguf==0.19.0"
+MODEL_SCRIPT=tests/real_llamacpp/make_tiny_gguf.py
+BIN_DIR=$(tools/cache-path.sh llamacpp "$SDIST_VERSION" --cpu)
+MODEL_DIR=$(tools/cache-path.sh llamacpp-tiny-gguf "$(sha256sum "$MODEL_SCRIPT" | cut -c1-12)")
+BIN=$BIN_DIR/llama-server
+MODEL=$MODEL_DIR/tiny-llama.gguf
+bin_want="llama-cpp-python==$SDIST_VERSION vendor/llama.cpp llama-server GGML_NATIVE=ON"
+model_want="$GGUF_PIN $(sha256sum "$MODEL_SCRIPT" | cut -d' ' -f1)"
+
+skip() {
+  local msg="SKIPPED: real-llama.cpp tier: $1"
+  if [ "${LLM_VITALS_REQUIRE_REAL_LLAMACPP:-}" = 1 ]; then
+    echo "$msg [LLM_VITALS_REQUIRE_REAL_LLAMACPP=1 makes this a failure]" >&2
+    exit 1
+  fi
+  echo "$msg"
+  exit 77
+}
+
+stamp_is() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
+bin_ready() { [ -x "$BIN" ] && stamp_is "$BIN_DIR/.llm-vitals-built" "$bin_want"; }
+model_ready() { [ -f "$MODEL" ] && stamp_is "$MODEL_DIR/.llm-vitals-built" "$model_want"; }
+ready() { echo "BIN=$BIN MODEL=$MODEL"; exit 0; }
+
+if bin_ready && model_ready; then
+  echo "real-llama.cpp setup: cached ($BIN_DIR, $MODEL_DIR)"
+  ready
+fi
+
+for tool in cmake g++ make; do
+  command -v "$tool" >/dev/null || skip "needs $tool to build llama-server (apt-get install cmake g++ make)"
+done
+command -v python3 >/dev/null || skip "needs python3"
+
+mkdir -p "$BIN_DIR" "$MODEL_DIR"
+# One builder at a time per cache directory (two checkouts may run the tier at once).
+exec 9>"$BIN_DIR.lock"
+flock 9
+
+if ! bin_ready; then
+  t0=$(date +%s)
+  work=$BIN_DIR/work
+  log=$BIN_DIR/build.log
+  rm -rf "$work"
+  mkdir -p "$work"
+  echo "real-llama.cpp setup: building llama-server from the llama-cpp-python $SDIST_VERSION sdist (about 6-10 min on 2 cores; log: $log)"
+  {
+    # The sdist (76 MB) through pip, the ordinary client; no other download (web UI and OpenSSL off).
+    # --no-binary for this one package only: `:all:` would also build pip's metadata step's build
+    # backends (scikit-build-core, poetry-core...) from source, minutes for nothing.
+    nice -n 19 python3 -m pip download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==$SDIST_VERSION" -d "$work/sdist"
+    nice -n 19 tar xzf "$work/sdist/llama_cpp_python-$SDIST_VERSION.tar.gz" -C "$work"
+    src=$work/llama_cpp_python-$SDIST_VERSION/vendor/llama.cpp
+    nice -n 19 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
+      -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON
+    nice -n 19 cmake --build "$work/build" --target llama-server -j2
+  } >"$log" 2>&1 || {
+    echo "real-llama.cpp setup: the build failed; last lines of $log:" >&2
+    tail -20 "$log" >&2
+    exit 1
+  }
+  cp "$work/build/bin/llama-server" "$BIN.tmp"
+  mv "$BIN.tmp" "$BIN"
+  rm -rf "$work"   # 300 MB of source and objects; the static binary is all the tier needs
+  "$BIN" --version >>"$log" 2>&1 || { echo "real-llama.cpp setup: the built llama-server does not run; see $log" >&2; exit 1; }
+  echo "$bin_want" >"$BIN_DIR/.llm-vitals-built"
+  echo "real-llama.cpp setup: llama-server built in $(( $(date +%s) - t0 )) s ($BIN)"
+fi
+
+if ! model_ready; then
+  t0=$(date +%s)
+  venv=$MODEL_DIR/venv
+  log=$MODEL_DIR/build.log
+  {
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    "$venv/bin/pip" install -q "$GGUF_PIN" numpy
+    "$venv/bin/python" "$MODEL_SCRIPT" "$MODEL.tmp"
+  } >"$log" 2>&1 || {
+    echo "real-llama.cpp setup: writing the tiny GGUF failed; last lines of $log:" >&2
+    tail -20 "$log" >&2
+    exit 1
+  }
+  mv "$MODEL.tmp" "$MODEL"
+  rm -rf "$venv"
+  echo "$model_want" >"$MODEL_DIR/.llm-vitals-built"
+  echo "real-llama.cpp setup: tiny GGUF written in $(( $(date +%s) - t0 )) s ($MODEL)"
+fi
+ready
