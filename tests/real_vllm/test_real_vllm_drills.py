@@ -29,6 +29,7 @@ from .exporter_process import (
     wait_idle,
 )
 from .load import (
+    Load,
     engine_counter,
     long_generations,
     long_prompts,
@@ -61,6 +62,22 @@ IDLE_WINDOW_S = 15.0
 # Scheduling slack for the exporter's own poll jitter on a loaded box, on top of stuck_after + 2 polls.
 DETECTION_SLACK_S = 1.0
 SUCCESS = "vllm:request_success_total"
+
+
+def kill_under_load(vllm: VllmServer, watcher: Watcher, title: str) -> tuple[float, float, Load]:
+    """From idle, start the fault load and SIGKILL the process `title` once the engine runs it.
+
+    Returns when the load began, when the kill was sent, and the load (its requests end at the kill).
+    """
+    wait_idle(watcher)
+    t0 = time.time()
+    load = start_load(vllm.url, long_generations(FAULT_LOAD_REQUESTS, SATURATION_TOKENS), FAULT_LOAD_CONCURRENCY)
+    wait_engine_busy(vllm.url, load)
+    victim = vllm.find(title)
+    assert not load.done(), "the load ended before the SIGKILL"
+    t_kill = time.time()
+    victim.kill()  # SIGKILL
+    return t0, t_kill, load
 
 
 def test_engine_serves_the_tiny_model_and_its_metrics(vllm: VllmServer):
@@ -231,14 +248,7 @@ def test_hang_sigstop_enginecore_is_stuck_then_live_fails_then_recovers(
 
 
 def test_kill_enginecore_is_down_with_a_reason(vllm: VllmServer, watcher: Watcher, drill: Drill):
-    wait_idle(watcher)
-    t0 = time.time()
-    load = start_load(vllm.url, long_generations(FAULT_LOAD_REQUESTS, SATURATION_TOKENS), FAULT_LOAD_CONCURRENCY)
-    wait_engine_busy(vllm.url, load)
-    core = vllm.find("VLLM::EngineCore")
-    assert not load.done(), "the load ended before the SIGKILL"
-    t_kill = time.time()
-    core.kill()  # SIGKILL
+    t0, t_kill, load = kill_under_load(vllm, watcher, "VLLM::EngineCore")
     down = watcher.wait_for(lambda s: s.state == "down", timeout=30, what="down", after=t_kill)
     drill.detected("SIGKILL to down", detection_seconds(down, t_kill))
     # vLLM 0.32 quirk, kept as a fact: once its engine is dead the API server exits with status 0,
@@ -353,14 +363,7 @@ def test_kill_worker_while_the_api_server_answers_is_down_health_503(vllm: VllmS
     after three failed canaries, since /metrics then shows nothing pending.
     """
     assert vllm.starts and vllm.starts[-1]["keep_alive_on_engine_death"], "the restart drill did not run"
-    wait_idle(watcher)
-    t0 = time.time()
-    load = start_load(vllm.url, long_generations(FAULT_LOAD_REQUESTS, SATURATION_TOKENS), FAULT_LOAD_CONCURRENCY)
-    wait_engine_busy(vllm.url, load)
-    worker = vllm.find("VLLM::Worker")
-    assert not load.done(), "the load ended before the SIGKILL"
-    t_kill = time.time()
-    worker.kill()  # SIGKILL
+    t0, t_kill, load = kill_under_load(vllm, watcher, "VLLM::Worker")
     down = watcher.wait_for(
         lambda s: s.state == "down", timeout=STUCK_AFTER_S + 2 * POLL_INTERVAL_S + 30, what="down", after=t_kill
     )
