@@ -18,3 +18,4 @@ REGISTRY = web.AppKey("registry", CollectorRegistry)
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 POLLER = web.AppKey("poller", Poller)
+FULL_RENDER = web.AppKey("full_render", bool)  # /metrics rendered whole per scrape: the benchmark's baseline

@@ -17,6 +17,7 @@ import aiohttp
 from exporter.canary import resolve_model, send_canary
 from exporter.engines import Page, PageError, Snapshot
 from exporter.engines.table import engine_of, read_page
+from exporter.page import refresh
 from exporter.settings import ExporterSettings
 from exporter.state import StateStore, TargetRecord
 from exporter.upstream import METRICS_ACCEPT, bounded_get, bounded_get_with_headers, read_models
@@ -85,7 +86,7 @@ class Poller:
             await asyncio.sleep(next_at - now + jitter)
 
     async def poll_once(self, record: TargetRecord) -> None:
-        """One poll: observe, judge, cache, log a state change, maybe send a canary."""
+        """One poll: observe, judge, cache, log a state change, maybe send a canary, render its /metrics lines."""
         started = time.perf_counter()
         observation, health = await self.observe(record)
         record.poll_duration = time.perf_counter() - started
@@ -102,6 +103,7 @@ class Poller:
                       poll_interval=self.settings.poll_interval, in_flight=record.canary_task is not None):
             record.last_canary_sent = now
             record.canary_task = asyncio.create_task(self._canary(record), name=f"canary:{record.name}")
+        refresh(record, now)  # its /metrics lines, once per poll rather than once per scrape
 
     async def observe(self, record: TargetRecord) -> tuple[Observation, tuple[str, int] | None]:
         """What one poll sees (a Snapshot, the model list, or a PollError) and `/health`'s status when asked.
@@ -179,7 +181,9 @@ class Poller:
                 record.model = None  # the server may have been replaced: look the model up again
             record.canaries[outcome.result] += 1
             before = record.verdict
-            record.verdict = record_canary(before, outcome, self.clock(), target)
+            now = self.clock()
+            record.verdict = record_canary(before, outcome, now, target)
+            refresh(record, now)
             if outcome.result != "ok":
                 log_event(log, "canary failed", logging.WARNING, target=record.name, result=outcome.result,
                           detail=outcome.detail, consecutive_failures=record.verdict.canary_failures)

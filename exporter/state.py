@@ -6,10 +6,14 @@ import asyncio
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from exporter.settings import ExporterSettings, TargetSettings
 from exporter.verdict import Verdict, initial, is_live, is_ready, is_started, recently_unhealthy
 from llm_vitals.targets import CanaryView, TargetView
+
+if TYPE_CHECKING:
+    from exporter.page import Rendered
 
 # Poll-error reasons always exposed (at 0), so `increase()` sees the first error of each kind.
 STANDARD_ERROR_REASONS = ("connect", "timeout", "http_status", "bad_metrics", "too_large")
@@ -34,6 +38,9 @@ class TargetRecord:
     model: str | None = None  # resolved canary model (configured, or first id of /v1/models)
     gpu_fault: str | None = None  # first line of the gpu_fault_file when it flags a fault
     history: deque[tuple[float, float, str]] = field(default_factory=deque)
+    # This target's /metrics lines, rendered when its reading changed (exporter/page.py): kept here
+    # so that a target dropped from the store takes them with it.
+    rendered: Rendered | None = None
 
     @property
     def name(self) -> str:
