@@ -168,7 +168,7 @@ async def test_a_dcgm_exporter_that_cannot_be_read_is_an_error_kept_never_a_faul
 
 
 async def test_an_unreadable_page_holds_an_xid_fault_and_never_loses_the_baseline(aiohttp_server, aiohttp_client) -> None:
-    client, rec, fake = await dcgm_exporter(aiohttp_server, aiohttp_client, {"pod": "vllm-b"})
+    _, rec, fake = await dcgm_exporter(aiohttp_server, aiohttp_client, {"pod": "vllm-b"})
     fake.page = XID79
     await wait_for(lambda: rec.gpu_fault, what="gpu fault flagged")
     fake.mode = "html"
