@@ -19,8 +19,9 @@ from exporter.dcgm import fetch_gpus
 from exporter.engines import Page, PageError, Snapshot
 from exporter.engines.table import engine_of, read_page
 from exporter.gpu_faults import GpuFault, GpuReading, dcgm_fault
+from exporter.node_watch import NodeCache
 from exporter.settings import ExporterSettings
-from exporter.state import StateStore, TargetRecord
+from exporter.state import StateStore, TargetRecord, log_gpu_fault_change
 from exporter.upstream import METRICS_ACCEPT, bounded_get, bounded_get_with_headers, read_models
 from exporter.verdict import (
     CanaryOutcome,
@@ -47,13 +48,16 @@ class Poller:
         store: StateStore,
         session: aiohttp.ClientSession,
         clock: Callable[[], float] = time.time,
+        nodes: NodeCache | None = None,
     ) -> None:
         self.settings = settings
+        self.nodes = nodes  # the node watch's cache, applied to the target on each poll
         self.store = store
         self.session = session
         self.clock = clock
         self.tasks: list[asyncio.Task[None]] = []
         self._xids = frozenset(settings.gpu_faults.dcgm_xids)
+        self._node_rules = settings.gpu_faults.node_rules
 
     def start(self) -> None:
         for record in self.store:
@@ -94,6 +98,8 @@ class Poller:
         (observation, health), gpus = await asyncio.gather(self.observe(record), self._read_dcgm(record))
         record.poll_duration = time.perf_counter() - started
         self._read_gpu_fault_file(record)
+        if self.nodes is not None:
+            self.nodes.apply(record, self._node_rules)
         if record.settings.dcgm is not None:
             record.dcgm_state, record.dcgm_fault = dcgm_fault(record.dcgm_state, gpus, self._xids)
         log_gpu_fault_change(record, before_fault)
@@ -240,11 +246,3 @@ class Poller:
             detail=after.detail, restarts=after.restarts, counters=snap.counters() if snap else {},
         )
 
-
-def log_gpu_fault_change(record: TargetRecord, before: str | None) -> None:
-    """One log line when the target's combined GPU fault appears, changes or clears."""
-    after = record.gpu_fault
-    if after != before:
-        fault = record.fault
-        log_event(log, "gpu fault flagged" if after else "gpu fault cleared", logging.WARNING,
-                  target=record.name, source=fault.source if fault else None, detail=after)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -10,7 +11,10 @@ from dataclasses import dataclass, field
 from exporter.gpu_faults import DcgmState, GpuFault, combine
 from exporter.settings import ExporterSettings, TargetSettings
 from exporter.verdict import Verdict, initial, is_live, is_ready, is_started, recently_unhealthy
+from llm_vitals.logs import log_event
 from llm_vitals.targets import CanaryView, TargetView
+
+log = logging.getLogger("llm_vitals.exporter")
 
 # Poll-error reasons always exposed (at 0), so `increase()` sees the first error of each kind.
 STANDARD_ERROR_REASONS = ("connect", "timeout", "http_status", "bad_metrics", "too_large")
@@ -140,3 +144,12 @@ def target_view(record: TargetRecord, now: float) -> TargetView:
         poll_duration_seconds=_round(record.poll_duration, 4),
         polls=record.polls,
     )
+
+
+def log_gpu_fault_change(record: TargetRecord, before: str | None) -> None:
+    """One log line when the target's combined GPU fault appears, changes or clears."""
+    after = record.gpu_fault
+    if after != before:
+        fault = record.fault
+        log_event(log, "gpu fault flagged" if after else "gpu fault cleared", logging.WARNING,
+                  target=record.name, source=fault.source if fault else None, detail=after)
