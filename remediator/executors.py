@@ -8,6 +8,7 @@ the journal. Error text never carries a credential (tokens are sent as headers a
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 import ssl
@@ -165,12 +166,37 @@ class DockerExecutor:
         except (httpx.TimeoutException, TimeoutError):
             return ExecResult("timeout", f"docker restart {self.container}: no answer within {self.timeout:g}s")
         except httpx.HTTPError as exc:
-            return ExecResult("error", f"docker socket {self.socket_path}: {_describe(exc)}")
+            hint = socket_hint(_os_errno(exc))
+            return ExecResult("error", f"docker socket {self.socket_path}: {_describe(exc)}" + (f" ({hint})" if hint else ""))
         if response.status_code == 204:
             return ExecResult("ok", f"docker restarted {self.container}")
         return ExecResult(
             "error", f"docker restart {self.container}: HTTP {response.status_code}: {_engine_message(response)}"
         )
+
+
+_SOCKET_HINTS = {
+    errno.EACCES: "this process's user may not use the socket: run as root or in the socket's group",
+    errno.ECONNREFUSED: "nothing listens on the socket: the Docker daemon is down",
+    errno.ENOENT: "no socket there: the Docker daemon is not running, or the socket is not mounted",
+}
+
+
+def socket_hint(code: int | None) -> str:
+    """What a connect error on the Docker socket means, for the journal; "" when we cannot say."""
+    return _SOCKET_HINTS.get(code, "") if code is not None else ""
+
+
+def _os_errno(exc: BaseException) -> int | None:
+    """The errno of the OSError under an httpx error (httpx -> httpcore -> OSError), if any."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and seen.errno is not None:
+            return seen.errno
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _not_restartable(container: str, inspected: httpx.Response) -> str | None:

@@ -6,6 +6,7 @@ were not run against a real Docker engine or cluster."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import shutil
 import ssl
 import subprocess
@@ -18,7 +19,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from remediator.executors import CommandExecutor, DockerExecutor, HttpExecutor, KubernetesExecutor
+from remediator.executors import CommandExecutor, DockerExecutor, HttpExecutor, KubernetesExecutor, socket_hint
 from remediator.settings import CommandTarget, DockerTarget, HttpTarget, KubernetesTarget
 
 # -- command ----------------------------------------------------------------------------------
@@ -198,6 +199,19 @@ async def test_docker_errors_carry_the_engine_message(docker_engine):
         DockerTarget(executor="docker", container="vllm-c", socket_path=socket_path.with_name("absent.sock"))
     ).restart()
     assert no_daemon.result == "error" and "absent.sock" in no_daemon.detail
+    assert "the Docker daemon is not running, or the socket is not mounted" in no_daemon.detail
+
+
+@pytest.mark.parametrize(("code", "says"), [
+    (errno.EACCES, "may not use the socket"),
+    (errno.ECONNREFUSED, "the Docker daemon is down"),
+    (errno.ENOENT, "not running, or the socket is not mounted"),
+    (errno.EIO, ""),
+    (None, ""),
+])
+def test_docker_socket_errors_say_what_they_mean(code, says):
+    hint = socket_hint(code)
+    assert (says in hint) if says else hint == ""
 
 
 async def test_docker_refuses_a_container_that_is_not_running(docker_engine):
