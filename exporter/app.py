@@ -18,7 +18,9 @@ from prometheus_client import generate_latest
 from pydantic import BaseModel
 
 from exporter.collector import build_process_registry, read, render_families
-from exporter.keys import CLOCK, FULL_RENDER, POLLER, REGISTRY, SESSION, SETTINGS, STORE
+from exporter.keys import CLOCK, FULL_RENDER, NODES, POLLER, REGISTRY, SESSION, SETTINGS, STORE
+from exporter.kube import api_client
+from exporter.node_watch import NodeCache, NodeWatch, wants_node_watch
 from exporter.page import page_pieces, refresh
 from exporter.poller import Poller
 from exporter.settings import ExporterSettings
@@ -45,11 +47,14 @@ def create_app(settings: ExporterSettings, *, clock: Callable[[], float] = time.
     app = web.Application()
     app[SETTINGS] = settings
     app[CLOCK] = clock
-    app[STORE] = StateStore(settings, clock())
+    store = app[STORE] = StateStore(settings, clock())
     app[REGISTRY] = build_process_registry()  # the vitals are rendered by exporter/page.py
     app[FULL_RENDER] = full_render
     app.cleanup_ctx.append(_client_session)
     if poll:
+        if wants_node_watch(store):
+            app[NODES] = NodeCache()
+            app.cleanup_ctx.append(_node_watch)
         app.cleanup_ctx.append(_pollers)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
@@ -77,11 +82,22 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _pollers(app: web.Application) -> AsyncIterator[None]:
-    poller = Poller(app[SETTINGS], app[STORE], app[SESSION], app[CLOCK])
+    poller = Poller(app[SETTINGS], app[STORE], app[SESSION], app[CLOCK], nodes=app.get(NODES))
     app[POLLER] = poller
     poller.start()
     yield
     await poller.stop()
+
+
+async def _node_watch(app: web.Application) -> AsyncIterator[None]:
+    """The watch of the targets' nodes (GPU faults from node conditions and taints), when a target names a node."""
+    settings, store = app[SETTINGS], app[STORE]
+    watcher = NodeWatch(app[NODES], settings.gpu_faults.node_rules, lambda: iter(store),
+                        lambda: api_client(settings.gpu_faults.kubeconfig))
+    task = asyncio.create_task(watcher.run(), name="node-watch")
+    yield
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 def _unknown(name: str) -> web.Response:

@@ -15,11 +15,14 @@ from collections.abc import Callable
 import aiohttp
 
 from exporter.canary import resolve_model, send_canary
+from exporter.dcgm import fetch_gpus
 from exporter.engines import Page, PageError, Snapshot
 from exporter.engines.table import engine_of, read_page
+from exporter.gpu_faults import GpuFault, GpuReading, dcgm_fault
+from exporter.node_watch import NodeCache
 from exporter.page import refresh
 from exporter.settings import ExporterSettings
-from exporter.state import StateStore, TargetRecord
+from exporter.state import StateStore, TargetRecord, log_gpu_fault_change
 from exporter.upstream import METRICS_ACCEPT, bounded_get, bounded_get_with_headers, read_models
 from exporter.verdict import (
     CanaryOutcome,
@@ -46,12 +49,16 @@ class Poller:
         store: StateStore,
         session: aiohttp.ClientSession,
         clock: Callable[[], float] = time.time,
+        nodes: NodeCache | None = None,
     ) -> None:
         self.settings = settings
+        self.nodes = nodes  # the node watch's cache, applied to the target on each poll
         self.store = store
         self.session = session
         self.clock = clock
         self.tasks: list[asyncio.Task[None]] = []
+        self._xids = frozenset(settings.gpu_faults.dcgm_xids)
+        self._node_rules = settings.gpu_faults.node_rules
 
     def start(self) -> None:
         for record in self.store:
@@ -88,9 +95,15 @@ class Poller:
     async def poll_once(self, record: TargetRecord) -> None:
         """One poll: observe, judge, cache, log a state change, maybe send a canary, render its /metrics lines."""
         started = time.perf_counter()
-        observation, health = await self.observe(record)
+        before_fault = record.gpu_fault
+        (observation, health), gpus = await asyncio.gather(self.observe(record), self._read_dcgm(record))
         record.poll_duration = time.perf_counter() - started
-        self._read_gpu_fault(record)
+        self._read_gpu_fault_file(record)
+        if self.nodes is not None:
+            self.nodes.apply(record, self._node_rules)
+        if record.settings.dcgm is not None:
+            record.dcgm_state, record.dcgm_fault = dcgm_fault(record.dcgm_state, gpus, self._xids)
+        log_gpu_fault_change(record, before_fault)
         now = self.clock()
         before = record.verdict
         record.verdict = judge(before, observation, now, record.settings, health=health)
@@ -193,7 +206,23 @@ class Poller:
         finally:
             record.canary_task = None
 
-    def _read_gpu_fault(self, record: TargetRecord) -> None:
+    async def _read_dcgm(self, record: TargetRecord) -> list[GpuReading] | None:
+        """The target's GPUs on its dcgm-exporter page; None (the error kept on the record) when unreadable."""
+        dcgm = record.settings.dcgm
+        if dcgm is None:
+            return None
+        try:
+            gpus = await fetch_gpus(self.session, dcgm, self.settings.gpu_faults.dcgm_timeout, self.settings.max_page_bytes)
+        except PageError as exc:
+            error = f"{exc.reason}: {exc.detail}"
+            if record.gpu_fault_errors.get("dcgm") != error:
+                log_event(log, "cannot read dcgm-exporter", logging.WARNING, target=record.name, url=str(dcgm.url), error=error)
+            record.gpu_fault_errors["dcgm"] = error
+            return None
+        record.gpu_fault_errors.pop("dcgm", None)
+        return gpus
+
+    def _read_gpu_fault_file(self, record: TargetRecord) -> None:
         path = record.settings.gpu_fault_file
         if path is None:
             return
@@ -205,11 +234,7 @@ class Poller:
         except OSError as exc:
             text = ""
             log_event(log, "cannot read gpu_fault_file", logging.WARNING, target=record.name, error=exc.strerror)
-        fault = text.splitlines()[0][:200] if text else None
-        if fault != record.gpu_fault:
-            log_event(log, "gpu fault flagged" if fault else "gpu fault cleared", logging.WARNING,
-                      target=record.name, detail=fault)
-            record.gpu_fault = fault
+        record.file_fault = GpuFault("file", text.splitlines()[0][:200]) if text else None
 
     def _log_change(self, record: TargetRecord, before) -> None:
         after = record.verdict
@@ -224,3 +249,4 @@ class Poller:
             target=record.name, **{"from": before.state, "to": after.state}, reason=after.reason,
             detail=after.detail, restarts=after.restarts, counters=snap.counters() if snap else {},
         )
+

@@ -22,6 +22,7 @@ from property import property_settings, record_examples
 from exporter.app import create_app
 from exporter.collector import render_vitals
 from exporter.engines import Snapshot
+from exporter.gpu_faults import GpuFault
 from exporter.keys import STORE
 from exporter.page import current, page_pieces, refresh, render_page
 from exporter.settings import TargetSettings, parse_settings
@@ -52,7 +53,7 @@ def fleet_store() -> StateStore:
 
 
 def set_gpu_fault(record: TargetRecord, detail: str | None) -> None:
-    record.gpu_fault = detail
+    record.node_fault = GpuFault("node", detail) if detail else None  # as the node watch does, between polls
 
 
 def _maybe(rng: random.Random, value):
