@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo bench test-vllm test-llamacpp test-sglang test-triton test-k8s tools clean
+.PHONY: install test lint demo bench test-docker test-vllm test-llamacpp test-sglang test-triton test-k8s tools clean
 
 install: $(STAMP)
 
@@ -34,6 +34,12 @@ lint: install
 CONFIG ?= $(wildcard exporter.yaml)
 demo: install
 	$(BIN)/python -m demo$(if $(CONFIG), --config $(CONFIG))
+
+# The real-Docker tier (tests/real_docker/): its own dockerd (own socket, data root, pid file, no
+# bridge), the image built on a Debian base made locally (cached outside the clone), the compose
+# stack and the docker executor against the real Engine; leaves no daemon, container or image.
+test-docker: install
+	@bash tools/real-docker-test.sh $(PYTEST_ARGS)
 
 # The real-vLLM tier (tests/real_vllm/README.md): its own vLLM venv and a tiny model built locally,
 # cached outside the clone (tools/cache-path.sh), fault drills against a real `vllm serve`; prints

@@ -1,0 +1,77 @@
+"""Reading a target's GPU on a dcgm-exporter `/metrics` page: its Xid gauge and its DCGM health watches.
+
+Written against dcgm-exporter's own source, github.com/NVIDIA/dcgm-exporter at commit
+d5e5f510a1b6b393f39a43293ccd9dc985defc79 (internal/pkg/rendermetrics/render_metrics.go for the line
+shape, internal/pkg/collector/gpu_health_collector.go for DCGM_EXP_GPU_HEALTH_STATUS,
+internal/pkg/transformation/const.go for the pod labels; tests/fixtures/dcgm/make_pages.py renders
+the test pages from them). Not checked against a live dcgm-exporter: there is no GPU here.
+
+A GPU line carries `gpu="0"`, `UUID="GPU-..."` (`uuid` with dcgm-exporter's old-namespace option)
+and, with its Kubernetes pod mapping, `pod`, `namespace` (`pod_name`, `pod_namespace` in the old
+namespace). A pod with several GPUs has several. `read_gpus` is pure; `fetch_gpus` does the GET.
+Every failure is a PageError with a reason and detail: the caller keeps it and flags nothing.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+
+from exporter.engines import PageError
+from exporter.engines.scan import Sample, Scanner, decode
+from exporter.gpu_faults import DCGM_HEALTH_FAIL, GpuReading
+from exporter.settings import DcgmSettings
+from exporter.upstream import METRICS_ACCEPT, bounded_get
+
+XID = "DCGM_FI_DEV_XID_ERRORS"
+HEALTH = "DCGM_EXP_GPU_HEALTH_STATUS"
+_SCANNER = Scanner([XID, HEALTH])
+
+
+def _label(labels: dict[str, str], *names: str) -> str | None:
+    return next((labels[name] for name in names if name in labels), None)
+
+
+def _is_ours(labels: dict[str, str], dcgm: DcgmSettings) -> bool:
+    if dcgm.uuid is not None:
+        return _label(labels, "UUID", "uuid") == dcgm.uuid
+    if _label(labels, "pod", "pod_name") != dcgm.pod:
+        return False
+    return dcgm.namespace is None or _label(labels, "namespace", "pod_namespace") == dcgm.namespace
+
+
+def read_gpus(body: bytes, dcgm: DcgmSettings) -> list[GpuReading]:
+    """The target's GPUs on this page, in page order; PageError when the page or the GPU is not there."""
+    found = _SCANNER.scan(decode(body))
+    if not found:
+        raise PageError("bad_metrics", f"not a dcgm-exporter page: no {XID} nor {HEALTH} line")
+    gpus: dict[str, tuple[str, list[float], list[tuple[str, str]]]] = {}  # uuid -> (index, xids, failing)
+
+    def gpu_of(sample: Sample) -> tuple[dict[str, str], str] | None:
+        labels = sample.labels()
+        uuid = _label(labels, "UUID", "uuid")
+        if uuid is None or not _is_ours(labels, dcgm):
+            return None
+        gpus.setdefault(uuid, (labels.get("gpu", "?"), [], []))
+        return labels, uuid
+
+    for sample in found.get(XID, []):
+        if (hit := gpu_of(sample)) is not None and sample.value == sample.value:  # a NaN Xid is no reading
+            gpus[hit[1]][1].append(sample.value)
+    for sample in found.get(HEALTH, []):
+        if (hit := gpu_of(sample)) is not None and sample.value >= DCGM_HEALTH_FAIL:
+            labels, uuid = hit
+            gpus[uuid][2].append((labels.get("health_watch", "?"), labels.get("health_error_code", "")))
+    if not gpus:
+        wanted = f"UUID {dcgm.uuid}" if dcgm.uuid else f"pod {dcgm.pod}" + (f" in namespace {dcgm.namespace}" if dcgm.namespace else "")
+        raise PageError("bad_metrics", f"no GPU of {wanted} on the dcgm-exporter page")
+    return [GpuReading(uuid, index, xids[-1] if xids else None, tuple(failing))
+            for uuid, (index, xids, failing) in gpus.items()]
+
+
+async def fetch_gpus(session: aiohttp.ClientSession, dcgm: DcgmSettings, timeout: float, max_bytes: int) -> list[GpuReading]:
+    """GET the dcgm-exporter page and read the target's GPUs; PageError for any upstream trouble."""
+    status, body = await bounded_get(session, str(dcgm.url), timeout=timeout, max_bytes=max_bytes,
+                                     headers={"Accept": METRICS_ACCEPT})
+    if status != 200:
+        raise PageError("http_status", f"dcgm-exporter answered HTTP {status}")
+    return read_gpus(body, dcgm)
