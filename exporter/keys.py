@@ -24,3 +24,4 @@ POLLER = web.AppKey("poller", Poller)
 NODES = web.AppKey("nodes", NodeCache)
 DISCOVERY = web.AppKey("discovery", Discovery)
 RELOAD = web.AppKey("reload", ReloadState)
+FULL_RENDER = web.AppKey("full_render", bool)  # /metrics rendered whole per scrape: the benchmark's baseline
