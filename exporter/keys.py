@@ -20,3 +20,4 @@ CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 POLLER = web.AppKey("poller", Poller)
 NODES = web.AppKey("nodes", NodeCache)
+FULL_RENDER = web.AppKey("full_render", bool)  # /metrics rendered whole per scrape: the benchmark's baseline

@@ -20,6 +20,7 @@ from exporter.engines import Page, PageError, Snapshot
 from exporter.engines.table import engine_of, read_page
 from exporter.gpu_faults import GpuFault, GpuReading, dcgm_fault
 from exporter.node_watch import NodeCache
+from exporter.page import refresh
 from exporter.settings import ExporterSettings
 from exporter.state import StateStore, TargetRecord, log_gpu_fault_change
 from exporter.upstream import METRICS_ACCEPT, bounded_get, bounded_get_with_headers, read_models
@@ -92,7 +93,7 @@ class Poller:
             await asyncio.sleep(next_at - now + jitter)
 
     async def poll_once(self, record: TargetRecord) -> None:
-        """One poll: observe, judge, cache, log a state change, maybe send a canary."""
+        """One poll: observe, judge, cache, log a state change, maybe send a canary, render its /metrics lines."""
         started = time.perf_counter()
         before_fault = record.gpu_fault
         (observation, health), gpus = await asyncio.gather(self.observe(record), self._read_dcgm(record))
@@ -115,6 +116,7 @@ class Poller:
                       poll_interval=self.settings.poll_interval, in_flight=record.canary_task is not None):
             record.last_canary_sent = now
             record.canary_task = asyncio.create_task(self._canary(record), name=f"canary:{record.name}")
+        refresh(record, now)  # its /metrics lines, once per poll rather than once per scrape
 
     async def observe(self, record: TargetRecord) -> tuple[Observation, tuple[str, int] | None]:
         """What one poll sees (a Snapshot, the model list, or a PollError) and `/health`'s status when asked.
@@ -192,7 +194,9 @@ class Poller:
                 record.model = None  # the server may have been replaced: look the model up again
             record.canaries[outcome.result] += 1
             before = record.verdict
-            record.verdict = record_canary(before, outcome, self.clock(), target)
+            now = self.clock()
+            record.verdict = record_canary(before, outcome, now, target)
+            refresh(record, now)
             if outcome.result != "ok":
                 log_event(log, "canary failed", logging.WARNING, target=record.name, result=outcome.result,
                           detail=outcome.detail, consecutive_failures=record.verdict.canary_failures)

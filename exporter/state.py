@@ -7,12 +7,16 @@ import logging
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from exporter.gpu_faults import DcgmState, GpuFault, combine
 from exporter.settings import ExporterSettings, TargetSettings
 from exporter.verdict import Verdict, initial, is_live, is_ready, is_started, recently_unhealthy
 from llm_vitals.logs import log_event
 from llm_vitals.targets import CanaryView, TargetView
+
+if TYPE_CHECKING:
+    from exporter.page import Rendered
 
 log = logging.getLogger("llm_vitals.exporter")
 
@@ -45,6 +49,9 @@ class TargetRecord:
     # Why a GPU-fault source could not be read (source -> error): kept and shown, never a fault.
     gpu_fault_errors: dict[str, str] = field(default_factory=dict)
     history: deque[tuple[float, float, str]] = field(default_factory=deque)
+    # This target's /metrics lines, rendered when its reading changed (exporter/page.py): kept here
+    # so that a target dropped from the store takes them with it.
+    rendered: Rendered | None = None
 
     @property
     def name(self) -> str:
