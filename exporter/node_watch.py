@@ -1,9 +1,9 @@
 """The node watch: lists and then watches the cluster's Nodes, so each Kubernetes target knows its node's GPU fault.
 
 One list-then-watch of all nodes (an informer's shape), not one watch per target's node: a fleet of
-500 pods on 60 nodes is one stream. It needs a ClusterRole with `get`, `list` and `watch` on
-`nodes` (deploy/kubernetes/exporter.yaml); without it every target with a node shows the 403 in
-`gpu_fault_errors.node`, and no fault is ever inferred from it.
+500 pods on 60 nodes is one stream. It needs a ClusterRole with `list` and `watch` on `nodes`
+(deploy/kubernetes/exporter.yaml; no `get`: it never reads one node by name); without it every
+target with a node shows the 403 in `gpu_fault_errors.node`, and no fault is ever inferred from it.
 
 Each watch the server ends (every WATCH_SECONDS) is resumed from the last `resourceVersion`; a
 410 Gone (compacted) relists. A failure (a lost API server, a 403) is retried with a capped backoff
