@@ -19,8 +19,10 @@ from exporter.dcgm import fetch_gpus
 from exporter.engines import Page, PageError, Snapshot
 from exporter.engines.table import engine_of, read_page
 from exporter.gpu_faults import GpuFault, GpuReading, dcgm_fault
+from exporter.node_watch import NodeCache
+from exporter.page import refresh
 from exporter.settings import ExporterSettings
-from exporter.state import StateStore, TargetRecord
+from exporter.state import StateStore, TargetRecord, log_gpu_fault_change
 from exporter.upstream import METRICS_ACCEPT, bounded_get, bounded_get_with_headers, read_models
 from exporter.verdict import (
     CanaryOutcome,
@@ -47,13 +49,16 @@ class Poller:
         store: StateStore,
         session: aiohttp.ClientSession,
         clock: Callable[[], float] = time.time,
+        nodes: NodeCache | None = None,
     ) -> None:
         self.settings = settings
+        self.nodes = nodes  # the node watch's cache, applied to the target on each poll
         self.store = store
         self.session = session
         self.clock = clock
         self.tasks: list[asyncio.Task[None]] = []
         self._xids = frozenset(settings.gpu_faults.dcgm_xids)
+        self._node_rules = settings.gpu_faults.node_rules
 
     def start(self) -> None:
         for record in self.store:
@@ -88,12 +93,14 @@ class Poller:
             await asyncio.sleep(next_at - now + jitter)
 
     async def poll_once(self, record: TargetRecord) -> None:
-        """One poll: observe, judge, cache, log a state change, maybe send a canary."""
+        """One poll: observe, judge, cache, log a state change, maybe send a canary, render its /metrics lines."""
         started = time.perf_counter()
         before_fault = record.gpu_fault
         (observation, health), gpus = await asyncio.gather(self.observe(record), self._read_dcgm(record))
         record.poll_duration = time.perf_counter() - started
         self._read_gpu_fault_file(record)
+        if self.nodes is not None:
+            self.nodes.apply(record, self._node_rules)
         if record.settings.dcgm is not None:
             record.dcgm_state, record.dcgm_fault = dcgm_fault(record.dcgm_state, gpus, self._xids)
         log_gpu_fault_change(record, before_fault)
@@ -109,6 +116,7 @@ class Poller:
                       poll_interval=self.settings.poll_interval, in_flight=record.canary_task is not None):
             record.last_canary_sent = now
             record.canary_task = asyncio.create_task(self._canary(record), name=f"canary:{record.name}")
+        refresh(record, now)  # its /metrics lines, once per poll rather than once per scrape
 
     async def observe(self, record: TargetRecord) -> tuple[Observation, tuple[str, int] | None]:
         """What one poll sees (a Snapshot, the model list, or a PollError) and `/health`'s status when asked.
@@ -186,7 +194,9 @@ class Poller:
                 record.model = None  # the server may have been replaced: look the model up again
             record.canaries[outcome.result] += 1
             before = record.verdict
-            record.verdict = record_canary(before, outcome, self.clock(), target)
+            now = self.clock()
+            record.verdict = record_canary(before, outcome, now, target)
+            refresh(record, now)
             if outcome.result != "ok":
                 log_event(log, "canary failed", logging.WARNING, target=record.name, result=outcome.result,
                           detail=outcome.detail, consecutive_failures=record.verdict.canary_failures)
@@ -240,11 +250,3 @@ class Poller:
             detail=after.detail, restarts=after.restarts, counters=snap.counters() if snap else {},
         )
 
-
-def log_gpu_fault_change(record: TargetRecord, before: str | None) -> None:
-    """One log line when the target's combined GPU fault appears, changes or clears."""
-    after = record.gpu_fault
-    if after != before:
-        fault = record.fault
-        log_event(log, "gpu fault flagged" if after else "gpu fault cleared", logging.WARNING,
-                  target=record.name, source=fault.source if fault else None, detail=after)

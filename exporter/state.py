@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from exporter.gpu_faults import DcgmState, GpuFault, combine
 from exporter.settings import ExporterSettings, TargetSettings
 from exporter.verdict import Verdict, initial, is_live, is_ready, is_started, recently_unhealthy
+from llm_vitals.logs import log_event
 from llm_vitals.targets import CanaryView, TargetView
+
+if TYPE_CHECKING:
+    from exporter.page import Rendered
+
+log = logging.getLogger("llm_vitals.exporter")
 
 # Poll-error reasons always exposed (at 0), so `increase()` sees the first error of each kind.
 STANDARD_ERROR_REASONS = ("connect", "timeout", "http_status", "bad_metrics", "too_large")
@@ -41,6 +49,9 @@ class TargetRecord:
     # Why a GPU-fault source could not be read (source -> error): kept and shown, never a fault.
     gpu_fault_errors: dict[str, str] = field(default_factory=dict)
     history: deque[tuple[float, float, str]] = field(default_factory=deque)
+    # This target's /metrics lines, rendered when its reading changed (exporter/page.py): kept here
+    # so that a target dropped from the store takes them with it.
+    rendered: Rendered | None = None
 
     @property
     def name(self) -> str:
@@ -140,3 +151,12 @@ def target_view(record: TargetRecord, now: float) -> TargetView:
         poll_duration_seconds=_round(record.poll_duration, 4),
         polls=record.polls,
     )
+
+
+def log_gpu_fault_change(record: TargetRecord, before: str | None) -> None:
+    """One log line when the target's combined GPU fault appears, changes or clears."""
+    after = record.gpu_fault
+    if after != before:
+        fault = record.fault
+        log_event(log, "gpu fault flagged" if after else "gpu fault cleared", logging.WARNING,
+                  target=record.name, source=fault.source if fault else None, detail=after)
