@@ -15,7 +15,7 @@ from collections.abc import Callable
 import aiohttp
 
 from exporter.canary import resolve_model, send_canary
-from exporter.dcgm import fetch_gpus
+from exporter.dcgm import SharedPages, fetch_page, read_gpus
 from exporter.discovery.targetset import Changes
 from exporter.engines import Page, PageError, Snapshot
 from exporter.engines.table import engine_of, read_page
@@ -60,6 +60,11 @@ class Poller:
         self.tasks: dict[str, asyncio.Task[None]] = {}  # one poll loop per watched target, by name
         self._xids = frozenset(settings.gpu_faults.dcgm_xids)
         self._node_rules = settings.gpu_faults.node_rules
+        # Targets on one node share its dcgm-exporter page: one read per URL per poll interval (a
+        # tenth less, so that two polls one interval apart never both reuse one read).
+        self.dcgm_pages = SharedPages(
+            lambda url: fetch_page(session, url, self.settings.gpu_faults.dcgm_timeout, self.settings.max_page_bytes),
+            fresh_for=0.9 * settings.poll_interval)
 
     def reconfigure(self, settings: ExporterSettings) -> None:
         """A reloaded config's poll settings and GPU-fault rules, used from each loop's next poll."""
@@ -81,6 +86,7 @@ class Poller:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.tasks.clear()
+        await self.dcgm_pages.close()
 
     def apply(self, changes: Changes) -> None:
         """Follow a change of the target set (exporter/discovery/targetset.py): stop the loops of the
@@ -248,7 +254,7 @@ class Poller:
         if dcgm is None:
             return None
         try:
-            gpus = await fetch_gpus(self.session, dcgm, self.settings.gpu_faults.dcgm_timeout, self.settings.max_page_bytes)
+            gpus = read_gpus(await self.dcgm_pages.get(str(dcgm.url)), dcgm)
         except PageError as exc:
             error = f"{exc.reason}: {exc.detail}"
             if record.gpu_fault_errors.get("dcgm") != error:
