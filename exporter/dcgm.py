@@ -8,11 +8,16 @@ the test pages from them). Not checked against a live dcgm-exporter: there is no
 
 A GPU line carries `gpu="0"`, `UUID="GPU-..."` (`uuid` with dcgm-exporter's old-namespace option)
 and, with its Kubernetes pod mapping, `pod`, `namespace` (`pod_name`, `pod_namespace` in the old
-namespace). A pod with several GPUs has several. `read_gpus` is pure; `fetch_gpus` does the GET.
+namespace). A pod with several GPUs has several. `read_gpus` is pure; `fetch_page` does the GET,
+and `SharedPages` lets every target on one node share one read of its dcgm-exporter per interval.
 Every failure is a PageError with a reason and detail: the caller keeps it and flags nothing.
 """
 
 from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
@@ -68,10 +73,44 @@ def read_gpus(body: bytes, dcgm: DcgmSettings) -> list[GpuReading]:
             for uuid, (index, xids, failing) in gpus.items()]
 
 
-async def fetch_gpus(session: aiohttp.ClientSession, dcgm: DcgmSettings, timeout: float, max_bytes: int) -> list[GpuReading]:
-    """GET the dcgm-exporter page and read the target's GPUs; PageError for any upstream trouble."""
-    status, body = await bounded_get(session, str(dcgm.url), timeout=timeout, max_bytes=max_bytes,
-                                     headers={"Accept": METRICS_ACCEPT})
+async def fetch_page(session: aiohttp.ClientSession, url: str, timeout: float, max_bytes: int) -> bytes:
+    """GET a dcgm-exporter page; PageError for any upstream trouble (timeout, connect, too large, not 200)."""
+    status, body = await bounded_get(session, url, timeout=timeout, max_bytes=max_bytes, headers={"Accept": METRICS_ACCEPT})
     if status != 200:
         raise PageError("http_status", f"dcgm-exporter answered HTTP {status}")
-    return read_gpus(body, dcgm)
+    return body
+
+
+class SharedPages:
+    """One read of a dcgm-exporter page serves every target that asks for it within `fresh_for` seconds.
+
+    One dcgm-exporter per node serves all of the node's GPUs (eight targets on an 8-GPU node): without
+    this each target would fetch the same page every poll. A read in flight is shared too; a failed
+    read is shared like a good one (each target keeps the error).
+    """
+
+    def __init__(self, fetch: Callable[[str], Awaitable[bytes]], fresh_for: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.fetch = fetch
+        self.fresh_for = fresh_for
+        self.clock = clock
+        self.reads = 0
+        self._pages: dict[str, tuple[float, asyncio.Future[bytes]]] = {}
+
+    async def get(self, url: str) -> bytes:
+        now = self.clock()
+        entry = self._pages.get(url)
+        if entry is None or now - entry[0] >= self.fresh_for:
+            self.reads += 1
+            entry = (now, asyncio.ensure_future(self.fetch(url)))
+            self._pages[url] = entry
+        # Shielded: one target's poll being cancelled must not cancel the read the others wait on.
+        return await asyncio.shield(entry[1])
+
+    async def close(self) -> None:
+        """Cancel the reads still in flight (the poller is stopping): none may outlive its loop."""
+        reads = [future for _, future in self._pages.values() if not future.done()]
+        for future in reads:
+            future.cancel()
+        await asyncio.gather(*reads, return_exceptions=True)
+        self._pages.clear()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import aiohttp
 
 from exporter.canary import resolve_model, send_canary
-from exporter.dcgm import fetch_gpus
+from exporter.dcgm import SharedPages, fetch_page, read_gpus
 from exporter.engines import Page, PageError, Snapshot
 from exporter.engines.table import engine_of, read_page
 from exporter.gpu_faults import GpuFault, GpuReading, dcgm_fault
@@ -59,6 +59,11 @@ class Poller:
         self.tasks: list[asyncio.Task[None]] = []
         self._xids = frozenset(settings.gpu_faults.dcgm_xids)
         self._node_rules = settings.gpu_faults.node_rules
+        # Targets on one node share its dcgm-exporter page: one read per URL per poll interval (a
+        # tenth less, so that two polls one interval apart never both reuse one read).
+        self.dcgm_pages = SharedPages(
+            lambda url: fetch_page(session, url, settings.gpu_faults.dcgm_timeout, settings.max_page_bytes),
+            fresh_for=0.9 * settings.poll_interval)
 
     def start(self) -> None:
         for record in self.store:
@@ -70,6 +75,7 @@ class Poller:
             task.cancel()
         await asyncio.gather(*self.tasks, *canaries, return_exceptions=True)
         self.tasks.clear()
+        await self.dcgm_pages.close()
 
     async def _loop(self, record: TargetRecord) -> None:
         interval = self.settings.poll_interval
@@ -212,7 +218,7 @@ class Poller:
         if dcgm is None:
             return None
         try:
-            gpus = await fetch_gpus(self.session, dcgm, self.settings.gpu_faults.dcgm_timeout, self.settings.max_page_bytes)
+            gpus = read_gpus(await self.dcgm_pages.get(str(dcgm.url)), dcgm)
         except PageError as exc:
             error = f"{exc.reason}: {exc.detail}"
             if record.gpu_fault_errors.get("dcgm") != error:
