@@ -27,9 +27,12 @@ from .drill_config import CANARY_INTERVAL_S, CANARY_TIMEOUT_S, LIVENESS_BUDGET_S
 from .triton_server import INSTANCES, MODEL, TritonServer, infer_body
 
 INFER = f"/v2/models/{MODEL}/infer"
-# 8 in flight on 2 instances: up to 6 queued. A 150-"token" request takes ~1.5 s alone and 2-4 s
-# on the loaded box, far below stuck_after, so completions keep coming while the queue is long.
-LOAD_TOKENS = 150
+# 8 clients in flight on 2 instances (max_batch_size 1): 6 queued as long as the load lasts, since
+# each client sends its next request as soon as one returns. A 50-"token" request lasts ~1 s on any
+# box (20 ms of wait a token, triton_server.TOY_TOKEN_SECONDS) and a few seconds when the niced
+# server is starved, far below stuck_after, so completions keep coming while the queue is long:
+# the saturation load lasts ~12 s (24 requests / 2 instances), a fault drill's up to ~20 s.
+LOAD_TOKENS = 50
 SATURATION_REQUESTS = 24
 FAULT_REQUESTS = 40
 CONCURRENCY = 8
