@@ -230,6 +230,25 @@ class TritonServer:
                 continue
         raise LookupError(f"no live tritonserver under PyTriton pid {self.pid}")
 
+    def crash(self) -> str | None:
+        """Why this lifetime's `tritonserver` died by itself (its log's crash lines), or None while it serves.
+
+        Triton 2.51's Python backend sometimes dies under concurrent load with a SIGSEGV in
+        TRITONBACKEND_ModelInstanceExecute and a boost::interprocess::lock_exception (reported
+        upstream, triton-inference-server/server#8882 and #5949); here it came 15-60 s after a
+        SIGSTOPped worker was resumed, in 2 runs of many.
+        """
+        try:
+            self.tritonserver()
+            return None
+        except LookupError:
+            pass
+        log = self.starts[-1]["log"] if self.starts else None
+        text = tail(Path(log), 400) if log else ""
+        lines = [line.strip() for line in text.splitlines()
+                 if line.startswith(("Signal (", "terminate called", "  what():", "Triton Inference Server exited"))]  # fmt: skip
+        return "; ".join(lines) or f"tritonserver is gone; see {log}"
+
     def leftovers(self) -> list[psutil.Process]:
         """Processes of ours (any lifetime) still alive."""
         alive = []
