@@ -47,6 +47,7 @@ class Load:
     _conns: list[http.client.HTTPConnection] = field(default_factory=list)
     _threads: list[threading.Thread] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _cancelled: bool = False
 
     def send(self, body: dict, path: str = "/completion", timeout: float = 600.0) -> None:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
@@ -55,6 +56,12 @@ class Load:
         def run() -> None:
             began = time.monotonic()
             try:
+                conn.connect()
+                # A request that connects while cancel() runs is dropped here: cancel() only reaches
+                # the sockets already connected (seen as a request left running on a loaded box).
+                with self._lock:
+                    if self._cancelled:
+                        raise ConnectionAbortedError("the load was cancelled before this request was sent")
                 conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
                 answer = conn.getresponse()
                 outcome = Outcome(answer.status, time.monotonic() - began, answer.read()[:300].decode(errors="replace"))
@@ -78,12 +85,14 @@ class Load:
 
     def cancel(self) -> list[Outcome]:
         """Close every connection (llama-server cancels those requests); the outcomes so far. Idempotent."""
-        for conn in self._conns:
-            if conn.sock is not None:
-                try:
-                    conn.sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        with self._lock:
+            self._cancelled = True
+            for conn in self._conns:
+                if conn.sock is not None:
+                    try:
+                        conn.sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
         for thread in self._threads:
             thread.join(timeout=30)
         for conn in self._conns:
