@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo bench test-vllm test-llamacpp test-sglang test-triton tools clean
+.PHONY: install test lint demo bench test-docker test-vllm test-llamacpp test-sglang test-triton test-k8s tools clean
 
 install: $(STAMP)
 
@@ -35,6 +35,12 @@ CONFIG ?= $(wildcard exporter.yaml)
 demo: install
 	$(BIN)/python -m demo$(if $(CONFIG), --config $(CONFIG))
 
+# The real-Docker tier (tests/real_docker/): its own dockerd (own socket, data root, pid file, no
+# bridge), the image built on a Debian base made locally (cached outside the clone), the compose
+# stack and the docker executor against the real Engine; leaves no daemon, container or image.
+test-docker: install
+	@bash tools/real-docker-test.sh $(PYTEST_ARGS)
+
 # The real-vLLM tier (tests/real_vllm/README.md): its own vLLM venv and a tiny model built locally,
 # cached outside the clone (tools/cache-path.sh), fault drills against a real `vllm serve`; prints
 # the summary table at the end. Its reports and logs stay under .cache/.
@@ -55,6 +61,11 @@ test-sglang: install
 # outside the clone, the project's toy model, fault drills against it; prints the summary table.
 test-triton: install
 	@bash tools/real-triton-test.sh $(PYTEST_ARGS)
+
+# The real-Kubernetes tier (tests/k8s/): kube-apiserver + kube-controller-manager 1.20.2 built from
+# Debian's source and cached outside the clone, etcd from Debian; the tests start the control plane.
+test-k8s: install
+	@bash tools/real-k8s-test.sh $(PYTEST_ARGS)
 
 bench: install
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

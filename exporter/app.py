@@ -18,7 +18,10 @@ from prometheus_client import generate_latest
 from pydantic import BaseModel
 
 from exporter.collector import build_process_registry, read, render_families
-from exporter.keys import CLOCK, POLLER, REGISTRY, SESSION, SETTINGS, STORE
+from exporter.keys import CLOCK, FULL_RENDER, NODES, POLLER, REGISTRY, SESSION, SETTINGS, STORE
+from exporter.kube import api_client
+from exporter.node_watch import NodeCache, NodeWatch, wants_node_watch
+from exporter.page import page_pieces, refresh
 from exporter.poller import Poller
 from exporter.settings import ExporterSettings
 from exporter.state import StateStore, target_view
@@ -34,15 +37,24 @@ log = logging.getLogger("llm_vitals.exporter")
 PROBES = {"startup", "ready", "live"}
 
 
-def create_app(settings: ExporterSettings, *, clock: Callable[[], float] = time.time, poll: bool = True) -> web.Application:
-    """The exporter app. `poll=False` serves the cache without starting the poll loops (for tests)."""
+def create_app(settings: ExporterSettings, *, clock: Callable[[], float] = time.time, poll: bool = True,
+               full_render: bool = False) -> web.Application:
+    """The exporter app. `poll=False` serves the cache without starting the poll loops (for tests).
+
+    `full_render` renders /metrics whole on every scrape, as before the per-target text of
+    exporter/page.py: kept only as the baseline of bench/bench_scale.py.
+    """
     app = web.Application()
     app[SETTINGS] = settings
     app[CLOCK] = clock
-    app[STORE] = StateStore(settings, clock())
-    app[REGISTRY] = build_process_registry()  # the vitals are rendered by render_vitals
+    store = app[STORE] = StateStore(settings, clock())
+    app[REGISTRY] = build_process_registry()  # the vitals are rendered by exporter/page.py
+    app[FULL_RENDER] = full_render
     app.cleanup_ctx.append(_client_session)
     if poll:
+        if wants_node_watch(store):
+            app[NODES] = NodeCache()
+            app.cleanup_ctx.append(_node_watch)
         app.cleanup_ctx.append(_pollers)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
@@ -70,30 +82,57 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _pollers(app: web.Application) -> AsyncIterator[None]:
-    poller = Poller(app[SETTINGS], app[STORE], app[SESSION], app[CLOCK])
+    poller = Poller(app[SETTINGS], app[STORE], app[SESSION], app[CLOCK], nodes=app.get(NODES))
     app[POLLER] = poller
     poller.start()
     yield
     await poller.stop()
 
 
+async def _node_watch(app: web.Application) -> AsyncIterator[None]:
+    """The watch of the targets' nodes (GPU faults from node conditions and taints), when a target names a node."""
+    settings, store = app[SETTINGS], app[STORE]
+    watcher = NodeWatch(app[NODES], settings.gpu_faults.node_rules, lambda: iter(store),
+                        lambda: api_client(settings.gpu_faults.kubeconfig))
+    task = asyncio.create_task(watcher.run(), name="node-watch")
+    yield
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 def _unknown(name: str) -> web.Response:
     return web.json_response({"error": f"unknown target '{name}'"}, status=404)
 
 
-async def metrics(request: web.Request) -> web.Response:
-    # One family at a time, handing the loop back in between: at 1,000 targets the page is 24,000
-    # lines (~50 ms of CPU), and a probe or a poll should not wait for all of it. Polls may run in
-    # those gaps, so the page is rendered from readings of every target taken first (~2 ms).
+async def metrics(request: web.Request) -> web.StreamResponse:
+    # The page is joined from each target's kept lines (exporter/page.py) and sent in pieces,
+    # handing the loop back between them: at 5,000 targets it is ~120,000 lines, and a probe or a
+    # poll should not wait for all of it. Each target is read once, first, so the page holds one
+    # reading of each target whatever polls run in the gaps.
     now = request.app[CLOCK]()
+    if request.app[FULL_RENDER]:
+        return await _metrics_rendered_whole(request, now)
+    store = request.app[STORE]
+    response = web.StreamResponse(headers={"Content-Type": TEXT_CONTENT_TYPE})
+    await response.prepare(request)
+    for piece in page_pieces(list(store), now):
+        if piece:
+            await response.write(piece)
+        await asyncio.sleep(0)
+    await response.write(generate_latest(request.app[REGISTRY]))
+    await response.write_eof()
+    return response
+
+
+async def _metrics_rendered_whole(request: web.Request, now: float) -> web.Response:
+    """The page rendered from scratch on each scrape, one family per loop step (the benchmark's baseline)."""
     readings = [read(record, now) for record in request.app[STORE]]
     parts = []
     for family_text in render_families(readings, now):
         parts.append(family_text.encode())
         await asyncio.sleep(0)
     parts.append(generate_latest(request.app[REGISTRY]))
-    body = b"".join(parts)
-    return web.Response(body=body, headers={"Content-Type": TEXT_CONTENT_TYPE})
+    return web.Response(body=b"".join(parts), headers={"Content-Type": TEXT_CONTENT_TYPE})
 
 
 def _json(model: BaseModel) -> web.Response:
@@ -162,6 +201,7 @@ async def _set_draining(request: web.Request, draining: bool) -> web.Response:
         return _unknown(request.match_info["name"])
     if record.draining != draining:
         record.draining = draining
+        refresh(record, request.app[CLOCK]())
         log_event(log, "drain" if draining else "undrain", target=record.name)
     return web.json_response({"target": record.name, "draining": record.draining})
 

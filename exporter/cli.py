@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="YAML config file")
     parser.add_argument("--check-config", action="store_true", help="validate the config and exit (0 valid, 1 not)")
     parser.add_argument("--log-level", help="override the config's log_level")
+    # The renderer before the per-target text of exporter/page.py, for bench/bench_scale.py's baseline only.
+    parser.add_argument("--full-render", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     try:
@@ -36,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from llm_vitals.logs import setup_logging
 
     setup_logging(args.log_level or settings.log_level)
-    app = create_app(settings)
+    app = create_app(settings, full_render=args.full_render)
     # Everything built so far (modules, settings, one record per target) lives as long as the
     # process: out of the collector's sight, a full collection no longer walks it. In
     # bench_poll_1000 the worst probe answer during /metrics scrapes went from 50-100 ms in most

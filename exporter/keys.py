@@ -8,6 +8,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from exporter.node_watch import NodeCache
 from exporter.poller import Poller
 from exporter.settings import ExporterSettings
 from exporter.state import StateStore
@@ -18,3 +19,5 @@ REGISTRY = web.AppKey("registry", CollectorRegistry)
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 POLLER = web.AppKey("poller", Poller)
+NODES = web.AppKey("nodes", NodeCache)
+FULL_RENDER = web.AppKey("full_render", bool)  # /metrics rendered whole per scrape: the benchmark's baseline

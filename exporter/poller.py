@@ -15,10 +15,14 @@ from collections.abc import Callable
 import aiohttp
 
 from exporter.canary import resolve_model, send_canary
+from exporter.dcgm import SharedPages, fetch_page, read_gpus
 from exporter.engines import Page, PageError, Snapshot
 from exporter.engines.table import engine_of, read_page
+from exporter.gpu_faults import GpuFault, GpuReading, dcgm_fault
+from exporter.node_watch import NodeCache
+from exporter.page import refresh
 from exporter.settings import ExporterSettings
-from exporter.state import StateStore, TargetRecord
+from exporter.state import StateStore, TargetRecord, log_gpu_fault_change
 from exporter.upstream import METRICS_ACCEPT, bounded_get, bounded_get_with_headers, read_models
 from exporter.verdict import (
     CanaryOutcome,
@@ -45,12 +49,21 @@ class Poller:
         store: StateStore,
         session: aiohttp.ClientSession,
         clock: Callable[[], float] = time.time,
+        nodes: NodeCache | None = None,
     ) -> None:
         self.settings = settings
+        self.nodes = nodes  # the node watch's cache, applied to the target on each poll
         self.store = store
         self.session = session
         self.clock = clock
         self.tasks: list[asyncio.Task[None]] = []
+        self._xids = frozenset(settings.gpu_faults.dcgm_xids)
+        self._node_rules = settings.gpu_faults.node_rules
+        # Targets on one node share its dcgm-exporter page: one read per URL per poll interval (a
+        # tenth less, so that two polls one interval apart never both reuse one read).
+        self.dcgm_pages = SharedPages(
+            lambda url: fetch_page(session, url, settings.gpu_faults.dcgm_timeout, settings.max_page_bytes),
+            fresh_for=0.9 * settings.poll_interval)
 
     def start(self) -> None:
         for record in self.store:
@@ -62,6 +75,7 @@ class Poller:
             task.cancel()
         await asyncio.gather(*self.tasks, *canaries, return_exceptions=True)
         self.tasks.clear()
+        await self.dcgm_pages.close()
 
     async def _loop(self, record: TargetRecord) -> None:
         interval = self.settings.poll_interval
@@ -85,11 +99,17 @@ class Poller:
             await asyncio.sleep(next_at - now + jitter)
 
     async def poll_once(self, record: TargetRecord) -> None:
-        """One poll: observe, judge, cache, log a state change, maybe send a canary."""
+        """One poll: observe, judge, cache, log a state change, maybe send a canary, render its /metrics lines."""
         started = time.perf_counter()
-        observation, health = await self.observe(record)
+        before_fault = record.gpu_fault
+        (observation, health), gpus = await asyncio.gather(self.observe(record), self._read_dcgm(record))
         record.poll_duration = time.perf_counter() - started
-        self._read_gpu_fault(record)
+        self._read_gpu_fault_file(record)
+        if self.nodes is not None:
+            self.nodes.apply(record, self._node_rules)
+        if record.settings.dcgm is not None:
+            record.dcgm_state, record.dcgm_fault = dcgm_fault(record.dcgm_state, gpus, self._xids)
+        log_gpu_fault_change(record, before_fault)
         now = self.clock()
         before = record.verdict
         record.verdict = judge(before, observation, now, record.settings, health=health)
@@ -102,6 +122,7 @@ class Poller:
                       poll_interval=self.settings.poll_interval, in_flight=record.canary_task is not None):
             record.last_canary_sent = now
             record.canary_task = asyncio.create_task(self._canary(record), name=f"canary:{record.name}")
+        refresh(record, now)  # its /metrics lines, once per poll rather than once per scrape
 
     async def observe(self, record: TargetRecord) -> tuple[Observation, tuple[str, int] | None]:
         """What one poll sees (a Snapshot, the model list, or a PollError) and `/health`'s status when asked.
@@ -179,7 +200,9 @@ class Poller:
                 record.model = None  # the server may have been replaced: look the model up again
             record.canaries[outcome.result] += 1
             before = record.verdict
-            record.verdict = record_canary(before, outcome, self.clock(), target)
+            now = self.clock()
+            record.verdict = record_canary(before, outcome, now, target)
+            refresh(record, now)
             if outcome.result != "ok":
                 log_event(log, "canary failed", logging.WARNING, target=record.name, result=outcome.result,
                           detail=outcome.detail, consecutive_failures=record.verdict.canary_failures)
@@ -189,7 +212,23 @@ class Poller:
         finally:
             record.canary_task = None
 
-    def _read_gpu_fault(self, record: TargetRecord) -> None:
+    async def _read_dcgm(self, record: TargetRecord) -> list[GpuReading] | None:
+        """The target's GPUs on its dcgm-exporter page; None (the error kept on the record) when unreadable."""
+        dcgm = record.settings.dcgm
+        if dcgm is None:
+            return None
+        try:
+            gpus = read_gpus(await self.dcgm_pages.get(str(dcgm.url)), dcgm)
+        except PageError as exc:
+            error = f"{exc.reason}: {exc.detail}"
+            if record.gpu_fault_errors.get("dcgm") != error:
+                log_event(log, "cannot read dcgm-exporter", logging.WARNING, target=record.name, url=str(dcgm.url), error=error)
+            record.gpu_fault_errors["dcgm"] = error
+            return None
+        record.gpu_fault_errors.pop("dcgm", None)
+        return gpus
+
+    def _read_gpu_fault_file(self, record: TargetRecord) -> None:
         path = record.settings.gpu_fault_file
         if path is None:
             return
@@ -201,11 +240,7 @@ class Poller:
         except OSError as exc:
             text = ""
             log_event(log, "cannot read gpu_fault_file", logging.WARNING, target=record.name, error=exc.strerror)
-        fault = text.splitlines()[0][:200] if text else None
-        if fault != record.gpu_fault:
-            log_event(log, "gpu fault flagged" if fault else "gpu fault cleared", logging.WARNING,
-                      target=record.name, detail=fault)
-            record.gpu_fault = fault
+        record.file_fault = GpuFault("file", text.splitlines()[0][:200]) if text else None
 
     def _log_change(self, record: TargetRecord, before) -> None:
         after = record.verdict
@@ -220,3 +255,4 @@ class Poller:
             target=record.name, **{"from": before.state, "to": after.state}, reason=after.reason,
             detail=after.detail, restarts=after.restarts, counters=snap.counters() if snap else {},
         )
+

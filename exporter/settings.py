@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 from exporter.engines.table import engine_of
+from exporter.gpu_faults import DEFAULT_XIDS, NVSENTINEL_CONDITIONS, READY_CONDITIONS, NodeRules, Taint
 
 # ConfigError is re-exported: the CLI and callers catch it as exporter.settings.ConfigError.
 from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_env_or_file, validate_document
@@ -48,6 +49,26 @@ class CanarySettings(_FrozenStrict):
         return self.fresh_for if self.fresh_for is not None else 3 * self.interval
 
 
+class DcgmSettings(_FrozenStrict):
+    """Where a target's GPU is read on a dcgm-exporter page: its `/metrics` URL and the GPU, by pod or by UUID."""
+
+    url: ParsedHttpUrl
+    # The GPU(s) whose `pod` label (dcgm-exporter's Kubernetes pod mapping) is this pod; with
+    # `namespace`, only in that namespace. Every GPU of the pod counts (tensor parallel: several).
+    pod: str | None = None
+    namespace: str | None = None
+    # Or the GPU by its UUID label (`GPU-...`), for hosts without the pod mapping.
+    uuid: str | None = None
+
+    @model_validator(mode="after")
+    def _one_gpu(self) -> DcgmSettings:
+        if (self.pod is None) == (self.uuid is None):
+            raise ValueError("name the GPU by exactly one of pod and uuid")
+        if self.namespace is not None and self.pod is None:
+            raise ValueError("namespace goes with pod")
+        return self
+
+
 class TargetSettings(_FrozenStrict):
     """One LLM server (or proxy) to watch."""
 
@@ -70,6 +91,11 @@ class TargetSettings(_FrozenStrict):
     # A file a node agent (DCGM health, an Xid log watcher) writes when this target's GPU is faulty:
     # present and non-empty means `gpu_fault`, and a restart will not help. Read once per poll.
     gpu_fault_file: Path | None = None
+    # The target's GPU on a dcgm-exporter page, read once per poll (README "GPU faults").
+    dcgm: DcgmSettings | None = None
+    # The Kubernetes node this target runs on, whose conditions and taints are watched for a GPU
+    # fault. A discovered pod's node is filled in from the pod; a static target may name its own.
+    node: str | None = None
 
     # Resolved at load time from api_key_env / api_key_file; never part of a dump.
     _api_key: SecretStr | None = PrivateAttr(default=None)
@@ -137,6 +163,35 @@ class TargetSettings(_FrozenStrict):
         self._api_key = secret_from_env_or_file(f"{key_path}.api_key", self.api_key_env, self.api_key_file, environ)
 
 
+class GpuFaultSettings(_FrozenStrict):
+    """What counts as a GPU fault on a node or a dcgm-exporter page (exporter/gpu_faults.py)."""
+
+    # Node conditions that are a GPU fault when True (default: NVSentinel's).
+    node_conditions: list[str] = list(NVSENTINEL_CONDITIONS)
+    # Node conditions that are a GPU fault when False (default: the EKS node monitoring agent's).
+    node_ready_conditions: list[str] = list(READY_CONDITIONS)
+    # Taints that are a GPU fault: `key`, `key=value`, `key:Effect` or `key=value:Effect`.
+    node_taints: list[str] = []
+    # Xids that flag a fault when dcgm-exporter's DCGM_FI_DEV_XID_ERRORS changes to one of them.
+    dcgm_xids: list[int] = list(DEFAULT_XIDS)
+    # A dcgm-exporter that does not answer within this is an error kept, never a fault.
+    dcgm_timeout: Duration = 2.0
+    # The API server for the node watch; default: the in-cluster service account.
+    kubeconfig: Path | None = None
+
+    @field_validator("node_taints")
+    @classmethod
+    def _taints_parse(cls, value: list[str]) -> list[str]:
+        for text in value:
+            Taint.parse(text)
+        return value
+
+    @property
+    def node_rules(self) -> NodeRules:
+        return NodeRules(frozenset(self.node_conditions), frozenset(self.node_ready_conditions),
+                         tuple(Taint.parse(text) for text in self.node_taints))
+
+
 class ExporterSettings(_FrozenStrict):
     """The whole exporter config file."""
 
@@ -156,6 +211,7 @@ class ExporterSettings(_FrozenStrict):
     # Not used by the exporter itself: the status page reads it to link to the remediator.
     remediator_url: ParsedHttpUrl | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    gpu_faults: GpuFaultSettings = GpuFaultSettings()
     targets: list[TargetSettings] = Field(min_length=1)
 
     _drain_token: SecretStr | None = PrivateAttr(default=None)

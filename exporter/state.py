@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from exporter.gpu_faults import DcgmState, GpuFault, combine
 from exporter.settings import ExporterSettings, TargetSettings
 from exporter.verdict import Verdict, initial, is_live, is_ready, is_started, recently_unhealthy
+from llm_vitals.logs import log_event
 from llm_vitals.targets import CanaryView, TargetView
+
+if TYPE_CHECKING:
+    from exporter.page import Rendered
+
+log = logging.getLogger("llm_vitals.exporter")
 
 # Poll-error reasons always exposed (at 0), so `increase()` sees the first error of each kind.
 STANDARD_ERROR_REASONS = ("connect", "timeout", "http_status", "bad_metrics", "too_large")
@@ -32,12 +41,32 @@ class TargetRecord:
     canary_task: asyncio.Task[None] | None = None
     last_canary_sent: float | None = None
     model: str | None = None  # resolved canary model (configured, or first id of /v1/models)
-    gpu_fault: str | None = None  # first line of the gpu_fault_file when it flags a fault
+    # One GPU fault per source (exporter/gpu_faults.py); `gpu_fault` is their combination.
+    file_fault: GpuFault | None = None  # the gpu_fault_file's first line, read each poll
+    node_fault: GpuFault | None = None  # the node's conditions and taints, set by the node watch
+    dcgm_fault: GpuFault | None = None  # the dcgm-exporter page, read each poll
+    dcgm_state: DcgmState = field(default_factory=DcgmState)
+    # Why a GPU-fault source could not be read (source -> error): kept and shown, never a fault.
+    gpu_fault_errors: dict[str, str] = field(default_factory=dict)
     history: deque[tuple[float, float, str]] = field(default_factory=deque)
+    # This target's /metrics lines, rendered when its reading changed (exporter/page.py): kept here
+    # so that a target dropped from the store takes them with it.
+    rendered: Rendered | None = None
 
     @property
     def name(self) -> str:
         return self.settings.name
+
+    @property
+    def fault(self) -> GpuFault | None:
+        """The GPU fault of the first source that flags one: file, node, dcgm."""
+        return combine([self.file_fault, self.node_fault, self.dcgm_fault])
+
+    @property
+    def gpu_fault(self) -> str | None:
+        """The fault's detail, None without one: what readiness, the API and `llm_vitals_gpu_fault` read."""
+        fault = self.fault
+        return fault.detail if fault else None
 
     def ready(self, now: float) -> bool:
         """What the readiness probe answers."""
@@ -99,6 +128,9 @@ def target_view(record: TargetRecord, now: float) -> TargetView:
         draining=record.draining,
         gpu_fault=record.gpu_fault is not None,
         gpu_fault_detail=record.gpu_fault,
+        gpu_fault_source=fault.source if (fault := record.fault) else None,
+        gpu_fault_errors=dict(record.gpu_fault_errors),
+        node=target.node,
         restarts=verdict.restarts,
         last_restart_at=_round(verdict.last_restart_at),
         last_unhealthy_at=_round(verdict.last_unhealthy_at),
@@ -119,3 +151,12 @@ def target_view(record: TargetRecord, now: float) -> TargetView:
         poll_duration_seconds=_round(record.poll_duration, 4),
         polls=record.polls,
     )
+
+
+def log_gpu_fault_change(record: TargetRecord, before: str | None) -> None:
+    """One log line when the target's combined GPU fault appears, changes or clears."""
+    after = record.gpu_fault
+    if after != before:
+        fault = record.fault
+        log_event(log, "gpu fault flagged" if after else "gpu fault cleared", logging.WARNING,
+                  target=record.name, source=fault.source if fault else None, detail=after)

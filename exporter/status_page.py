@@ -127,7 +127,7 @@ def _target_row(target: TargetView, history: Sequence[Sequence[Any]], now: float
         f'<tr class="target" data-target="{_text(target.name)}" data-state="{_text(state)}">'
         f'<td class="name"><span class="nowrap">{_text(target.name)}</span>'
         f'<div class="sub">{_text(target.role)} · {_text(target.url)}</div></td>'
-        f'<td><span class="state" style="background:{colour}">{_text(state)}</span></td>'
+        f'<td><span class="state" style="background:{colour}">{_text(state)}</span>{_gpu_fault_badge(target)}</td>'
         f'<td class="reason" title="{_text(detail)}">{_text(target.reason)}<div class="sub">{_text(detail)}</div></td>'
         f'<td class="num">{in_state}</td>'
         f'<td class="num">{_text(load)}</td>'
@@ -138,6 +138,14 @@ def _target_row(target: TargetView, history: Sequence[Sequence[Any]], now: float
         f'<td class="num">{_text(target.restarts)}</td>'
         "</tr>"
     )
+
+
+def _gpu_fault_badge(target: TargetView) -> str:
+    """A `GPU fault` mark under the state, the detail (the node condition's reason first) beside it."""
+    if not target.gpu_fault:
+        return ""
+    return (f'<div class="gpu-fault" title="{_text(target.gpu_fault_detail)}"><strong>GPU fault</strong> '
+            f'<span class="sub">({_text(target.gpu_fault_source)}) {_text(target.gpu_fault_detail)}</span></div>')
 
 
 def _decisions_section(decisions: Decisions | None, now: float) -> str:
@@ -183,6 +191,7 @@ th{font-size:.75rem;text-transform:uppercase;letter-spacing:.03em;color:#6b7280}
 .sub{color:#6b7280;font-size:.78rem;font-weight:normal}
 .reason .sub,td.detail{max-width:28rem;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
 .nowrap{white-space:nowrap}
+.gpu-fault{color:#991b1b;font-size:.8rem;max-width:22rem;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
 .note{color:#92400e;background:#fffbeb;border:1px solid #fde68a;padding:.4rem .6rem;display:inline-block}
 tr.decision.restart td:nth-child(4){color:#166534;font-weight:600}
 tr.decision.refused td:nth-child(4){color:#92400e}

@@ -8,6 +8,7 @@ the journal. Error text never carries a credential (tokens are sent as headers a
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 import ssl
@@ -132,7 +133,13 @@ class HttpExecutor:
 
 
 class DockerExecutor:
-    """Docker Engine API `POST /containers/{name}/restart` over the daemon's unix socket."""
+    """Docker Engine API over the daemon's unix socket: inspect the container, then
+    `POST /containers/{name}/restart` only if it is running.
+
+    The Engine's restart *starts* a stopped container (checked on Engine 20.10): a container someone
+    stopped on purpose would come back because an alert about it was still firing. So a container
+    that is not running is refused, and nothing is started.
+    """
 
     kind = "docker"
 
@@ -142,22 +149,69 @@ class DockerExecutor:
         self.stop_timeout = config.stop_timeout
         self.timeout = config.timeout
         prefix = f"/v{config.api_version}" if config.api_version else ""
-        self.path = f"{prefix}/containers/{quote(self.container, safe='')}/restart"
+        base = f"{prefix}/containers/{quote(self.container, safe='')}"
+        self.inspect_path = f"{base}/json"
+        self.path = f"{base}/restart"
 
     async def restart(self) -> ExecResult:
         transport = httpx.AsyncHTTPTransport(uds=self.socket_path)
         try:
             async with httpx.AsyncClient(transport=transport, base_url="http://docker") as client:
-                response = await client.post(self.path, params={"t": str(self.stop_timeout)}, timeout=self.timeout)
-        except httpx.TimeoutException:
+                async with asyncio.timeout(self.timeout):
+                    inspected = await client.get(self.inspect_path, timeout=self.timeout)
+                    refusal = _not_restartable(self.container, inspected)
+                    if refusal is not None:
+                        return ExecResult("error", refusal)
+                    response = await client.post(self.path, params={"t": str(self.stop_timeout)}, timeout=self.timeout)
+        except (httpx.TimeoutException, TimeoutError):
             return ExecResult("timeout", f"docker restart {self.container}: no answer within {self.timeout:g}s")
         except httpx.HTTPError as exc:
-            return ExecResult("error", f"docker socket {self.socket_path}: {_describe(exc)}")
+            hint = socket_hint(_os_errno(exc))
+            return ExecResult("error", f"docker socket {self.socket_path}: {_describe(exc)}" + (f" ({hint})" if hint else ""))
         if response.status_code == 204:
             return ExecResult("ok", f"docker restarted {self.container}")
         return ExecResult(
             "error", f"docker restart {self.container}: HTTP {response.status_code}: {_engine_message(response)}"
         )
+
+
+_SOCKET_HINTS = {
+    errno.EACCES: "this process's user may not use the socket: run as root or in the socket's group",
+    errno.ECONNREFUSED: "nothing listens on the socket: the Docker daemon is down",
+    errno.ENOENT: "no socket there: the Docker daemon is not running, or the socket is not mounted",
+}
+
+
+def socket_hint(code: int | None) -> str:
+    """What a connect error on the Docker socket means, for the journal; "" when we cannot say."""
+    return _SOCKET_HINTS.get(code, "") if code is not None else ""
+
+
+def _os_errno(exc: BaseException) -> int | None:
+    """The errno of the OSError under an httpx error (httpx -> httpcore -> OSError), if any."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and seen.errno is not None:
+            return seen.errno
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _not_restartable(container: str, inspected: httpx.Response) -> str | None:
+    """Why a container must not be restarted, from its inspect answer; None when it is running."""
+    if inspected.status_code != 200:
+        return f"docker inspect {container}: HTTP {inspected.status_code}: {_engine_message(inspected)}"
+    try:
+        state = inspected.json()["State"]
+        status, running = str(state.get("Status", "")), bool(state.get("Running"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return f"docker inspect {container}: unexpected answer (no State)"
+    if not running or status != "running":
+        return (f"container {container} is {status or 'not running'}, not running: refused, nothing started"
+                " (the Engine's restart would start a stopped container)")
+    return None
 
 
 def _engine_message(response: httpx.Response) -> str:

@@ -26,6 +26,8 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "Exporter: top level": exporter_settings.ExporterSettings,
     "Exporter: targets[]": exporter_settings.TargetSettings,
     "Exporter: targets[].canary": exporter_settings.CanarySettings,
+    "Exporter: targets[].dcgm": exporter_settings.DcgmSettings,
+    "Exporter: gpu_faults": exporter_settings.GpuFaultSettings,
     "Remediator: top level": remediator_settings.Settings,
     "Remediator: auth": remediator_settings.AuthSettings,
     "Remediator: auth.basic_auth": remediator_settings.BasicAuth,

@@ -228,6 +228,16 @@ def test_remediator_rbac_is_exactly_the_verbs_it_uses():
     _one("ServiceAccount", "llm-vitals-remediator")
 
 
+def test_exporter_rbac_is_exactly_the_node_watch():
+    """The node watch (exporter/node_watch.py) lists and watches Nodes, nothing else; tests/k8s/ runs it with exactly this."""
+    assert _one("ClusterRole", "llm-vitals-exporter-nodes")["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]
+    binding = _one("ClusterRoleBinding", "llm-vitals-exporter-nodes")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llm-vitals-exporter", "namespace": "llm"}]
+    assert _one("Deployment", "llm-vitals-exporter")["spec"]["template"]["spec"]["serviceAccountName"] == "llm-vitals-exporter"
+    _one("ServiceAccount", "llm-vitals-exporter")
+
+
 def test_exporter_service_is_the_job_the_rules_expect():
     rules = (REPO / "alerts" / "llm-vitals.rules.yml").read_text()
     # The Prometheus Operator names the job after the Service.

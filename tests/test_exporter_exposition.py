@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collector import FAMILIES, VitalsCollector, read, render_families, render_vitals
 from exporter.engines import Snapshot
+from exporter.gpu_faults import GpuFault
 from exporter.settings import parse_settings
 from exporter.state import StateStore
 
@@ -36,7 +37,7 @@ def varied_store() -> StateStore:
                                  error_reason="timeout")
     records[3].poll_errors.update({"timeout": 7, "connect": 1})
     records[4].draining = True
-    records[4].gpu_fault = "Xid 79"
+    records[4].file_fault = GpuFault("file", "Xid 79")
     records[5].poll_errors['we"ird\\reason\n'] = 3  # escaping of label values
     records[5].canaries.update({"ok": 41, "error": 2, "timeout": 1})
     records[5].poll_duration = 0.0123

@@ -1,11 +1,12 @@
 """Executors against real things: real processes, a real HTTP server, and contract tests for the
 Docker Engine API (over a unix socket) and the Kubernetes API (over HTTPS with a CA we generate).
-The docker and kubernetes servers here are loopback stand-ins speaking the documented paths; they
-were not run against a real Docker engine or cluster."""
+The docker and kubernetes servers here are loopback stand-ins speaking the documented paths; the
+docker executor also runs against a real Docker Engine in tests/real_docker/ (`make test-docker`)."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import shutil
 import ssl
 import subprocess
@@ -18,7 +19,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from remediator.executors import CommandExecutor, DockerExecutor, HttpExecutor, KubernetesExecutor
+from remediator.executors import CommandExecutor, DockerExecutor, HttpExecutor, KubernetesExecutor, socket_hint
 from remediator.settings import CommandTarget, DockerTarget, HttpTarget, KubernetesTarget
 
 # -- command ----------------------------------------------------------------------------------
@@ -135,8 +136,18 @@ async def test_http_executor_timeout(aiohttp_server):
 
 @pytest.fixture
 async def docker_engine():
-    """A loopback Docker Engine API on a unix socket: `POST [/v1.43]/containers/{name}/restart`."""
+    """A loopback Docker Engine API on a unix socket: `GET [/v1.43]/containers/{name}/json` and
+    `POST [/v1.43]/containers/{name}/restart`, with the answers Engine 20.10 gave in the real tier."""
     calls = []
+    states = {"vllm-c": "running", "broken": "running", "stopped": "exited", "paused": "paused"}
+
+    async def inspect(request: web.Request) -> web.Response:
+        calls.append((request.method, request.path))
+        name = request.match_info["name"]
+        if name not in states:
+            return web.json_response({"message": f"No such container: {name}"}, status=404)
+        status = states[name]
+        return web.json_response({"Id": "0" * 64, "State": {"Status": status, "Running": status != "exited"}})
 
     async def restart(request: web.Request) -> web.Response:
         calls.append((request.path, dict(request.query)))
@@ -150,6 +161,8 @@ async def docker_engine():
     app = web.Application()
     app.router.add_post("/containers/{name}/restart", restart)
     app.router.add_post("/v{version}/containers/{name}/restart", restart)
+    app.router.add_get("/containers/{name}/json", inspect)
+    app.router.add_get("/v{version}/containers/{name}/json", inspect)
     runner = web.AppRunner(app)
     await runner.setup()
     # A short directory: unix socket paths are limited to ~107 bytes.
@@ -168,7 +181,10 @@ async def test_docker_restarts_the_container_over_the_unix_socket(docker_engine)
                                          api_version="1.43", stop_timeout=10))
     assert (await unversioned.restart()).result == "ok"
     assert (await pinned.restart()).result == "ok"
-    assert calls == [("/containers/vllm-c/restart", {"t": "30"}), ("/v1.43/containers/vllm-c/restart", {"t": "10"})]
+    assert calls == [
+        ("GET", "/containers/vllm-c/json"), ("/containers/vllm-c/restart", {"t": "30"}),
+        ("GET", "/v1.43/containers/vllm-c/json"), ("/v1.43/containers/vllm-c/restart", {"t": "10"}),
+    ]
 
 
 async def test_docker_errors_carry_the_engine_message(docker_engine):
@@ -183,6 +199,29 @@ async def test_docker_errors_carry_the_engine_message(docker_engine):
         DockerTarget(executor="docker", container="vllm-c", socket_path=socket_path.with_name("absent.sock"))
     ).restart()
     assert no_daemon.result == "error" and "absent.sock" in no_daemon.detail
+    assert "the Docker daemon is not running, or the socket is not mounted" in no_daemon.detail
+
+
+@pytest.mark.parametrize(("code", "says"), [
+    (errno.EACCES, "may not use the socket"),
+    (errno.ECONNREFUSED, "the Docker daemon is down"),
+    (errno.ENOENT, "not running, or the socket is not mounted"),
+    (errno.EIO, ""),
+    (None, ""),
+])
+def test_docker_socket_errors_say_what_they_mean(code, says):
+    hint = socket_hint(code)
+    assert (says in hint) if says else hint == ""
+
+
+async def test_docker_refuses_a_container_that_is_not_running(docker_engine):
+    """The Engine's restart starts a stopped container; the executor must not ask it to."""
+    socket_path, calls = docker_engine
+    for name, status in [("stopped", "exited"), ("paused", "paused")]:
+        result = await DockerExecutor(DockerTarget(executor="docker", container=name, socket_path=socket_path)).restart()
+        assert result.result == "error" and f"container {name} is {status}, not running" in result.detail
+        assert "nothing started" in result.detail
+    assert calls == [("GET", "/containers/stopped/json"), ("GET", "/containers/paused/json")]  # never a restart
 
 
 def test_docker_container_names_are_validated():

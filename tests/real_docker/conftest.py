@@ -1,0 +1,123 @@
+"""The real-Docker tier: the image, the compose stack and the docker executor on a real Docker Engine.
+
+Collected only under LLM_VITALS_REAL_DOCKER=1, which `make test-docker` (tools/real-docker-test.sh)
+sets after starting a daemon of its own: the main `pytest -n 2` run of tests/ never talks to Docker.
+Without that daemon the tier skips with one line; under LLM_VITALS_REQUIRE_REAL_DOCKER=1 (CI) that
+is a failure.
+
+The session builds the project's image once, on the locally made Debian base (nothing is pulled),
+from a wheelhouse built on the host (`pip wheel`): the build runs with `--network none`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .engine import BASE_IMAGE, BASE_TAR_ENV, IMAGE, RUN_DIR_ENV, Engine, engine_from_env
+
+ENABLED = os.environ.get("LLM_VITALS_REAL_DOCKER") == "1"
+REQUIRED = os.environ.get("LLM_VITALS_REQUIRE_REAL_DOCKER") == "1"
+REPO = Path(__file__).resolve().parents[2]
+
+if not ENABLED:
+    # Not part of the normal suite: `make test-docker` runs these on their own daemon.
+    collect_ignore_glob = ["test_*.py"]
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config):
+    if ENABLED:
+        # `timeout` or CI ends a run with SIGTERM: pytest then tears fixtures down (containers removed).
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _skip_or_fail(why: str) -> None:
+    message = f"SKIPPED: real-Docker tier: {why}"
+    if REQUIRED:
+        pytest.fail(message + " [LLM_VITALS_REQUIRE_REAL_DOCKER=1 makes this a failure]", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def run_dir() -> Path:
+    """The tier's scratch directory (short, under /tmp: unix socket paths are limited to ~107 bytes)."""
+    path = os.environ.get(RUN_DIR_ENV)
+    if not path:
+        _skip_or_fail(f"{RUN_DIR_ENV} is not set; run `make test-docker`")
+    return Path(path)
+
+
+@pytest.fixture(scope="session")
+def engine() -> Engine:
+    found = engine_from_env()
+    if found is None:
+        _skip_or_fail("no daemon of the tier's own (LLM_VITALS_DOCKER_SOCK unset, or no docker CLI); "
+                      "run `make test-docker`")
+    ping = found.api("GET", "/_ping")
+    assert ping.status_code == 200 and ping.text == "OK", ping.text
+    yield found
+    found.remove_labelled()
+
+
+@pytest.fixture(scope="session")
+def timings() -> dict[str, float]:
+    """Seconds each build step took this session (printed at the end)."""
+    spent: dict[str, float] = {}
+    yield spent
+    print("\nreal-Docker tier build steps: " + ", ".join(f"{k} {v:.0f} s" for k, v in spent.items()))
+
+
+@pytest.fixture(scope="session")
+def base_image(engine: Engine, timings) -> str:
+    """The Debian bookworm image made by tools/real-docker-setup.sh (debootstrap), imported into our daemon."""
+    tar = os.environ.get(BASE_TAR_ENV)
+    if not tar or not Path(tar).is_file():
+        _skip_or_fail(f"no base rootfs tar ({BASE_TAR_ENV}={tar!r}); run tools/real-docker-setup.sh")
+    t0 = time.monotonic()
+    with open(tar, "rb") as stream:
+        result = subprocess.run([engine.docker_bin, "-H", engine.host, "import", "-", BASE_IMAGE],
+                                stdin=stream, capture_output=True, text=True, timeout=300, env=engine.env())
+    assert result.returncode == 0, result.stderr
+    timings["import base"] = time.monotonic() - t0
+    return BASE_IMAGE
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(run_dir: Path, timings) -> Path:
+    """The project's wheel and every dependency's, built on the host with the host's pip config."""
+    context = run_dir / "build-context"
+    house = context / "wheelhouse"
+    shutil.rmtree(context, ignore_errors=True)
+    house.mkdir(parents=True)
+    t0 = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "-w", str(house), str(REPO)],
+                            capture_output=True, text=True, timeout=600, cwd=run_dir)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    timings["pip wheel"] = time.monotonic() - t0
+    assert list(house.glob("llm_vitals-*.whl")), sorted(p.name for p in house.iterdir())
+    return house
+
+
+@pytest.fixture(scope="session")
+def image(engine: Engine, base_image: str, wheelhouse: Path, timings) -> str:
+    """The project's Dockerfile built on the local base from the wheelhouse, with no network at all."""
+    t0 = time.monotonic()
+    engine.docker("build", "--network", "none", "--force-rm", "-q",
+                  "--build-arg", f"BASE_IMAGE={base_image}", "--build-arg", "WHEELHOUSE=wheelhouse",
+                  "-f", str(REPO / "Dockerfile"), "-t", IMAGE, str(wheelhouse.parent), timeout=900)
+    timings["docker build"] = time.monotonic() - t0
+    yield IMAGE
+    engine.remove_labelled()
+    engine.docker("rmi", "-f", IMAGE, base_image, check=False)
+    engine.docker("image", "prune", "-f", check=False)

@@ -1,0 +1,97 @@
+"""The node watch's cache (pure) and its failures on a live exporter; the real API server is in tests/k8s/."""
+
+from __future__ import annotations
+
+import pytest
+from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_settings, make_target, record, start_exporter, target_json, wait_for
+
+from demo.ports import free_port
+from exporter.gpu_faults import GpuFault, NodeRules, Taint
+from exporter.node_watch import NodeCache, NodeView, node_view
+from exporter.settings import ConfigError, parse_settings
+from exporter.state import StateStore
+
+RULES = NodeRules(taints=(Taint.parse("nvidia.com/gpu-xid-error"),))
+BAD = NodeView(({"type": "GpuMemWatch", "status": "True", "reason": "GpuMemWatchIsNotHealthy", "message": "DBE"},))
+GOOD = NodeView(({"type": "GpuMemWatch", "status": "False", "reason": "GpuMemWatchIsHealthy", "message": ""},))
+
+
+def store(*nodes: str | None) -> StateStore:
+    targets = [{"name": f"t{i}", "url": f"http://127.0.0.1:{9000 + i}", **({"node": n} if n else {})} for i, n in enumerate(nodes)]
+    return StateStore(parse_settings({"targets": targets}, "test", environ={}), 0.0)
+
+
+# Each row: the cache, the target's node; the fault detail's start (or None), the node error's start (or None).
+@pytest.mark.parametrize(("cache", "node", "fault", "error"), [
+    (NodeCache({"n1": BAD}, synced=True), "n1", "GpuMemWatchIsNotHealthy: node n1", None),
+    (NodeCache({"n1": BAD, "n2": GOOD}, synced=True), "n2", None, None),
+    (NodeCache({"n1": BAD}, synced=True), "n9", None, "node n9 not found"),
+    (NodeCache(), "n1", None, "the node watch has not listed the nodes yet"),
+    (NodeCache(error="HTTP 403 Forbidden listing nodes"), "n1", None, "HTTP 403 Forbidden"),
+    # The API server went away after a list: what was seen of the node stays, the error beside it.
+    (NodeCache({"n1": BAD}, synced=True, error="the API server cannot be reached"), "n1", "GpuMemWatchIsNotHealthy", "the API server"),
+    (NodeCache({"n1": NodeView(taints=({"key": "nvidia.com/gpu-xid-error", "value": "true", "effect": "NoSchedule"},))}, synced=True),
+     "n1", "nvidia.com/gpu-xid-error: node n1 is tainted", None),
+])
+def test_the_cache_gives_each_target_its_nodes_fault_or_why_not(cache, node, fault, error) -> None:
+    [rec] = store(node)
+    cache.apply(rec, RULES)
+    assert (rec.gpu_fault or None) is None if fault is None else rec.gpu_fault.startswith(fault)
+    assert rec.gpu_fault_errors.get("node") is None if error is None else rec.gpu_fault_errors["node"].startswith(error)
+    if fault:
+        assert rec.fault is not None and rec.fault.source == "node" and rec.ready(0.0) is False
+
+
+def test_a_target_without_a_node_is_left_alone_and_an_error_clears() -> None:
+    plain, on_node = store(None, "n1")
+    NodeCache({"n1": BAD}, synced=True).apply(plain, RULES)
+    assert plain.gpu_fault is None and plain.gpu_fault_errors == {}
+    NodeCache().apply(on_node, RULES)
+    assert "node" in on_node.gpu_fault_errors
+    NodeCache({"n1": GOOD}, synced=True).apply(on_node, RULES)
+    assert on_node.gpu_fault_errors == {} and on_node.gpu_fault is None
+
+
+def test_the_file_wins_the_detail_over_the_node() -> None:
+    [rec] = store("n1")
+    NodeCache({"n1": BAD}, synced=True).apply(rec, RULES)
+    rec.file_fault = GpuFault("file", "Xid 79 from dmesg")
+    assert rec.gpu_fault == "Xid 79 from dmesg" and rec.fault is not None and rec.fault.source == "file"
+
+
+def test_node_view_reads_the_api_json_shape() -> None:
+    view = node_view({"metadata": {"name": "n1"}, "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]},
+                      "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    assert view == NodeView(({"type": "Ready", "status": "True"},), ({"key": "k", "effect": "NoSchedule"},))
+    assert node_view({"metadata": {"name": "n1"}}) == NodeView()
+
+
+def test_a_bad_taint_pattern_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="the key is empty"):
+        parse_settings({"gpu_faults": {"node_taints": [":NoSchedule"]}, "targets": [{"name": "a", "url": "http://127.0.0.1:1"}]},
+                       "test", environ={})
+
+
+@pytest.mark.parametrize(("kubeconfig", "error"), [
+    ("missing", "cannot use the kubeconfig"),
+    ("unreachable", "the API server cannot be reached"),
+])
+async def test_a_node_watch_that_cannot_work_is_an_error_kept_never_a_fault(aiohttp_server, aiohttp_client, tmp_path,
+                                                                              kubeconfig, error) -> None:
+    path = tmp_path / "kubeconfig"
+    if kubeconfig == "unreachable":  # a real port that nothing listens on
+        path.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:{free_port()}", insecure-skip-tls-verify: true}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+current-context: x
+""")
+    server = await aiohttp_server(FakeVllm(BUSY_PAGE).app())
+    settings = make_settings([make_target("gpu-a", str(server.make_url("")), node="n1")],
+                             gpu_faults={"kubeconfig": str(path)})
+    client = await start_exporter(aiohttp_client, settings)
+    rec = record(client, "gpu-a")
+    await wait_for(lambda: rec.verdict.state == "busy" and error in rec.gpu_fault_errors.get("node", ""), what=f"busy, {error!r} kept")
+    view = await target_json(client, "gpu-a")
+    assert view["gpu_fault"] is False and view["ready"] is True and view["node"] == "n1"

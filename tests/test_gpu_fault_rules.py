@@ -1,0 +1,150 @@
+"""The pure GPU-fault rules (exporter/gpu_faults.py): node conditions and taints, the dcgm Xid/health rule, combining."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.gpu_faults import (
+    DEFAULT_XIDS,
+    DcgmState,
+    GpuFault,
+    GpuReading,
+    NodeRules,
+    Taint,
+    combine,
+    dcgm_fault,
+    node_fault,
+)
+
+RULES = NodeRules(taints=(Taint.parse("nvidia.com/gpu-xid-error"), Taint.parse("gpu=bad:NoExecute")))
+READY = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}
+MEM_OK = {"type": "GpuMemWatch", "status": "False", "reason": "GpuMemWatchIsHealthy", "message": "No Health Failures"}
+MEM_BAD = {"type": "GpuMemWatch", "status": "True", "reason": "GpuMemWatchIsNotHealthy",
+           "message": "ErrorCode:DCGM_FR_VOLATILE_DBE_DETECTED GPU:0 Recommended Action=RESTART_VM;"}
+FELL_OFF = {"type": "SysLogsGPUFallenOff", "status": "True", "reason": "SysLogsGPUFallenOffIsNotHealthy",
+            "message": "GPU has fallen off the bus"}
+EKS_BAD = {"type": "AcceleratedHardwareReady", "status": "False", "reason": "NvidiaXID79Error", "message": "Xid 79"}
+EKS_OK = {"type": "AcceleratedHardwareReady", "status": "True", "reason": "NvidiaReady", "message": ""}
+
+
+@pytest.mark.parametrize(("conditions", "taints", "detail"), [
+    ([], [], None),
+    ([READY, MEM_OK, EKS_OK], [], None),
+    ([READY, MEM_BAD], [], "GpuMemWatchIsNotHealthy: node n1 condition GpuMemWatch=True: ErrorCode:DCGM_FR_VOLATILE_DBE_DETECTED"),
+    ([FELL_OFF, MEM_BAD], [], "SysLogsGPUFallenOffIsNotHealthy: node n1 condition SysLogsGPUFallenOff=True"),  # the node's order
+    ([EKS_BAD], [], "NvidiaXID79Error: node n1 condition AcceleratedHardwareReady=False: Xid 79"),
+    ([{"type": "GpuMemWatch", "status": "Unknown", "reason": "x"}], [], None),  # doubt is not a fault
+    ([{"type": "AcceleratedHardwareReady", "status": "Unknown"}], [], None),
+    ([{"type": "MemoryPressure", "status": "True", "reason": "KubeletHasInsufficientMemory"}], [], None),  # not a GPU condition
+    ([{"type": "GpuMemWatch", "status": "True"}], [], "GpuMemWatchIsNotHealthy: node n1 condition GpuMemWatch=True"),  # no reason given
+    ([], [{"key": "nvidia.com/gpu-xid-error", "value": "true", "effect": "NoSchedule"}],
+     "nvidia.com/gpu-xid-error: node n1 is tainted nvidia.com/gpu-xid-error=true:NoSchedule"),
+    ([], [{"key": "gpu", "value": "bad", "effect": "NoSchedule"}], None),  # effect must match
+    ([], [{"key": "gpu", "value": "good", "effect": "NoExecute"}], None),  # value must match
+    ([], [{"key": "gpu", "value": "bad", "effect": "NoExecute"}], "gpu: node n1 is tainted gpu=bad:NoExecute"),
+    ([], [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}], None),
+    ([MEM_BAD], [{"key": "nvidia.com/gpu-xid-error", "effect": "NoSchedule"}], "GpuMemWatchIsNotHealthy:"),  # conditions first
+])
+def test_node_fault_table(conditions, taints, detail) -> None:
+    fault = node_fault("n1", conditions, taints, RULES)
+    if detail is None:
+        assert fault is None
+    else:
+        assert fault is not None and fault.source == "node" and fault.detail.startswith(detail)
+
+
+def test_node_conditions_are_configurable() -> None:
+    rules = NodeRules(conditions=frozenset({"MyNpdGpuProblem"}), ready_conditions=frozenset())
+    assert node_fault("n", [MEM_BAD, EKS_BAD], [], rules) is None
+    fault = node_fault("n", [{"type": "MyNpdGpuProblem", "status": "True", "reason": "XidSeen", "message": "m"}], [], rules)
+    assert fault == GpuFault("node", "XidSeen: node n condition MyNpdGpuProblem=True: m")
+
+
+def test_long_messages_are_clipped_and_flattened() -> None:
+    fault = node_fault("n", [{**MEM_BAD, "message": "line\n" * 500}], [], RULES)
+    assert fault is not None and len(fault.detail) <= 300 and "\n" not in fault.detail
+
+
+@pytest.mark.parametrize(("text", "taint"), [
+    ("k", Taint("k")),
+    ("k=v", Taint("k", "v")),
+    ("k:NoSchedule", Taint("k", None, "NoSchedule")),
+    ("example.com/k=v:NoExecute", Taint("example.com/k", "v", "NoExecute")),
+    ("k=", Taint("k", "")),
+])
+def test_taint_patterns_parse(text, taint) -> None:
+    assert Taint.parse(text) == taint
+
+
+def test_a_taint_pattern_without_a_key_is_refused() -> None:
+    with pytest.raises(ValueError, match="key is empty"):
+        Taint.parse("=v:NoSchedule")
+
+
+XIDS = frozenset(DEFAULT_XIDS)
+
+
+def gpu(xid: float | None, *failing: tuple[str, str], uuid: str = "GPU-a") -> GpuReading:
+    return GpuReading(uuid, "0", xid, tuple(failing))
+
+
+# Each row: the Xid values read in turn (None: the page could not be read); whether a fault shows after each.
+@pytest.mark.parametrize(("xids", "faults"), [
+    ([0, 0, 0], [False, False, False]),
+    ([79], [False]),  # the first read is a baseline: a 79 from before we started is not known to be current
+    ([0, 79, 79, 79], [False, True, True, True]),  # the gauge keeps 79: the fault holds
+    ([0, 79, 0], [False, True, False]),  # back to 0 (a GPU reset, a restarted dcgm-exporter) clears it
+    ([0, 79, 13], [False, True, False]),  # another Xid, not listed, clears it
+    ([0, 13, 13], [False, False, False]),  # a listed Xid only
+    ([0, 48, 95], [False, True, True]),  # listed to listed: still a fault (the detail follows)
+    ([0, 79, None, 79], [False, True, True, True]),  # an unreadable page holds, never clears
+    ([0, None, 79], [False, False, True]),  # nor does it lose the baseline
+    ([None, 79], [False, False]),  # no baseline before the first good read
+    ([0, 94.5], [False, False]),  # not an integer Xid
+])
+def test_dcgm_xid_change_table(xids, faults) -> None:
+    state, seen = DcgmState(), []
+    for xid in xids:
+        state, fault = dcgm_fault(state, None if xid is None else [gpu(xid)], XIDS)
+        seen.append(fault is not None)
+    assert seen == faults
+
+
+def test_dcgm_xid_detail_names_the_change_and_the_gpu() -> None:
+    state, _ = dcgm_fault(DcgmState(), [gpu(0)], XIDS)
+    state, fault = dcgm_fault(state, [gpu(79)], XIDS)
+    assert fault == GpuFault("dcgm", "Xid79: dcgm-exporter DCGM_FI_DEV_XID_ERRORS changed 0 -> 79 on GPU 0 (GPU-a)")
+
+
+def test_dcgm_health_fail_is_a_fault_while_it_reads_so() -> None:
+    state, fault = dcgm_fault(DcgmState(), [gpu(0, ("ALL", "DCGM_FR_UNCONTAINED_ERROR"))], XIDS)
+    assert fault is not None and fault.detail.startswith("DCGM_FR_UNCONTAINED_ERROR: dcgm-exporter DCGM_EXP_GPU_HEALTH_STATUS FAIL")
+    state, fault = dcgm_fault(state, [gpu(0)], XIDS)
+    assert fault is None
+    _, fault = dcgm_fault(state, [gpu(0, ("MEM", "DCGM_FR_OK"))], XIDS)  # FAIL without a code still names the watch
+    assert fault is not None and fault.detail.startswith("DcgmHealthMEM:")
+
+
+def test_dcgm_any_of_several_gpus_flags_and_each_gpu_has_its_own_baseline() -> None:
+    state, _ = dcgm_fault(DcgmState(), [gpu(0, uuid="GPU-a"), gpu(13, uuid="GPU-b")], XIDS)
+    state, fault = dcgm_fault(state, [gpu(0, uuid="GPU-a"), gpu(79, uuid="GPU-b")], XIDS)
+    assert fault is not None and "GPU-b" in fault.detail
+    state, fault = dcgm_fault(state, [gpu(0, uuid="GPU-a"), gpu(0, uuid="GPU-b")], XIDS)
+    assert fault is None
+
+
+def test_dcgm_xid_list_is_configurable() -> None:
+    state, _ = dcgm_fault(DcgmState(), [gpu(0)], frozenset({13}))
+    _, fault = dcgm_fault(state, [gpu(13)], frozenset({13}))
+    assert fault is not None
+    state, _ = dcgm_fault(DcgmState(), [gpu(0)], frozenset({13}))
+    _, fault = dcgm_fault(state, [gpu(79)], frozenset({13}))
+    assert fault is None
+
+
+def test_combine_keeps_the_first_source_flagged() -> None:
+    file, node, dcgm = GpuFault("file", "f"), GpuFault("node", "n"), GpuFault("dcgm", "d")
+    assert combine([None, None, None]) is None
+    assert combine([file, node, dcgm]) == file
+    assert combine([None, node, dcgm]) == node
+    assert combine([None, None, dcgm]) == dcgm
