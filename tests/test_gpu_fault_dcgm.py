@@ -10,7 +10,7 @@ from aiohttp import web
 from conftest import REPO
 from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_settings, make_target, record, start_exporter, target_json, wait_for
 
-from exporter.dcgm import SharedPages, read_gpus
+from exporter.dcgm import SharedPages, parse_page, read_gpus
 from exporter.engines import PageError
 from exporter.keys import POLLER
 from exporter.settings import ConfigError, DcgmSettings, parse_settings
@@ -191,15 +191,15 @@ async def test_an_unreadable_page_holds_an_xid_fault_and_never_loses_the_baselin
 async def test_targets_on_one_node_share_one_read_of_its_page_per_interval() -> None:
     now, fetched = [0.0], []
 
-    async def fetch(url: str) -> bytes:
+    async def fetch(url: str):
         fetched.append(url)
         if url.endswith("/broken"):
             raise PageError("timeout", "no answer")
-        return HEALTHY
+        return parse_page(HEALTHY)
 
     pages = SharedPages(fetch, fresh_for=4.5, clock=lambda: now[0])
     bodies = await asyncio.gather(*[pages.get("http://n1:9400/metrics") for _ in range(8)])  # 8 GPUs, one read
-    assert bodies == [HEALTHY] * 8 and fetched == ["http://n1:9400/metrics"]
+    assert bodies == [parse_page(HEALTHY)] * 8 and fetched == ["http://n1:9400/metrics"]
     now[0] = 4.4
     await pages.get("http://n1:9400/metrics")
     assert len(fetched) == 1
