@@ -99,9 +99,10 @@ class SharedPages:
     """One read (and parse) of a dcgm-exporter page serves every target that asks for it within `fresh_for` seconds.
 
     One dcgm-exporter per node serves all of the node's GPUs (eight targets on an 8-GPU node): without
-    this each target would fetch and parse the same page every poll (an 8-GPU page of 116 KB took
-    2.6-6.8 ms to parse here, on a loaded 2-core box; selecting one target's GPUs from it, 0.2-0.7 ms). A read in flight is shared too; a failed read is shared like a good one
-    (each target keeps the error).
+    this each target would fetch and parse the same page every poll. An 8-GPU page of 116 KB took
+    2.6-6.8 ms to parse here (a loaded 2-core box); selecting one target's GPUs from it, 0.2-0.7 ms.
+    A read in flight is shared too; a failed read is shared like a good one (each target keeps the
+    error).
     """
 
     def __init__(self, fetch: Callable[[str], Awaitable[tuple[Line, ...]]], fresh_for: float,

@@ -15,6 +15,11 @@ from exporter.engines import PageError
 from exporter.keys import POLLER
 from exporter.settings import ConfigError, DcgmSettings, parse_settings
 
+
+def busy_target(name: str, url: str, **overrides):
+    """A target on the static busy page, kept `busy` (not `stuck`) however slow the box: readiness then depends on the GPU fault alone."""
+    return make_target(name, url, stuck_after=600, **overrides)
+
 PAGES = REPO / "tests" / "fixtures" / "dcgm"
 HEALTHY = (PAGES / "healthy.txt").read_bytes()
 XID79 = (PAGES / "gpu1-xid79.txt").read_bytes()
@@ -111,7 +116,7 @@ class FakeDcgmExporter:
 async def dcgm_exporter(aiohttp_server, aiohttp_client, gpu: dict[str, str]):
     vllm, fake = FakeVllm(BUSY_PAGE), FakeDcgmExporter()
     vllm_server, dcgm_server = await aiohttp_server(vllm.app()), await aiohttp_server(fake.app())
-    settings = make_settings([make_target("gpu-b", str(vllm_server.make_url("")),
+    settings = make_settings([busy_target("gpu-b", str(vllm_server.make_url("")),
                                           dcgm={"url": str(dcgm_server.make_url("/metrics")), **gpu})],
                              gpu_faults={"dcgm_timeout": 0.5})
     client = await start_exporter(aiohttp_client, settings)
@@ -166,7 +171,7 @@ async def test_a_dcgm_exporter_that_cannot_be_read_is_an_error_kept_never_a_faul
     vllm, fake = FakeVllm(BUSY_PAGE), FakeDcgmExporter()
     fake.mode = mode
     vllm_server, dcgm_server = await aiohttp_server(vllm.app()), await aiohttp_server(fake.app())
-    settings = make_settings([make_target("gpu-b", str(vllm_server.make_url("")),
+    settings = make_settings([busy_target("gpu-b", str(vllm_server.make_url("")),
                                           dcgm={"url": str(dcgm_server.make_url("/metrics")), **gpu})],
                              gpu_faults={"dcgm_timeout": 0.3})
     client = await start_exporter(aiohttp_client, settings)
@@ -217,7 +222,7 @@ async def test_a_live_exporter_reads_a_shared_dcgm_exporter_once_per_poll_not_on
     vllm, fake = FakeVllm(BUSY_PAGE), FakeDcgmExporter()
     vllm_server, dcgm_server = await aiohttp_server(vllm.app()), await aiohttp_server(fake.app())
     url = str(dcgm_server.make_url("/metrics"))
-    settings = make_settings([make_target(name, str(vllm_server.make_url("")), dcgm={"url": url, "pod": pod})
+    settings = make_settings([busy_target(name, str(vllm_server.make_url("")), dcgm={"url": url, "pod": pod})
                               for name, pod in (("gpu-a", "vllm-a"), ("gpu-b", "vllm-b"))])
     client = await start_exporter(aiohttp_client, settings)
     a, b = record(client, "gpu-a"), record(client, "gpu-b")

@@ -18,6 +18,11 @@ from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_settings, make_targe
 
 from .control_plane import ControlPlane
 
+
+def busy_target(name: str, url: str, **overrides):
+    """A target on the static busy page, kept `busy` (not `stuck`) however slow the box: readiness then depends on the GPU fault alone."""
+    return make_target(name, url, stuck_after=600, **overrides)
+
 REPO = Path(__file__).resolve().parents[2]
 EXPORTER = "llm-vitals-exporter"
 MEM_BAD = {"type": "GpuMemWatch", "status": "True", "reason": "GpuMemWatchIsNotHealthy",
@@ -47,7 +52,7 @@ async def fleet(control_plane: ControlPlane, aiohttp_server, aiohttp_client, use
         await in_thread(control_plane.create_node, name, conditions=[READY, MEM_OK])
     server = await aiohttp_server(FakeVllm(BUSY_PAGE).app())
     url = str(server.make_url(""))
-    targets = [make_target(name, url, node=nodes[name[0]]) for name in ("a1", "a2", "b1")]
+    targets = [busy_target(name, url, node=nodes[name[0]]) for name in ("a1", "a2", "b1")]
     settings = make_settings(targets, gpu_faults={"kubeconfig": str(control_plane.kubeconfig(user)),
                                                   "node_taints": ["nvidia.com/gpu-xid-error"]})
     client = await start_exporter(aiohttp_client, settings)
