@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from exporter.engines import PageError
-from exporter.engines.scan import Sample, Scanner, decode
+from exporter.engines.scan import Scanner, decode
 from exporter.gpu_faults import DCGM_HEALTH_FAIL, GpuReading
 from exporter.settings import DcgmSettings
 from exporter.upstream import METRICS_ACCEPT, bounded_get
@@ -49,23 +49,20 @@ def read_gpus(body: bytes, dcgm: DcgmSettings) -> list[GpuReading]:
     found = _SCANNER.scan(decode(body))
     if not found:
         raise PageError("bad_metrics", f"not a dcgm-exporter page: no {XID} nor {HEALTH} line")
+    samples = [(name, sample, sample.labels()) for name in (XID, HEALTH) for sample in found.get(name, [])]
+    # The GPUs are chosen by pod (or UUID) on any line, then joined by UUID: a health line without
+    # the pod labels still counts for the pod's GPU.
+    ours = {uuid for _, _, labels in samples if (uuid := _label(labels, "UUID", "uuid")) and _is_ours(labels, dcgm)}
     gpus: dict[str, tuple[str, list[float], list[tuple[str, str]]]] = {}  # uuid -> (index, xids, failing)
-
-    def gpu_of(sample: Sample) -> tuple[dict[str, str], str] | None:
-        labels = sample.labels()
+    for name, sample, labels in samples:
         uuid = _label(labels, "UUID", "uuid")
-        if uuid is None or not _is_ours(labels, dcgm):
-            return None
-        gpus.setdefault(uuid, (labels.get("gpu", "?"), [], []))
-        return labels, uuid
-
-    for sample in found.get(XID, []):
-        if (hit := gpu_of(sample)) is not None and sample.value == sample.value:  # a NaN Xid is no reading
-            gpus[hit[1]][1].append(sample.value)
-    for sample in found.get(HEALTH, []):
-        if (hit := gpu_of(sample)) is not None and sample.value >= DCGM_HEALTH_FAIL:
-            labels, uuid = hit
-            gpus[uuid][2].append((labels.get("health_watch", "?"), labels.get("health_error_code", "")))
+        if uuid not in ours:
+            continue
+        _, xids, failing = gpus.setdefault(uuid, (labels.get("gpu", "?"), [], []))
+        if name == XID and sample.value == sample.value:  # a NaN Xid is no reading
+            xids.append(sample.value)
+        elif name == HEALTH and sample.value >= DCGM_HEALTH_FAIL:
+            failing.append((labels.get("health_watch", "?"), labels.get("health_error_code", "")))
     if not gpus:
         wanted = f"UUID {dcgm.uuid}" if dcgm.uuid else f"pod {dcgm.pod}" + (f" in namespace {dcgm.namespace}" if dcgm.namespace else "")
         raise PageError("bad_metrics", f"no GPU of {wanted} on the dcgm-exporter page")

@@ -46,6 +46,13 @@ def test_a_pod_with_several_gpus_reads_them_all() -> None:
     assert [g.uuid for g in read_gpus(page, dcgm(pod="vllm-a"))] == [GPU0, GPU1]
 
 
+def test_a_health_line_without_the_pod_labels_still_counts_for_the_pods_gpu() -> None:
+    page = b"\n".join(line.replace(b',container="vllm",namespace="llm",pod="vllm-b"', b"")
+                      if line.startswith(b"DCGM_EXP_GPU_HEALTH_STATUS") else line for line in XID79.split(b"\n"))
+    [gpu] = read_gpus(page, dcgm(pod="vllm-b", namespace="llm"))
+    assert gpu.failing == (("ALL", "DCGM_FR_FALLEN_OFF_BUS"),)
+
+
 def test_dcgm_exporters_old_label_names_are_read() -> None:
     page = XID79.replace(b"UUID=", b"uuid=").replace(b"pod=", b"pod_name=").replace(b"namespace=", b"pod_namespace=")
     [gpu] = read_gpus(page, dcgm(pod="vllm-b", namespace="llm"))
