@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo bench test-docker test-vllm test-llamacpp test-sglang test-triton tools clean
+.PHONY: install test lint demo bench test-docker test-vllm test-llamacpp test-sglang test-triton test-k8s tools clean
 
 install: $(STAMP)
 
@@ -61,6 +61,11 @@ test-sglang: install
 # outside the clone, the project's toy model, fault drills against it; prints the summary table.
 test-triton: install
 	@bash tools/real-triton-test.sh $(PYTEST_ARGS)
+
+# The real-Kubernetes tier (tests/k8s/): kube-apiserver + kube-controller-manager 1.20.2 built from
+# Debian's source and cached outside the clone, etcd from Debian; the tests start the control plane.
+test-k8s: install
+	@bash tools/real-k8s-test.sh $(PYTEST_ARGS)
 
 bench: install
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

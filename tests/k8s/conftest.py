@@ -1,0 +1,75 @@
+"""The real-Kubernetes tier: tests against a real kube-apiserver + etcd (tests/k8s/control_plane.py).
+
+Collected only under LLM_VITALS_REAL_K8S=1, which `make test-k8s` (tools/real-k8s-test.sh) sets after
+building the binaries: the main `make test` never starts an API server (it needs a 5-minute build
+that `make test` does not do, and its outage and expiry drills take tens of seconds). Where the
+binaries are missing the tier skips with one line; under LLM_VITALS_REQUIRE_REAL_K8S=1 (CI) that
+is a failure.
+
+Fixtures:
+  control_plane   one etcd + kube-apiserver per test session (per xdist worker), stopped at the end
+  namespace       a fresh namespace per test (never waited on to delete)
+  controller_manager   kube-controller-manager started for this test only (deployment, replicaset,
+                  serviceaccount controllers), stopped after it
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .control_plane import ControlPlane, missing
+
+ENABLED = os.environ.get("LLM_VITALS_REAL_K8S") == "1"
+REQUIRED = os.environ.get("LLM_VITALS_REQUIRE_REAL_K8S") == "1"
+
+if not ENABLED:
+    # Not part of the normal suite: `make test-k8s` runs the tier on its own.
+    collect_ignore_glob = ["test_*.py"]
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config):
+    if ENABLED:
+        # `timeout` in tools/real-k8s-test.sh ends a run with SIGTERM: make it the KeyboardInterrupt
+        # pytest tears fixtures down on, so the control plane is still stopped by PID.
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def skip_or_fail(why: str) -> None:
+    message = f"SKIPPED: real-Kubernetes tier: {why}"
+    if REQUIRED:
+        pytest.fail(message + " [LLM_VITALS_REQUIRE_REAL_K8S=1 makes this a failure]", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    why = missing()
+    if why is not None:
+        skip_or_fail(why)
+    plane = ControlPlane(Path(tmp_path_factory.mktemp("k8s")))
+    with plane:
+        yield plane
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> str:
+    prefix = request.node.name.removeprefix("test_").replace("_", "-").lower()[:30].strip("-")
+    return control_plane.new_namespace(prefix or "t")
+
+
+@pytest.fixture
+def controller_manager(control_plane: ControlPlane) -> Iterator[ControlPlane]:
+    control_plane.start_controller_manager()
+    try:
+        yield control_plane
+    finally:
+        control_plane.stop_controller_manager()
