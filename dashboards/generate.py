@@ -10,8 +10,11 @@ that is more dependency than help. What the SDK would guarantee (every panel has
 query and a layout slot) this script guarantees by construction, and the tests check it on the JSON
 that ships, including that every query parses (promtool) and names only contract metrics.
 
-Queries use only the metric contract (DESIGN §2, listed in `dashboards/queries.py`) and the
-`$target` variable (`label_values(llm_vitals_target_info, target)`, multi-select, "All" = `.+`).
+Queries use only the metric contract (DESIGN §2, listed in `dashboards/queries.py`) and two
+variables, both multi-select with "All" = `.+`: `$engine` (`label_values(llm_vitals_target_info,
+engine)`) and `$target` (the targets of the chosen engines). Every panel keeps only the targets
+whose `llm_vitals_target_info` has a chosen engine (`and on (target)`), so picking `triton` shows
+the Triton targets even when `$target` is "All".
 """
 
 from __future__ import annotations
@@ -26,6 +29,17 @@ OUTPUT = Path(__file__).resolve().parent / "llm-vitals.json"
 # the Prometheus whose uid is `prometheus`.
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 SEL = 'target=~"$target"'
+# The targets of the chosen engines: llm_vitals_target_info carries each target's `engine`.
+ENGINE_INFO = 'llm_vitals_target_info{engine=~"$engine"}'
+
+
+def of_engine(expr: str) -> str:
+    """`expr`, one series per target, kept only for targets of the chosen engines.
+
+    `and on (target)` filters without touching values or labels; for a query that aggregates the
+    target away (decisions by reason), filter inside the aggregation instead.
+    """
+    return f"({expr})\nand on (target) {ENGINE_INFO}"
 
 # The exporter's states, in the order the state timeline numbers them (1..7) and with the colour
 # each gets. `idle` and `busy` are both healthy; only stuck/unresponsive lead to a restart; `asleep`
@@ -52,7 +66,7 @@ def state_number_expr() -> str:
         f'(llm_vitals_state{{{SEL},state="{name}"}} == 1) * {number}'
         for number, (name, _) in enumerate(STATES, start=1)
     ]
-    return "max by (target) (\n  " + "\n  or ".join(parts) + "\n)"
+    return of_engine("max by (target) (\n  " + "\n  or ".join(parts) + "\n)")
 
 
 def target(expr: str, legend: str, ref_id: str = "A") -> dict:
@@ -152,12 +166,12 @@ def panels() -> list[dict]:
                 "calls, Triton executions, SGLang forward passes (none for an openai target). A busy "
                 "target at 0 here is the picture of a hang; a long prefill can show 0 briefly "
                 "while other signals move, and Triton counts an execution only when it completes.",
-                [target(f"llm_vitals_engine_steps_per_second{{{SEL}}}", "{{target}}")],
+                [target(of_engine(f"llm_vitals_engine_steps_per_second{{{SEL}}}"), "{{target}}")],
                 unit="ops")),
             (12, timeseries(
                 "Generated tokens per second",
                 "Output tokens per second (llm_vitals_generation_tokens_per_second).",
-                [target(f"llm_vitals_generation_tokens_per_second{{{SEL}}}", "{{target}}")],
+                [target(of_engine(f"llm_vitals_generation_tokens_per_second{{{SEL}}}"), "{{target}}")],
                 unit="short")),
         ],
         [
@@ -167,14 +181,14 @@ def panels() -> list[dict]:
                 "A long queue with steps moving is load (busy), not a fault: it never triggers a "
                 "restart.",
                 [
-                    target(f"llm_vitals_requests_running{{{SEL}}}", "{{target}} running", "A"),
-                    target(f"llm_vitals_requests_waiting{{{SEL}}}", "{{target}} waiting", "B"),
+                    target(of_engine(f"llm_vitals_requests_running{{{SEL}}}"), "{{target}} running", "A"),
+                    target(of_engine(f"llm_vitals_requests_waiting{{{SEL}}}"), "{{target}} waiting", "B"),
                 ])),
             (12, timeseries(
                 "Seconds without progress while work is pending",
                 "llm_vitals_stuck_seconds: 0 when idle or progressing. The target turns stuck once "
                 "this passes its stuck_after (60 s by default, the red line).",
-                [target(f"llm_vitals_stuck_seconds{{{SEL}}}", "{{target}}")],
+                [target(of_engine(f"llm_vitals_stuck_seconds{{{SEL}}}"), "{{target}}")],
                 unit="s", thresholds=[(60, "red")])),
         ],
         [
@@ -182,23 +196,23 @@ def panels() -> list[dict]:
                 "Restarts detected",
                 "Restarts seen by the exporter (start time changed or counters reset), whoever "
                 "did them: remediator, supervisor, kubelet or a person.",
-                [target(f"sum by (target) (increase(llm_vitals_restarts_total{{{SEL}}}[{rate}]))",
+                [target(of_engine(f"sum by (target) (increase(llm_vitals_restarts_total{{{SEL}}}[{rate}]))"),
                         "{{target}}")],
                 bars=True)),
             (8, timeseries(
                 "Canary results",
                 "1-token completions sent only to idle-looking targets, by result. A busy target "
                 "should get none.",
-                [target("sum by (target, result) (increase(llm_vitals_canary_requests_total"
-                        f"{{{SEL}}}[{rate}]))", "{{target}} {{result}}")],
+                [target(of_engine("sum by (target, result) (increase(llm_vitals_canary_requests_total"
+                                  f"{{{SEL}}}[{rate}]))"), "{{target}} {{result}}")],
                 bars=True)),
             (8, timeseries(
                 "Remediator decisions by reason",
                 "Each gate decision of the remediator (llm_vitals_remediator_decisions_total): "
                 "allowed means a restart ran; every other reason is a deliberate refusal "
                 "(cooldown, fleet_gate, not_stuck, ...).",
-                [target("sum by (reason) (increase(llm_vitals_remediator_decisions_total"
-                        f"{{{SEL}}}[{rate}]))", "{{reason}}")],
+                [target("sum by (reason) (\n  increase(llm_vitals_remediator_decisions_total"
+                        f"{{{SEL}}}[{rate}])\n  and on (target) {ENGINE_INFO}\n)", "{{reason}}")],
                 bars=True)),
         ],
         [
@@ -207,14 +221,14 @@ def panels() -> list[dict]:
                 "What /probe/<target>/ready and /live answer (llm_vitals_ready, llm_vitals_live). "
                 "Ready never depends on queue length.",
                 [
-                    target(f"llm_vitals_ready{{{SEL}}}", "{{target}} ready", "A"),
-                    target(f"llm_vitals_live{{{SEL}}}", "{{target}} live", "B"),
+                    target(of_engine(f"llm_vitals_ready{{{SEL}}}"), "{{target}} ready", "A"),
+                    target(of_engine(f"llm_vitals_live{{{SEL}}}"), "{{target}} live", "B"),
                 ])),
             (12, timeseries(
                 "Age of the last poll",
                 "Seconds since the exporter last completed a poll of the target. Verdicts older "
                 "than a minute are stale (alert LLMVitalsPollingStale).",
-                [target(f"time() - llm_vitals_last_poll_timestamp_seconds{{{SEL}}}", "{{target}}")],
+                [target(of_engine(f"time() - llm_vitals_last_poll_timestamp_seconds{{{SEL}}}"), "{{target}}")],
                 unit="s", thresholds=[(60, "red")])),
         ],
     ]
@@ -232,8 +246,31 @@ def panels() -> list[dict]:
     return out
 
 
+def multi_variable(name: str, label: str, query: str) -> dict:
+    """A multi-select query variable over llm_vitals_target_info, "All" by default."""
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "definition": query,
+        # The plain-string form: every Grafana since 7 reads it (newer ones migrate it).
+        "query": query,
+        "refresh": 2,
+        "multi": True,
+        "includeAll": True,
+        # A regex Grafana puts in `label=~"$name"` when "All" is chosen: cheaper than the
+        # alternation of every value, and it includes targets (or engines) added later.
+        "allValue": ".+",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "sort": 1,
+        "hide": 0,
+        "regex": "",
+        "options": [],
+    }
+
+
 def templating() -> dict:
-    query = "label_values(llm_vitals_target_info, target)"
     return {
         "list": [
             {
@@ -247,26 +284,9 @@ def templating() -> dict:
                 "regex": "",
                 "options": [],
             },
-            {
-                "name": "target",
-                "label": "Target",
-                "type": "query",
-                "datasource": DATASOURCE,
-                "definition": query,
-                # The plain-string form: every Grafana since 7 reads it (newer ones migrate it).
-                "query": query,
-                "refresh": 2,
-                "multi": True,
-                "includeAll": True,
-                # A regex Grafana puts in `target=~"$target"` when "All" is chosen: cheaper than
-                # the alternation of every value, and it includes targets added later.
-                "allValue": ".+",
-                "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-                "sort": 1,
-                "hide": 0,
-                "regex": "",
-                "options": [],
-            },
+            multi_variable("engine", "Engine", "label_values(llm_vitals_target_info, engine)"),
+            # Only the targets of the chosen engines (Grafana refreshes it when $engine changes).
+            multi_variable("target", "Target", f"label_values({ENGINE_INFO}, target)"),
         ]
     }
 

@@ -57,10 +57,11 @@ def load_dashboard(path: Path = DASHBOARD) -> dict:
 
 
 def substitute(expr: str, target: str = ".+", rate_interval: str = "1m", range_: str = "1h",
-               interval: str = "15s") -> str:
-    """Fill in `$target` (a regex, as Grafana renders a multi-value variable) and the built-ins."""
+               interval: str = "15s", engine: str = ".+") -> str:
+    """Fill in `$target` and `$engine` (regexes, as Grafana renders a multi-value variable) and the built-ins."""
     values = {
         "target": target,
+        "engine": engine,
         "__rate_interval": rate_interval,
         "__range": range_,
         "__interval": interval,
@@ -76,25 +77,25 @@ def substitute(expr: str, target: str = ".+", rate_interval: str = "1m", range_:
 
 
 def dashboard_queries(target: str = ".+", rate_interval: str = "1m", range_: str = "1h",
-                      dashboard: dict | None = None) -> list[PanelQuery]:
+                      dashboard: dict | None = None, engine: str = ".+") -> list[PanelQuery]:
     """One entry per query of every panel, variables substituted (see `substitute`)."""
     board = load_dashboard() if dashboard is None else dashboard
     out = []
     for panel in board["panels"]:
         for tgt in panel.get("targets", []):
             out.append(PanelQuery(panel["title"], tgt["refId"],
-                                  substitute(tgt["expr"], target, rate_interval, range_)))
+                                  substitute(tgt["expr"], target, rate_interval, range_, engine=engine)))
     return out
 
 
-def variable_query(dashboard: dict | None = None) -> str:
-    """The `target` variable's query, e.g. `label_values(llm_vitals_target_info, target)`."""
+def variable_query(dashboard: dict | None = None, name: str = "target") -> str:
+    """A variable's query as written, e.g. `label_values(llm_vitals_target_info{engine=~"$engine"}, target)`."""
     board = load_dashboard() if dashboard is None else dashboard
     for var in board["templating"]["list"]:
-        if var["name"] == "target":
+        if var["name"] == name:
             query = var["query"]
             return query["query"] if isinstance(query, dict) else query
-    raise KeyError("dashboard has no `target` variable")
+    raise KeyError(f"dashboard has no `{name}` variable")
 
 
 def metric_names(expr: str) -> set[str]:

@@ -9,21 +9,26 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import generate_latest
 from pydantic import BaseModel
 
-from exporter.collector import build_process_registry, read, render_families
-from exporter.keys import CLOCK, FULL_RENDER, NODES, POLLER, REGISTRY, SESSION, SETTINGS, STORE
+from exporter.collector import LifecycleCollector, build_process_registry, read, render_families
+from exporter.discovery.manager import Discovery, apply_to_store, sources_for
+from exporter.keys import CLOCK, DISCOVERY, FULL_RENDER, NODES, POLLER, REGISTRY, RELOAD, SESSION, SETTINGS, STORE
 from exporter.kube import api_client
 from exporter.node_watch import NodeCache, NodeWatch, wants_node_watch
 from exporter.page import page_pieces, refresh
 from exporter.poller import Poller
-from exporter.settings import ExporterSettings
+from exporter.reload import ReloadState, load_for_reload, record_success
+from exporter.settings import ConfigError, ExporterSettings
 from exporter.state import StateStore, target_view
 from exporter.status_page import setup_status_page
 from exporter.verdict import is_started
@@ -37,10 +42,15 @@ log = logging.getLogger("llm_vitals.exporter")
 PROBES = {"startup", "ready", "live"}
 
 
-def create_app(settings: ExporterSettings, *, clock: Callable[[], float] = time.time, poll: bool = True,
-               full_render: bool = False) -> web.Application:
-    """The exporter app. `poll=False` serves the cache without starting the poll loops (for tests).
+# A target name in a path: a static name, or a discovered `<namespace>/<pod>` (one slash).
+NAME = "{name:[^/]+(?:/[^/]+)?}"
 
+
+def create_app(settings: ExporterSettings, *, clock: Callable[[], float] = time.time, poll: bool = True,
+               config_path: Path | None = None, sighup: bool = False, full_render: bool = False) -> web.Application:
+    """The exporter app. `poll=False` serves the cache without starting the poll loops or discovery (for tests).
+
+    `config_path` is the file `POST /-/reload` re-reads; `sighup` makes SIGHUP reload it too (the CLI's choice).
     `full_render` renders /metrics whole on every scrape, as before the per-target text of
     exporter/page.py: kept only as the baseline of bench/bench_scale.py.
     """
@@ -50,20 +60,28 @@ def create_app(settings: ExporterSettings, *, clock: Callable[[], float] = time.
     store = app[STORE] = StateStore(settings, clock())
     app[REGISTRY] = build_process_registry()  # the vitals are rendered by exporter/page.py
     app[FULL_RENDER] = full_render
+    discovery = app[DISCOVERY] = Discovery(settings, store, apply_to_store(store, clock), clock)
+    discovery.sync()  # the shard applies to the static targets from the start
+    app[RELOAD] = ReloadState(config_path, last_success=clock())
+    app[REGISTRY].register(LifecycleCollector(discovery, app[RELOAD]))
     app.cleanup_ctx.append(_client_session)
     if poll:
-        if wants_node_watch(store):
+        if wants_node_watch(store) or any(entry.kubernetes for entry in settings.discovery):
             app[NODES] = NodeCache()
             app.cleanup_ctx.append(_node_watch)
         app.cleanup_ctx.append(_pollers)
+        if sighup:
+            app.on_startup.append(_reload_on_sighup)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/api/v1/targets", list_targets)
-    app.router.add_get("/api/v1/targets/{name}", show_target)
-    app.router.add_get("/api/v1/targets/{name}/history", show_history)
-    app.router.add_get("/probe/{name}/{probe}", probe)
-    app.router.add_post("/probe/{name}/drain", drain)
-    app.router.add_post("/probe/{name}/undrain", undrain)
+    app.router.add_get("/api/v1/discovery", show_discovery)
+    app.router.add_get(f"/api/v1/targets/{NAME}/history", show_history)
+    app.router.add_get(f"/api/v1/targets/{NAME}", show_target)
+    app.router.add_post(f"/probe/{NAME}/drain", drain)
+    app.router.add_post(f"/probe/{NAME}/undrain", undrain)
+    app.router.add_get(f"/probe/{NAME}/{{probe}}", probe)
+    app.router.add_post("/-/reload", reload)
     setup_status_page(app)  # GET /: the human view of the same cache
     return app
 
@@ -85,19 +103,81 @@ async def _pollers(app: web.Application) -> AsyncIterator[None]:
     poller = Poller(app[SETTINGS], app[STORE], app[SESSION], app[CLOCK], nodes=app.get(NODES))
     app[POLLER] = poller
     poller.start()
+    discovery = app[DISCOVERY]
+    discovery.apply = poller.apply  # from now on a change of the target set starts and stops poll loops
+    discovery.start(sources_for(app[SETTINGS]))
     yield
+    await discovery.stop()
     await poller.stop()
+
+
+async def _reload_on_sighup(app: web.Application) -> None:
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[object]] = set()
+
+    def on_sighup() -> None:
+        task = asyncio.create_task(reload_config(app), name="reload")
+        tasks.add(task)  # a reference until done: the loop keeps only weak ones
+        task.add_done_callback(tasks.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_sighup)
+
+
+async def reload_config(app: web.Application) -> tuple[bool, str, list[str]]:
+    """Re-read the config file and apply it: (ok, the error or "", restart-only keys changed). Never raises."""
+    state, discovery = app[RELOAD], app[DISCOVERY]
+    async with state.lock:  # two reloads at once would start a source twice
+        try:
+            new = load_for_reload(state)
+        except ConfigError as exc:
+            return False, str(exc), []
+        old = discovery.settings
+        poller = app.get(POLLER)
+        if poller is not None:
+            poller.reconfigure(new)
+        app[STORE].history_seconds, app[STORE].poll_interval = new.history_seconds, new.poll_interval
+        await discovery.reconfigure(new, sources_for(new) if poller is not None else [])
+        return True, "", record_success(state, app[CLOCK](), old, new)
 
 
 async def _node_watch(app: web.Application) -> AsyncIterator[None]:
     """The watch of the targets' nodes (GPU faults from node conditions and taints), when a target names a node."""
     settings, store = app[SETTINGS], app[STORE]
+    # The API server of the gpu_faults section, else the one pod discovery uses.
+    kubeconfig = settings.gpu_faults.kubeconfig or next(
+        (entry.kubernetes.kubeconfig for entry in settings.discovery if entry.kubernetes), None)
     watcher = NodeWatch(app[NODES], settings.gpu_faults.node_rules, lambda: iter(store),
-                        lambda: api_client(settings.gpu_faults.kubeconfig))
+                        lambda: api_client(kubeconfig))
     task = asyncio.create_task(watcher.run(), name="node-watch")
     yield
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def reload(request: web.Request) -> web.Response:
+    # Guarded like drain: with a drain token configured, a reload needs it too (a reload can drop
+    # every target); without one the exporter is trusted to its listen address, as drain is.
+    if not _authorized(request):
+        return web.json_response({"error": "missing or wrong bearer token"}, status=401,
+                                 headers={"WWW-Authenticate": "Bearer"})
+    ok, error, pending = await reload_config(request.app)
+    if not ok:
+        # 500 is what Prometheus answers for a refused reload; the old config keeps running.
+        return web.json_response({"reloaded": False, "error": error}, status=500)
+    return web.json_response({"reloaded": True, "targets": len(request.app[STORE].records), "needs_restart": pending})
+
+
+async def show_discovery(request: web.Request) -> web.Response:
+    """Each discovery source's health, target count and what it skipped, and the last reload's outcome."""
+    discovery, state = request.app[DISCOVERY], request.app[RELOAD]
+    shard = discovery.settings.shard
+    return web.json_response({
+        "sources": [asdict(status) for status in discovery.status.values()],
+        "shard": shard.model_dump() if shard else None,
+        "targets": len(request.app[STORE].records),
+        "conflicts": discovery.conflicts,
+        "reload": {"successful": state.successful, "last_success": state.last_success, "error": state.error},
+    })
 
 
 def _unknown(name: str) -> web.Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
+from pathlib import Path
 
 from exporter.settings import ConfigError, load_settings
 from llm_vitals import exits
@@ -28,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         return exits.invalid_config(parser.prog, exc)
     if args.check_config:
-        print(f"config OK: {len(settings.targets)} target(s), listening on {settings.listen}")
+        print(f"config OK: {len(settings.targets)} target(s), {len(settings.discovery)} discovery source(s), "
+              f"listening on {settings.listen}")
         return exits.OK
 
     # Imported late so that --check-config stays fast and free of the web stack.
@@ -38,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     from llm_vitals.logs import setup_logging
 
     setup_logging(args.log_level or settings.log_level)
-    app = create_app(settings, full_render=args.full_render)
+    # SIGHUP and POST /-/reload re-read this file (exporter/reload.py).
+    app = create_app(settings, config_path=Path(args.config), sighup=True, full_render=args.full_render)
     # Everything built so far (modules, settings, one record per target) lives as long as the
     # process: out of the collector's sight, a full collection no longer walks it. In
     # bench_poll_1000 the worst probe answer during /metrics scrapes went from 50-100 ms in most

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -24,6 +25,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from exporter.discovery.manager import Discovery
+from exporter.reload import ReloadState
 from exporter.settings import TargetSettings
 from exporter.state import CANARY_RESULTS, STANDARD_ERROR_REASONS, StateStore, TargetRecord
 from exporter.verdict import STATES, Verdict
@@ -100,9 +103,13 @@ def _fresh(field: str) -> Callable[[Reading, float], Iterable[Row]]:
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("llm_vitals_target_info", "gauge", "Static facts about each watched target; always 1.",
-           lambda r, now: (((r.settings.engine, r.settings.role, r.settings.public_url), 1),),
-           ("engine", "role", "url")),
+    Family("llm_vitals_target_info", "gauge",
+           "Static facts about each watched target; always 1. namespace and pod are those of a target found by"
+           " Kubernetes discovery (empty otherwise); node is the Kubernetes node its GPU faults are read from.",
+           lambda r, now: (((r.settings.engine, r.settings.role, r.settings.public_url,
+                             getattr(r.settings, "namespace", None) or "", getattr(r.settings, "pod", None) or "",
+                             r.settings.node or ""), 1),),
+           ("engine", "role", "url", "namespace", "pod", "node")),
     Family("llm_vitals_up", "gauge", "1 when the last poll got a usable reading from the target." + _CACHED,
            _flag(lambda r, now: r.verdict.up)),
     Family("llm_vitals_state", "gauge",
@@ -261,3 +268,43 @@ def build_process_registry() -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     ProcessCollector(registry=registry)
     return registry
+
+
+class LifecycleCollector(Collector):
+    """The exporter's own config and discovery health, from the Discovery and ReloadState it is given.
+
+        llm_vitals_config_last_reload_successful 1
+        llm_vitals_config_last_reload_success_timestamp_seconds 1.7e+09
+        llm_vitals_discovery_up{source="kubernetes[0]"} 1
+        llm_vitals_discovered_targets{source="kubernetes[0]"} 8
+        llm_vitals_discovery_skipped_targets{source="kubernetes[0]",reason="not_running"} 2
+    """
+
+    def __init__(self, discovery: Discovery, reload: ReloadState) -> None:
+        self.discovery = discovery
+        self.reload = reload
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("llm_vitals_config_last_reload_successful",
+                                "1 when the last config reload (SIGHUP or POST /-/reload) loaded the file; 0 when it was "
+                                "refused and the previous config still runs (the error is in the log and /api/v1/discovery).",
+                                value=1 if self.reload.successful else 0)
+        yield GaugeMetricFamily("llm_vitals_config_last_reload_success_timestamp_seconds",
+                                "Unix seconds when a config was last loaded (at start, or by a successful reload).",
+                                value=self.reload.last_success)
+        up = GaugeMetricFamily("llm_vitals_discovery_up",
+                               "1 when the discovery source's last list, watch or file read worked; 0 while it fails "
+                               "(its last targets are kept; the error is in /api/v1/discovery).", labels=["source"])
+        found = GaugeMetricFamily("llm_vitals_discovered_targets",
+                                  "Targets the discovery source gives now, before the shard.", labels=["source"])
+        skipped = GaugeMetricFamily("llm_vitals_discovery_skipped_targets",
+                                    "Things the source saw and could not watch, by reason (not_running, no_ip, no_port, "
+                                    "terminating, bad_target, bad_group); each is named in /api/v1/discovery.",
+                                    labels=["source", "reason"])
+        for status in list(self.discovery.status.values()):
+            up.add_metric([status.source], 1 if status.up else 0)
+            found.add_metric([status.source], status.targets)
+            reasons = Counter(why.partition(":")[0] for why in status.skipped.values())
+            for reason, count in sorted(reasons.items()):
+                skipped.add_metric([status.source, reason], count)
+        yield from (up, found, skipped)

@@ -8,16 +8,21 @@ the test pages from them). Not checked against a live dcgm-exporter: there is no
 
 A GPU line carries `gpu="0"`, `UUID="GPU-..."` (`uuid` with dcgm-exporter's old-namespace option)
 and, with its Kubernetes pod mapping, `pod`, `namespace` (`pod_name`, `pod_namespace` in the old
-namespace). A pod with several GPUs has several. `read_gpus` is pure; `fetch_gpus` does the GET.
+namespace). A pod with several GPUs has several. `read_gpus` is pure; `fetch_page` does the GET,
+and `SharedPages` lets every target on one node share one read of its dcgm-exporter per interval.
 Every failure is a PageError with a reason and detail: the caller keeps it and flags nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
 import aiohttp
 
 from exporter.engines import PageError
-from exporter.engines.scan import Sample, Scanner, decode
+from exporter.engines.scan import Scanner, decode
 from exporter.gpu_faults import DCGM_HEALTH_FAIL, GpuReading
 from exporter.settings import DcgmSettings
 from exporter.upstream import METRICS_ACCEPT, bounded_get
@@ -44,23 +49,20 @@ def read_gpus(body: bytes, dcgm: DcgmSettings) -> list[GpuReading]:
     found = _SCANNER.scan(decode(body))
     if not found:
         raise PageError("bad_metrics", f"not a dcgm-exporter page: no {XID} nor {HEALTH} line")
+    samples = [(name, sample, sample.labels()) for name in (XID, HEALTH) for sample in found.get(name, [])]
+    # The GPUs are chosen by pod (or UUID) on any line, then joined by UUID: a health line without
+    # the pod labels still counts for the pod's GPU.
+    ours = {uuid for _, _, labels in samples if (uuid := _label(labels, "UUID", "uuid")) and _is_ours(labels, dcgm)}
     gpus: dict[str, tuple[str, list[float], list[tuple[str, str]]]] = {}  # uuid -> (index, xids, failing)
-
-    def gpu_of(sample: Sample) -> tuple[dict[str, str], str] | None:
-        labels = sample.labels()
+    for name, sample, labels in samples:
         uuid = _label(labels, "UUID", "uuid")
-        if uuid is None or not _is_ours(labels, dcgm):
-            return None
-        gpus.setdefault(uuid, (labels.get("gpu", "?"), [], []))
-        return labels, uuid
-
-    for sample in found.get(XID, []):
-        if (hit := gpu_of(sample)) is not None and sample.value == sample.value:  # a NaN Xid is no reading
-            gpus[hit[1]][1].append(sample.value)
-    for sample in found.get(HEALTH, []):
-        if (hit := gpu_of(sample)) is not None and sample.value >= DCGM_HEALTH_FAIL:
-            labels, uuid = hit
-            gpus[uuid][2].append((labels.get("health_watch", "?"), labels.get("health_error_code", "")))
+        if uuid not in ours:
+            continue
+        _, xids, failing = gpus.setdefault(uuid, (labels.get("gpu", "?"), [], []))
+        if name == XID and sample.value == sample.value:  # a NaN Xid is no reading
+            xids.append(sample.value)
+        elif name == HEALTH and sample.value >= DCGM_HEALTH_FAIL:
+            failing.append((labels.get("health_watch", "?"), labels.get("health_error_code", "")))
     if not gpus:
         wanted = f"UUID {dcgm.uuid}" if dcgm.uuid else f"pod {dcgm.pod}" + (f" in namespace {dcgm.namespace}" if dcgm.namespace else "")
         raise PageError("bad_metrics", f"no GPU of {wanted} on the dcgm-exporter page")
@@ -68,10 +70,44 @@ def read_gpus(body: bytes, dcgm: DcgmSettings) -> list[GpuReading]:
             for uuid, (index, xids, failing) in gpus.items()]
 
 
-async def fetch_gpus(session: aiohttp.ClientSession, dcgm: DcgmSettings, timeout: float, max_bytes: int) -> list[GpuReading]:
-    """GET the dcgm-exporter page and read the target's GPUs; PageError for any upstream trouble."""
-    status, body = await bounded_get(session, str(dcgm.url), timeout=timeout, max_bytes=max_bytes,
-                                     headers={"Accept": METRICS_ACCEPT})
+async def fetch_page(session: aiohttp.ClientSession, url: str, timeout: float, max_bytes: int) -> bytes:
+    """GET a dcgm-exporter page; PageError for any upstream trouble (timeout, connect, too large, not 200)."""
+    status, body = await bounded_get(session, url, timeout=timeout, max_bytes=max_bytes, headers={"Accept": METRICS_ACCEPT})
     if status != 200:
         raise PageError("http_status", f"dcgm-exporter answered HTTP {status}")
-    return read_gpus(body, dcgm)
+    return body
+
+
+class SharedPages:
+    """One read of a dcgm-exporter page serves every target that asks for it within `fresh_for` seconds.
+
+    One dcgm-exporter per node serves all of the node's GPUs (eight targets on an 8-GPU node): without
+    this each target would fetch the same page every poll. A read in flight is shared too; a failed
+    read is shared like a good one (each target keeps the error).
+    """
+
+    def __init__(self, fetch: Callable[[str], Awaitable[bytes]], fresh_for: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.fetch = fetch
+        self.fresh_for = fresh_for
+        self.clock = clock
+        self.reads = 0
+        self._pages: dict[str, tuple[float, asyncio.Future[bytes]]] = {}
+
+    async def get(self, url: str) -> bytes:
+        now = self.clock()
+        entry = self._pages.get(url)
+        if entry is None or now - entry[0] >= self.fresh_for:
+            self.reads += 1
+            entry = (now, asyncio.ensure_future(self.fetch(url)))
+            self._pages[url] = entry
+        # Shielded: one target's poll being cancelled must not cancel the read the others wait on.
+        return await asyncio.shield(entry[1])
+
+    async def close(self) -> None:
+        """Cancel the reads still in flight (the poller is stopping): none may outlive its loop."""
+        reads = [future for _, future in self._pages.values() if not future.done()]
+        for future in reads:
+            future.cancel()
+        await asyncio.gather(*reads, return_exceptions=True)
+        self._pages.clear()

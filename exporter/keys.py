@@ -8,8 +8,10 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from exporter.discovery.manager import Discovery
 from exporter.node_watch import NodeCache
 from exporter.poller import Poller
+from exporter.reload import ReloadState
 from exporter.settings import ExporterSettings
 from exporter.state import StateStore
 
@@ -20,4 +22,6 @@ CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 POLLER = web.AppKey("poller", Poller)
 NODES = web.AppKey("nodes", NodeCache)
+DISCOVERY = web.AppKey("discovery", Discovery)
+RELOAD = web.AppKey("reload", ReloadState)
 FULL_RENDER = web.AppKey("full_render", bool)  # /metrics rendered whole per scrape: the benchmark's baseline

@@ -1,13 +1,14 @@
 """The node watch: lists and then watches the cluster's Nodes, so each Kubernetes target knows its node's GPU fault.
 
 One list-then-watch of all nodes (an informer's shape), not one watch per target's node: a fleet of
-500 pods on 60 nodes is one stream. It needs a ClusterRole with `get`, `list` and `watch` on
-`nodes` (deploy/kubernetes/exporter.yaml); without it every target with a node shows the 403 in
-`gpu_fault_errors.node`, and no fault is ever inferred from it.
+500 pods on 60 nodes is one stream. It needs a ClusterRole with `list` and `watch` on `nodes`
+(deploy/kubernetes/exporter.yaml; no `get`: it never reads one node by name); without it every
+target with a node shows the 403 in `gpu_fault_errors.node`, and no fault is ever inferred from it.
 
-The watch resumes from the last `resourceVersion`; a 410 Gone (compacted) relists. A lost API
-server is retried with a capped backoff; what was last seen of a node stays (a node condition does
-not clear because the API server is away), and the error is shown next to it.
+Each watch the server ends (every WATCH_SECONDS) is resumed from the last `resourceVersion`; a
+410 Gone (compacted) relists. A failure (a lost API server, a 403) is retried with a capped backoff
+by a fresh list; what was last seen of a node stays meanwhile (a node condition does not clear
+because the API server is away), and the error is shown next to it.
 
 `NodeCache` holds a small view of each node (conditions, taints) and `apply` turns it into each
 record's `node_fault` through the pure rule `exporter.gpu_faults.node_fault`; the poller applies it
@@ -35,7 +36,7 @@ log = logging.getLogger("llm_vitals.exporter")
 
 WATCH_SECONDS = 300  # the server ends each watch after this; it is then resumed from the last resourceVersion
 BACKOFF_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-RBAC_HINT = "the exporter needs a ClusterRole with get, list and watch on nodes (deploy/kubernetes/exporter.yaml)"
+RBAC_HINT = "the exporter needs a ClusterRole with list and watch on nodes (deploy/kubernetes/exporter.yaml)"
 
 
 @dataclass(frozen=True)
@@ -108,8 +109,11 @@ class NodeWatch:
         self.resource_version: str | None = None
         self.relists = 0  # lists after the first: a 410 Gone, or a reconnect without a resourceVersion
 
-    def apply_all(self) -> None:
+    def apply_all(self, node: str | None = None) -> None:
+        """Apply the cache to every record (or to those on `node` only) and log each fault that changes."""
         for record in list(self.records()):
+            if node is not None and record.settings.node != node:
+                continue
             before = record.gpu_fault
             self.cache.apply(record, self.rules)
             log_gpu_fault_change(record, before)
@@ -140,6 +144,10 @@ class NodeWatch:
                 except Exception as exc:  # a bug here must not end the watch for good
                     log.exception("node watch failed unexpectedly")
                     error = f"node watch failed: {type(exc).__name__}"
+                # After a failure, list again rather than resume the watch: a quiet watch that
+                # reconnects sends nothing that would show it works again, and a list does (and
+                # catches whatever changed meanwhile).
+                self.resource_version = None
                 self._set_error(error)
                 await self.sleep(BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)])
                 failures += 1
@@ -170,8 +178,10 @@ class NodeWatch:
                     self.cache.nodes.pop(node.metadata.name, None)
                 else:
                     self.cache.nodes[node.metadata.name] = node_view(node)
-                self._set_error(None)
-                self.apply_all()
+                if self.cache.error is not None:
+                    self._set_error(None)  # applies to every record
+                else:
+                    self.apply_all(node.metadata.name)
 
     def _set_error(self, error: str | None) -> None:
         if error != self.cache.error:

@@ -15,7 +15,8 @@ from collections.abc import Callable
 import aiohttp
 
 from exporter.canary import resolve_model, send_canary
-from exporter.dcgm import fetch_gpus
+from exporter.dcgm import SharedPages, fetch_page, read_gpus
+from exporter.discovery.targetset import Changes
 from exporter.engines import Page, PageError, Snapshot
 from exporter.engines.table import engine_of, read_page
 from exporter.gpu_faults import GpuFault, GpuReading, dcgm_fault
@@ -56,24 +57,64 @@ class Poller:
         self.store = store
         self.session = session
         self.clock = clock
-        self.tasks: list[asyncio.Task[None]] = []
+        self.tasks: dict[str, asyncio.Task[None]] = {}  # one poll loop per watched target, by name
+        self._xids = frozenset(settings.gpu_faults.dcgm_xids)
+        self._node_rules = settings.gpu_faults.node_rules
+        # Targets on one node share its dcgm-exporter page: one read per URL per poll interval (a
+        # tenth less, so that two polls one interval apart never both reuse one read).
+        self.dcgm_pages = SharedPages(
+            lambda url: fetch_page(session, url, self.settings.gpu_faults.dcgm_timeout, self.settings.max_page_bytes),
+            fresh_for=0.9 * settings.poll_interval)
+
+    def reconfigure(self, settings: ExporterSettings) -> None:
+        """A reloaded config's poll settings and GPU-fault rules, used from each loop's next poll."""
+        self.settings = settings
         self._xids = frozenset(settings.gpu_faults.dcgm_xids)
         self._node_rules = settings.gpu_faults.node_rules
 
     def start(self) -> None:
         for record in self.store:
-            self.tasks.append(asyncio.create_task(self._loop(record), name=f"poll:{record.name}"))
+            self._start(record)
+
+    def _start(self, record: TargetRecord) -> None:
+        self.tasks[record.name] = asyncio.create_task(self._loop(record), name=f"poll:{record.name}")
 
     async def stop(self) -> None:
         canaries = [r.canary_task for r in self.store if r.canary_task is not None]
-        for task in [*self.tasks, *canaries]:
+        tasks = [*self.tasks.values(), *canaries]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self.tasks, *canaries, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self.tasks.clear()
+        await self.dcgm_pages.close()
+
+    def apply(self, changes: Changes) -> None:
+        """Follow a change of the target set (exporter/discovery/targetset.py): stop the loops of the
+        removed and changed targets and drop their records, then start fresh ones for the added and
+        changed (each `starting` until its first good read).
+
+        Synchronous on purpose: between this call and the next scrape there is no await, so no page
+        shows a removed target. A cancelled loop may still be awaiting its upstream; it writes only
+        to its own record, which is no longer in the store.
+        """
+        now = self.clock()
+        for name in (*changes.removed, *(target.name for target in changes.changed)):
+            self._drop(name)
+        for target in (*changes.added, *changes.changed):
+            self._start(self.store.add(target, now))
+
+    def _drop(self, name: str) -> None:
+        task = self.tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+        record = self.store.remove(name)
+        if record is not None and record.canary_task is not None:
+            record.canary_task.cancel()
 
     async def _loop(self, record: TargetRecord) -> None:
         interval = self.settings.poll_interval
         loop = asyncio.get_running_loop()
+        # `interval` is read again after each poll: a reload may change it.
         # A large fleet spreads its first polls over one interval so it does not poll in lockstep;
         # a small one starts within a second, so its first verdicts (and probes) come quickly.
         await asyncio.sleep(random.uniform(0, min(interval, 1.0) if len(self.store.records) < 50 else interval))
@@ -86,6 +127,7 @@ class Poller:
             except Exception as exc:  # a bug in the exporter, never an upstream failure
                 record.poll_errors["internal"] += 1
                 log.exception("poll failed unexpectedly", extra={"fields": {"target": record.name, "error": type(exc).__name__}})
+            interval = self.settings.poll_interval
             next_at += interval
             now = loop.time()
             next_at = max(next_at, now)  # a poll overran the interval: re-anchor rather than fire a burst
@@ -212,7 +254,7 @@ class Poller:
         if dcgm is None:
             return None
         try:
-            gpus = await fetch_gpus(self.session, dcgm, self.settings.gpu_faults.dcgm_timeout, self.settings.max_page_bytes)
+            gpus = read_gpus(await self.dcgm_pages.get(str(dcgm.url)), dcgm)
         except PageError as exc:
             error = f"{exc.reason}: {exc.detail}"
             if record.gpu_fault_errors.get("dcgm") != error:

@@ -163,6 +163,86 @@ class TargetSettings(_FrozenStrict):
         self._api_key = secret_from_env_or_file(f"{key_path}.api_key", self.api_key_env, self.api_key_file, environ)
 
 
+# Keys a discovery template may not set: the source fills them from what it discovered.
+_DISCOVERED_KEYS = frozenset({"name", "url", "node"})
+
+
+def _check_template(template: dict[str, Any]) -> dict[str, Any]:
+    """A discovery `template` is any target key but name/url/node, checked now so a typo fails at load."""
+    refused = sorted(_DISCOVERED_KEYS & template.keys())
+    if refused:
+        raise ValueError(f"a template may not set {', '.join(refused)}: discovery fills them in")
+    TargetSettings.model_validate({**template, "name": "template", "url": "http://template.invalid"})
+    return template
+
+
+class KubernetesDiscovery(_FrozenStrict):
+    """Pods listed and then watched through the API server (exporter/discovery/kubernetes.py)."""
+
+    # Default: the exporter's own namespace (the service account's), one watch per namespace.
+    namespaces: list[str] = []
+    selector: str = Field(min_length=1)  # a label selector, required: never "every pod in the namespace"
+    port: str | int  # the container port, by name or by number
+    scheme: Literal["http", "https"] = "http"
+    template: dict[str, Any] = {}
+    # Default: the in-cluster service account.
+    kubeconfig: Path | None = None
+
+    @field_validator("template")
+    @classmethod
+    def _template_checked(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _check_template(value)
+
+    @field_validator("port")
+    @classmethod
+    def _port_sane(cls, value: str | int) -> str | int:
+        if isinstance(value, int) and not 1 <= value <= 65535:
+            raise ValueError("port must be 1-65535 or a container port name")
+        if isinstance(value, str) and not value:
+            raise ValueError("port must be 1-65535 or a container port name")
+        return value
+
+
+class FileDiscovery(_FrozenStrict):
+    """Prometheus file_sd files (JSON or YAML), re-read when they change (exporter/discovery/file_sd.py)."""
+
+    paths: list[str] = Field(min_length=1)  # file paths or globs (`*` in the last part)
+    # How often the files' size and modification time are looked at; a change re-reads them.
+    refresh_interval: Duration = 5.0
+    template: dict[str, Any] = {}
+
+    @field_validator("template")
+    @classmethod
+    def _template_checked(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _check_template(value)
+
+
+class DiscoverySource(_FrozenStrict):
+    """One entry of `discovery:`: exactly one of `kubernetes` and `file`."""
+
+    kubernetes: KubernetesDiscovery | None = None
+    file: FileDiscovery | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> DiscoverySource:
+        if (self.kubernetes is None) == (self.file is None):
+            raise ValueError("each discovery entry has exactly one of kubernetes and file")
+        return self
+
+
+class ShardSettings(_FrozenStrict):
+    """This replica keeps the targets whose name hashes to `index` of `count` (exporter/discovery/targetset.py)."""
+
+    index: int = Field(ge=0)
+    count: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _index_below_count(self) -> ShardSettings:
+        if self.index >= self.count:
+            raise ValueError(f"shard.index must be below shard.count ({self.count})")
+        return self
+
+
 class GpuFaultSettings(_FrozenStrict):
     """What counts as a GPU fault on a node or a dcgm-exporter page (exporter/gpu_faults.py)."""
 
@@ -212,7 +292,11 @@ class ExporterSettings(_FrozenStrict):
     remediator_url: ParsedHttpUrl | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     gpu_faults: GpuFaultSettings = GpuFaultSettings()
-    targets: list[TargetSettings] = Field(min_length=1)
+    targets: list[TargetSettings] = []
+    # Sources of targets that come and go (DESIGN §7): pods in Kubernetes, file_sd files.
+    discovery: list[DiscoverySource] = []
+    # Split the targets (static and discovered) between `count` replicas by a stable hash of the name.
+    shard: ShardSettings | None = None
 
     _drain_token: SecretStr | None = PrivateAttr(default=None)
 
@@ -225,6 +309,8 @@ class ExporterSettings(_FrozenStrict):
 
     @model_validator(mode="after")
     def _unique_names(self) -> ExporterSettings:
+        if not self.targets and not self.discovery:
+            raise ValueError("give at least one target, or a discovery source")
         seen: set[str] = set()
         for target in self.targets:
             if target.name in seen:

@@ -84,20 +84,42 @@ class TargetRecord:
 
 
 class StateStore:
-    """Records for the configured targets, in config order."""
+    """The records of the targets watched now, in the order they were added (static targets first).
+
+    Targets are added and removed only through `add` and `remove`: a removed record takes with it
+    everything kept for its target (verdict, history, counters, any rendered text), so a target that
+    is gone leaves no series in /metrics, the API or the status page.
+    """
 
     def __init__(self, settings: ExporterSettings, now: float) -> None:
-        self.records: dict[str, TargetRecord] = {
-            target.name: TargetRecord(target, initial(now), history_seconds=settings.history_seconds,
-                                      poll_interval=settings.poll_interval)
-            for target in settings.targets
-        }
+        self.history_seconds = settings.history_seconds
+        self.poll_interval = settings.poll_interval
+        self.records: dict[str, TargetRecord] = {}
+        for target in settings.targets:
+            self.add(target, now)
+
+    def add(self, target: TargetSettings, now: float) -> TargetRecord:
+        """A fresh record (`starting`) for `target`, replacing any record of that name."""
+        record = TargetRecord(target, initial(now), history_seconds=self.history_seconds, poll_interval=self.poll_interval)
+        self.records.pop(target.name, None)  # a replaced target goes to the end, as a new one would
+        self.records[target.name] = record
+        return record
+
+    def remove(self, name: str) -> TargetRecord | None:
+        """Forget the target `name` and all that is kept for it; its record, or None when unknown."""
+        return self.records.pop(name, None)
+
+    def settings(self) -> dict[str, TargetSettings]:
+        """Each watched target's settings, by name: what `targetset.reconcile` compares with."""
+        return {name: record.settings for name, record in self.records.items()}
 
     def get(self, name: str) -> TargetRecord | None:
         return self.records.get(name)
 
     def __iter__(self) -> Iterator[TargetRecord]:
-        return iter(self.records.values())
+        # A copy: a scrape or a page hands the loop back while iterating, and discovery may add or
+        # remove a target meanwhile.
+        return iter(list(self.records.values()))
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
@@ -131,6 +153,9 @@ def target_view(record: TargetRecord, now: float) -> TargetView:
         gpu_fault_source=fault.source if (fault := record.fault) else None,
         gpu_fault_errors=dict(record.gpu_fault_errors),
         node=target.node,
+        namespace=getattr(target, "namespace", None),
+        pod=getattr(target, "pod", None),
+        pod_uid=getattr(target, "pod_uid", None),
         restarts=verdict.restarts,
         last_restart_at=_round(verdict.last_restart_at),
         last_unhealthy_at=_round(verdict.last_unhealthy_at),

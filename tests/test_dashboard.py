@@ -36,14 +36,54 @@ def test_every_panel_has_a_datasource_and_a_query_on_the_target_variable():
             assert tgt["datasource"] == panel["datasource"], panel["title"]
             assert tgt["expr"].strip(), panel["title"]
             assert '=~"$target"' in tgt["expr"], f"{panel['title']!r} ignores the target variable"
+            assert 'and on (target) llm_vitals_target_info{engine=~"$engine"}' in tgt["expr"], (
+                f"{panel['title']!r} ignores the engine variable"
+            )
 
 
-def test_target_variable_lists_targets_from_target_info():
-    target = next(v for v in BOARD["templating"]["list"] if v["name"] == "target")
-    assert target["type"] == "query"
-    assert queries.variable_query(BOARD) == "label_values(llm_vitals_target_info, target)"
-    assert target["datasource"]["uid"] == "${datasource}"
-    assert target["multi"] and target["includeAll"] and target["allValue"] == ".+"
+def test_engine_and_target_variables_list_from_target_info_targets_of_the_chosen_engines():
+    variables = [v["name"] for v in BOARD["templating"]["list"]]
+    assert variables.index("engine") < variables.index("target"), "Grafana resolves variables in order"
+    assert queries.variable_query(BOARD, "engine") == "label_values(llm_vitals_target_info, engine)"
+    assert queries.variable_query(BOARD) == 'label_values(llm_vitals_target_info{engine=~"$engine"}, target)'
+    for name in ("engine", "target"):
+        var = next(v for v in BOARD["templating"]["list"] if v["name"] == name)
+        assert var["type"] == "query" and var["datasource"]["uid"] == "${datasource}"
+        assert var["multi"] and var["includeAll"] and var["allValue"] == ".+"
+
+
+def test_engine_variable_keeps_only_the_chosen_engines_targets_on_promtool(tmp_path):
+    """PromQL evaluated by promtool: with $engine = triton, a panel shows the Triton target only,
+    also where the query aggregates the target away (remediator decisions by reason)."""
+    promtool = require_binary("promtool")
+    by_title = {q.panel: q.expr for q in queries.dashboard_queries(engine="triton", rate_interval="5m")}
+    series = [
+        {"series": 'llm_vitals_target_info{target="gpu-a",engine="vllm",role="backend",url="http://a"}', "values": "1+0x10"},
+        {"series": 'llm_vitals_target_info{target="tri-a",engine="triton",role="backend",url="http://t"}', "values": "1+0x10"},
+        {"series": 'llm_vitals_engine_steps_per_second{target="gpu-a"}', "values": "5+0x10"},
+        {"series": 'llm_vitals_engine_steps_per_second{target="tri-a"}', "values": "7+0x10"},
+        {"series": 'llm_vitals_state{target="gpu-a",state="busy"}', "values": "1+0x10"},
+        {"series": 'llm_vitals_state{target="tri-a",state="busy"}', "values": "0+0x10"},
+        {"series": 'llm_vitals_state{target="tri-a",state="stuck"}', "values": "1+0x10"},
+        {"series": 'llm_vitals_remediator_decisions_total{target="gpu-a",reason="allowed"}', "values": "0+1x10"},
+        {"series": 'llm_vitals_remediator_decisions_total{target="tri-a",reason="cooldown"}', "values": "0+1x10"},
+    ]
+    tests = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": series,
+        "promql_expr_test": [
+            {"expr": by_title["Engine steps per second"], "eval_time": "10m",
+             "exp_samples": [{"labels": 'llm_vitals_engine_steps_per_second{target="tri-a"}', "value": 7}]},
+            {"expr": by_title["State per target"], "eval_time": "10m",
+             "exp_samples": [{"labels": '{target="tri-a"}', "value": 4}]},  # 4 = stuck
+            {"expr": by_title["Remediator decisions by reason"], "eval_time": "10m",
+             "exp_samples": [{"labels": '{reason="cooldown"}', "value": 5}]},
+        ],
+    }]}
+    path = tmp_path / "engine-variable.test.yml"
+    path.write_text(yaml.safe_dump(tests))
+    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_queries_name_only_contract_metrics():

@@ -226,3 +226,28 @@ def test_compose_alertmanager_repeats_slower_than_every_remediator_cooldown():
     for cfg in compose_dir.glob("remediator*.yaml"):
         cooldown = parse_duration(yaml.safe_load(cfg.read_text())["global_cooldown"])
         assert repeat > cooldown, cfg.name
+
+
+# ---- the test override (docker-compose.test.yml, run for real by `make test-docker`) ---------
+
+def test_the_test_override_puts_every_service_on_the_host_network_and_leaves_grafana_out():
+    override = yaml.safe_load((REPO / "docker-compose.test.yml").read_text())
+    services = override["services"]
+    assert set(services) == {"sim-a", "sim-b", "sim-c", "exporter", "remediator", "prometheus", "alertmanager"}
+    assert all(service["network_mode"] == "host" for service in services.values())
+    assert override["networks"]["default"] == {"name": "host", "external": True}
+    env = {f"LV_{n}": "1" for n in ("SIM_A_PORT", "SIM_B_PORT", "SIM_C_PORT", "EXPORTER_PORT", "REMEDIATOR_PORT",
+                                     "PROMETHEUS_PORT", "ALERTMANAGER_PORT")}
+    env.update(LV_IMAGE="i", LV_BASE_IMAGE="b", LV_CONFIG_DIR="/c", LV_DOCKER_SOCK="/s")
+    binary = require_binary("docker-compose")
+    result = subprocess.run([binary, "-f", str(COMPOSE_FILE), "-f", str(REPO / "docker-compose.test.yml"),
+                             "--project-directory", str(REPO), "config", "-q"],
+                            capture_output=True, text=True, timeout=60, env={**os.environ, **env}, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_dockerfile_defaults_to_the_image_users_pull():
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "ARG BASE_IMAGE=python:3.11-slim" in dockerfile
+    assert dockerfile.count("FROM ${BASE_IMAGE}") == 2
+    assert "--no-index --find-links" in dockerfile  # a wheelhouse build fetches nothing

@@ -231,11 +231,14 @@ async def check_dashboard_queries(chain: Chain, queries) -> None:
             continue
         assert all("value" in series for series in result)
     assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
-    # The `target` variable (Grafana's label_values) lists the fleet.
-    variable = queries.variable_query()
-    metric = variable.split("(", 1)[1].split(",", 1)[0].strip()
+    # The `target` variable (Grafana's label_values, $engine "All") lists the fleet.
+    variable = queries.substitute(queries.variable_query())
+    metric = variable.split("(", 1)[1].rsplit(",", 1)[0].strip()
     series = await chain.stack.query(f"group by (target) ({metric})")
     assert sorted(s["metric"]["target"] for s in series) == NAMES, (variable, series)
+    # $engine filters through llm_vitals_target_info: this fleet is vLLM, so "llamacpp" shows none of it.
+    for q in queries.dashboard_queries(target=regex, rate_interval="30s", engine="llamacpp"):
+        assert await chain.stack.query(q.expr) == [], (q.panel, q.expr)
 
 
 async def check_journal(chain: Chain) -> None:

@@ -19,7 +19,7 @@ INVALID = {
     "invalid-exporter-bad-duration.yaml": "poll_interval: not a duration: 'five seconds' (use e.g. 30s, 5m, 1h or plain seconds)",
     "invalid-exporter-duplicate-name.yaml": "duplicate target name 'gpu-a'",
     "invalid-exporter-bad-engine.yaml": "targets[0].engine: Input should be 'vllm', 'llamacpp', 'triton', 'sglang', 'tgi' or 'openai'",
-    "invalid-exporter-no-targets.yaml": "targets: List should have at least 1 item after validation, not 0",
+    "invalid-exporter-no-targets.yaml": "give at least one target, or a discovery source",
     "invalid-exporter-missing-key-env.yaml": "targets[0].api_key_env: environment variable LLM_VITALS_TEST_KEY_THAT_IS_NOT_SET is not set",
     "invalid-exporter-bad-listen.yaml": "listen: listen must be HOST:PORT, got '9471'",
     "invalid-exporter-not-yaml.yaml": "not valid YAML at line 2, column 1: expected ',' or ']', but got '<stream end>'",

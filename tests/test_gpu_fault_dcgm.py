@@ -10,8 +10,9 @@ from aiohttp import web
 from conftest import REPO
 from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_settings, make_target, record, start_exporter, target_json, wait_for
 
-from exporter.dcgm import read_gpus
+from exporter.dcgm import SharedPages, read_gpus
 from exporter.engines import PageError
+from exporter.keys import POLLER
 from exporter.settings import ConfigError, DcgmSettings, parse_settings
 
 PAGES = REPO / "tests" / "fixtures" / "dcgm"
@@ -43,6 +44,13 @@ def test_a_warning_is_not_a_failure() -> None:
 def test_a_pod_with_several_gpus_reads_them_all() -> None:
     page = XID79.replace(b'pod="vllm-b"', b'pod="vllm-a"')
     assert [g.uuid for g in read_gpus(page, dcgm(pod="vllm-a"))] == [GPU0, GPU1]
+
+
+def test_a_health_line_without_the_pod_labels_still_counts_for_the_pods_gpu() -> None:
+    page = b"\n".join(line.replace(b',container="vllm",namespace="llm",pod="vllm-b"', b"")
+                      if line.startswith(b"DCGM_EXP_GPU_HEALTH_STATUS") else line for line in XID79.split(b"\n"))
+    [gpu] = read_gpus(page, dcgm(pod="vllm-b", namespace="llm"))
+    assert gpu.failing == (("ALL", "DCGM_FR_FALLEN_OFF_BUS"),)
 
 
 def test_dcgm_exporters_old_label_names_are_read() -> None:
@@ -82,6 +90,7 @@ class FakeDcgmExporter:
     def __init__(self) -> None:
         self.page = HEALTHY
         self.mode = "ok"  # ok | html | 404 | hang
+        self.reads = 0
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -89,6 +98,7 @@ class FakeDcgmExporter:
         return app
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        self.reads += 1
         if self.mode == "hang":
             await asyncio.sleep(30)
         if self.mode == "html":
@@ -176,3 +186,44 @@ async def test_an_unreadable_page_holds_an_xid_fault_and_never_loses_the_baselin
     assert rec.gpu_fault is not None and rec.gpu_fault.startswith("Xid79")
     fake.mode, fake.page = "ok", HEALTHY
     await wait_for(lambda: rec.gpu_fault is None and not rec.gpu_fault_errors, what="cleared, error gone")
+
+
+async def test_targets_on_one_node_share_one_read_of_its_page_per_interval() -> None:
+    now, fetched = [0.0], []
+
+    async def fetch(url: str) -> bytes:
+        fetched.append(url)
+        if url.endswith("/broken"):
+            raise PageError("timeout", "no answer")
+        return HEALTHY
+
+    pages = SharedPages(fetch, fresh_for=4.5, clock=lambda: now[0])
+    bodies = await asyncio.gather(*[pages.get("http://n1:9400/metrics") for _ in range(8)])  # 8 GPUs, one read
+    assert bodies == [HEALTHY] * 8 and fetched == ["http://n1:9400/metrics"]
+    now[0] = 4.4
+    await pages.get("http://n1:9400/metrics")
+    assert len(fetched) == 1
+    now[0] = 4.5
+    await pages.get("http://n1:9400/metrics")
+    await pages.get("http://n2:9400/metrics")  # another node: its own read
+    assert len(fetched) == 3
+    for _ in range(2):  # a failed read is shared too, each asker gets the error
+        with pytest.raises(PageError, match="no answer"):
+            await pages.get("http://n1:9400/broken")
+    assert len(fetched) == 4
+
+
+async def test_a_live_exporter_reads_a_shared_dcgm_exporter_once_per_poll_not_once_per_target(aiohttp_server, aiohttp_client) -> None:
+    vllm, fake = FakeVllm(BUSY_PAGE), FakeDcgmExporter()
+    vllm_server, dcgm_server = await aiohttp_server(vllm.app()), await aiohttp_server(fake.app())
+    url = str(dcgm_server.make_url("/metrics"))
+    settings = make_settings([make_target(name, str(vllm_server.make_url("")), dcgm={"url": url, "pod": pod})
+                              for name, pod in (("gpu-a", "vllm-a"), ("gpu-b", "vllm-b"))])
+    client = await start_exporter(aiohttp_client, settings)
+    a, b = record(client, "gpu-a"), record(client, "gpu-b")
+    await wait_for(lambda: a.polls >= 10 and b.polls >= 10, what="ten polls each")
+    fake.page = XID79
+    await wait_for(lambda: b.gpu_fault, what="gpu-b flagged")
+    assert a.gpu_fault is None
+    reads = client.app[POLLER].dcgm_pages.reads
+    assert fake.reads == reads and reads <= max(a.polls, b.polls) + 2 < a.polls + b.polls

@@ -1,7 +1,7 @@
 """Executors against real things: real processes, a real HTTP server, and contract tests for the
 Docker Engine API (over a unix socket) and the Kubernetes API (over HTTPS with a CA we generate).
-The docker and kubernetes servers here are loopback stand-ins speaking the documented paths; they
-were not run against a real Docker engine or cluster."""
+The docker and kubernetes servers here are loopback stand-ins speaking the documented paths; the
+docker executor also runs against a real Docker Engine in tests/real_docker/ (`make test-docker`)."""
 
 from __future__ import annotations
 

@@ -92,6 +92,14 @@ def test_target_names_reasons_and_remediator_text_are_escaped() -> None:
     assert parse(html).targets == {evil: "stuck"}
 
 
+def test_a_gpu_fault_is_marked_with_its_source_and_detail_escaped() -> None:
+    evil = '<b>GpuMemWatchIsNotHealthy</b>: node n1 condition GpuMemWatch=True'
+    html = render_page([target("gpu-a", "idle", gpu_fault=True, gpu_fault_source="node", gpu_fault_detail=evil),
+                        target("gpu-b", "idle")], {}, None, NOW)
+    assert html.count('class="gpu-fault"') == 1 and "<b>" not in html
+    assert "(node) &lt;b&gt;GpuMemWatchIsNotHealthy&lt;/b&gt;: node n1" in html
+
+
 def test_sparkline_covers_only_the_window_and_shades_stuck_polls() -> None:
     points = [(NOW - 900, 99.0, "busy"), (NOW - 60, 10.0, "busy"), (NOW - 30, 0.0, "stuck"), (NOW - 1, 0.0, "stuck")]
     svg = sparkline(points, NOW)

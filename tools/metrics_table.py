@@ -22,7 +22,9 @@ END = "<!-- metrics-table:end -->"
 
 sys.path.insert(0, str(REPO))  # run from a checkout without installing, too
 
-from exporter.collector import VitalsCollector  # noqa: E402 -- after the sys.path line above
+from exporter.collector import LifecycleCollector, VitalsCollector  # noqa: E402 -- after the sys.path line above
+from exporter.discovery.manager import Discovery, apply_to_store  # noqa: E402
+from exporter.reload import ReloadState  # noqa: E402
 from exporter.settings import parse_settings  # noqa: E402
 from exporter.state import StateStore  # noqa: E402
 
@@ -36,9 +38,12 @@ def _cell(text: str) -> str:
 def metrics_table() -> str:
     """The markdown table (header included, no trailing newline)."""
     settings = parse_settings({"targets": [{"name": "t", "url": "http://127.0.0.1:9"}]})
-    collector = VitalsCollector(StateStore(settings, 0.0), clock=lambda: 0.0)
+    store = StateStore(settings, 0.0)
+    collector = VitalsCollector(store, clock=lambda: 0.0)
+    lifecycle = LifecycleCollector(Discovery(settings, store, apply_to_store(store, lambda: 0.0), lambda: 0.0),
+                                   ReloadState(None))
     rows = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
-    for family in collector.collect():
+    for family in [*collector.collect(), *lifecycle.collect()]:
         name = family.name + ("_total" if family.type == "counter" else "")
         # The label names a family was declared with (also when it has no sample for this store).
         labels = getattr(family, "_labelnames", None) or sorted({k for s in family.samples for k in s.labels})

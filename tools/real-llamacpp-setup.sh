@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Build, once, what the real-llama.cpp tier needs, cached OUTSIDE the clone (tools/cache-path.sh):
 #  - llama.cpp's native `llama-server`, built from the llama.cpp source that the llama-cpp-python
-#    sdist vendors (commit 0c1e570 in 0.3.36). Built with GGML_NATIVE=ON, i.e. for this CPU, so its
-#    cache directory is keyed on the CPU's flags (--cpu): a binary built on an AVX-512 machine dies
-#    with SIGILL on one without.
+#    sdist vendors (commit 0c1e570 in 0.3.36). Built portable, not for this CPU (the recipe's
+#    GGML_NATIVE=ON): GGML_NATIVE=OFF and, on x86-64, only SSE4.2 (x86-64-v2, every x86-64 server CPU
+#    since 2009), so one cached binary runs on every machine CI lands on and the cache is keyed on the
+#    architecture only. A native build keyed on the CPU's flags would be rebuilt cold (6 min on a quiet
+#    2-core box, 34-45 min on a loaded one) whenever the machine changes; the 3.4M-parameter model
+#    needs no AVX to make a token in milliseconds.
 #  - a tiny random-weight llama GGUF written by tests/real_llamacpp/make_tiny_gguf.py (no download),
 #    in a directory keyed on that script's hash (no CPU key: the file is the same everywhere).
 #
@@ -16,11 +19,19 @@ cd "$(dirname "$0")/.."
 SDIST_VERSION=0.3.36                 # llama-cpp-python; vendors llama.cpp 0c1e570
 GGUF_PIN="gguf==0.19.0"
 MODEL_SCRIPT=tests/real_llamacpp/make_tiny_gguf.py
-BIN_DIR=$(tools/cache-path.sh llamacpp "$SDIST_VERSION" --cpu)
+ARCH=$(uname -m)
+case $ARCH in
+  # x86-64-v2: SSE4.2 and nothing newer (AVX, AVX2, FMA, F16C, BMI2 and AVX-512 are ggml's other switches).
+  x86_64) BASELINE="x86-64-v2"
+          ISA_FLAGS="-DGGML_SSE42=ON -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_AVX_VNNI=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF -DGGML_AVX512=OFF" ;;
+  *)      BASELINE="$ARCH-generic"   # ggml's portable defaults for this architecture
+          ISA_FLAGS="" ;;
+esac
+BIN_DIR=$(tools/cache-path.sh llamacpp "$SDIST_VERSION-$BASELINE")
 MODEL_DIR=$(tools/cache-path.sh llamacpp-tiny-gguf "$(sha256sum "$MODEL_SCRIPT" | cut -c1-12)")
 BIN=$BIN_DIR/llama-server
 MODEL=$MODEL_DIR/tiny-llama.gguf
-bin_want="llama-cpp-python==$SDIST_VERSION vendor/llama.cpp llama-server GGML_NATIVE=ON"
+bin_want="llama-cpp-python==$SDIST_VERSION vendor/llama.cpp llama-server GGML_NATIVE=OFF $BASELINE $ISA_FLAGS"
 model_want="$GGUF_PIN $(sha256sum "$MODEL_SCRIPT" | cut -d' ' -f1)"
 
 skip() {
@@ -43,6 +54,9 @@ if bin_ready && model_ready; then
   ready
 fi
 
+if [ "$ARCH" = x86_64 ] && ! grep -qw sse4_2 /proc/cpuinfo; then
+  skip "this x86-64 CPU has no SSE4.2, the build's baseline (x86-64-v2)"
+fi
 for tool in cmake g++ make; do
   command -v "$tool" >/dev/null || skip "needs $tool to build llama-server (apt-get install cmake g++ make)"
 done
@@ -59,7 +73,7 @@ if ! bin_ready; then
   log=$BIN_DIR/build.log
   rm -rf "$work"
   mkdir -p "$work"
-  echo "real-llama.cpp setup: building llama-server from the llama-cpp-python $SDIST_VERSION sdist (about 6-10 min on 2 cores; log: $log)"
+  echo "real-llama.cpp setup: building llama-server ($BASELINE) from the llama-cpp-python $SDIST_VERSION sdist (about 6-10 min on 2 cores; log: $log)"
   {
     # The sdist (76 MB) through pip, the ordinary client; no other download (web UI and OpenSSL off).
     # --no-binary for this one package only: `:all:` would also build pip's metadata step's build
@@ -69,13 +83,19 @@ if ! bin_ready; then
     src=$work/llama_cpp_python-$SDIST_VERSION/vendor/llama.cpp
     nice -n 19 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
       -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF $ISA_FLAGS
     nice -n 19 cmake --build "$work/build" --target llama-server -j2
   } >"$log" 2>&1 || {
     echo "real-llama.cpp setup: the build failed; last lines of $log:" >&2
     tail -20 "$log" >&2
     exit 1
   }
+  # Portable means no AVX of any width: a vector register wider than SSE's in the binary would die by
+  # SIGILL on a CPU without it (the check takes ~2 s; skipped without binutils' objdump).
+  if [ "$ARCH" = x86_64 ] && command -v objdump >/dev/null; then
+    wide=$(objdump -d --no-show-raw-insn "$work/build/bin/llama-server" | grep -cE '%[yz]mm' || true)
+    [ "$wide" = 0 ] || { echo "real-llama.cpp setup: the build is not $BASELINE: $wide instructions use ymm/zmm registers" >&2; exit 1; }
+  fi
   cp "$work/build/bin/llama-server" "$BIN.tmp"
   mv "$BIN.tmp" "$BIN"
   rm -rf "$work"   # 300 MB of source and objects; the static binary is all the tier needs

@@ -74,7 +74,7 @@ def report() -> Report:
     }
     # Report keeps the server's facts under "vllm"; tools/real-llamacpp-report.py reads them from there.
     _report.vllm = {
-        "version": "llama.cpp llama-server 0c1e570 (llama-cpp-python 0.3.36 sdist), GGML_NATIVE=ON",
+        "version": "llama.cpp llama-server 0c1e570 (llama-cpp-python 0.3.36 sdist), portable x86-64-v2 (GGML_NATIVE=OFF)",
         "slots": SLOTS,
         "context": CONTEXT,
         "batch": BATCH,

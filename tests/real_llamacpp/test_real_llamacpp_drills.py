@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 from real_vllm.drill_report import Drill
@@ -18,7 +20,7 @@ from real_vllm.exporter_process import ExporterProcess, Sample, Watcher
 
 from .freeze_thread import frozen_thread, thread_state
 from .llamacpp_server import ALIAS, LOG_DIR, SLOTS, LlamaServer
-from .load import LONG_GENERATION_TOKENS, busy, idle, long_generations, metrics, wait_metrics
+from .load import LONG_GENERATION_TOKENS, Load, busy, idle, long_generations, metrics, wait_metrics
 from .timing import CANARY_INTERVAL_S, CANARY_TIMEOUT_S, METRICS_TIMEOUT_S, POLL_INTERVAL_S, STUCK_AFTER_S
 
 IDLE_WINDOW_S = 15.0
@@ -70,14 +72,19 @@ def detection_seconds(sample: Sample, t_event: float) -> float:
 LOAD_REQUESTS = SLOTS + 6
 
 
-def start_saturating_load(server: LlamaServer):
-    """LOAD_REQUESTS long generations: every slot busy and requests deferred, seen on /metrics."""
-    load = long_generations(server.url, LOAD_REQUESTS)
-    wait_metrics(server.url, lambda p: busy(p, SLOTS, 1), timeout=60, what="all slots busy and one deferred")
-    return load
+@contextmanager
+def saturating_load(server: LlamaServer) -> Iterator[Load]:
+    """LOAD_REQUESTS long generations: every slot busy and requests deferred, seen on /metrics.
+
+    Cancelled when the block is left, however it is left: a drill that fails must not leave its
+    load running into the next one (a fresh-clone run once failed every later drill that way).
+    """
+    with long_generations(server.url, LOAD_REQUESTS) as load:
+        wait_metrics(server.url, lambda p: busy(p, SLOTS, 1), timeout=60, what="all slots busy and one deferred")
+        yield load
 
 
-def end_load(server: LlamaServer, load) -> None:
+def end_load(server: LlamaServer, load: Load) -> None:
     load.cancel()
     wait_metrics(server.url, idle, timeout=180, what="the server idle after the load was cancelled")
 
@@ -135,16 +142,16 @@ def test_saturation_stays_busy_and_gets_zero_canaries(server: LlamaServer, watch
     wait_idle(watcher)
     before = watcher.latest()
     t0 = time.time()
-    load = long_generations(server.url, LOAD_REQUESTS)
-    first_busy = watcher.wait_for(lambda s: s.state == "busy", timeout=30, what="busy", after=t0)
-    drill.detected("load to busy", detection_seconds(first_busy, t0))
-    page = wait_metrics(server.url, lambda p: busy(p, SLOTS, 1), timeout=60, what="all slots busy and one deferred")
-    save_page(server, "busy")
-    end = watcher.wait_for(lambda s: True, timeout=SATURATION_WINDOW_S + 30, what="the end of the window",
-                           after=first_busy.t + SATURATION_WINDOW_S)  # fmt: skip
-    busy_end = metrics(server.url)
-    t_end = time.time()
-    end_load(server, load)
+    with long_generations(server.url, LOAD_REQUESTS) as load:
+        first_busy = watcher.wait_for(lambda s: s.state == "busy", timeout=30, what="busy", after=t0)
+        drill.detected("load to busy", detection_seconds(first_busy, t0))
+        page = wait_metrics(server.url, lambda p: busy(p, SLOTS, 1), timeout=60, what="all slots busy and one deferred")
+        save_page(server, "busy")
+        end = watcher.wait_for(lambda s: True, timeout=SATURATION_WINDOW_S + 30, what="the end of the window",
+                               after=first_busy.t + SATURATION_WINDOW_S)  # fmt: skip
+        busy_end = metrics(server.url)
+        t_end = time.time()
+        end_load(server, load)
     after = wait_idle(watcher, timeout=60)
 
     window = [s for s in watcher.since(first_busy.t) if s.t <= end.t]
@@ -171,20 +178,21 @@ def test_frozen_engine_loop_with_http_alive_is_stuck_then_recovers(
     wait_idle(watcher)
     restarts_before = restarts_total(exporter)
     t0 = time.time()
-    load = start_saturating_load(server)
-    watcher.wait_for(lambda s: s.state == "busy" and s.reason == "progress", timeout=60,
-                     what="busy with progress before the freeze", after=t0)  # fmt: skip
-    # ptrace-stop the main thread (the engine loop); the HTTP threads keep running.
-    with frozen_thread(server.pid, max_seconds=120) as t_freeze:
-        frozen_as = thread_state(server.pid, server.pid)
-        health = httpx.get(f"{server.url}/health", timeout=METRICS_TIMEOUT_S).status_code
-        stuck = watcher.wait_for(lambda s: s.state == "stuck", timeout=STUCK_AFTER_S + 2 * UNANSWERED_POLL_S + 30,
-                                 what="stuck", after=t_freeze)  # fmt: skip
-        drill.detected("freeze to stuck", detection_seconds(stuck, t_freeze))
-        save_page(server, "engine-thread-frozen")
-        t_release = time.time()
-    recovered = watcher.wait_for(lambda s: s.state == "busy", timeout=60, what="busy after the release", after=t_release)
-    end_load(server, load)
+    with saturating_load(server) as load:
+        watcher.wait_for(lambda s: s.state == "busy" and s.reason == "progress", timeout=60,
+                         what="busy with progress before the freeze", after=t0)  # fmt: skip
+        # ptrace-stop the main thread (the engine loop); the HTTP threads keep running.
+        with frozen_thread(server.pid, max_seconds=120) as t_freeze:
+            frozen_as = thread_state(server.pid, server.pid)
+            health = httpx.get(f"{server.url}/health", timeout=METRICS_TIMEOUT_S).status_code
+            stuck = watcher.wait_for(lambda s: s.state == "stuck", timeout=STUCK_AFTER_S + 2 * UNANSWERED_POLL_S + 30,
+                                     what="stuck", after=t_freeze)  # fmt: skip
+            drill.detected("freeze to stuck", detection_seconds(stuck, t_freeze))
+            save_page(server, "engine-thread-frozen")
+            t_release = time.time()
+        recovered = watcher.wait_for(lambda s: s.state == "busy", timeout=60, what="busy after the release",
+                                     after=t_release)  # fmt: skip
+        end_load(server, load)
     after = wait_idle(watcher, timeout=60)
 
     frozen = [s for s in watcher.since(t_freeze) if s.t <= t_release]
@@ -217,21 +225,21 @@ def test_sigstop_metrics_accepted_never_answered_is_stuck_metrics_unanswered(
     wait_idle(watcher)
     restarts_before = restarts_total(exporter)
     t0 = time.time()
-    load = start_saturating_load(server)
-    watcher.wait_for(lambda s: s.state == "busy" and s.reason == "progress", timeout=60,
-                     what="busy with progress before the SIGSTOP", after=t0)  # fmt: skip
-    t_stop = time.time()
-    server.signal(signal.SIGSTOP)
-    try:
-        stuck = watcher.wait_for(lambda s: s.state == "stuck", timeout=STUCK_AFTER_S + 2 * UNANSWERED_POLL_S + 30,
-                                 what="stuck", after=t_stop)  # fmt: skip
-        drill.detected("SIGSTOP to stuck", detection_seconds(stuck, t_stop))
-        stopped_as = server.state()
-    finally:
-        t_cont = time.time()
-        server.signal(signal.SIGCONT)
-    recovered = watcher.wait_for(lambda s: s.state == "busy", timeout=60, what="busy after SIGCONT", after=t_cont)
-    end_load(server, load)
+    with saturating_load(server) as load:
+        watcher.wait_for(lambda s: s.state == "busy" and s.reason == "progress", timeout=60,
+                         what="busy with progress before the SIGSTOP", after=t0)  # fmt: skip
+        t_stop = time.time()
+        server.signal(signal.SIGSTOP)
+        try:
+            stuck = watcher.wait_for(lambda s: s.state == "stuck", timeout=STUCK_AFTER_S + 2 * UNANSWERED_POLL_S + 30,
+                                     what="stuck", after=t_stop)  # fmt: skip
+            drill.detected("SIGSTOP to stuck", detection_seconds(stuck, t_stop))
+            stopped_as = server.state()
+        finally:
+            t_cont = time.time()
+            server.signal(signal.SIGCONT)
+        recovered = watcher.wait_for(lambda s: s.state == "busy", timeout=60, what="busy after SIGCONT", after=t_cont)
+        end_load(server, load)
     after = wait_idle(watcher, timeout=60)
 
     stopped = [s for s in watcher.since(t_stop) if s.t <= t_cont]
@@ -256,14 +264,14 @@ def test_sigstop_metrics_accepted_never_answered_is_stuck_metrics_unanswered(
 def test_kill_is_down_with_a_reason(server: LlamaServer, watcher: Watcher, drill: Drill):
     wait_idle(watcher)
     t0 = time.time()
-    load = start_saturating_load(server)
-    save_page(server, "busy-before-kill")
-    t_kill = time.time()
-    server.signal(signal.SIGKILL)
-    down = watcher.wait_for(lambda s: s.state == "down", timeout=30, what="down", after=t_kill)
-    drill.detected("SIGKILL to down", detection_seconds(down, t_kill))
-    status = server.wait_exit(timeout=30)
-    outcomes = load.cancel()
+    with saturating_load(server) as load:
+        save_page(server, "busy-before-kill")
+        t_kill = time.time()
+        server.signal(signal.SIGKILL)
+        down = watcher.wait_for(lambda s: s.state == "down", timeout=30, what="down", after=t_kill)
+        drill.detected("SIGKILL to down", detection_seconds(down, t_kill))
+        status = server.wait_exit(timeout=30)
+        outcomes = load.cancel()  # the requests' own outcomes: each lost its connection to the kill
     still_down = watcher.wait_for(lambda s: True, timeout=30, what="a later sample", after=time.time() + 3)
     drill.timeline = watcher.timeline(t0)
     drill.facts = {"reason": down.reason, "exit_status": status, "in_flight": [o.status for o in outcomes]}

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from .freeze_thread import FreezeError, frozen_thread, thread_state
+from .load import long_generations, metrics
 from .timing import exporter_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +41,7 @@ def test_freeze_of_no_such_thread_is_a_clear_error():
 def test_setup_skips_with_one_line_without_a_compiler(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("bash", "sha256sum", "cut", "grep", "tr", "sort", "dirname", "cat"):
+    for tool in ("bash", "sha256sum", "cut", "grep", "tr", "sort", "dirname", "cat", "uname"):
         found = subprocess.run(["bash", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip()
         if found:
             (bin_dir / tool).symlink_to(found)
@@ -80,3 +83,67 @@ def test_report_tool_prints_a_row_per_drill(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "== real-llama.cpp drills (llama.cpp 0c1e570; -np 2 -b 256" in out.stdout
     assert any(line.startswith("frozen") and "busy > stuck > busy" in line for line in out.stdout.splitlines())
+
+
+def _listener() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    return sock
+
+
+def test_a_load_left_by_an_assertion_is_cancelled_its_connections_closed():
+    """A failing drill must not leave its load running into the next one."""
+    server = _listener()
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        for _ in range(3):
+            conn, _ = server.accept()
+            accepted.append(conn)
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    port = server.getsockname()[1]
+    try:
+        with pytest.raises(AssertionError, match="the drill failed"), long_generations(f"http://127.0.0.1:{port}", 3) as load:
+            acceptor.join(timeout=10)
+            assert len(accepted) == 3 and not load.done()
+            raise AssertionError("the drill failed")
+        assert load.done(), "a request of the load still runs"
+        for conn in accepted:
+            conn.settimeout(10)
+            while conn.recv(65536):  # the request, then end of stream: the client closed its side
+                pass
+        assert [o.status for o in load.outcomes] == [None] * 3
+    finally:
+        for conn in accepted:
+            conn.close()
+        server.close()
+
+
+def test_a_metrics_read_that_times_out_is_tried_again_until_one_answers():
+    """Under saturation llama-server once took over 10 s to answer: one slow read is no failure."""
+    server = _listener()
+    page = b"# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 2\n"
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        first, _ = server.accept()  # accepted, never answered
+        held.append(first)
+        conn, _ = server.accept()
+        conn.recv(65536)
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(page)
+        conn.sendall(head + page)
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        read = metrics(f"http://127.0.0.1:{server.getsockname()[1]}", within=20, timeout=0.5)
+        assert read == {"llamacpp:requests_processing": 2.0}
+        with pytest.raises(AssertionError, match="timed out after 1 s waiting for an answer from /metrics"):
+            metrics(f"http://127.0.0.1:{server.getsockname()[1]}", within=1, timeout=0.3)
+    finally:
+        for conn in held:
+            conn.close()
+        server.close()

@@ -60,3 +60,23 @@ def test_the_drills_exporter_config_is_a_valid_triton_target():
     assert (target.name, target.engine, target.model) == (TARGET, "triton", "toy_lm")
     assert target.sends_canary and str(target.metrics_url) == "http://127.0.0.1:2/metrics"
     assert target.canary.request == {"inputs": [{"name": "max_tokens", "shape": [1, 1], "datatype": "INT32", "data": [1]}]}
+
+
+def test_a_tritonserver_that_died_by_itself_is_named_with_its_crash_lines(tmp_path):
+    """The frozen worker's drill relaunches a Triton that crashed (its Python backend's own fault) and says why."""
+    from .triton_server import TritonServer
+
+    log = tmp_path / "triton.log"
+    log.write_text(
+        'I1203 23:08:35.005321 1428 model_lifecycle.cc:839] "successfully loaded \'toy_lm\'"\n'
+        "Signal (11) received.\n"
+        " 6# TRITONBACKEND_ModelInstanceExecute in libtriton_python.so\n"
+        "terminate called after throwing an instance of 'boost::interprocess::lock_exception'\n"
+        "  what():  boost::interprocess::lock_exception\n"
+        "Triton Inference Server exited with failure. Please wait.\n"
+    )
+    server = TritonServer(http_port=1, grpc_port=2, metrics_port=3, starts=[{"seconds": 1.0, "pid": 0, "log": str(log)}])
+    assert server.crash() == (
+        "Signal (11) received.; terminate called after throwing an instance of 'boost::interprocess::lock_exception'; "
+        "what():  boost::interprocess::lock_exception; Triton Inference Server exited with failure. Please wait."
+    )

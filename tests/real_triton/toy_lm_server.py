@@ -2,9 +2,12 @@
 """The real-Triton tier's model server: PyTriton (Triton 2.51) serving a CPU-only toy "language model".
 
 Each request asks for N "tokens" in its INT32 input `max_tokens`; every token is a fixed chunk of
-numpy matmul work, so a request takes time in proportion to N, as a generation does. Two model
-instances are two parallel slots: a third request waits in Triton's scheduler queue, which is all
-`nv_inference_pending_request_count` counts. It is not an LLM: Triton's metrics do not care.
+numpy matmul work (TOY_DIM wide) plus a fixed wait (TOY_TOKEN_SECONDS), so a request takes time in
+proportion to N, as a generation does. The wait is what makes a request last about as long on a
+fast idle box as on a loaded one: matmul work alone finished so fast on a quiet box that requests
+never queued. Two model instances are two parallel slots: a third request waits in Triton's
+scheduler queue, which is all `nv_inference_pending_request_count` counts. It is not an LLM:
+Triton's metrics do not care.
 
 Processes: this Python process runs the infer functions (the real work) -> child `tritonserver`
 (HTTP, gRPC, metrics, scheduler) -> one `triton_python_backend_stub` per model instance.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import numpy as np
 from pytriton.decorators import batch
@@ -26,12 +30,15 @@ from pytriton.triton import Triton, TritonConfig
 MODEL = "toy_lm"
 INSTANCES = 2
 DIM = int(os.environ.get("TOY_DIM", "256"))
+TOKEN_SECONDS = float(os.environ.get("TOY_TOKEN_SECONDS", "0"))
 
 
 def one_token(state: np.ndarray) -> np.ndarray:
-    """One "token": a few float32 matmuls (numpy drops the GIL, so the two instances run in parallel)."""
+    """One "token": a few float32 matmuls and the fixed wait (both drop the GIL: the two instances run in parallel)."""
     for _ in range(4):
         state = np.tanh(state @ state * 0.05)
+    if TOKEN_SECONDS:
+        time.sleep(TOKEN_SECONDS)
     return state
 
 

@@ -38,10 +38,14 @@ INSTANCES = 2
 VERSION = "nvidia-pytriton 0.7.0 (Triton 2.51.0)"
 START_DEADLINE_S = 120.0  # measured: ready in ~6 s on an idle 2-core box
 NICENESS = 10
-# The toy model's matrix size: 128 makes one "token" ~8x cheaper than the server's default 256, so
-# that a drill request stays far below stuck_after even when the niced server gets ~2% of the CPU
-# of a 2-core box loaded by other work (15 tokens at 256 once took 9 s there).
-TOY_DIM = 128
+# The toy model's cost per "token": a fixed wait plus a little matmul work. A request's length must
+# not hang on the box's speed: with matmul work alone (TOY_DIM 128, 150 tokens) requests finished
+# before any queued on a quiet box, so Triton (which counts queued requests only) never read busy,
+# while 15 tokens at 256 once took 9 s on a box loaded many times over. The wait sets the length
+# (20 ms a token on any box); the 32-wide work is microseconds, so a loaded box adds only the
+# thread's wake-up latency per token.
+TOY_DIM = 32
+TOY_TOKEN_SECONDS = 0.02
 LOAD_ATTEMPTS = 4
 
 
@@ -164,7 +168,8 @@ class TritonServer:
         self._proc = subprocess.Popen(
             argv,
             cwd=str(LOG_DIR),
-            env={**os.environ, "PYTRITON_HOME": str(self._workspace), "TOY_DIM": str(TOY_DIM)},
+            env={**os.environ, "PYTRITON_HOME": str(self._workspace), "TOY_DIM": str(TOY_DIM),
+                 "TOY_TOKEN_SECONDS": str(TOY_TOKEN_SECONDS)},
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
@@ -224,6 +229,25 @@ class TritonServer:
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         raise LookupError(f"no live tritonserver under PyTriton pid {self.pid}")
+
+    def crash(self) -> str | None:
+        """Why this lifetime's `tritonserver` died by itself (its log's crash lines), or None while it serves.
+
+        Triton 2.51's Python backend sometimes dies under concurrent load with a SIGSEGV in
+        TRITONBACKEND_ModelInstanceExecute and a boost::interprocess::lock_exception (reported
+        upstream, triton-inference-server/server#8882 and #5949); here it came 15-60 s after a
+        SIGSTOPped worker was resumed, in 2 runs of many.
+        """
+        try:
+            self.tritonserver()
+            return None
+        except LookupError:
+            pass
+        log = self.starts[-1]["log"] if self.starts else None
+        text = tail(Path(log), 400) if log else ""
+        lines = [line.strip() for line in text.splitlines()
+                 if line.startswith(("Signal (", "terminate called", "  what():", "Triton Inference Server exited"))]  # fmt: skip
+        return "; ".join(lines) or f"tritonserver is gone; see {log}"
 
     def leftovers(self) -> list[psutil.Process]:
         """Processes of ours (any lifetime) still alive."""

@@ -1,0 +1,134 @@
+"""GPU faults from the node, on the real API server: a node condition or taint flags exactly that node's targets.
+
+Two Node objects, targets on each (static targets given their `node`: pod discovery sets the same
+field from the pod), a live exporter whose node watch uses the `llm-vitals-exporter` token with
+exactly the ClusterRole of deploy/kubernetes/exporter.yaml. Conditions are written through
+nodes/status as NVSentinel's health monitor writes them; taints through the Node's spec.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from pathlib import Path
+from typing import Any
+
+import yaml
+from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_settings, make_target, record, start_exporter, target_json, wait_for
+
+from .control_plane import ControlPlane
+
+REPO = Path(__file__).resolve().parents[2]
+EXPORTER = "llm-vitals-exporter"
+MEM_BAD = {"type": "GpuMemWatch", "status": "True", "reason": "GpuMemWatchIsNotHealthy",
+           "message": "ErrorCode:DCGM_FR_VOLATILE_DBE_DETECTED GPU:0 Recommended Action=RESTART_VM;"}
+MEM_OK = {"type": "GpuMemWatch", "status": "False", "reason": "GpuMemWatchIsHealthy", "message": "No Health Failures"}
+READY = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}
+
+
+def deployed_node_rules() -> list[dict[str, Any]]:
+    """The exporter's ClusterRole rules as shipped, so this test runs with exactly what deploy/ grants."""
+    for doc in yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "exporter.yaml").read_text()):
+        if doc and doc["kind"] == "ClusterRole":
+            return doc["rules"]
+    raise AssertionError("no ClusterRole in deploy/kubernetes/exporter.yaml")
+
+
+async def in_thread(function, *args, **kwargs):
+    """The harness is synchronous: keep the exporter's loop (and its watch) running meanwhile."""
+    return await asyncio.to_thread(function, *args, **kwargs)
+
+
+async def fleet(control_plane: ControlPlane, aiohttp_server, aiohttp_client, user: str = EXPORTER):
+    """Nodes a and b (fresh names), targets a1, a2 on a and b1 on b, and a live exporter watching as `user`."""
+    suffix = secrets.token_hex(3)
+    nodes = {"a": f"gpu-a-{suffix}", "b": f"gpu-b-{suffix}"}
+    for name in nodes.values():
+        await in_thread(control_plane.create_node, name, conditions=[READY, MEM_OK])
+    server = await aiohttp_server(FakeVllm(BUSY_PAGE).app())
+    url = str(server.make_url(""))
+    targets = [make_target(name, url, node=nodes[name[0]]) for name in ("a1", "a2", "b1")]
+    settings = make_settings(targets, gpu_faults={"kubeconfig": str(control_plane.kubeconfig(user)),
+                                                  "node_taints": ["nvidia.com/gpu-xid-error"]})
+    client = await start_exporter(aiohttp_client, settings)
+    records = {name: record(client, name) for name in ("a1", "a2", "b1")}
+    return nodes, client, records
+
+
+def flagged(records) -> set[str]:
+    return {name for name, rec in records.items() if rec.gpu_fault}
+
+
+async def test_a_node_condition_flags_that_nodes_targets_only_and_clears_with_it(control_plane, aiohttp_server, aiohttp_client) -> None:
+    await in_thread(control_plane.grant, None, EXPORTER, deployed_node_rules(), name="llm-vitals-exporter-nodes")
+    nodes, client, records = await fleet(control_plane, aiohttp_server, aiohttp_client)
+    await wait_for(lambda: all(r.verdict.state == "busy" and not r.gpu_fault_errors for r in records.values()),
+                   what="every target busy, the nodes listed")
+    assert flagged(records) == set()
+
+    await in_thread(control_plane.set_node_conditions, nodes["a"], [READY, MEM_BAD])
+    await wait_for(lambda: flagged(records) == {"a1", "a2"}, what="a1 and a2 flagged")
+    view = await target_json(client, "a1")
+    assert view["gpu_fault"] is True and view["ready"] is False and view["gpu_fault_source"] == "node"
+    assert view["gpu_fault_detail"].startswith(f"GpuMemWatchIsNotHealthy: node {nodes['a']} condition GpuMemWatch=True: "
+                                               "ErrorCode:DCGM_FR_VOLATILE_DBE_DETECTED")
+    assert (await target_json(client, "b1"))["gpu_fault"] is False
+    metrics = await (await client.get("/metrics")).text()
+    assert 'llm_vitals_gpu_fault{target="a1"} 1.0' in metrics and 'llm_vitals_gpu_fault{target="b1"} 0.0' in metrics
+    assert (await client.get("/probe/a2/ready")).status == 503 and (await client.get("/probe/b1/ready")).status == 200
+    assert "GpuMemWatchIsNotHealthy" in await (await client.get("/")).text()
+
+    await in_thread(control_plane.set_node_conditions, nodes["a"], [READY, MEM_OK])
+    await wait_for(lambda: flagged(records) == set(), what="the fault cleared with the condition")
+    assert (await client.get("/probe/a1/ready")).status == 200
+
+
+async def test_a_taint_flags_that_nodes_targets_only_and_clears_with_it(control_plane, aiohttp_server, aiohttp_client) -> None:
+    await in_thread(control_plane.grant, None, EXPORTER, deployed_node_rules(), name="llm-vitals-exporter-nodes")
+    nodes, client, records = await fleet(control_plane, aiohttp_server, aiohttp_client)
+    await wait_for(lambda: all(not r.gpu_fault_errors for r in records.values()) and all(r.polls for r in records.values()),
+                   what="the nodes listed")
+
+    def taint(node: str, taints: list[dict[str, str]]) -> None:
+        control_plane.request("PATCH", f"/api/v1/nodes/{node}", {"spec": {"taints": taints}},
+                              content_type="application/merge-patch+json")
+
+    await in_thread(taint, nodes["b"], [{"key": "nvidia.com/gpu-xid-error", "value": "79", "effect": "NoSchedule"}])
+    await wait_for(lambda: flagged(records) == {"b1"}, what="b1 flagged")
+    assert (await target_json(client, "b1"))["gpu_fault_detail"] == (
+        f"nvidia.com/gpu-xid-error: node {nodes['b']} is tainted nvidia.com/gpu-xid-error=79:NoSchedule")
+    await in_thread(taint, nodes["b"], [{"key": "other.example/maintenance", "effect": "NoSchedule"}])  # not a GPU taint
+    await wait_for(lambda: flagged(records) == set(), what="the fault cleared with the taint")
+
+
+async def test_without_the_node_rights_the_403_is_kept_and_nothing_is_flagged(control_plane, aiohttp_server, aiohttp_client) -> None:
+    # The remediator's user holds no list right on nodes: the exporter run with it sees the real 403.
+    nodes, client, records = await fleet(control_plane, aiohttp_server, aiohttp_client, user="llm-vitals-remediator")
+    await wait_for(lambda: all(r.verdict.state == "busy" and "403" in r.gpu_fault_errors.get("node", "")
+                               for r in records.values()), what="busy, the 403 kept")
+    await in_thread(control_plane.set_node_conditions, nodes["a"], [READY, MEM_BAD])
+    polls = records["a1"].polls
+    await wait_for(lambda: records["a1"].polls >= polls + 3, what="three more polls")
+    view = await target_json(client, "a1")
+    assert view["gpu_fault"] is False and view["ready"] is True
+    assert view["gpu_fault_errors"]["node"].startswith("HTTP 403 Forbidden listing nodes: the exporter needs a ClusterRole "
+                                                       "with list and watch on nodes")
+
+
+async def test_the_watch_survives_an_api_server_restart(control_plane, aiohttp_server, aiohttp_client) -> None:
+    await in_thread(control_plane.grant, None, EXPORTER, deployed_node_rules(), name="llm-vitals-exporter-nodes")
+    nodes, _, records = await fleet(control_plane, aiohttp_server, aiohttp_client)
+    await wait_for(lambda: all(not r.gpu_fault_errors and r.polls for r in records.values()), what="the nodes listed")
+    await in_thread(control_plane.set_node_conditions, nodes["a"], [READY, MEM_BAD])
+    await wait_for(lambda: flagged(records) == {"a1", "a2"}, what="a1 and a2 flagged")
+
+    await in_thread(control_plane.stop_apiserver)
+    try:
+        await wait_for(lambda: "cannot be reached" in records["a1"].gpu_fault_errors.get("node", ""), timeout=60,
+                       what="the outage shown")
+        assert flagged(records) == {"a1", "a2"}  # what was last seen of the node stays
+    finally:
+        await in_thread(control_plane.start_apiserver)
+    await wait_for(lambda: not records["a1"].gpu_fault_errors, timeout=60, what="the watch back")
+    await in_thread(control_plane.set_node_conditions, nodes["a"], [READY, MEM_OK])
+    await wait_for(lambda: flagged(records) == set(), what="cleared after the restart")
