@@ -15,7 +15,7 @@ from collections.abc import Callable
 import aiohttp
 
 from exporter.canary import resolve_model, send_canary
-from exporter.dcgm import SharedPages, fetch_page, read_gpus
+from exporter.dcgm import SharedPages, fetch_page, select_gpus
 from exporter.discovery.targetset import Changes
 from exporter.engines import Page, PageError, Snapshot
 from exporter.engines.table import engine_of, read_page
@@ -254,7 +254,7 @@ class Poller:
         if dcgm is None:
             return None
         try:
-            gpus = read_gpus(await self.dcgm_pages.get(str(dcgm.url)), dcgm)
+            gpus = select_gpus(await self.dcgm_pages.get(str(dcgm.url)), dcgm)
         except PageError as exc:
             error = f"{exc.reason}: {exc.detail}"
             if record.gpu_fault_errors.get("dcgm") != error:

@@ -39,7 +39,7 @@ JudgedReason = Literal[
     "progress",  # work pending and engine signals moving
     "waiting_for_progress",  # work pending, nothing moved yet, not stuck yet
     "no_progress",  # stuck
-    "metrics_unanswered",  # work pending and /metrics accepted the connection but never answered (llama.cpp)
+    "metrics_unanswered",  # work pending and /metrics accepted the connection but never answered (llama.cpp, Triton)
     "restart",  # the read that detected a restart
     "canary_failed",
     "canary_ok",  # back from unresponsive

@@ -10,10 +10,15 @@ from aiohttp import web
 from conftest import REPO
 from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_settings, make_target, record, start_exporter, target_json, wait_for
 
-from exporter.dcgm import SharedPages, read_gpus
+from exporter.dcgm import SharedPages, parse_page, read_gpus
 from exporter.engines import PageError
 from exporter.keys import POLLER
 from exporter.settings import ConfigError, DcgmSettings, parse_settings
+
+
+def busy_target(name: str, url: str, **overrides):
+    """A target on the static busy page, kept `busy` (not `stuck`) however slow the box: readiness then depends on the GPU fault alone."""
+    return make_target(name, url, stuck_after=600, **overrides)
 
 PAGES = REPO / "tests" / "fixtures" / "dcgm"
 HEALTHY = (PAGES / "healthy.txt").read_bytes()
@@ -111,7 +116,7 @@ class FakeDcgmExporter:
 async def dcgm_exporter(aiohttp_server, aiohttp_client, gpu: dict[str, str]):
     vllm, fake = FakeVllm(BUSY_PAGE), FakeDcgmExporter()
     vllm_server, dcgm_server = await aiohttp_server(vllm.app()), await aiohttp_server(fake.app())
-    settings = make_settings([make_target("gpu-b", str(vllm_server.make_url("")),
+    settings = make_settings([busy_target("gpu-b", str(vllm_server.make_url("")),
                                           dcgm={"url": str(dcgm_server.make_url("/metrics")), **gpu})],
                              gpu_faults={"dcgm_timeout": 0.5})
     client = await start_exporter(aiohttp_client, settings)
@@ -166,7 +171,7 @@ async def test_a_dcgm_exporter_that_cannot_be_read_is_an_error_kept_never_a_faul
     vllm, fake = FakeVllm(BUSY_PAGE), FakeDcgmExporter()
     fake.mode = mode
     vllm_server, dcgm_server = await aiohttp_server(vllm.app()), await aiohttp_server(fake.app())
-    settings = make_settings([make_target("gpu-b", str(vllm_server.make_url("")),
+    settings = make_settings([busy_target("gpu-b", str(vllm_server.make_url("")),
                                           dcgm={"url": str(dcgm_server.make_url("/metrics")), **gpu})],
                              gpu_faults={"dcgm_timeout": 0.3})
     client = await start_exporter(aiohttp_client, settings)
@@ -191,15 +196,15 @@ async def test_an_unreadable_page_holds_an_xid_fault_and_never_loses_the_baselin
 async def test_targets_on_one_node_share_one_read_of_its_page_per_interval() -> None:
     now, fetched = [0.0], []
 
-    async def fetch(url: str) -> bytes:
+    async def fetch(url: str):
         fetched.append(url)
         if url.endswith("/broken"):
             raise PageError("timeout", "no answer")
-        return HEALTHY
+        return parse_page(HEALTHY)
 
     pages = SharedPages(fetch, fresh_for=4.5, clock=lambda: now[0])
     bodies = await asyncio.gather(*[pages.get("http://n1:9400/metrics") for _ in range(8)])  # 8 GPUs, one read
-    assert bodies == [HEALTHY] * 8 and fetched == ["http://n1:9400/metrics"]
+    assert bodies == [parse_page(HEALTHY)] * 8 and fetched == ["http://n1:9400/metrics"]
     now[0] = 4.4
     await pages.get("http://n1:9400/metrics")
     assert len(fetched) == 1
@@ -217,7 +222,7 @@ async def test_a_live_exporter_reads_a_shared_dcgm_exporter_once_per_poll_not_on
     vllm, fake = FakeVllm(BUSY_PAGE), FakeDcgmExporter()
     vllm_server, dcgm_server = await aiohttp_server(vllm.app()), await aiohttp_server(fake.app())
     url = str(dcgm_server.make_url("/metrics"))
-    settings = make_settings([make_target(name, str(vllm_server.make_url("")), dcgm={"url": url, "pod": pod})
+    settings = make_settings([busy_target(name, str(vllm_server.make_url("")), dcgm={"url": url, "pod": pod})
                               for name, pod in (("gpu-a", "vllm-a"), ("gpu-b", "vllm-b"))])
     client = await start_exporter(aiohttp_client, settings)
     a, b = record(client, "gpu-a"), record(client, "gpu-b")

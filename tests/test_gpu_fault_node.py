@@ -11,6 +11,11 @@ from exporter.node_watch import NodeCache, NodeView, node_view
 from exporter.settings import ConfigError, parse_settings
 from exporter.state import StateStore
 
+
+def busy_target(name: str, url: str, **overrides):
+    """A target on the static busy page, kept `busy` (not `stuck`) however slow the box: readiness then depends on the GPU fault alone."""
+    return make_target(name, url, stuck_after=600, **overrides)
+
 RULES = NodeRules(taints=(Taint.parse("nvidia.com/gpu-xid-error"),))
 BAD = NodeView(({"type": "GpuMemWatch", "status": "True", "reason": "GpuMemWatchIsNotHealthy", "message": "DBE"},))
 GOOD = NodeView(({"type": "GpuMemWatch", "status": "False", "reason": "GpuMemWatchIsHealthy", "message": ""},))
@@ -88,7 +93,7 @@ contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
 current-context: x
 """)
     server = await aiohttp_server(FakeVllm(BUSY_PAGE).app())
-    settings = make_settings([make_target("gpu-a", str(server.make_url("")), node="n1")],
+    settings = make_settings([busy_target("gpu-a", str(server.make_url("")), node="n1")],
                              gpu_faults={"kubeconfig": str(path)})
     client = await start_exporter(aiohttp_client, settings)
     rec = record(client, "gpu-a")

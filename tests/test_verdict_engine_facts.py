@@ -139,3 +139,18 @@ def test_the_facts_default_to_the_engine_table() -> None:
     for offset, seen in rows:
         verdict = judge(verdict, seen, T0 + offset, settings)
     assert verdict is not None and (verdict.state, verdict.reason) == ("stuck", "metrics_unanswered")
+
+
+@pytest.mark.parametrize(("engine", "state", "reason"), [
+    ("llamacpp", "stuck", "metrics_unanswered"),  # its engine loop serves /metrics
+    ("triton", "stuck", "metrics_unanswered"),  # tritonserver frozen whole: its metrics threads are apart from inference
+    ("vllm", "down", "timeout"),  # its /metrics gets slow under load
+    ("sglang", "down", "timeout"),
+])
+def test_which_engines_read_metrics_unanswered_while_pending_as_stuck(engine: str, state: str, reason: str) -> None:
+    rows: list[tuple[float, Observation]] = [(0, snap(0, 3, 700)), (5, TIMEOUT), (30, TIMEOUT), (61, TIMEOUT)]
+    settings = target(engine=engine, model="m")
+    verdict = None
+    for offset, seen in rows:
+        verdict = judge(verdict, seen, T0 + offset, settings)
+    assert verdict is not None and (verdict.state, verdict.reason) == (state, reason), verdict

@@ -164,7 +164,8 @@ class PodSource:
         for gone in set(self._built) - live:
             del self._built[gone]
         error = "; ".join(why for _, why in sorted(self.errors.items())) or None
-        return targets, SourceStatus(self.id, self.kind, up=not self.errors, error=error, skipped=skipped)
+        return targets, SourceStatus(self.id, self.kind, up=not self.errors, error=error, skipped=skipped,
+                                     relists=self.relists)
 
     def _changed(self) -> None:
         # Events that arrive together (a list, a burst of pods) are reported once, at the next turn of the loop.

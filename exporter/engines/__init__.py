@@ -115,8 +115,9 @@ class EngineFacts:
     """What the pure verdict must know about an engine kind beyond one snapshot."""
 
     # /metrics accepted and never answered, repeatedly while work was last seen pending, is `stuck`
-    # (reason metrics_unanswered): true where the engine loop itself serves /metrics (llama.cpp),
-    # false where /metrics only gets slow under load (vLLM).
+    # (reason metrics_unanswered): true where an unanswered /metrics means the engine is frozen, not
+    # loaded: llama.cpp (its engine loop serves /metrics) and Triton (its own metrics threads, apart
+    # from inference, answer in ms under load); false where /metrics only gets slow under load (vLLM).
     metrics_unanswered_is_stuck: bool = False
 
 

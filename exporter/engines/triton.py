@@ -29,6 +29,12 @@ models. A sample of a real page (Triton 2.51 via nvidia-pytriton 0.7.0; tests/fi
   `nv_trt_llm_general_metrics{general_type="iteration_counter"}` it is the step counter (it moves
   every in-flight-batching iteration, mid-generation); `nv_trt_llm_request_metrics{request_type="active"}`
   is `running`, and the `used`/`max` KV-cache blocks give the KV usage.
+- **Frozen server**: `tritonserver` stopped (SIGSTOP, a cgroup freeze, a process wedged whole)
+  accepts connections on every port and never answers. Its metrics port is served by its own
+  threads, not by the inference path, and answered in milliseconds while saturated; so, as for
+  llama.cpp, the metrics port accepting and never answering, across reads for `stuck_after`, while
+  requests were last seen queued, is `stuck` (`metrics_unanswered`), not `down`, which no restart
+  would follow. Frozen with requests executing and none queued it was idle-looking: `down`.
 - **Restart**: there is no start-time metric; every counter starts again from 0, so a restart is a
   counter reset (the verdict's rule for any monotone counter that went down).
 - **Health** lives on the HTTP endpoint: `/v2/health/live`, `/v2/health/ready` and
@@ -40,7 +46,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from exporter.engines import Canary, Engine, Page, PageError, Snapshot
+from exporter.engines import Canary, Engine, EngineFacts, Page, PageError, Snapshot
 from exporter.engines.scan import Sample, Scanner, decode, finite, show
 
 if TYPE_CHECKING:
@@ -137,4 +143,7 @@ ENGINE = Engine(
     ready_path="/v2/models/{model}/ready",
     models_path=None,  # no /v1/models: the model is named in the config (PyTriton's repository index is 403)
     canary=Canary(path="/v2/models/{model}/infer", body=canary_body, wrong=canary_wrong, needs_request=True),
+    # tritonserver's own threads serve the metrics port, apart from inference (it answered in ms while
+    # saturated): accepted and never answered while requests were queued is the whole server frozen.
+    facts=EngineFacts(metrics_unanswered_is_stuck=True),
 )

@@ -1,7 +1,7 @@
 """GPU faults from the node, on the real API server: a node condition or taint flags exactly that node's targets.
 
-Two Node objects, targets on each (static targets given their `node`: pod discovery sets the same
-field from the pod), a live exporter whose node watch uses the `llm-vitals-exporter` token with
+Two Node objects, targets on each (static targets given their `node`, and pods found by pod
+discovery, which fills in the same field from the pod), a live exporter whose node watch uses the `llm-vitals-exporter` token with
 exactly the ClusterRole of deploy/kubernetes/exporter.yaml. Conditions are written through
 nodes/status as NVSentinel's health monitor writes them; taints through the Node's spec.
 """
@@ -16,7 +16,14 @@ from typing import Any
 import yaml
 from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_settings, make_target, record, start_exporter, target_json, wait_for
 
+from exporter.keys import STORE
+
 from .control_plane import ControlPlane
+
+
+def busy_target(name: str, url: str, **overrides):
+    """A target on the static busy page, kept `busy` (not `stuck`) however slow the box: readiness then depends on the GPU fault alone."""
+    return make_target(name, url, stuck_after=600, **overrides)
 
 REPO = Path(__file__).resolve().parents[2]
 EXPORTER = "llm-vitals-exporter"
@@ -47,7 +54,7 @@ async def fleet(control_plane: ControlPlane, aiohttp_server, aiohttp_client, use
         await in_thread(control_plane.create_node, name, conditions=[READY, MEM_OK])
     server = await aiohttp_server(FakeVllm(BUSY_PAGE).app())
     url = str(server.make_url(""))
-    targets = [make_target(name, url, node=nodes[name[0]]) for name in ("a1", "a2", "b1")]
+    targets = [busy_target(name, url, node=nodes[name[0]]) for name in ("a1", "a2", "b1")]
     settings = make_settings(targets, gpu_faults={"kubeconfig": str(control_plane.kubeconfig(user)),
                                                   "node_taints": ["nvidia.com/gpu-xid-error"]})
     client = await start_exporter(aiohttp_client, settings)
@@ -132,3 +139,43 @@ async def test_the_watch_survives_an_api_server_restart(control_plane, aiohttp_s
     await wait_for(lambda: not records["a1"].gpu_fault_errors, timeout=60, what="the watch back")
     await in_thread(control_plane.set_node_conditions, nodes["a"], [READY, MEM_OK])
     await wait_for(lambda: flagged(records) == set(), what="cleared after the restart")
+
+
+async def test_discovered_pods_on_a_faulty_node_are_flagged_a_new_one_there_too(control_plane, namespace, aiohttp_server,
+                                                                                 aiohttp_client) -> None:
+    """Pod discovery fills in each target's node from its pod: the same rule, on `<namespace>/<pod>` targets."""
+    from .test_pod_discovery import deployed_pod_rules, discovery, running_pod
+
+    cp, ns = control_plane, namespace
+    await in_thread(cp.grant, None, EXPORTER, deployed_node_rules(), name="llm-vitals-exporter-nodes")
+    await in_thread(cp.grant, ns, EXPORTER, deployed_pod_rules(), name="llm-vitals-exporter-pods")
+    suffix = secrets.token_hex(3)
+    node_a, node_b = f"gpu-a-{suffix}", f"gpu-b-{suffix}"
+    for name in (node_a, node_b):
+        await in_thread(cp.create_node, name, conditions=[READY, MEM_OK])
+    port = (await aiohttp_server(FakeVllm(BUSY_PAGE).app())).port
+    for pod, node in (("vllm-a0", node_a), ("vllm-a1", node_a), ("vllm-b0", node_b)):
+        await in_thread(running_pod, cp, ns, pod, port, node=node)
+    source = discovery(cp, ns)
+    source["kubernetes"]["template"]["stuck_after"] = 600  # the static busy page stays busy
+    client = await start_exporter(aiohttp_client, make_settings([], discovery=[source], poll_interval=0.5))
+    store = client.app[STORE]
+
+    def faulty() -> set[str]:
+        return {rec.name for rec in store if rec.gpu_fault}
+
+    await wait_for(lambda: len(store.records) == 3 and all(rec.polls and not rec.gpu_fault_errors for rec in store),
+                   what="three discovered targets, their nodes known")
+    assert {rec.name: rec.settings.node for rec in store} == {f"{ns}/vllm-a0": node_a, f"{ns}/vllm-a1": node_a,
+                                                              f"{ns}/vllm-b0": node_b}
+    await in_thread(cp.set_node_conditions, node_a, [READY, MEM_BAD])
+    await wait_for(lambda: faulty() == {f"{ns}/vllm-a0", f"{ns}/vllm-a1"}, what="node a's pods flagged")
+    view = await (await client.get(f"/api/v1/targets/{ns}/vllm-a0")).json()
+    assert view["gpu_fault_detail"].startswith("GpuMemWatchIsNotHealthy: ") and view["node"] == node_a
+
+    # A pod scheduled onto the faulty node later is flagged from its first polls: the cache is applied each poll.
+    await in_thread(running_pod, cp, ns, "vllm-a2", port, node=node_a)
+    await wait_for(lambda: faulty() == {f"{ns}/vllm-a0", f"{ns}/vllm-a1", f"{ns}/vllm-a2"}, what="the new pod flagged")
+
+    await in_thread(cp.set_node_conditions, node_a, [READY, MEM_OK])
+    await wait_for(lambda: faulty() == set(), what="all cleared with the condition")

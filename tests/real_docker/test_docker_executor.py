@@ -10,14 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
-import signal
-import subprocess
 import time
 from pathlib import Path
 
 import httpx
-import pytest
 from conftest import free_port
 
 from remediator.executors import DockerExecutor
@@ -119,40 +115,6 @@ def test_a_socket_without_permission(engine: Engine, image: str):
                           " (this process's user may not use the socket: run as root or in the socket's group)")
         assert engine.identity(name)[1] == started
         assert "restart" not in _actions(engine, name, since)
-
-
-@pytest.fixture
-def crashed_daemon(run_dir: Path):
-    """A second dockerd of our own, started, answering, then killed (SIGKILL, a crash): its socket
-    file stays behind with nobody listening. Its containerd is stopped by its PID, its dirs removed."""
-    root = run_dir / "crash"
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir()
-    sock = root / "d.sock"
-    with open(root / "dockerd.log", "wb") as log:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen(
-            ["nice", "-n", "10", shutil.which("dockerd") or "/usr/sbin/dockerd", "--host", f"unix://{sock}",
-             "--data-root", str(root / "data"), "--exec-root", str(root / "exec"), "--pidfile", str(root / "d.pid"),
-             "--bridge=none", "--iptables=false", "--ip6tables=false", "--ip-masq=false"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    containerd_pid = root / "exec" / "containerd" / "containerd.pid"
-    try:
-        wait_until(lambda: Engine(sock, "docker").api("GET", "/_ping").text == "OK", 60, "the second dockerd")
-        wait_until(lambda: containerd_pid.read_text().strip(), 10, "its containerd's pid file")
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        assert sock.is_socket()
-        yield sock
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int(containerd_pid.read_text().strip()), signal.SIGTERM)
-        mounts = subprocess.run(["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True).stdout
-        for target in sorted((m for m in mounts.split() if m.startswith(f"{root}/")), reverse=True):
-            subprocess.run(["umount", "-l", target], check=False)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 async def test_a_daemon_that_is_down(engine: Engine, crashed_daemon: Path):

@@ -48,7 +48,7 @@ def pytest_configure(config):
         signal.signal(signal.SIGTERM, _interrupt)
 
 
-DRILLS = ("smoke", "idle", "saturation", "frozen_worker", "kill", "restart")
+DRILLS = ("smoke", "idle", "saturation", "frozen_worker", "frozen_tritonserver", "kill", "restart")
 _report: Report | None = None
 
 

@@ -17,6 +17,10 @@ LIVENESS_BUDGET_S = STUCK_AFTER_S + 5.0
 CANARY_INTERVAL_S = 3.0
 CANARY_TIMEOUT_S = 10.0
 CANARY_TOKENS = 1  # the smallest request the toy model takes
+# Triton's metrics port answered in milliseconds even while saturated (its own threads, apart from
+# inference); 5 s is room for a starved box. It also bounds each poll of a frozen tritonserver,
+# whose metrics port accepts and never answers: `stuck` comes after stuck_after + 2 such polls.
+METRICS_TIMEOUT_S = 5.0
 
 
 def exporter_config(listen_port: int, url: str, metrics_url: str) -> str:
@@ -25,7 +29,7 @@ def exporter_config(listen_port: int, url: str, metrics_url: str) -> str:
     return f"""\
 listen: "127.0.0.1:{listen_port}"
 poll_interval: {POLL_INTERVAL_S:g}s
-metrics_timeout: 20s
+metrics_timeout: {METRICS_TIMEOUT_S:g}s
 targets:
   - name: {TARGET}
     url: {url}

@@ -23,7 +23,14 @@ from real_vllm.exporter_process import (
 )
 from real_vllm.load import engine_counter, start_load
 
-from .drill_config import CANARY_INTERVAL_S, CANARY_TIMEOUT_S, LIVENESS_BUDGET_S, POLL_INTERVAL_S, STUCK_AFTER_S
+from .drill_config import (
+    CANARY_INTERVAL_S,
+    CANARY_TIMEOUT_S,
+    LIVENESS_BUDGET_S,
+    METRICS_TIMEOUT_S,
+    POLL_INTERVAL_S,
+    STUCK_AFTER_S,
+)
 from .triton_server import INSTANCES, MODEL, TritonServer, infer_body
 
 INFER = f"/v2/models/{MODEL}/infer"
@@ -38,6 +45,8 @@ FAULT_REQUESTS = 40
 CONCURRENCY = 8
 IDLE_WINDOW_S = 15.0
 DETECTION_SLACK_S = 1.0  # the exporter's own poll jitter on a loaded box, on top of stuck_after + 2 polls
+# While the metrics port accepts and never answers, each poll lasts its timeout rather than one interval.
+UNANSWERED_POLL_S = POLL_INTERVAL_S + METRICS_TIMEOUT_S
 # prometheus-client's parser (engine_counter) names Triton's suffix-less counter samples `..._total`.
 SUCCESS = "nv_inference_request_success_total"
 PENDING = "nv_inference_pending_request_count"
@@ -252,6 +261,63 @@ def test_frozen_worker_sigstop_is_stuck_within_stuck_after_plus_two_polls_then_r
     if crash is None:
         assert after.state == "idle" and after.live == 200, after
         assert all(o.status == 200 for o in outcomes), [o.body for o in outcomes if o.status != 200]
+
+
+def test_frozen_tritonserver_metrics_accepted_never_answered_is_stuck_metrics_unanswered(
+    triton: TritonServer, exporter: ExporterProcess, watcher: Watcher, drill: Drill
+):
+    """SIGSTOP of tritonserver itself with requests queued: every port accepts and never answers."""
+    crash = relaunch_if_crashed(triton, watcher)  # the frozen worker's drill may end in Triton's own crash
+    if crash is not None:
+        drill.facts["tritonserver_crashed_before"] = crash
+    wait_idle(watcher)
+    restarts_total_before = restarts_total(exporter)
+    t0 = time.time()
+    work = load(triton, FAULT_REQUESTS)
+    wait_queued(triton, work)
+    # What counts is the exporter's last good read: it must have seen the queue before the freeze.
+    watcher.wait_for(lambda s: s.state == "busy" and (s.waiting or 0) > 0, timeout=30,
+                     what="busy with requests queued before the freeze", after=t0)  # fmt: skip
+    server = triton.tritonserver()
+    assert not work.done(), "the load ended before the SIGSTOP"
+    t_stop = time.time()
+    server.suspend()
+    try:
+        stopped_s = wait_until(lambda: server.status() == "stopped", timeout=10)
+        stuck = watcher.wait_for(lambda s: s.state == "stuck", timeout=STUCK_AFTER_S + 2 * UNANSWERED_POLL_S + 30,
+                                 what="stuck", after=t_stop)  # fmt: skip
+        drill.detected("SIGSTOP tritonserver to stuck", detection_seconds(stuck, t_stop))
+    finally:
+        t_cont = time.time()
+        server.resume()  # SIGCONT
+    outcomes = work.wait(timeout=300)
+    after = watcher.wait_for(lambda s: s.state in ("idle", "down"), timeout=60, what="idle after the load (or down)",
+                             after=time.time())  # fmt: skip
+    crash = triton.crash() if after.state == "down" else None
+
+    frozen = [s for s in watcher.since(t_stop) if s.t <= t_cont]
+    drill.timeline = watcher.timeline(t0)
+    drill.canaries = {"sent": sum(canary_delta(frozen[0], frozen[-1]).values()), "by_result": canary_delta(frozen[0], after)}
+    drill.facts |= {
+        "stopped_state_after_s": stopped_s,
+        "stuck_reason": stuck.reason,
+        "stopped_for_s": round(t_cont - t_stop, 1),
+        "states_while_frozen": sorted({s.state for s in frozen}),
+        "restarts_total_delta": restarts_total(exporter) - restarts_total_before,
+        "statuses": dict(Counter(str(o.status) for o in outcomes)),
+    }
+    if crash is not None:
+        drill.facts["tritonserver_crashed_after_resume"] = crash
+        relaunch_if_crashed(triton, watcher)
+    assert stopped_s is not None, "tritonserver never showed as stopped"
+    assert stuck.reason == "metrics_unanswered", stuck
+    assert drill.detection["seconds"] <= STUCK_AFTER_S + 2 * UNANSWERED_POLL_S + DETECTION_SLACK_S, drill.facts
+    # Never `down` while frozen: the server is there and owes the queued requests.
+    assert set(drill.facts["states_while_frozen"]) <= {"busy", "stuck"}, drill.timeline
+    assert drill.canaries["sent"] == 0, "canary sent to a frozen busy server"
+    assert drill.facts["restarts_total_delta"] == 0, "SIGSTOP/SIGCONT is no restart"
+    if crash is None:
+        assert after.state == "idle", after
 
 
 def test_kill_tritonserver_is_down_with_a_reason(triton: TritonServer, watcher: Watcher, drill: Drill):
