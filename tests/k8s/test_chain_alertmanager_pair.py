@@ -1,0 +1,236 @@
+"""The chain on real parts: a hung simulated pod, restarted exactly once through two clustered
+Alertmanagers that each deliver to a different remediator replica.
+
+    llm-vitals-sim (2 backends)  <- load (this process)
+        ^ polls                                 the pods: vllm-0, vllm-1 (Pod objects, podIP 127.0.0.1)
+    llm-vitals-exporter (static targets sim-0, sim-1)
+        ^ scrape                   ^ GET /api/v1/targets, plus the pod identity (stand-in, see below)
+    real Prometheus (the shipped rules, short `for:`) -> Alertmanager 1 <-gossip-> Alertmanager 2
+                                                             | webhook           | webhook
+                                                        replica-a           replica-b  (one Lease)
+                                                             \\-> kube-apiserver: DELETE pod (name + UID)
+
+The exporter is the real one judging the real simulator. Its answer reaches the remediators
+through a small aiohttp stand-in that adds what pod discovery (issue 13, not on main yet) will
+report for each target: namespace, pod, pod_uid, node. The test plays the kubelet and the
+ReplicaSet: when the hung pod is deleted it creates the replacement Pod object and restarts that
+simulated backend, as a new container would start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from aiohttp import web
+from conftest import require_binary
+from e2e_chain import ChainTimings, Load, _start_cli, _start_sim, exporter_config
+from stack import RULES_FILE, ManagedProcess, alertmanager_config, start_on_free_port, write_rules_with_short_for
+
+from demo.ports import free_port
+
+from .control_plane import ControlPlane
+from .replicas import TOKEN, USER, grant_remediator_rbac, pod_deletes, start_replicas
+
+NAMES = ["sim-0", "sim-1"]
+TIMINGS = ChainTimings()
+
+
+class PodIdentityProxy:
+    """Serves the real exporter's `/api/v1/targets` with each target's pod identity added."""
+
+    def __init__(self, exporter_url: str):
+        self.exporter_url = exporter_url
+        self.pods: dict[str, dict[str, Any]] = {}  # target name -> {namespace, pod, pod_uid, node}
+        self._runner: web.AppRunner | None = None
+        self._client = httpx.AsyncClient(trust_env=False, timeout=10)
+        self.url = ""
+
+    async def _answer(self, request: web.Request) -> web.Response:
+        upstream = await self._client.get(f"{self.exporter_url}/api/v1/targets")
+        if upstream.status_code != 200:
+            return web.Response(status=upstream.status_code, body=upstream.content)
+        body = upstream.json()
+        for target in body["targets"]:
+            target.update(self.pods.get(target["name"], {}))
+        return web.json_response(body)
+
+    async def start(self) -> PodIdentityProxy:
+        app = web.Application()
+        app.router.add_get("/api/v1/targets", self._answer)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self
+
+    async def stop(self) -> None:
+        await self._client.aclose()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+async def start_alertmanager_pair(run_dir: Path, webhook_urls: list[str]) -> list[tuple[ManagedProcess, str]]:
+    """Two Alertmanagers gossiping on loopback (`--cluster.peer`), each with its own receiver URL."""
+    binary = require_binary("prometheus-alertmanager")
+    cluster_ports = [free_port(), free_port()]
+    started: list[tuple[ManagedProcess, str]] = []
+    for i, url in enumerate(webhook_urls):
+        config = alertmanager_config(url, TOKEN, run_dir, repeat_interval=TIMINGS.repeat_interval)
+        config_path = run_dir / f"alertmanager-{i}.yml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        storage = run_dir / f"am-{i}-data"
+        storage.mkdir(exist_ok=True)
+
+        def build(port: int, i: int = i, config_path: Path = config_path, storage: Path = storage) -> tuple[list[str], str]:
+            web_url = f"http://127.0.0.1:{port}"
+            return [
+                binary, f"--config.file={config_path}", f"--storage.path={storage}",
+                f"--web.listen-address=127.0.0.1:{port}", f"--web.external-url={web_url}/",
+                f"--cluster.listen-address=127.0.0.1:{cluster_ports[i]}",
+                f"--cluster.peer=127.0.0.1:{cluster_ports[1 - i]}",
+                # Test-sized gossip: the second peer waits peer-timeout for the first's notification log.
+                "--cluster.gossip-interval=100ms", "--cluster.pushpull-interval=2s",
+                "--cluster.peer-timeout=3s", "--cluster.settle-timeout=5s",
+                "--log.level=debug",
+            ], f"{web_url}/-/ready"
+
+        process, port = await start_on_free_port(f"alertmanager-{i}", build, run_dir / f"alertmanager-{i}.log")
+        started.append((process, f"http://127.0.0.1:{port}"))
+    return started
+
+
+async def start_prometheus(run_dir: Path, exporter: str, alertmanagers: list[str]) -> tuple[ManagedProcess, str]:
+    binary = require_binary("prometheus")
+    rules = write_rules_with_short_for(RULES_FILE, run_dir / "rules.yml", seconds=TIMINGS.rules_for,
+                                       overrides=TIMINGS.rules_for_overrides)
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rules)],
+        "scrape_configs": [{"job_name": "llm-vitals", "static_configs": [{"targets": [exporter]}]}],
+        # As Prometheus is run with an HA Alertmanager pair: every alert to both.
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": alertmanagers}]}]},
+    }
+    config_path = run_dir / "prometheus.yml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def build(port: int) -> tuple[list[str], str]:
+        url = f"http://127.0.0.1:{port}"
+        return [binary, f"--config.file={config_path}", f"--storage.tsdb.path={run_dir / 'prom-data'}",
+                f"--web.listen-address=127.0.0.1:{port}", f"--web.external-url={url}/"], f"{url}/-/ready"
+
+    process, port = await start_on_free_port("prometheus", build, run_dir / "prometheus.log")
+    return process, f"http://127.0.0.1:{port}"
+
+
+async def test_two_clustered_alertmanagers_delivering_to_two_replicas_restart_a_hung_pod_exactly_once(
+        control_plane: ControlPlane, namespace: str, tmp_path: Path) -> None:
+    run_dir = tmp_path / "chain"
+    run_dir.mkdir()
+    processes: list[ManagedProcess] = []
+    replicas = []
+    proxy = None
+    load = None
+    http = httpx.AsyncClient(trust_env=False, timeout=10)
+    grant_remediator_rbac(control_plane, namespace)
+    pods = {}
+    for i, name in enumerate(NAMES):
+        control_plane.create_pod(namespace, f"vllm-{i}", labels={"app": "vllm"})
+        pods[name] = control_plane.play_kubelet(namespace, f"vllm-{i}")
+    try:
+        fleet = await _start_sim(run_dir, http, len(NAMES), TIMINGS)
+        processes.append(fleet.process)
+        exporter, exporter_url = await _start_cli(
+            "exporter", run_dir, http, lambda port: exporter_config(port, NAMES, fleet.backend_urls, TIMINGS))
+        processes.append(exporter)
+        proxy = await PodIdentityProxy(exporter_url).start()
+        for name, pod in pods.items():
+            proxy.pods[name] = {"namespace": namespace, "pod": pod["metadata"]["name"], "pod_uid": pod["metadata"]["uid"]}
+        replicas = await start_replicas(control_plane, namespace, proxy.url, run_dir / "replicas",
+                                        global_cooldown="8s", exporter_max_age=0.5)
+        pair = await start_alertmanager_pair(run_dir, [f"{r.url}/webhook" for r in replicas])
+        processes += [p for p, _ in pair]
+        pair_urls = [u for _, u in pair]
+        prometheus, _ = await start_prometheus(run_dir, exporter_url.removeprefix("http://"),
+                                               [u.removeprefix("http://") for u in pair_urls])
+        processes.append(prometheus)
+
+        async def states() -> dict[str, str]:
+            return {t["name"]: t["state"] for t in (await http.get(f"{exporter_url}/api/v1/targets")).json()["targets"]}
+
+        await wait(lambda: _all(states, {"idle", "busy"}), 60, "both targets idle or busy")
+        load = await Load(fleet.backend_urls[0], workers=2, max_tokens=200).start()
+        await wait(lambda: _is(states, "sim-0", "busy"), 30, "sim-0 busy")
+        await fleet.fault(0, "hang")
+        await wait(lambda: _is(states, "sim-0", "stuck"), 30, "sim-0 stuck")
+
+        # The hung pod is deleted once; play the kubelet and the ReplicaSet for its replacement.
+        await wait(lambda: asyncio.sleep(0, pod_deletes(control_plane, namespace, "vllm-0")), 90,
+                   "the hung pod's deletion")
+        deleted_at = time.time()
+        control_plane.create_pod(namespace, "vllm-0-b", labels={"app": "vllm"})
+        new = control_plane.play_kubelet(namespace, "vllm-0-b")
+        proxy.pods["sim-0"] = {"namespace": namespace, "pod": "vllm-0-b", "pod_uid": new["metadata"]["uid"]}
+        await http.post(f"{fleet.control_url}/backends/0/restart")
+        await wait(lambda: _is(states, "sim-0", "busy"), 60, "sim-0 serving again")
+
+        async def resolved() -> bool:
+            # send_resolved: the resolution reaching a replica closes the episode.
+            rows = [row for r in replicas for row in await r.actions()]
+            return any(row["target"] == "sim-0" and row["decision"] == "resolved" for row in rows)
+
+        await wait(resolved, 60, "the resolved LLMServerStuck at a replica")
+        # Alertmanager re-sends a firing alert every 2 s: give a late duplicate time to arrive.
+        while time.time() < deleted_at + 10:
+            await asyncio.sleep(0.5)
+
+        assert pod_deletes(control_plane, namespace) == [200]
+        assert [s["restarts"] for s in await fleet.states()] == [1, 0]
+        restarts = [row for r in replicas for row in await r.restarts()]
+        assert [(row["target"], row["result"]) for row in restarts] == [("sim-0", "ok")], restarts
+        delivered = {r.name: [row["reason"] for row in await r.actions() if row["target"] == "sim-0"] for r in replicas}
+        print(f"decisions per replica for sim-0: {delivered}")
+        restart_events = [e for e in control_plane.request("GET", f"/api/v1/namespaces/{namespace}/events")["items"]
+                          if e["reason"] == "LLMVitalsRestart"]
+        assert [e["involvedObject"]["name"] for e in restart_events] == ["vllm-0"]
+        assert all(e["source"]["component"] == "llm-vitals-remediator" for e in restart_events)
+        assert control_plane.audit(verb="delete", resource="pods", user=USER, name="vllm-1") == []
+    finally:
+        if load is not None:
+            await load.stop()
+        for replica in replicas:
+            await replica.stop()
+            print(replica.tail(40))
+        for process in reversed(processes):
+            await process.stop()
+            print(process.log_tail(20))
+        if proxy is not None:
+            await proxy.stop()
+        await http.aclose()
+
+
+async def _all(states, wanted: set[str]) -> bool:
+    return set((await states()).values()) <= wanted
+
+
+async def _is(states, name: str, state: str) -> bool:
+    return (await states()).get(name) == state
+
+
+async def wait(predicate, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = await predicate()
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            last = exc
+        if last:
+            return last
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last: {last!r}")
+
