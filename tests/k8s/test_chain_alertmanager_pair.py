@@ -1,7 +1,7 @@
 """The chain on real parts: a hung simulated pod, restarted exactly once through two clustered
 Alertmanagers that each deliver to a different remediator replica.
 
-    llm-vitals-sim (2 backends)  <- load (this process)
+    llm-vitals-sim x2 (a backend each)  <- load (this process)
         ^ polls, canaries                  the pods vllm-0, vllm-1: Pod objects on the real API server,
     llm-vitals-exporter  --- list+watch -->  podIP 127.0.0.1, their `http` port a simulated backend
         ^ scrape                   ^ GET /api/v1/targets (the re-check: namespace, pod, pod_uid)
@@ -106,9 +106,14 @@ async def test_two_clustered_alertmanagers_delivering_to_two_replicas_restart_a_
                          if d and d["kind"] == "Role" and d["metadata"]["name"] == "llm-vitals-exporter-pods")
     control_plane.grant(namespace, EXPORTER, exporter_role["rules"], name="llm-vitals-exporter-pods")
     try:
-        fleet = await _start_sim(run_dir, http, BACKENDS, TIMINGS)
-        processes.append(fleet.process)
-        ports = [int(url.rsplit(":", 1)[1]) for url in fleet.backend_urls]
+        # One simulator process per pod: `llm-vitals-sim --backends N` needs N consecutive free ports,
+        # which this tier's own traffic (hundreds of loopback connections) often took.
+        fleets = []
+        for i in range(BACKENDS):
+            (run_dir / f"sim-{i}").mkdir()
+            fleets.append(await _start_sim(run_dir / f"sim-{i}", http, 1, TIMINGS))
+            processes.append(fleets[-1].process)
+        ports = [int(f.backend_urls[0].rsplit(":", 1)[1]) for f in fleets]
         for i, port in enumerate(ports):
             control_plane.create_pod(namespace, f"vllm-{i}", labels={"app": "vllm"}, port=port)
             control_plane.play_kubelet(namespace, f"vllm-{i}")
@@ -136,9 +141,9 @@ async def test_two_clustered_alertmanagers_delivering_to_two_replicas_restart_a_
 
         await wait(lambda: _all(states, {f"{namespace}/vllm-0", f"{namespace}/vllm-1"}, {"idle", "busy"}), 60,
                    "both pods discovered, idle or busy")
-        load = await Load(fleet.backend_urls[0], workers=2, max_tokens=200).start()
+        load = await Load(fleets[0].backend_urls[0], workers=2, max_tokens=200).start()
         await wait(lambda: _is(states, hung, "busy"), 30, "vllm-0 busy")
-        await fleet.fault(0, "hang")
+        await fleets[0].fault(0, "hang")
         await wait(lambda: _is(states, hung, "stuck"), 30, "vllm-0 stuck")
 
         # The hung pod is deleted once; play the kubelet and the ReplicaSet for its replacement.
@@ -147,7 +152,7 @@ async def test_two_clustered_alertmanagers_delivering_to_two_replicas_restart_a_
         deleted_at = time.time()
         control_plane.create_pod(namespace, "vllm-0-b", labels={"app": "vllm"}, port=ports[0])
         control_plane.play_kubelet(namespace, "vllm-0-b")
-        await http.post(f"{fleet.control_url}/backends/0/restart")
+        await http.post(f"{fleets[0].control_url}/backends/0/restart")
         await wait(lambda: _is(states, replacement, "busy"), 60, "the replacement pod discovered and serving")
         assert hung not in await states()  # the deleted pod is no target any more
 
@@ -162,7 +167,7 @@ async def test_two_clustered_alertmanagers_delivering_to_two_replicas_restart_a_
             await asyncio.sleep(0.5)
 
         assert pod_deletes(control_plane, namespace) == [200]
-        assert [s["restarts"] for s in await fleet.states()] == [1, 0]
+        assert [(await f.states())[0]["restarts"] for f in fleets] == [1, 0]
         restarts = [row for r in replicas for row in await r.restarts()]
         assert [(row["target"], row["result"]) for row in restarts] == [(hung, "ok")], restarts
         delivered = {r.name: [row["reason"] for row in await r.actions() if row["target"] == hung] for r in replicas}
