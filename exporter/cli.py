@@ -47,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     # bench_poll_1000 the worst probe answer during /metrics scrapes went from 50-100 ms in most
     # runs to under 40 ms in 7 runs of 8 (57 ms in one), and probe p99 from 31-63 ms to 27-38 ms.
     gc.freeze()
+    # Each poll leaves ~10 objects the collector tracks that live one interval (its sleep's future
+    # and timer, the new verdict, its rendered lines, ...), so at 5,000 targets every young
+    # collection promoted thousands, and a full collection (~100,000 objects, 80-90 ms of CPU on
+    # the loaded 2-core box) ran every 3 s, holding the loop each time. Young collections kept
+    # small (1 ms), full ones gated to about one a minute and a half (bench/bench_scale.py).
+    gc.set_threshold(500, 1, 2000)
     web.run_app(app, host=settings.host, port=settings.port, access_log=None, print=None)
     return exits.OK
 

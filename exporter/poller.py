@@ -138,7 +138,10 @@ class Poller:
         """One poll: observe, judge, cache, log a state change, maybe send a canary, render its /metrics lines."""
         started = time.perf_counter()
         before_fault = record.gpu_fault
-        (observation, health), gpus = await asyncio.gather(self.observe(record), self._read_dcgm(record))
+        if record.settings.dcgm is None:  # no gather: its two tasks a poll showed at 5,000 targets (bench_scale.py)
+            (observation, health), gpus = await self.observe(record), None
+        else:
+            (observation, health), gpus = await asyncio.gather(self.observe(record), self._read_dcgm(record))
         record.poll_duration = time.perf_counter() - started
         self._read_gpu_fault_file(record)
         if self.nodes is not None:

@@ -72,7 +72,7 @@ def test_every_builtin_manifest_is_schema_valid(version):
 
 def test_the_validator_rejects_a_typo():
     """Strict mode is live: a misspelt probe field is an error, not silently dropped."""
-    deployment = yaml.safe_load(yaml.safe_dump(_one("Deployment", "vllm-a")))
+    deployment = yaml.safe_load(yaml.safe_dump(_one("Deployment", "vllm")))
     probe = deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]
     probe["failureTreshold"] = probe.pop("failureThreshold")
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -128,7 +128,7 @@ def _pod(name: str) -> dict:
 
 
 def test_probes_sit_on_the_server_container_and_target_the_shim_port():
-    pod = _pod("vllm-a")
+    pod = _pod("vllm")
     (server,) = pod["containers"]
     (shim,) = pod["initContainers"]
     assert server["name"] == "vllm" and "vllm-openai" in server["image"]
@@ -138,28 +138,28 @@ def test_probes_sit_on_the_server_container_and_target_the_shim_port():
     for key, route in expected.items():
         probe = server[key]["httpGet"]
         assert probe["port"] == shim_port, key
-        assert probe["path"] == f"/probe/vllm-a/{route}", key
+        assert probe["path"] == f"/probe/vllm/{route}", key
     startup, liveness = server["startupProbe"], server["livenessProbe"]
     assert (startup["failureThreshold"], startup["periodSeconds"]) == (90, 10)
     assert (liveness["periodSeconds"], liveness["failureThreshold"]) == (20, 6)
 
 
 def test_the_shim_has_no_liveness_or_readiness_probe():
-    (shim,) = _pod("vllm-a")["initContainers"]
+    (shim,) = _pod("vllm")["initContainers"]
     assert "livenessProbe" not in shim, "a liveness failure must restart the server, not the shim"
     assert "readinessProbe" not in shim
 
 
 def test_prestop_drains_through_the_shim():
-    (server,) = _pod("vllm-a")["containers"]
+    (server,) = _pod("vllm")["containers"]
     command = server["lifecycle"]["preStop"]["exec"]["command"]
     script = command[-1]
-    assert "http://127.0.0.1:9471/probe/vllm-a/drain" in script and 'method="POST"' in script
+    assert "http://127.0.0.1:9471/probe/vllm/drain" in script and 'method="POST"' in script
     assert "LLM_VITALS_DRAIN_TOKEN" in script
     env = {e["name"]: e for e in server["env"]}
     assert env["LLM_VITALS_DRAIN_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "drain-token"
     # Drain + wait must fit in the grace period.
-    assert _pod("vllm-a")["terminationGracePeriodSeconds"] >= 30
+    assert _pod("vllm")["terminationGracePeriodSeconds"] >= 30
 
 
 def _configmap_yaml(name: str, key: str) -> dict:
@@ -167,8 +167,8 @@ def _configmap_yaml(name: str, key: str) -> dict:
 
 
 def test_shim_config_is_a_valid_exporter_config_for_the_probed_target():
-    settings = ExporterSettings.model_validate(_configmap_yaml("vllm-a-shim", "exporter.yaml"))
-    assert [t.name for t in settings.targets] == ["vllm-a"]
+    settings = ExporterSettings.model_validate(_configmap_yaml("vllm-shim", "exporter.yaml"))
+    assert [t.name for t in settings.targets] == ["vllm"]  # one fixed name: each shim watches its own pod
     assert settings.port == 9471 and settings.host == "0.0.0.0"
     target = settings.targets[0]
     assert target.base_url == "http://127.0.0.1:8000"
@@ -228,12 +228,18 @@ def test_remediator_rbac_is_exactly_the_verbs_it_uses():
     _one("ServiceAccount", "llm-vitals-remediator")
 
 
-def test_exporter_rbac_is_exactly_the_node_watch():
-    """The node watch (exporter/node_watch.py) lists and watches Nodes, nothing else; tests/k8s/ runs it with exactly this."""
+def test_exporter_rbac_is_exactly_the_node_watch_and_pod_discovery():
+    """The node watch (exporter/node_watch.py) lists and watches Nodes; pod discovery lists and watches
+    the pods of its namespace; nothing else. tests/k8s/ runs both with exactly these rules."""
     assert _one("ClusterRole", "llm-vitals-exporter-nodes")["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]
     binding = _one("ClusterRoleBinding", "llm-vitals-exporter-nodes")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llm-vitals-exporter", "namespace": "llm"}]
+    assert _one("Role", "llm-vitals-exporter-pods")["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+    pods = _one("RoleBinding", "llm-vitals-exporter-pods")
+    assert pods["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "llm-vitals-exporter-pods"}
+    assert pods["subjects"] == [{"kind": "ServiceAccount", "name": "llm-vitals-exporter", "namespace": "llm"}]
     assert _one("Deployment", "llm-vitals-exporter")["spec"]["template"]["spec"]["serviceAccountName"] == "llm-vitals-exporter"
     _one("ServiceAccount", "llm-vitals-exporter")
 
@@ -245,18 +251,32 @@ def test_exporter_service_is_the_job_the_rules_expect():
     _one("Service", "llm-vitals")
 
 
-def test_the_server_stays_reachable_to_the_exporter_when_unready():
-    service = _one("Service", "vllm-a")
-    assert service["spec"]["publishNotReadyAddresses"] is True
+def test_the_exporter_discovers_every_pod_of_the_vllm_deployment():
+    """One Deployment of N replicas, watched pod by pod: the exporter's selector is the Deployment's
+    pod label, its port the server's named port, its namespace the kustomization's."""
+    deployment = _one("Deployment", "vllm")
+    assert deployment["spec"]["replicas"] > 1
     exporter = ExporterSettings.model_validate(_configmap_yaml("llm-vitals-exporter", "exporter.yaml"))
-    assert exporter.target("vllm-a").base_url == "http://vllm-a:8000"
+    assert exporter.targets == []
+    [source] = exporter.discovery
+    pods = source.kubernetes
+    assert pods is not None
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    key, _, value = pods.selector.partition("=")
+    assert labels[key] == value
+    (server,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert pods.port in {p["name"] for p in server["ports"]}
+    assert pods.namespaces == [yaml.safe_load((K8S / "kustomization.yaml").read_text())["namespace"]]
+    assert pods.template["engine"] == "vllm"
+    # No per-replica Service is left: the pods are watched directly, ready or not.
+    assert not [d for _, d in MANIFESTS if d["kind"] == "Service" and d["metadata"]["name"].startswith("vllm-")]
 
 
 # ---- the preStop hook against the real shim -------------------------------------------------
 
 async def _run_prestop(port: int, token: str) -> str:
     """The hook's own script, aimed at a test port, without its 15 s wait."""
-    (server,) = _pod("vllm-a")["containers"]
+    (server,) = _pod("vllm")["containers"]
     script = server["lifecycle"]["preStop"]["exec"]["command"][-1]
     script = "import time\ntime.sleep = lambda seconds: None\n" + script.replace(":9471/", f":{port}/")
     process = await asyncio.create_subprocess_exec(
@@ -271,18 +291,18 @@ async def test_prestop_hook_drains_the_real_shim(aiohttp_server, tmp_path):
     """The hook's python, run for real against the exporter app with the shim's config."""
     token_file = tmp_path / "drain-token"
     token_file.write_text("drain-secret\n")
-    config = _configmap_yaml("vllm-a-shim", "exporter.yaml")
+    config = _configmap_yaml("vllm-shim", "exporter.yaml")
     config["drain_token_file"] = str(token_file)
     server = await aiohttp_server(create_app(parse_settings(config, environ={}), poll=False))
 
     output = await _run_prestop(server.port, "wrong-token")
     assert "drain failed" in output  # best effort: a refused drain never blocks shutdown
     async with aiohttp.ClientSession() as session:
-        async with session.get(server.make_url("/api/v1/targets/vllm-a")) as answer:
+        async with session.get(server.make_url("/api/v1/targets/vllm")) as answer:
             assert (await answer.json())["draining"] is False
 
         assert "drain failed" not in await _run_prestop(server.port, "drain-secret")
-        async with session.get(server.make_url("/api/v1/targets/vllm-a")) as answer:
+        async with session.get(server.make_url("/api/v1/targets/vllm")) as answer:
             assert (await answer.json())["draining"] is True
-        async with session.get(server.make_url("/probe/vllm-a/ready")) as answer:
+        async with session.get(server.make_url("/probe/vllm/ready")) as answer:
             assert answer.status == 503

@@ -121,12 +121,10 @@ def play(seed: int) -> int:
         elif step < 0.9:  # a reload gives the target new settings
             record.settings = TargetSettings(name=record.name, url=rng.choice(["http://10.0.2.1:8000", "http://h:1/p"]),
                                              engine=rng.choice(["vllm", "sglang"]), stuck_after=rng.choice([5.0, 60.0]))
-        elif step < 0.95:  # discovery drops a target
-            del store.records[record.name]
+        elif step < 0.95:  # discovery drops a target (through the store's one way out)
+            store.remove(record.name)
         elif spare:  # discovery adds one, not polled yet
-            settings = spare.pop()
-            added = TargetRecord(settings, replace(record.verdict, first_seen=now, since=now))
-            store.records[settings.name] = added
+            added = store.add(spare.pop(), now)
             if rng.random() < 0.5:
                 refresh(added, now)
     now += rng.choice([0.0, 12.0])
@@ -191,7 +189,7 @@ def test_a_dropped_target_takes_its_lines_with_it() -> None:
     store = fleet_store()
     for record in store:
         refresh(record, NOW)
-    del store.records["odd"]
+    store.remove("odd")
     page = render_page(list(store), NOW).decode()
     assert 'target="odd"' not in page
     assert "llm_vitals_exporter_targets 5.0\n" in page
