@@ -7,11 +7,12 @@
     answer = await a.webhook(alert(target, fingerprint="f1"))
     await a.stop(); await b.kill()                           # SIGTERM / SIGKILL, by PID
 
-The exporter stand-in: pod discovery in the exporter (issue 13) is not on main yet, so the
-remediator's re-check is answered by this small real aiohttp server, whose targets are
-`llm_vitals.targets.TargetView` objects carrying the fields discovery fills (namespace, pod,
-pod_uid, node). Everything else is real: the remediator processes, their SQLite journals, the
-kube-apiserver, etcd, RBAC and the Lease.
+The exporter stand-in: the remediator's re-check is answered by a small real aiohttp server whose
+targets are `llm_vitals.targets.TargetView` objects carrying what pod discovery reports (namespace,
+pod, pod_uid, node), so that a test can set exactly the view it needs at the moment it needs it: a
+stale pod UID, a GPU fault, three pods stuck at once, a fleet healed at once. Everything else is
+real: the remediator processes, their SQLite journals, the kube-apiserver, etcd, RBAC and the Lease.
+The whole chain with the real exporter discovering the pods is test_chain_alertmanager_pair.py.
 """
 
 from __future__ import annotations

@@ -1,20 +1,19 @@
 """The chain on real parts: a hung simulated pod, restarted exactly once through two clustered
 Alertmanagers that each deliver to a different remediator replica.
 
-    llm-vitals-sim (2 backends)  <- load (this process)
-        ^ polls                                 the pods: vllm-0, vllm-1 (Pod objects, podIP 127.0.0.1)
-    llm-vitals-exporter (static targets sim-0, sim-1)
-        ^ scrape                   ^ GET /api/v1/targets, plus the pod identity (stand-in, see below)
+    llm-vitals-sim x2 (a backend each)  <- load (this process)
+        ^ polls, canaries                  the pods vllm-0, vllm-1: Pod objects on the real API server,
+    llm-vitals-exporter  --- list+watch -->  podIP 127.0.0.1, their `http` port a simulated backend
+        ^ scrape                   ^ GET /api/v1/targets (the re-check: namespace, pod, pod_uid)
     real Prometheus (the shipped rules, short `for:`) -> Alertmanager 1 <-gossip-> Alertmanager 2
                                                              | webhook           | webhook
                                                         replica-a           replica-b  (one Lease)
                                                              \\-> kube-apiserver: DELETE pod (name + UID)
 
-The exporter is the real one judging the real simulator. Its answer reaches the remediators
-through a small aiohttp stand-in that adds what pod discovery (issue 13, not on main yet) will
-report for each target: namespace, pod, pod_uid, node. The test plays the kubelet and the
-ReplicaSet: when the hung pod is deleted it creates the replacement Pod object and restarts that
-simulated backend, as a new container would start.
+Every part is the real one: the exporter discovers the pods through the API server with the
+`llm-vitals-exporter` token and the Role of deploy/kubernetes/exporter.yaml. The test plays the
+kubelet and the ReplicaSet: when the hung pod is deleted it creates the replacement Pod object on the
+same backend and restarts that simulated backend, as a new container would start.
 """
 
 from __future__ import annotations
@@ -26,52 +25,18 @@ from typing import Any
 
 import httpx
 import yaml
-from aiohttp import web
 from conftest import require_binary
-from e2e_chain import ChainTimings, Load, _start_cli, _start_sim, exporter_config
+from e2e_chain import ChainTimings, Load, _start_cli, _start_sim
 from stack import RULES_FILE, ManagedProcess, alertmanager_config, start_on_free_port, write_rules_with_short_for
 
 from demo.ports import free_port
 
-from .control_plane import ControlPlane
+from .control_plane import REPO, ControlPlane
 from .replicas import TOKEN, USER, grant_remediator_rbac, pod_deletes, start_replicas
 
-NAMES = ["sim-0", "sim-1"]
+BACKENDS = 2
+EXPORTER = "llm-vitals-exporter"
 TIMINGS = ChainTimings()
-
-
-class PodIdentityProxy:
-    """Serves the real exporter's `/api/v1/targets` with each target's pod identity added."""
-
-    def __init__(self, exporter_url: str):
-        self.exporter_url = exporter_url
-        self.pods: dict[str, dict[str, Any]] = {}  # target name -> {namespace, pod, pod_uid, node}
-        self._runner: web.AppRunner | None = None
-        self._client = httpx.AsyncClient(trust_env=False, timeout=10)
-        self.url = ""
-
-    async def _answer(self, request: web.Request) -> web.Response:
-        upstream = await self._client.get(f"{self.exporter_url}/api/v1/targets")
-        if upstream.status_code != 200:
-            return web.Response(status=upstream.status_code, body=upstream.content)
-        body = upstream.json()
-        for target in body["targets"]:
-            target.update(self.pods.get(target["name"], {}))
-        return web.json_response(body)
-
-    async def start(self) -> PodIdentityProxy:
-        app = web.Application()
-        app.router.add_get("/api/v1/targets", self._answer)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        return self
-
-    async def stop(self) -> None:
-        await self._client.aclose()
-        if self._runner is not None:
-            await self._runner.cleanup()
 
 
 async def start_alertmanager_pair(run_dir: Path, webhook_urls: list[str]) -> list[tuple[ManagedProcess, str]]:
@@ -133,24 +98,36 @@ async def test_two_clustered_alertmanagers_delivering_to_two_replicas_restart_a_
     run_dir.mkdir()
     processes: list[ManagedProcess] = []
     replicas = []
-    proxy = None
     load = None
+    hung, replacement = f"{namespace}/vllm-0", f"{namespace}/vllm-0-b"  # discovery's target names
     http = httpx.AsyncClient(trust_env=False, timeout=10)
     grant_remediator_rbac(control_plane, namespace)
-    pods = {}
-    for i, name in enumerate(NAMES):
-        control_plane.create_pod(namespace, f"vllm-{i}", labels={"app": "vllm"})
-        pods[name] = control_plane.play_kubelet(namespace, f"vllm-{i}")
+    exporter_role = next(d for d in yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "exporter.yaml").read_text())
+                         if d and d["kind"] == "Role" and d["metadata"]["name"] == "llm-vitals-exporter-pods")
+    control_plane.grant(namespace, EXPORTER, exporter_role["rules"], name="llm-vitals-exporter-pods")
     try:
-        fleet = await _start_sim(run_dir, http, len(NAMES), TIMINGS)
-        processes.append(fleet.process)
-        exporter, exporter_url = await _start_cli(
-            "exporter", run_dir, http, lambda port: exporter_config(port, NAMES, fleet.backend_urls, TIMINGS))
+        # One simulator process per pod: `llm-vitals-sim --backends N` needs N consecutive free ports,
+        # which this tier's own traffic (hundreds of loopback connections) often took.
+        fleets = []
+        for i in range(BACKENDS):
+            (run_dir / f"sim-{i}").mkdir()
+            fleets.append(await _start_sim(run_dir / f"sim-{i}", http, 1, TIMINGS))
+            processes.append(fleets[-1].process)
+        ports = [int(f.backend_urls[0].rsplit(":", 1)[1]) for f in fleets]
+        for i, port in enumerate(ports):
+            control_plane.create_pod(namespace, f"vllm-{i}", labels={"app": "vllm"}, port=port)
+            control_plane.play_kubelet(namespace, f"vllm-{i}")
+        exporter, exporter_url = await _start_cli("exporter", run_dir, http, lambda port: {
+            "listen": f"127.0.0.1:{port}", "poll_interval": TIMINGS.poll_interval,
+            "metrics_timeout": TIMINGS.metrics_timeout, "log_level": "info",
+            "discovery": [{"kubernetes": {
+                "namespaces": [namespace], "selector": "app=vllm", "port": "http",
+                "kubeconfig": str(control_plane.kubeconfig(EXPORTER)),
+                "template": {"engine": "vllm", "stuck_after": TIMINGS.stuck_after, "startup_grace": 30,
+                             "canary": {"interval": TIMINGS.canary_interval, "timeout": TIMINGS.canary_timeout}}}}],
+        })
         processes.append(exporter)
-        proxy = await PodIdentityProxy(exporter_url).start()
-        for name, pod in pods.items():
-            proxy.pods[name] = {"namespace": namespace, "pod": pod["metadata"]["name"], "pod_uid": pod["metadata"]["uid"]}
-        replicas = await start_replicas(control_plane, namespace, proxy.url, run_dir / "replicas",
+        replicas = await start_replicas(control_plane, namespace, exporter_url, run_dir / "replicas",
                                         global_cooldown="8s", exporter_max_age=0.5)
         pair = await start_alertmanager_pair(run_dir, [f"{r.url}/webhook" for r in replicas])
         processes += [p for p, _ in pair]
@@ -162,26 +139,27 @@ async def test_two_clustered_alertmanagers_delivering_to_two_replicas_restart_a_
         async def states() -> dict[str, str]:
             return {t["name"]: t["state"] for t in (await http.get(f"{exporter_url}/api/v1/targets")).json()["targets"]}
 
-        await wait(lambda: _all(states, {"idle", "busy"}), 60, "both targets idle or busy")
-        load = await Load(fleet.backend_urls[0], workers=2, max_tokens=200).start()
-        await wait(lambda: _is(states, "sim-0", "busy"), 30, "sim-0 busy")
-        await fleet.fault(0, "hang")
-        await wait(lambda: _is(states, "sim-0", "stuck"), 30, "sim-0 stuck")
+        await wait(lambda: _all(states, {f"{namespace}/vllm-0", f"{namespace}/vllm-1"}, {"idle", "busy"}), 60,
+                   "both pods discovered, idle or busy")
+        load = await Load(fleets[0].backend_urls[0], workers=2, max_tokens=200).start()
+        await wait(lambda: _is(states, hung, "busy"), 30, "vllm-0 busy")
+        await fleets[0].fault(0, "hang")
+        await wait(lambda: _is(states, hung, "stuck"), 30, "vllm-0 stuck")
 
         # The hung pod is deleted once; play the kubelet and the ReplicaSet for its replacement.
         await wait(lambda: asyncio.sleep(0, pod_deletes(control_plane, namespace, "vllm-0")), 90,
                    "the hung pod's deletion")
         deleted_at = time.time()
-        control_plane.create_pod(namespace, "vllm-0-b", labels={"app": "vllm"})
-        new = control_plane.play_kubelet(namespace, "vllm-0-b")
-        proxy.pods["sim-0"] = {"namespace": namespace, "pod": "vllm-0-b", "pod_uid": new["metadata"]["uid"]}
-        await http.post(f"{fleet.control_url}/backends/0/restart")
-        await wait(lambda: _is(states, "sim-0", "busy"), 60, "sim-0 serving again")
+        control_plane.create_pod(namespace, "vllm-0-b", labels={"app": "vllm"}, port=ports[0])
+        control_plane.play_kubelet(namespace, "vllm-0-b")
+        await http.post(f"{fleets[0].control_url}/backends/0/restart")
+        await wait(lambda: _is(states, replacement, "busy"), 60, "the replacement pod discovered and serving")
+        assert hung not in await states()  # the deleted pod is no target any more
 
         async def resolved() -> bool:
             # send_resolved: the resolution reaching a replica closes the episode.
             rows = [row for r in replicas for row in await r.actions()]
-            return any(row["target"] == "sim-0" and row["decision"] == "resolved" for row in rows)
+            return any(row["target"] == hung and row["decision"] == "resolved" for row in rows)
 
         await wait(resolved, 60, "the resolved LLMServerStuck at a replica")
         # Alertmanager re-sends a firing alert every 2 s: give a late duplicate time to arrive.
@@ -189,11 +167,11 @@ async def test_two_clustered_alertmanagers_delivering_to_two_replicas_restart_a_
             await asyncio.sleep(0.5)
 
         assert pod_deletes(control_plane, namespace) == [200]
-        assert [s["restarts"] for s in await fleet.states()] == [1, 0]
+        assert [(await f.states())[0]["restarts"] for f in fleets] == [1, 0]
         restarts = [row for r in replicas for row in await r.restarts()]
-        assert [(row["target"], row["result"]) for row in restarts] == [("sim-0", "ok")], restarts
-        delivered = {r.name: [row["reason"] for row in await r.actions() if row["target"] == "sim-0"] for r in replicas}
-        print(f"decisions per replica for sim-0: {delivered}")
+        assert [(row["target"], row["result"]) for row in restarts] == [(hung, "ok")], restarts
+        delivered = {r.name: [row["reason"] for row in await r.actions() if row["target"] == hung] for r in replicas}
+        print(f"decisions per replica for {hung}: {delivered}")
         restart_events = [e for e in control_plane.request("GET", f"/api/v1/namespaces/{namespace}/events")["items"]
                           if e["reason"] == "LLMVitalsRestart"]
         assert [e["involvedObject"]["name"] for e in restart_events] == ["vllm-0"]
@@ -208,13 +186,12 @@ async def test_two_clustered_alertmanagers_delivering_to_two_replicas_restart_a_
         for process in reversed(processes):
             await process.stop()
             print(process.log_tail(20))
-        if proxy is not None:
-            await proxy.stop()
         await http.aclose()
 
 
-async def _all(states, wanted: set[str]) -> bool:
-    return set((await states()).values()) <= wanted
+async def _all(states, names: set[str], wanted: set[str]) -> bool:
+    now = await states()
+    return set(now) == names and set(now.values()) <= wanted
 
 
 async def _is(states, name: str, state: str) -> bool:

@@ -6,8 +6,8 @@ The replicas are real `llm-vitals-remediator` processes with their own SQLite jo
 the shared state are a real `coordination.k8s.io/v1` Lease on kube-apiserver 1.20.2 + etcd 3.4; the
 RBAC is the shipped manifest's Role and ClusterRole; every pod DELETE is counted from the API
 server's own audit log. The exporter's answer (the target re-check) comes from a small real aiohttp
-server returning `llm_vitals.targets.TargetView` JSON with namespace/pod/pod_uid/node, because pod
-discovery in the exporter (issue 13) is not on main yet (see replicas.py).
+server returning `llm_vitals.targets.TargetView` JSON with namespace/pod/pod_uid/node, so that each
+test sets exactly the view it needs (see replicas.py); the chain test uses the real exporter.
 """
 
 from __future__ import annotations
