@@ -18,6 +18,7 @@ The whole chain with the real exporter discovering the pods is test_chain_alertm
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sys
 import time
@@ -206,7 +207,7 @@ class Replica:
 
 
 def replica_config(control_plane: ControlPlane, namespace: str, exporter_url: str, run_dir: Path, name: str,
-                   **over: Any) -> dict[str, Any]:
+                   kubeconfig: Path | None = None, **over: Any) -> dict[str, Any]:
     """A replica's config: the Lease in `namespace`, templates taking every target in `namespace`."""
     token_file = run_dir / "webhook-token"
     token_file.write_text(TOKEN + "\n")
@@ -220,7 +221,7 @@ def replica_config(control_plane: ControlPlane, namespace: str, exporter_url: st
         "global_cooldown": "10m",
         "budget": {"max_restarts": 3, "window": "1h"},
         "max_unhealthy": 2,
-        "kubernetes": {"kubeconfig": str(control_plane.kubeconfig(USER)), "identity": name,
+        "kubernetes": {"kubeconfig": str(kubeconfig or control_plane.kubeconfig(USER)), "identity": name,
                        "lease": {"namespace": namespace, "name": LEASE}},
         "target_templates": [template],
     }
@@ -229,9 +230,11 @@ def replica_config(control_plane: ControlPlane, namespace: str, exporter_url: st
 
 
 async def start_replicas(control_plane: ControlPlane, namespace: str, exporter_url: str, run_dir: Path,
-                         names: tuple[str, ...] = ("replica-a", "replica-b"), **over: Any) -> list[Replica]:
+                         names: tuple[str, ...] = ("replica-a", "replica-b"), kubeconfig: Path | None = None,
+                         **over: Any) -> list[Replica]:
     run_dir.mkdir(parents=True, exist_ok=True)
-    replicas = [Replica(n, replica_config(control_plane, namespace, exporter_url, run_dir, n, **dict(over)), run_dir)
+    replicas = [Replica(n, replica_config(control_plane, namespace, exporter_url, run_dir, n, kubeconfig, **dict(over)),
+                        run_dir)
                 for n in names]
     await asyncio.gather(*(r.start() for r in replicas))
     return replicas
@@ -250,3 +253,62 @@ def pod_deletes(control_plane: ControlPlane, namespace: str, name: str | None = 
     """The HTTP codes of every pod DELETE the remediator sent in `namespace` (from the audit log)."""
     return [e["responseStatus"]["code"]
             for e in control_plane.audit(verb="delete", resource="pods", namespace=namespace, user=USER, name=name)]
+
+
+class SlowLink:
+    """A TCP relay to the API server that holds each chunk a client sends for `delay` seconds (TLS
+    passes through untouched): it widens the gap between a replica's Lease read and its write, so
+    that another writer lands in between and the write meets a real 409."""
+
+    def __init__(self, control_plane: ControlPlane, delay: float):
+        self.upstream_port = int(control_plane.url.rsplit(":", 1)[1])
+        self.delay = delay
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def start(self) -> SlowLink:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def kubeconfig(self, control_plane: ControlPlane, user: str, path: Path) -> Path:
+        """A copy of `user`'s kubeconfig whose server is this relay (the certificate names 127.0.0.1 too)."""
+        doc = json.loads(control_plane.kubeconfig(user).read_text())
+        doc["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{self.port}"
+        path.write_text(json.dumps(doc))
+        return path
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:
+            writer.close()
+            return
+        try:
+            await asyncio.gather(self._pipe(reader, up_writer, self.delay), self._pipe(up_reader, writer, 0.0))
+        finally:
+            self._tasks.discard(task)
+
+    @staticmethod
+    async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter, delay: float) -> None:
+        try:
+            while data := await source.read(65536):
+                if delay:
+                    await asyncio.sleep(delay)
+                sink.write(data)
+                await sink.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            sink.close()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

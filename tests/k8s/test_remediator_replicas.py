@@ -36,6 +36,7 @@ from .replicas import (
     USER,
     ExporterStandIn,
     Replica,
+    SlowLink,
     alert,
     events,
     grant_remediator_rbac,
@@ -201,9 +202,17 @@ async def test_a_replica_killed_after_its_intent_leaves_a_claim_the_other_honour
 
 
 async def test_lease_conflicts_from_another_writer_are_retried_and_never_act_twice(
-        control_plane: ControlPlane, namespace: str, exporter: ExporterStandIn, replicas) -> None:
-    target = exporter.put_pod(namespace, running_pod(control_plane, namespace, "vllm-0"), "stuck")
-    a, b = await replicas()
+        control_plane: ControlPlane, namespace: str, exporter: ExporterStandIn, replicas, tmp_path: Path) -> None:
+    names = [exporter.put_pod(namespace, running_pod(control_plane, namespace, f"vllm-{i}"), "stuck")
+             for i in range(3)]
+    target = names[0]
+    # A storm first (3 stuck, 1 allowed): each of its fleet_gate refusals writes the storm marker to
+    # the Lease, so the replicas write many times while the third writer runs, and meet conflicts.
+    # The replicas reach the API server through a relay that holds each request 50 ms: between a
+    # replica's read and its write the third writer below has written, more often than not.
+    link = await SlowLink(control_plane, delay=0.05).start()
+    slow = link.kubeconfig(control_plane, USER, tmp_path / "kubeconfig-slow")
+    a, b = await replicas(max_unhealthy=1, storm_cooldown="2s", kubeconfig=slow)
     stop = threading.Event()
     writes = {"ok": 0, "conflict": 0}
 
@@ -223,12 +232,20 @@ async def test_lease_conflicts_from_another_writer_are_retried_and_never_act_twi
                 body["metadata"].setdefault("annotations", {})["test.llm-vitals.io/touch"] = str(i)
                 code = client.put(f"{path}/{LEASE}", json=body).status_code
                 writes["ok" if code == 200 else "conflict"] += 1
-                time.sleep(0.005)
+                time.sleep(0.02)
 
     thread = threading.Thread(target=hammer, daemon=True)
     thread.start()
     try:
         await wait_until(lambda: asyncio.sleep(0, writes["ok"] >= 20), 30, "the third writer to get going")
+        storm = await asyncio.gather(*(r.webhook(alert(names[i % 3], f"fp-storm-{i}"))
+                                       for i, r in enumerate((a, b) * 10)))
+        # A refusal that could not be written after 8 conflicts is a 503 (Alertmanager sends it again).
+        assert {(x.status_code, w) for x, w in zip(storm, reasons(storm), strict=True)} <= {
+            (200, "fleet_gate"), (503, "state_unreachable")}
+        for name in names[1:]:
+            exporter.set_state(name, "idle")  # the storm is over
+        await asyncio.sleep(2.5)  # past the storm cooldown
         payload = alert(target, "fp-conflicts")
         decided: list[str] = []
         for _ in range(40):  # as Alertmanager: a 503 is sent again
@@ -236,11 +253,13 @@ async def test_lease_conflicts_from_another_writer_are_retried_and_never_act_twi
             decided += [w for x, w in zip(answers, reasons(answers), strict=True) if x.status_code == 200]
             if "allowed" in decided:
                 break
+            await asyncio.sleep(0.5)
         rows = await wait_until(lambda: finished_restarts([a, b]), 60, "the restart to finish")
     finally:
         stop.set()
         thread.join(10)
-    assert decided.count("allowed") == 1 and set(decided) <= {"allowed", "duplicate"}, decided
+        await link.stop()
+    assert decided.count("allowed") == 1 and set(decided) <= {"allowed", "duplicate", "storm_cooldown"}, decided
     assert [row["result"] for row in rows] == ["ok"]
     assert pod_deletes(control_plane, namespace) == [200]
     refused = [e for e in control_plane.audit(resource="leases", namespace=namespace, user=USER)
