@@ -5,6 +5,8 @@ drops to 0, and the running config goes on untouched. A file that loads replaces
 targets, the discovery sources (an unchanged source keeps running, with its targets' state), the
 shard and the poll settings. Keys read once at start (`listen`, `connect_timeout`, the drain token,
 `remediator_url`, `log_level`) need a restart; a reload that changes one says so in its answer and log.
+The node watch (GPU faults) is also started once: a reload that adds the first Kubernetes source or
+the first target with a `node` gets it only after a restart.
 """
 
 from __future__ import annotations

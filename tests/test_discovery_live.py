@@ -209,3 +209,22 @@ def test_sighup_reloads_a_running_exporter(tmp_path) -> None:
         proc.terminate()
         proc.wait(10)
         log.close()
+
+
+async def test_a_late_report_from_a_stopped_source_brings_nothing_back(aiohttp_client, tmp_path) -> None:
+    from exporter.discovery.manager import SourceStatus
+    from exporter.discovery.targetset import build_target
+    from exporter.keys import DISCOVERY
+
+    sd = tmp_path / "targets.json"
+    write_sd(sd, [{"targets": ["127.0.0.1:9"], "labels": {"__llm_vitals_name": "x"}}])
+    client = await start_exporter(aiohttp_client, make_settings([make_target("s", "http://127.0.0.1:9")],
+                                                                discovery=[file_source(sd)]))
+    await wait_for(lambda: record(client, "x"), what="x")
+    discovery = client.app[DISCOVERY]
+    await discovery.stop()
+    discovery.sync()
+    assert record(client, "x") is None
+    late = build_target({}, {}, name="x", url="http://127.0.0.1:9", source="file[0]")
+    discovery.report([late], SourceStatus("file[0]", "file", up=True))
+    assert record(client, "x") is None and "file[0]" not in discovery.status

@@ -64,7 +64,7 @@ work=$(mktemp -d "$CACHE/build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 LOG=$CACHE/debootstrap.log
 t0=$(date +%s)
-echo "real-Docker setup: debootstrap bookworm from $mirror (about 45-90 s, 275 MB; log: $LOG)"
+echo "real-Docker setup: debootstrap bookworm from $mirror (95-590 s on a loaded 2-core box, 170 MB; log: $LOG)"
 if ! nice -n 10 debootstrap --variant=minbase --include="$INCLUDE" bookworm "$work/rootfs" "$mirror" >"$LOG" 2>&1; then
   echo "real-Docker setup: debootstrap failed; last lines of $LOG:" >&2
   tail -15 "$LOG" >&2

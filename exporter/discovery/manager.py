@@ -74,7 +74,13 @@ class Discovery:
         self.conflicts: list[str] = []
 
     def report(self, targets: list[TargetSettings], status: SourceStatus) -> None:
-        """A source's whole current list and health; the poller follows at once (no await in between)."""
+        """A source's whole current list and health; the poller follows at once (no await in between).
+
+        A report from a source no longer running (a batch flushed just after a reload stopped it) is
+        dropped: it must not bring back the targets of a source the new config removed.
+        """
+        if status.source not in self.running:
+            return
         status.targets = len(targets)
         status.last_update = self.clock()
         before = self.status.get(status.source)

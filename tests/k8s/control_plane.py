@@ -2,7 +2,7 @@
 
 Kubernetes v1.20.2 built from Debian's source by `tools/real-k8s-setup.sh` (cached outside the clone)
 and Debian's etcd 3.4.23. Real authentication (static bearer tokens), RBAC, admission, validation,
-`resourceVersion` conflicts, watches, label selectors and an audit log of every write. No kubelet
+`resourceVersion` conflicts, watches, label selectors and an audit log of every request. No kubelet
 and no scheduler: pods stay Pending until a test plays the kubelet (`play_kubelet`).
 
 The whole API, for tests here and anyone else's (the `control_plane` / `namespace` fixtures in
@@ -20,8 +20,9 @@ tests/k8s/conftest.py give you a started one and a fresh namespace per test):
     cp.create_pod(ns, name, labels=..., node=None, port=...) -> dict   # a Pending pod (one container)
     cp.play_kubelet(ns, pod, ip="127.0.0.1", ready=True) -> dict       # patch pods/status to Running
     cp.create_node(name, conditions=...) -> dict   # a Node object (no kubelet behind it)
-    cp.audit(verb=, resource=, namespace=, user=) -> list[dict]        # writes seen by the API server
+    cp.audit(verb=, resource=, namespace=, user=) -> list[dict]        # requests seen by the API server
     cp.stop_apiserver(); cp.start_apiserver()      # the same port, etcd kept: an API outage
+    cp.outages                            # [(stopped, ready again)]: a client may meet 403s as it comes back
     cp.start_controller_manager(controllers=...); cp.stop_controller_manager()
     cp.stop()                             # everything, by the PIDs started here
 
@@ -49,8 +50,10 @@ import shutil
 import signal
 import ssl
 import subprocess
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +75,11 @@ apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
 rules:
+  # The control plane's own traffic and the harness's readiness polls: noise.
   - level: None
-    verbs: ["get", "list", "watch"]
+    users: ["system:kube-controller-manager", "system:apiserver"]
+  - level: None
+    nonResourceURLs: ["/readyz", "/healthz*", "/livez*", "/version"]
   - level: Metadata
 """
 
@@ -109,12 +115,25 @@ def missing() -> str | None:
     return None
 
 
-def _child_setup() -> None:
-    """In the child, before exec: lower priority, and die with the test process (PR_SET_PDEATHSIG)."""
+def _lower_priority() -> None:
+    """In the child, before exec: a lower priority."""
     with contextlib.suppress(Exception):
         os.nice(NICENESS)
+
+
+def _lower_priority_and_die_with_parent() -> None:
+    """As `_lower_priority`, and SIGTERM when the test process dies (PR_SET_PDEATHSIG)."""
+    _lower_priority()
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
+def _preexec():
+    """PR_SET_PDEATHSIG fires when the *thread* that started the child exits, not the process: a
+    server started from a worker thread (asyncio.to_thread, whose pool is shut down with each test's
+    event loop) would get SIGTERM at the end of that test. So only children of the main thread get
+    it; the fixtures stop every child by PID anyway."""
+    return _lower_priority_and_die_with_parent if threading.current_thread() is threading.main_thread() else _lower_priority
 
 
 class _Proc:
@@ -129,7 +148,7 @@ class _Proc:
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True, preexec_fn=_child_setup)
+                                          start_new_session=True, preexec_fn=_preexec())
         # With autogroup scheduling, nice orders only within a session: lower the session too.
         with contextlib.suppress(OSError):
             Path(f"/proc/{self.popen.pid}/autogroup").write_text(f"{NICENESS}\n")
@@ -184,6 +203,9 @@ class ControlPlane:
         self._tokens: dict[str, str] = {}
         self._port = 0
         self._tls: ssl.SSLContext | None = None
+        # (stopped, serving again) in unix seconds for each stop_apiserver/start_apiserver pair.
+        self.outages: list[tuple[float, float]] = []
+        self._stopped_at: float | None = None
 
     # -- lifetime -------------------------------------------------------------------------------
 
@@ -264,7 +286,8 @@ class ControlPlane:
                     raise
 
     def start_apiserver(self) -> None:
-        """Start (or, after `stop_apiserver`, restart) kube-apiserver on its port; waits for /readyz."""
+        """Start (or, after `stop_apiserver`, restart) kube-apiserver on its port; waits for /readyz
+        and for RBAC to authorize a non-admin user."""
         p = self.pki
         self.apiserver = _Proc("kube-apiserver", [
             str(self.bin_dir / "kube-apiserver"),
@@ -294,9 +317,26 @@ class ControlPlane:
 
         self._wait(self.apiserver, ready, "kube-apiserver /readyz")
 
+        # /readyz can pass while the RBAC authorizer has not synced yet: until then it refuses every
+        # user but system:masters (403), as seen from a client that raced an API server restart.
+        # Every authenticated user may create a SelfSubjectAccessReview (system:basic-user).
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "spec": {"resourceAttributes": {"verb": "get", "resource": "pods"}}}
+
+        def rbac_works() -> bool:
+            with self.client("llm-vitals-exporter") as client:
+                path = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+                return client.post(path, json=review).status_code == 201
+
+        self._wait(self.apiserver, rbac_works, "RBAC answering a non-admin user")
+        if self._stopped_at is not None:
+            self.outages.append((self._stopped_at, time.time()))
+            self._stopped_at = None
+
     def stop_apiserver(self) -> None:
         """Stop kube-apiserver by its PID (etcd and its data stay): the API is unreachable until start_apiserver."""
         if self.apiserver is not None:
+            self._stopped_at = time.time()
             self.apiserver.stop()
 
     def start_controller_manager(self, controllers: Iterable[str] = DEFAULT_CONTROLLERS) -> None:
@@ -457,10 +497,18 @@ class ControlPlane:
 
     # -- what happened --------------------------------------------------------------------------
 
+    def during_outage(self, event: Mapping[str, Any]) -> bool:
+        """True when an audit event was received while the API server was stopped or coming back."""
+        received = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+        return any(start <= received <= end for start, end in self.outages)
+
     def audit(self, *, verb: str | None = None, resource: str | None = None, namespace: str | None = None,
-              user: str | None = None, name: str | None = None) -> list[dict[str, Any]]:
-        """Writes (create/update/patch/delete) the API server handled, as its audit log has them
-        (`verb`, `user.username`, `objectRef`, `responseStatus.code`), filtered; reads are not logged."""
+              user: str | None = None, name: str | None = None, stage: str | None = "ResponseComplete",
+              ) -> list[dict[str, Any]]:
+        """Requests the API server handled, as its audit log has them (`verb`, `user.username`,
+        `objectRef`, `responseStatus.code`), filtered. Every user's requests are logged except the
+        controller-manager's. Each request appears once, when its answer is complete (a watch when
+        it ends); `stage="ResponseStarted"` gives the watches that started, None every record."""
         events = []
         try:
             lines = self.audit_log.read_text().splitlines()
@@ -470,7 +518,8 @@ class ControlPlane:
             with contextlib.suppress(ValueError):
                 event = json.loads(line)
                 ref = event.get("objectRef") or {}
-                if ((verb is None or event.get("verb") == verb)
+                if ((stage is None or event.get("stage") == stage)
+                        and (verb is None or event.get("verb") == verb)
                         and (resource is None or ref.get("resource") == resource)
                         and (namespace is None or ref.get("namespace") == namespace)
                         and (name is None or ref.get("name") == name)

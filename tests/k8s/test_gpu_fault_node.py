@@ -129,13 +129,16 @@ async def test_the_watch_survives_an_api_server_restart(control_plane, aiohttp_s
     await in_thread(control_plane.set_node_conditions, nodes["a"], [READY, MEM_BAD])
     await wait_for(lambda: flagged(records) == {"a1", "a2"}, what="a1 and a2 flagged")
 
-    await in_thread(control_plane.stop_apiserver)
+    # Stopped and started from this (the main) thread, never through in_thread: the harness starts
+    # its servers with PR_SET_PDEATHSIG, which fires when the *thread* that started one ends, and
+    # to_thread's worker ends with the test's loop, taking the restarted API server with it.
+    control_plane.stop_apiserver()
     try:
         await wait_for(lambda: "cannot be reached" in records["a1"].gpu_fault_errors.get("node", ""), timeout=60,
                        what="the outage shown")
         assert flagged(records) == {"a1", "a2"}  # what was last seen of the node stays
     finally:
-        await in_thread(control_plane.start_apiserver)
+        control_plane.start_apiserver()  # blocks the loop for the start (seconds): the exporter waits, as in any outage
     await wait_for(lambda: not records["a1"].gpu_fault_errors, timeout=60, what="the watch back")
     await in_thread(control_plane.set_node_conditions, nodes["a"], [READY, MEM_OK])
     await wait_for(lambda: flagged(records) == set(), what="cleared after the restart")

@@ -212,14 +212,17 @@ async def test_a_restarted_api_server_loses_no_target_and_a_compacted_watch_reli
     await wait_for(lambda: all(r.verdict.state == "idle" for r in records.values()), timeout=10, what="idle")
 
     # An outage: nothing is lost, nothing duplicated, verdicts go on.
-    await in_thread(cp.stop_apiserver)
+    cp.stop_apiserver()
     polls = {name: r.polls for name, r in records.items()}
     await wait_for(lambda: all(r.polls >= polls[n] + 2 for n, r in records.items()), timeout=10, what="polls go on")
     assert names(client) == both and all(client.app[STORE].get(n) is records[n] for n in both)
     # Meanwhile etcd moves on and is compacted: the exporter's resourceVersion is now too old, and
     # its watch must end in 410 Gone and a relist.
     await in_thread(etcd_bump_and_compact, cp)
-    await in_thread(cp.start_apiserver)
+    # In this thread, not in_thread: the harness gives its processes PR_SET_PDEATHSIG, which fires when
+    # the *thread* that started them ends (to_thread's workers end with the test's loop). It blocks
+    # the loop for the start (seconds): the exporter just waits, as in any outage.
+    cp.start_apiserver()
     await in_thread(running_pod, cp, ns, "vllm-2", port)
     await follows(client, {*both, f"{ns}/vllm-2"}, "the pod created after the outage", within=35)
     assert all(client.app[STORE].get(n) is records[n] for n in both)  # the same targets, state kept

@@ -33,6 +33,12 @@ CONTEXT = 16384  # -c: shared by the slots, 8192 tokens each
 # each waits for the other to be scheduled (3.5 s a token seen).
 THREADS = 1
 BATCH = 256  # -b: a prompt goes in as one decode call per this many tokens (timing.py says why not 2048)
+# --threads-http: llama-server answers HTTP from a fixed pool, by default max(-np + 2, cores - 1) =
+# 4 threads here, and every streaming or deferred request holds one until it ends. The drills' 8
+# long generations took all 4: a fresh connection to /metrics (the drill's direct reads) waited for
+# a request to end, up to the whole saturation window (its reads came back only when the load was
+# cancelled). The exporter kept its keep-alive connection and its thread. 16 leaves room.
+HTTP_THREADS = 16
 START_DEADLINE_S = 120.0  # ready in ~1 s on an idle box; the shared box can be far slower
 
 
@@ -72,6 +78,7 @@ class LlamaServer:
         return [
             "nice", "-n", "10", BIN, "-m", MODEL, "--host", "127.0.0.1", "--port", str(self.port),
             "--metrics", "-np", str(SLOTS), "-c", str(CONTEXT), "-t", str(THREADS), "-b", str(BATCH),
+            "--threads-http", str(HTTP_THREADS),
             "-a", ALIAS,
         ]  # fmt: skip
 
