@@ -194,6 +194,11 @@ async def metrics(request: web.Request) -> web.StreamResponse:
         return await _metrics_rendered_whole(request, now)
     store = request.app[STORE]
     response = web.StreamResponse(headers={"Content-Type": TEXT_CONTENT_TYPE})
+    if request.transport is not None:
+        # Let the page's pieces queue in the transport rather than each wait for the scraper to
+        # read the one before (aiohttp awaits a drain past 64 KiB, and a 5,000-target page is
+        # ~140 pieces). At most the page itself is held, as a whole-body answer would.
+        request.transport.set_write_buffer_limits(high=64 * 2**20)
     await response.prepare(request)
     for piece in page_pieces(list(store), now):
         if piece:
