@@ -4,15 +4,17 @@ renderer, `--full-render`) against each target's lines kept per poll (exporter/p
 For each (targets, renderer), on a fresh exporter (its real CLI, in a process of its own) polling a
 fake fleet (bench/fleet_pages.py: one niced process answering every target from prebuilt bytes) every
 5 s, after a warm-up of one interval and a bit:
-- CPU: the exporter's user + system time over a window of polls alone, as a share of one core;
+- CPU: the exporter's user + system time over a window of polls alone, as a share of one core, and
+  beside it `waited`: the time it was runnable but waited for a CPU (/proc schedstat), other work's toll;
 - scrape: `--scrapes` single GETs of /metrics, one at a time, request to last byte;
 - probe alone: `--probes` readiness probes, 5 ms apart, each on a new connection as the kubelet
   makes them, request to last byte: p50, p99, max;
 - probe during scrapes: the same, while another process (bench/scrape_loop.py) scrapes /metrics
   back to back.
-The box is shared: beside each measurement are the load average and the floor, the probe p99 of
-a bare aiohttp server at the exporter's priority just before; figures from a loaded box are worse
-than the exporter's own.
+The box is shared: beside each measurement are the load average and the floor, the probe p50/p99
+of a bare aiohttp server at the exporter's priority just before; figures from a loaded box are
+worse than the exporter's own. First, in this process and in CPU time (which the load does not
+inflate), one scrape's page and its longest loop step, per renderer.
 
 Targets (issue 16), for the kept lines: at 5,000 targets <= 50 % of one core, a scrape <= 20 ms,
 probe p99 <= 2 ms alone and <= 5 ms during scrapes; at 1,000 targets probe p99 <= 1 ms alone.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -90,6 +93,17 @@ def total_polls(port: int) -> int:
         return sum(t["polls"] for t in json.load(response)["targets"])
 
 
+def waited_seconds(pid: int) -> float:
+    """Seconds the threads of `pid` spent runnable but waiting for a CPU (schedstat): the box's load on it."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / 1e9
+
+
 def cpu_seconds(process: psutil.Process) -> float:
     times = process.cpu_times()
     return times.user + times.system
@@ -148,6 +162,7 @@ class Result:
     cpu: float  # share of one core, polls alone
     polls: float  # share of the expected polls made in the window
     fleet_cpu: float  # the fake fleet's share of one core in the same window
+    waited: float  # seconds per second the exporter was runnable but not running (other work on the box)
     scrape_ms: list[float] = field(default_factory=list)
     page_bytes: int = 0
     alone: list[float] = field(default_factory=list)
@@ -157,8 +172,8 @@ class Result:
 
     def figures(self) -> dict[str, float]:
         return {
-            "load": self.load, "floor_p99": pct(self.floor, 0.99),
-            "cpu_%": 100 * self.cpu, "polls_%": 100 * self.polls, "fleet_cpu_%": 100 * self.fleet_cpu,
+            "load": self.load, "floor_p50": pct(self.floor, 0.5), "floor_p99": pct(self.floor, 0.99),
+            "cpu_%": 100 * self.cpu, "waited_%": 100 * self.waited, "polls_%": 100 * self.polls, "fleet_cpu_%": 100 * self.fleet_cpu,
             "scrape_ms": statistics.median(self.scrape_ms), "scrape_max_ms": max(self.scrape_ms),
             "alone_p50": pct(self.alone, 0.5), "alone_p99": pct(self.alone, 0.99), "alone_max": max(self.alone),
             "during_p50": pct(self.during, 0.5), "during_p99": pct(self.during, 0.99), "during_max": max(self.during),
@@ -197,11 +212,13 @@ def measure(targets: int, renderer: str, fleet_port: int, fleet: psutil.Process,
             load = os.getloadavg()[0]
             polls_before = total_polls(port)
             cpu_before, fleet_before, began = cpu_seconds(process), cpu_seconds(fleet), time.monotonic()
+            waited_before = waited_seconds(exporter.pid)
             time.sleep(args.window)
             cpu_after, fleet_after, elapsed = cpu_seconds(process), cpu_seconds(fleet), time.monotonic() - began
+            waited = (waited_seconds(exporter.pid) - waited_before) / elapsed
             polls = total_polls(port) - polls_before
             result = Result(targets, renderer, load, probes(floor_port, args.probes), (cpu_after - cpu_before) / elapsed,
-                            polls / (targets * elapsed / args.interval), (fleet_after - fleet_before) / elapsed)
+                            polls / (targets * elapsed / args.interval), (fleet_after - fleet_before) / elapsed, waited)
             result.alone = probes(port, args.probes)
             single = finish(scrape_loop(port, "--count", str(args.scrapes), "--pause", "0.5"))
             result.scrape_ms = [s * 1e3 for s in single["seconds"]]
@@ -219,7 +236,46 @@ def measure(targets: int, renderer: str, fleet_port: int, fleet: psutil.Process,
             exporter.wait(timeout=30)
 
 
-COLUMNS = ("load", "floor_p99", "cpu_%", "polls_%", "fleet_cpu_%", "scrape_ms", "scrape_max_ms",
+def page_steps(targets: int) -> dict[str, tuple[float, float]]:
+    """In this process, no network: CPU ms of the longest loop step of one scrape, and of the whole
+    page, per renderer, at `targets` busy targets (thread CPU time: the box's load does not count)."""
+    from dataclasses import replace
+
+    from exporter.collector import read, render_families
+    from exporter.engines import Snapshot
+    from exporter.page import page_pieces, refresh
+    from exporter.settings import parse_settings
+    from exporter.state import StateStore
+
+    now = time.time()
+    store = StateStore(parse_settings({"targets": [{"name": f"t{i}", "url": f"http://127.0.0.1:9/t{i}"}
+                                                   for i in range(targets)]}, environ={}), now - 60)
+    snapshot = Snapshot(running=2, waiting=6, steps=462, generation_tokens=903, process_start_time=now - 3600)
+    for record in store:
+        record.verdict = replace(record.verdict, state="busy", up=True, started=True, snapshot=snapshot, last_poll=now,
+                                 last_progress=now, steps_per_second=12.5, generation_tokens_per_second=30.25)
+        record.poll_duration = 0.0021
+        refresh(record, now)
+
+    def steps(pieces) -> tuple[float, float]:
+        longest, total = 0.0, 0.0
+        while True:
+            began = time.thread_time()
+            try:
+                next(pieces)
+            except StopIteration:
+                return longest * 1e3, (total + time.thread_time() - began) * 1e3
+            spent = time.thread_time() - began
+            longest, total = max(longest, spent), total + spent
+
+    def whole():  # as the old route: the readings at once, then one family per step
+        yield [read(record, now) for record in store]
+        yield from render_families([read(record, now) for record in store], now)
+
+    return {"whole": steps(whole()), "kept": steps(page_pieces(list(store), now))}
+
+
+COLUMNS = ("load", "floor_p50", "floor_p99", "cpu_%", "waited_%", "polls_%", "fleet_cpu_%", "scrape_ms", "scrape_max_ms",
            "alone_p50", "alone_p99", "alone_max", "during_p50", "during_p99", "during_max")
 
 
@@ -228,6 +284,7 @@ def print_row(label: str, values: dict[str, str]) -> None:
 
 
 def main() -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the children
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", type=int, nargs="+", default=[1000, 5000])
     parser.add_argument("--renderers", nargs="+", choices=list(RENDERERS), default=list(RENDERERS))
@@ -240,6 +297,9 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write every measurement here")
     args = parser.parse_args()
 
+    for targets in args.targets:
+        for renderer, (longest, total) in page_steps(targets).items():
+            print(f"{targets}/{renderer}: one scrape's page in-process: {total:.1f} ms of CPU, longest loop step {longest:.2f} ms")
     fleet_port = free_port()
     fleet_child = subprocess.Popen([sys.executable, str(BENCH / "fleet_pages.py"), "--port", str(fleet_port)],
                                    stdout=subprocess.PIPE, text=True, start_new_session=True)
