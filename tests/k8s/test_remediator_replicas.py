@@ -215,6 +215,10 @@ async def test_lease_conflicts_from_another_writer_are_retried_and_never_act_twi
     a, b = await replicas(max_unhealthy=1, storm_cooldown="2s", kubeconfig=slow)
     stop = threading.Event()
     writes = {"ok": 0, "conflict": 0}
+    # Seconds between the third writer's changes. During the storm it writes as fast as it can; for the
+    # restart it leaves gaps longer than a replica's relayed read-then-write (~0.1 s): on a quiet box a
+    # writer that never pauses can win every race, and then no replica ever acts (seen once in CI).
+    gap = [0.02]
 
     def hammer() -> None:
         """A third writer (admin) changing the Lease as fast as it can: every change moves its resourceVersion."""
@@ -232,7 +236,7 @@ async def test_lease_conflicts_from_another_writer_are_retried_and_never_act_twi
                 body["metadata"].setdefault("annotations", {})["test.llm-vitals.io/touch"] = str(i)
                 code = client.put(f"{path}/{LEASE}", json=body).status_code
                 writes["ok" if code == 200 else "conflict"] += 1
-                time.sleep(0.02)
+                time.sleep(gap[0])
 
     thread = threading.Thread(target=hammer, daemon=True)
     thread.start()
@@ -246,6 +250,7 @@ async def test_lease_conflicts_from_another_writer_are_retried_and_never_act_twi
         for name in names[1:]:
             exporter.set_state(name, "idle")  # the storm is over
         await asyncio.sleep(2.5)  # past the storm cooldown
+        gap[0] = 0.3
         payload = alert(target, "fp-conflicts")
         decided: list[str] = []
         for _ in range(40):  # as Alertmanager: a 503 is sent again
