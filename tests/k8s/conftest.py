@@ -15,46 +15,28 @@ Fixtures:
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from real_tier import RealTier
 
 from .control_plane import ControlPlane, missing
 
-ENABLED = os.environ.get("LLM_VITALS_REAL_K8S") == "1"
-REQUIRED = os.environ.get("LLM_VITALS_REQUIRE_REAL_K8S") == "1"
-
-if not ENABLED:
-    # Not part of the normal suite: `make test-k8s` runs the tier on its own.
-    collect_ignore_glob = ["test_*.py"]
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+TIER = RealTier("Kubernetes", enable="LLM_VITALS_REAL_K8S", require="LLM_VITALS_REQUIRE_REAL_K8S")
+# Not part of the normal suite: `make test-k8s` runs the tier on its own.
+collect_ignore_glob = TIER.left_out("test_*.py")
 
 
 def pytest_configure(config):
-    if ENABLED:
-        # `timeout` in tools/real-k8s-test.sh ends a run with SIGTERM: make it the KeyboardInterrupt
-        # pytest tears fixtures down on, so the control plane is still stopped by PID.
-        signal.signal(signal.SIGTERM, _interrupt)
-
-
-def skip_or_fail(why: str) -> None:
-    message = f"SKIPPED: real-Kubernetes tier: {why}"
-    if REQUIRED:
-        pytest.fail(message + " [LLM_VITALS_REQUIRE_REAL_K8S=1 makes this a failure]", pytrace=False)
-    pytest.skip(message)
+    TIER.stop_on_sigterm()
 
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     why = missing()
     if why is not None:
-        skip_or_fail(why)
+        TIER.skip_or_fail(why)
     plane = ControlPlane(Path(tmp_path_factory.mktemp("k8s")))
     with plane:
         yield plane

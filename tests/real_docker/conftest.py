@@ -24,33 +24,18 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from real_tier import RealTier
 
 from .engine import BASE_IMAGE, BASE_TAR_ENV, IMAGE, RUN_DIR_ENV, Engine, engine_from_env, wait_until
 
-ENABLED = os.environ.get("LLM_VITALS_REAL_DOCKER") == "1"
-REQUIRED = os.environ.get("LLM_VITALS_REQUIRE_REAL_DOCKER") == "1"
+TIER = RealTier("Docker", enable="LLM_VITALS_REAL_DOCKER", require="LLM_VITALS_REQUIRE_REAL_DOCKER")
 REPO = Path(__file__).resolve().parents[2]
-
-if not ENABLED:
-    # Not part of the normal suite: `make test-docker` runs these on their own daemon.
-    collect_ignore_glob = ["test_*.py"]
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+# Not part of the normal suite: `make test-docker` runs these on their own daemon.
+collect_ignore_glob = TIER.left_out("test_*.py")
 
 
 def pytest_configure(config):
-    if ENABLED:
-        # `timeout` or CI ends a run with SIGTERM: pytest then tears fixtures down (containers removed).
-        signal.signal(signal.SIGTERM, _interrupt)
-
-
-def _skip_or_fail(why: str) -> None:
-    message = f"SKIPPED: real-Docker tier: {why}"
-    if REQUIRED:
-        pytest.fail(message + " [LLM_VITALS_REQUIRE_REAL_DOCKER=1 makes this a failure]", pytrace=False)
-    pytest.skip(message)
+    TIER.stop_on_sigterm()
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +43,7 @@ def run_dir() -> Path:
     """The tier's scratch directory (short, under /tmp: unix socket paths are limited to ~107 bytes)."""
     path = os.environ.get(RUN_DIR_ENV)
     if not path:
-        _skip_or_fail(f"{RUN_DIR_ENV} is not set; run `make test-docker`")
+        TIER.skip_or_fail(f"{RUN_DIR_ENV} is not set; run `make test-docker`")
     return Path(path)
 
 
@@ -66,8 +51,8 @@ def run_dir() -> Path:
 def engine() -> Engine:
     found = engine_from_env()
     if found is None:
-        _skip_or_fail("no daemon of the tier's own (LLM_VITALS_DOCKER_SOCK unset, or no docker CLI); "
-                      "run `make test-docker`")
+        TIER.skip_or_fail("no daemon of the tier's own (LLM_VITALS_DOCKER_SOCK unset, or no docker CLI); "
+                          "run `make test-docker`")
     ping = found.api("GET", "/_ping")
     assert ping.status_code == 200 and ping.text == "OK", ping.text
     yield found
@@ -87,7 +72,7 @@ def base_image(engine: Engine, timings) -> str:
     """The Debian bookworm image made by tools/real-docker-setup.sh (debootstrap), imported into our daemon."""
     tar = os.environ.get(BASE_TAR_ENV)
     if not tar or not Path(tar).is_file():
-        _skip_or_fail(f"no base rootfs tar ({BASE_TAR_ENV}={tar!r}); run tools/real-docker-setup.sh")
+        TIER.skip_or_fail(f"no base rootfs tar ({BASE_TAR_ENV}={tar!r}); run tools/real-docker-setup.sh")
     t0 = time.monotonic()
     with open(tar, "rb") as stream:
         result = subprocess.run([engine.docker_bin, "-H", engine.host, "import", "-", BASE_IMAGE],

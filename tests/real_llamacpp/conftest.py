@@ -11,11 +11,9 @@ restart drills come last. The verdict harness (ExporterProcess, Watcher, Report)
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-
 import pytest
+from real_tier import DrillRecords, RealTier
+from real_tier import keep_call_report as pytest_runtest_makereport  # noqa: F401 -- a hook: pytest finds it by name
 from real_vllm.drill_report import Report
 from real_vllm.exporter_process import ExporterProcess, Watcher
 
@@ -30,42 +28,23 @@ from .timing import (
     exporter_config,
 )
 
-ENABLED = os.environ.get("LLM_VITALS_REAL_LLAMACPP") == "1"
-REQUIRED = os.environ.get("LLM_VITALS_REQUIRE_REAL_LLAMACPP") == "1"
+TIER = RealTier("llama.cpp", enable="LLM_VITALS_REAL_LLAMACPP", require="LLM_VITALS_REQUIRE_REAL_LLAMACPP")
 REPORT_PATH = OUT / "report.json"
+# Not part of the normal suite: `make test-llamacpp` runs the drills on their own.
+collect_ignore = TIER.left_out("test_real_llamacpp_drills.py")
 
-if not ENABLED:
-    # Not part of the normal suite: `make test-llamacpp` runs the drills on their own.
-    collect_ignore = ["test_real_llamacpp_drills.py"]
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+DRILLS = ("smoke", "idle", "saturation", "frozen", "sigstop", "kill", "restart")
+RECORDS = DrillRecords("llama.cpp", DRILLS, "llama-server start: ready in", LOG_DIR)
 
 
 def pytest_configure(config):
-    if ENABLED:
-        # `timeout` (tools/real-llamacpp-test.sh) ends a run with SIGTERM: make it the KeyboardInterrupt
-        # pytest tears fixtures down on, so llama-server and the exporter are still stopped by PID.
-        signal.signal(signal.SIGTERM, _interrupt)
-
-
-DRILLS = ("smoke", "idle", "saturation", "frozen", "sigstop", "kill", "restart")
-_report: Report | None = None
-
-
-def _skip_or_fail(why: str) -> None:
-    message = f"SKIPPED: real-llama.cpp tier: {why}"
-    if REQUIRED:
-        pytest.fail(message + " [LLM_VITALS_REQUIRE_REAL_LLAMACPP=1 makes this a failure]", pytrace=False)
-    pytest.skip(message)
+    TIER.stop_on_sigterm()
 
 
 @pytest.fixture(scope="session")
 def report() -> Report:
-    global _report
-    _report = Report(path=REPORT_PATH)
-    _report.exporter = {
+    report = RECORDS.keep(Report(path=REPORT_PATH))
+    report.exporter = {
         "poll_interval": POLL_INTERVAL_S,
         "stuck_after": STUCK_AFTER_S,
         "metrics_timeout": METRICS_TIMEOUT_S,
@@ -73,15 +52,15 @@ def report() -> Report:
         "canary_timeout": CANARY_TIMEOUT_S,
     }
     # Report keeps the server's facts under "vllm"; tools/real-llamacpp-report.py reads them from there.
-    _report.vllm = {
+    report.vllm = {
         "version": "llama.cpp llama-server 0c1e570 (llama-cpp-python 0.3.36 sdist), portable x86-64-v2 (GGML_NATIVE=OFF)",
         "slots": SLOTS,
         "context": CONTEXT,
         "batch": BATCH,
         "starts": [],
     }
-    yield _report
-    _report.write()
+    yield report
+    report.write()
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +68,7 @@ def server(report: Report) -> LlamaServer:
     """A real llama-server on a free loopback port, stopped by PID at the end."""
     missing = setup_missing()
     if missing:
-        _skip_or_fail(missing)
+        TIER.skip_or_fail(missing)
     from demo.ports import free_port
 
     srv = LlamaServer(port=free_port())
@@ -123,32 +102,8 @@ def watcher(exporter: ExporterProcess) -> Watcher:
 @pytest.fixture
 def drill(request, report: Report):
     """This test's record in the report: outcome and duration are filled in here."""
-    test = request.node.name.removeprefix("test_")
-    record = report.drill(next((d for d in DRILLS if test.startswith(d)), test))
-    began = time.monotonic()
-    yield record
-    record.seconds = round(time.monotonic() - began, 1)
-    if "watcher" in request.fixturenames:
-        record.facts.update(request.getfixturevalue("watcher").health(record.started))
-    rep = getattr(request.node, "rep_call", None)
-    record.outcome = rep.outcome if rep is not None else "error"
-    report.write()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    rep = outcome.get_result()
-    if rep.when == "call":
-        item.rep_call = rep
+    yield from RECORDS.record(request, report)
 
 
 def pytest_terminal_summary(terminalreporter):
-    if _report is None or not _report.drills:
-        return
-    terminalreporter.section("real-llama.cpp drills")
-    for start in _report.vllm.get("starts", []):
-        terminalreporter.write_line(f"llama-server start: ready in {start['seconds']:.1f} s (pid {start['pid']})")
-    for record in _report.drills.values():
-        terminalreporter.write_line(record.line())
-    terminalreporter.write_line(f"report: {_report.path}; logs: {LOG_DIR}")
+    RECORDS.summarize(terminalreporter)

