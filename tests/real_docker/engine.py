@@ -7,12 +7,13 @@ here talks to that socket only, never to /var/run/docker.sock.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,3 +128,22 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.25):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last: {last!r}")
         time.sleep(interval)
+
+
+async def wait_until_async(predicate, timeout: float, what: str, evidence: Callable[[], str] | None = None):
+    """`wait_until` for a test whose event loop must keep running (a load runs on it): `predicate` is
+    a blocking read, run in a thread every 0.5 s; an HTTP, lookup or parse error counts as not yet.
+    On timeout the error carries the last value and, if given, `evidence()` (the stack's logs)."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            value = await asyncio.to_thread(predicate)
+            if value:
+                return value
+            last = value
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            last = exc
+        await asyncio.sleep(0.5)
+    more = f"\n{evidence()}" if evidence is not None else ""
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last: {last!r}{more}")

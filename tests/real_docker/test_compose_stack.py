@@ -13,7 +13,6 @@ global cooldown, the three docker targets) with only its listen address and expo
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import secrets
 import shutil
@@ -29,7 +28,7 @@ from conftest import REPO, free_port
 from e2e_chain import Load
 from stack import RULES_FILE, write_rules_with_short_for
 
-from .engine import BASE_IMAGE, Engine, wait_until
+from .engine import BASE_IMAGE, Engine, wait_until, wait_until_async
 
 PROJECT = "lvtest"
 SIMS = ["sim-a", "sim-b", "sim-c"]
@@ -222,14 +221,14 @@ async def test_a_hung_server_is_restarted_once_then_a_second_hang_is_refused(sta
     before_id, before_started, _ = engine.identity(container)
     load = await Load(stack.url[name], workers=2, max_tokens=200).start()
     try:
-        await _wait(lambda: stack.target(name)["state"] == "busy", 60, f"{name} busy under load", stack)
+        await wait_until_async(lambda: stack.target(name)["state"] == "busy", 60, f"{name} busy under load", stack.logs)
         since = time.time()
         assert httpx.post(f"{stack.url[name]}/admin/fault", json={"fault": "hang"}, timeout=5).json()["fault"] == "hang"
 
         def restarted() -> list[dict[str, Any]]:
             return [a for a in stack.actions() if a["decision"] == "restart" and a.get("result") not in (None, "pending")]
 
-        restarts = await _wait(restarted, WEBHOOK_TIMEOUT, f"the remediator's restart of {name}", stack)
+        restarts = await wait_until_async(restarted, WEBHOOK_TIMEOUT, f"the remediator's restart of {name}", stack.logs)
         hang_to_restart = time.time() - since
         assert [(a["target"], a["reason"], a["result"], a["alertname"], a["executor"]) for a in restarts] == [
             (name, "allowed", "ok", "LLMServerStuck", "docker")], restarts
@@ -238,7 +237,7 @@ async def test_a_hung_server_is_restarted_once_then_a_second_hang_is_refused(sta
         assert after_started > before_started, "and starts a new process in it"
         assert [e["Action"] for e in engine.events(since, time.time() + 0.5, {"container": [container]})
                 ].count("restart") == 1
-        await _wait(lambda: stack.target(name)["state"] == "busy", 60, f"{name} busy again after its restart", stack)
+        await wait_until_async(lambda: stack.target(name)["state"] == "busy", 60, f"{name} busy again after its restart", stack.logs)
 
         # A second hang inside the 5 min cooldown: a new episode (a new alert), refused, nothing restarted.
         second = time.time()
@@ -247,7 +246,7 @@ async def test_a_hung_server_is_restarted_once_then_a_second_hang_is_refused(sta
         def refused() -> list[dict[str, Any]]:
             return [a for a in stack.actions() if a["time"] >= second and a["reason"] == "cooldown"]
 
-        held = await _wait(refused, WEBHOOK_TIMEOUT, f"the cooldown refusal of {name}'s second hang", stack)
+        held = await wait_until_async(refused, WEBHOOK_TIMEOUT, f"the cooldown refusal of {name}'s second hang", stack.logs)
         assert held[0]["target"] == name and held[0]["decision"] == "refused", held
         assert [a for a in stack.actions() if a["decision"] == "restart"] == restarts
         assert engine.identity(container)[1] == after_started, "not restarted again"
@@ -258,19 +257,3 @@ async def test_a_hung_server_is_restarted_once_then_a_second_hang_is_refused(sta
               f"refusal: {held[0]['time'] - second:.1f} s ({held[0]['detail']})")
     finally:
         await load.stop()
-
-
-async def _wait(predicate, timeout: float, what: str, stack: Stack):
-    """Poll a blocking read without blocking the load's event loop; the stack's logs on timeout."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            value = await asyncio.to_thread(predicate)
-            if value:
-                return value
-            last = value
-        except (httpx.HTTPError, KeyError, ValueError) as exc:
-            last = exc
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last: {last!r}\n{stack.logs()}")

@@ -14,7 +14,6 @@ situations, all against real daemons:
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
 from datetime import UTC, datetime
@@ -26,7 +25,7 @@ import yaml
 from conftest import free_port
 from e2e_chain import Load
 
-from .engine import Engine, wait_until
+from .engine import Engine, wait_until, wait_until_async
 
 NAMES = ["gone", "stopped", "down", "denied"]
 TOKEN = secrets.token_urlsafe(16)
@@ -105,16 +104,16 @@ async def test_bad_docker_cases_are_one_journaled_error_each_and_no_retry_storm(
 
         load = await Load(url["sim"], workers=2, max_tokens=200).start()
         try:
-            await _until(lambda: _states(url["exporter"]) == {"busy"}, 60, "every name busy")
+            await wait_until_async(lambda: _states(url["exporter"]) == {"busy"}, 60, "every name busy")
             httpx.post(f"{url['sim']}/admin/fault", json={"fault": "hang"}, timeout=5).raise_for_status()
-            await _until(lambda: _states(url["exporter"]) == {"stuck"}, 60, "every name stuck")
+            await wait_until_async(lambda: _states(url["exporter"]) == {"stuck"}, 60, "every name stuck")
             since = time.time()
             starts_at = datetime.now(UTC)
             with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as client:
                 for name in NAMES:
                     hook = f"{url[owner[name]]}/webhook"
                     assert client.post(hook, json=_payload(name, starts_at)).status_code == 200
-                    await _until(lambda name=name: _finished(url[owner[name]], name), 60, f"{name}'s restart to end")
+                    await wait_until_async(lambda name=name: _finished(url[owner[name]], name), 60, f"{name}'s restart to end")
                     # Alertmanager re-sends a firing alert (repeat_interval, an HA pair): twice more here.
                     for _ in range(2):
                         assert client.post(hook, json=_payload(name, starts_at)).status_code == 200
@@ -161,18 +160,3 @@ def _actions(remediator: str) -> list[dict[str, Any]]:
 def _finished(remediator: str, name: str) -> bool:
     return any(a["target"] == name and a["decision"] == "restart" and a.get("result") not in (None, "pending")
                for a in _actions(remediator))
-
-
-async def _until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            value = await asyncio.to_thread(predicate)
-            if value:
-                return value
-            last = value
-        except (httpx.HTTPError, KeyError, ValueError) as exc:
-            last = exc
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last: {last!r}")
