@@ -141,12 +141,18 @@ def recently_unhealthy(verdict: Verdict, now: float, window: float) -> bool:
 
 
 def health_check_due(previous: Verdict, snap: Snapshot) -> bool:
-    """Whether this poll should also ask `/health`: work pending and nothing moved since the last read.
+    """Whether this poll should also ask the engine's health route (vLLM answers 503 when dead).
 
-    Then the question is whether the engine is dead (vLLM answers 503) or only slow.
+    - Work pending and nothing moved since the last read: is the engine dead, or only slow?
+    - Nothing pending, but the last canary failed: an engine whose loop died may drop its queue to 0
+      (vLLM 0.32 aborts every request when its Worker dies, and then reads idle), so an idle page is
+      no proof of life. Its own health route says dead at once, where the canary would take
+      `failures_before_unresponsive` intervals to say only `unresponsive`.
     """
+    if not snap.pending:
+        return previous.canary_failures > 0
     base = previous.snapshot
-    return snap.pending and base is not None and not progressed(base, snap)
+    return base is not None and not progressed(base, snap)
 
 
 def judge(previous: Verdict | None, observation: Observation, now: float, target: TargetSettings,

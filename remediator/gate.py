@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from itertools import chain
 from typing import Any, Literal, NamedTuple, get_args
 
 from llm_vitals.targets import RESTARTABLE_STATES, UNHEALTHY_STATES, State
@@ -92,11 +93,16 @@ class TargetStatus:
     node: str | None = None
     # The exporter's whole TARGET object, kept as evidence in the journal; never decided on.
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # The exporter (its URL, without userinfo) that reported this object: journaled beside the evidence.
+    source: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
 class FleetView:
     targets: Mapping[str, TargetStatus]
+    # Targets that more than one exporter reported (overlapping shards): never acted on, so they
+    # are not in `targets`, but the fleet gate still counts them, at their least healthy copy.
+    withheld: Mapping[str, TargetStatus] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -164,8 +170,10 @@ def template_index(policy: GatePolicy, name: str, status: TargetStatus | None) -
 
 
 def managed_targets(policy: GatePolicy, fleet: FleetView) -> list[str]:
-    """The fleet the gate guards: static targets, and the exporter's targets a template takes."""
-    extra = [n for n, s in fleet.targets.items() if n not in policy.targets and template_index(policy, n, s) is not None]
+    """The fleet the gate guards: static targets, and the exporter's targets a template takes
+    (withheld ones included: the fleet gate counts the whole fleet)."""
+    reported = chain(fleet.targets.items(), fleet.withheld.items())
+    extra = [n for n, s in reported if n not in policy.targets and template_index(policy, n, s) is not None]
     return sorted(policy.targets) + sorted(extra)
 
 
@@ -238,6 +246,8 @@ def decide(
     # 4. Still stuck now, and not restarted since the alert began.
     if fleet is None:
         return Decision(False, "exporter_unreachable", "cannot re-check: the exporter did not answer")
+    if target in fleet.withheld:
+        return Decision(False, "unknown_target", "more than one exporter reports this target (overlapping shards)")
     status = fleet.targets.get(target)
     if target not in policy.targets and template_index(policy, target, status) is None:
         return _UNKNOWN
@@ -300,13 +310,15 @@ def fleet_storm(fleet: FleetView, policy: GatePolicy) -> str | None:
     """Why the fleet is in a storm (more unhealthy targets than allowed), or None."""
     names = managed_targets(policy, fleet)
     limit = unhealthy_limit(policy, len(names))
-    unhealthy = sum(
-        1 for name in names
-        if (s := fleet.targets.get(name)) is not None and (s.state in UNHEALTHY_STATES or s.recently_unhealthy)
-    )
+    unhealthy = sum(1 for name in names if is_unhealthy(fleet.targets.get(name) or fleet.withheld.get(name)))
     if unhealthy > limit:
         return f"{unhealthy} of {len(names)} targets unhealthy (max {limit})"
     return None
+
+
+def is_unhealthy(status: TargetStatus | None) -> bool:
+    """What the fleet gate counts: unhealthy now, or within the exporter's last two polls."""
+    return status is not None and (status.state in UNHEALTHY_STATES or status.recently_unhealthy)
 
 
 @dataclass(frozen=True)

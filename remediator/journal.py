@@ -42,7 +42,8 @@ CREATE TABLE IF NOT EXISTS actions (
     detail TEXT NOT NULL DEFAULT '',
     duration_seconds REAL,
     evidence TEXT,               -- JSON: the exporter's TARGET object when the decision was made
-    pre_restart TEXT             -- JSON: {argv, result, output, duration_seconds} of pre_restart
+    pre_restart TEXT,            -- JSON: {argv, result, output, duration_seconds} of pre_restart
+    evidence_from TEXT           -- JSON: the URL of the exporter (shard) that reported the evidence
 );
 CREATE INDEX IF NOT EXISTS actions_decision ON actions(decision, target, time);
 CREATE INDEX IF NOT EXISTS actions_time ON actions(time);
@@ -63,7 +64,7 @@ _COLUMNS = (
     "reason", "executor", "result", "detail", "duration_seconds",
 )
 # Columns added after the first release: added to an older journal at open.
-_ADDED_COLUMNS = {"evidence": "TEXT", "pre_restart": "TEXT"}
+_ADDED_COLUMNS = {"evidence": "TEXT", "pre_restart": "TEXT", "evidence_from": "TEXT"}
 
 
 class JournalBusy(Exception):
@@ -206,6 +207,7 @@ class Journal:
         detail: str = "",
         executor: str | None = None,
         evidence: Mapping[str, Any] | None = None,
+        evidence_from: str | None = None,
     ) -> None:
         """Journal a decision that runs nothing (refused, dry_run, resolved), without waiting for it.
 
@@ -214,7 +216,8 @@ class Journal:
         on the disk. Only the restart intent is awaited (`record_intent`). Readers (`actions`)
         wait for the queue to drain first, so the journal they see is never behind an answer.
         """
-        self._batch.append((now, alert, decision, reason, detail, executor, None, _json(evidence)))
+        self._batch.append((now, alert, decision, reason, detail, executor, None, _json(evidence),
+                            _source(evidence, evidence_from)))
         if decision == "dry_run":
             self._decided = self._decided | {alert.key}
         if self._flusher is None or self._flusher.done():
@@ -244,6 +247,7 @@ class Journal:
         reason: str = "allowed",
         detail: str = "",
         evidence: Mapping[str, Any] | None = None,
+        evidence_from: str | None = None,
         storm_seen_at: float | None = None,
         gpu_node: str | None = None,
     ) -> int:
@@ -251,7 +255,8 @@ class Journal:
 
         def write() -> int:
             with self._tx():
-                action_id = self._insert_row(now, alert, "restart", reason, detail, executor, "pending", _json(evidence))
+                action_id = self._insert_row(now, alert, "restart", reason, detail, executor, "pending",
+                                             _json(evidence), _source(evidence, evidence_from))
                 if open_circuit:
                     self._set_circuit(alert.target, True, now)
                 if storm_seen_at is not None:
@@ -392,11 +397,12 @@ class Journal:
         with self._tx():
             return [self._insert_row(*row) for row in rows]
 
-    def _insert_row(self, now, alert: AlertFacts, decision, reason, detail, executor, result, evidence=None) -> int:
+    def _insert_row(
+        self, now, alert: AlertFacts, decision, reason, detail, executor, result, evidence=None, evidence_from=None
+    ) -> int:
         cursor = self._conn.execute(  # type: ignore[union-attr]
-            "INSERT INTO actions"
-            " (time, target, alertname, fingerprint, starts_at, decision, reason, executor, result, detail, evidence)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO actions (time, target, alertname, fingerprint, starts_at, decision, reason, executor,"
+            " result, detail, evidence, evidence_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 now,
                 # Payload text: bounded, so a caller cannot bloat the journal.
@@ -410,6 +416,7 @@ class Journal:
                 result,
                 detail,
                 evidence,
+                evidence_from,
             ),
         )
         assert cursor.lastrowid is not None  # an INSERT always sets it
@@ -438,6 +445,11 @@ class Journal:
 
 # The whole TARGET object is small (about 1 KB); a hostile exporter cannot bloat the journal past this.
 _EVIDENCE_LIMIT = 64 * 1024
+
+
+def _source(evidence: Mapping[str, Any] | None, url: str | None) -> str | None:
+    """The exporter URL as the `evidence_from` column holds it (JSON), only beside some evidence."""
+    return json.dumps(url) if evidence and url else None
 
 
 def _json(value: Mapping[str, Any] | None) -> str | None:

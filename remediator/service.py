@@ -2,7 +2,7 @@
 
 Order for one alert:
   1. steps 1-3 of the gate from memory (most of a storm ends here as `duplicate`);
-  2. re-check through the exporter (shared in-flight read);
+  2. re-check through the exporter, or every exporter shard at once (shared in-flight reads);
   3. under the decision lock: the whole gate again on the current journal state; a refusal is
      queued for the journal's group commit (the answer does not wait for the disk), a restart
      intent is committed durably before anything runs;
@@ -27,7 +27,7 @@ from llm_vitals.logs import log_event
 
 from . import gate, shared
 from .executors import ExecResult, Executor, build_executor, run_argv
-from .exporter_client import ExporterClient
+from .exporter_client import FleetReader
 from .gate import AlertFacts, Decision, FleetView, GatePolicy, JournalState, TargetStatus, TemplateMatch
 from .journal import Journal
 from .kube import KubeClient
@@ -90,8 +90,9 @@ class Remediator:
         self.policy = policy_from(settings)
         self.journal = journal
         self.clock = clock
-        self.exporter = ExporterClient(
-            settings.exporter_url, http_client, settings.exporter_timeout, settings.exporter_max_age
+        # Every exporter shard, read at once: the fleet gate needs the whole fleet in one view.
+        self.exporter = FleetReader.of(
+            settings.exporters(), http_client, settings.exporter_timeout, settings.exporter_max_age
         )
         self.executors: dict[str, Executor] = executors or {
             name: build_executor(config, http_client) for name, config in settings.targets.items()
@@ -176,7 +177,8 @@ class Remediator:
             # counts against the cooldown and the budget.
             action_id = await self.journal.record_intent(
                 now, facts, executor.kind, effects.open_circuit, reason=decision.reason, detail=decision.detail,
-                evidence=status.raw if status else None, storm_seen_at=effects.storm_seen_at,
+                evidence=status.raw if status else None, evidence_from=status.source if status else None,
+                storm_seen_at=effects.storm_seen_at,
                 gpu_node=effects.gpu_node,
             )
             # Straight after the intent: nothing may fail in between and leave a pending
@@ -226,6 +228,7 @@ class Remediator:
                 action_id = await self.journal.record_intent(
                     now, facts, executor.kind, effects.open_circuit, reason=decision.reason,
                     detail=decision.detail, evidence=status.raw if status else None,
+                    evidence_from=status.source if status else None,
                 )
                 self._start_restart(action_id, facts, executor, intent.holder, status)
                 self._count_allowed(facts, decision, action_id, executor)
@@ -249,7 +252,8 @@ class Remediator:
         target = facts.target if known else None
         word = decision_word(facts, decision)
         self.journal.record_decision(now, facts, word, decision.reason, decision.detail,
-                                     evidence=status.raw if status is not None else None)
+                                     evidence=status.raw if status is not None else None,
+                                     evidence_from=status.source if status is not None else None)
         self.metrics.decisions.labels(target or UNKNOWN_TARGET, decision.reason).inc()
         log_event(log, "alert decided", level=logging.DEBUG if decision.reason == "duplicate" else logging.INFO,
                   target=target, fingerprint=facts.fingerprint, decision=word, reason=decision.reason,

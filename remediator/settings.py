@@ -282,6 +282,8 @@ _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 class Settings(StrictModel):
     listen: ListenAddress = "127.0.0.1:9472"
     exporter_url: HttpUrl = "http://127.0.0.1:9471"
+    # One URL per exporter shard (`shard: {index, count}`); instead of `exporter_url`, never beside it.
+    exporter_urls: list[HttpUrl] | None = None
     exporter_timeout: Duration = 5.0
     # A successful exporter read is reused this long (the exporter polls every few seconds).
     exporter_max_age: Duration = 1.0
@@ -314,6 +316,29 @@ class Settings(StrictModel):
     @classmethod
     def _exporter_url(cls, url: str) -> str:
         return url.rstrip("/")
+
+    @field_validator("exporter_urls")
+    @classmethod
+    def _exporter_urls(cls, urls: list[str] | None) -> list[str] | None:
+        if urls is None:
+            return None
+        if not urls:
+            raise ValueError("list at least one exporter URL (one per exporter shard)")
+        urls = [url.rstrip("/") for url in urls]
+        # The same exporter twice would report every target twice, and a target reported twice is never acted on.
+        if seen := sorted({url for url in urls if urls.count(url) > 1}):
+            raise ValueError(f"{seen[0]} is listed twice")
+        return urls
+
+    @model_validator(mode="after")
+    def _one_exporter_key(self) -> Settings:
+        if self.exporter_urls is not None and "exporter_url" in self.model_fields_set:
+            raise ValueError("set exporter_url (one exporter) or exporter_urls (one per shard), not both")
+        return self
+
+    def exporters(self) -> list[str]:
+        """The base URL of every exporter to re-check through: every shard, or the one exporter."""
+        return list(self.exporter_urls) if self.exporter_urls is not None else [self.exporter_url]
 
     @field_validator("max_unhealthy")
     @classmethod

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -13,6 +13,8 @@ from exporter.verdict import (
     ModelsOk,
     PollError,
     Verdict,
+    health_check_due,
+    initial,
     is_live,
     is_ready,
     is_started,
@@ -266,6 +268,33 @@ def test_health_503_with_a_frozen_page_is_down_any_other_answer_is_no_news() -> 
     for other in (("/health", 200), ("/health", 500), None):  # a slow or failing /health must not turn stuck into down
         verdict = judge(first, frozen, START + 5, settings, health=other)
         assert verdict.state == "busy" and verdict.up
+
+
+@pytest.mark.parametrize(
+    ("case", "previous", "page", "due"),
+    [
+        ("pending, nothing moved", dict(running=2, steps=5), dict(running=2, steps=5), True),
+        ("pending, steps moved", dict(running=2, steps=5), dict(running=2, steps=6), False),
+        ("idle, canaries fine", dict(steps=5), dict(steps=5), False),
+        # vLLM whose Worker died aborts its queue and reads idle: a failed canary is doubt enough.
+        ("idle, last canary failed", dict(steps=5, canary_failures=1), dict(steps=5), True),
+        ("pending, first read", None, dict(running=2), False),
+    ],
+)
+def test_health_check_due_table(case: str, previous: dict | None, page: dict, due: bool) -> None:
+    settings = target()
+    before = initial(START)
+    if previous is not None:
+        failures = previous.pop("canary_failures", 0)
+        before = replace(judge(None, snap(**previous), START, settings), canary_failures=failures)
+    assert health_check_due(before, snap(**page)) is due, case
+
+
+def test_an_idle_engine_whose_canary_failed_and_whose_health_says_503_is_down() -> None:
+    settings = target()
+    idle = replace(judge(None, snap(steps=5), START, settings), canary_failures=1)
+    dead = judge(idle, snap(steps=5), START + 1, settings, health=("/health", 503))
+    assert (dead.state, dead.reason) == ("down", "health_503")
 
 
 @pytest.mark.parametrize(

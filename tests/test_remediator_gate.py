@@ -50,6 +50,11 @@ def fleet(**states: TargetStatus) -> FleetView:
     return FleetView({**FLEET.targets, **states})
 
 
+def withheld(**states: TargetStatus) -> FleetView:
+    """FLEET with these targets moved to `withheld` (reported by more than one exporter)."""
+    return FleetView({n: s for n, s in FLEET.targets.items() if n not in states}, withheld=states)
+
+
 # (case id, alert, fleet, journal, policy, now, expected reason)
 CASES = [
     ("resolved", replace(ALERT, status="resolved"), FLEET, JOURNAL, POLICY, T0, "not_firing"),
@@ -128,6 +133,18 @@ CASES = [
      JournalState(last_restart_started=T0 - 10), MOVING, T0, "cooldown"),
     ("gpu move under fleet gate", POD_ALERT, fleet(**{"llm/p1": GPU_POD}, b=TargetStatus("stuck", OLD),
      c=TargetStatus("down", None)), JOURNAL, MOVING, T0, "fleet_gate"),
+    # Sharded exporters (`exporter_urls`): a target two of them report is withheld (remediator/shards.py):
+    # never acted on, yet counted by the fleet gate.
+    ("withheld: reported by two exporters", ALERT, withheld(a=TargetStatus("stuck", OLD)), JOURNAL, POLICY, T0,
+     "unknown_target"),
+    ("withheld template target", POD_ALERT, withheld(**{"llm/p1": POD}), JOURNAL, TEMPLATED, T0, "unknown_target"),
+    ("withheld static targets count in the fleet gate", ALERT,
+     withheld(b=TargetStatus("stuck", OLD), c=TargetStatus("down", None)), JOURNAL, POLICY, T0, "fleet_gate"),
+    ("withheld template targets count in the fleet gate", ALERT,
+     withheld(**{"llm/p2": POD, "llm/p3": POD, "llm/p4": POD}), JOURNAL, replace(TEMPLATED, max_unhealthy=2), T0,
+     "fleet_gate"),
+    ("withheld healthy targets: allowed", ALERT, withheld(b=TargetStatus("idle", OLD), c=TargetStatus("idle", OLD)),
+     JOURNAL, POLICY, T0, "allowed"),
 ]
 
 

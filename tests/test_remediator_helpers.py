@@ -81,10 +81,11 @@ class RestartCounter:
         return web.json_response({"restarting": True}, status=self.status)
 
 
-def make_settings(tmp_path: Path, exporter_url: str, targets: dict[str, dict], **over: Any) -> Settings:
+def make_settings(tmp_path: Path, exporter_url: str | None, targets: dict[str, dict], **over: Any) -> Settings:
+    """Test settings; `exporter_url` None leaves the key out (for `exporter_urls`)."""
     data: dict[str, Any] = {
         "listen": "127.0.0.1:0",
-        "exporter_url": exporter_url,
+        **({"exporter_url": exporter_url} if exporter_url is not None else {}),
         "exporter_timeout": "2s",
         "auth": {"bearer_token_env": "LLM_VITALS_WEBHOOK_TOKEN"},
         "state_path": str(tmp_path / "journal.db"),

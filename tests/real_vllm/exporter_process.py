@@ -85,6 +85,7 @@ class Sample:
     error: str | None = None
     last_poll: float | None = None  # the exporter's own: how fresh its verdict was
     took: float = 0.0  # seconds the four reads took together
+    canary_last_success: float | None = None  # the exporter's own: when its last canary answered
 
     @property
     def canaries_total(self) -> float:
@@ -161,6 +162,16 @@ class ExporterProcess:
     def log_tail(self) -> str:
         return tail(self._log_path) if self._log_path else ""
 
+    def polled_states(self, t0: float, t1: float) -> list[tuple[float, str]]:
+        """(poll time, verdict) of every poll the exporter made between t0 and t1, from its own history.
+
+        Unlike the watcher's samples, this misses no poll when the test process is starved: on a
+        quiet box a saturation load may last under 5 s, and one sample once took 4.3 s.
+        """
+        with httpx.Client(timeout=HTTP_TIMEOUT_S) as client:
+            points = client.get(f"{self.url}/api/v1/targets/{self.target}/history").json()["points"]
+        return [(t, state) for t, _steps_per_second, state in points if t0 <= t <= t1]
+
     def sample(self, client: httpx.Client, pool: ThreadPoolExecutor) -> Sample:
         """Read the verdict, both probes and the canary counters once, the four reads in parallel.
 
@@ -190,6 +201,7 @@ class ExporterProcess:
             ready=ready,
             live=live,
             canaries=canaries,
+            canary_last_success=(target.get("canary") or {}).get("last_success"),
         )
 
     def counter(self, client: httpx.Client, sample_name: str, by: str | None = None) -> dict[str, float]:
@@ -255,8 +267,21 @@ class Watcher:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     last = self.samples[-1] if self.samples else None
-                    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last sample: {last}")
+                    raise AssertionError(
+                        f"timed out after {timeout:.0f} s waiting for {what}; {self._coverage(after)}; last sample: {last}"
+                    )
                 self._new.wait(timeout=left)
+
+    def _coverage(self, after: float) -> str:
+        """How well samples covered the wait (caller holds the lock): to tell a starved watcher from a wrong verdict."""
+        taken = [s for s in self.samples if s.t >= after]
+        errors = [s.error for s in taken if s.error is not None]
+        gaps = [b.t - a.t for a, b in pairwise(taken)]
+        states = sorted({str(s.state) for s in taken if s.error is None})
+        return (
+            f"{len(taken)} samples since, {len(errors)} failed (last: {errors[-1] if errors else '-'}), "
+            f"largest gap {max(gaps, default=0.0):.1f} s, states seen {states}"
+        )
 
     def period(self, t0: float) -> float | None:
         """Median seconds between samples since t0 (how sharp the timeline is)."""
