@@ -474,3 +474,68 @@ async def test_gpu_fault_cordons_taints_and_moves_the_pod_once_and_leaves_a_node
             if e["objectRef"].get("namespace") in (namespace, "default", None)}
     assert used == {("create", "leases"), ("get", "leases"), ("update", "leases"), ("delete", "pods"),
                     ("create", "events"), ("get", "nodes"), ("patch", "nodes")}
+
+
+def pod_events(control_plane: ControlPlane, namespace: str, reason: str, pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Events of `reason` on this very pod (its name and UID)."""
+    meta = pod["metadata"]
+    return [e for e in events(control_plane, namespace, reason)
+            if (e["involvedObject"]["name"], e["involvedObject"].get("uid")) == (meta["name"], meta["uid"])]
+
+
+async def stopped(replicas: list[Replica]) -> None:
+    """SIGTERM every replica: each waits for its background Event writes before it exits, so that
+    what is on the API server afterwards is all they will ever write (no settling sleep)."""
+    await asyncio.gather(*(r.stop() for r in replicas))
+
+
+async def test_a_gpu_fault_is_refused_with_one_event_on_the_pod_however_often_the_alert_comes(
+        control_plane: ControlPlane, namespace: str, exporter: ExporterStandIn, replicas) -> None:
+    node = f"gpu-{namespace}"
+    pod = running_pod(control_plane, namespace, "vllm-0", node=node)
+    fault = "GpuMemWatch: Xid79: GPU has fallen off the bus"
+    target = exporter.put_pod(namespace, pod, "stuck", gpu_fault=True, gpu_fault_detail=fault)
+    a, b = await replicas()  # gpu_fault_action left at its default: refuse
+    payload = alert(target, "fp-gpu-refused")
+
+    # Alertmanager's resends of one alert (repeat_interval, the HA pair), landing on either replica.
+    answers = [await r.webhook(payload) for r in (a, b, a, b, a, b)]
+    assert [x.status_code for x in answers] == [200] * 6
+    assert set(reasons(answers)) == {"gpu_fault"}
+    await stopped([a, b])
+
+    assert pod_deletes(control_plane, namespace) == []
+    assert pod_or_none(control_plane, namespace, "vllm-0") is not None
+    (event,) = pod_events(control_plane, namespace, "LLMVitalsGpuFault", pod)
+    assert event["type"] == "Warning" and event["source"]["component"] == "llm-vitals-remediator"
+    # What a human needs from `kubectl describe pod`: which alert, the fault, its node, what to do.
+    message = event["message"]
+    assert message.startswith("LLMServerStuck not acted on: gpu_fault: ") and "not help" in message, message
+    assert fault in message and f"node {node}" in message and "cordon_and_move" in message, message
+
+
+async def test_once_the_budget_is_spent_the_circuit_opens_and_the_pod_gets_an_event_instead_of_a_delete(
+        control_plane: ControlPlane, namespace: str, exporter: ExporterStandIn, replicas) -> None:
+    """A pod that comes back under its own name (a StatefulSet's) and gets stuck again."""
+    first = running_pod(control_plane, namespace, "vllm-0")
+    target = exporter.put_pod(namespace, first, "stuck")
+    a, b = await replicas(budget={"max_restarts": 1, "window": "1h"}, global_cooldown="0s")
+    assert reasons([await a.webhook(alert(target, "fp-circuit"))]) == ["allowed"]
+    assert [row["result"] for row in await wait_until(lambda: finished_restarts([a, b]), 60, "the restart")] == ["ok"]
+    assert pod_deletes(control_plane, namespace) == [200]
+
+    again = running_pod(control_plane, namespace, "vllm-0")  # recreated: a new UID, stuck once more
+    exporter.put_pod(namespace, again, "stuck", process_start_time=time.time() - 60)
+    payload = alert(target, "fp-circuit", starts_at=time.time())  # the alert's next firing episode
+    answers = [await r.webhook(payload) for r in (b, a, b, a)]
+    assert [x.status_code for x in answers] == [200] * 4
+    assert set(reasons(answers)) == {"circuit_open"}
+    await stopped([a, b])
+
+    assert pod_deletes(control_plane, namespace) == [200]  # still only the first restart
+    assert pod_or_none(control_plane, namespace, "vllm-0")["metadata"]["uid"] == again["metadata"]["uid"]
+    (event,) = pod_events(control_plane, namespace, "LLMVitalsCircuitOpen", again)
+    assert event["type"] == "Warning"
+    assert event["message"].startswith("LLMServerStuck not acted on: circuit_open: restart budget exhausted")
+    assert "POST /api/v1/circuit/reset" in event["message"]
+    assert len(pod_events(control_plane, namespace, "LLMVitalsRestart", first)) == 1
