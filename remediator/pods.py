@@ -9,6 +9,8 @@ the node for a GPU move), so `kubectl describe pod` tells the story.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import re
 import time
@@ -50,15 +52,29 @@ def _q(name: str) -> str:
     return quote(name, safe="")
 
 
+def refusal_event_name(pod: str, uid: str | None, reason: str, alert_key: tuple[str, float]) -> str:
+    """The one Event name for this pod, refusal and alert (fingerprint, startsAt): a DNS subdomain."""
+    digest = hashlib.sha256(json.dumps([uid or "", reason, *alert_key]).encode()).hexdigest()[:16]
+    suffix = f".llm-vitals-{digest}"
+    # A pod name is a DNS subdomain already; cut, it must still end in an alphanumeric.
+    return pod[: 253 - len(suffix)].rstrip("-.") + suffix
+
+
 async def record_event(
-    client: KubeClient, involved: dict[str, Any], namespace: str, reason: str, message: str, kind: str, identity: str
+    client: KubeClient, involved: dict[str, Any], namespace: str, reason: str, message: str, kind: str, identity: str,
+    name: str | None = None,
 ) -> bool:
-    """Create one Event about `involved`; a failure is logged and never fails the caller."""
+    """Create one Event about `involved`; a failure is logged and never fails the caller.
+
+    With `name`, an Event of that name already there (409: another replica's, or this one's before
+    a restart) counts as recorded: the name is what makes copies of one Event one object.
+    """
     now = micro_time(time.time())
+    naming = {"name": name} if name else {"generateName": f"{involved['name']}.llm-vitals-"}
     body = {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"generateName": f"{involved['name']}.llm-vitals-", "namespace": namespace},
+        "metadata": {**naming, "namespace": namespace},
         "involvedObject": involved,
         "reason": reason,
         "message": message[:1024],
@@ -75,6 +91,9 @@ async def record_event(
     except KubeUnavailable as exc:
         log_event(log, "cannot record an Event", level=logging.WARNING, reason=reason, error=str(exc))
         return False
+    if name and response.status_code == 409:
+        log_event(log, "Event already recorded", level=logging.DEBUG, reason=reason, event=name)
+        return True
     if response.status_code not in (200, 201):
         log_event(log, "cannot record an Event", level=logging.WARNING, reason=reason,
                   status=response.status_code, error=message_of(response))
@@ -87,10 +106,13 @@ def pod_object(pod: PodRef) -> dict[str, Any]:
     return found | ({"uid": pod.uid} if pod.uid else {})
 
 
-async def pod_event(client: KubeClient, pod: PodRef, reason_word: str, message: str, identity: str) -> bool:
+async def pod_event(
+    client: KubeClient, pod: PodRef, reason_word: str, message: str, identity: str, name: str | None = None
+) -> bool:
+    """Record an Event on the pod for `reason_word` (a Warning unless a restart was allowed)."""
     kind = "Normal" if reason_word == "allowed" else "Warning"
     return await record_event(client, pod_object(pod), pod.namespace, EVENT_REASONS[reason_word], message, kind,
-                              identity)
+                              identity, name)
 
 
 async def delete_pod(client: KubeClient, pod: PodRef) -> ExecResult:

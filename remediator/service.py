@@ -33,7 +33,7 @@ from .journal import Journal
 from .kube import KubeClient
 from .metrics import UNKNOWN_TARGET, RemediatorMetrics
 from .payload import Alert, WebhookPayload
-from .pods import CordonAndMoveExecutor, PodExecutor, PodRef, pod_event
+from .pods import CordonAndMoveExecutor, PodExecutor, PodRef, pod_event, refusal_event_name
 from .settings import _PERCENT, PreRestart, Settings, TargetTemplate
 from .shared import Intent
 from .store import CONFLICT_RETRIES, LeaseStore, StateUnavailable
@@ -262,7 +262,12 @@ class Remediator:
             self._refusal_event(facts, decision, status)
 
     def _refusal_event(self, facts: AlertFacts, decision: Decision, status: TargetStatus) -> None:
-        """One Event per alert and reason on the target's pod, in the background (never delays an answer)."""
+        """One Event per alert and reason on the target's pod, in the background (never delays an answer).
+
+        Alertmanager resends a refused alert (repeat_interval, the HA pair) to any replica: the
+        Event's name comes from the pod, the reason and the alert, so the API server keeps the first
+        copy and refuses the others. `_evented` only spares this replica the requests.
+        """
         pod = pod_of(status)
         if self.kube is None or pod is None or (facts.key, decision.reason) in self._evented:
             return
@@ -270,7 +275,8 @@ class Remediator:
         while len(self._evented) > 1000:
             del self._evented[next(iter(self._evented))]
         message = f"{facts.alertname} not acted on: {decision.reason}: {decision.detail}"
-        self._background(pod_event(self.kube, pod, decision.reason, message, self.identity), "event")
+        name = refusal_event_name(pod.name, pod.uid, decision.reason, facts.key)
+        self._background(pod_event(self.kube, pod, decision.reason, message, self.identity, name), "event")
 
     # -- executors ----------------------------------------------------------------------------
 

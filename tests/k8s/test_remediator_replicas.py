@@ -483,6 +483,12 @@ def pod_events(control_plane: ControlPlane, namespace: str, reason: str, pod: di
             if (e["involvedObject"]["name"], e["involvedObject"].get("uid")) == (meta["name"], meta["uid"])]
 
 
+def event_creates(control_plane: ControlPlane, namespace: str) -> list[int]:
+    """The HTTP codes of the remediator's Event creates in `namespace`, sorted (the audit log)."""
+    return sorted(e["responseStatus"]["code"]
+                  for e in control_plane.audit(verb="create", resource="events", namespace=namespace, user=USER))
+
+
 async def stopped(replicas: list[Replica]) -> None:
     """SIGTERM every replica: each waits for its background Event writes before it exits, so that
     what is on the API server afterwards is all they will ever write (no settling sleep)."""
@@ -507,6 +513,8 @@ async def test_a_gpu_fault_is_refused_with_one_event_on_the_pod_however_often_th
     assert pod_deletes(control_plane, namespace) == []
     assert pod_or_none(control_plane, namespace, "vllm-0") is not None
     (event,) = pod_events(control_plane, namespace, "LLMVitalsGpuFault", pod)
+    # One write per replica (each skips its own resends); the API server kept the first, refused the copy.
+    assert event_creates(control_plane, namespace) == [201, 409]
     assert event["type"] == "Warning" and event["source"]["component"] == "llm-vitals-remediator"
     # What a human needs from `kubectl describe pod`: which alert, the fault, its node, what to do.
     message = event["message"]
@@ -535,6 +543,7 @@ async def test_once_the_budget_is_spent_the_circuit_opens_and_the_pod_gets_an_ev
     assert pod_deletes(control_plane, namespace) == [200]  # still only the first restart
     assert pod_or_none(control_plane, namespace, "vllm-0")["metadata"]["uid"] == again["metadata"]["uid"]
     (event,) = pod_events(control_plane, namespace, "LLMVitalsCircuitOpen", again)
+    assert event_creates(control_plane, namespace) == [201, 201, 409]  # the restart's Event, this one, its copy
     assert event["type"] == "Warning"
     assert event["message"].startswith("LLMServerStuck not acted on: circuit_open: restart budget exhausted")
     assert "POST /api/v1/circuit/reset" in event["message"]
