@@ -82,6 +82,7 @@ class TargetStatus:
     process_start_time: float | None = None
     last_restart_time: float | None = None
     gpu_fault: bool = False
+    gpu_fault_detail: str | None = None  # the fault's reason first (`Xid79: ...`), for a human
     # Unhealthy now or within the exporter's last two polls: a straggler of a fleet-wide fault
     # that is clearing still counts against the fleet gate. False from an exporter without it.
     recently_unhealthy: bool = False
@@ -206,6 +207,17 @@ def restarts_in_window(journal: JournalState, policy: GatePolicy, target: str, n
 _UNKNOWN = Decision(False, "unknown_target", "target is not in the remediator's config")
 
 
+def gpu_refusal(status: TargetStatus, policy: GatePolicy) -> str:
+    """What a human reads of a refused GPU fault (the pod's Event): the fault, its node, what to do."""
+    fault = f" ({status.gpu_fault_detail[:300]})" if status.gpu_fault_detail else ""
+    where = f" on node {status.node}" if status.node else ""
+    if policy.gpu_fault_action == "cordon_and_move":
+        todo = "move the workload off it by hand (cordon_and_move needs the pod and node the exporter names)"
+    else:
+        todo = "move the workload off it, or set gpu_fault_action: cordon_and_move"
+    return f"a GPU fault is flagged{fault}{where}; a restart would not help: {todo}"
+
+
 def precheck(alert: AlertFacts, journal: JournalState, policy: GatePolicy, now: float | None = None) -> Decision | None:
     """Steps 1-3, which need no exporter: a refusal, or None when the exporter must be asked.
 
@@ -265,7 +277,7 @@ def decide(
     escalate = False
     if status.gpu_fault:
         if policy.gpu_fault_action != "cordon_and_move" or status.node is None or status.pod is None:
-            return Decision(False, "gpu_fault", "a GPU fault is flagged; a restart would not help")
+            return Decision(False, "gpu_fault", gpu_refusal(status, policy))
         if status.node in journal.gpu_nodes:
             return Decision(False, "gpu_fault", f"a GPU fault is flagged; node {status.node} was already cordoned")
         escalate = True

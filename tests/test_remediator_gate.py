@@ -18,6 +18,7 @@ from remediator.gate import (
     TemplateMatch,
     decide,
     effects_of,
+    gpu_refusal,
 )
 
 T0 = 1_800_000_000.0
@@ -179,6 +180,26 @@ def test_checks_run_in_the_documented_order():
     # a resolved duplicate for an unknown target is first of all resolved
     weird = replace(ALERT, status="resolved", labels=labels(target="zz"))
     assert decide(weird, None, JournalState(decided_keys=frozenset({weird.key})), policy, T0).reason == "not_firing"
+
+
+ADVICE = "a restart would not help: move the workload off it, or set gpu_fault_action: cordon_and_move"
+
+
+@pytest.mark.parametrize("status, policy, detail", [
+    (replace(GPU_POD, gpu_fault_detail="GpuMemWatch: Xid79: GPU has fallen off the bus"), TEMPLATED,
+     f"a GPU fault is flagged (GpuMemWatch: Xid79: GPU has fallen off the bus) on node node-a; {ADVICE}"),
+    (TargetStatus("stuck", OLD, gpu_fault=True), POLICY, f"a GPU fault is flagged; {ADVICE}"),
+    (replace(GPU_POD, gpu_fault_detail="x" * 400), TEMPLATED,
+     f"a GPU fault is flagged ({'x' * 300}) on node node-a; {ADVICE}"),
+    (replace(GPU_POD, pod=None, gpu_fault_detail="SysLogsXIDError: Xid 48"), MOVING,
+     "a GPU fault is flagged (SysLogsXIDError: Xid 48) on node node-a; a restart would not help: move the"
+     " workload off it by hand (cordon_and_move needs the pod and node the exporter names)"),
+], ids=["fault and node", "static target, nothing known", "long fault cut", "cordon_and_move without a pod"])
+def test_a_refused_gpu_fault_says_what_the_fault_is_where_and_what_to_do(status, policy, detail):
+    """The detail is the message of the pod's LLMVitalsGpuFault Event: a human acts on it."""
+    assert gpu_refusal(status, policy) == detail
+    alert = ALERT if status.pod is None and policy is POLICY else POD_ALERT
+    assert decide(alert, fleet(**{alert.target: status}), JOURNAL, policy, T0) == Decision(False, "gpu_fault", detail)
 
 
 def test_decision_unpacks_as_allowed_and_reason():
