@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -30,19 +31,30 @@ class Outcome:
 
 @dataclass
 class Load:
-    """A batch of completions running in background threads."""
+    """Completions running in background threads: a fixed batch, or clients that send until stopped.
+
+    Each future yields one Outcome (a batch's request) or a list of them (a sustained client's).
+    """
 
     futures: list[Future] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     _pool: ThreadPoolExecutor | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
 
     def done(self) -> bool:
         return all(f.done() for f in self.futures)
 
+    def stop(self) -> None:
+        """Send nothing more; the requests in flight run to their end (a no-op for a fixed batch)."""
+        self._stop.set()
+
     def wait(self, timeout: float) -> list[Outcome]:
         """Every request's outcome; TimeoutError when they are not all back in time."""
         deadline = time.monotonic() + timeout
-        outcomes = [f.result(timeout=max(0.1, deadline - time.monotonic())) for f in self.futures]
+        outcomes: list[Outcome] = []
+        for f in self.futures:
+            result = f.result(timeout=max(0.1, deadline - time.monotonic()))
+            outcomes.extend(result if isinstance(result, list) else [result])
         self._pool.shutdown(wait=False)
         return outcomes
 
@@ -82,6 +94,43 @@ def start_load(base_url: str, bodies: list[dict], concurrency: int, path: str = 
     return load
 
 
+def start_sustained_load(
+    base_url: str, body_for: Callable[[int], dict], concurrency: int, max_seconds: float, path: str = "/v1/completions"
+) -> Load:
+    """`concurrency` clients, each sending its next request as soon as the last one answered, until stop().
+
+    The fault drills need work in flight at the moment of the fault whatever the engine's speed: a
+    fixed batch of 32 long generations lasted ~60 s on the AMX Xeon and 19 s on the EPYC, where a
+    starved direct read of /metrics missed all of it. `body_for(n)` gives the n-th request's body.
+    A client stops at its first failure (a dead server is not hammered) and after `max_seconds`.
+    """
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="vllm-sustained")
+    load = Load(_pool=pool)
+    numbers = iter(range(1_000_000))
+    numbers_lock = threading.Lock()
+    give_up_at = time.monotonic() + max_seconds
+
+    def client_loop() -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        # No keep-alive, for the reason given in start_load.
+        with httpx.Client(timeout=REQUEST_TIMEOUT_S, limits=httpx.Limits(max_keepalive_connections=0)) as client:
+            while not load._stop.is_set() and time.monotonic() < give_up_at:
+                with numbers_lock:
+                    body = body_for(next(numbers))
+                began = time.monotonic()
+                try:
+                    answer = client.post(f"{base_url}{path}", json=body)
+                    outcomes.append(Outcome(answer.status_code, time.monotonic() - began, answer.text[:300]))
+                except httpx.HTTPError as exc:
+                    outcomes.append(Outcome(None, time.monotonic() - began, repr(exc)))
+                if outcomes[-1].status != 200:
+                    break
+        return outcomes
+
+    load.futures = [pool.submit(client_loop) for _ in range(concurrency)]
+    return load
+
+
 def long_generations(count: int, max_tokens: int) -> list[dict]:
     """`count` requests that each generate exactly `max_tokens` tokens (ignore_eos)."""
     return [
@@ -90,20 +139,20 @@ def long_generations(count: int, max_tokens: int) -> list[dict]:
     ]
 
 
-def long_prompts(count: int, prompt_tokens: int, max_tokens: int, seed: int = 0) -> list[dict]:
-    """`count` distinct prompts of `prompt_tokens` token ids each (distinct, so prefix caching cannot skip them)."""
+def long_prompt(number: int, prompt_tokens: int, max_tokens: int, seed: int = 0) -> dict:
+    """The `number`-th of a series of prompts of `prompt_tokens` random token ids each.
+
+    Distinct, so that prefix caching cannot skip them.
+    """
     assert prompt_tokens + max_tokens <= MAX_MODEL_LEN
-    rng = random.Random(seed)
-    return [
-        {
-            "model": SERVED_MODEL,
-            "prompt": [rng.randrange(FIRST_ORDINARY_TOKEN, VOCAB) for _ in range(prompt_tokens)],
-            "max_tokens": max_tokens,
-            "ignore_eos": True,
-            "temperature": 0,
-        }
-        for _ in range(count)
-    ]
+    rng = random.Random(f"{seed}-{number}")
+    return {
+        "model": SERVED_MODEL,
+        "prompt": [rng.randrange(FIRST_ORDINARY_TOKEN, VOCAB) for _ in range(prompt_tokens)],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
 
 
 def engine_counter(base_url: str, sample_name: str, labels: dict[str, str] | None = None) -> float:

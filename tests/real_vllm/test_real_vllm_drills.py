@@ -32,9 +32,10 @@ from .load import (
     Load,
     engine_counter,
     long_generations,
-    long_prompts,
+    long_prompt,
     requests_queued_longer_than,
     start_load,
+    start_sustained_load,
     wait_engine_busy,
 )
 from .vllm_server import MAX_MODEL_LEN, MAX_NUM_SEQS, SERVED_MODEL, VllmServer
@@ -48,19 +49,19 @@ SATURATION_TOKENS = 1000
 # seconds each, measured by vLLM itself. A bucket bound of vLLM's queue-time histogram.
 QUEUED_LONGER_THAN = "1.0"
 # The hang and kill drills aim at an engine with work in flight, seen running by a direct read of
-# /metrics before the fault. They keep the saturation drill's 8 requests in flight (2 running, 6
-# waiting) but send more in all: 16-48 requests arriving at once starved vLLM's API server on two
-# cores, so that its /metrics took 10-40 s to answer. Even so, in a clean CI run the test process
-# itself (the load threads, the direct read) was starved for up to 45 s before it saw the engine
-# running: both drills get ~90 s of load. The hang drill waits for its whole load after SIGCONT;
-# the kill drill ends its load at the kill.
+# /metrics before the fault. 8 clients keep 8 requests in flight (2 running,
+# 6 waiting), each sending its next as soon as one answers, until the fault: a fixed batch gave
+# ~90 s of load on the AMX Xeon but 19 s on the EPYC, and a clean CI run there once starved the
+# direct read (each /metrics read slow under 8 requests) until the whole batch was done. More
+# requests at once starved vLLM's API server (its /metrics took 10-40 s). The hang drill stops its
+# clients at SIGCONT and waits for the ones in flight; the kill drills stop them at the kill.
 FAULT_LOAD_CONCURRENCY = 8
-FAULT_LOAD_REQUESTS = 48
-# The hang drill waits for its whole load after SIGCONT: on a box loaded by others (load average
-# 20-29 on 2 cores) 8 of these requests took 97 s, and 48 were not done in 300 s, which also left
-# the next drill no idle engine. 32 still give ~60 s of load on a quiet box; the wait allows 600 s.
-HANG_LOAD_REQUESTS = 32
-HANG_LOAD_WAIT_S = 600
+# No fault waits longer than this for the engine to be seen running (the direct read allows 60 s).
+FAULT_LOAD_MAX_S = 240
+HANG_LOAD_WAIT_S = 300
+# Long prompts for longer than stuck_after, twice over: a batch of 48 ended in 1.6 s on the EPYC,
+# between two polls, which judged nothing.
+LONG_PROMPTS_SECONDS = 2 * STUCK_AFTER_S
 IDLE_WINDOW_S = 15.0
 # Scheduling slack for the exporter's own poll jitter on a loaded box, on top of stuck_after + 2 polls.
 DETECTION_SLACK_S = 1.0
@@ -74,13 +75,20 @@ def kill_under_load(vllm: VllmServer, watcher: Watcher, title: str) -> tuple[flo
     """
     wait_idle(watcher)
     t0 = time.time()
-    load = start_load(vllm.url, long_generations(FAULT_LOAD_REQUESTS, SATURATION_TOKENS), FAULT_LOAD_CONCURRENCY)
+    load = fault_load(vllm)
     wait_engine_busy(vllm.url, load)
     victim = vllm.find(title)
     assert not load.done(), "the load ended before the SIGKILL"
+    load.stop()  # the requests in flight are the ones the kill hits; nothing is sent after it
     t_kill = time.time()
     victim.kill()  # SIGKILL
     return t0, t_kill, load
+
+
+def fault_load(vllm: VllmServer) -> Load:
+    """Long generations kept in flight by FAULT_LOAD_CONCURRENCY clients until the drill stops them."""
+    body = long_generations(1, SATURATION_TOKENS)[0]
+    return start_sustained_load(vllm.url, lambda _n: body, FAULT_LOAD_CONCURRENCY, max_seconds=FAULT_LOAD_MAX_S)
 
 
 def test_engine_serves_the_tiny_model_and_its_metrics(vllm: VllmServer):
@@ -172,13 +180,17 @@ def test_long_prompts_near_max_model_len_are_busy_never_stuck(vllm: VllmServer, 
     before = watcher.latest()
     prompt_tokens, max_tokens = MAX_MODEL_LEN - 24, 16
     t0 = time.time()
-    load = start_load(vllm.url, long_prompts(48, prompt_tokens, max_tokens), concurrency=8)
-    first_busy = watcher.wait_for(lambda s: s.state == "busy", timeout=60, what="busy", after=t0)
-    drill.detected("load to busy", detection_seconds(first_busy, t0))
-    outcomes = load.wait(timeout=300)
+    load = start_sustained_load(
+        vllm.url, lambda n: long_prompt(n, prompt_tokens, max_tokens), concurrency=8, max_seconds=LONG_PROMPTS_SECONDS
+    )
+    outcomes = load.wait(timeout=LONG_PROMPTS_SECONDS + 300)
     t_end = time.time()
     after = wait_idle(watcher, timeout=60)
 
+    # Judged from the exporter's own record of every poll, as the saturation drill is.
+    polls = watcher.exporter.polled_states(t0, t_end)
+    states = [state for _, state in polls]
+    busy_at = [t for t, state in polls if state == "busy"]
     window = [s for s in watcher.since(t0) if s.t <= t_end]
     drill.timeline = watcher.timeline(t0)
     drill.canaries = {"sent": sum(canary_delta(before, after).values()), "by_result": canary_delta(before, after)}
@@ -186,11 +198,15 @@ def test_long_prompts_near_max_model_len_are_busy_never_stuck(vllm: VllmServer, 
         "prompt_tokens": prompt_tokens,
         "requests": len(outcomes),
         "load_seconds": round(t_end - t0, 1),
-        "max_stuck_seconds_seen": max((s.stuck_seconds or 0) for s in window),
+        "polled_states": dict(Counter(states)),
+        "max_stuck_seconds_seen": max(((s.stuck_seconds or 0) for s in window), default=0),
     }
+    assert busy_at, f"the exporter never polled busy during the load ({drill.facts})"
+    drill.detected("load to busy", busy_at[0] - t0)
     assert all(o.status == 200 for o in outcomes), [o.body for o in outcomes if o.status != 200]
+    assert drill.facts["load_seconds"] >= LONG_PROMPTS_SECONDS, "the load was shorter than planned"
+    assert set(states) <= {"idle", "busy"}, drill.facts
     assert "stuck" not in {s.state for s in window}, drill.timeline
-    assert {s.state for s in window} <= {"idle", "busy"}, drill.timeline
     assert drill.facts["max_stuck_seconds_seen"] < STUCK_AFTER_S, drill.facts
 
 
@@ -201,7 +217,7 @@ def test_hang_sigstop_enginecore_is_stuck_then_live_fails_then_recovers(
     restarts_before = watcher.latest().restarts
     restarts_total_before = restarts_total(exporter)
     t0 = time.time()
-    load = start_load(vllm.url, long_generations(HANG_LOAD_REQUESTS, SATURATION_TOKENS), FAULT_LOAD_CONCURRENCY)
+    load = fault_load(vllm)
     wait_engine_busy(vllm.url, load)
     core = vllm.find("VLLM::EngineCore")
     assert not load.done(), "the load ended before the SIGSTOP"
@@ -219,6 +235,7 @@ def test_hang_sigstop_enginecore_is_stuck_then_live_fails_then_recovers(
             lambda s: s.live != 200, timeout=LIVENESS_BUDGET_S + 2 * POLL_INTERVAL_S + 30, what="live 503", after=t_stop
         )
     finally:
+        load.stop()  # the requests held by the SIGSTOP finish after it; no new ones
         t_cont = time.time()
         core.resume()  # SIGCONT
     recovered = watcher.wait_for(

@@ -11,6 +11,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ import pytest
 from .drill_report import Drill, Report
 from .engine_death import death_line, status_name
 from .exporter_process import Sample, Watcher
+from .load import start_sustained_load
 
 REPO = Path(__file__).resolve().parents[2]
 SETUP = REPO / "tools" / "real-vllm-setup.sh"
@@ -189,3 +193,69 @@ def test_death_line_takes_the_signal_from_faulthandler_when_vllm_logged_none():
         "Worker proc VllmWorker-0 died by SIGILL (faulthandler: 'Fatal Python error: Illegal instruction'; "
         "vLLM logged exit code None); vLLM log: (EngineCore pid=2) ERROR"
     )
+
+
+class _CompletionsStandIn(ThreadingHTTPServer):
+    """Answers every POST with `status` after `delay` seconds, and counts the bodies it got."""
+
+    def __init__(self, status: int, delay: float = 0.0):
+        self.status, self.delay, self.bodies = status, delay, []
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with server.lock:
+                    server.bodies.append(body)
+                time.sleep(server.delay)
+                self.send_response(server.status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+def test_sustained_load_keeps_sending_until_stopped_then_lets_the_requests_in_flight_end():
+    server = _CompletionsStandIn(200, delay=0.05)
+    try:
+        load = start_sustained_load(server.url, lambda n: {"n": n}, concurrency=3, max_seconds=60)
+        deadline = time.monotonic() + 10
+        while len(server.bodies) < 12 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not load.done()
+        load.stop()
+        outcomes = load.wait(timeout=10)
+    finally:
+        server.shutdown()
+    assert len(outcomes) == len(server.bodies) >= 12
+    assert {o.status for o in outcomes} == {200}
+    # Every body came from body_for, each number once.
+    assert sorted(b["n"] for b in server.bodies) == list(range(len(server.bodies)))
+
+
+def test_sustained_load_client_stops_at_its_first_failure():
+    server = _CompletionsStandIn(500)
+    try:
+        outcomes = start_sustained_load(server.url, lambda n: {"n": n}, concurrency=2, max_seconds=60).wait(timeout=10)
+    finally:
+        server.shutdown()
+    assert [o.status for o in outcomes] == [500, 500]
+
+
+def test_sustained_load_sends_nothing_after_max_seconds():
+    server = _CompletionsStandIn(200)
+    try:
+        outcomes = start_sustained_load(server.url, lambda n: {"n": n}, concurrency=2, max_seconds=0).wait(timeout=10)
+    finally:
+        server.shutdown()
+    assert outcomes == [] and server.bodies == []
