@@ -534,6 +534,7 @@ async def test_once_the_budget_is_spent_the_circuit_opens_and_the_pod_gets_an_ev
 
     again = running_pod(control_plane, namespace, "vllm-0")  # recreated: a new UID, stuck once more
     exporter.put_pod(namespace, again, "stuck", process_start_time=time.time() - 60)
+    await asyncio.sleep(0.5)  # the replicas reuse an exporter read for up to 0.2 s (else: the old pod's UID)
     payload = alert(target, "fp-circuit", starts_at=time.time())  # the alert's next firing episode
     answers = [await r.webhook(payload) for r in (b, a, b, a)]
     assert [x.status_code for x in answers] == [200] * 4
