@@ -452,6 +452,27 @@ class ControlPlane:
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": f"{kind}Binding", "metadata": meta,
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name}, "subjects": [subject],
         }, ok=(201, 409))
+        self._wait_allowed(namespace, user, rules[0])
+
+    def _wait_allowed(self, namespace: str | None, user: str, rule: Mapping[str, Any], timeout: float = 30.0) -> None:
+        """RBAC reads roles and bindings through informers: a grant takes effect a moment after its
+        writes (long enough on a loaded box for a request right after it to get 403). Wait until a
+        SubjectAccessReview, answered by that same authorizer, allows `user` the rule's first verb."""
+        if not rule.get("resources"):
+            return
+        attributes = {"verb": rule["verbs"][0], "group": rule["apiGroups"][0], "resource": rule["resources"][0]}
+        if rule.get("resourceNames"):
+            attributes["name"] = rule["resourceNames"][0]
+        if namespace:
+            attributes["namespace"] = namespace
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                  "spec": {"user": user, "resourceAttributes": attributes}}
+        deadline = time.monotonic() + timeout
+        while not self.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review)["status"].get(
+                "allowed"):
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(f"RBAC still refuses {user} {attributes} {timeout:g}s after the grant")
+            time.sleep(0.05)
 
     def create_pod(self, namespace: str, name: str, *, labels: Mapping[str, str] | None = None, node: str | None = None,
                    port: int = 8000, port_name: str = "http") -> dict[str, Any]:
