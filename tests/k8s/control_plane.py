@@ -19,6 +19,7 @@ tests/k8s/conftest.py give you a started one and a fresh namespace per test):
     cp.grant(namespace, user, rules)      # a Role + RoleBinding (namespace None: ClusterRole + binding)
     cp.create_pod(ns, name, labels=..., node=None, port=...) -> dict   # a Pending pod (one container)
     cp.play_kubelet(ns, pod, ip="127.0.0.1", ready=True) -> dict       # patch pods/status to Running
+    cp.bind_pod(ns, pod, node) -> None    # play the scheduler: pods/binding sets spec.nodeName
     cp.create_node(name, conditions=...) -> dict   # a Node object (no kubelet behind it)
     cp.audit(verb=, resource=, namespace=, user=) -> list[dict]        # requests seen by the API server
     cp.stop_apiserver(); cp.start_apiserver()      # the same port, etcd kept: an API outage
@@ -484,6 +485,12 @@ class ControlPlane:
         return self.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})}, "spec": spec})
+
+    def bind_pod(self, namespace: str, pod: str, node: str) -> None:
+        """Play the scheduler: bind an unbound pod to `node` (the pods/binding subresource sets spec.nodeName)."""
+        self.request("POST", f"/api/v1/namespaces/{namespace}/pods/{pod}/binding", {
+            "apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
 
     def play_kubelet(self, namespace: str, pod: str, *, ip: str = "127.0.0.1", ready: bool = True) -> dict[str, Any]:
         """Report the pod Running (and Ready) with `podIP`, as its kubelet would: a pods/status patch."""
