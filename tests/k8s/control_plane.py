@@ -37,7 +37,8 @@ PID (its process group): nothing is ever stopped by name.
 Traps of this version (see the fixture recipe): EndpointSlice is `discovery.k8s.io/v1beta1` only;
 Lease MicroTimes need exactly six fractional digits; bound pods (with a nodeName) stay Terminating
 after a plain delete, since no kubelet confirms it (unbound pods go at once); with no
-controller-manager nothing recreates a deleted pod and namespaces never finish deleting.
+controller-manager nothing recreates a deleted pod and namespaces never finish deleting; a probe on
+an init container is refused (native sidecars, as deploy/kubernetes/vllm.yaml's shim, are 1.29+).
 """
 
 from __future__ import annotations
