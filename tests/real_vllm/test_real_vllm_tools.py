@@ -243,19 +243,21 @@ def test_sustained_load_keeps_sending_until_stopped_then_lets_the_requests_in_fl
     assert sorted(b["n"] for b in server.bodies) == list(range(len(server.bodies)))
 
 
-def test_sustained_load_client_stops_at_its_first_failure():
-    server = _CompletionsStandIn(500)
+def _sustained_until_done(status: int, max_seconds: float) -> tuple[list, list]:
+    """Two clients against a stand-in that answers `status`: their outcomes and the bodies it got."""
+    server = _CompletionsStandIn(status)
     try:
-        outcomes = start_sustained_load(server.url, lambda n: {"n": n}, concurrency=2, max_seconds=60).wait(timeout=10)
+        load = start_sustained_load(server.url, lambda n: {"n": n}, concurrency=2, max_seconds=max_seconds)
+        return load.wait(timeout=10), server.bodies
     finally:
         server.shutdown()
+
+
+def test_sustained_load_client_stops_at_its_first_failure():
+    outcomes, _bodies = _sustained_until_done(500, max_seconds=60)
     assert [o.status for o in outcomes] == [500, 500]
 
 
 def test_sustained_load_sends_nothing_after_max_seconds():
-    server = _CompletionsStandIn(200)
-    try:
-        outcomes = start_sustained_load(server.url, lambda n: {"n": n}, concurrency=2, max_seconds=0).wait(timeout=10)
-    finally:
-        server.shutdown()
-    assert outcomes == [] and server.bodies == []
+    outcomes, bodies = _sustained_until_done(200, max_seconds=0)
+    assert outcomes == [] and bodies == []
