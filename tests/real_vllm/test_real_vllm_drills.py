@@ -12,6 +12,7 @@ import time
 from collections import Counter
 
 import httpx
+import psutil
 
 from .drill_report import Drill
 from .exporter_process import (
@@ -59,6 +60,7 @@ FAULT_LOAD_CONCURRENCY = 8
 # No fault waits longer than this for the engine to be seen running (the direct read allows 60 s).
 FAULT_LOAD_MAX_S = 240
 HANG_LOAD_WAIT_S = 300
+SIGSTOP_ATTEMPTS = 5
 # Long prompts for longer than stuck_after, twice over: a batch of 48 ended in 1.6 s on the EPYC,
 # between two polls, which judged nothing.
 LONG_PROMPTS_SECONDS = 2 * STUCK_AFTER_S
@@ -89,6 +91,33 @@ def fault_load(vllm: VllmServer) -> Load:
     """Long generations kept in flight by FAULT_LOAD_CONCURRENCY clients until the drill stops them."""
     body = long_generations(1, SATURATION_TOKENS)[0]
     return start_sustained_load(vllm.url, lambda _n: body, FAULT_LOAD_CONCURRENCY, max_seconds=FAULT_LOAD_MAX_S)
+
+
+def stop_with_work_pending(vllm: VllmServer, core: psutil.Process, load: Load) -> tuple[float, float, int]:
+    """SIGSTOP the engine core at a moment its own page shows work pending; SIGCONT and try again if not.
+
+    Returns when the successful SIGSTOP was sent, the pending count its frozen page shows, and the
+    attempts. vLLM counts only the requests its engine has received: in a clean CI run on the EPYC
+    box the API server, not the engine, was the bottleneck and handed the engine one request at a
+    time, so the engine's gauges fell to 0 between requests while 8 clients waited on the API
+    server. A SIGSTOP there froze a page reading idle; the exporter rightly said idle, and then
+    `unresponsive` when its canaries timed out. This drill is about a hang with work pending, so it
+    reads the frozen page twice, a poll apart (outputs already in the pipe may still land), before
+    it goes on.
+    """
+    for attempt in range(1, SIGSTOP_ATTEMPTS + 1):
+        wait_engine_busy(vllm.url, load)
+        assert not load.done(), "the load ended before the SIGSTOP"
+        t_stop = time.time()
+        core.suspend()
+        readings = []
+        for _ in range(2):
+            time.sleep(POLL_INTERVAL_S)
+            readings.append(sum(engine_counter(vllm.url, f"vllm:num_requests_{g}") for g in ("running", "waiting")))
+        if min(readings) > 0:
+            return t_stop, min(readings), attempt
+        core.resume()
+    raise AssertionError(f"the engine's page read idle at each of {SIGSTOP_ATTEMPTS} SIGSTOPs under load")
 
 
 def test_engine_serves_the_tiny_model_and_its_metrics(vllm: VllmServer):
@@ -218,11 +247,9 @@ def test_hang_sigstop_enginecore_is_stuck_then_live_fails_then_recovers(
     restarts_total_before = restarts_total(exporter)
     t0 = time.time()
     load = fault_load(vllm)
-    wait_engine_busy(vllm.url, load)
     core = vllm.find("VLLM::EngineCore")
-    assert not load.done(), "the load ended before the SIGSTOP"
-    t_stop = time.time()
-    core.suspend()  # SIGSTOP: /health, /v1/models and /metrics keep answering 200, nothing moves
+    # SIGSTOP: /health, /v1/models and /metrics keep answering 200, nothing moves.
+    t_stop, frozen_pending, attempts = stop_with_work_pending(vllm, core, load)
     try:
         stuck = watcher.wait_for(
             lambda s: s.state == "stuck", timeout=STUCK_AFTER_S + 2 * POLL_INTERVAL_S + 30, what="stuck", after=t_stop
@@ -250,6 +277,8 @@ def test_hang_sigstop_enginecore_is_stuck_then_live_fails_then_recovers(
     drill.facts = {
         "stuck_after": STUCK_AFTER_S,
         "stopped_after_load_start_s": round(t_stop - t0, 1),
+        "pending_on_the_frozen_page": frozen_pending,
+        "sigstop_attempts": attempts,
         "stuck_detected_s": drill.detection["seconds"],
         "ready_false_s": round(not_ready.t - t_stop, 1),
         "live_false_s": round(live_fail.t - t_stop, 1),
