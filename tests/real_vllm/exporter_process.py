@@ -162,6 +162,12 @@ class ExporterProcess:
     def log_tail(self) -> str:
         return tail(self._log_path) if self._log_path else ""
 
+    def canary_in_flight(self) -> bool:
+        """Whether the exporter has a canary out now, from its own target record (read directly)."""
+        with httpx.Client(timeout=HTTP_TIMEOUT_S) as client:
+            target = client.get(f"{self.url}/api/v1/targets/{self.target}").json()
+        return bool((target.get("canary") or {}).get("in_flight"))
+
     def polled_states(self, t0: float, t1: float) -> list[tuple[float, str]]:
         """(poll time, verdict) of every poll the exporter made between t0 and t1, from its own history.
 

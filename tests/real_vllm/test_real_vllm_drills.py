@@ -93,31 +93,36 @@ def fault_load(vllm: VllmServer) -> Load:
     return start_sustained_load(vllm.url, lambda _n: body, FAULT_LOAD_CONCURRENCY, max_seconds=FAULT_LOAD_MAX_S)
 
 
-def stop_with_work_pending(vllm: VllmServer, core: psutil.Process, load: Load) -> tuple[float, float, int]:
-    """SIGSTOP the engine core at a moment its own page shows work pending; SIGCONT and try again if not.
+def stop_with_work_pending(
+    vllm: VllmServer, exporter: ExporterProcess, core: psutil.Process, load: Load
+) -> tuple[float, float, int]:
+    """SIGSTOP the engine core when its own page shows work pending and no canary is out; else SIGCONT, again.
 
     Returns when the successful SIGSTOP was sent, the pending count its frozen page shows, and the
-    attempts. vLLM counts only the requests its engine has received: in a clean CI run on the EPYC
+    attempts. vLLM counts only the requests its engine has received: in clean CI runs on the EPYC
     box the API server, not the engine, was the bottleneck and handed the engine one request at a
-    time, so the engine's gauges fell to 0 between requests while 8 clients waited on the API
-    server. A SIGSTOP there froze a page reading idle; the exporter rightly said idle, and then
-    `unresponsive` when its canaries timed out. This drill is about a hang with work pending, so it
-    reads the frozen page twice, a poll apart (outputs already in the pipe may still land), before
-    it goes on.
+    time, so the engine's gauges fell to 0 between requests (once for 10 s) while 8 clients waited
+    on the API server. A SIGSTOP there froze a page reading idle: the exporter rightly said idle,
+    and then `unresponsive` when its canaries timed out. Another time a canary the exporter had
+    rightly sent in such an idle spell was out at the SIGSTOP and timed out during the hang. This
+    drill is about a hang with work pending and no canary, so it checks both on the frozen page,
+    read twice a poll apart (outputs already in the pipe may still land), before it goes on.
     """
     for attempt in range(1, SIGSTOP_ATTEMPTS + 1):
         wait_engine_busy(vllm.url, load)
         assert not load.done(), "the load ended before the SIGSTOP"
+        if exporter.canary_in_flight():
+            continue
         t_stop = time.time()
         core.suspend()
         readings = []
         for _ in range(2):
             time.sleep(POLL_INTERVAL_S)
             readings.append(sum(engine_counter(vllm.url, f"vllm:num_requests_{g}") for g in ("running", "waiting")))
-        if min(readings) > 0:
+        if min(readings) > 0 and not exporter.canary_in_flight():
             return t_stop, min(readings), attempt
         core.resume()
-    raise AssertionError(f"the engine's page read idle at each of {SIGSTOP_ATTEMPTS} SIGSTOPs under load")
+    raise AssertionError(f"no SIGSTOP in {SIGSTOP_ATTEMPTS} found work pending on the engine's page and no canary out")
 
 
 def test_engine_serves_the_tiny_model_and_its_metrics(vllm: VllmServer):
@@ -249,7 +254,7 @@ def test_hang_sigstop_enginecore_is_stuck_then_live_fails_then_recovers(
     load = fault_load(vllm)
     core = vllm.find("VLLM::EngineCore")
     # SIGSTOP: /health, /v1/models and /metrics keep answering 200, nothing moves.
-    t_stop, frozen_pending, attempts = stop_with_work_pending(vllm, core, load)
+    t_stop, frozen_pending, attempts = stop_with_work_pending(vllm, exporter, core, load)
     try:
         stuck = watcher.wait_for(
             lambda s: s.state == "stuck", timeout=STUCK_AFTER_S + 2 * POLL_INTERVAL_S + 30, what="stuck", after=t_stop
