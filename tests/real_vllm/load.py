@@ -59,6 +59,16 @@ class Load:
         return outcomes
 
 
+def post(client: httpx.Client, url: str, body: dict) -> Outcome:
+    """One request's outcome: its status and time, or no status when the connection failed."""
+    began = time.monotonic()
+    try:
+        answer = client.post(url, json=body)
+        return Outcome(answer.status_code, time.monotonic() - began, answer.text[:300])
+    except httpx.HTTPError as exc:
+        return Outcome(None, time.monotonic() - began, repr(exc))
+
+
 def start_load(base_url: str, bodies: list[dict], concurrency: int, path: str = "/v1/completions") -> Load:
     """POST the bodies to `path` with `concurrency` requests in flight; returns at once.
 
@@ -73,12 +83,8 @@ def start_load(base_url: str, bodies: list[dict], concurrency: int, path: str = 
     remaining = threading.Semaphore(0)
 
     def one(body: dict) -> Outcome:
-        began = time.monotonic()
         try:
-            answer = client.post(f"{base_url}{path}", json=body)
-            return Outcome(answer.status_code, time.monotonic() - began, answer.text[:300])
-        except httpx.HTTPError as exc:
-            return Outcome(None, time.monotonic() - began, repr(exc))
+            return post(client, f"{base_url}{path}", body)
         finally:
             remaining.release()
 
@@ -117,12 +123,7 @@ def start_sustained_load(
             while not load._stop.is_set() and time.monotonic() < give_up_at:
                 with numbers_lock:
                     body = body_for(next(numbers))
-                began = time.monotonic()
-                try:
-                    answer = client.post(f"{base_url}{path}", json=body)
-                    outcomes.append(Outcome(answer.status_code, time.monotonic() - began, answer.text[:300]))
-                except httpx.HTTPError as exc:
-                    outcomes.append(Outcome(None, time.monotonic() - began, repr(exc)))
+                outcomes.append(post(client, f"{base_url}{path}", body))
                 if outcomes[-1].status != 200:
                     break
         return outcomes
@@ -155,17 +156,20 @@ def long_prompt(number: int, prompt_tokens: int, max_tokens: int, seed: int = 0)
     }
 
 
-def engine_counter(base_url: str, sample_name: str, labels: dict[str, str] | None = None) -> float:
+def engine_counter(base_url: str, sample_name: str | tuple[str, ...], labels: dict[str, str] | None = None) -> float:
     """Sum of one sample of the engine's own /metrics over its label sets (e.g. every finished_reason).
 
-    `labels` keeps only the label sets that carry those values, e.g. one histogram bucket's `le`.
+    Several sample names are summed from one read of the page (e.g. running + waiting as of one
+    moment). `labels` keeps only the label sets that carry those values, e.g. one histogram
+    bucket's `le`.
     """
+    names = (sample_name,) if isinstance(sample_name, str) else sample_name
     page = httpx.get(f"{base_url}/metrics", timeout=METRICS_TIMEOUT_S).text
     wanted = (labels or {}).items()
     total = 0.0
     for family in text_string_to_metric_families(page):
         for s in family.samples:
-            if s.name == sample_name and wanted <= s.labels.items():
+            if s.name in names and wanted <= s.labels.items():
                 total += s.value
     return total
 

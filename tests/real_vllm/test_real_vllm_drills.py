@@ -118,7 +118,7 @@ def stop_with_work_pending(
         readings = []
         for _ in range(2):
             time.sleep(POLL_INTERVAL_S)
-            readings.append(sum(engine_counter(vllm.url, f"vllm:num_requests_{g}") for g in ("running", "waiting")))
+            readings.append(engine_counter(vllm.url, ("vllm:num_requests_running", "vllm:num_requests_waiting")))
         if min(readings) > 0 and not exporter.canary_in_flight():
             return t_stop, min(readings), attempt
         core.resume()
