@@ -15,8 +15,8 @@ the scale, is written to .cache/k8s-deployment-listing.txt (the README quotes a 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from stack import ManagedProcess
 from demo.ports import free_port
 
 from .control_plane import REPO, ControlPlane
+from .waits import wait_until
 
 EXPORTER = "llm-vitals-exporter"
 MANIFESTS = REPO / "deploy" / "kubernetes"
@@ -81,17 +82,8 @@ async def start_backends(run_dir: Path, http: httpx.AsyncClient) -> tuple[list[M
     raise AssertionError("unreachable")
 
 
-async def until(predicate, timeout: float, what: str) -> Any:
-    """Poll the async `predicate` until truthy; fail with `what` and its last value after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            last = await predicate()
-            if last:
-                return last
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last: {last!r}")
+# The servers polled here may not answer yet: an HTTP error is "not yet".
+until = partial(wait_until, interval=0.1, retry_on=(httpx.HTTPError,))
 
 
 async def running(http: httpx.AsyncClient, url: str) -> bool:

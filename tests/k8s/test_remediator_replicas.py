@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +44,7 @@ from .replicas import (
     pod_deletes,
     start_replicas,
 )
-
-
-async def wait_until(predicate: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await predicate()
-        if last:
-            return last
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last: {last!r}")
+from .waits import wait_until
 
 
 @pytest.fixture
@@ -394,13 +384,6 @@ def pods_of(control_plane: ControlPlane, namespace: str, app: str) -> list[dict[
     return control_plane.request("GET", f"/api/v1/namespaces/{namespace}/pods?labelSelector=app%3D{app}")["items"]
 
 
-def bind(control_plane: ControlPlane, namespace: str, pod: str, node: str) -> None:
-    """Play the scheduler: bind the pod to `node` (pods/binding)."""
-    control_plane.request("POST", f"/api/v1/namespaces/{namespace}/pods/{pod}/binding", {
-        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod},
-        "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
-
-
 async def test_gpu_fault_cordons_taints_and_moves_the_pod_once_and_leaves_a_node_cordoned_by_others_alone(
         controller_manager: ControlPlane, namespace: str, exporter: ExporterStandIn, replicas) -> None:
     """With the controller-manager (deployment, replicaset, serviceaccount controllers) and two Node
@@ -413,7 +396,7 @@ async def test_gpu_fault_cordons_taints_and_moves_the_pod_once_and_leaves_a_node
     replica_set(cp, namespace, "vllm")
     (pod,) = await wait_until(lambda: asyncio.sleep(0, pods_of(cp, namespace, "vllm")), 60, "the ReplicaSet's pod")
     name = pod["metadata"]["name"]
-    bind(cp, namespace, name, node_a)
+    cp.bind_pod(namespace, name, node_a)
     pod = cp.play_kubelet(namespace, name)
     assert pod["spec"]["nodeName"] == node_a
     target = exporter.put_pod(namespace, pod, "stuck", gpu_fault=True, gpu_fault_detail="GpuMemWatch: Xid79: GPU has fallen off the bus")
