@@ -33,7 +33,7 @@ lint: install
 # watches your servers instead of the simulated fleet; `make demo CONFIG=` forces the simulation.
 CONFIG ?= $(wildcard exporter.yaml)
 demo: install
-	$(BIN)/python -m demo$(if $(CONFIG), --config $(CONFIG))
+	$(BIN)/python -m llm_vitals.demo$(if $(CONFIG), --config $(CONFIG))
 
 # The real-Docker tier (tests/real_docker/): its own dockerd (own socket, data root, pid file, no
 # bridge), the image built on a Debian base made locally (cached outside the clone), the compose

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from k8s.control_plane import ControlPlane, missing  # noqa: E402
 
-from demo.ports import free_port  # noqa: E402
+from llm_vitals.demo.ports import free_port  # noqa: E402
 
 SELECTOR = {"app": "vllm"}
 

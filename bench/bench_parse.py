@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from exporter.engines.vllm import parse_page  # noqa: E402
+from llm_vitals.exporter.engines.vllm import parse_page  # noqa: E402
 
 PAGE = REPO / "tests" / "fixtures" / "vllm" / "vllm-0.32.0-cpu-metrics-busy.txt"
 

@@ -144,7 +144,7 @@ def main() -> int:
         exporter = None
         try:
             wait_http(f"http://127.0.0.1:{page_port}/t0/metrics")
-            exporter = subprocess.Popen([sys.executable, "-m", "exporter.cli", "--config", str(config)], env=env, cwd=REPO)
+            exporter = subprocess.Popen([sys.executable, "-m", "llm_vitals.exporter.cli", "--config", str(config)], env=env, cwd=REPO)
             wait_http(f"http://127.0.0.1:{exporter_port}/healthz")
             time.sleep(args.warmup)
             process = psutil.Process(exporter.pid)

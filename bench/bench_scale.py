@@ -1,5 +1,5 @@
 """One exporter at 1,000 and 5,000 targets, the /metrics page rendered whole per scrape (the old
-renderer, `--full-render`) against each target's lines kept per poll (exporter/page.py), side by side.
+renderer, `--full-render`) against each target's lines kept per poll (llm_vitals/exporter/page.py), side by side.
 
 For each (targets, renderer), on a fresh exporter (its real CLI, in a process of its own) polling a
 fake fleet (bench/fleet_pages.py: one niced process answering every target from prebuilt bytes) every
@@ -203,7 +203,7 @@ def measure(targets: int, renderer: str, fleet_port: int, fleet: psutil.Process,
                   for i in range(targets)]
         config.write_text("\n".join(lines) + "\n")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-        exporter = subprocess.Popen([sys.executable, "-m", "exporter.cli", "--config", str(config), *RENDERERS[renderer]],
+        exporter = subprocess.Popen([sys.executable, "-m", "llm_vitals.exporter.cli", "--config", str(config), *RENDERERS[renderer]],
                                     env=env, cwd=REPO, start_new_session=True)
         try:
             wait_http(f"http://127.0.0.1:{port}/healthz")
@@ -241,11 +241,11 @@ def page_steps(targets: int) -> dict[str, tuple[float, float]]:
     page, per renderer, at `targets` busy targets (thread CPU time: the box's load does not count)."""
     from dataclasses import replace
 
-    from exporter.collector import read, render_families
-    from exporter.engines import Snapshot
-    from exporter.page import page_pieces, refresh
-    from exporter.settings import parse_settings
-    from exporter.state import StateStore
+    from llm_vitals.exporter.collector import read, render_families
+    from llm_vitals.exporter.engines import Snapshot
+    from llm_vitals.exporter.page import page_pieces, refresh
+    from llm_vitals.exporter.settings import parse_settings
+    from llm_vitals.exporter.state import StateStore
 
     now = time.time()
     store = StateStore(parse_settings({"targets": [{"name": f"t{i}", "url": f"http://127.0.0.1:9/t{i}"}

@@ -1,6 +1,6 @@
 """Webhook answer latency under a 500-POST storm (target: p99 <= 50 ms).
 
-The remediator runs as a real subprocess (`python -m remediator`) with its SQLite journal on disk,
+The remediator runs as a real subprocess (`python -m llm_vitals.remediator`) with its SQLite journal on disk,
 re-checking a loopback exporter and restarting through the real `http` executor against a
 counting endpoint. Two storms are sent, each of 500 POSTs with `--concurrency` in flight:
 
@@ -100,7 +100,7 @@ async def start_remediator(workdir: Path, upstream_port: int) -> tuple[asyncio.s
     (workdir / "remediator.yaml").write_text(json.dumps(config))  # JSON is YAML
     with (workdir / "remediator.log").open("wb") as log:  # the child keeps its own copy of the fd
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "remediator", "--config", str(workdir / "remediator.yaml"), "--log-level", "warning",
+            sys.executable, "-m", "llm_vitals.remediator", "--config", str(workdir / "remediator.yaml"), "--log-level", "warning",
             cwd=REPO, stdout=log, stderr=log, env={**os.environ, "BENCH_TOKEN": TOKEN},
         )
     base = f"http://127.0.0.1:{port}"

@@ -38,13 +38,13 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from demo.alert_rule import ALERT_FOR_STATE, RuleState, evaluate  # noqa: E402
-from exporter.engines import Snapshot  # noqa: E402
-from exporter.settings import TargetSettings  # noqa: E402
-from exporter.verdict import CanaryOutcome, PollError, Verdict, canary_due, initial, judge, record_canary  # noqa: E402
-from remediator import gate, shared  # noqa: E402
-from simulator.config import SimConfig  # noqa: E402
-from simulator.engine import Engine, SimRequest  # noqa: E402
+from llm_vitals.demo.alert_rule import ALERT_FOR_STATE, RuleState, evaluate  # noqa: E402
+from llm_vitals.exporter.engines import Snapshot  # noqa: E402
+from llm_vitals.exporter.settings import TargetSettings  # noqa: E402
+from llm_vitals.exporter.verdict import CanaryOutcome, PollError, Verdict, canary_due, initial, judge, record_canary  # noqa: E402
+from llm_vitals.remediator import gate, shared  # noqa: E402
+from llm_vitals.sim.config import SimConfig  # noqa: E402
+from llm_vitals.sim.engine import Engine, SimRequest  # noqa: E402
 
 TARGET = "gpu-a"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.ports import free_port  # noqa: F401 -- the tests' one free-port helper, shared with the demo
+from llm_vitals.demo.ports import free_port  # noqa: F401 -- the tests' one free-port helper, shared with the demo
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"

@@ -35,7 +35,7 @@ import yaml
 # `tests/` is on sys.path under pytest (rootdir conftest, prepend import mode), as in the other tests.
 from conftest import REPO, free_port, require_binary
 
-from demo.processes import Child, StartError
+from llm_vitals.demo.processes import Child, StartError
 
 RULES_FILE = REPO / "alerts" / "llm-vitals.rules.yml"
 ALERTMANAGER_EXAMPLE = REPO / "alerts" / "alertmanager.yml"

@@ -179,7 +179,7 @@ def test_alertmanager_routes_an_alert_to_the_remediator_only_with_the_restart_la
 def test_remediator_route_repeats_less_often_than_the_remediator_cools_down():
     """A re-send of a still-firing alert must arrive after the global cooldown, not inside it."""
     from llm_vitals.durations import parse_duration
-    from remediator.settings import Settings
+    from llm_vitals.remediator.settings import Settings
 
     config = yaml.safe_load(ALERTMANAGER_FILE.read_text())
     route = next(r for r in config["route"]["routes"] if r["receiver"] == REMEDIATOR_RECEIVER)

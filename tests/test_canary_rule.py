@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.engines import Snapshot
-from exporter.settings import TargetSettings
-from exporter.verdict import ModelsOk, Observation, PollError, canary_due, initial, judge
+from llm_vitals.exporter.engines import Snapshot
+from llm_vitals.exporter.settings import TargetSettings
+from llm_vitals.exporter.verdict import ModelsOk, Observation, PollError, canary_due, initial, judge
 
 T0 = 1000.0
 POLL = 5.0

@@ -16,8 +16,8 @@ from conftest import REPO
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-import exporter.settings as exporter_settings
-import remediator.settings as remediator_settings
+import llm_vitals.exporter.settings as exporter_settings
+import llm_vitals.remediator.settings as remediator_settings
 from llm_vitals.durations import parse_duration
 
 PAGE = REPO / "docs" / "configuration.md"
@@ -128,5 +128,5 @@ def test_each_section_lists_exactly_its_keys_with_their_defaults(section: str, m
 
 def test_the_readme_and_both_examples_point_to_the_reference() -> None:
     assert "docs/configuration.md" in (REPO / "README.md").read_text()
-    for example in (REPO / "exporter" / "example.yaml", REPO / "remediator" / "example.yaml"):
+    for example in (REPO / "llm_vitals" / "exporter" / "example.yaml", REPO / "llm_vitals" / "remediator" / "example.yaml"):
         assert "docs/configuration.md" in Path(example).read_text(), example

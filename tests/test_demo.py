@@ -1,4 +1,4 @@
-"""`python -m demo --once`: the README's first command tells its story, and the journal agrees.
+"""`python -m llm_vitals.demo --once`: the README's first command tells its story, and the journal agrees.
 
 The demo runs as users run it (a subprocess with its own children), with the compressed timings of
 `--fast` and kernel-chosen ports, so it can run beside other tests. The story's outcome is read
@@ -21,7 +21,7 @@ import urllib.request
 import pytest
 from conftest import REPO, free_port, real_stack_required, require_binary
 
-from demo.ports import MIXED_ENGINES
+from llm_vitals.demo.ports import MIXED_ENGINES
 
 
 # Real Prometheus + Alertmanager when installed; no xdist group: free ports and its own workdir,
@@ -32,7 +32,7 @@ def test_demo_once_tells_the_story(tmp_path) -> None:
     workdir = tmp_path / "run"
     # Under .ci/run the real alert path is required; elsewhere the demo falls back to its relay.
     alert_path = "prometheus" if real_stack_required() else "auto"
-    argv = [sys.executable, "-m", "demo", "--once", "--fast", "--no-table", "--free-ports",
+    argv = [sys.executable, "-m", "llm_vitals.demo", "--once", "--fast", "--no-table", "--free-ports",
             "--alerts", alert_path, "--workdir", str(workdir), "--summary-json", str(summary_path)]
     try:
         run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=240,
@@ -96,7 +96,7 @@ def test_demo_with_a_config_of_your_own_watches_those_servers_and_starts_nothing
     # demo prints their state changes, and Ctrl-C stops the one process it started.
     server_port, exporter_port = free_port(), free_port()
     # --no-control: the control server would take server_port + 1, which nothing reserved for it.
-    server = subprocess.Popen([sys.executable, "-m", "simulator.cli", "--backends", "1", "--port", str(server_port),
+    server = subprocess.Popen([sys.executable, "-m", "llm_vitals.sim.cli", "--backends", "1", "--port", str(server_port),
                                "--no-control", "--log-level", "warning"], cwd=REPO, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     config = tmp_path / "exporter.yaml"
@@ -107,7 +107,7 @@ targets:
   - {{name: mine, url: "http://127.0.0.1:{server_port}"}}
   - {{name: gone, url: "http://127.0.0.1:{free_port()}", startup_grace: 1s}}
 """)
-    demo = subprocess.Popen([sys.executable, "-m", "demo", "--config", str(config), "--no-table"], cwd=REPO, text=True,
+    demo = subprocess.Popen([sys.executable, "-m", "llm_vitals.demo", "--config", str(config), "--no-table"], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in demo.stdout], daemon=True).start()
@@ -145,20 +145,20 @@ targets:
 def test_make_demo_passes_a_config_of_your_own_and_none_by_default() -> None:
     def demo_line(*make_args: str) -> str:
         out = subprocess.run(["make", "-n", "demo", *make_args], cwd=REPO, capture_output=True, text=True, check=True)
-        return next(line for line in out.stdout.splitlines() if "-m demo" in line)
+        return next(line for line in out.stdout.splitlines() if "-m llm_vitals.demo" in line)
 
-    assert demo_line("CONFIG=own.yaml").endswith("-m demo --config own.yaml")
-    assert demo_line("CONFIG=").endswith("-m demo")  # forces the simulated fleet even with ./exporter.yaml
+    assert demo_line("CONFIG=own.yaml").endswith("-m llm_vitals.demo --config own.yaml")
+    assert demo_line("CONFIG=").endswith("-m llm_vitals.demo")  # forces the simulated fleet even with ./exporter.yaml
 
 
 @pytest.mark.parametrize("fast", [False, True], ids=["normal", "fast"])
 def test_demo_configs_pass_the_real_config_checks(tmp_path, fast) -> None:
     """Every file the demo writes, at both paces: the story above runs only `--fast`, `make demo` the normal one."""
-    from demo.configs import TOKEN_ENV, write_all
-    from demo.ports import choose_ports
-    from demo.timings import FAST, NORMAL
-    from exporter.settings import load_settings as load_exporter_settings
-    from remediator.settings import load_settings as load_remediator_settings
+    from llm_vitals.demo.configs import TOKEN_ENV, write_all
+    from llm_vitals.demo.ports import choose_ports
+    from llm_vitals.demo.timings import FAST, NORMAL
+    from llm_vitals.exporter.settings import load_settings as load_exporter_settings
+    from llm_vitals.remediator.settings import load_settings as load_remediator_settings
 
     ports, _ = choose_ports(prefer_defaults=False)
     files = write_all(tmp_path, ports, FAST if fast else NORMAL, "t0ken")
@@ -178,9 +178,9 @@ async def test_relay_posts_alertmanager_v4_webhooks_like_alertmanager(aiohttp_se
     import aiohttp
     from aiohttp import web
 
-    from demo.alerts import WebhookRelay
-    from demo.timings import FAST
-    from remediator.payload import WebhookPayload
+    from llm_vitals.demo.alerts import WebhookRelay
+    from llm_vitals.demo.timings import FAST
+    from llm_vitals.remediator.payload import WebhookPayload
 
     received: list[tuple[str | None, WebhookPayload]] = []
 

@@ -17,9 +17,9 @@ import pytest
 import yaml
 from conftest import REPO, require_binary
 
-from exporter.settings import ExporterSettings
-from remediator.settings import DockerTarget
-from remediator.settings import Settings as RemediatorSettings
+from llm_vitals.exporter.settings import ExporterSettings
+from llm_vitals.remediator.settings import DockerTarget
+from llm_vitals.remediator.settings import Settings as RemediatorSettings
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
 COMPOSE = yaml.safe_load(COMPOSE_FILE.read_text())
@@ -207,7 +207,7 @@ def test_the_real_cli_accepts_the_mounted_configs(program):
     """What the container runs: `llm-vitals-<program> --check-config` on the same files."""
     env = {**os.environ, "LLM_VITALS_WEBHOOK_TOKEN": "test-token-not-a-secret"}
     # One interpreter for both files: importing the app is most of the cost.
-    code = (f"import sys; from {program}.cli import main\n"
+    code = (f"import sys; from llm_vitals.{program}.cli import main\n"
             "sys.exit(max(main(['--check-config', '--config', path]) for path in sys.argv[1:]))")
     configs = [str(CONFIG_DIR / f"{program}.yaml"), str(CONFIG_DIR / f"{program}.gpu.yaml")]
     result = subprocess.run([sys.executable, "-c", code, *configs], capture_output=True, text=True,

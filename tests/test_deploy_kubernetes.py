@@ -16,9 +16,9 @@ import pytest
 import yaml
 from conftest import REPO, load_script
 
-from exporter.app import create_app
-from exporter.settings import ExporterSettings, parse_settings
-from remediator.settings import Settings as RemediatorSettings
+from llm_vitals.exporter.app import create_app
+from llm_vitals.exporter.settings import ExporterSettings, parse_settings
+from llm_vitals.remediator.settings import Settings as RemediatorSettings
 
 K8S = REPO / "deploy" / "kubernetes"
 # Native sidecars (initContainers with restartPolicy: Always) need 1.29; check a recent one too.
@@ -229,7 +229,7 @@ def test_remediator_rbac_is_exactly_the_verbs_it_uses():
 
 
 def test_exporter_rbac_is_exactly_the_node_watch_and_pod_discovery():
-    """The node watch (exporter/node_watch.py) lists and watches Nodes; pod discovery lists and watches
+    """The node watch (llm_vitals/exporter/node_watch.py) lists and watches Nodes; pod discovery lists and watches
     the pods of its namespace; nothing else. tests/k8s/ runs both with exactly these rules."""
     assert _one("ClusterRole", "llm-vitals-exporter-nodes")["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]

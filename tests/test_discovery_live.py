@@ -17,8 +17,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from test_exporter_helpers import FakeVllm, make_settings, make_target, record, start_exporter, wait_for
 
-from demo.ports import free_port
-from exporter.keys import STORE
+from llm_vitals.demo.ports import free_port
+from llm_vitals.exporter.keys import STORE
 
 
 async def upstreams(aiohttp_server, n: int) -> list[str]:
@@ -121,7 +121,7 @@ async def test_reload_applies_a_good_file_and_refuses_a_broken_one(aiohttp_clien
     config = tmp_path / "exporter.yaml"
     base = {"listen": "127.0.0.1:0", "poll_interval": 0.2, "targets": [make_target("a", f"http://{a}")]}
     write_config(config, base)
-    from exporter.settings import load_settings
+    from llm_vitals.exporter.settings import load_settings
 
     client = await start_exporter(aiohttp_client, load_settings(config, environ={}), config_path=config)
     await wait_for(lambda: record(client, "a").polls, what="a polled")
@@ -175,7 +175,7 @@ def test_sighup_reloads_a_running_exporter(tmp_path) -> None:
     config = tmp_path / "exporter.yaml"
     write_config(config, {"listen": f"127.0.0.1:{port}", "targets": [{"name": "a", "url": "http://127.0.0.1:9"}]})
     log = open(tmp_path / "exporter.log", "wb")  # noqa: SIM115 -- the child's whole life
-    proc = subprocess.Popen([sys.executable, "-m", "exporter.cli", "--config", str(config)], stdout=log,
+    proc = subprocess.Popen([sys.executable, "-m", "llm_vitals.exporter.cli", "--config", str(config)], stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -212,9 +212,9 @@ def test_sighup_reloads_a_running_exporter(tmp_path) -> None:
 
 
 async def test_a_late_report_from_a_stopped_source_brings_nothing_back(aiohttp_client, tmp_path) -> None:
-    from exporter.discovery.manager import SourceStatus
-    from exporter.discovery.targetset import build_target
-    from exporter.keys import DISCOVERY
+    from llm_vitals.exporter.discovery.manager import SourceStatus
+    from llm_vitals.exporter.discovery.targetset import build_target
+    from llm_vitals.exporter.keys import DISCOVERY
 
     sd = tmp_path / "targets.json"
     write_sd(sd, [{"targets": ["127.0.0.1:9"], "labels": {"__llm_vitals_name": "x"}}])

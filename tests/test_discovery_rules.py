@@ -6,10 +6,10 @@ from collections import Counter
 
 import pytest
 
-from exporter.discovery.file_sd import FileSdError, parse_file_sd
-from exporter.discovery.kubernetes import PodView, api_error, pod_port, pod_target, pod_view
-from exporter.discovery.targetset import DiscoveredTarget, build_target, desired, in_shard, reconcile, shard_of
-from exporter.settings import KubernetesDiscovery, ShardSettings, TargetSettings, parse_settings
+from llm_vitals.exporter.discovery.file_sd import FileSdError, parse_file_sd
+from llm_vitals.exporter.discovery.kubernetes import PodView, api_error, pod_port, pod_target, pod_view
+from llm_vitals.exporter.discovery.targetset import DiscoveredTarget, build_target, desired, in_shard, reconcile, shard_of
+from llm_vitals.exporter.settings import KubernetesDiscovery, ShardSettings, TargetSettings, parse_settings
 
 
 def static(name: str, port: int = 9000) -> TargetSettings:

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.engines import Page, PageError
-from exporter.engines.llamacpp import ENGINE, RESTART_HEADER, parse, parse_text
-from exporter.engines.table import ENGINES, read_page
-from exporter.settings import TargetSettings
-from exporter.verdict import PollError, judge
+from llm_vitals.exporter.engines import Page, PageError
+from llm_vitals.exporter.engines.llamacpp import ENGINE, RESTART_HEADER, parse, parse_text
+from llm_vitals.exporter.engines.table import ENGINES, read_page
+from llm_vitals.exporter.settings import TargetSettings
+from llm_vitals.exporter.verdict import PollError, judge
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llamacpp"
 PREFIX = "llamacpp-0c1e570-cpu-"

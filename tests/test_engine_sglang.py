@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.engines import Page, PageError, Snapshot
-from exporter.engines.sglang import ENGINE, WORK_ROUTES, parse_text
-from exporter.engines.table import ENGINES, read_page
-from exporter.settings import TargetSettings
-from exporter.verdict import PollError, Verdict, judge, progressed
+from llm_vitals.exporter.engines import Page, PageError, Snapshot
+from llm_vitals.exporter.engines.sglang import ENGINE, WORK_ROUTES, parse_text
+from llm_vitals.exporter.engines.table import ENGINES, read_page
+from llm_vitals.exporter.settings import TargetSettings
+from llm_vitals.exporter.verdict import PollError, Verdict, judge, progressed
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sglang"
 VLLM_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm"

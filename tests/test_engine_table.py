@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VLLM_FIXTURES
 
-from exporter.engines import Page, PageError
-from exporter.engines.table import ENGINES, engine_of, identify, read_page
-from exporter.settings import EngineName, TargetSettings
-from exporter.verdict import PollError, judge
+from llm_vitals.exporter.engines import Page, PageError
+from llm_vitals.exporter.engines.table import ENGINES, engine_of, identify, read_page
+from llm_vitals.exporter.settings import EngineName, TargetSettings
+from llm_vitals.exporter.verdict import PollError, judge
 
 IDLE_PAGE = (VLLM_FIXTURES / "vllm-0.32.0-cpu-metrics-idle.txt").read_bytes()
 LLAMACPP_PAGE = b"""# HELP llamacpp:requests_processing Number of requests processing.
@@ -81,7 +81,7 @@ def test_a_page_of_no_known_engine_is_left_to_the_adapter() -> None:
 def test_the_restart_header_becomes_an_opaque_token_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
     from dataclasses import replace
 
-    from exporter.engines import Snapshot
+    from llm_vitals.exporter.engines import Snapshot
 
     entry = replace(engine_of("llamacpp"), parse=lambda page: Snapshot(0, 0))
     assert entry.restart_header == "Process-Start-Time-Unix"
@@ -94,8 +94,8 @@ def test_vllm_pages_carry_no_token() -> None:
     assert read_page(engine_of("vllm"), Page(IDLE_PAGE, {"Process-Start-Time-Unix": "1"})).restart_token is None
 
 
-@pytest.mark.parametrize("path", ["exporter/poller.py", "exporter/verdict.py", "exporter/canary.py",
-                                  "exporter/state.py", "exporter/collector.py"])
+@pytest.mark.parametrize("path", ["llm_vitals/exporter/poller.py", "llm_vitals/exporter/verdict.py", "llm_vitals/exporter/canary.py",
+                                  "llm_vitals/exporter/state.py", "llm_vitals/exporter/collector.py"])
 def test_no_module_outside_the_table_branches_on_an_engine_name(path: str) -> None:
     text = Path(REPO / path).read_text()
     assert not re.search(r"""engine\s*(==|!=|in)\s*["'(\[]""", text), f"{path} branches on an engine name"

@@ -6,11 +6,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tgi_pages import FIXTURES, PAGES, render
 
-from exporter.engines import Page, PageError, Snapshot
-from exporter.engines.table import ENGINES, read_page
-from exporter.engines.tgi import parse_text
-from exporter.settings import TargetSettings
-from exporter.verdict import Verdict, judge
+from llm_vitals.exporter.engines import Page, PageError, Snapshot
+from llm_vitals.exporter.engines.table import ENGINES, read_page
+from llm_vitals.exporter.engines.tgi import parse_text
+from llm_vitals.exporter.settings import TargetSettings
+from llm_vitals.exporter.verdict import Verdict, judge
 
 TGI = ENGINES["tgi"]
 
@@ -89,8 +89,8 @@ def test_a_page_with_only_the_startup_gauge_is_idle() -> None:
 async def test_the_simulated_tgi_page_has_the_families_and_types_of_the_built_pages() -> None:
     import httpx
 
-    from simulator.config import SimConfig
-    from simulator.fleet import Fleet
+    from llm_vitals.sim.config import SimConfig
+    from llm_vitals.sim.fleet import Fleet
 
     def shapes(text: str) -> dict[str, str]:
         return {f.name: f.type for f in text_string_to_metric_families(text)}

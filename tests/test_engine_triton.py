@@ -14,11 +14,11 @@ import pytest
 from conftest import FIXTURES, VLLM_FIXTURES
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.engines import Page, PageError
-from exporter.engines.table import engine_of, read_page
-from exporter.engines.triton import canary_wrong, parse_text
-from exporter.settings import TargetSettings
-from exporter.verdict import PollError, is_ready, judge
+from llm_vitals.exporter.engines import Page, PageError
+from llm_vitals.exporter.engines.table import engine_of, read_page
+from llm_vitals.exporter.engines.triton import canary_wrong, parse_text
+from llm_vitals.exporter.settings import TargetSettings
+from llm_vitals.exporter.verdict import PollError, is_ready, judge
 
 TRITON = FIXTURES / "triton"
 REAL = "triton-2.51.0-cpu-metrics-{}.txt"
@@ -216,7 +216,7 @@ def test_a_canary_request_the_engine_cannot_use_is_a_config_error(config: dict, 
 
 
 def test_the_module_docstring_sample_is_a_real_page() -> None:
-    import exporter.engines.triton as adapter
+    import llm_vitals.exporter.engines.triton as adapter
 
     lines = [line.strip() for line in (adapter.__doc__ or "").splitlines() if line.strip().startswith("nv_")]
     busy = page("busy-1")

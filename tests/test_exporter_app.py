@@ -21,9 +21,9 @@ from test_exporter_helpers import (
     wait_for,
 )
 
-from exporter.app import STORE, create_app
-from exporter.canary import send_canary
-from exporter.verdict import CanaryOutcome, PollError, judge, record_canary
+from llm_vitals.exporter.app import STORE, create_app
+from llm_vitals.exporter.canary import send_canary
+from llm_vitals.exporter.verdict import CanaryOutcome, PollError, judge, record_canary
 
 # DESIGN §2: the public contract (name -> type, labels besides `target`).
 CONTRACT = {
@@ -126,7 +126,7 @@ async def test_probes_answer_from_the_cache(aiohttp_client) -> None:
         return (await client.get(f"/probe/gpu-a/{kind}")).status
 
     assert (await status("startup"), await status("ready"), await status("live")) == (503, 503, 200)
-    from exporter.engines import Snapshot
+    from llm_vitals.exporter.engines import Snapshot
     t0 = rec.verdict.first_seen
     rec.verdict = judge(rec.verdict, Snapshot(0, 0, 1, 1, 1, 1, 0.0, 5.0), t0, target)
     rec.verdict = record_canary(rec.verdict, CanaryOutcome("ok"), t0, target)
@@ -144,7 +144,7 @@ async def test_drain_is_guarded_by_the_bearer_token(aiohttp_client) -> None:
                              environ={"DRAIN_TOKEN": "drain-secret-789"}, drain_token_env="DRAIN_TOKEN")
     client = await aiohttp_client(create_app(settings, poll=False))
     rec = client.app[STORE].get("gpu-a")
-    from exporter.engines import Snapshot
+    from llm_vitals.exporter.engines import Snapshot
     rec.verdict = judge(rec.verdict, Snapshot(1, 0, 1, 1, 1, 1, 0.0, 5.0), rec.verdict.first_seen, rec.settings)
     assert (await client.get("/probe/gpu-a/ready")).status == 200
 
@@ -313,7 +313,7 @@ async def test_a_bug_in_the_canary_is_logged_and_not_counted_against_the_server(
     async def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr("exporter.poller.send_canary", broken)
+    monkeypatch.setattr("llm_vitals.exporter.poller.send_canary", broken)
     upstream = FakeVllm()
     server = await aiohttp_server(upstream.app())
     caplog.set_level(logging.ERROR, logger="llm_vitals.exporter")

@@ -10,8 +10,8 @@ import pytest
 from aiohttp import web
 from test_exporter_helpers import BUSY_PAGE, IDLE_PAGE, make_settings, make_target, record, start_exporter, wait_for
 
-from exporter.engines import Page, Snapshot
-from exporter.engines.table import ENGINES
+from llm_vitals.exporter.engines import Page, Snapshot
+from llm_vitals.exporter.engines.table import ENGINES
 
 
 class Engine:

@@ -12,11 +12,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import FAMILIES, VitalsCollector, read, render_families, render_vitals
-from exporter.engines import Snapshot
-from exporter.gpu_faults import GpuFault
-from exporter.settings import parse_settings
-from exporter.state import StateStore
+from llm_vitals.exporter.collector import FAMILIES, VitalsCollector, read, render_families, render_vitals
+from llm_vitals.exporter.engines import Snapshot
+from llm_vitals.exporter.gpu_faults import GpuFault
+from llm_vitals.exporter.settings import parse_settings
+from llm_vitals.exporter.state import StateStore
 
 NOW = 1_800_000_000.25
 

@@ -11,8 +11,8 @@ from typing import Any
 from aiohttp import web
 from conftest import VLLM_FIXTURES
 
-from exporter.app import STORE, create_app
-from exporter.settings import ExporterSettings, parse_settings
+from llm_vitals.exporter.app import STORE, create_app
+from llm_vitals.exporter.settings import ExporterSettings, parse_settings
 
 IDLE_PAGE = (VLLM_FIXTURES / "vllm-0.32.0-cpu-metrics-idle.txt").read_bytes()
 BUSY_PAGE = (VLLM_FIXTURES / "vllm-0.32.0-cpu-metrics-busy.txt").read_bytes()

@@ -6,9 +6,9 @@ import pytest
 from conftest import VLLM_FIXTURES
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.engines import PageError, Snapshot
-from exporter.engines.vllm import parse_page, parse_text
-from exporter.verdict import progressed
+from llm_vitals.exporter.engines import PageError, Snapshot
+from llm_vitals.exporter.engines.vllm import parse_page, parse_text
+from llm_vitals.exporter.verdict import progressed
 
 PAGES = sorted(p.name for p in VLLM_FIXTURES.glob("vllm-*-metrics-*.txt") if not p.name.endswith(".headers.txt"))
 

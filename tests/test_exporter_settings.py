@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from exporter.settings import ConfigError, load_settings, parse_settings
+from llm_vitals.exporter.settings import ConfigError, load_settings, parse_settings
 
 DATA = REPO / "tests" / "data"
 
@@ -35,7 +35,7 @@ def test_invalid_config_file_gives_its_exact_message(name: str, message: str) ->
 
 
 def test_example_config_is_valid_and_durations_are_seconds() -> None:
-    settings = load_settings(REPO / "exporter" / "example.yaml", environ={})
+    settings = load_settings(REPO / "llm_vitals" / "exporter" / "example.yaml", environ={})
     assert settings.poll_interval == 5.0
     gpu_a = settings.target("gpu-a")
     assert gpu_a.stuck_after == 60.0 and gpu_a.startup_grace == 900.0
@@ -70,10 +70,10 @@ def test_api_key_comes_from_env_or_file_and_is_never_printed(tmp_path: Path) -> 
 
 def test_check_config_exits_0_for_valid_and_1_for_invalid() -> None:
     def run(path: Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "exporter.cli", "--config", str(path), "--check-config"],
+        return subprocess.run([sys.executable, "-m", "llm_vitals.exporter.cli", "--config", str(path), "--check-config"],
                               capture_output=True, text=True, cwd=REPO, timeout=60)
 
-    good = run(REPO / "exporter" / "example.yaml")
+    good = run(REPO / "llm_vitals" / "exporter" / "example.yaml")
     assert good.returncode == 0, good.stderr
     bad = run(DATA / "invalid-exporter-target-typo.yaml")
     assert bad.returncode == 1

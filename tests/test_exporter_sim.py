@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 from test_exporter_helpers import FakeVllm, make_settings, make_target, record, start_exporter, target_json, wait_for
 
-from simulator.fleet import Fleet, SimConfig
+from llm_vitals.sim.fleet import Fleet, SimConfig
 
 POLL = 0.25
 STUCK_AFTER = 1.5

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from exporter.engines import Snapshot
-from exporter.settings import TargetSettings
-from exporter.verdict import (
+from llm_vitals.exporter.engines import Snapshot
+from llm_vitals.exporter.settings import TargetSettings
+from llm_vitals.exporter.verdict import (
     CanaryOutcome,
     ModelsOk,
     PollError,
@@ -184,7 +184,7 @@ def test_rates_never_go_negative_across_a_restart() -> None:
 def test_sigstop_fixture_pages_become_stuck() -> None:
     from conftest import VLLM_FIXTURES
 
-    from exporter.engines.vllm import parse_page
+    from llm_vitals.exporter.engines.vllm import parse_page
 
     frozen = parse_page((VLLM_FIXTURES / "vllm-0.32.0-cpu-metrics-enginecore-sigstop.txt").read_bytes())
     verdict = run([(0, frozen), (30, frozen), (61, frozen)])[-1]

@@ -10,10 +10,10 @@ from aiohttp import web
 from conftest import REPO
 from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_settings, make_target, record, start_exporter, target_json, wait_for
 
-from exporter.dcgm import SharedPages, parse_page, read_gpus
-from exporter.engines import PageError
-from exporter.keys import POLLER
-from exporter.settings import ConfigError, DcgmSettings, parse_settings
+from llm_vitals.exporter.dcgm import SharedPages, parse_page, read_gpus
+from llm_vitals.exporter.engines import PageError
+from llm_vitals.exporter.keys import POLLER
+from llm_vitals.exporter.settings import ConfigError, DcgmSettings, parse_settings
 
 
 def busy_target(name: str, url: str, **overrides):

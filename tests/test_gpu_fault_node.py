@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_settings, make_target, record, start_exporter, target_json, wait_for
 
-from demo.ports import free_port
-from exporter.gpu_faults import GpuFault, NodeRules, Taint
-from exporter.node_watch import NodeCache, NodeView, node_view
-from exporter.settings import ConfigError, parse_settings
-from exporter.state import StateStore
+from llm_vitals.demo.ports import free_port
+from llm_vitals.exporter.gpu_faults import GpuFault, NodeRules, Taint
+from llm_vitals.exporter.node_watch import NodeCache, NodeView, node_view
+from llm_vitals.exporter.settings import ConfigError, parse_settings
+from llm_vitals.exporter.state import StateStore
 
 
 def busy_target(name: str, url: str, **overrides):

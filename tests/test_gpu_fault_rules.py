@@ -1,10 +1,10 @@
-"""The pure GPU-fault rules (exporter/gpu_faults.py): node conditions and taints, the dcgm Xid/health rule, combining."""
+"""The pure GPU-fault rules (llm_vitals/exporter/gpu_faults.py): node conditions and taints, the dcgm Xid/health rule, combining."""
 
 from __future__ import annotations
 
 import pytest
 
-from exporter.gpu_faults import (
+from llm_vitals.exporter.gpu_faults import (
     DEFAULT_XIDS,
     DcgmState,
     GpuFault,

@@ -1,4 +1,4 @@
-"""The /metrics page joined from each target's kept lines (exporter/page.py) against the page
+"""The /metrics page joined from each target's kept lines (llm_vitals/exporter/page.py) against the page
 rendered whole (`collector.render_vitals`, itself checked byte for byte against prometheus-client
 in tests/test_exporter_exposition.py).
 
@@ -19,15 +19,15 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from property import property_settings, record_examples
 
-from exporter.app import create_app
-from exporter.collector import render_vitals
-from exporter.engines import Snapshot
-from exporter.gpu_faults import GpuFault
-from exporter.keys import STORE
-from exporter.page import current, page_pieces, refresh, render_page
-from exporter.settings import TargetSettings, parse_settings
-from exporter.state import CANARY_RESULTS, STANDARD_ERROR_REASONS, StateStore, TargetRecord
-from exporter.verdict import STATES, Verdict
+from llm_vitals.exporter.app import create_app
+from llm_vitals.exporter.collector import render_vitals
+from llm_vitals.exporter.engines import Snapshot
+from llm_vitals.exporter.gpu_faults import GpuFault
+from llm_vitals.exporter.keys import STORE
+from llm_vitals.exporter.page import current, page_pieces, refresh, render_page
+from llm_vitals.exporter.settings import TargetSettings, parse_settings
+from llm_vitals.exporter.state import CANARY_RESULTS, STANDARD_ERROR_REASONS, StateStore, TargetRecord
+from llm_vitals.exporter.verdict import STATES, Verdict
 from llm_vitals.exposition import TEXT_CONTENT_TYPE
 
 NOW = 1_800_000_000.25

@@ -15,7 +15,7 @@ from conftest import free_port, require_binary
 from stack import wait_for
 from test_remediator_helpers import TOKEN, FakeExporter, RestartCounter, make_settings
 
-from remediator.app import SERVICE, create_app
+from llm_vitals.remediator.app import SERVICE, create_app
 
 pytestmark = pytest.mark.real_stack
 

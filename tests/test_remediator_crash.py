@@ -28,7 +28,7 @@ class RemediatorProcess:
     async def start(self) -> asyncio.subprocess.Process:
         with self.log.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "remediator", "--config", str(self.config), "--log-level", "debug",
+                sys.executable, "-m", "llm_vitals.remediator", "--config", str(self.config), "--log-level", "debug",
                 cwd=REPO, stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         return self.proc

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from remediator.pods import refusal_event_name
+from llm_vitals.remediator.pods import refusal_event_name
 
 # Kubernetes' DNS-1123 subdomain (an Event's name): at most 253 characters.
 SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")

@@ -19,8 +19,8 @@ import httpx
 import pytest
 from aiohttp import web
 
-from remediator.executors import CommandExecutor, DockerExecutor, HttpExecutor, KubernetesExecutor, socket_hint
-from remediator.settings import CommandTarget, DockerTarget, HttpTarget, KubernetesTarget
+from llm_vitals.remediator.executors import CommandExecutor, DockerExecutor, HttpExecutor, KubernetesExecutor, socket_hint
+from llm_vitals.remediator.settings import CommandTarget, DockerTarget, HttpTarget, KubernetesTarget
 
 # -- command ----------------------------------------------------------------------------------
 

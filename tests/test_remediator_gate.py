@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from remediator.gate import (
+from llm_vitals.remediator.gate import (
     REASONS,
     AlertFacts,
     Decision,
@@ -134,7 +134,7 @@ CASES = [
      JournalState(last_restart_started=T0 - 10), MOVING, T0, "cooldown"),
     ("gpu move under fleet gate", POD_ALERT, fleet(**{"llm/p1": GPU_POD}, b=TargetStatus("stuck", OLD),
      c=TargetStatus("down", None)), JOURNAL, MOVING, T0, "fleet_gate"),
-    # Sharded exporters (`exporter_urls`): a target two of them report is withheld (remediator/shards.py):
+    # Sharded exporters (`exporter_urls`): a target two of them report is withheld (llm_vitals/remediator/shards.py):
     # never acted on, yet counted by the fleet gate.
     ("withheld: reported by two exporters", ALERT, withheld(a=TargetStatus("stuck", OLD)), JOURNAL, POLICY, T0,
      "unknown_target"),

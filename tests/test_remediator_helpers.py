@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 from conftest import AM_FIXTURES
 
-from remediator.settings import Settings, build_settings
+from llm_vitals.remediator.settings import Settings, build_settings
 
 TOKEN = "s3cret-token"  # the token of the real captured Alertmanager headers
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -8,12 +8,12 @@ import pytest
 from conftest import REPO
 
 from llm_vitals import exits
-from remediator.cli import main
-from remediator.settings import ConfigError, build_settings, load_settings
+from llm_vitals.remediator.cli import main
+from llm_vitals.remediator.settings import ConfigError, build_settings, load_settings
 
 DATA = REPO / "tests" / "data"
 INVALID = sorted(DATA.glob("remediator-*.yaml"))
-EXAMPLE = REPO / "remediator" / "example.yaml"
+EXAMPLE = REPO / "llm_vitals" / "remediator" / "example.yaml"
 
 
 def expected_message(path: Path) -> str:

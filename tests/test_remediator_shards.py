@@ -14,11 +14,11 @@ from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_target, record, star
 from test_exporter_helpers import make_settings as exporter_settings
 from test_remediator_helpers import AUTH, Clock, FakeExporter, RestartCounter, alert_payload, make_settings
 
-from exporter.discovery.targetset import shard_of
-from remediator.app import SERVICE, create_app
-from remediator.exporter_client import ExporterClient, FleetReader
-from remediator.gate import FleetView, TargetStatus
-from remediator.shards import merge_views
+from llm_vitals.exporter.discovery.targetset import shard_of
+from llm_vitals.remediator.app import SERVICE, create_app
+from llm_vitals.remediator.exporter_client import ExporterClient, FleetReader
+from llm_vitals.remediator.gate import FleetView, TargetStatus
+from llm_vitals.remediator.shards import merge_views
 
 A, B, C = "http://exporter-0:9471", "http://exporter-1:9471", "http://exporter-2:9471"
 IDLE = TargetStatus("idle", 1.0)
@@ -102,7 +102,7 @@ async def test_one_exporter_that_cannot_be_read_makes_the_whole_view_none(two_ex
 async def test_a_target_two_exporters_report_is_withheld_and_logged_once_with_both_urls(two_exporters, caplog):
     one, two = two_exporters
     two.targets["a"] = dict(one.targets["a"])
-    caplog.set_level(logging.WARNING, logger="remediator.exporter")
+    caplog.set_level(logging.WARNING, logger="llm_vitals.remediator.exporter")
     async with httpx.AsyncClient() as http:
         reader = FleetReader.of([one.url, two.url], http, timeout=2, max_age=0)
         for _ in range(3):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from remediator import shared
-from remediator.gate import AlertFacts, Effects, JournalState
-from remediator.shared import Intent
+from llm_vitals.remediator import shared
+from llm_vitals.remediator.gate import AlertFacts, Effects, JournalState
+from llm_vitals.remediator.shared import Intent
 
 T0 = 1_800_000_000.0
 ALERT = AlertFacts("firing", {"target": "llm/p1", "remediation": "restart"}, "fp", T0 - 60)

@@ -9,7 +9,7 @@ from collections import Counter
 from aiohttp import web
 from test_remediator_helpers import AUTH, Clock, FakeExporter, alert_payload, make_settings
 
-from remediator.app import SERVICE, create_app
+from llm_vitals.remediator.app import SERVICE, create_app
 
 
 class SlowRestartCounter:

@@ -22,7 +22,7 @@ from test_remediator_helpers import (
     make_settings,
 )
 
-from remediator.app import SERVICE, create_app
+from llm_vitals.remediator.app import SERVICE, create_app
 
 TARGETS = "abcde"
 
@@ -312,7 +312,7 @@ async def test_exporter_answer_over_the_cap_is_unreachable_without_reading_it_al
     import httpx
     from aiohttp import web
 
-    from remediator.exporter_client import _MAX_BYTES, ExporterClient
+    from llm_vitals.remediator.exporter_client import _MAX_BYTES, ExporterClient
 
     sent = 0
 
@@ -344,7 +344,7 @@ async def test_exporter_trickling_its_answer_is_unreachable_within_the_timeout(a
     import httpx
     from aiohttp import web
 
-    from remediator.exporter_client import ExporterClient
+    from llm_vitals.remediator.exporter_client import ExporterClient
 
     async def trickle(request):
         response = web.StreamResponse()
@@ -367,7 +367,7 @@ async def test_exporter_trickling_its_answer_is_unreachable_within_the_timeout(a
     from llm_vitals.logs import JsonFormatter
 
     # Our own lines, fields included (httpx's request log is silenced by the CLI for this reason).
-    ours = "\n".join(JsonFormatter().format(r) for r in caplog.records if r.name.startswith("remediator"))
+    ours = "\n".join(JsonFormatter().format(r) for r in caplog.records if r.name.startswith("llm_vitals.remediator"))
     assert "exporter unreachable" in ours and "127.0.0.1" in ours and "exporter-s3cret" not in ours
 
 
@@ -441,8 +441,8 @@ async def test_secrets_never_leak_into_logs_answers_or_the_journal(remediator, r
 
 
 async def test_journal_prunes_old_refusals_at_start_and_keeps_restarts(tmp_path):
-    from remediator.gate import AlertFacts
-    from remediator.journal import Journal
+    from llm_vitals.remediator.gate import AlertFacts
+    from llm_vitals.remediator.journal import Journal
 
     alert = AlertFacts("firing", {"target": "a", "alertname": "LLMServerStuck"}, "fp", 1000.0)
     journal = Journal(tmp_path / "j.db", retention=3600)

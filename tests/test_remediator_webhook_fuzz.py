@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from property import property_settings, record_examples
 from test_remediator_helpers import AUTH, FIRING, RESOLVED, TRUNCATED, FakeExporter, make_settings
 
-from remediator.app import create_app
+from llm_vitals.remediator.app import create_app
 
 EXAMPLES = 2_000
 SEEDS = [FIRING, RESOLVED, TRUNCATED]

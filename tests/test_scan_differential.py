@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from property import property_settings, record_examples
 
-from exporter.engines import Page, PageError, Snapshot
-from exporter.engines.scan import Sample, Scanner
-from exporter.engines.table import ENGINES
+from llm_vitals.exporter.engines import Page, PageError, Snapshot
+from llm_vitals.exporter.engines.scan import Sample, Scanner
+from llm_vitals.exporter.engines.table import ENGINES
 
 GENERATED_EXAMPLES = 7_000
 MUTATED_EXAMPLES = 3_000
@@ -30,7 +30,7 @@ MUTATED_EXAMPLES = 3_000
 # Every Scanner an adapter module holds (whatever its name) is held to the client.
 SCANNERS: dict[str, Scanner] = {}
 for _name in ENGINES:
-    for _value in vars(importlib.import_module(f"exporter.engines.{_name}")).values():
+    for _value in vars(importlib.import_module(f"llm_vitals.exporter.engines.{_name}")).values():
         if isinstance(_value, Scanner):
             SCANNERS[f"{_name}:{id(_value)}"] = _value
 WANTED = sorted({name for scanner in SCANNERS.values() for name in scanner.names})

@@ -8,8 +8,8 @@ from typing import Annotated, Literal
 import pytest
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
-import exporter.settings
-import remediator.settings
+import llm_vitals.exporter.settings
+import llm_vitals.remediator.settings
 from llm_vitals.config import (
     ConfigError,
     StrictModel,
@@ -158,9 +158,9 @@ def test_validate_document_returns_the_model_or_a_config_error() -> None:
 def test_strict_model_rejects_unknown_keys_and_only_the_exporter_freezes() -> None:
     with pytest.raises(ValidationError):
         StrictModel.model_validate({"typo": 1})
-    budget = remediator.settings.Budget()
+    budget = llm_vitals.remediator.settings.Budget()
     budget.max_restarts = 5  # the remediator's models stay mutable
-    canary = exporter.settings.CanarySettings()
+    canary = llm_vitals.exporter.settings.CanarySettings()
     with pytest.raises(ValidationError):
         canary.enabled = False
 
@@ -246,18 +246,18 @@ def test_secret_from_env_or_file_prefers_env_and_names_the_key_it_read(tmp_path:
 
 
 def test_both_tools_raise_the_same_config_error_class() -> None:
-    assert exporter.settings.ConfigError is ConfigError
-    assert remediator.settings.ConfigError is ConfigError
+    assert llm_vitals.exporter.settings.ConfigError is ConfigError
+    assert llm_vitals.remediator.settings.ConfigError is ConfigError
 
 
 def _exporter(extra: dict, environ: dict[str, str]) -> object:
     document = {"drain_token_env": "T", "targets": [{"name": "a", "url": "http://127.0.0.1:1"}], **extra}
-    return exporter.settings.parse_settings(document, "cfg.yaml", environ)
+    return llm_vitals.exporter.settings.parse_settings(document, "cfg.yaml", environ)
 
 
 def _remediator(extra: dict, environ: dict[str, str]) -> object:
     document = {"auth": {"bearer_token_env": "T"}, "targets": {"a": {"executor": "http", "url": "http://x:1"}}, **extra}
-    return remediator.settings.build_settings(document, environ, "cfg.yaml")
+    return llm_vitals.remediator.settings.build_settings(document, environ, "cfg.yaml")
 
 
 # Each tool's settings loader, and the key path of the token it reads from environment variable T.
@@ -285,7 +285,7 @@ def test_exporter_and_remediator_word_the_same_problem_the_same_way(tool, extra,
 def test_both_clis_exit_with_the_same_codes(tool: str, tmp_path: Path, capsys) -> None:
     from llm_vitals import exits
 
-    main = __import__(f"{tool}.cli", fromlist=["main"]).main
+    main = __import__(f"llm_vitals.{tool}.cli", fromlist=["main"]).main
     assert main(["--config", str(tmp_path / "absent.yaml"), "--check-config"]) == exits.CANNOT_RUN == 1
     assert capsys.readouterr().err.startswith(f"llm-vitals-{tool}: invalid config: ")
     with pytest.raises(SystemExit) as usage:

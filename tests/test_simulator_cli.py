@@ -12,7 +12,7 @@ from collections.abc import Callable
 import httpx
 from conftest import REPO, free_port
 
-from simulator.cli import main
+from llm_vitals.sim.cli import main
 
 
 def once_up(process: subprocess.Popen[str], request: Callable[[], httpx.Response],
@@ -48,7 +48,7 @@ def test_bad_options_exit_2_with_a_clear_message(capsys):
 
 def test_cli_runs_a_fleet_with_proxy_and_control_until_sigterm():
     port, proxy, control = free_port(), free_port(), free_port()
-    command = [sys.executable, "-m", "simulator.cli", "--backends", "1", "--port", str(port), "--proxy", str(proxy),
+    command = [sys.executable, "-m", "llm_vitals.sim.cli", "--backends", "1", "--port", str(port), "--proxy", str(proxy),
                "--control-port", str(control), "--startup-seconds", "0.1"]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -65,7 +65,7 @@ def test_cli_runs_a_fleet_with_proxy_and_control_until_sigterm():
 
 def test_single_backend_without_control_exits_0_when_its_engine_dies():
     port = free_port()
-    command = [sys.executable, "-m", "simulator.cli", "--port", str(port), "--no-control"]
+    command = [sys.executable, "-m", "llm_vitals.sim.cli", "--port", str(port), "--no-control"]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": str(REPO)})
     try:

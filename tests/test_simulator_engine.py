@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.config import SimConfig
-from simulator.engine import Engine, SimRequest, buckets_1_2_5
+from llm_vitals.sim.config import SimConfig
+from llm_vitals.sim.engine import Engine, SimRequest, buckets_1_2_5
 
 
 def engine_with(**overrides: object) -> Engine:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from exporter.engines import Page
-from exporter.engines.table import ENGINES, read_page
-from simulator.cli import build_parser
-from simulator.config import SimConfig
-from simulator.engine_table import SIM_ENGINES
-from simulator.fleet import Fleet
+from llm_vitals.exporter.engines import Page
+from llm_vitals.exporter.engines.table import ENGINES, read_page
+from llm_vitals.sim.cli import build_parser
+from llm_vitals.sim.config import SimConfig
+from llm_vitals.sim.engine_table import SIM_ENGINES
+from llm_vitals.sim.fleet import Fleet
 
 
 def test_every_simulated_engine_is_an_engine_of_the_exporter() -> None:

@@ -10,11 +10,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_engine_llamacpp import FIXTURES, PREFIX
 from test_simulator_server import LONG, cancel, eventually, fire, refused
 
-from exporter.engines import Page
-from exporter.engines.llamacpp import ENGINE, RESTART_HEADER
-from exporter.engines.table import read_page
-from simulator.config import SimConfig
-from simulator.fleet import Fleet
+from llm_vitals.exporter.engines import Page
+from llm_vitals.exporter.engines.llamacpp import ENGINE, RESTART_HEADER
+from llm_vitals.exporter.engines.table import read_page
+from llm_vitals.sim.config import SimConfig
+from llm_vitals.sim.fleet import Fleet
 
 LOADED = SimConfig(engine="llamacpp", max_num_seqs=2, tokens_per_second=100, startup_seconds=0.3, die_close_delay=0.05)
 

@@ -10,10 +10,10 @@ import pytest
 from conftest import VLLM_FIXTURES, read_fixture
 from prometheus_client.parser import text_string_to_metric_families
 
-from simulator.config import SimConfig
-from simulator.engine import Engine, SimRequest
-from simulator.fleet import Fleet
-from simulator.metrics import HttpStats, VllmCollector, render
+from llm_vitals.sim.config import SimConfig
+from llm_vitals.sim.engine import Engine, SimRequest
+from llm_vitals.sim.fleet import Fleet
+from llm_vitals.sim.metrics import HttpStats, VllmCollector, render
 
 REAL_PAGES = ["vllm-0.32.0-cpu-metrics-idle.txt", "vllm-0.32.0-cpu-metrics-busy.txt"]
 # The configuration of the captured server, so that even bucket bounds and info labels can match.

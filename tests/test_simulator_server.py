@@ -12,8 +12,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from simulator.config import SimConfig
-from simulator.fleet import Fleet
+from llm_vitals.sim.config import SimConfig
+from llm_vitals.sim.fleet import Fleet
 
 # Slow enough that 1000-token requests stay in flight for the whole test, fast enough to see steps.
 LOADED = SimConfig(max_num_seqs=2, tokens_per_second=100, startup_seconds=0.3, die_close_delay=0.05)

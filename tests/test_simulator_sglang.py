@@ -9,13 +9,13 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.engines import Page, Snapshot
-from exporter.engines.sglang import ENGINE
-from exporter.engines.table import read_page
-from exporter.verdict import progressed
-from simulator import sim_sglang
-from simulator.config import SimConfig
-from simulator.fleet import Fleet
+from llm_vitals.exporter.engines import Page, Snapshot
+from llm_vitals.exporter.engines.sglang import ENGINE
+from llm_vitals.exporter.engines.table import read_page
+from llm_vitals.exporter.verdict import progressed
+from llm_vitals.sim import sim_sglang
+from llm_vitals.sim.config import SimConfig
+from llm_vitals.sim.fleet import Fleet
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sglang"
 REAL_PAGES = ["sglang-0.5.23-cpu-metrics-idle.txt", "sglang-0.5.23-cpu-metrics-busy-1.txt"]

@@ -13,11 +13,11 @@ from conftest import FIXTURES
 from prometheus_client.parser import text_string_to_metric_families
 from test_exporter_helpers import make_settings, make_target, record, start_exporter, wait_for
 
-from exporter.engines import Page
-from exporter.engines.table import engine_of, read_page
-from simulator.config import SimConfig
-from simulator.fleet import Fleet
-from simulator.sim_triton import exporter_target
+from llm_vitals.exporter.engines import Page
+from llm_vitals.exporter.engines.table import engine_of, read_page
+from llm_vitals.sim.config import SimConfig
+from llm_vitals.sim.fleet import Fleet
+from llm_vitals.sim.sim_triton import exporter_target
 
 REAL_IDLE = (FIXTURES / "triton" / "triton-2.51.0-cpu-metrics-idle.txt").read_text()
 INFER = {"inputs": [{"name": "max_tokens", "shape": [1, 1], "datatype": "INT32", "data": [3]}]}

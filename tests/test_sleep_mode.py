@@ -10,8 +10,8 @@ from __future__ import annotations
 import aiohttp
 from test_exporter_helpers import make_settings, make_target, record, start_exporter, wait_for
 
-from exporter.engines.vllm import parse_page
-from simulator.fleet import Fleet, SimConfig
+from llm_vitals.exporter.engines.vllm import parse_page
+from llm_vitals.sim.fleet import Fleet, SimConfig
 
 POLL = 0.25
 

@@ -21,13 +21,13 @@ from pathlib import Path
 import aiohttp
 from conftest import REPO, free_port, require_binary
 
-from exporter.app import create_app as create_exporter_app
-from exporter.settings import parse_settings
-from exporter.status_page import Decisions, render_page, setup_status_page, sparkline
+from llm_vitals.exporter.app import create_app as create_exporter_app
+from llm_vitals.exporter.settings import parse_settings
+from llm_vitals.exporter.status_page import Decisions, render_page, setup_status_page, sparkline
+from llm_vitals.remediator.app import create_app as create_remediator_app
+from llm_vitals.remediator.settings import build_settings as build_remediator_settings
+from llm_vitals.sim.fleet import Fleet, SimConfig
 from llm_vitals.targets import TargetView
-from remediator.app import create_app as create_remediator_app
-from remediator.settings import build_settings as build_remediator_settings
-from simulator.fleet import Fleet, SimConfig
 
 NOW = 1_800_000_000.0
 

@@ -8,10 +8,10 @@ import pytest
 from conftest import REPO
 from pydantic import ValidationError
 
-from exporter.settings import parse_settings
-from exporter.state import StateStore, target_view
+from llm_vitals.exporter.settings import parse_settings
+from llm_vitals.exporter.state import StateStore, target_view
+from llm_vitals.remediator import gate
 from llm_vitals.targets import REASONS, STATES, UNHEALTHY_STATES, TargetsAnswer, TargetView, json_schema
-from remediator import gate
 
 SCHEMA = REPO / "docs" / "target-view.schema.json"
 
@@ -56,8 +56,8 @@ def test_one_list_of_states_and_reasons() -> None:
 def test_every_view_of_the_states_knows_every_state() -> None:
     from conftest import load_script
 
-    from demo.table import STATE_COLOURS as DEMO_COLOURS
-    from exporter.status_page import STATE_COLOURS as PAGE_COLOURS
+    from llm_vitals.demo.table import STATE_COLOURS as DEMO_COLOURS
+    from llm_vitals.exporter.status_page import STATE_COLOURS as PAGE_COLOURS
 
     dashboard = load_script(REPO / "dashboards" / "generate.py")
     assert [name for name, _ in dashboard.STATES] == list(STATES)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import exporter.settings
-import remediator.settings
+import llm_vitals.exporter.settings
+import llm_vitals.remediator.settings
 from llm_vitals.config import ConfigError
 from llm_vitals.validators import http_url, parse_listen, target_name
 
@@ -53,12 +53,12 @@ def test_http_url(url: str, ok: bool) -> None:
 
 
 def _exporter(listen: str, name: str, url: str) -> object:
-    return exporter.settings.parse_settings({"listen": listen, "targets": [{"name": name, "url": url}]}, "cfg.yaml", {})
+    return llm_vitals.exporter.settings.parse_settings({"listen": listen, "targets": [{"name": name, "url": url}]}, "cfg.yaml", {})
 
 
 def _remediator(listen: str, name: str, url: str) -> object:
     document = {"listen": listen, "auth": {"none": True}, "targets": {name: {"executor": "http", "url": url}}}
-    return remediator.settings.build_settings(document, {}, "cfg.yaml")
+    return llm_vitals.remediator.settings.build_settings(document, {}, "cfg.yaml")
 
 
 @pytest.mark.parametrize("load", [_exporter, _remediator], ids=["exporter", "remediator"])

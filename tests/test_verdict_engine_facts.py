@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from exporter.engines import EngineFacts, Snapshot
-from exporter.settings import TargetSettings
-from exporter.verdict import Observation, PollError, Verdict, judge
+from llm_vitals.exporter.engines import EngineFacts, Snapshot
+from llm_vitals.exporter.settings import TargetSettings
+from llm_vitals.exporter.verdict import Observation, PollError, Verdict, judge
 
 T0 = 1_796_000_000.0
 LLAMA = EngineFacts(metrics_unanswered_is_stuck=True)

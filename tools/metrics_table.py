@@ -22,11 +22,11 @@ END = "<!-- metrics-table:end -->"
 
 sys.path.insert(0, str(REPO))  # run from a checkout without installing, too
 
-from exporter.collector import LifecycleCollector, VitalsCollector  # noqa: E402 -- after the sys.path line above
-from exporter.discovery.manager import Discovery, apply_to_store  # noqa: E402
-from exporter.reload import ReloadState  # noqa: E402
-from exporter.settings import parse_settings  # noqa: E402
-from exporter.state import StateStore  # noqa: E402
+from llm_vitals.exporter.collector import LifecycleCollector, VitalsCollector  # noqa: E402 -- after the sys.path line above
+from llm_vitals.exporter.discovery.manager import Discovery, apply_to_store  # noqa: E402
+from llm_vitals.exporter.reload import ReloadState  # noqa: E402
+from llm_vitals.exporter.settings import parse_settings  # noqa: E402
+from llm_vitals.exporter.state import StateStore  # noqa: E402
 
 
 def _cell(text: str) -> str:

@@ -61,7 +61,7 @@ from typing import Any
 
 import httpx
 
-from demo.ports import free_port
+from llm_vitals.demo.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = "1.20.2"

@@ -140,7 +140,7 @@ class Replica:
         self.url = ""
 
     async def start(self, timeout: float = 60.0) -> Replica:
-        from demo.ports import free_port
+        from llm_vitals.demo.ports import free_port
 
         port = free_port()
         self.config = {**self.config, "listen": f"127.0.0.1:{port}"}
@@ -148,7 +148,7 @@ class Replica:
         path.write_text(yaml.safe_dump(self.config, sort_keys=False))
         with self.log_path.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "remediator", "--config", str(path), "--log-level", "debug",
+                sys.executable, "-m", "llm_vitals.remediator", "--config", str(path), "--log-level", "debug",
                 cwd=REPO, stdout=log, stderr=log, stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + timeout

@@ -29,7 +29,7 @@ from conftest import require_binary
 from e2e_chain import ChainTimings, Load, _start_cli, _start_sim
 from stack import RULES_FILE, ManagedProcess, alertmanager_config, start_on_free_port, write_rules_with_short_for
 
-from demo.ports import free_port
+from llm_vitals.demo.ports import free_port
 
 from .control_plane import REPO, ControlPlane
 from .replicas import TOKEN, USER, grant_remediator_rbac, pod_deletes, start_replicas

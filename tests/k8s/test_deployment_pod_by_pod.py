@@ -25,7 +25,7 @@ import yaml
 from e2e_chain import Load, _cli, _start_cli
 from stack import ManagedProcess
 
-from demo.ports import free_port
+from llm_vitals.demo.ports import free_port
 
 from .control_plane import REPO, ControlPlane
 from .waits import wait_until
@@ -150,7 +150,7 @@ async def test_a_deployment_is_watched_pod_by_pod_and_a_scaled_away_pod_leaves_t
 
         # Scale to 3: the controller-manager deletes one pod, gracefully (60 s as shipped); with no
         # kubelet to confirm it the pod stays Terminating. A pod with a deletionTimestamp is no target
-        # (exporter/discovery/kubernetes.py: its server is going away on purpose).
+        # (llm_vitals/exporter/discovery/kubernetes.py: its server is going away on purpose).
         patched = time.monotonic()
         cp.request("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/vllm", {"spec": {"replicas": 3}},
                    content_type="application/merge-patch+json")

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_settings, make_target, record, start_exporter, target_json, wait_for
 
-from exporter.keys import STORE
+from llm_vitals.exporter.keys import STORE
 
 from .control_plane import ControlPlane
 

@@ -20,8 +20,8 @@ import httpx
 import yaml
 from test_exporter_helpers import FakeVllm, make_settings, start_exporter, wait_for
 
-from exporter.discovery.targetset import shard_of
-from exporter.keys import STORE
+from llm_vitals.exporter.discovery.targetset import shard_of
+from llm_vitals.exporter.keys import STORE
 
 from .control_plane import ControlPlane
 

@@ -27,8 +27,8 @@ from typing import Any
 import httpx
 import pytest
 
-from remediator.pods import CORDONED_BY, GPU_TAINT_KEY
-from remediator.store import STATE_ANNOTATION
+from llm_vitals.remediator.pods import CORDONED_BY, GPU_TAINT_KEY
+from llm_vitals.remediator.store import STATE_ANNOTATION
 
 from .control_plane import ControlPlane
 from .replicas import (

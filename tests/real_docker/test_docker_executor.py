@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 from conftest import free_port
 
-from remediator.executors import DockerExecutor
-from remediator.settings import DockerTarget
+from llm_vitals.remediator.executors import DockerExecutor
+from llm_vitals.remediator.settings import DockerTarget
 
 from .engine import Engine, wait_until
 
@@ -102,8 +102,8 @@ def test_a_socket_without_permission(engine: Engine, image: str):
     with sim_container(engine, image) as (name, _):
         _, started, _ = engine.identity(name)
         since = time.time()
-        code = ("import asyncio; from remediator.executors import DockerExecutor; "
-                "from remediator.settings import DockerTarget; "
+        code = ("import asyncio; from llm_vitals.remediator.executors import DockerExecutor; "
+                "from llm_vitals.remediator.settings import DockerTarget; "
                 f"r = asyncio.run(DockerExecutor(DockerTarget(executor='docker', container='{name}')).restart()); "
                 "print(r.result); print(r.detail)")
         run = engine.docker("run", "--rm", "--network", "none", "--label", "io.llm-vitals.test=real-docker",

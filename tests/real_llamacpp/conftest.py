@@ -69,7 +69,7 @@ def server(report: Report) -> LlamaServer:
     missing = setup_missing()
     if missing:
         TIER.skip_or_fail(missing)
-    from demo.ports import free_port
+    from llm_vitals.demo.ports import free_port
 
     srv = LlamaServer(port=free_port())
     try:

@@ -59,7 +59,7 @@ def test_setup_skips_with_one_line_without_a_compiler(tmp_path):
 
 
 def test_exporter_config_declares_a_llamacpp_target_the_exporter_accepts(tmp_path):
-    from exporter.settings import load_settings
+    from llm_vitals.exporter.settings import load_settings
 
     path = tmp_path / "exporter.yaml"
     path.write_text(exporter_config(9999, "http://127.0.0.1:8080"))

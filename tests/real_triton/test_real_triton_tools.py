@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from exporter.settings import parse_settings
+from llm_vitals.exporter.settings import parse_settings
 
 from .drill_config import TARGET, exporter_config
 

@@ -23,7 +23,7 @@ import httpx
 import psutil
 from real_vllm.vllm_server import _signal, tail
 
-from demo.ports import free_port
+from llm_vitals.demo.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("LLM_VITALS_CACHE", REPO / ".cache"))  # reports and logs, under the clone

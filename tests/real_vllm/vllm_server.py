@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from demo.ports import free_port  # noqa: F401 -- exporter_process takes it from here
+from llm_vitals.demo.ports import free_port  # noqa: F401 -- exporter_process takes it from here
 
 from .engine_death import death_line
 

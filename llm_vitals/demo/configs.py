@@ -1,0 +1,156 @@
+"""The config files the demo's processes read, written into its run directory.
+
+The exporter and remediator configs use the same shapes as `llm_vitals/exporter/example.yaml` and
+`llm_vitals/remediator/example.yaml`; Prometheus evaluates the repo's own `alerts/llm-vitals.rules.yml` with
+shorter `for:` values, and Alertmanager routes with the repo's own `alerts/alertmanager.yml`,
+pointed at the demo's remediator.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from llm_vitals.demo.ports import BACKENDS, Ports
+from llm_vitals.demo.timings import Timings
+from llm_vitals.sim.engine_table import sim_engine
+
+SIM_MODEL = "tiny"  # the simulator's default served model
+
+# The demo runs from a checkout (`make demo`): it reads the alert rules and the Alertmanager
+# example from the repository, not from the installed package.
+REPO = Path(__file__).resolve().parents[2]
+RULES = REPO / "alerts" / "llm-vitals.rules.yml"
+ALERTMANAGER = REPO / "alerts" / "alertmanager.yml"
+REMEDIATOR_RECEIVER = "llm-vitals-remediator"
+TOKEN_ENV = "LLM_VITALS_DEMO_WEBHOOK_TOKEN"
+
+
+def engine_target_name(engine: str) -> str:
+    """The mixed fleet's server of `engine`: "triton-1" on screen."""
+    return f"{engine}-1"
+
+
+def backend_name(index: int) -> str:
+    """Backend 0 of the simulator is "backend-1" on screen, as in the story."""
+    return f"backend-{index + 1}"
+
+
+def _duration(seconds: float) -> str:
+    millis = round(seconds * 1000)
+    return f"{millis // 1000}s" if millis % 1000 == 0 else f"{millis}ms"
+
+
+def _write(path: Path, data: Any) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False, width=1000))
+    return path
+
+
+def exporter_config(ports: Ports, timings: Timings) -> dict[str, Any]:
+    targets: list[dict[str, Any]] = [
+        {"name": backend_name(i), "url": f"http://127.0.0.1:{ports.backend_port(i)}", "engine": "vllm",
+         "stuck_after": timings.stuck_after, "startup_grace": 30,
+         "canary": {"interval": max(5.0, 5 * timings.poll_interval), "timeout": 3}}
+        for i in range(BACKENDS)
+    ]
+    targets.append({"name": "proxy", "url": f"http://127.0.0.1:{ports.proxy}", "role": "proxy", "startup_grace": 30})
+    # The mixed fleet: one simulated server per other engine, judged by its own adapter, outside the story.
+    for engine, port in ports.engines:
+        url = f"http://127.0.0.1:{port}"
+        target: dict[str, Any] = {"name": engine_target_name(engine), "url": url, "engine": engine,
+                                  "stuck_after": timings.stuck_after, "startup_grace": 30,
+                                  "canary": {"interval": max(5.0, 5 * timings.poll_interval), "timeout": 3}}
+        for key, value in sim_engine(engine).target(url, SIM_MODEL).items():
+            target[key] = {**target[key], **value} if isinstance(value, dict) and key in target else value
+        targets.append(target)
+    # Generous HTTP timeouts: on a busy laptop a slow answer must not read as `down (timeout)`.
+    return {"listen": f"127.0.0.1:{ports.exporter}", "poll_interval": timings.poll_interval,
+            "metrics_timeout": 10, "health_timeout": 10, "models_timeout": 10,
+            "remediator_url": f"http://127.0.0.1:{ports.remediator}", "history_seconds": 600,
+            "log_level": "info", "targets": targets}
+
+
+def remediator_config(ports: Ports, timings: Timings, run_dir: Path) -> dict[str, Any]:
+    control = f"http://127.0.0.1:{ports.control}"
+    return {
+        "listen": f"127.0.0.1:{ports.remediator}",
+        "exporter_url": f"http://127.0.0.1:{ports.exporter}",
+        "exporter_timeout": 2,
+        "auth": {"bearer_token_env": TOKEN_ENV},
+        "state_path": str(run_dir / "remediator.db"),
+        "global_cooldown": timings.cooldown,
+        # The story restarts each backend about once a loop, forever: a budget that a real fleet
+        # would never need, so that the loop never opens a circuit.
+        "budget": {"max_restarts": 50, "window": "10m"},
+        # Two of three may be unhealthy and still get a restart; three at once is a wider fault.
+        "max_unhealthy": 2,
+        "targets": {backend_name(i): {"executor": "http", "url": f"{control}/backends/{i}/restart", "timeout": 10}
+                    for i in range(BACKENDS)},
+    }
+
+
+def write_rules(dest: Path, rule_for: float) -> Path:
+    """The production rules with every `for:` set to `rule_for`; the expressions are unchanged."""
+    document = yaml.safe_load(RULES.read_text())
+    for group in document["groups"]:
+        group.pop("interval", None)
+        for rule in group.get("rules", []):
+            if "alert" in rule and "for" in rule:
+                rule["for"] = _duration(rule_for)
+    return _write(dest, document)
+
+
+def prometheus_config(ports: Ports, timings: Timings, rules: Path) -> dict[str, Any]:
+    interval = _duration(timings.scrape_interval)
+    return {
+        "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
+        "rule_files": [str(rules)],
+        "scrape_configs": [
+            {"job_name": "llm-vitals", "static_configs": [{"targets": [f"127.0.0.1:{ports.exporter}"]}]},
+            {"job_name": "llm-vitals-remediator", "static_configs": [{"targets": [f"127.0.0.1:{ports.remediator}"]}]},
+        ],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{ports.alertmanager}"]}]}]},
+    }
+
+
+def alertmanager_config(ports: Ports, timings: Timings, token_file: Path) -> dict[str, Any]:
+    """The repo's example routing, its remediator receiver pointed here, with demo timings."""
+    config = copy.deepcopy(yaml.safe_load(ALERTMANAGER.read_text()))
+    receivers = {r["name"]: r for r in config["receivers"]}
+    receivers[REMEDIATOR_RECEIVER]["webhook_configs"] = [{
+        "url": f"http://127.0.0.1:{ports.remediator}/webhook",
+        "send_resolved": True,
+        "max_alerts": 0,
+        "http_config": {"authorization": {"type": "Bearer", "credentials_file": str(token_file)}},
+    }]
+
+    def retime(route: dict[str, Any]) -> None:
+        route["group_wait"] = "0s"
+        route["group_interval"] = "1s"
+        # A refused (cooldown) alert comes back this often, so the second of a pair is restarted
+        # soon after the cooldown ends.
+        route["repeat_interval"] = _duration(timings.repeat_interval)
+        for child in route.get("routes", []):
+            retime(child)
+
+    retime(config["route"])
+    return config
+
+
+def write_all(run_dir: Path, ports: Ports, timings: Timings, token: str) -> dict[str, Path]:
+    """Write every config file; returns their paths by name."""
+    token_file = run_dir / "webhook.token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    rules = write_rules(run_dir / "rules.yml", timings.rule_for)
+    return {
+        "exporter": _write(run_dir / "exporter.yaml", exporter_config(ports, timings)),
+        "remediator": _write(run_dir / "remediator.yaml", remediator_config(ports, timings, run_dir)),
+        "rules": rules,
+        "prometheus": _write(run_dir / "prometheus.yml", prometheus_config(ports, timings, rules)),
+        "alertmanager": _write(run_dir / "alertmanager.yml", alertmanager_config(ports, timings, token_file)),
+        "token": token_file,
+    }

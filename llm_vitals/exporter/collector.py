@@ -1,0 +1,310 @@
+"""The exposition: one table of metric families, rendered from the cached verdicts on each scrape.
+
+No global gauges and no I/O here: a scrape reads the StateStore, so a target removed from the
+config leaves no series behind, and two Prometheus replicas scraping do not double the load on the
+model servers.
+
+`FAMILIES` is the one definition of every metric. `render_vitals` writes it in the text format
+straight from the store; `VitalsCollector` gives the same families as prometheus-client objects
+(for the README's metrics table, and as the reference `render_vitals` is tested against byte for
+byte). Why two ways: at 1,000 targets the page is 24,000 lines, and prometheus-client built and
+formatted it in ~0.4 s of CPU on the event loop, where every probe waited for it (bench/bench_poll_1000.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from llm_vitals.exporter.discovery.manager import Discovery
+from llm_vitals.exporter.reload import ReloadState
+from llm_vitals.exporter.settings import TargetSettings
+from llm_vitals.exporter.state import CANARY_RESULTS, STANDARD_ERROR_REASONS, StateStore, TargetRecord
+from llm_vitals.exporter.verdict import STATES, Verdict
+
+_CACHED = (
+    " Read from the exporter's cache, filled by polls at a fixed interval (not on scrape);"
+    " see llm_vitals_last_poll_timestamp_seconds for staleness."
+)
+
+
+@dataclass(slots=True)
+class Reading:
+    """What one scrape reads of a target, taken at once: the polls that run while the page is
+    rendered (it hands the loop back between families) do not change it, so a page never says
+    `busy` in one family and carries the next poll's stuck seconds in another."""
+
+    settings: TargetSettings
+    verdict: Verdict  # immutable, replaced by each poll
+    ready: bool
+    live: bool
+    draining: bool
+    gpu_fault: bool
+    poll_duration: float | None
+    poll_errors: dict[str, int]  # copies: the record's counters are updated in place
+    canaries: dict[str, int]
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+
+def read(record: TargetRecord, now: float) -> Reading:
+    """~2 µs a target (a dataclass copy with two Counters took ~13 µs, and showed in probe latency)."""
+    return Reading(record.settings, record.verdict, record.ready(now), record.live(now), record.draining,
+                   record.gpu_fault is not None, record.poll_duration, dict(record.poll_errors), dict(record.canaries))
+
+
+# One sample of a family for one target: the values of the labels after `target`, and the value.
+Row = tuple[tuple[str, ...], float]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One metric family with a `target` label (first) and maybe more, e.g. `state` or `reason`."""
+
+    name: str  # as exposed: counters end in _total
+    kind: Literal["gauge", "counter"]
+    help: str
+    rows: Callable[[Reading, float], Iterable[Row]]  # (reading, now) -> its samples, maybe none
+    more_labels: tuple[str, ...] = ()
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return ("target", *self.more_labels)
+
+
+def _value(of: Callable[[Reading, float], float | None]) -> Callable[[Reading, float], Iterable[Row]]:
+    """Rows for a family with only the target label: one sample, none when `of` gives None."""
+
+    def rows(reading: Reading, now: float) -> Iterable[Row]:
+        value = of(reading, now)
+        return () if value is None else (((), value),)
+
+    return rows
+
+
+def _flag(of: Callable[[Reading, float], bool]) -> Callable[[Reading, float], Iterable[Row]]:
+    return _value(lambda r, now: 1 if of(r, now) else 0)
+
+
+def _fresh(field: str) -> Callable[[Reading, float], Iterable[Row]]:
+    """running/waiting as read by the last poll; no sample when that poll failed (not a stale value)."""
+    return _value(lambda r, now: getattr(r.verdict.snapshot, field) if r.verdict.up and r.verdict.snapshot else None)
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("llm_vitals_target_info", "gauge",
+           "Static facts about each watched target; always 1. namespace and pod are those of a target found by"
+           " Kubernetes discovery (empty otherwise); node is the Kubernetes node its GPU faults are read from.",
+           lambda r, now: (((r.settings.engine, r.settings.role, r.settings.public_url,
+                             getattr(r.settings, "namespace", None) or "", getattr(r.settings, "pod", None) or "",
+                             r.settings.node or ""), 1),),
+           ("engine", "role", "url", "namespace", "pod", "node")),
+    Family("llm_vitals_up", "gauge", "1 when the last poll got a usable reading from the target." + _CACHED,
+           _flag(lambda r, now: r.verdict.up)),
+    Family("llm_vitals_state", "gauge",
+           "1 for the target's current state, 0 for the others. stuck/unresponsive are candidates for a restart;"
+           " busy is load, never a reason to restart; asleep was put to sleep on purpose (vLLM sleep mode)." + _CACHED,
+           lambda r, now: [((each,), 1 if r.verdict.state == each else 0) for each in STATES], ("state",)),
+    Family("llm_vitals_requests_running", "gauge", "Requests the engine is running, as last read." + _CACHED,
+           _fresh("running")),
+    Family("llm_vitals_requests_waiting", "gauge", "Requests queued in the engine, as last read." + _CACHED,
+           _fresh("waiting")),
+    Family("llm_vitals_engine_steps_per_second", "gauge",
+           "Engine steps per second between the last two reads of one process lifetime.",
+           _value(lambda r, now: r.verdict.steps_per_second or 0.0)),
+    Family("llm_vitals_generation_tokens_per_second", "gauge",
+           "Generated tokens per second between the last two reads of one process lifetime.",
+           _value(lambda r, now: r.verdict.generation_tokens_per_second or 0.0)),
+    Family("llm_vitals_stuck_seconds", "gauge",
+           "Seconds work has been pending with no engine signal moving; 0 when idle or progressing.",
+           _value(lambda r, now: r.verdict.stuck_for(now))),
+    Family("llm_vitals_restarts_total", "counter",
+           "Server restarts detected since the exporter started (start time changed, or counters reset).",
+           _value(lambda r, now: r.verdict.restarts)),
+    Family("llm_vitals_process_start_time_seconds", "gauge", "The server's process_start_time_seconds, as last read.",
+           _value(lambda r, now: r.verdict.process_start_time)),
+    Family("llm_vitals_canary_requests_total", "counter",
+           "Idle canaries sent (max_tokens 1), by result. Only ever sent when nothing was running or waiting.",
+           lambda r, now: [((result,), r.canaries.get(result, 0)) for result in CANARY_RESULTS], ("result",)),
+    Family("llm_vitals_canary_last_success_timestamp_seconds", "gauge", "Unix time of the last canary that got an answer.",
+           _value(lambda r, now: r.verdict.last_canary_ok)),
+    Family("llm_vitals_ready", "gauge", "What /probe/<target>/ready answers (1 = 200). Never depends on load.",
+           _flag(lambda r, now: r.ready)),
+    Family("llm_vitals_live", "gauge",
+           "What /probe/<target>/live answers (1 = 200): 0 only when stuck past the liveness budget.",
+           _flag(lambda r, now: r.live)),
+    Family("llm_vitals_draining", "gauge", "1 after POST /probe/<target>/drain, until undrain.",
+           _flag(lambda r, now: r.draining)),
+    Family("llm_vitals_gpu_fault", "gauge", "1 when a GPU fault is flagged for the target; a restart will not help.",
+           _flag(lambda r, now: r.gpu_fault)),
+    Family("llm_vitals_last_poll_timestamp_seconds", "gauge",
+           "Unix time of the target's last completed poll: alert when it stops moving.",
+           _value(lambda r, now: r.verdict.last_poll)),
+    Family("llm_vitals_poll_duration_seconds", "gauge", "How long the target's last poll took.",
+           _value(lambda r, now: r.poll_duration)),
+    Family("llm_vitals_poll_errors_total", "counter",
+           "Polls that got no usable reading, by reason (connect, timeout, http_status, bad_metrics, too_large, ...).",
+           lambda r, now: [((reason,), r.poll_errors.get(reason, 0))
+                           for reason in sorted(set(STANDARD_ERROR_REASONS) | set(r.poll_errors))], ("reason",)),
+)
+TARGETS_NAME = "llm_vitals_exporter_targets"
+TARGETS_HELP = "Targets in the exporter's config."
+
+
+def _escape_label(value: str) -> str:
+    # The text format's label value escapes; target names and URLs rarely need any.
+    if "\\" in value or '"' in value or "\n" in value:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return value
+
+
+def _help_line(name: str, kind: str, help_text: str) -> str:
+    escaped = help_text.replace("\\", "\\\\").replace("\n", "\\n")
+    return f"# HELP {name} {escaped}\n# TYPE {name} {kind}\n"
+
+
+# Most samples are 0 or 1 (states, flags, zero counters): their text is looked up, not formatted.
+_COMMON_VALUES: dict[float, str] = {0: "0.0", 1: "1.0"}
+
+
+def _number(value: float) -> str:
+    return _COMMON_VALUES.get(value) or floatToGoString(value)
+
+
+# Cached across scrapes: the label values are few and fixed (states, reasons, results), except
+# target_info's URLs, one per configured target; building them anew took a third of a scrape.
+@functools.lru_cache(maxsize=16384)
+def _around_target(names: tuple[str, ...], more: tuple[str, ...]) -> tuple[str, str]:
+    """The label text before and after `target="..."` for these values of the other labels.
+
+    Labels are written sorted by name, as prometheus-client does, so `target` goes where it sorts.
+    """
+    pairs = sorted(zip(names[1:], more, strict=True))
+    before = "".join(f'{k}="{_escape_label(v)}",' for k, v in pairs if k < "target")
+    after = "".join(f',{k}="{_escape_label(v)}"' for k, v in pairs if k > "target")
+    return before, after
+
+
+def render_families(readings: Iterable[Reading], now: float) -> Iterator[str]:
+    """The text (format 0.0.4) of each family of FAMILIES for every target, one family at a time,
+    then the target count.
+
+    Byte for byte what prometheus-client writes for VitalsCollector (tests/test_exporter_exposition.py
+    checks it), at a fraction of the cost: label text is built once per scrape, not per sample.
+    """
+    readings = list(readings)
+    targets = [(reading, f'target="{_escape_label(reading.name)}"') for reading in readings]
+    for family in FAMILIES:
+        out = [_help_line(family.name, family.kind, family.help)]
+        name, rows = family.name, family.rows
+        if not family.more_labels:
+            for reading, target in targets:
+                for _, value in rows(reading, now):
+                    out.append(f"{name}{{{target}}} {_number(value)}\n")
+        else:
+            around: dict[tuple[str, ...], tuple[str, str]] = {}  # this scrape's lookups, cheaper than the cache's
+            for reading, target in targets:
+                for more, value in rows(reading, now):
+                    parts = around.get(more)
+                    if parts is None:
+                        parts = around[more] = _around_target(family.labels, more)
+                    out.append(f"{name}{{{parts[0]}{target}{parts[1]}}} {_number(value)}\n")
+        yield "".join(out)
+    yield _help_line(TARGETS_NAME, "gauge", TARGETS_HELP) + f"{TARGETS_NAME} {_number(len(readings))}\n"
+
+
+def render_vitals(store: StateStore, now: float) -> str:
+    """The whole page at once (see render_families)."""
+    return "".join(render_families([read(record, now) for record in store], now))
+
+
+class VitalsCollector(Collector):
+    """FAMILIES as prometheus-client metric families, for example::
+
+        llm_vitals_target_info{target="gpu-a",engine="vllm",role="backend",url="http://10.0.0.5:8000"} 1
+        llm_vitals_up{target="gpu-a"} 1
+        llm_vitals_state{target="gpu-a",state="busy"} 1
+        llm_vitals_state{target="gpu-a",state="stuck"} 0
+        llm_vitals_requests_running{target="gpu-a"} 2
+        llm_vitals_engine_steps_per_second{target="gpu-a"} 31.5
+        llm_vitals_stuck_seconds{target="gpu-a"} 0
+        llm_vitals_restarts_total{target="gpu-a"} 1
+        llm_vitals_canary_requests_total{target="gpu-a",result="ok"} 12
+        llm_vitals_poll_errors_total{target="gpu-a",reason="timeout"} 0
+    """
+
+    def __init__(self, store: StateStore, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.clock()
+        readings = [read(record, now) for record in self.store]
+        for family in FAMILIES:
+            kind = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
+            metric = kind(family.name, family.help, labels=list(family.labels))
+            for reading in readings:
+                for more, value in family.rows(reading, now):
+                    metric.add_metric([reading.name, *more], value)
+            yield metric
+        targets = GaugeMetricFamily(TARGETS_NAME, TARGETS_HELP)
+        targets.add_metric([], len(self.store.records))
+        yield targets
+
+
+def build_process_registry() -> CollectorRegistry:
+    """A registry of our own (never the global REGISTRY) for this process's CPU and memory."""
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry)
+    return registry
+
+
+class LifecycleCollector(Collector):
+    """The exporter's own config and discovery health, from the Discovery and ReloadState it is given.
+
+        llm_vitals_config_last_reload_successful 1
+        llm_vitals_config_last_reload_success_timestamp_seconds 1.7e+09
+        llm_vitals_discovery_up{source="kubernetes[0]"} 1
+        llm_vitals_discovered_targets{source="kubernetes[0]"} 8
+        llm_vitals_discovery_skipped_targets{source="kubernetes[0]",reason="not_running"} 2
+    """
+
+    def __init__(self, discovery: Discovery, reload: ReloadState) -> None:
+        self.discovery = discovery
+        self.reload = reload
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("llm_vitals_config_last_reload_successful",
+                                "1 when the last config reload (SIGHUP or POST /-/reload) loaded the file; 0 when it was "
+                                "refused and the previous config still runs (the error is in the log and /api/v1/discovery).",
+                                value=1 if self.reload.successful else 0)
+        yield GaugeMetricFamily("llm_vitals_config_last_reload_success_timestamp_seconds",
+                                "Unix seconds when a config was last loaded (at start, or by a successful reload).",
+                                value=self.reload.last_success)
+        up = GaugeMetricFamily("llm_vitals_discovery_up",
+                               "1 when the discovery source's last list, watch or file read worked; 0 while it fails "
+                               "(its last targets are kept; the error is in /api/v1/discovery).", labels=["source"])
+        found = GaugeMetricFamily("llm_vitals_discovered_targets",
+                                  "Targets the discovery source gives now, before the shard.", labels=["source"])
+        skipped = GaugeMetricFamily("llm_vitals_discovery_skipped_targets",
+                                    "Things the source saw and could not watch, by reason (not_running, no_ip, no_port, "
+                                    "terminating, bad_target, bad_group); each is named in /api/v1/discovery.",
+                                    labels=["source", "reason"])
+        for status in list(self.discovery.status.values()):
+            up.add_metric([status.source], 1 if status.up else 0)
+            found.add_metric([status.source], status.targets)
+            reasons = Counter(why.partition(":")[0] for why in status.skipped.values())
+            for reason, count in sorted(reasons.items()):
+                skipped.add_metric([status.source, reason], count)
+        yield from (up, found, skipped)

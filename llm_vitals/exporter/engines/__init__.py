@@ -1,0 +1,183 @@
+"""Engine adapters: each turns what a server kind exposes into one engine-neutral `Snapshot`.
+
+One module per engine, each defining `ENGINE`, an `Engine` entry; `llm_vitals/exporter/engines/table.py`
+gathers them into `ENGINES`, the one table the poller and the verdict look an engine up in (as
+blackbox_exporter's `Probers` map). Nothing outside this package says `if engine == ...`.
+
+    vllm.py      vLLM (real pages: tests/fixtures/vllm/)
+    llamacpp.py  llama.cpp's native llama-server --metrics        (adapter: i12-llamacpp)
+    sglang.py    SGLang                                           (adapter: i12-sglang)
+    triton.py    NVIDIA Triton, metrics on their own port         (adapter: i12-triton)
+    tgi.py       Hugging Face TGI, from its source (never checked against a live server)
+    openai.py    no /metrics: judged by /v1/models and the canary
+    scan.py      the format-correct targeted scanner every adapter reads its samples with
+    table.py     ENGINES, gathered from each module's ENGINE; read_page() checks the signature
+
+Until an engine's helper lands its adapter, its module is a stub whose parse raises PageError
+(the target reads `down`), with the table facts already filled in from its RECIPE.
+
+An adapter's `parse(page)` returns a Snapshot or raises PageError; `table.read_page` wraps it so
+that another engine's page on a target is `wrong_engine`, never a crash and never idle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from llm_vitals.targets import PollErrorReason
+
+if TYPE_CHECKING:
+    from llm_vitals.exporter.settings import TargetSettings
+
+Signals = tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One read of an engine's own counters, summed over its engines (data parallel ranks).
+
+    Counters are None when the page does not carry them; gauges running/waiting are always present.
+    The last three fields carry what only some engines have, named by the adapter.
+    """
+
+    running: float
+    waiting: float
+    steps: float | None = None
+    generation_tokens: float | None = None
+    prompt_tokens: float | None = None
+    finished: float | None = None
+    kv_usage: float | None = None
+    process_start_time: float | None = None
+    # An opaque token that changes when the process restarts (llama.cpp's Process-Start-Time-Unix
+    # header is monotonic microseconds since boot, not Unix time): compared for inequality only.
+    restart_token: str | None = None
+    # More engine counters that only grow within one lifetime: movement is progress, a fall a restart.
+    more_counters: Signals = ()
+    # More engine gauges whose movement is progress (never read as a restart when they fall).
+    more_gauges: Signals = ()
+    # Gauges that, above 0, mean work is owed even while running and waiting read 0 (SGLang's long
+    # chunked prefill): the server is busy, never idle, and never gets a canary.
+    busy_signs: Signals = ()
+    # The engine says it was put to sleep (vLLM's sleep mode): 0 awake, else its sleep level
+    # (vLLM: 1 weights offloaded to CPU memory, 2 weights discarded). A sleeping engine is `asleep`.
+    sleep_level: int = 0
+
+    # The counters that only ever grow within one process lifetime.
+    MONOTONE = ("steps", "generation_tokens", "prompt_tokens", "finished")
+    # Every signal whose movement counts as progress (KV usage moves during a long chunked prefill).
+    PROGRESS = ("steps", "generation_tokens", "prompt_tokens", "finished", "kv_usage")
+
+    @property
+    def pending(self) -> bool:
+        return self.running > 0 or self.waiting > 0 or any(value > 0 for _, value in self.busy_signs)
+
+    def counters(self) -> dict[str, float | None]:
+        """Every progress signal by name: the fixed ones, then the engine's own."""
+        named: dict[str, float | None] = {name: getattr(self, name) for name in self.PROGRESS}
+        named.update(self.more_counters)
+        named.update(self.more_gauges)
+        return named
+
+    def monotone(self) -> dict[str, float | None]:
+        """The counters a restart resets, by name."""
+        named: dict[str, float | None] = {name: getattr(self, name) for name in self.MONOTONE}
+        named.update(self.more_counters)
+        return named
+
+    def load(self) -> str:
+        """Running and waiting, plus any busy sign above 0: the words a verdict's detail starts with."""
+        text = f"running {self.running:g}, waiting {self.waiting:g}"
+        signs = [f"{name} {value:g}" for name, value in self.busy_signs if value > 0]
+        return text + (f" ({', '.join(signs)})" if signs else "")
+
+
+class PageError(Exception):
+    """A page that cannot be turned into a snapshot. `reason` is the poll-error label."""
+
+    def __init__(self, reason: PollErrorReason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One `/metrics` answer: its body and response headers (llama.cpp's restart token is a header)."""
+
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFacts:
+    """What the pure verdict must know about an engine kind beyond one snapshot."""
+
+    # /metrics accepted and never answered, repeatedly while work was last seen pending, is `stuck`
+    # (reason metrics_unanswered): true where an unanswered /metrics means the engine is frozen, not
+    # loaded: llama.cpp (its engine loop serves /metrics) and Triton (its own metrics threads, apart
+    # from inference, answer in ms under load); false where /metrics only gets slow under load (vLLM).
+    metrics_unanswered_is_stuck: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Canary:
+    """How an engine's idle canary is asked and its answer judged (pure: the poller does the I/O)."""
+
+    # POSTed to the target's url + path; "{model}" is replaced by the model's name.
+    path: str
+    # (target, model) -> the JSON body.
+    body: Callable[[TargetSettings, str], object]
+    # The parsed JSON answer -> None when it is a real answer, else what is wrong with it.
+    wrong: Callable[[object], str | None]
+    # The body comes from the operator (`canary.request`): the target must configure it, and a model.
+    needs_request: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """One row of the engine table: where an engine's signals live and how they read."""
+
+    name: str
+    # Page -> Snapshot, raising PageError; None for an engine with no /metrics worth reading.
+    parse: Callable[[Page], Snapshot] | None
+    # A metric name prefix that only this engine's pages carry: how another engine's page is told apart.
+    signature: str | None = None
+    metrics_path: str = "/metrics"
+    # Metrics on their own port of the url's host (Triton: 8002); None: on the url itself.
+    # A target's `metrics_url` overrides either.
+    metrics_port: int | None = None
+    # Routes whose 503 is the engine's word that it is dead (read when work is pending and nothing moved).
+    health_paths: tuple[str, ...] = ()
+    # A route that must answer 200 before an idle-looking server counts as idle (and gets a canary);
+    # "{model}" is the target's model, and the route is read only when one is configured. Triton's
+    # page and /v2/health/ready are up before the model is loaded: its /v2/models/<m>/ready is not.
+    ready_path: str | None = None
+    # Where the served models are listed (canary model lookup, and `openai`'s whole judgement).
+    models_path: str | None = "/v1/models"
+    # A response header of /metrics whose value is an opaque restart token (compared for inequality).
+    restart_header: str | None = None
+    facts: EngineFacts = EngineFacts()
+    # The idle canary; None: a 1-token OpenAI completion (llm_vitals/exporter/canary.py).
+    canary: Canary | None = None
+
+    def metrics_url(self, target: TargetSettings) -> str:
+        """Where this target's page is read: its `metrics_url`, else the engine's port or its url."""
+        if target.metrics_url is not None:
+            return str(target.metrics_url)
+        if self.metrics_port is not None:
+            url = target.url
+            # pydantic gives an IPv6 host with its brackets already.
+            return f"{url.scheme}://{url.host or ''}:{self.metrics_port}{self.metrics_path}"
+        return target.base_url + self.metrics_path
+
+
+def header(headers: Mapping[str, str], name: str) -> str | None:
+    """A response header's value (case-insensitive name), stripped and capped; None when absent or blank."""
+    value = headers.get(name)
+    if value is None:  # a plain dict in tests; aiohttp's CIMultiDict already ignores case
+        lowered = name.lower()
+        value = next((v for k, v in headers.items() if k.lower() == lowered), None)
+    value = value.strip()[:200] if value is not None else None
+    return value or None

@@ -1,0 +1,93 @@
+"""The llama.cpp adapter: llama.cpp's native `llama-server --metrics` (not llama-cpp-python's server).
+
+A sample of the page (real, llama.cpp 0c1e570 on CPU: 2 slots busy, 1 request deferred; the full
+pages are in tests/fixtures/llamacpp/). No labels, and every family is one sample:
+
+    # HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens
+    # TYPE llamacpp:prompt_tokens_total counter
+    llamacpp:prompt_tokens_total 36
+    llamacpp:tokens_predicted_total 64
+    # HELP llamacpp:n_decode_total Total number of llama_decode() calls, excluding speculative ...
+    # TYPE llamacpp:n_decode_total counter
+    llamacpp:n_decode_total 451
+    llamacpp:predicted_tokens_seconds 0
+    # TYPE llamacpp:requests_processing gauge
+    llamacpp:requests_processing 2
+    # TYPE llamacpp:requests_deferred gauge
+    llamacpp:requests_deferred 1
+
+and the response carries the header `Process-Start-Time-Unix: 1571301719`.
+
+- **Pending**: `requests_processing` (busy slots) + `requests_deferred` (queued for a slot).
+- **Progress**: `n_decode_total`, one per `llama_decode()` call, i.e. per engine step for all slots
+  together: the live signal (451 -> 709 in 6 s while busy). `tokens_predicted_total` and
+  `prompt_tokens_total` move only when a request ends (they stayed at 64 through ~700 steps), and
+  the throughput gauges read 0 while requests run; they are read, but never relied on.
+- **Prefill and stuck_after**: a prompt is fed in batches of `-b` tokens (default 2048), one decode
+  call each, so during a long prefill `n_decode_total` moves once per batch (a 2801-token prompt on
+  the 2-core box, -b 2048: it stood still for 13 s between its two batches, and the token counters
+  for the whole 20 s). `stuck_after` must therefore exceed the time of
+  one `-b` batch at the server's prefill speed, with room for load: seconds per batch =
+  `-b` / prompt tokens per second (`prompt_per_second` in any /completion answer's `timings`;
+  ~140 for the tiny test model on 2 cores, so -b 2048 needs stuck_after of 30 s or more there; a
+  GPU prefills thousands per second). Or lower `-b`. llama.cpp has no chunk counter to read instead.
+- **Restart**: every counter resets to 0, and the `Process-Start-Time-Unix` header changes. Its
+  value is `ggml_time_us()` at start, **microseconds on the monotonic clock since boot**, not Unix
+  time: it is the table's opaque restart token, compared for inequality only, never a start time.
+- **Hung engine**: the engine loop answers /metrics itself (a METRICS task on its queue), except
+  during a decode, when a worker thread does. So a loop wedged outside a decode, or a stopped
+  process, accepts the connection and never answers /metrics, while a loop wedged inside a decode
+  keeps /metrics fast with frozen counters. The table's fact `metrics_unanswered_is_stuck` makes the
+  first `stuck` (reason `metrics_unanswered`); the second is ordinary no-progress `stuck`.
+- **/health**: 503 `{"error":{"message":"Loading model",...}}` while loading, then 200 `{"status":"ok"}`,
+  also with the engine loop frozen: it proves the process, never progress.
+"""
+
+from __future__ import annotations
+
+from llm_vitals.exporter.engines import Engine, EngineFacts, Page, PageError, Snapshot
+from llm_vitals.exporter.engines.scan import Scanner, decode, total
+
+PROCESSING = "llamacpp:requests_processing"
+DEFERRED = "llamacpp:requests_deferred"
+DECODES = "llamacpp:n_decode_total"
+TOKENS_PREDICTED = "llamacpp:tokens_predicted_total"
+PROMPT_TOKENS = "llamacpp:prompt_tokens_total"
+RESTART_HEADER = "Process-Start-Time-Unix"
+
+_SCANNER = Scanner((PROCESSING, DEFERRED, DECODES, TOKENS_PREDICTED, PROMPT_TOKENS))
+# Without its live step counter a busy llama.cpp shows progress only when a request ends: a long
+# generation would read stuck. Such a page is refused rather than misjudged.
+_REQUIRED = (PROCESSING, DEFERRED, DECODES)
+
+
+def parse_text(text: str) -> Snapshot:
+    """Turn a llama-server `/metrics` body into a Snapshot; raises PageError."""
+    found = _SCANNER.scan(text)
+    for name in _REQUIRED:
+        if name not in found:
+            raise PageError("bad_metrics", f"no {name} on the page (not llama-server --metrics, or one older than n_decode_total?)")
+    return Snapshot(
+        running=total(found, PROCESSING) or 0.0,
+        waiting=total(found, DEFERRED) or 0.0,
+        steps=total(found, DECODES),
+        generation_tokens=total(found, TOKENS_PREDICTED),
+        prompt_tokens=total(found, PROMPT_TOKENS),
+    )
+
+
+def parse(page: Page) -> Snapshot:
+    """Decode (strict UTF-8) and parse one `/metrics` answer; the table adds the header's restart token."""
+    return parse_text(decode(page.body))
+
+
+ENGINE = Engine(
+    name="llamacpp",
+    parse=parse,
+    signature="llamacpp:",
+    # 503 while the model loads; with the engine loop frozen it still answers 200.
+    health_paths=("/health",),
+    restart_header=RESTART_HEADER,
+    # The engine loop serves /metrics itself: accepted and never answered while work was pending is stuck.
+    facts=EngineFacts(metrics_unanswered_is_stuck=True),
+)

@@ -1,0 +1,172 @@
+"""The targeted scanner: finds the few sample lines an adapter needs in a text-format page.
+
+Why not prometheus-client's parser: it builds every family on a ~50-80 KB page (hundreds of
+histogram buckets) on every poll of every target; this finds the dozen lines wanted in one regex
+pass. It reads what the text exposition format 0.0.4 allows, as prometheus-client's parser does:
+
+    # HELP / # TYPE / other comments       skipped (a sample line never starts with `#`)
+      name{a="x",b="y \\" } \\\\"} 7 1700000000000     leading blanks, `}` and escapes inside values, a timestamp
+    name {a="x"}\t7                         a blank before `{`, tabs
+    name{a="x"} 7 # {trace_id="t"} 1.0     an exemplar: the value is 7, never 1.0
+    name 1e3\r                              exponents, CRLF line ends, +Inf, -Inf, NaN
+
+Values are returned as read (NaN and ±Inf included): whether a non-finite value is acceptable is
+the adapter's call (a required counter: no; an optional gauge: read as absent). The property
+test tests/test_scan_differential.py holds it to prometheus-client's values on generated pages.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from llm_vitals.exporter.engines import PageError
+
+_NAME_CHARS = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+# A label set, from `{` to the first `}` outside a quoted value; inside quotes `\` escapes one char.
+_LABEL_SET = r'\{(?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*\}'
+_LABEL_PAIR = re.compile(r'\s*,?\s*([a-zA-Z_][a-zA-Z0-9_]*|"(?:[^"\\]|\\.)*")\s*=\s*"((?:[^"\\]|\\.)*)"\s*')
+_ESCAPE = re.compile(r'\\[\\n"]')
+_UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
+
+
+class Sample(NamedTuple):
+    """One sample line: its label set as written (braces included, or '') and its value."""
+
+    label_text: str
+    value: float
+
+    def labels(self) -> dict[str, str]:
+        """The label set as a dict, escapes undone; PageError("bad_metrics") when it is malformed."""
+        return parse_labels(self.label_text)
+
+
+class Scanner:
+    """A compiled scan for a fixed set of full sample names (`..._total`, `..._count` as written)."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = tuple(dict.fromkeys(names))
+        for name in self.names:
+            if not _NAME_CHARS.fullmatch(name):
+                raise ValueError(f"not a metric name: {name!r}")
+        alternation = _trie(self.names)
+        # A sample line: line start, any blanks, the name, an optional label set, then the rest of
+        # the line (value, timestamp, exemplar). After the name any blanks but a newline may stand
+        # (prometheus-client strips them, a lone CR included), as long as a space, a tab or the
+        # label set's `{` is among or after them.
+        self._pattern = re.compile(rf"\n\s*({alternation})(?=[^\S\n]*[ \t{{])[^\S\n]*({_LABEL_SET})?([^\n]*)")
+
+    def scan(self, text: str) -> dict[str, list[Sample]]:
+        """The wanted samples by name, in page order; PageError("bad_metrics") for a line that is not a sample."""
+        found: dict[str, list[Sample]] = {}
+        for name, label_text, rest in self._pattern.findall("\n" + text):
+            found.setdefault(name, []).append(Sample(label_text, _value(name, label_text, rest)))
+        return found
+
+
+def _trie(names: Iterable[str]) -> str:
+    """One regex matching exactly `names`, factored by common prefix.
+
+    Factored, the regex engine rejects each of the page's ~600 other lines after a character or
+    a few, instead of trying every name in turn (2.5x faster on a vLLM page).
+    """
+    tree: dict[str, dict] = {}
+    for name in names:
+        node = tree
+        for char in name:
+            node = node.setdefault(char, {})
+        node[""] = {}
+
+    def pattern(node: dict[str, dict]) -> str:
+        branches = [re.escape(char) + pattern(child) for char, child in sorted(node.items()) if char]
+        optional = "" in node
+        if not branches:
+            return ""
+        # Chains of single characters stay literal; only real branch points get a group.
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        if optional:
+            return f"(?:{body})?" if len(branches) == 1 else body[:-1] + "|)"
+        return body
+
+    return pattern(tree)
+
+
+def _value(name: str, label_text: str, rest: str) -> float:
+    # An exemplar (` # {trace_id="..."} 1.0`) follows the value and timestamp: never read it.
+    head = rest.split(" # ", 1)[0]
+    fields = head.split(None, 1)
+    if not fields:
+        raise PageError("bad_metrics", f"sample {name} has no value")
+    token = fields[0]
+    if token.startswith("{") or "{" in head or "}" in head:
+        # A second label set, or one not closed: prometheus-client would read some of these as a
+        # sample of another name; reading a number from them could only be a wrong number.
+        raise PageError("bad_metrics", f"unterminated or malformed label set in {name}: {token[:40]!r}")
+    # float() alone would take `1_000`, which the format (and prometheus-client) refuse.
+    if "_" in token:
+        raise PageError("bad_metrics", f"sample {name} has a non-numeric value {token[:40]!r}")
+    try:
+        return float(token)
+    except ValueError:
+        raise PageError("bad_metrics", f"sample {name} has a non-numeric value {token[:40]!r}") from None
+
+
+def parse_labels(label_text: str) -> dict[str, str]:
+    """`{a="x",b="y"}` -> {"a": "x", "b": "y"}, escapes undone; PageError("bad_metrics") when malformed."""
+    if not label_text:
+        return {}
+    inner = label_text[1:-1]
+    labels: dict[str, str] = {}
+    position = 0
+    while match := _LABEL_PAIR.match(inner, position):
+        key, value = match.group(1), match.group(2)
+        labels[_unescape(key[1:-1]) if key.startswith('"') else key] = _unescape(value)
+        position = match.end()
+        if position < len(inner) and inner[position] != ",":
+            raise PageError("bad_metrics", f"malformed label set {label_text[:80]!r}")
+    # What is left may only be one trailing comma and blanks.
+    rest = inner[position:]
+    if rest.strip(" \t,") or rest.count(",") > 1:
+        raise PageError("bad_metrics", f"malformed label set {label_text[:80]!r}")
+    return labels
+
+
+def _unescape(value: str) -> str:
+    return _ESCAPE.sub(lambda m: _UNESCAPED[m.group(0)], value) if "\\" in value else value
+
+
+def total(found: dict[str, list[Sample]], name: str) -> float | None:
+    """The sum of `name`'s samples, None when the page has none; PageError("bad_metrics") if one is NaN or ±Inf."""
+    samples = found.get(name)
+    if not samples:
+        return None
+    for sample in samples:
+        if not math.isfinite(sample.value):
+            raise PageError("bad_metrics", f"sample {name} is {show(sample.value)}")
+    return sum(sample.value for sample in samples)
+
+
+def decode(body: bytes) -> str:
+    """A page's text (strict UTF-8, as the format requires); PageError("bad_metrics") otherwise."""
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PageError("bad_metrics", f"page is not UTF-8 (byte {exc.start})") from None
+
+
+def show(value: float) -> str:
+    """A value as the format writes it (NaN, +Inf, -Inf), for error details."""
+    if value != value:
+        return "NaN"
+    if value in (float("inf"), float("-inf")):
+        return "+Inf" if value > 0 else "-Inf"
+    return f"{value:g}"
+
+
+def finite(value: float | None) -> float | None:
+    """The value, or None when it is NaN or ±Inf: for optional signals, which must not reject a page."""
+    if value is None or value != value or value in (float("inf"), float("-inf")):
+        return None
+    return value

@@ -1,0 +1,124 @@
+"""The SGLang adapter: a targeted scan of SGLang's `/metrics` (0.5.x, `--enable-metrics`).
+
+Read from real pages of SGLang 0.5.23 (tests/fixtures/sglang/; the recipe ran it on CPU torch with
+an import-only stand-in for its CPU kernel library). A sample of a busy page (labels shortened:
+scheduler series carry `engine_type,model_name,moe_ep_rank,pp_rank,tp_rank`):
+
+    # TYPE sglang:num_running_reqs gauge
+    sglang:num_running_reqs{engine_type="unified",model_name="tiny-llama",tp_rank="0",...} 2.0
+    sglang:num_queue_reqs{engine_type="unified",model_name="tiny-llama",tp_rank="0",...} 1.0
+    sglang:num_used_tokens{engine_type="unified",model_name="tiny-llama",tp_rank="0",...} 4044.0
+    # TYPE sglang:realtime_tokens_total counter
+    sglang:realtime_tokens_total{mode="prefill_compute",...} 25.0
+    sglang:realtime_tokens_total{mode="decode",...} 4085.0
+    # TYPE sglang:cuda_graph_passes_total counter
+    sglang:cuda_graph_passes_total{mode="decode_none",...} 2095.0
+    sglang:generation_tokens_total{engine_type="unified",is_streaming="false",model_name="tiny-llama"} 24.0
+    sglang:num_requests_total{engine_type="unified",is_streaming="false",model_name="tiny-llama"} 2.0
+    sglang:http_requests_active{endpoint="/generate",method="POST"} 3.0
+
+- Pending: `num_running_reqs` + `num_queue_reqs`, summed over ranks. The scheduler refreshes them
+  at its log points (every 40 decode steps), so they can lag by that much.
+- Progress, every engine step: `realtime_tokens_total` and the step counter `cuda_graph_passes_total`,
+  each summed over `mode` (on CPU the mode is `decode_none`, on a GPU `decode_cuda_graph`; a long
+  prompt adds `prefill_compute` once per chunk). The token totals and `num_requests_total` move only
+  when a request ends. `num_used_tokens` moving is progress too (it grows by a chunk per prefill step).
+- Busy while both gauges read 0: during a long chunked prefill SGLang shows running 0 and queued 0.
+  The sign of that work read here is `http_requests_active` of the generation routes (it read 1
+  throughout a real 12862-token prefill): above 0, the target reads busy, never idle, and gets no
+  canary (it would queue behind the prompt). `num_used_tokens` is no such sign: it is refreshed
+  only at the scheduler's log points, so an idle server keeps its last value (4 and 12 on the real
+  idle pages). `stuck_after` must cover one chunk (`--chunked-prefill-size`, 4096 tokens by
+  default; ~1 s on the recipe's quiet box, 35-75 s on a box loaded 10 times over), since nothing
+  moves within one.
+- Restart: there is no start-time metric (prometheus-client multiprocess mode has no process
+  collector), so a counter that falls is the restart.
+- Health: no route is read. `/health` (= `/health_generate`) submits a 1-token generation through
+  the scheduler, and turns 503 only after 20 s of a frozen scheduler (SGLANG_HEALTH_CHECK_TIMEOUT),
+  far past `health_timeout`; the frozen counters already read `stuck` then (HTTP alive, engine hung),
+  which a 503 read as `down` would only blur. A killed scheduler takes the whole server down within
+  ~6 s (connection refused): `down`.
+- Loading: `/metrics` already answers 200 (24 static families) before the scheduler reports; no
+  `num_running_reqs` yet reads `down` with a detail saying so.
+"""
+
+from __future__ import annotations
+
+import math
+
+from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot
+from llm_vitals.exporter.engines.scan import Scanner, decode, show
+
+RUNNING = "sglang:num_running_reqs"
+QUEUED = "sglang:num_queue_reqs"
+USED_TOKENS = "sglang:num_used_tokens"
+REALTIME_TOKENS = "sglang:realtime_tokens_total"
+STEPS = "sglang:cuda_graph_passes_total"
+GENERATION_TOKENS = "sglang:generation_tokens_total"
+PROMPT_TOKENS = "sglang:prompt_tokens_total"
+FINISHED = "sglang:num_requests_total"
+HTTP_ACTIVE = "sglang:http_requests_active"
+
+# Routes whose requests are engine work (HTTP_ACTIVE also counts /metrics itself, /health, ...).
+# An active request on any other route says nothing about the engine: counting it could make an
+# idle server read busy with nothing moving, i.e. stuck.
+WORK_ROUTES = frozenset({
+    "/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
+    "/v1/embeddings", "/encode", "/classify", "/v1/score", "/v1/rerank", "/invocations",
+    "/v1/audio/transcriptions",
+})
+
+_SCANNER = Scanner((RUNNING, QUEUED, USED_TOKENS, REALTIME_TOKENS, STEPS, GENERATION_TOKENS, PROMPT_TOKENS,
+                    FINISHED, HTTP_ACTIVE))
+
+
+def _finite(name: str, value: float) -> float:
+    if not math.isfinite(value):
+        raise PageError("bad_metrics", f"sample {name} is {show(value)}")
+    return value
+
+
+def parse_text(text: str) -> Snapshot:
+    """Turn an SGLang `/metrics` page into a Snapshot, summed over ranks and modes; raises PageError."""
+    found = _SCANNER.scan(text)
+    if RUNNING not in found or QUEUED not in found:
+        missing = RUNNING if RUNNING not in found else QUEUED
+        if "sglang:" in text:
+            raise PageError("bad_metrics", f"no {missing} yet: SGLang's scheduler has not reported (still loading?)")
+        raise PageError("bad_metrics", f"no {missing} on the page (not an SGLang /metrics page?)")
+
+    def total(name: str) -> float | None:
+        samples = found.get(name)
+        return sum(_finite(name, s.value) for s in samples) if samples else None
+
+    active = 0.0
+    for sample in found.get(HTTP_ACTIVE, ()):
+        if sample.labels().get("endpoint") in WORK_ROUTES:
+            active += _finite(HTTP_ACTIVE, sample.value)
+    used = total(USED_TOKENS)
+    realtime = total(REALTIME_TOKENS)
+    return Snapshot(
+        running=total(RUNNING) or 0.0,
+        waiting=total(QUEUED) or 0.0,
+        steps=total(STEPS),
+        generation_tokens=total(GENERATION_TOKENS),
+        prompt_tokens=total(PROMPT_TOKENS),
+        finished=total(FINISHED),
+        more_counters=(("realtime_tokens", realtime),) if realtime is not None else (),
+        more_gauges=(("used_tokens", used),) if used is not None else (),
+        busy_signs=(("requests_active", active),),
+    )
+
+
+def parse(page: Page) -> Snapshot:
+    """Decode (strict UTF-8) and parse a `/metrics` answer; raises PageError."""
+    return parse_text(decode(page.body))
+
+
+ENGINE = Engine(
+    name="sglang",
+    parse=parse,
+    signature="sglang:",
+    # None on purpose: see the module docstring ("Health").
+    health_paths=(),
+)

@@ -1,0 +1,149 @@
+"""The Triton adapter (NVIDIA Triton Inference Server): metrics on their own port, v2 health, v2 infer canary.
+
+Triton serves Prometheus text on its metrics port (default 8002, `/metrics`), apart from the HTTP
+endpoint (`url`, default 8000). Every family is per `model`,`version`; this adapter sums over all
+models. A sample of a real page (Triton 2.51 via nvidia-pytriton 0.7.0; tests/fixtures/triton/,
+2 model instances running and 1 request queued):
+
+    # TYPE nv_inference_request_success counter
+    nv_inference_request_success{model="toy_lm",version="1"} 1
+    nv_inference_request_failure{model="toy_lm",reason="BACKEND",version="1"} 0
+    nv_inference_exec_count{model="toy_lm",version="1"} 1
+    nv_inference_compute_infer_duration_us{model="toy_lm",version="1"} 382304
+    # TYPE nv_inference_pending_request_count gauge
+    nv_inference_pending_request_count{model="toy_lm",version="1"} 1
+    nv_cpu_utilization 0.93
+
+- **Pending** is `nv_inference_pending_request_count`: requests *queued* in the scheduler. Nothing
+  counts requests that are executing, so `running` reads 0 (2 running + 1 queued reads 1; exactly
+  2 running would read 0 and look idle: a canary then queues behind them, so `canary.timeout` must
+  exceed the longest request too).
+- **Progress** is `nv_inference_exec_count`, `nv_inference_request_success`,
+  `nv_inference_request_failure` and `nv_inference_compute_infer_duration_us`. They move only when
+  an execution completes, never while a request runs. So `stuck` for Triton means requests queued
+  and nothing completing for `stuck_after`, **which must exceed the longest request** the server
+  takes (a long generation with another request queued behind it otherwise reads stuck).
+- **TensorRT-LLM**: its backend adds `nv_trt_llm_*` gauges (names from
+  triton-inference-server/tensorrtllm_backend, inflight_batcher_llm/src/custom_metrics_reporter/
+  custom_metrics_reporter.cc at commit 7f9aa4680aafaebce2d7576b5a40d5ddc7c3cbaa). When the page has
+  `nv_trt_llm_general_metrics{general_type="iteration_counter"}` it is the step counter (it moves
+  every in-flight-batching iteration, mid-generation); `nv_trt_llm_request_metrics{request_type="active"}`
+  is `running`, and the `used`/`max` KV-cache blocks give the KV usage.
+- **Frozen server**: `tritonserver` stopped (SIGSTOP, a cgroup freeze, a process wedged whole)
+  accepts connections on every port and never answers. Its metrics port is served by its own
+  threads, not by the inference path, and answered in milliseconds while saturated; so, as for
+  llama.cpp, the metrics port accepting and never answering, across reads for `stuck_after`, while
+  requests were last seen queued, is `stuck` (`metrics_unanswered`), not `down`, which no restart
+  would follow. Frozen with requests executing and none queued it was idle-looking: `down`.
+- **Restart**: there is no start-time metric; every counter starts again from 0, so a restart is a
+  counter reset (the verdict's rule for any monotone counter that went down).
+- **Health** lives on the HTTP endpoint: `/v2/health/live`, `/v2/health/ready` and
+  `/v2/models/<model>/ready`. There is no `/v1/models`. The idle canary is a KServe v2 `infer` of the
+  request the operator configures (`canary: {request: {...}}`), to `/v2/models/<model>/infer`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from llm_vitals.exporter.engines import Canary, Engine, EngineFacts, Page, PageError, Snapshot
+from llm_vitals.exporter.engines.scan import Sample, Scanner, decode, finite, show
+
+if TYPE_CHECKING:
+    from llm_vitals.exporter.settings import TargetSettings
+
+PENDING = "nv_inference_pending_request_count"
+EXEC_COUNT = "nv_inference_exec_count"
+SUCCESS = "nv_inference_request_success"
+FAILURE = "nv_inference_request_failure"
+COMPUTE_INFER = "nv_inference_compute_infer_duration_us"
+TRT_GENERAL = "nv_trt_llm_general_metrics"  # general_type="iteration_counter" | "timestamp"
+TRT_REQUESTS = "nv_trt_llm_request_metrics"  # request_type="active" | "max" | "scheduled" | "context"
+TRT_KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"  # kv_cache_block_type="max" | "used" | "free" | ...
+
+_SCANNER = Scanner((PENDING, EXEC_COUNT, SUCCESS, FAILURE, COMPUTE_INFER, TRT_GENERAL, TRT_REQUESTS, TRT_KV_BLOCKS))
+# The counters every page with a loaded model carries; a fall of any of them is a restart.
+_REQUIRED_COUNTERS = (EXEC_COUNT, SUCCESS, COMPUTE_INFER)
+
+
+def _total(name: str, samples: list[Sample]) -> float:
+    """The sum of a required family's samples; a non-finite one makes the page bad."""
+    total = 0.0
+    for sample in samples:
+        if finite(sample.value) is None:
+            raise PageError("bad_metrics", f"sample {name} is {show(sample.value)}")
+        total += sample.value
+    return total
+
+
+def _labelled(samples: list[Sample], label: str, value: str) -> float | None:
+    """The sum of the finite samples whose `label` is `value`; None when there is none."""
+    values = [s.value for s in samples if s.labels().get(label) == value and finite(s.value) is not None]
+    return sum(values) if values else None
+
+
+def parse_text(text: str) -> Snapshot:
+    """Turn a Triton metrics page into a Snapshot, summed over models; raises PageError."""
+    found = _SCANNER.scan(text)
+    if PENDING not in found:
+        raise PageError(
+            "bad_metrics",
+            f"no {PENDING} on the page (not a Triton metrics page, or no model loaded yet)",
+        )
+    missing = [name for name in _REQUIRED_COUNTERS if name not in found]
+    if missing:
+        raise PageError("bad_metrics", f"Triton page without {', '.join(missing)}")
+    trt = found.get(TRT_GENERAL, [])
+    iterations = _labelled(trt, "general_type", "iteration_counter")
+    active = _labelled(found.get(TRT_REQUESTS, []), "request_type", "active")
+    blocks = found.get(TRT_KV_BLOCKS, [])
+    used, most = _labelled(blocks, "kv_cache_block_type", "used"), _labelled(blocks, "kv_cache_block_type", "max")
+    executions = _total(EXEC_COUNT, found[EXEC_COUNT])
+    more = [("request_failure", _total(FAILURE, found.get(FAILURE, []))),
+            ("compute_infer_duration_us", _total(COMPUTE_INFER, found[COMPUTE_INFER]))]
+    if iterations is not None:
+        more.append(("exec_count", executions))  # the steps are TensorRT-LLM's iterations then
+    return Snapshot(
+        running=active if active is not None else 0.0,
+        waiting=_total(PENDING, found[PENDING]),
+        steps=iterations if iterations is not None else executions,
+        finished=_total(SUCCESS, found[SUCCESS]),
+        kv_usage=used / most if used is not None and most else None,
+        more_counters=tuple(more),
+    )
+
+
+def parse(page: Page) -> Snapshot:
+    """Decode (strict UTF-8) and parse a Triton metrics body; raises PageError."""
+    return parse_text(decode(page.body))
+
+
+def canary_body(target: TargetSettings, model: str) -> object:
+    """The operator's KServe v2 infer body (settings require one while the canary is on)."""
+    return target.canary.request or {}
+
+
+def canary_wrong(answer: object) -> str | None:
+    """None for a KServe v2 infer answer with outputs, else what is wrong with it."""
+    if not isinstance(answer, dict):
+        return "answer is not a JSON object"
+    outputs = answer.get("outputs")
+    if not isinstance(outputs, list) or not outputs:
+        return "answer has no outputs"
+    return None
+
+
+ENGINE = Engine(
+    name="triton",
+    parse=parse,
+    signature="nv_inference_",
+    # Metrics on their own port (a target's metrics_url overrides): url's host, port 8002, /metrics.
+    metrics_port=8002,
+    health_paths=("/v2/health/live",),
+    ready_path="/v2/models/{model}/ready",
+    models_path=None,  # no /v1/models: the model is named in the config (PyTriton's repository index is 403)
+    canary=Canary(path="/v2/models/{model}/infer", body=canary_body, wrong=canary_wrong, needs_request=True),
+    # tritonserver's own threads serve the metrics port, apart from inference (it answered in ms while
+    # saturated): accepted and never answered while requests were queued is the whole server frozen.
+    facts=EngineFacts(metrics_unanswered_is_stuck=True),
+)

@@ -1,0 +1,117 @@
+"""The vLLM adapter: a targeted scan of `/metrics` that reads only the families the verdict needs.
+
+It reads only the families the verdict needs, with the shared scanner (llm_vitals/exporter/engines/scan.py),
+which is held to prometheus-client's values by a property test. A sample of the page:
+
+    # HELP vllm:num_requests_running Number of requests in model execution batches.
+    # TYPE vllm:num_requests_running gauge
+    vllm:num_requests_running{engine="0",model_name="tiny"} 2.0
+    vllm:num_requests_waiting{engine="0",model_name="tiny"} 8.0
+    vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.0019536019536019467
+    vllm:iteration_tokens_total_count{engine="0",model_name="tiny"} 10547.0
+    vllm:generation_tokens_total{engine="0",model_name="tiny"} 20513.0
+    vllm:request_success_total{engine="0",finished_reason="length",model_name="tiny"} 25.0
+    process_start_time_seconds 1.79622199191e+09
+
+Pending: running + waiting. Progress: steps, tokens, finished requests, KV usage. Restart: the
+start time, else a counter reset (it is absent with --api-server-count > 1). Sleep mode:
+`vllm:engine_sleep_state{sleep_state="awake|weights_offloaded|discard_all"}`, 1 for the state now.
+"""
+
+from __future__ import annotations
+
+import math
+
+from llm_vitals.exporter.engines import Engine, PageError, Snapshot
+from llm_vitals.exporter.engines.scan import Sample, Scanner, decode, show
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+STEPS = "vllm:iteration_tokens_total_count"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+FINISHED = "vllm:request_success_total"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+KV_USAGE_BEFORE_0_10 = "vllm:gpu_cache_usage_perc"
+START_TIME = "process_start_time_seconds"
+# Sleep mode (`--enable-sleep-mode`): one series per sleep_state, at 1 for the engine's state now.
+SLEEP_STATE = "vllm:engine_sleep_state"
+SLEEP_LEVELS = {"awake": 0, "weights_offloaded": 1, "discard_all": 2}
+
+
+SCANNER = Scanner((RUNNING, WAITING, STEPS, GENERATION_TOKENS, PROMPT_TOKENS, FINISHED, KV_USAGE,
+                   KV_USAGE_BEFORE_0_10, START_TIME, SLEEP_STATE))
+
+
+def sleep_level(samples: list[Sample]) -> int:
+    """The sleep level a page shows (0 awake): asleep only when every engine sleeps, at the lightest level among them.
+
+    Each engine has one series per `sleep_state`, the one at 1 naming its state. An engine with
+    no series at 1 counts as awake: a sleeping server gets no canary, so `asleep` must be what
+    the page says, never a guess.
+    """
+    levels: dict[str, int] = {}
+    engines: set[str] = set()
+    for sample in samples:
+        labels = sample.labels()
+        engine = labels.get("engine", "")
+        engines.add(engine)
+        level = SLEEP_LEVELS.get(labels.get("sleep_state", ""))
+        if level is not None and sample.value == 1:
+            levels[engine] = min(levels.get(engine, level), level)
+    return min((levels.get(engine, 0) for engine in engines), default=0)
+
+
+def sample_values(text: str) -> dict[str, list[float]]:
+    """Values of the wanted samples by full sample name (any labels, in page order)."""
+    return {name: [sample.value for sample in samples] for name, samples in SCANNER.scan(text).items()}
+
+
+def _required(name: str, values: list[float]) -> list[float]:
+    for value in values:
+        if not math.isfinite(value):
+            raise PageError("bad_metrics", f"sample {name} is {show(value)}")
+    return values
+
+
+def parse_text(text: str) -> Snapshot:
+    """Turn a vLLM `/metrics` page into a Snapshot, summed over engines; raises PageError."""
+    scanned = SCANNER.scan(text)
+    found = {name: [sample.value for sample in samples] for name, samples in scanned.items()}
+    if RUNNING not in found or WAITING not in found:
+        missing = RUNNING if RUNNING not in found else WAITING
+        raise PageError("bad_metrics", f"no {missing} on the page (not a vLLM /metrics page?)")
+    # An optional gauge that reads NaN or ±Inf is absent, not a reason to reject the page.
+    kv_values = [v for v in found.get(KV_USAGE) or found.get(KV_USAGE_BEFORE_0_10) or [] if math.isfinite(v)]
+    start_times = [v for v in found.get(START_TIME, []) if math.isfinite(v)]
+
+    def total(name: str) -> float | None:
+        values = found.get(name)
+        return sum(_required(name, values)) if values else None
+
+    return Snapshot(
+        running=sum(_required(RUNNING, found[RUNNING])),
+        waiting=sum(_required(WAITING, found[WAITING])),
+        steps=total(STEPS),
+        generation_tokens=total(GENERATION_TOKENS),
+        prompt_tokens=total(PROMPT_TOKENS),
+        finished=total(FINISHED),
+        # A usage fraction is not additive across data-parallel engines: report their mean.
+        kv_usage=sum(kv_values) / len(kv_values) if kv_values else None,
+        process_start_time=start_times[0] if start_times else None,
+        sleep_level=sleep_level(scanned.get(SLEEP_STATE, [])),
+    )
+
+
+def parse_page(body: bytes) -> Snapshot:
+    """Decode (strict UTF-8) and parse a `/metrics` body; raises PageError."""
+    return parse_text(decode(body))
+
+
+ENGINE = Engine(
+    name="vllm",
+    parse=lambda page: parse_page(page.body),  # no header carries anything the verdict needs
+    signature="vllm:",
+    # 503 once the engine is known dead (EngineDeadError); a hung engine still answers 200.
+    health_paths=("/health",),
+)

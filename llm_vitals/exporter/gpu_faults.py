@@ -1,0 +1,184 @@
+"""The GPU-fault rules: pure functions from what a node and its dcgm-exporter say to one fault, or none.
+
+Three sources can flag a target's GPU (README "GPU faults", DESIGN §9):
+
+- `file`: the target's `gpu_fault_file` (a node agent writes it); its first line is the detail.
+- `node`: the Kubernetes node's conditions and taints (`node_fault`).
+- `dcgm`: the target's GPU on a dcgm-exporter page (`dcgm_fault`): a *change* of the Xid gauge to a
+  listed Xid, held until it clears, or a failing DCGM health watch.
+
+`combine` makes one fault of them, the first source in that order winning the detail. Every detail
+starts with a reason word and a colon (`GpuMemWatchIsNotHealthy: ...`): the remediator's
+cordon_and_move taints the node with that word (llm_vitals/remediator/pods.py `taint_value`).
+
+No I/O here: the poller and the node watch read, these functions decide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# NVSentinel's node conditions (True = unhealthy). Its gpu-health-monitor names one condition per
+# DCGM health watch (`GpuMemWatch`, reason `GpuMemWatchIsNotHealthy`, message `... Recommended
+# Action=...`); its syslog-health-monitor sets `SysLogsXIDError`, `SysLogsSXIDError` and
+# `SysLogsGPUFallenOff` (NVIDIA/NVSentinel: health-monitors/syslog-health-monitor, the gpu-health-monitor
+# tests). Power and clock warnings are Events there, not conditions, so they are not listed.
+# Node Problem Detector ships no GPU condition of its own: a custom-plugin condition is added by name.
+NVSENTINEL_CONDITIONS: tuple[str, ...] = (
+    "GpuMemWatch", "GpuInforomWatch", "GpuPcieWatch", "GpuNvlinkWatch", "GpuThermalWatch",
+    "GpuDriverWatch", "GpuAllWatch",
+    "SysLogsXIDError", "SysLogsSXIDError", "SysLogsGPUFallenOff",
+)
+# Conditions whose *False* is the fault: the EKS node monitoring agent's accelerated-hardware check
+# (AcceleratedHardwareReady=False, reasons such as `NvidiaXID79Error`, `DCGMError`).
+READY_CONDITIONS: tuple[str, ...] = ("AcceleratedHardwareReady",)
+# Xids a restart cannot fix: 48 double-bit ECC, 79 fallen off the bus, 94 contained and 95
+# uncontained ECC error (NVIDIA's Xid catalogue).
+DEFAULT_XIDS: tuple[int, ...] = (48, 79, 94, 95)
+# DCGM_EXP_GPU_HEALTH_STATUS values: dcgmHealthWatchResult PASS 0, WARN 10, FAIL 20. A warning
+# (a clock throttle, a PCIe replay rate) is not a fault a restart cannot fix: only FAIL counts.
+DCGM_HEALTH_FAIL = 20.0
+
+DETAIL_CHARS = 300
+
+
+@dataclass(frozen=True)
+class GpuFault:
+    """One flagged GPU fault: which source said so, and the detail shown as `gpu_fault_detail`."""
+
+    source: str  # file | node | dcgm
+    detail: str
+
+
+@dataclass(frozen=True)
+class Taint:
+    """A configured taint pattern: key, and optionally value and effect (`key[=value][:effect]`)."""
+
+    key: str
+    value: str | None = None
+    effect: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Taint:
+        """`key[=value][:effect]`; ValueError when the key is empty."""
+        rest, _, effect = text.partition(":")
+        key, eq, value = rest.partition("=")
+        if not key.strip():
+            raise ValueError(f"taint {text!r}: the key is empty (key[=value][:effect])")
+        return cls(key.strip(), value if eq else None, effect or None)
+
+    def matches(self, taint: Mapping[str, Any]) -> bool:
+        return (taint.get("key") == self.key
+                and (self.value is None or (taint.get("value") or "") == self.value)
+                and (self.effect is None or taint.get("effect") == self.effect))
+
+
+@dataclass(frozen=True)
+class NodeRules:
+    """Which node conditions and taints count as a GPU fault."""
+
+    conditions: frozenset[str] = frozenset(NVSENTINEL_CONDITIONS)  # a fault when True
+    ready_conditions: frozenset[str] = frozenset(READY_CONDITIONS)  # a fault when False
+    taints: tuple[Taint, ...] = ()
+
+
+def _clip(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= DETAIL_CHARS else text[: DETAIL_CHARS - 1] + "…"
+
+
+def node_fault(node: str, conditions: Iterable[Mapping[str, Any]], taints: Iterable[Mapping[str, Any]],
+               rules: NodeRules) -> GpuFault | None:
+    """The node's first faulty condition (in the node's order), else its first matching taint, else None.
+
+    `conditions` and `taints` are the Node's `status.conditions` and `spec.taints` as the API gives
+    them (dicts with type/status/reason/message and key/value/effect). A condition whose status is
+    Unknown is not a fault: an agent that stopped reporting is doubt, not evidence.
+    """
+    for condition in conditions:
+        kind, status = condition.get("type"), condition.get("status")
+        if (kind in rules.conditions and status == "True") or (kind in rules.ready_conditions and status == "False"):
+            reason = condition.get("reason") or f"{kind}{'IsNotHealthy' if status == 'True' else 'NotReady'}"
+            message = condition.get("message") or ""
+            return GpuFault("node", _clip(f"{reason}: node {node} condition {kind}={status}"
+                                          + (f": {message}" if message else "")))
+    for taint in taints:
+        for pattern in rules.taints:
+            if pattern.matches(taint):
+                shown = taint.get("key", "") + (f"={taint['value']}" if taint.get("value") else "") + f":{taint.get('effect', '')}"
+                return GpuFault("node", _clip(f"{taint.get('key')}: node {node} is tainted {shown}"))
+    return None
+
+
+# -- dcgm-exporter -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU's lines on a dcgm-exporter page: its ids, its Xid gauge, and its failing health watches."""
+
+    uuid: str
+    gpu: str  # the index as dcgm-exporter labels it ("0")
+    xid: float | None  # DCGM_FI_DEV_XID_ERRORS; None when the page has no such line
+    failing: tuple[tuple[str, str], ...] = ()  # (health_watch, health_error_code) at FAIL
+
+
+@dataclass(frozen=True)
+class DcgmState:
+    """What the dcgm rule remembers between reads: the last Xid seen per GPU, and the Xid faults it holds."""
+
+    xids: Mapping[str, float] = field(default_factory=dict)  # uuid -> last Xid read
+    held: Mapping[str, str] = field(default_factory=dict)  # uuid -> detail of an Xid fault not cleared yet
+
+
+def _xid_text(value: float) -> str:
+    return str(int(value)) if value == int(value) else f"{value:g}"
+
+
+def dcgm_fault(before: DcgmState, readings: Sequence[GpuReading] | None, xids: frozenset[int]) -> tuple[DcgmState, GpuFault | None]:
+    """The target's GPUs on this read, against what the last read left: (state to keep, fault or None).
+
+    - Xid: `DCGM_FI_DEV_XID_ERRORS` is the *last* Xid the GPU had and keeps it, so only a change is an
+      event. A change to a listed Xid flags a fault that is held until the gauge changes again to a
+      value not listed (0 included: what a dcgm-exporter or a GPU reset starts from). The first read
+      of a GPU is a baseline, never a fault: a 79 from before the exporter started is not known to be
+      current, and a GPU still broken also fails its DCGM health watch, which is read as a level.
+    - Health: any `DCGM_EXP_GPU_HEALTH_STATUS` watch at FAIL (20) is a fault while it reads so.
+    - No reading (`None`: the page could not be read, or the GPU is not on it) changes nothing and
+      flags nothing new; an Xid fault already held stays held until a reading clears it.
+    """
+    if readings is None:
+        return before, _first_held(before, ())
+    xid_seen, held = dict(before.xids), dict(before.held)
+    health: GpuFault | None = None
+    for gpu in readings:
+        if gpu.xid is not None:
+            last = xid_seen.get(gpu.uuid)
+            if last is not None and gpu.xid != last:
+                if int(gpu.xid) in xids and gpu.xid == int(gpu.xid):
+                    held[gpu.uuid] = _clip(f"Xid{_xid_text(gpu.xid)}: dcgm-exporter DCGM_FI_DEV_XID_ERRORS changed "
+                                           f"{_xid_text(last)} -> {_xid_text(gpu.xid)} on GPU {gpu.gpu} ({gpu.uuid})")
+                else:
+                    held.pop(gpu.uuid, None)
+            xid_seen[gpu.uuid] = gpu.xid
+        if gpu.failing and health is None:
+            watches = ", ".join(f"{watch} {code}" for watch, code in gpu.failing)
+            code = next((c for _, c in gpu.failing if c and c != "DCGM_FR_OK"), f"DcgmHealth{gpu.failing[0][0]}")
+            health = GpuFault("dcgm", _clip(f"{code}: dcgm-exporter DCGM_EXP_GPU_HEALTH_STATUS FAIL on GPU {gpu.gpu} "
+                                            f"({gpu.uuid}): {watches}"))
+    after = DcgmState(xid_seen, held)
+    return after, _first_held(after, [g.uuid for g in readings]) or health
+
+
+def _first_held(state: DcgmState, order: Iterable[str]) -> GpuFault | None:
+    for uuid in [*order, *sorted(state.held)]:
+        if uuid in state.held:
+            return GpuFault("dcgm", state.held[uuid])
+    return None
+
+
+def combine(faults: Iterable[GpuFault | None]) -> GpuFault | None:
+    """One fault from several sources: the first one flagged (callers pass file, node, dcgm in that order)."""
+    return next((fault for fault in faults if fault is not None), None)

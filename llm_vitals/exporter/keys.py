@@ -1,0 +1,27 @@
+"""The exporter app's typed keys, in a module of their own so that the app and its pages share them without importing each other."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from llm_vitals.exporter.discovery.manager import Discovery
+from llm_vitals.exporter.node_watch import NodeCache
+from llm_vitals.exporter.poller import Poller
+from llm_vitals.exporter.reload import ReloadState
+from llm_vitals.exporter.settings import ExporterSettings
+from llm_vitals.exporter.state import StateStore
+
+SETTINGS = web.AppKey("settings", ExporterSettings)
+STORE = web.AppKey("store", StateStore)
+REGISTRY = web.AppKey("registry", CollectorRegistry)
+CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+POLLER = web.AppKey("poller", Poller)
+NODES = web.AppKey("nodes", NodeCache)
+DISCOVERY = web.AppKey("discovery", Discovery)
+RELOAD = web.AppKey("reload", ReloadState)
+FULL_RENDER = web.AppKey("full_render", bool)  # /metrics rendered whole per scrape: the benchmark's baseline

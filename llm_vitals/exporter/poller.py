@@ -1,0 +1,297 @@
+"""The background loops: one task per target polls on a fixed interval with jitter, judges, caches.
+
+Nothing here can end a loop except cancellation: every upstream failure becomes a PollError, and an
+unexpected exception is logged and counted as `internal` so a bug is visible but not fatal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from llm_vitals.exporter.canary import resolve_model, send_canary
+from llm_vitals.exporter.dcgm import SharedPages, fetch_page, select_gpus
+from llm_vitals.exporter.discovery.targetset import Changes
+from llm_vitals.exporter.engines import Page, PageError, Snapshot
+from llm_vitals.exporter.engines.table import engine_of, read_page
+from llm_vitals.exporter.gpu_faults import GpuFault, GpuReading, dcgm_fault
+from llm_vitals.exporter.node_watch import NodeCache
+from llm_vitals.exporter.page import refresh
+from llm_vitals.exporter.settings import ExporterSettings
+from llm_vitals.exporter.state import StateStore, TargetRecord, log_gpu_fault_change
+from llm_vitals.exporter.upstream import METRICS_ACCEPT, bounded_get, bounded_get_with_headers, read_models
+from llm_vitals.exporter.verdict import (
+    CanaryOutcome,
+    ModelsOk,
+    Observation,
+    PollError,
+    canary_due,
+    health_check_due,
+    judge,
+    record_canary,
+)
+from llm_vitals.logs import log_event
+from llm_vitals.targets import UNHEALTHY_STATES
+
+log = logging.getLogger("llm_vitals.exporter")
+
+
+class Poller:
+    """Owns the per-target tasks; writes each target's record in the StateStore."""
+
+    def __init__(
+        self,
+        settings: ExporterSettings,
+        store: StateStore,
+        session: aiohttp.ClientSession,
+        clock: Callable[[], float] = time.time,
+        nodes: NodeCache | None = None,
+    ) -> None:
+        self.settings = settings
+        self.nodes = nodes  # the node watch's cache, applied to the target on each poll
+        self.store = store
+        self.session = session
+        self.clock = clock
+        self.tasks: dict[str, asyncio.Task[None]] = {}  # one poll loop per watched target, by name
+        self._xids = frozenset(settings.gpu_faults.dcgm_xids)
+        self._node_rules = settings.gpu_faults.node_rules
+        # Targets on one node share its dcgm-exporter page: one read per URL per poll interval (a
+        # tenth less, so that two polls one interval apart never both reuse one read).
+        self.dcgm_pages = SharedPages(
+            lambda url: fetch_page(session, url, self.settings.gpu_faults.dcgm_timeout, self.settings.max_page_bytes),
+            fresh_for=0.9 * settings.poll_interval)
+
+    def reconfigure(self, settings: ExporterSettings) -> None:
+        """A reloaded config's poll settings and GPU-fault rules, used from each loop's next poll."""
+        self.settings = settings
+        self._xids = frozenset(settings.gpu_faults.dcgm_xids)
+        self._node_rules = settings.gpu_faults.node_rules
+
+    def start(self) -> None:
+        for record in self.store:
+            self._start(record)
+
+    def _start(self, record: TargetRecord) -> None:
+        self.tasks[record.name] = asyncio.create_task(self._loop(record), name=f"poll:{record.name}")
+
+    async def stop(self) -> None:
+        canaries = [r.canary_task for r in self.store if r.canary_task is not None]
+        tasks = [*self.tasks.values(), *canaries]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.tasks.clear()
+        await self.dcgm_pages.close()
+
+    def apply(self, changes: Changes) -> None:
+        """Follow a change of the target set (llm_vitals/exporter/discovery/targetset.py): stop the loops of the
+        removed and changed targets and drop their records, then start fresh ones for the added and
+        changed (each `starting` until its first good read).
+
+        Synchronous on purpose: between this call and the next scrape there is no await, so no page
+        shows a removed target. A cancelled loop may still be awaiting its upstream; it writes only
+        to its own record, which is no longer in the store.
+        """
+        now = self.clock()
+        for name in (*changes.removed, *(target.name for target in changes.changed)):
+            self._drop(name)
+        for target in (*changes.added, *changes.changed):
+            self._start(self.store.add(target, now))
+
+    def _drop(self, name: str) -> None:
+        task = self.tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+        record = self.store.remove(name)
+        if record is not None and record.canary_task is not None:
+            record.canary_task.cancel()
+
+    async def _loop(self, record: TargetRecord) -> None:
+        interval = self.settings.poll_interval
+        loop = asyncio.get_running_loop()
+        # `interval` is read again after each poll: a reload may change it.
+        # A large fleet spreads its first polls over one interval so it does not poll in lockstep;
+        # a small one starts within a second, so its first verdicts (and probes) come quickly.
+        await asyncio.sleep(random.uniform(0, min(interval, 1.0) if len(self.store.records) < 50 else interval))
+        next_at = loop.time()
+        while True:
+            try:
+                await self.poll_once(record)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug in the exporter, never an upstream failure
+                record.poll_errors["internal"] += 1
+                log.exception("poll failed unexpectedly", extra={"fields": {"target": record.name, "error": type(exc).__name__}})
+            interval = self.settings.poll_interval
+            next_at += interval
+            now = loop.time()
+            next_at = max(next_at, now)  # a poll overran the interval: re-anchor rather than fire a burst
+            jitter = random.uniform(0, interval * self.settings.poll_jitter)
+            await asyncio.sleep(next_at - now + jitter)
+
+    async def poll_once(self, record: TargetRecord) -> None:
+        """One poll: observe, judge, cache, log a state change, maybe send a canary, render its /metrics lines."""
+        started = time.perf_counter()
+        before_fault = record.gpu_fault
+        if record.settings.dcgm is None:  # no gather: its two tasks a poll showed at 5,000 targets (bench_scale.py)
+            (observation, health), gpus = await self.observe(record), None
+        else:
+            (observation, health), gpus = await asyncio.gather(self.observe(record), self._read_dcgm(record))
+        record.poll_duration = time.perf_counter() - started
+        self._read_gpu_fault_file(record)
+        if self.nodes is not None:
+            self.nodes.apply(record, self._node_rules)
+        if record.settings.dcgm is not None:
+            record.dcgm_state, record.dcgm_fault = dcgm_fault(record.dcgm_state, gpus, self._xids)
+        log_gpu_fault_change(record, before_fault)
+        now = self.clock()
+        before = record.verdict
+        record.verdict = judge(before, observation, now, record.settings, health=health)
+        record.polls += 1
+        if record.verdict.error_reason:
+            record.poll_errors[record.verdict.error_reason] += 1
+        record.remember(now)
+        self._log_change(record, before)
+        if canary_due(record.verdict, observation, record.last_canary_sent, now, record.settings,
+                      poll_interval=self.settings.poll_interval, in_flight=record.canary_task is not None):
+            record.last_canary_sent = now
+            record.canary_task = asyncio.create_task(self._canary(record), name=f"canary:{record.name}")
+        refresh(record, now)  # its /metrics lines, once per poll rather than once per scrape
+
+    async def observe(self, record: TargetRecord) -> tuple[Observation, tuple[str, int] | None]:
+        """What one poll sees (a Snapshot, the model list, or a PollError) and `/health`'s status when asked.
+
+        Never raises for upstream trouble.
+        """
+        target = record.settings
+        try:
+            if target.role == "proxy" or engine_of(target.engine).parse is None:
+                return ModelsOk(tuple(await read_models(self.session, target, self.settings.models_timeout))), None
+            snapshot = await self._read_metrics(record)
+            health = await self._read_health(record) if health_check_due(record.verdict, snapshot) else None
+            if not snapshot.pending:
+                await self._check_model_ready(record)
+            return snapshot, health
+        except PageError as exc:
+            return PollError(exc.reason, exc.detail), None
+
+    async def _read_metrics(self, record: TargetRecord) -> Snapshot:
+        entry = engine_of(record.settings.engine)
+        status, body, headers = await bounded_get_with_headers(
+            self.session, entry.metrics_url(record.settings), headers={"Accept": METRICS_ACCEPT},
+            timeout=self.settings.metrics_timeout, max_bytes=self.settings.max_page_bytes,
+        )
+        if status != 200:
+            raise PageError("http_status", f"{entry.metrics_path} answered HTTP {status}")
+        return read_page(entry, Page(body, headers))
+
+    async def _read_health(self, record: TargetRecord) -> tuple[str, int] | None:
+        """The first of the engine's health routes that answers 503, as (path, 503); else the last answer, or None.
+
+        Only a 503 is news to the verdict; a route that does not answer is skipped (a server really
+        gone fails its next metrics read).
+        """
+        seen = None
+        for path in engine_of(record.settings.engine).health_paths:
+            try:
+                status, _ = await bounded_get(
+                    self.session, record.settings.base_url + path,
+                    timeout=self.settings.health_timeout, max_bytes=64 * 1024,
+                )
+            except PageError:
+                continue
+            seen = (path, status)
+            if status == 503:
+                break
+        return seen
+
+    async def _check_model_ready(self, record: TargetRecord) -> None:
+        # An idle-looking page is idle only once the model can serve: a Triton (re)starting has its
+        # page up before the model is loaded, and a canary then fails (404) as if the server hung.
+        path = engine_of(record.settings.engine).ready_path
+        if path is None or not record.settings.model:
+            return
+        path = path.replace("{model}", record.settings.model)
+        status, _ = await bounded_get(
+            self.session, record.settings.base_url + path, timeout=self.settings.health_timeout, max_bytes=64 * 1024,
+        )
+        if status != 200:
+            raise PageError("http_status", f"{path} answered HTTP {status}: the model is not ready")
+
+    async def _canary(self, record: TargetRecord) -> None:
+        target = record.settings
+        try:
+            try:
+                async with asyncio.timeout(target.canary.timeout):
+                    if record.model is None:
+                        record.model = await resolve_model(self.session, target, self.settings.models_timeout)
+                    outcome = await send_canary(self.session, target, record.model)
+            except TimeoutError:
+                outcome = CanaryOutcome("timeout", f"no answer within {target.canary.timeout:g}s")
+            except PageError as exc:
+                outcome = CanaryOutcome("error", f"model lookup failed ({exc.reason})")
+            if outcome.result != "ok" and not target.model:
+                record.model = None  # the server may have been replaced: look the model up again
+            record.canaries[outcome.result] += 1
+            before = record.verdict
+            now = self.clock()
+            record.verdict = record_canary(before, outcome, now, target)
+            refresh(record, now)
+            if outcome.result != "ok":
+                log_event(log, "canary failed", logging.WARNING, target=record.name, result=outcome.result,
+                          detail=outcome.detail, consecutive_failures=record.verdict.canary_failures)
+            self._log_change(record, before)
+        except Exception as exc:  # a bug in the exporter: logged, and never counted against the server
+            log.exception("canary failed unexpectedly", extra={"fields": {"target": record.name, "error": type(exc).__name__}})
+        finally:
+            record.canary_task = None
+
+    async def _read_dcgm(self, record: TargetRecord) -> list[GpuReading] | None:
+        """The target's GPUs on its dcgm-exporter page; None (the error kept on the record) when unreadable."""
+        dcgm = record.settings.dcgm
+        if dcgm is None:
+            return None
+        try:
+            gpus = select_gpus(await self.dcgm_pages.get(str(dcgm.url)), dcgm)
+        except PageError as exc:
+            error = f"{exc.reason}: {exc.detail}"
+            if record.gpu_fault_errors.get("dcgm") != error:
+                log_event(log, "cannot read dcgm-exporter", logging.WARNING, target=record.name, url=str(dcgm.url), error=error)
+            record.gpu_fault_errors["dcgm"] = error
+            return None
+        record.gpu_fault_errors.pop("dcgm", None)
+        return gpus
+
+    def _read_gpu_fault_file(self, record: TargetRecord) -> None:
+        path = record.settings.gpu_fault_file
+        if path is None:
+            return
+        try:
+            with open(path, "rb") as flag:
+                text = flag.read(4096).decode("utf-8", "replace").strip()
+        except FileNotFoundError:
+            text = ""
+        except OSError as exc:
+            text = ""
+            log_event(log, "cannot read gpu_fault_file", logging.WARNING, target=record.name, error=exc.strerror)
+        record.file_fault = GpuFault("file", text.splitlines()[0][:200]) if text else None
+
+    def _log_change(self, record: TargetRecord, before) -> None:
+        after = record.verdict
+        if after.restarts != before.restarts:
+            log_event(log, "restart detected", logging.WARNING, target=record.name, restarts=after.restarts,
+                      process_start_time=after.process_start_time)
+        if after.state == before.state:
+            return
+        snap = after.snapshot
+        log_event(
+            log, "state change", logging.WARNING if after.state in UNHEALTHY_STATES else logging.INFO,
+            target=record.name, **{"from": before.state, "to": after.state}, reason=after.reason,
+            detail=after.detail, restarts=after.restarts, counters=snap.counters() if snap else {},
+        )
+

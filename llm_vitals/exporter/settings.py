@@ -1,0 +1,359 @@
+"""The exporter's validated configuration: one YAML file, unknown keys rejected, secrets kept secret."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
+
+# ConfigError is re-exported: the CLI and callers catch it as exporter.settings.ConfigError.
+from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_env_or_file, validate_document
+from llm_vitals.durations import Duration
+from llm_vitals.exporter.engines.table import engine_of
+from llm_vitals.exporter.gpu_faults import DEFAULT_XIDS, NVSENTINEL_CONDITIONS, READY_CONDITIONS, NodeRules, Taint
+from llm_vitals.validators import ListenAddress, ParsedHttpUrl, TargetName, parse_listen
+
+# The engines of llm_vitals/exporter/engines/table.py; a test keeps the two lists equal.
+EngineName = Literal["vllm", "llamacpp", "triton", "sglang", "tgi", "openai"]
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class _FrozenStrict(StrictModel):
+    # Frozen: one settings object is shared by the poller, collector and routes, and none may change it.
+    model_config = ConfigDict(frozen=True)
+
+
+class CanarySettings(_FrozenStrict):
+    """The idle canary: one tiny completion, only ever sent to a server with nothing running or waiting."""
+
+    enabled: bool = True
+    interval: Duration = 30.0
+    timeout: Duration = 10.0
+    # Consecutive failures (errors or timeouts) on an idle-looking server before it is `unresponsive`.
+    failures_before_unresponsive: int = Field(3, ge=1)
+    # Readiness of an idle server needs evidence it serves (a canary or counters that moved) this recent;
+    # default 3 x interval, so one lost canary does not flap readiness.
+    fresh_for: Duration | None = None
+    prompt: str = "ping"
+    # The request body itself, for engines whose canary the operator must describe (Triton: a KServe
+    # v2 infer body, `{inputs: [{name, shape, datatype, data}]}`, of the smallest request the model takes).
+    request: dict[str, Any] | None = None
+
+    @property
+    def freshness(self) -> float:
+        return self.fresh_for if self.fresh_for is not None else 3 * self.interval
+
+
+class DcgmSettings(_FrozenStrict):
+    """Where a target's GPU is read on a dcgm-exporter page: its `/metrics` URL and the GPU, by pod or by UUID."""
+
+    url: ParsedHttpUrl
+    # The GPU(s) whose `pod` label (dcgm-exporter's Kubernetes pod mapping) is this pod; with
+    # `namespace`, only in that namespace. Every GPU of the pod counts (tensor parallel: several).
+    pod: str | None = None
+    namespace: str | None = None
+    # Or the GPU by its UUID label (`GPU-...`), for hosts without the pod mapping.
+    uuid: str | None = None
+
+    @model_validator(mode="after")
+    def _one_gpu(self) -> DcgmSettings:
+        if (self.pod is None) == (self.uuid is None):
+            raise ValueError("name the GPU by exactly one of pod and uuid")
+        if self.namespace is not None and self.pod is None:
+            raise ValueError("namespace goes with pod")
+        return self
+
+
+class TargetSettings(_FrozenStrict):
+    """One LLM server (or proxy) to watch."""
+
+    name: TargetName
+    url: ParsedHttpUrl
+    # Which row of the engine table (llm_vitals/exporter/engines/table.py) reads this server.
+    engine: EngineName = "vllm"
+    role: Literal["backend", "proxy"] = "backend"
+    model: str | None = None
+    # Where the engine's /metrics page is, when not on `url` (Triton's default: url's host, port 8002).
+    metrics_url: ParsedHttpUrl | None = None
+    api_key_env: str | None = None
+    api_key_file: Path | None = None
+    stuck_after: Duration = 60.0
+    startup_grace: Duration = 900.0
+    # Liveness fails only when stuck for longer than this (default 2 x stuck_after): a wrong liveness
+    # verdict costs minutes of weight loading.
+    liveness_budget: Duration | None = None
+    canary: CanarySettings = CanarySettings()
+    # A file a node agent (DCGM health, an Xid log watcher) writes when this target's GPU is faulty:
+    # present and non-empty means `gpu_fault`, and a restart will not help. Read once per poll.
+    gpu_fault_file: Path | None = None
+    # The target's GPU on a dcgm-exporter page, read once per poll (README "GPU faults").
+    dcgm: DcgmSettings | None = None
+    # The Kubernetes node this target runs on, whose conditions and taints are watched for a GPU
+    # fault. A discovered pod's node is filled in from the pod; a static target may name its own.
+    node: str | None = None
+
+    # Resolved at load time from api_key_env / api_key_file; never part of a dump.
+    _api_key: SecretStr | None = PrivateAttr(default=None)
+
+    @field_validator("stuck_after")
+    @classmethod
+    def _stuck_after_positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("stuck_after must be > 0")
+        return value
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> TargetSettings:
+        if self.api_key_env and self.api_key_file:
+            raise ValueError("set at most one of api_key_env and api_key_file")
+        return self
+
+    @model_validator(mode="after")
+    def _canary_request_fits_the_engine(self) -> TargetSettings:
+        entry = engine_of(self.engine)
+        takes_request = entry.canary is not None and entry.canary.needs_request
+        if self.canary.request is not None and not takes_request:
+            raise ValueError(f"canary.request is for engines whose canary is a request you describe (triton), "
+                             f"not {self.engine}: its canary is a 1-token completion")
+        if self.canary.request is not None and entry.models_path is None and not self.model:
+            raise ValueError(f"engine {self.engine} lists no models at /v1/models: set model, which the canary.request is for")
+        return self
+
+    @property
+    def sends_canary(self) -> bool:
+        """Whether this target gets idle canaries at all: enabled, a backend, and its engine's canary can be built.
+
+        Triton's canary is the operator's request: without `canary.request` (and `model`) none is sent,
+        and an idle-looking wedged Triton then stays idle (README "Engines").
+        """
+        entry = engine_of(self.engine)
+        if not self.canary.enabled or self.role != "backend":
+            return False
+        if entry.canary is not None and entry.canary.needs_request and self.canary.request is None:
+            return False
+        return entry.models_path is not None or bool(self.model)
+
+    @property
+    def base_url(self) -> str:
+        return str(self.url).rstrip("/")
+
+    @property
+    def public_url(self) -> str:
+        """The URL as shown in labels and API answers: any user:password@ in it is dropped."""
+        url = self.url
+        # Decided from the port itself, not by searching str(url), which also holds the password.
+        port = f":{url.port}" if url.port and url.port != _DEFAULT_PORTS.get(url.scheme) else ""
+        return f"{url.scheme}://{url.host or ''}{port}{url.path or ''}".rstrip("/")
+
+    @property
+    def liveness(self) -> float:
+        return self.liveness_budget if self.liveness_budget is not None else 2 * self.stuck_after
+
+    @property
+    def api_key(self) -> SecretStr | None:
+        return self._api_key
+
+    def resolve_secrets(self, environ: Mapping[str, str], key_path: str) -> None:
+        """Read the API key from its env var or file; a missing or blank one is a ConfigError naming `key_path`."""
+        self._api_key = secret_from_env_or_file(f"{key_path}.api_key", self.api_key_env, self.api_key_file, environ)
+
+
+# Keys a discovery template may not set: the source fills them from what it discovered.
+_DISCOVERED_KEYS = frozenset({"name", "url", "node"})
+
+
+def _check_template(template: dict[str, Any]) -> dict[str, Any]:
+    """A discovery `template` is any target key but name/url/node, checked now so a typo fails at load."""
+    refused = sorted(_DISCOVERED_KEYS & template.keys())
+    if refused:
+        raise ValueError(f"a template may not set {', '.join(refused)}: discovery fills them in")
+    TargetSettings.model_validate({**template, "name": "template", "url": "http://template.invalid"})
+    return template
+
+
+class KubernetesDiscovery(_FrozenStrict):
+    """Pods listed and then watched through the API server (llm_vitals/exporter/discovery/kubernetes.py)."""
+
+    # Default: the exporter's own namespace (the service account's), one watch per namespace.
+    namespaces: list[str] = []
+    selector: str = Field(min_length=1)  # a label selector, required: never "every pod in the namespace"
+    port: str | int  # the container port, by name or by number
+    scheme: Literal["http", "https"] = "http"
+    template: dict[str, Any] = {}
+    # Default: the in-cluster service account.
+    kubeconfig: Path | None = None
+
+    @field_validator("template")
+    @classmethod
+    def _template_checked(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _check_template(value)
+
+    @field_validator("port")
+    @classmethod
+    def _port_sane(cls, value: str | int) -> str | int:
+        if isinstance(value, int) and not 1 <= value <= 65535:
+            raise ValueError("port must be 1-65535 or a container port name")
+        if isinstance(value, str) and not value:
+            raise ValueError("port must be 1-65535 or a container port name")
+        return value
+
+
+class FileDiscovery(_FrozenStrict):
+    """Prometheus file_sd files (JSON or YAML), re-read when they change (llm_vitals/exporter/discovery/file_sd.py)."""
+
+    paths: list[str] = Field(min_length=1)  # file paths or globs (`*` in the last part)
+    # How often the files' size and modification time are looked at; a change re-reads them.
+    refresh_interval: Duration = 5.0
+    template: dict[str, Any] = {}
+
+    @field_validator("template")
+    @classmethod
+    def _template_checked(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _check_template(value)
+
+
+class DiscoverySource(_FrozenStrict):
+    """One entry of `discovery:`: exactly one of `kubernetes` and `file`."""
+
+    kubernetes: KubernetesDiscovery | None = None
+    file: FileDiscovery | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> DiscoverySource:
+        if (self.kubernetes is None) == (self.file is None):
+            raise ValueError("each discovery entry has exactly one of kubernetes and file")
+        return self
+
+
+class ShardSettings(_FrozenStrict):
+    """This replica keeps the targets whose name hashes to `index` of `count` (llm_vitals/exporter/discovery/targetset.py)."""
+
+    index: int = Field(ge=0)
+    count: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _index_below_count(self) -> ShardSettings:
+        if self.index >= self.count:
+            raise ValueError(f"shard.index must be below shard.count ({self.count})")
+        return self
+
+
+class GpuFaultSettings(_FrozenStrict):
+    """What counts as a GPU fault on a node or a dcgm-exporter page (llm_vitals/exporter/gpu_faults.py)."""
+
+    # Node conditions that are a GPU fault when True (default: NVSentinel's).
+    node_conditions: list[str] = list(NVSENTINEL_CONDITIONS)
+    # Node conditions that are a GPU fault when False (default: the EKS node monitoring agent's).
+    node_ready_conditions: list[str] = list(READY_CONDITIONS)
+    # Taints that are a GPU fault: `key`, `key=value`, `key:Effect` or `key=value:Effect`.
+    node_taints: list[str] = []
+    # Xids that flag a fault when dcgm-exporter's DCGM_FI_DEV_XID_ERRORS changes to one of them.
+    dcgm_xids: list[int] = list(DEFAULT_XIDS)
+    # A dcgm-exporter that does not answer within this is an error kept, never a fault.
+    dcgm_timeout: Duration = 2.0
+    # The API server for the node watch; default: the in-cluster service account.
+    kubeconfig: Path | None = None
+
+    @field_validator("node_taints")
+    @classmethod
+    def _taints_parse(cls, value: list[str]) -> list[str]:
+        for text in value:
+            Taint.parse(text)
+        return value
+
+    @property
+    def node_rules(self) -> NodeRules:
+        return NodeRules(frozenset(self.node_conditions), frozenset(self.node_ready_conditions),
+                         tuple(Taint.parse(text) for text in self.node_taints))
+
+
+class ExporterSettings(_FrozenStrict):
+    """The whole exporter config file."""
+
+    listen: ListenAddress = "127.0.0.1:9471"
+    poll_interval: Duration = 5.0
+    # Fraction of poll_interval added at random to each wait, so 1,000 targets do not poll in lockstep.
+    poll_jitter: float = Field(0.1, ge=0.0, le=1.0)
+    connect_timeout: Duration = 3.0
+    # A real vLLM on a saturated CPU once took 9 s to answer /metrics: be patient by default.
+    metrics_timeout: Duration = 10.0
+    models_timeout: Duration = 5.0
+    health_timeout: Duration = 3.0
+    max_page_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    history_seconds: Duration = 600.0
+    drain_token_env: str | None = None
+    drain_token_file: Path | None = None
+    # Not used by the exporter itself: the status page reads it to link to the remediator.
+    remediator_url: ParsedHttpUrl | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    gpu_faults: GpuFaultSettings = GpuFaultSettings()
+    targets: list[TargetSettings] = []
+    # Sources of targets that come and go (DESIGN §7): pods in Kubernetes, file_sd files.
+    discovery: list[DiscoverySource] = []
+    # Split the targets (static and discovered) between `count` replicas by a stable hash of the name.
+    shard: ShardSettings | None = None
+
+    _drain_token: SecretStr | None = PrivateAttr(default=None)
+
+    @field_validator("poll_interval")
+    @classmethod
+    def _interval_positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("poll_interval must be > 0")
+        return value
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> ExporterSettings:
+        if not self.targets and not self.discovery:
+            raise ValueError("give at least one target, or a discovery source")
+        seen: set[str] = set()
+        for target in self.targets:
+            if target.name in seen:
+                raise ValueError(f"duplicate target name {target.name!r}")
+            seen.add(target.name)
+        if self.drain_token_env and self.drain_token_file:
+            raise ValueError("set at most one of drain_token_env and drain_token_file")
+        return self
+
+    @property
+    def host(self) -> str:
+        return parse_listen(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return parse_listen(self.listen)[1]
+
+    @property
+    def drain_token(self) -> SecretStr | None:
+        return self._drain_token
+
+    def target(self, name: str) -> TargetSettings | None:
+        for target in self.targets:
+            if target.name == name:
+                return target
+        return None
+
+    def resolve_secrets(self, environ: Mapping[str, str]) -> ExporterSettings:
+        """Resolve every secret source now, so a missing key fails at start, not at the first canary."""
+        for index, target in enumerate(self.targets):
+            target.resolve_secrets(environ, f"targets[{index}]")
+        self._drain_token = secret_from_env_or_file("drain_token", self.drain_token_env, self.drain_token_file, environ)
+        return self
+
+
+def parse_settings(data: object, source: str = "config", environ: Mapping[str, str] | None = None) -> ExporterSettings:
+    """Validate an already-loaded YAML document; errors name the source and each offending key."""
+    settings = validate_document(ExporterSettings, data, source)
+    try:
+        return settings.resolve_secrets(os.environ if environ is None else environ)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def load_settings(path: str | Path, environ: Mapping[str, str] | None = None) -> ExporterSettings:
+    """Read and validate the YAML config file at `path`."""
+    return parse_settings(read_yaml(path), str(path), environ)

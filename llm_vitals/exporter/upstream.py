@@ -1,0 +1,108 @@
+"""Bounded HTTP reads of an upstream server: a size cap, a hard deadline, and errors turned into data."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from llm_vitals.exporter.engines import PageError
+from llm_vitals.exporter.engines.openai import parse_models
+
+CHUNK = 64 * 1024
+MODELS_MAX_BYTES = 1024 * 1024
+
+
+def auth_headers(api_key) -> dict[str, str]:
+    """The bearer header for `/v1/*` routes; `/metrics` and `/health` never get the key."""
+    return {"Authorization": f"Bearer {api_key.get_secret_value()}"} if api_key is not None else {}
+
+
+# What we parse: the classic text format. A server that could also speak OpenMetrics or protobuf
+# (vLLM's prometheus-client can) is asked for this one, so the page is what the scanner reads.
+METRICS_ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"
+
+
+async def bounded_get(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    timeout: float,
+    max_bytes: int,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, bytes]:
+    """GET `url`, streamed and aborted past `max_bytes` or `timeout` (total, headers to last byte).
+
+    Raises PageError with a poll-error reason: timeout, connect, too_large. The status is returned,
+    not judged: the caller knows what a 503 means for its route.
+    """
+    status, body, _ = await bounded_get_with_headers(session, url, timeout=timeout, max_bytes=max_bytes,
+                                                     headers=headers)
+    return status, body
+
+
+async def bounded_get_with_headers(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    timeout: float,
+    max_bytes: int,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, bytes, dict[str, str]]:
+    """As `bounded_get`, plus the response headers (llama.cpp's restart token is one)."""
+    path = url.split("//", 1)[-1].partition("/")[2]
+    try:
+        # One deadline for the whole exchange: a server that trickles a byte a second never trips
+        # a per-read timeout, but does trip this one.
+        async with asyncio.timeout(timeout):
+            async with session.get(url, headers=headers, allow_redirects=False) as response:
+                body = await read_capped(response, max_bytes, f"/{path}")
+                return response.status, body, dict(response.headers)
+    except aiohttp.ConnectionTimeoutError:
+        # Never connected: unlike `timeout` (connected, no answer), this says nothing about the engine.
+        raise PageError("connect", f"/{path}: no connection within the connect timeout") from None
+    except TimeoutError:
+        raise PageError("timeout", f"/{path} took longer than {timeout:g}s") from None
+    except aiohttp.ClientPayloadError as exc:
+        raise PageError("connect", f"/{path}: body cut short ({type(exc).__name__})") from None
+    except aiohttp.ClientResponseError as exc:
+        raise PageError("http_status", f"/{path}: malformed HTTP answer ({exc.status})") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise PageError("connect", f"/{path}: {type(exc).__name__}: {_os_reason(exc)}") from None
+
+
+async def read_capped(response: aiohttp.ClientResponse, max_bytes: int, what: str) -> bytes:
+    """The whole body of `response`; PageError("too_large") past `max_bytes`.
+
+    Reads to the end: a single `content.read(n)` returns only what has arrived so far, which cuts a
+    body that comes in more than one piece.
+    """
+    declared = response.content_length
+    if declared is not None and declared > max_bytes:
+        response.close()
+        raise PageError("too_large", f"{what} declares {declared} bytes, over the {max_bytes}-byte cap")
+    body = bytearray()
+    async for chunk in response.content.iter_chunked(CHUNK):
+        body += chunk
+        if len(body) > max_bytes:
+            # Closing drops the connection rather than draining an endless body.
+            response.close()
+            raise PageError("too_large", f"{what} is over the {max_bytes}-byte cap")
+    return bytes(body)
+
+
+async def read_models(session: aiohttp.ClientSession, target, timeout: float) -> list[str]:
+    """Model ids from the target's `/v1/models` (sent with its API key), in order; raises PageError."""
+    status, body = await bounded_get(
+        session, target.base_url + "/v1/models", timeout=timeout, max_bytes=MODELS_MAX_BYTES,
+        headers=auth_headers(target.api_key),
+    )
+    if status != 200:
+        raise PageError("http_status", f"/v1/models answered HTTP {status}")
+    return parse_models(body)
+
+
+def _os_reason(exc: BaseException) -> str:
+    # Connection errors carry the host:port and the OS reason, never request headers.
+    text = str(exc)
+    return text[:200] if text else "no detail"

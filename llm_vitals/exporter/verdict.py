@@ -1,0 +1,386 @@
+"""The pure state machine: (previous verdict, what one poll saw, now, target settings) -> new verdict.
+
+No I/O and no clock of its own: every case is a table test with an injected `now`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from llm_vitals.exporter.engines import EngineFacts, Snapshot
+from llm_vitals.exporter.engines.table import engine_of
+from llm_vitals.exporter.settings import TargetSettings
+from llm_vitals.targets import NOT_READY_STATES, STATES, UNHEALTHY_STATES, PollErrorReason, Reason, State
+
+__all__ = ["NOT_READY_STATES", "STATES", "UNHEALTHY_STATES"]  # re-exported: the verdict's words
+
+# vLLM's sleep levels (POST /sleep?level=N), as a verdict's detail names them.
+SLEEP_LEVEL_WORDS = {1: "weights offloaded to CPU memory", 2: "weights discarded"}
+
+
+@dataclass(frozen=True, slots=True)
+class PollError:
+    """A poll that produced no usable reading. `reason` is the `poll_errors_total` label."""
+
+    reason: PollErrorReason
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsOk:
+    """A good `/v1/models` answer: all a proxy (or an engine with no `/metrics`) is judged by."""
+
+    models: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryOutcome:
+    result: Literal["ok", "error", "timeout"]
+    detail: str = ""
+
+
+Observation = Snapshot | PollError | ModelsOk
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Everything the exporter believes about one target after its latest poll."""
+
+    state: State
+    reason: Reason
+    detail: str
+    since: float  # when the current state began
+    first_seen: float  # when the exporter started watching (startup grace counts from here)
+    started: bool = False  # has ever been servable
+    up: bool = False  # the last poll gave a usable reading
+    last_poll: float | None = None
+    error_reason: PollErrorReason | None = None  # set when the last poll failed: the poll_errors_total label
+    snapshot: Snapshot | None = None  # last good reading, in the current process lifetime
+    snapshot_at: float | None = None
+    last_progress: float | None = None  # last read that saw progress, or saw nothing owed
+    last_served: float | None = None  # last evidence the server serves: progress or a good canary
+    reads_without_progress: int = 0  # consecutive reads with work pending and nothing moving
+    stuck_seconds: float = 0.0
+    restarts: int = 0
+    last_restart_at: float | None = None
+    last_unhealthy_at: float | None = None  # last verdict in an UNHEALTHY_STATES state
+    canary_failures: int = 0  # consecutive
+    last_canary_ok: float | None = None
+    steps_per_second: float | None = None
+    generation_tokens_per_second: float | None = None
+    models: tuple[str, ...] = ()
+
+    @property
+    def process_start_time(self) -> float | None:
+        return self.snapshot.process_start_time if self.snapshot else None
+
+    def stuck_for(self, now: float) -> float:
+        """Seconds work has been pending without progress: up to `now` while stuck, else as of the last poll."""
+        if self.state == "stuck" and self.last_progress is not None:
+            return now - self.last_progress
+        return self.stuck_seconds
+
+
+def initial(now: float) -> Verdict:
+    """The verdict before the first poll."""
+    return Verdict(state="starting", reason="startup", detail="not polled yet", since=now, first_seen=now)
+
+
+def progressed(before: Snapshot, after: Snapshot) -> bool:
+    """True when any of the engine's named work signals moved between two reads of one process lifetime."""
+    old_signals = before.counters()
+    for name, new in after.counters().items():
+        old = old_signals.get(name)
+        if old is not None and new is not None and old != new:
+            return True
+    return False
+
+
+def went_backwards(before: Snapshot, after: Snapshot) -> str | None:
+    """Name of the first monotone counter that decreased, or None."""
+    old_counters = before.monotone()
+    for name, new in after.monotone().items():
+        old = old_counters.get(name)
+        if old is not None and new is not None and new < old:
+            return name
+    return None
+
+
+def same_lifetime(before: Snapshot, after: Snapshot) -> bool | None:
+    """True/False when the two reads say which process they come from, None when only counters can tell.
+
+    An opaque restart token (llama.cpp's header) wins over a start time; either is compared for
+    inequality only, so a token that is not a time (monotonic microseconds) is never misread.
+    """
+    if before.restart_token is not None and after.restart_token is not None:
+        return before.restart_token == after.restart_token
+    if before.process_start_time is not None and after.process_start_time is not None:
+        return before.process_start_time == after.process_start_time
+    return None
+
+
+def _move(previous: Verdict, now: float, state: State, reason: Reason, detail: str, **changes: Any) -> Verdict:
+    since = previous.since if state == previous.state else now
+    last_unhealthy_at = now if state in UNHEALTHY_STATES else previous.last_unhealthy_at
+    return replace(previous, state=state, reason=reason, detail=detail, since=since, last_poll=now,
+                   last_unhealthy_at=last_unhealthy_at, **changes)
+
+
+def recently_unhealthy(verdict: Verdict, now: float, window: float) -> bool:
+    """Unhealthy now, or seen unhealthy within `window` seconds.
+
+    When a fleet-wide fault clears, each target's poll sees the recovery at its own moment; for
+    up to a poll interval one target can still read stuck while the others read healthy. The
+    remediator's fleet gate counts targets that were unhealthy that recently, so a straggler of a
+    fleet-wide fault is not restarted as if it had failed alone.
+    """
+    if verdict.state in UNHEALTHY_STATES:
+        return True
+    return verdict.last_unhealthy_at is not None and now - verdict.last_unhealthy_at <= window
+
+
+def health_check_due(previous: Verdict, snap: Snapshot) -> bool:
+    """Whether this poll should also ask the engine's health route (vLLM answers 503 when dead).
+
+    - Work pending and nothing moved since the last read: is the engine dead, or only slow?
+    - Nothing pending, but the last canary failed: an engine whose loop died may drop its queue to 0
+      (vLLM 0.32 aborts every request when its Worker dies, and then reads idle), so an idle page is
+      no proof of life. Its own health route says dead at once, where the canary would take
+      `failures_before_unresponsive` intervals to say only `unresponsive`.
+    """
+    if not snap.pending:
+        return previous.canary_failures > 0
+    base = previous.snapshot
+    return base is not None and not progressed(base, snap)
+
+
+def judge(previous: Verdict | None, observation: Observation, now: float, target: TargetSettings,
+          facts: EngineFacts | None = None, *, health: tuple[str, int] | None = None) -> Verdict:
+    """The new verdict for `target` after one poll that saw `observation` at time `now`.
+
+    `facts` are the engine table's facts about `target.engine` (given explicitly by table tests).
+    `health` is (route, HTTP status) of the engine's health route in this poll, when it was asked
+    (see `health_check_due`); None when it was not asked or did not answer.
+    """
+    previous = previous or initial(now)
+    facts = facts if facts is not None else engine_of(target.engine).facts
+    if isinstance(observation, Snapshot) and health is not None and health[1] == 503:
+        # The engine's word that it is dead. Any other answer (or none) is no news: it must not
+        # replace the page just read, or a stuck server would read `down`, which liveness never acts on.
+        return _on_error(previous, PollError("health_503", f"{health[0]} answered 503: the engine is dead"), now, target)
+    if isinstance(observation, PollError):
+        if facts.metrics_unanswered_is_stuck and _unanswered_while_pending(previous, observation):
+            return _on_unanswered(previous, observation, now, target)
+        return _on_error(previous, observation, now, target)
+    if isinstance(observation, ModelsOk):
+        return _on_models(previous, observation, now, target)
+    return _on_snapshot(previous, observation, now, target)
+
+
+def _on_error(previous: Verdict, error: PollError, now: float, target: TargetSettings, **changes: Any) -> Verdict:
+    state: State
+    reason: Reason
+    if not previous.started and now - previous.first_seen < target.startup_grace:
+        state, reason, detail = "starting", "startup", f"not servable yet ({error.reason}: {error.detail})"
+    else:
+        state, reason, detail = "down", error.reason, error.detail
+    # No progress can be judged while the server cannot be read: stuck needs fresh evidence.
+    return _move(
+        previous, now, state, reason, detail,
+        up=False, error_reason=error.reason, reads_without_progress=0, last_progress=now,
+        stuck_seconds=0.0, steps_per_second=None, generation_tokens_per_second=None, **changes,
+    )
+
+
+def _unanswered_while_pending(previous: Verdict, error: PollError) -> bool:
+    # `timeout` is a /metrics read that connected and got no answer in time (a refused or timed-out
+    # connect is `connect`); "pending" is what the last good read showed, as long as every poll
+    # since then was pending or unanswered (a `down` in between breaks the chain).
+    return (error.reason == "timeout" and previous.snapshot is not None and previous.snapshot.pending
+            and previous.state in ("busy", "stuck"))
+
+
+def _on_unanswered(previous: Verdict, error: PollError, now: float, target: TargetSettings) -> Verdict:
+    # An engine whose own loop answers /metrics (llama.cpp) and that accepts the connection but
+    # never answers, while work was owed, is as stuck as one whose counters froze: the stuck clock
+    # keeps running from the last progress, across reads, and nothing is re-based.
+    reads = previous.reads_without_progress + 1
+    last_progress = previous.last_progress if previous.last_progress is not None else now
+    stuck_for = now - last_progress
+    state: State = "stuck" if reads >= 2 and stuck_for >= target.stuck_after else "busy"
+    detail = (f"/metrics accepted the connection and never answered ({error.detail}) while work was pending; "
+              f"no progress seen for {stuck_for:.1f}s over {reads} read(s)")
+    return _move(previous, now, state, "metrics_unanswered", detail, up=False, error_reason=error.reason,
+                 reads_without_progress=reads, last_progress=last_progress, stuck_seconds=stuck_for,
+                 steps_per_second=None, generation_tokens_per_second=None)
+
+
+def _on_models(previous: Verdict, seen: ModelsOk, now: float, target: TargetSettings) -> Verdict:
+    common = dict(up=True, started=True, error_reason=None, models=seen.models, last_progress=now,
+                  reads_without_progress=0, stuck_seconds=0.0)
+    if target.role == "proxy":
+        return _move(previous, now, "idle", "proxy_models_ok", f"/v1/models lists {len(seen.models)} model(s)",
+                     last_served=now, **common)
+    # An engine with no /metrics looks idle; only the canary can show it cannot serve.
+    if previous.canary_failures >= target.canary.failures_before_unresponsive:
+        return _move(previous, now, "unresponsive", "canary_failed",
+                     f"{previous.canary_failures} canaries in a row failed", **common)
+    return _move(previous, now, "idle", "models_ok", f"/v1/models lists {len(seen.models)} model(s)", **common)
+
+
+def _rate(before: float | None, after: float | None, seconds: float) -> float | None:
+    if before is None or after is None or seconds <= 0:
+        return None
+    return (after - before) / seconds
+
+
+def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSettings) -> Verdict:
+    base = previous.snapshot
+    restarted = False
+    if base is not None:
+        lifetime = same_lifetime(base, snap)
+        if lifetime is not None:
+            restarted = not lifetime
+            backwards = None if restarted else went_backwards(base, snap)
+            if backwards:
+                # Same lifetime, yet a counter fell: the page is not one process's counters (a proxy
+                # mixing backends, a broken exporter). Re-base on it so one bad read stays one.
+                return _on_error(
+                    previous,
+                    PollError("bad_metrics", f"counter {backwards} went backwards in the same process lifetime"),
+                    now, target, snapshot=snap, snapshot_at=now,
+                )
+        else:
+            # No start time nor token (e.g. --api-server-count > 1, SGLang, Triton): a monotone
+            # counter that fell is a restart.
+            restarted = went_backwards(base, snap) is not None
+
+    # Counters are compared only within one lifetime; the first read of a lifetime compares nothing.
+    same_life = base if not restarted else None
+    comparable = same_life is not None
+    moved = same_life is not None and progressed(same_life, snap)
+    elapsed = now - previous.snapshot_at if comparable and previous.snapshot_at is not None else 0.0
+    restarts = previous.restarts + (1 if restarted else 0)
+    changes: dict[str, Any] = dict(
+        up=True, started=True, error_reason=None, snapshot=snap, snapshot_at=now, restarts=restarts,
+        last_restart_at=now if restarted else previous.last_restart_at,
+        steps_per_second=_rate(same_life.steps, snap.steps, elapsed) if same_life else None,
+        generation_tokens_per_second=(
+            _rate(same_life.generation_tokens, snap.generation_tokens, elapsed) if same_life else None
+        ),
+    )
+    load = snap.load()
+
+    if snap.sleep_level:
+        # Put to sleep on purpose (RL frameworks, model-swapping gateways): nothing is owed while it
+        # sleeps, so it is never stuck and never a restart candidate, and it gets no canary (on a
+        # GPU a request to a sleeping vLLM has crashed it: vLLM issue #15483). Not ready, still live.
+        changes.update(last_progress=now, reads_without_progress=0, stuck_seconds=0.0, canary_failures=0)
+        if restarted:
+            changes.update(last_served=None)
+        level = SLEEP_LEVEL_WORDS.get(snap.sleep_level, "")
+        detail = f"engine asleep at level {snap.sleep_level}{f' ({level})' if level else ''}; {load}"
+        return _move(previous, now, "asleep", "asleep", detail, **changes)
+
+    if moved:
+        changes.update(last_progress=now, last_served=now, reads_without_progress=0, stuck_seconds=0.0,
+                       canary_failures=0)
+    elif not snap.pending or not comparable:
+        # Nothing owed (or nothing to compare with yet): the stuck clock starts from here.
+        changes.update(last_progress=now, reads_without_progress=0, stuck_seconds=0.0)
+
+    if restarted:
+        # Canary failures and served evidence were about the old process, not this one: an idle
+        # restarted server is ready once its own canary answers (the poller sends one at once).
+        changes.update(canary_failures=0, last_served=None)
+        detail = f"process restarted (restart #{restarts}); {load}"
+        return _move(previous, now, "busy" if snap.pending else "idle", "restart", detail, **changes)
+
+    if not snap.pending:
+        failures = previous.canary_failures if not moved else 0
+        if failures >= target.canary.failures_before_unresponsive:
+            return _move(previous, now, "unresponsive", "canary_failed",
+                         f"idle-looking, but {failures} canaries in a row failed", **changes)
+        return _move(previous, now, "idle", "idle", "nothing running or waiting", **changes)
+
+    if moved or not comparable:
+        return _move(previous, now, "busy", "progress", f"{load}; engine signals moving", **changes)
+
+    reads = previous.reads_without_progress + 1
+    last_progress = previous.last_progress if previous.last_progress is not None else now
+    stuck_for = now - last_progress
+    changes.update(reads_without_progress=reads, last_progress=last_progress, stuck_seconds=stuck_for)
+    if reads >= 2 and stuck_for >= target.stuck_after:
+        return _move(previous, now, "stuck", "no_progress",
+                     f"{load}; no engine signal moved for {stuck_for:.1f}s over {reads} reads", **changes)
+    return _move(previous, now, "busy", "waiting_for_progress",
+                 f"{load}; nothing moved for {stuck_for:.1f}s ({reads} read(s))", **changes)
+
+
+def record_canary(previous: Verdict, outcome: CanaryOutcome, now: float, target: TargetSettings) -> Verdict:
+    """Fold one canary result into the verdict: repeated failures on an idle-looking server are `unresponsive`."""
+    if outcome.result == "ok":
+        verdict = replace(previous, canary_failures=0, last_canary_ok=now, last_served=now)
+        if verdict.state == "unresponsive":
+            return replace(verdict, state="idle", reason="canary_ok", detail="canary answered again", since=now)
+        return verdict
+    failures = previous.canary_failures + 1
+    verdict = replace(previous, canary_failures=failures)
+    if failures >= target.canary.failures_before_unresponsive and previous.state == "idle":
+        return replace(verdict, state="unresponsive", reason="canary_failed", since=now, last_unhealthy_at=now,
+                       detail=f"idle-looking, but {failures} canaries in a row failed (last: {outcome.result} {outcome.detail})".strip())
+    return verdict
+
+
+def is_started(verdict: Verdict) -> bool:
+    """Startup probe: the server has been servable at least once."""
+    return verdict.started
+
+
+def is_ready(verdict: Verdict, target: TargetSettings, now: float, draining: bool, gpu_fault: bool = False) -> bool:
+    """Readiness: started, not down/stuck/unresponsive, fresh evidence when idle, not draining, no GPU fault. Never load."""
+    if draining or gpu_fault or not verdict.started or verdict.state in NOT_READY_STATES:
+        return False
+    if verdict.state == "idle" and target.sends_canary:
+        return verdict.last_served is not None and now - verdict.last_served <= target.canary.freshness
+    return True
+
+
+def is_live(verdict: Verdict, target: TargetSettings, now: float) -> bool:
+    """Liveness fails only on sustained, shown lack of progress: stuck for longer than the budget."""
+    if verdict.state != "stuck" or verdict.last_progress is None:
+        return True
+    return now - verdict.last_progress <= target.liveness
+
+
+def canary_due(
+    verdict: Verdict,
+    observation: Observation,
+    last_sent: float | None,
+    now: float,
+    target: TargetSettings,
+    *,
+    poll_interval: float,
+    in_flight: bool = False,
+) -> bool:
+    """May a canary go out with the poll that just judged `observation` into `verdict`?
+
+    The product's key rule: never to a server this very poll saw working, so the canary cannot
+    queue behind the load it guards. `last_sent` is when the previous canary went out (None: never).
+    """
+    if not target.sends_canary or in_flight or verdict.state == "asleep":
+        return False
+    # A canary to the process before the last detected restart says nothing about this one: a
+    # new process must show it serves before an idle server is ready, so its canary goes at once.
+    before_restart = last_sent is not None and verdict.last_restart_at is not None and last_sent < verdict.last_restart_at
+    # Due from half a poll before the interval is up: a canary can only go out with a poll, so
+    # waiting for the full interval made every gap interval + up to one poll (4 s for 3 s on
+    # the real vLLM); with the half-poll allowance the gaps average the configured interval.
+    due_after = target.canary.interval - poll_interval / 2
+    if last_sent is not None and not before_restart and now - last_sent < due_after:
+        return False
+    if isinstance(observation, Snapshot):
+        return not observation.pending
+    # An engine with no /metrics cannot show its load; its models answer is the best we have.
+    return isinstance(observation, ModelsOk) and engine_of(target.engine).parse is None

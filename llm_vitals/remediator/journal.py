@@ -1,0 +1,476 @@
+"""The durable journal: every decision, every restart, and the circuit state, in SQLite (WAL).
+
+All SQLite work runs on one dedicated thread, off the event loop. The journal also keeps an
+in-memory mirror of what the gate needs (`state`), loaded at start and updated after each commit,
+so a webhook storm is decided from memory and never re-reads the database.
+
+Durability contract: `record_intent` commits the restart row (result `pending`) *before* the
+caller may start the executor. After a crash, `open` marks leftover `pending` rows `interrupted`:
+they still count against the global cooldown and the target's budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import logging
+import os
+import sqlite3
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .gate import AlertFacts, JournalState, dedupe_key
+
+T = TypeVar("T")
+log = logging.getLogger("llm_vitals.remediator.journal")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS actions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    time REAL NOT NULL,
+    target TEXT,
+    alertname TEXT,
+    fingerprint TEXT,
+    starts_at REAL,
+    decision TEXT NOT NULL,      -- restart | refused | dry_run | resolved | circuit_reset
+    reason TEXT NOT NULL,
+    executor TEXT,
+    result TEXT,                 -- ok | error | timeout | pending | interrupted | NULL
+    detail TEXT NOT NULL DEFAULT '',
+    duration_seconds REAL,
+    evidence TEXT,               -- JSON: the exporter's TARGET object when the decision was made
+    pre_restart TEXT,            -- JSON: {argv, result, output, duration_seconds} of pre_restart
+    evidence_from TEXT           -- JSON: the URL of the exporter (shard) that reported the evidence
+);
+CREATE INDEX IF NOT EXISTS actions_decision ON actions(decision, target, time);
+CREATE INDEX IF NOT EXISTS actions_time ON actions(time);
+CREATE TABLE IF NOT EXISTS shared (   -- pause, storm marker, escalated nodes (single-replica mode)
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS circuits (
+    target TEXT PRIMARY KEY,
+    open INTEGER NOT NULL,
+    opened_at REAL,
+    reset_at REAL
+);
+"""
+
+_COLUMNS = (
+    "id", "time", "target", "alertname", "fingerprint", "starts_at", "decision",
+    "reason", "executor", "result", "detail", "duration_seconds",
+)
+# Columns added after the first release: added to an older journal at open.
+_ADDED_COLUMNS = {"evidence": "TEXT", "pre_restart": "TEXT", "evidence_from": "TEXT"}
+
+
+class JournalBusy(Exception):
+    """Another remediator holds this journal."""
+
+
+class Journal:
+    """SQLite journal plus the gate's in-memory mirror of it."""
+
+    def __init__(self, path: Path | str, retention: float | None = None):
+        self.path = Path(path)
+        self.retention = retention
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
+        self._conn: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
+        self._decided: frozenset[tuple[str, float]] = frozenset()
+        self._in_progress: dict[int, str] = {}  # action id -> target
+        self._last_started: float | None = None
+        self._restart_times: dict[str, tuple[float, ...]] = {}
+        self._open: frozenset[str] = frozenset()
+        self._last_by_target: dict[str, float] = {}
+        self._paused_until: float | None = None
+        self._pause_reason = ""
+        self._storm_seen_at: float | None = None
+        self._gpu_nodes: frozenset[str] = frozenset()
+        self._batch: list[tuple] = []
+        self._flusher: asyncio.Task | None = None
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    async def open(self, now: float) -> int:
+        """Open (creating) the database, mark interrupted restarts, load the mirror. Returns #interrupted."""
+        return await self._run(self._open_sync, now)
+
+    async def close(self) -> None:
+        await self.drain()
+        if self._conn is not None:
+            await self._run(self._close_sync)
+        self._thread.shutdown(wait=True)
+
+    def _open_sync(self, now: float) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Two remediators on one journal would each trust their own mirror: refuse the second.
+        fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise JournalBusy(f"journal {self.path} is in use by another remediator") from None
+        self._lock_fd = fd
+        conn = sqlite3.connect(self.path, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        # FULL: a committed intent survives a power cut too, not only a crash of this process.
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.executescript(_SCHEMA)
+        have = {row[1] for row in conn.execute("PRAGMA table_info(actions)")}
+        for column, kind in _ADDED_COLUMNS.items():
+            if column not in have:
+                conn.execute(f"ALTER TABLE actions ADD COLUMN {column} {kind}")
+        self._conn = conn
+        with self._tx():
+            interrupted = conn.execute(
+                "UPDATE actions SET result='interrupted', detail=? WHERE decision='restart' AND result='pending'",
+                ("the remediator stopped while this restart ran; its outcome is unknown",),
+            ).rowcount
+            if self.retention is not None:
+                # Restart rows feed the cooldown, budget and dedupe: never pruned.
+                conn.execute(
+                    "DELETE FROM actions WHERE decision IN ('refused', 'resolved', 'paused') AND time < ?",
+                    (now - self.retention,),
+                )
+        self._load_mirror()
+        return interrupted
+
+    def _close_sync(self) -> None:
+        assert self._conn is not None
+        self._conn.close()
+        self._conn = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _load_mirror(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        rows = conn.execute(
+            "SELECT fingerprint, starts_at FROM actions"
+            " WHERE decision IN ('restart','dry_run') AND fingerprint IS NOT NULL"
+        ).fetchall()
+        self._decided = frozenset(dedupe_key(fp, sa) for fp, sa in rows if sa is not None)
+        (self._last_started,) = conn.execute("SELECT max(time) FROM actions WHERE decision='restart'").fetchone()
+        circuits = {t: (bool(o), r) for t, o, r in conn.execute("SELECT target, open, reset_at FROM circuits")}
+        self._open = frozenset(t for t, (is_open, _) in circuits.items() if is_open)
+        times: dict[str, list[float]] = {}
+        for target, started in conn.execute("SELECT target, time FROM actions WHERE decision='restart' ORDER BY time"):
+            reset_at = circuits.get(target, (False, None))[1]
+            if reset_at is None or started > reset_at:
+                times.setdefault(target, []).append(started)
+        self._restart_times = {t: tuple(v) for t, v in times.items()}
+        self._last_by_target = dict(
+            conn.execute("SELECT target, max(time) FROM actions WHERE decision='restart' GROUP BY target").fetchall()
+        )
+        self._in_progress = {}
+        shared = {k: json.loads(v) for k, v in conn.execute("SELECT key, value FROM shared")}
+        pause = shared.get("pause") or {}
+        self._paused_until, self._pause_reason = pause.get("until"), pause.get("reason", "")
+        self._storm_seen_at = shared.get("storm_seen_at")
+        self._gpu_nodes = frozenset(shared.get("gpu_nodes", ()))
+
+    # -- the gate's view ----------------------------------------------------------------------
+
+    @property
+    def state(self) -> JournalState:
+        return JournalState(
+            decided_keys=self._decided,
+            in_progress=next(iter(self._in_progress.values()), None),
+            last_restart_started=self._last_started,
+            restart_times=self._restart_times,
+            open_circuits=self._open,
+            paused_until=self._paused_until,
+            pause_reason=self._pause_reason,
+            storm_seen_at=self._storm_seen_at,
+            gpu_nodes=self._gpu_nodes,
+        )
+
+    @property
+    def last_restart_by_target(self) -> dict[str, float]:
+        """Start time of the last restart per target (any result), for the metrics."""
+        return dict(self._last_by_target)
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def record_decision(
+        self,
+        now: float,
+        alert: AlertFacts,
+        decision: str,
+        reason: str,
+        detail: str = "",
+        executor: str | None = None,
+        evidence: Mapping[str, Any] | None = None,
+        evidence_from: str | None = None,
+    ) -> None:
+        """Journal a decision that runs nothing (refused, dry_run, resolved), without waiting for it.
+
+        Group commit: decisions are queued and a background writer commits each batch in one
+        transaction, so a storm of 500 duplicates costs a few commits and its answers never wait
+        on the disk. Only the restart intent is awaited (`record_intent`). Readers (`actions`)
+        wait for the queue to drain first, so the journal they see is never behind an answer.
+        """
+        self._batch.append((now, alert, decision, reason, detail, executor, None, _json(evidence),
+                            _source(evidence, evidence_from)))
+        if decision == "dry_run":
+            self._decided = self._decided | {alert.key}
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_batches())
+
+    async def drain(self) -> None:
+        """Wait until every queued decision is committed (or has failed and been logged)."""
+        while self._flusher is not None and not self._flusher.done():
+            await asyncio.shield(self._flusher)
+
+    async def _flush_batches(self) -> None:
+        while self._batch:
+            batch, self._batch = self._batch, []
+            try:
+                await self._run(self._insert_many, batch)
+            except Exception:
+                # The answers went out already (200, decided); losing the record is logged loudly.
+                log.exception("cannot journal %d decisions", len(batch))
+
+    async def record_intent(
+        self,
+        now: float,
+        alert: AlertFacts,
+        executor: str,
+        open_circuit: bool,
+        *,
+        reason: str = "allowed",
+        detail: str = "",
+        evidence: Mapping[str, Any] | None = None,
+        evidence_from: str | None = None,
+        storm_seen_at: float | None = None,
+        gpu_node: str | None = None,
+    ) -> int:
+        """Commit the restart row (result `pending`) durably; only then may the executor start."""
+
+        def write() -> int:
+            with self._tx():
+                action_id = self._insert_row(now, alert, "restart", reason, detail, executor, "pending",
+                                             _json(evidence), _source(evidence, evidence_from))
+                if open_circuit:
+                    self._set_circuit(alert.target, True, now)
+                if storm_seen_at is not None:
+                    self._put_shared("storm_seen_at", storm_seen_at)
+                if gpu_node is not None:
+                    self._put_shared("gpu_nodes", sorted(self._gpu_nodes | {gpu_node}))
+            return action_id
+
+        action_id = await self._run(write)
+        target = alert.target or ""
+        self._decided = self._decided | {alert.key}
+        self._in_progress[action_id] = target
+        self._last_started = max(self._last_started or now, now)
+        self._last_by_target[target] = now
+        self._restart_times = {**self._restart_times, target: (*self._restart_times.get(target, ()), now)}
+        if open_circuit:
+            self._open = self._open | {target}
+        if storm_seen_at is not None:
+            self._storm_seen_at = storm_seen_at
+        if gpu_node is not None:
+            self._gpu_nodes = self._gpu_nodes | {gpu_node}
+        return action_id
+
+    async def record_storm(self, seen_at: float) -> None:
+        """The fleet gate saw a storm: the storm cooldown counts from `seen_at`."""
+
+        def write() -> None:
+            with self._tx():
+                self._put_shared("storm_seen_at", seen_at)
+
+        await self._run(write)
+        self._storm_seen_at = seen_at
+
+    async def set_pause(self, now: float, until: float | None, reason: str) -> None:
+        """Pause until `until` (None: lift the pause), journaled as a `pause`/`unpause` row."""
+
+        def write() -> None:
+            with self._tx():
+                self._put_shared("pause", {"until": until, "reason": reason} if until is not None else None)
+                word = "pause" if until is not None else "unpause"
+                self._insert_row(now, AlertFacts("", {}, "", 0.0), word, word, reason, None, None)
+
+        await self._run(write)
+        self._paused_until, self._pause_reason = until, reason if until is not None else ""
+
+    async def record_pre_restart(self, action_id: int, record: Mapping[str, Any]) -> None:
+        """Keep the output of the target's pre_restart command with its restart row."""
+
+        def write() -> None:
+            with self._tx():
+                self._conn.execute(  # type: ignore[union-attr]
+                    "UPDATE actions SET pre_restart=? WHERE id=?", (_json(record), action_id)
+                )
+
+        await self._run(write)
+
+    async def finish(self, action_id: int, result: str, detail: str, duration: float) -> None:
+        """Record the executor's outcome; the restart is no longer in progress."""
+
+        def write() -> None:
+            with self._tx():
+                self._conn.execute(  # type: ignore[union-attr]
+                    "UPDATE actions SET result=?, detail=?, duration_seconds=? WHERE id=?",
+                    (result, detail, round(duration, 3), action_id),
+                )
+
+        try:
+            await self._run(write)
+        finally:
+            self._in_progress.pop(action_id, None)
+
+    async def open_circuit(self, target: str, now: float) -> None:
+        def write() -> None:
+            with self._tx():
+                self._set_circuit(target, True, now)
+
+        await self._run(write)
+        self._open = self._open | {target}
+
+    async def reset_circuits(self, targets: list[str], now: float) -> list[str]:
+        """Close the circuits of `targets` and forgive their budget so far. Returns those that were open."""
+        was_open = [t for t in targets if t in self._open]
+
+        def write() -> None:
+            with self._tx():
+                for target in targets:
+                    self._set_circuit(target, False, now)
+                    self._insert_row(now, AlertFacts("", {"target": target}, "", 0.0), "circuit_reset",
+                                     "circuit_reset", "reset by an operator", None, None)
+
+        await self._run(write)
+        self._open = self._open - set(targets)
+        self._restart_times = {t: v for t, v in self._restart_times.items() if t not in targets}
+        return was_open
+
+    # -- reads --------------------------------------------------------------------------------
+
+    async def action(self, action_id: int) -> dict[str, Any] | None:
+        """One journal row with its evidence and pre_restart output, or None."""
+        await self.drain()
+        columns = _COLUMNS + tuple(_ADDED_COLUMNS)
+
+        def read() -> dict[str, Any] | None:
+            row = self._conn.execute(  # type: ignore[union-attr]
+                f"SELECT {', '.join(columns)} FROM actions WHERE id=?", (action_id,)
+            ).fetchone()
+            if row is None:
+                return None
+            found = dict(zip(columns, row, strict=True))
+            for column in _ADDED_COLUMNS:
+                found[column] = json.loads(found[column]) if found[column] else None
+            return found
+
+        return await self._run(read)
+
+    async def actions(self, limit: int) -> list[dict[str, Any]]:
+        """The newest `limit` journal rows, newest first."""
+        await self.drain()
+
+        def read() -> list[dict[str, Any]]:
+            rows = self._conn.execute(  # type: ignore[union-attr]
+                f"SELECT {', '.join(_COLUMNS)} FROM actions ORDER BY time DESC, id DESC LIMIT ?", (limit,)
+            ).fetchall()
+            return [dict(zip(_COLUMNS, row, strict=True)) for row in rows]
+
+        return await self._run(read)
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    def _tx(self) -> _Transaction:
+        assert self._conn is not None, "journal is not open"
+        return _Transaction(self._conn)
+
+    def _insert_many(self, rows: list[tuple]) -> list[int]:
+        with self._tx():
+            return [self._insert_row(*row) for row in rows]
+
+    def _insert_row(
+        self, now, alert: AlertFacts, decision, reason, detail, executor, result, evidence=None, evidence_from=None
+    ) -> int:
+        cursor = self._conn.execute(  # type: ignore[union-attr]
+            "INSERT INTO actions (time, target, alertname, fingerprint, starts_at, decision, reason, executor,"
+            " result, detail, evidence, evidence_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                now,
+                # Payload text: bounded, so a caller cannot bloat the journal.
+                (alert.target or "")[:128] or None,
+                alert.alertname[:128] or None,
+                alert.fingerprint[:128] or None,
+                alert.starts_at or None,
+                decision,
+                reason,
+                executor,
+                result,
+                detail,
+                evidence,
+                evidence_from,
+            ),
+        )
+        assert cursor.lastrowid is not None  # an INSERT always sets it
+        return cursor.lastrowid
+
+    def _put_shared(self, key: str, value: object) -> None:
+        self._conn.execute(  # type: ignore[union-attr]
+            "INSERT INTO shared (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            (key, json.dumps(value)),
+        )
+
+    def _set_circuit(self, target: str | None, is_open: bool, now: float) -> None:
+        if is_open:
+            self._conn.execute(  # type: ignore[union-attr]
+                "INSERT INTO circuits (target, open, opened_at) VALUES (?, 1, ?)"
+                " ON CONFLICT(target) DO UPDATE SET open=1, opened_at=excluded.opened_at",
+                (target, now),
+            )
+        else:
+            self._conn.execute(  # type: ignore[union-attr]
+                "INSERT INTO circuits (target, open, reset_at) VALUES (?, 0, ?)"
+                " ON CONFLICT(target) DO UPDATE SET open=0, reset_at=excluded.reset_at",
+                (target, now),
+            )
+
+
+# The whole TARGET object is small (about 1 KB); a hostile exporter cannot bloat the journal past this.
+_EVIDENCE_LIMIT = 64 * 1024
+
+
+def _source(evidence: Mapping[str, Any] | None, url: str | None) -> str | None:
+    """The exporter URL as the `evidence_from` column holds it (JSON), only beside some evidence."""
+    return json.dumps(url) if evidence and url else None
+
+
+def _json(value: Mapping[str, Any] | None) -> str | None:
+    """A mapping as compact JSON for the journal, or None; an oversized one is kept cut and marked."""
+    if not value:
+        return None
+    text = json.dumps(value, separators=(",", ":"), default=str)
+    if len(text) > _EVIDENCE_LIMIT:
+        return json.dumps({"truncated": True, "prefix": text[:_EVIDENCE_LIMIT]})
+    return text
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on error (the connection is in autocommit mode)."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.conn.execute("ROLLBACK" if exc_type else "COMMIT")

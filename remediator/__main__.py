@@ -1,7 +1,0 @@
-"""`python -m remediator` runs the same CLI as `llm-vitals-remediator`."""
-
-import sys
-
-from .cli import main
-
-sys.exit(main())
