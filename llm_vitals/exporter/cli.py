@@ -21,8 +21,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="YAML config file")
     parser.add_argument("--check-config", action="store_true", help="validate the config and exit (0 valid, 1 not)")
     parser.add_argument("--log-level", help="override the config's log_level")
-    # The renderer before the per-target text of llm_vitals/exporter/page.py, for bench/bench_scale.py's baseline only.
-    parser.add_argument("--full-render", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--example-config", action="store_true",
                         help="print the example config shipped with the package, and exit")
     args = parser.parse_args(argv)
@@ -49,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
     setup_logging(args.log_level or settings.log_level)
     # SIGHUP and POST /-/reload re-read this file (llm_vitals/exporter/reload.py).
-    app = create_app(settings, config_path=Path(args.config), sighup=True, full_render=args.full_render)
+    app = create_app(settings, config_path=Path(args.config), sighup=True)
     # Everything built so far (modules, settings, one record per target) lives as long as the
     # process: out of the collector's sight, a full collection no longer walks it. In
     # bench_poll_1000 the worst probe answer during /metrics scrapes went from 50-100 ms in most

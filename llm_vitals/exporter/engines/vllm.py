@@ -62,11 +62,6 @@ def sleep_level(samples: list[Sample]) -> int:
     return min((levels.get(engine, 0) for engine in engines), default=0)
 
 
-def sample_values(text: str) -> dict[str, list[float]]:
-    """Values of the wanted samples by full sample name (any labels, in page order)."""
-    return {name: [sample.value for sample in samples] for name, samples in SCANNER.scan(text).items()}
-
-
 def _required(name: str, values: list[float]) -> list[float]:
     for value in values:
         if not math.isfinite(value):
