@@ -16,7 +16,7 @@ import yaml
 
 from llm_vitals.demo.ports import BACKENDS, Ports
 from llm_vitals.demo.timings import Timings
-from llm_vitals.sim.engine_table import sim_engine
+from llm_vitals.sim.engines.table import sim_engine
 
 SIM_MODEL = "tiny"  # the simulator's default served model
 
