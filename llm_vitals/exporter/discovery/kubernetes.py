@@ -30,7 +30,7 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from llm_vitals.exporter.discovery.manager import Report, SourceStatus
+from llm_vitals.exporter.discovery.source import Report, SourceStatus
 from llm_vitals.exporter.discovery.targetset import DiscoveredTarget, build_target
 from llm_vitals.exporter.kube import KubeConfigError, api_client
 from llm_vitals.exporter.settings import ConfigError, KubernetesDiscovery, TargetSettings

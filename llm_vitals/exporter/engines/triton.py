@@ -44,13 +44,8 @@ models. A sample of a real page (Triton 2.51 via nvidia-pytriton 0.7.0; tests/fi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from llm_vitals.exporter.engines import Canary, Engine, EngineFacts, Page, PageError, Snapshot
+from llm_vitals.exporter.engines import Canary, Engine, EngineFacts, Page, PageError, Snapshot, WatchedTarget
 from llm_vitals.exporter.engines.scan import Sample, Scanner, decode, finite, show
-
-if TYPE_CHECKING:
-    from llm_vitals.exporter.settings import TargetSettings
 
 PENDING = "nv_inference_pending_request_count"
 EXEC_COUNT = "nv_inference_exec_count"
@@ -118,7 +113,7 @@ def parse(page: Page) -> Snapshot:
     return parse_text(decode(page.body))
 
 
-def canary_body(target: TargetSettings, model: str) -> object:
+def canary_body(target: WatchedTarget, model: str) -> object:
     """The operator's KServe v2 infer body (settings require one while the canary is on)."""
     return target.canary.request or {}
 
