@@ -6,7 +6,6 @@ executor config below is looked up by that name. Nothing from a payload is ever 
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -18,6 +17,7 @@ from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_valid
 # ConfigError is re-exported: the CLI and callers catch it as remediator.settings.ConfigError.
 from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_env_or_file, validate_document
 from llm_vitals.durations import Duration
+from llm_vitals.remediator.fleet_limit import parse_max_unhealthy, percent_of, unhealthy_limit
 from llm_vitals.validators import HttpUrl, ListenAddress, parse_listen, target_name
 
 # ---------------------------------------------------------------------------------------------
@@ -276,9 +276,6 @@ class Budget(StrictModel):
     window: Duration = 3600.0
 
 
-_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
-
-
 class Settings(StrictModel):
     listen: ListenAddress = "127.0.0.1:9472"
     exporter_url: HttpUrl = "http://127.0.0.1:9471"
@@ -343,17 +340,7 @@ class Settings(StrictModel):
     @field_validator("max_unhealthy")
     @classmethod
     def _max_unhealthy(cls, value: int | str) -> int | str:
-        if isinstance(value, int):
-            if value < 0:
-                raise ValueError("must not be negative")
-            return value
-        if percent := _PERCENT.match(value):
-            if float(percent.group(1)) > 100:
-                raise ValueError("a percentage must be at most 100%")
-            return value.strip()
-        if value.strip().isdigit():
-            return int(value)
-        raise ValueError('must be a count (2) or a percentage ("40%")')
+        return parse_max_unhealthy(value)
 
     @field_validator("targets")
     @classmethod
@@ -363,17 +350,9 @@ class Settings(StrictModel):
         return targets
 
     def max_unhealthy_count(self) -> int:
-        """How many configured targets may be unhealthy at once and still get a restart.
-
-        A percentage rounds down, as Cluster API's maxUnhealthy does, but never below one: with one
-        or two targets a single stuck server says nothing about a fault elsewhere. An explicit
-        count of 0 turns restarts off.
-        """
-        if isinstance(self.max_unhealthy, int):
-            return self.max_unhealthy
-        match = _PERCENT.match(self.max_unhealthy)
-        assert match
-        return max(1, math.floor(float(match.group(1)) * len(self.targets) / 100.0 + 1e-9))
+        """How many configured targets may be unhealthy at once and still get a restart (llm_vitals/remediator/fleet_limit.py)."""
+        count = self.max_unhealthy if isinstance(self.max_unhealthy, int) else 0  # a checked str is a percentage
+        return unhealthy_limit(count, percent_of(self.max_unhealthy), len(self.targets))
 
     @property
     def host_port(self) -> tuple[str, int]:
