@@ -26,11 +26,12 @@ def add_config_options(parser: argparse.ArgumentParser, config_help: str = "YAML
 
 
 def read_config(parser: argparse.ArgumentParser, args: argparse.Namespace, tool: Literal["exporter", "remediator"],
-                load: Callable[[str], Settings]) -> Settings | int:
-    """The settings `--config` names; or the exit code when there is nothing more to run.
+                load: Callable[[str], Settings], summary: Callable[[Settings], str]) -> Settings | int:
+    """The settings `--config` names, to run with; or the exit code when there is nothing more to run.
 
-    That is `--example-config` (printed, OK) or a config that does not load (said on stderr with
-    the file and the key, CANNOT_RUN). No `--config` at all is a usage error (argparse exits 2).
+    That is `--example-config` (printed, OK), a config that does not load (said on stderr with the
+    file and the key, CANNOT_RUN), or `--check-config` of one that does (its `summary` printed, OK).
+    No `--config` at all is a usage error (argparse exits 2).
     """
     if args.example_config:
         print(example_config(tool), end="")
@@ -38,6 +39,10 @@ def read_config(parser: argparse.ArgumentParser, args: argparse.Namespace, tool:
     if args.config is None:
         parser.error("the following arguments are required: --config")
     try:
-        return load(args.config)
+        settings = load(args.config)
     except ConfigError as exc:
         return exits.invalid_config(parser.prog, exc)
+    if args.check_config:
+        print(summary(settings))
+        return exits.OK
+    return settings

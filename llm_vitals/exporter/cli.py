@@ -23,13 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     # The renderer before the per-target text of llm_vitals/exporter/page.py, for bench/bench_scale.py's baseline only.
     parser.add_argument("--full-render", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    settings = read_config(parser, args, "exporter", load_settings)
+    settings = read_config(parser, args, "exporter", load_settings,
+                           lambda s: f"config OK: {len(s.targets)} target(s), {len(s.discovery)} discovery source(s), "
+                                     f"listening on {s.listen}")
     if isinstance(settings, int):
         return settings
-    if args.check_config:
-        print(f"config OK: {len(settings.targets)} target(s), {len(settings.discovery)} discovery source(s), "
-              f"listening on {settings.listen}")
-        return exits.OK
 
     # Imported late so that --check-config stays fast and free of the web stack.
     from aiohttp import web

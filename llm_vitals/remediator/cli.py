@@ -26,13 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     add_config_options(parser, "YAML config file (see llm_vitals/remediator/example.yaml)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
-    settings = read_config(parser, args, "remediator", load_settings)
+    settings = read_config(parser, args, "remediator", load_settings,
+                           lambda s: f"{args.config}: ok ({len(s.targets)} targets, auth: "
+                                     f"{'none' if s.auth.none else 'required'}, dry_run: {s.dry_run})")
     if isinstance(settings, int):
         return settings
-    if args.check_config:
-        print(f"{args.config}: ok ({len(settings.targets)} targets, auth: "
-              f"{'none' if settings.auth.none else 'required'}, dry_run: {settings.dry_run})")
-        return exits.OK
 
     setup_logging(args.log_level)
     # httpx logs every request URL at INFO; ours carry no secrets, but a configured URL might.

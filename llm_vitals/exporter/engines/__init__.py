@@ -33,6 +33,11 @@ from llm_vitals.targets import PollErrorReason
 Signals = tuple[tuple[str, float], ...]
 
 
+def signals(**values: float | None) -> Signals:
+    """Named signals for a Snapshot's `more_counters` or `more_gauges`: one the page lacks (None) is left out."""
+    return tuple((name, value) for name, value in values.items() if value is not None)
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """One read of an engine's own counters, summed over its engines (data parallel ranks).

@@ -44,7 +44,7 @@ scheduler series carry `engine_type,model_name,moe_ep_rank,pp_rank,tp_rank`):
 
 from __future__ import annotations
 
-from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot
+from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot, signals
 from llm_vitals.exporter.engines.scan import Scanner, decode, finite_sum, total
 
 RUNNING = "sglang:num_running_reqs"
@@ -89,8 +89,8 @@ def parse_text(text: str) -> Snapshot:
         generation_tokens=total(found, GENERATION_TOKENS),
         prompt_tokens=total(found, PROMPT_TOKENS),
         finished=total(found, FINISHED),
-        more_counters=(("realtime_tokens", realtime),) if realtime is not None else (),
-        more_gauges=(("used_tokens", used),) if used is not None else (),
+        more_counters=signals(realtime_tokens=realtime),
+        more_gauges=signals(used_tokens=used),
         busy_signs=(("requests_active", active),),
     )
 
