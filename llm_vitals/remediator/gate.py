@@ -13,6 +13,7 @@ from fnmatch import fnmatchcase
 from itertools import chain
 from typing import Any, Literal, NamedTuple, get_args
 
+from llm_vitals.remediator import fleet_limit
 from llm_vitals.targets import RESTARTABLE_STATES, UNHEALTHY_STATES, State
 
 # The `reason` of every decision: the `..._decisions_total{reason}` label and the journal's word.
@@ -179,10 +180,8 @@ def managed_targets(policy: GatePolicy, fleet: FleetView) -> list[str]:
 
 
 def unhealthy_limit(policy: GatePolicy, fleet_size: int) -> int:
-    """`max_unhealthy` as a count: a percentage rounds down but never below one (see Settings)."""
-    if policy.max_unhealthy_percent is None:
-        return policy.max_unhealthy
-    return max(1, int(policy.max_unhealthy_percent * fleet_size / 100.0 + 1e-9))
+    """`max_unhealthy` as a count of this fleet (llm_vitals/remediator/fleet_limit.py)."""
+    return fleet_limit.unhealthy_limit(policy.max_unhealthy, policy.max_unhealthy_percent, fleet_size)
 
 
 def paused(journal: JournalState, now: float) -> bool:

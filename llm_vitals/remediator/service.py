@@ -28,13 +28,14 @@ from llm_vitals.logs import log_event
 from . import gate, shared
 from .executors import ExecResult, Executor, build_executor, run_argv
 from .exporter_client import FleetReader
+from .fleet_limit import percent_of
 from .gate import AlertFacts, Decision, FleetView, GatePolicy, JournalState, TargetStatus, TemplateMatch
 from .journal import Journal
 from .kube import KubeClient
 from .metrics import UNKNOWN_TARGET, RemediatorMetrics
 from .payload import Alert, WebhookPayload
 from .pods import CordonAndMoveExecutor, PodExecutor, PodRef, pod_event, refusal_event_name
-from .settings import _PERCENT, PreRestart, Settings, TargetTemplate
+from .settings import PreRestart, Settings, TargetTemplate
 from .shared import Intent
 from .store import CONFLICT_RETRIES, LeaseStore, StateUnavailable
 
@@ -45,7 +46,6 @@ SHUTDOWN_GRACE_SECONDS = 10.0
 
 
 def policy_from(settings: Settings) -> GatePolicy:
-    percent = _PERCENT.match(settings.max_unhealthy) if isinstance(settings.max_unhealthy, str) else None
     return GatePolicy(
         targets=frozenset(settings.targets),
         global_cooldown=settings.global_cooldown,
@@ -58,7 +58,7 @@ def policy_from(settings: Settings) -> GatePolicy:
             TemplateMatch(engine=t.match.engine, namespace=t.match.namespace, name=t.match.name)
             for t in settings.target_templates
         ),
-        max_unhealthy_percent=float(percent.group(1)) if percent else None,
+        max_unhealthy_percent=percent_of(settings.max_unhealthy),
         storm_cooldown=settings.storm_cooldown,
         gpu_fault_action=settings.gpu_fault_action,
     )
