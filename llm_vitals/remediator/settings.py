@@ -6,7 +6,6 @@ executor config below is looked up by that name. Nothing from a payload is ever 
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -19,6 +18,8 @@ from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_valid
 from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_env_or_file, validate_document
 from llm_vitals.durations import Duration
 from llm_vitals.validators import HttpUrl, ListenAddress, parse_listen, target_name
+
+from .gate import percent_limit
 
 # ---------------------------------------------------------------------------------------------
 # Auth
@@ -365,15 +366,20 @@ class Settings(StrictModel):
     def max_unhealthy_count(self) -> int:
         """How many configured targets may be unhealthy at once and still get a restart.
 
-        A percentage rounds down, as Cluster API's maxUnhealthy does, but never below one: with one
-        or two targets a single stuck server says nothing about a fault elsewhere. An explicit
-        count of 0 turns restarts off.
+        A percentage is taken of the static targets by `gate.percent_limit` (with templates the
+        gate takes it again of the fleet it sees at decision time). An explicit count of 0 turns
+        restarts off.
         """
-        if isinstance(self.max_unhealthy, int):
+        percent = self.max_unhealthy_percent()
+        if percent is None:
+            assert isinstance(self.max_unhealthy, int)  # the validator made any other form an int
             return self.max_unhealthy
-        match = _PERCENT.match(self.max_unhealthy)
-        assert match
-        return max(1, math.floor(float(match.group(1)) * len(self.targets) / 100.0 + 1e-9))
+        return percent_limit(percent, len(self.targets))
+
+    def max_unhealthy_percent(self) -> float | None:
+        """The percentage of `max_unhealthy` ("40%" -> 40.0), or None for a count."""
+        match = _PERCENT.match(self.max_unhealthy) if isinstance(self.max_unhealthy, str) else None
+        return float(match.group(1)) if match else None
 
     @property
     def host_port(self) -> tuple[str, int]:
