@@ -36,7 +36,11 @@ T = TypeVar("T")
 
 
 class StateUnavailable(Exception):
-    """The shared state cannot be read or written now: nothing may be restarted (503, retry-safe)."""
+    """The gate's state cannot be read or written now: nothing may be restarted (503, retry-safe)."""
+
+
+class Conflicted(StateUnavailable):
+    """Every try met a conflict: other writers keep committing first (retry-safe, as unavailable)."""
 
 
 class GateStore(Protocol[V]):
@@ -67,7 +71,7 @@ class GateStore(Protocol[V]):
 
 
 async def transact(store: GateStore[Any], step: Callable[[JournalState], tuple[T, JournalState]]) -> T:
-    """Read, apply `step` (pure: the state in, its result and the new state out), commit; on a
+    """Read, apply `step` (no I/O: the state in, its result and the new state out), commit; on a
     conflict read again and step again. An unchanged state is not written. Raises StateUnavailable."""
     for _ in range(CONFLICT_RETRIES):
         state, version = await store.read()
@@ -75,10 +79,6 @@ async def transact(store: GateStore[Any], step: Callable[[JournalState], tuple[T
         if new == state or await store.commit(version, new):
             return result
     raise Conflicted(f"the gate's state kept changing ({CONFLICT_RETRIES} conflicts)")
-
-
-class Conflicted(StateUnavailable):
-    """Every try met a conflict: other writers keep committing first (retry-safe, as unavailable)."""
 
 
 async def update(store: GateStore[Any], change: Callable[[JournalState], JournalState]) -> JournalState:
