@@ -14,6 +14,7 @@ from llm_vitals.logs import log_event, setup_logging
 
 from .journal import JournalBusy
 from .settings import load_settings
+from .shared import BadState
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
               auth="none" if settings.auth.none else "required")
     try:
         web.run_app(create_app(settings), host=host, port=port, print=None, access_log=None)
-    except JournalBusy as exc:
+    except (JournalBusy, BadState) as exc:  # another remediator on the journal; a state row not ours
         log_event(log, "cannot start", level=logging.ERROR, error=str(exc))
         return exits.CANNOT_RUN
     return exits.OK
