@@ -12,6 +12,7 @@ from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_settings, make_targe
 
 from llm_vitals.exporter.dcgm import SharedPages, parse_page, select_gpus
 from llm_vitals.exporter.engines import PageError
+from llm_vitals.exporter.gpu_faults import GpuReading
 from llm_vitals.exporter.keys import POLLER
 from llm_vitals.exporter.settings import ConfigError, DcgmSettings, parse_settings
 
@@ -32,9 +33,9 @@ def dcgm(**kwargs) -> DcgmSettings:
     return DcgmSettings.model_validate({"url": "http://127.0.0.1:9400/metrics", **kwargs})
 
 
-def read_gpus(body: bytes, settings: DcgmSettings):
-    """The target's GPUs on this page, as the poller reads them: the page parsed, then its GPUs selected."""
-    return select_gpus(parse_page(body), settings)
+def read_gpus(body: bytes, dcgm: DcgmSettings) -> list[GpuReading]:
+    """The target's GPUs on this page, as the poller reads them: `parse_page`, then `select_gpus`."""
+    return select_gpus(parse_page(body), dcgm)
 
 
 def test_the_gpu_is_found_by_pod_or_by_uuid() -> None:
