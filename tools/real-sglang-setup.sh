@@ -26,7 +26,6 @@ LOG=$ROOT/install.log
 SHIM=tests/real_sglang/sgl_kernel_shim/sgl_kernel
 MODEL_SCRIPT=tests/real_vllm/make_tiny_model.py
 VENV_STAMP=$VENV/.llm-vitals-installed
-MODEL_STAMP=$MODEL/.llm-vitals-built
 N="nice -n 19"
 
 # SGLang's runtime dependencies, by hand: `pip install sglang` with its deps would pull a CUDA stack
@@ -47,18 +46,15 @@ shim_sum=$(cat "$SHIM"/*.py | sha256sum | cut -c1-16)
 venv_want="sglang==$SGLANG_VERSION --no-deps, $TORCH_PIN, $TORCHVISION_PIN ops emptied, sgl_kernel stand-in $shim_sum, deps $(sed -n '/^DEPS=(/,/^)/p' "$0" | sha256sum | cut -c1-16)"
 model_want="$(sha256sum "$MODEL_SCRIPT" | cut -d' ' -f1) max_position_embeddings=32768"
 venv_ready() { stamp_is "$VENV_STAMP" "$venv_want"; }
-model_ready() { stamp_is "$MODEL_STAMP" "$model_want"; }
+model_ready() { stamp_is "$MODEL/.llm-vitals-built" "$model_want"; }
 
 if venv_ready && model_ready; then
   echo "real-SGLang setup: cached ($ROOT)"
   exit 0
 fi
 
-arch=$(uname -m)
-[ "$arch" = x86_64 ] || tier_skip "needs x86-64, this machine is $arch (the CPU torch wheel here is x86-64)"
-command -v python3.11 >/dev/null || tier_skip "needs python3.11 (the sglang $SGLANG_VERSION wheel is cp311 here)"
-venv_ready || cpu_torch_reachable python3.11 "$TORCH_WHEEL_GLOB" ||
-  tier_skip "the CPU torch wheel ($TORCH_PIN) is not reachable: PyPI has none; put $TORCH_WHEEL_GLOB in a PIP_FIND_LINKS folder or set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu"
+venv_ready || skip_unless_cpu_torch "the CPU torch wheel here is x86-64" "the sglang $SGLANG_VERSION wheel is cp311 here" \
+  "$TORCH_PIN" "$TORCH_WHEEL_GLOB"
 
 build_lock "$ROOT"
 
@@ -94,22 +90,6 @@ if ! venv_ready; then
   echo "real-SGLang setup: SGLang venv ready in $(( $(date +%s) - t0 )) s ($(du -sh "$VENV" | cut -f1))"
 fi
 
-if ! model_ready; then
-  t0=$(date +%s)
-  rm -rf "$MODEL.tmp"
-  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $N "$VENV/bin/python" "$MODEL_SCRIPT" "$MODEL.tmp" >>"$LOG" 2>&1 \
-    || tier_fail "building the tiny model failed" "$LOG"
-  # A context of 32768 lets one ignore_eos generation decode for minutes, and a long prompt be
-  # chunked several times.
-  "$VENV/bin/python" - "$MODEL.tmp/config.json" <<'PY'
-import json, sys
-path = sys.argv[1]
-config = json.load(open(path))
-config["max_position_embeddings"] = 32768
-json.dump(config, open(path, "w"), indent=2)
-PY
-  rm -rf "$MODEL"
-  mv "$MODEL.tmp" "$MODEL"
-  echo "$model_want" >"$MODEL_STAMP"
-  echo "real-SGLang setup: tiny model built in $(( $(date +%s) - t0 )) s ($MODEL)"
-fi
+# A context of 32768 lets one ignore_eos generation decode for minutes, and a long prompt be
+# chunked several times.
+model_ready || build_tiny_model "$VENV/bin/python" "$MODEL" "$model_want" "$LOG" 32768

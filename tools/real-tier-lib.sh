@@ -68,6 +68,44 @@ cpu_torch_reachable() {
   return 1
 }
 
+# build_tiny_model PYTHON MODEL_DIR WANT LOG [MAX_POSITION_EMBEDDINGS]: the tiny random Llama of
+# tests/real_vllm/make_tiny_model.py (deterministic, no download; the vLLM and SGLang tiers serve it),
+# written by PYTHON (the tier venv's), built aside and moved into MODEL_DIR with its stamp saying
+# WANT. MAX_POSITION_EMBEDDINGS widens the context its config declares.
+build_tiny_model() {
+  local python=$1 model=$2 want=$3 log=$4 positions=${5:-} t0
+  t0=$(date +%s)
+  mkdir -p "$(dirname "$model")"
+  rm -rf "$model.tmp"
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 nice -n 10 "$python" tests/real_vllm/make_tiny_model.py "$model.tmp" >>"$log" 2>&1 ||
+    tier_fail "building the tiny model failed" "$log"
+  if [ -n "$positions" ]; then
+    "$python" - "$model.tmp/config.json" "$positions" >>"$log" 2>&1 <<'PY' || tier_fail "widening the tiny model's context failed" "$log"
+import json, sys
+path, positions = sys.argv[1], int(sys.argv[2])
+config = json.load(open(path))
+config["max_position_embeddings"] = positions
+json.dump(config, open(path, "w"), indent=2)
+PY
+  fi
+  rm -rf "$model"
+  mv "$model.tmp" "$model"
+  echo "$want" >"$model/.llm-vitals-built"
+  echo "real-$TIER_NAME setup: tiny model built in $(( $(date +%s) - t0 )) s ($model)"
+}
+
+# skip_unless_cpu_torch X86_WHY PY311_WHY TORCH_PIN WHEEL_GLOB: what a tier on CPU torch (vLLM,
+# SGLang) needs of this machine to build its venv: x86-64, python3.11, and the CPU torch wheel
+# reachable by pip; one tier_skip line when it lacks one.
+skip_unless_cpu_torch() {
+  local arch
+  arch=$(uname -m)
+  [ "$arch" = x86_64 ] || tier_skip "needs x86-64, this machine is $arch ($1)"
+  command -v python3.11 >/dev/null || tier_skip "needs python3.11 ($2)"
+  cpu_torch_reachable python3.11 "$4" ||
+    tier_skip "the CPU torch wheel ($3) is not reachable: PyPI has none; put $4 in a PIP_FIND_LINKS folder or set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu"
+}
+
 # run_engine_tier KEY LIMIT_S [PYTEST_ARGS...]: `make test-<engine>`. The setup (cached), then the
 # drills in tests/real_<KEY>/ with the tier's switch on, serial on purpose (they share one server and
 # need the whole 2-core machine) and bounded by `timeout LIMIT_S` (its SIGTERM still stops the engine

