@@ -29,7 +29,7 @@ from typing import Any
 
 from llm_vitals.exporter.gpu_faults import DEFAULT_XIDS, GpuFault, _clip
 
-# The health fields a read takes, named as in tests/fixtures/gpu/nvml_capture.py's output:
+# The health fields a read takes, named as in tests/fixtures/gpu/nvml-h200-healthy.json (the recipe's capture):
 # nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE), nvmlDeviceGetRemappedRows (corrected,
 # uncorrected, pending, failure), nvmlDeviceGetRetiredPagesPendingStatus (1 = pending).
 ECC_VOLATILE_UNCORRECTED = "ecc_volatile_uncorrected"
@@ -242,7 +242,7 @@ def overdue(call: str | None, since: float | None, now: float, bound: float, whe
 
 
 def read_from_capture(gpu: Mapping[str, Any], index: int, at: float = 0.0) -> GpuRead:
-    """One GPU of tests/fixtures/gpu/nvml_capture.py's output (`{"value": ...}` or `{"error": "NVMLError_X: ..."}` per field)."""
+    """One GPU of tests/fixtures/gpu/nvml-h200-healthy.json's shape (`{"value": ...}` or `{"error": "NVMLError_X: ..."}` per field)."""
     uuid = (gpu.get("uuid") or {}).get("value")
     fields: dict[str, FieldValue] = {}
     for name in HEALTH_FIELDS:
