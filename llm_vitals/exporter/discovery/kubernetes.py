@@ -30,8 +30,8 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from llm_vitals.exporter.discovery.manager import Report, SourceStatus
-from llm_vitals.exporter.discovery.targetset import DiscoveredTarget, build_target
+from llm_vitals.exporter.discovery.source import Report, SourceStatus
+from llm_vitals.exporter.discovery.targetset import DiscoveredTarget, build_target, pod_target_name
 from llm_vitals.exporter.kube import KubeConfigError, api_client
 from llm_vitals.exporter.settings import ConfigError, KubernetesDiscovery, TargetSettings
 
@@ -95,7 +95,7 @@ def pod_target(pod: PodView, config: KubernetesDiscovery, source: str,
         return None, f"no_port: no container port named {config.port!r}"
     host = f"[{pod.pod_ip}]" if ":" in pod.pod_ip else pod.pod_ip
     try:
-        target = build_target(config.template, environ, name=f"{pod.namespace}/{pod.name}",
+        target = build_target(config.template, environ, name=pod_target_name(pod.namespace, pod.name),
                               url=f"{config.scheme}://{host}:{number}", source=source, node=pod.node,
                               namespace=pod.namespace, pod=pod.name, pod_uid=pod.uid)
     except ValidationError as exc:
@@ -151,7 +151,7 @@ class PodSource:
         for namespace in sorted(self.pods):
             for name in sorted(self.pods[namespace]):
                 pod = self.pods[namespace][name]
-                key = f"{namespace}/{name}"
+                key = pod_target_name(namespace, name)
                 live.add(key)
                 built = self._built.get(key)
                 if built is None or built[0] != pod:  # built once per change of the pod, not per report
