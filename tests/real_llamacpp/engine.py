@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import httpx
 import psutil
-from real_engine.engine import Counted, Engine, Fault, Kit, Probe, sigstopped
+from real_engine.engine import Counted, Engine, Fault, Kit, Probe, has_family, sigstopped
 from real_engine.harness import ExporterSettings
 from real_engine.launcher import ServerProcess, free_port
 from real_engine.load import Load, Outcome, sample_sum
@@ -88,8 +88,7 @@ class LlamacppEngine(Engine):
         return {"tokens_per_second_one_slot": round(done.json()["timings"]["predicted_per_second"], 1)}
 
     def working(self, page: str) -> bool:
-        """Every slot busy and one request deferred."""
-        return sample_sum(page, PROCESSING) >= SLOTS and sample_sum(page, DEFERRED) >= 1
+        return slots_busy(page)
 
     def saturation_load(self, server: ServerProcess) -> Load:
         return long_generations(server.url, LOAD_REQUESTS)
@@ -114,8 +113,7 @@ class LlamacppEngine(Engine):
     def finish_load(self, kit: Kit, load: Load) -> list[Outcome]:
         """Cancel the generations (they would run for minutes) and wait until the server reads idle."""
         outcomes = load.cancel()
-        kit.wait_page(lambda page: sample_sum(page, (PROCESSING, DEFERRED)) == 0, "the server idle after the load was cancelled",
-                      timeout=180)  # fmt: skip
+        kit.wait_page(page_idle, "the server idle after the load was cancelled", timeout=180)
         return outcomes
 
     @contextmanager
@@ -133,6 +131,16 @@ class LlamacppEngine(Engine):
 
     def kill_target(self, server: ServerProcess) -> psutil.Process:
         return server.main_process()
+
+
+def slots_busy(page: str, slots: int = SLOTS, deferred: int = 1) -> bool:
+    """llama-server's own page: every slot busy and at least `deferred` requests waiting for one."""
+    return sample_sum(page, PROCESSING) >= slots and sample_sum(page, DEFERRED) >= deferred
+
+
+def page_idle(page: str) -> bool:
+    """llama-server's own page: nothing processing, nothing deferred (and both said, not missing)."""
+    return has_family(page, PROCESSING) and has_family(page, DEFERRED) and sample_sum(page, (PROCESSING, DEFERRED)) == 0
 
 
 def long_generations(url: str, count: int, tokens: int = LONG_GENERATION_TOKENS) -> Load:
