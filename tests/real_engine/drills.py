@@ -109,7 +109,7 @@ def saturation(kit: Kit, drill: Drill) -> None:
         if engine.saturation_hold_s is not None:
             first = watcher.wait_for(lambda s: s.state == "busy", timeout=30, what="busy", after=t0)
             watcher.wait_for(lambda s: True, timeout=engine.saturation_hold_s + 30, what="the end of the window",
-                             after=first.t + engine.saturation_hold_s)  # fmt: skip
+                             after=first.t + engine.saturation_hold_s)
             pages["end"] = kit.wait_page(lambda page: True, "an answer from /metrics")
             t_end = time.time()
             outcomes = engine.finish_load(kit, load)
@@ -146,7 +146,7 @@ def saturation(kit: Kit, drill: Drill) -> None:
     # None when the starved watcher took no sample while busy; the engine's own count below still
     # bounds the canaries then.
     drill.canaries = {"sent": sum(canary_delta(before, during[-1]).values()) if during else None,
-                      "by_result": canary_delta(before, after)}  # fmt: skip
+                      "by_result": canary_delta(before, after)}
 
     if not held:
         assert all(o.status == 200 for o in outcomes), [o.body for o in outcomes if o.status != 200]
@@ -197,7 +197,7 @@ def long_prompts(kit: Kit, drill: Drill) -> None:
     window = [s for s in watcher.since(t0) if s.t <= t_work_end]
     drill.timeline = watcher.timeline(t0)
     drill.canaries = {"sent": sum(canary_delta(before, window[-1]).values()) if window else 0,
-                      "by_result": canary_delta(before, after)}  # fmt: skip
+                      "by_result": canary_delta(before, after)}
     drill.facts = {
         "prompt_tokens": engine.long_prompt_tokens,
         "requests": len(outcomes),
@@ -235,7 +235,7 @@ def hang(kit: Kit, drill: Drill) -> None:
             "live_fail": watcher.wait_for(lambda s: s.live != 200, timeout=settings.liveness + 2 * settings.poll_interval + 30,
                                           what="live 503", after=fault.t),
             "probed": kit.probe(engine.frozen_probe) if engine.frozen_probe else {},
-        }  # fmt: skip
+        }
 
     run = frozen_under_load(kit, drill, engine.freeze_engine, while_stuck)
     not_ready, live_fail, probed = run.seen["not_ready"], run.seen["live_fail"], run.seen["probed"]
@@ -308,7 +308,7 @@ class FrozenRun:
 
 
 def frozen_under_load(kit: Kit, drill: Drill, freeze: Callable[[Kit, Load], AbstractContextManager[Fault]],
-                      while_stuck: Callable[[Fault], dict] | None = None, owed_first: bool = False) -> FrozenRun:  # fmt: skip
+                      while_stuck: Callable[[Fault], dict] | None = None, owed_first: bool = False) -> FrozenRun:
     """From idle, the engine's fault load; once its own page shows it, `freeze`, until the exporter says stuck
     and `while_stuck` has looked; then the freeze ends, the load is finished and the verdict settles.
 
@@ -326,17 +326,17 @@ def frozen_under_load(kit: Kit, drill: Drill, freeze: Callable[[Kit, Load], Abst
         kit.wait_working(load)
         if owed_first:
             watcher.wait_for(lambda s: s.state == "busy" and s.reason == "progress" and (s.waiting or 0) > 0, timeout=60,
-                             what="busy with progress and requests waiting before the freeze", after=t0)  # fmt: skip
+                             what="busy with progress and requests waiting before the freeze", after=t0)
         assert not load.done(), "the load ended before the freeze"
         with freeze(kit, load) as fault:
             stuck = watcher.wait_for(lambda s: s.state == "stuck", timeout=settings.stuck_after + 2 * settings.unanswered_poll_s + 30,
-                                     what="stuck", after=fault.t)  # fmt: skip
+                                     what="stuck", after=fault.t)
             drill.detected(f"{fault.what} to stuck", detection_seconds(stuck, fault.t))
             seen = while_stuck(fault) if while_stuck else {}
             load.stop()  # the requests held by the freeze finish after it; no new ones
             t_thaw = time.time()
         recovered = watcher.wait_for(lambda s: s.state in engine.recovered_states, timeout=60,
-                                     what=f"{' or '.join(engine.recovered_states)} after the freeze", after=t_thaw)  # fmt: skip
+                                     what=f"{' or '.join(engine.recovered_states)} after the freeze", after=t_thaw)
         outcomes = engine.finish_load(kit, load)
     after, crash = settle(kit)
 
@@ -408,7 +408,7 @@ def restart(kit: Kit, drill: Drill) -> None:
     t_ready = time.time()
     kit.save_page("restarted-idle")
     counted = watcher.wait_for(lambda s: (s.restarts or 0) > (before.restarts or 0), timeout=60,
-                               what="a restart counted", after=t_launch)  # fmt: skip
+                               what="a restart counted", after=t_launch)
     drill.detected("ready to restart counted", max(0.0, counted.t - t_ready))
     idle = watcher.wait_for(lambda s: s.state == "idle", timeout=60, what="idle after the restart", after=t_ready)
     ok = watcher.wait_for(
@@ -462,10 +462,10 @@ def kill_under_load(kit: Kit, victim_of: Callable[[ServerProcess], psutil.Proces
     return t0, t_kill, load
 
 
-def settle(kit: Kit) -> tuple:
+def settle(kit: Kit) -> tuple[Sample, str | None]:
     """After a fault: the first idle sample, or a `down` one with the engine's own crash as the reason (else None)."""
     after = kit.watcher.wait_for(lambda s: s.state in ("idle", "down"), timeout=90, what="idle after the load (or down)",
-                                 after=time.time())  # fmt: skip
+                                 after=time.time())
     return after, kit.engine.crash(kit.server) if after.state == "down" else None
 
 

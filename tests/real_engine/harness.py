@@ -70,9 +70,9 @@ class ExporterSettings:
         target = {
             "name": self.target, "url": url, "engine": self.engine, "role": "backend", **target_keys,
             "stuck_after": _s(self.stuck_after), "liveness_budget": _s(self.liveness), "startup_grace": "5m", "canary": canary,
-        }  # fmt: skip
+        }
         config = {"listen": f"127.0.0.1:{listen_port}", "poll_interval": _s(self.poll_interval),
-                  "metrics_timeout": _s(self.metrics_timeout), "targets": [target]}  # fmt: skip
+                  "metrics_timeout": _s(self.metrics_timeout), "targets": [target]}
         return yaml.safe_dump(config, sort_keys=False)
 
 

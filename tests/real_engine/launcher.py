@@ -153,7 +153,7 @@ class ServerProcess:
     def exited_early(self, log_path: Path) -> Exception:
         """The error for a server that exited before it was ready (a launcher may tell a known cause apart)."""
         return RuntimeError(f"{self.name} exited with status {self.returncode} before it was ready; "
-                            f"last lines of {log_path}:\n{tail(log_path)}")  # fmt: skip
+                            f"last lines of {log_path}:\n{tail(log_path)}")
 
     def _wait_ready(self, began: float, log_path: Path) -> None:
         with httpx.Client(timeout=10.0) as client:

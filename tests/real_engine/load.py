@@ -76,7 +76,7 @@ class Load:
 
     @classmethod
     def sustained(cls, url: str, path: str, body_for: Callable[[int], dict], concurrency: int, max_seconds: float,
-                  timeout: float = REQUEST_TIMEOUT_S) -> Load:  # fmt: skip
+                  timeout: float = REQUEST_TIMEOUT_S) -> Load:
         """`concurrency` clients, each sending its next request as soon as the last one answered, until `stop()`.
 
         The fault drills need work in flight at the moment of the fault whatever the engine's speed:
@@ -180,7 +180,7 @@ def sample_sum(page: str, names: str | tuple[str, ...], labels: dict[str, str] |
     wanted = (names,) if isinstance(names, str) else names
     want = (labels or {}).items()
     return sum(s.value for family in text_string_to_metric_families(page) for s in family.samples
-               if s.name in wanted and want <= s.labels.items())  # fmt: skip
+               if s.name in wanted and want <= s.labels.items())
 
 
 def engine_counter(url: str, names: str | tuple[str, ...], labels: dict[str, str] | None = None) -> float:
@@ -189,7 +189,7 @@ def engine_counter(url: str, names: str | tuple[str, ...], labels: dict[str, str
 
 
 def wait_page(url: str, condition: Callable[[str], bool], timeout: float, what: str, load: Load | None = None,
-              read_timeout: float = METRICS_TIMEOUT_S) -> str:  # fmt: skip
+              read_timeout: float = METRICS_TIMEOUT_S) -> str:
     """The first direct read of the page that satisfies `condition`; AssertionError at the deadline.
 
     A read that times out or fails is one more try, never the drill's failure by itself: under

@@ -21,7 +21,7 @@ def run_dir(key: str) -> Path:
 def cache_path(name: str, version: str) -> Path:
     """Where tools/cache-path.sh says a built part lives (outside the clone: CI clones afresh)."""
     out = subprocess.run(["bash", str(REPO / "tools" / "cache-path.sh"), name, version],
-                         check=True, capture_output=True, text=True, timeout=30)  # fmt: skip
+                         check=True, capture_output=True, text=True, timeout=30)
     return Path(out.stdout.strip())
 
 

@@ -126,7 +126,7 @@ def summary(report: dict, path: Path) -> list[str]:
     settings = ", ".join(f"{k}={v}" for k, v in engine.items() if k not in ("version", "starts", "leftover_pids_after_stop"))
     exporter = ", ".join(f"{k}={v}" for k, v in report.get("exporter", {}).items())
     lines = [f"== real-{report.get('name', key)} drills ({engine.get('version', '?')}; {settings}; exporter {exporter})",
-             starts_line(report), *table(report)]  # fmt: skip
+             starts_line(report), *table(report)]
     for d in report.get("drills", []):
         if d.get("facts"):
             lines.append(f"  {d['name']}: " + ", ".join(f"{k}={v}" for k, v in d["facts"].items()))

@@ -58,7 +58,7 @@ def test_the_families_the_smoke_drill_asks_for_stand_on_the_engines_real_idle_pa
     ("page", "family", "stands"),
     [("a 1\n", "a", True), ('a{x="1"} 1\n', "a", True), ("# HELP a what\n# TYPE a gauge\n", "a", False),
      ("ab 1\n", "a", False), ("x 1\na_count 2\n", "a_count", True)],
-)  # fmt: skip
+)
 def test_a_family_stands_only_as_a_sample_line(page, family, stands):
     assert has_family(page, family) is stands
 
@@ -70,7 +70,7 @@ def test_the_exporter_accepts_the_config_each_engine_runs_with(engine: Engine):
     (target,) = settings.targets
     want = engine.exporter
     assert (target.name, target.engine, target.stuck_after, target.liveness) == (want.target, want.engine, want.stuck_after,
-                                                                                 want.liveness)  # fmt: skip
+                                                                                 want.liveness)
     assert settings.poll_interval == want.poll_interval and settings.metrics_timeout == want.metrics_timeout
     assert (target.canary.interval, target.canary.timeout) == (want.canary_interval, want.canary_timeout)
     assert target.sends_canary
@@ -89,7 +89,7 @@ def test_every_drill_test_of_a_tier_is_filed_under_one_of_its_engines_drill_name
     """Else the report would file it under its whole test name, and the table would not line up."""
     path = REPO / "tests" / f"real_{engine.key}" / f"test_real_{engine.key}_drills.py"
     tests = [n.name.removeprefix("test_") for n in ast.parse(path.read_text()).body
-             if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]  # fmt: skip
+             if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
     filed = {t: next((d for d in engine.drills if t.startswith(d)), None) for t in tests}
     assert None not in filed.values(), filed
     assert sorted(filed.values()) == sorted(engine.drills), "a drill name with no test, or two tests under one name"
@@ -132,7 +132,7 @@ def test_report_tool_prints_the_settings_the_starts_and_a_row_per_drill(tmp_path
     report.write()
 
     result = subprocess.run([sys.executable, str(REPORT_TOOL), str(report.path)], check=False, capture_output=True, text=True,
-                            timeout=30)  # fmt: skip
+                            timeout=30)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("== real-llama.cpp drills (llama.cpp 0c1e570; slots=2, batch=256; exporter stuck_after=6.0, ")
@@ -148,7 +148,7 @@ def test_report_tool_prints_the_settings_the_starts_and_a_row_per_drill(tmp_path
 
 def test_report_tool_says_when_there_is_no_report(tmp_path):
     result = subprocess.run([sys.executable, str(REPORT_TOOL), str(tmp_path / "missing.json")], check=False, capture_output=True,
-                            text=True, timeout=30)  # fmt: skip
+                            text=True, timeout=30)
     assert result.returncode == 1
     assert "cannot read" in result.stderr
 
@@ -323,7 +323,7 @@ def test_a_server_is_ready_found_frozen_and_stopped_with_every_process_it_spawne
         assert server.start() < 60
         (child,) = [p for p in server.leftovers() if p.pid != server.pid]
         assert server.starts == [{"seconds": server.starts[0]["seconds"], "pid": server.pid,
-                                  "log": str(tmp_path / f"stand-in-{server.port}-1.log")}]  # fmt: skip
+                                  "log": str(tmp_path / f"stand-in-{server.port}-1.log")}]
         with sigstopped(child) as fault:
             assert child.status() == psutil.STATUS_STOPPED and fault.what == "SIGSTOP"
         assert child.status() != psutil.STATUS_STOPPED

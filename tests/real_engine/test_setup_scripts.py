@@ -27,7 +27,7 @@ SKIPS = [
     ("triton", "aarch64", "TRITON",
      "SKIPPED: real-Triton tier: needs x86-64 Linux (nvidia-pytriton ships manylinux x86-64 wheels only), this is aarch64"),
     ("llamacpp", "x86_64", "LLAMACPP", "SKIPPED: real-llama.cpp tier: needs cmake to build llama-server (apt-get install cmake g++ make)"),
-]  # fmt: skip
+]
 
 
 def _run_setup(tmp_path: Path, script: str, arch: str, required: str | None = None) -> subprocess.CompletedProcess:

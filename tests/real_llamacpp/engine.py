@@ -71,7 +71,7 @@ class LlamacppEngine(Engine):
 
     def facts(self) -> dict:
         return {"version": "llama.cpp llama-server 0c1e570 (llama-cpp-python 0.3.36 sdist), portable x86-64-v2 (GGML_NATIVE=OFF)",
-                "slots": SLOTS, "context": CONTEXT, "batch": BATCH}  # fmt: skip
+                "slots": SLOTS, "context": CONTEXT, "batch": BATCH}
 
     def setup_missing(self) -> str | None:
         return setup_missing()
@@ -146,7 +146,7 @@ def page_idle(page: str) -> bool:
 def long_generations(url: str, count: int, tokens: int = LONG_GENERATION_TOKENS) -> Load:
     """`count` streamed generations of `tokens` tokens each, all at once (ignore_eos: they never end early)."""
     bodies = [{"prompt": f"Once upon a time {k}", "n_predict": tokens, "ignore_eos": True, "cache_prompt": False, "stream": True}
-              for k in range(count)]  # fmt: skip
+              for k in range(count)]
     return Load.batch(url, "/completion", bodies, concurrency=count, timeout=600.0)
 
 

@@ -67,7 +67,7 @@ class LlamaServer(ServerProcess):
             "nice", "-n", "10", BIN, "-m", MODEL, "--host", "127.0.0.1", "--port", str(self.port),
             "--metrics", "-np", str(SLOTS), "-c", str(CONTEXT), "-t", str(THREADS), "-b", str(BATCH),
             "--threads-http", str(HTTP_THREADS), "-a", ALIAS,
-        ]  # fmt: skip
+        ]
 
     def launch(self, log_path: Path) -> None:
         self.loading_answer = None

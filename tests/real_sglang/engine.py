@@ -68,7 +68,7 @@ class SglangEngine(Engine):
     drills = ("smoke", "idle", "saturation", "prefill", "detokenizer", "hang", "kill", "restart")
     exporter = ExporterSettings(target="real-sglang", engine="sglang", stuck_after=STUCK_AFTER_S)
     families = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:realtime_tokens_total",
-                "sglang:cuda_graph_passes_total", "sglang:num_used_tokens", "sglang:http_requests_active")  # fmt: skip
+                "sglang:cuda_graph_passes_total", "sglang:num_used_tokens", "sglang:http_requests_active")
     openai_model = SERVED_MODEL
     answered = Counted("sglang:num_requests_total", "num_requests_total_delta", exact=True)
     saturation_requests = SATURATION_REQUESTS
@@ -92,7 +92,7 @@ class SglangEngine(Engine):
     def facts(self) -> dict:
         return {"version": f"sglang {SGLANG_VERSION} on torch 2.13.0+cpu, sgl_kernel stand-in",
                 "max_running_requests": MAX_RUNNING_REQUESTS, "context_length": CONTEXT_LENGTH,
-                "chunked_prefill_size": CHUNKED_PREFILL_SIZE}  # fmt: skip
+                "chunked_prefill_size": CHUNKED_PREFILL_SIZE}
 
     def setup_missing(self) -> str | None:
         return setup_missing()
@@ -118,7 +118,7 @@ class SglangEngine(Engine):
         pending = sample_sum(page, (RUNNING, QUEUED))
         active = sample_sum(page, "sglang:http_requests_active", {"endpoint": GENERATE})
         return {"used": used, "running_plus_queued": pending, "active": active, "in_flight": active >= 1,
-                "trap": used > 0 and pending == 0}  # fmt: skip
+                "trap": used > 0 and pending == 0}
 
     def check_long_prompts(self, facts: dict, readings: list[dict]) -> None:
         facts["pages_with_running_0_and_used_tokens"] = sum(r["trap"] for r in readings)

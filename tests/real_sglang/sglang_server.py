@@ -79,7 +79,7 @@ class SglangServer(ServerProcess):
             "--max-running-requests", str(MAX_RUNNING_REQUESTS), "--max-total-tokens", "131072",
             "--context-length", str(CONTEXT_LENGTH), "--chunked-prefill-size", str(CHUNKED_PREFILL_SIZE),
             "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
-        ]  # fmt: skip
+        ]
 
     def ready(self, client: httpx.Client) -> bool:
         """Ready once /health is 200: it runs a 1-token generation through the whole engine.

@@ -62,7 +62,7 @@ def test_detokenizer_stopped_keeps_the_engine_busy_and_health_green(kit: Kit, dr
         ENGINE.finish_load(kit, load)
     drill.timeline = watcher.timeline(t0)
     drill.facts = {"stopped_for_s": round(t_cont - fault.t, 1), "health_while_stopped": health,
-                   "states_while_stopped": sorted({str(s.state) for s in stopped})}  # fmt: skip
+                   "states_while_stopped": sorted({str(s.state) for s in stopped})}
     assert {s.state for s in stopped} <= {"busy"}, drill.timeline
 
 

@@ -56,7 +56,7 @@ class TritonEngine(Engine):
     drills = ("smoke", "idle", "saturation", "frozen_worker", "frozen_tritonserver", "kill", "restart")
     exporter = EXPORTER
     families = (PENDING, "nv_inference_exec_count", "nv_inference_request_success", "nv_inference_request_failure",
-                "nv_inference_compute_infer_duration_us")  # fmt: skip
+                "nv_inference_compute_infer_duration_us")
     openai_model = None  # no /v1/models: KServe v2 routes only
     answered = Counted("nv_inference_request_success_total", "request_success_delta", exact=True)
     saturation_requests = SATURATION_REQUESTS

@@ -83,7 +83,7 @@ class TritonServer(ServerProcess):
         return [
             str(venv_path() / "bin" / "python"), str(SERVER_SCRIPT),
             "--http-port", str(self.port), "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port),
-        ]  # fmt: skip
+        ]
 
     def ready(self, client: httpx.Client) -> bool:
         """The metrics page is up before the model is loaded: the model's own ready route is the one."""
@@ -141,7 +141,7 @@ class TritonServer(ServerProcess):
         log = self.starts[-1]["log"] if self.starts else None
         text = tail(Path(log), 400) if log else ""
         lines = [line.strip() for line in text.splitlines()
-                 if line.startswith(("Signal (", "terminate called", "  what():", "Triton Inference Server exited"))]  # fmt: skip
+                 if line.startswith(("Signal (", "terminate called", "  what():", "Triton Inference Server exited"))]
         return "; ".join(lines) or f"tritonserver is gone; see {log}"
 
     def stop(self) -> None:

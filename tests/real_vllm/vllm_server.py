@@ -129,7 +129,7 @@ class VllmServer(ServerProcess):
             "--max-model-len", str(MAX_MODEL_LEN),
             "--max-num-seqs", str(MAX_NUM_SEQS),
             "--dtype", "bfloat16",
-        ]  # fmt: skip
+        ]
         if ENFORCE_EAGER:
             argv.append("--enforce-eager")
         return argv
