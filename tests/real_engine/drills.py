@@ -237,7 +237,7 @@ def hang(kit: Kit, drill: Drill) -> None:
             "probed": kit.probe(engine.frozen_probe) if engine.frozen_probe else {},
         }
 
-    run = frozen_under_load(kit, drill, engine.freeze_engine, while_stuck)
+    run = frozen_under_load(kit, drill, engine.freeze_engine, while_stuck, owed_first=engine.hang_when_owed)
     not_ready, live_fail, probed = run.seen["not_ready"], run.seen["live_fail"], run.seen["probed"]
     hung = run.window(kit)
     drill.facts |= {

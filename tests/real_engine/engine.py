@@ -88,6 +88,9 @@ class Engine:
     long_prompt_no_canary: bool = False
     # hang (the engine frozen, its HTTP alive): stuck in time, ready fails, live fails after its budget.
     hang_reasons: tuple[str, ...] = ("no_progress",)
+    # Freeze only once the exporter has polled the load busy, with progress and requests waiting: an
+    # engine whose frozen loop can leave /metrics unanswered is judged on the last read it answered.
+    hang_when_owed: bool = False
     recovered_states: tuple[str, ...] = ("busy", "idle")  # right after the fault ends
     frozen_probe: Probe | None = None
     fault_outcomes_ok: bool = False  # the fault load's requests all answer 200 once the fault ends

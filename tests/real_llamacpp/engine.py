@@ -60,6 +60,7 @@ class LlamacppEngine(Engine):
     # Inside a decode /metrics answers with frozen counters (no_progress); frozen between decodes,
     # /metrics is accepted and never answered (metrics_unanswered). Both are stuck.
     hang_reasons = ("no_progress", "metrics_unanswered")
+    hang_when_owed = True  # frozen between decodes, its /metrics is never answered
     recovered_states = ("busy",)  # the load is still in flight when the freeze ends
     frozen_probe = Probe(("/health",), 200, timeout=EXPORTER.metrics_timeout)  # /health stays 200, loop frozen
     kill_reason = "connect"  # refused at once
