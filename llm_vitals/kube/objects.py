@@ -86,5 +86,5 @@ async def get_node(kube: KubeClient, name: str) -> dict[str, Any]:
 
 async def merge_patch_node(kube: KubeClient, name: str, patch: dict[str, Any]) -> dict[str, Any]:
     """A JSON merge patch of one Node (a `metadata.resourceVersion` in it makes it conditional: 409 if stale)."""
-    merge = {"_content_type": "application/merge-patch+json"}  # the generated call would send a JSON patch
+    merge: dict[str, Any] = {"_content_type": "application/merge-patch+json"}  # the generated call would send a JSON patch
     return await kube.call(lambda api, options: CoreV1Api(api).patch_node(name, as_json(patch), **options, **merge))
