@@ -194,8 +194,8 @@ class Informer(Generic[T]):
         self.relists += self.synced
         self.synced = True
         self.resource_version = _version(listed) or ""
+        self.on_change(None)  # before the health: a user that re-applies on both sees the new objects each time
         self._set_health(Health(True))
-        self.on_change(None)
 
     async def _watch(self, resource_version: str) -> WatchEnded:
         started, events = self.clock(), 0
