@@ -23,7 +23,7 @@ import aiohttp
 from kubernetes_asyncio.client import ApiClient
 
 from .connect import Access, Credentials, open_api_client
-from .errors import KubeUnavailable, api_error
+from .errors import KubeTimeout, KubeUnavailable, api_error
 
 # One generated call, given the ApiClient and the options this client adds (`_preload_content`,
 # `_request_timeout`): e.g. `lambda api, options: CoreV1Api(api).read_node(name, **options)`.
@@ -34,7 +34,7 @@ _TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
 def unreachable(exc: BaseException, timeout: float) -> KubeUnavailable:
     """A transport failure as one sentence (a TLS failure keeps its reason: CERTIFICATE_VERIFY_FAILED...)."""
     if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
-        return KubeUnavailable(f"the API server did not answer within {timeout:g}s")
+        return KubeTimeout(f"the API server did not answer within {timeout:g}s")
     return KubeUnavailable(f"the API server cannot be reached: {type(exc).__name__}: {exc}"[:300])
 
 

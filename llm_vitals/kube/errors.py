@@ -4,7 +4,7 @@ Every caller sees one of three `KubeError`s, each with a sentence fit for a log 
 or the journal:
 
 - `KubeConfigError`: the kubeconfig, the service account or an exec plugin cannot give credentials;
-- `KubeUnavailable`: no answer (refused, reset, TLS, timeout);
+- `KubeUnavailable`: no answer (refused, reset, TLS; `KubeTimeout`: not in time);
 - `ApiError`: the API server answered with an error status; `status`, `reason` (`Forbidden`,
   `Expired`, ...) and `message` come from its `Status` object (`api_error`).
 
@@ -30,6 +30,10 @@ class KubeConfigError(KubeError):
 
 class KubeUnavailable(KubeError):
     """The API server could not be reached or did not answer in time."""
+
+
+class KubeTimeout(KubeUnavailable):
+    """The API server did not answer within the request's time limit."""
 
 
 class ApiError(KubeError):

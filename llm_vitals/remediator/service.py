@@ -23,6 +23,8 @@ from dataclasses import dataclass, field, replace
 
 import httpx
 
+from llm_vitals.kube.client import KubeClient
+from llm_vitals.kube.leases import LeaseTransport
 from llm_vitals.logs import log_event
 
 from . import gate, shared
@@ -30,7 +32,6 @@ from .executors import ExecResult, Executor, build_executor, run_argv
 from .exporter_client import FleetReader
 from .gate import AlertFacts, Decision, FleetView, GatePolicy, JournalState, TargetStatus, TemplateMatch
 from .journal import Journal
-from .kube import KubeClient
 from .metrics import UNKNOWN_TARGET, RemediatorMetrics
 from .payload import Alert, WebhookPayload
 from .pods import CordonAndMoveExecutor, PodExecutor, PodRef, pod_event, refusal_event_name
@@ -102,7 +103,8 @@ class Remediator:
         lease = settings.kubernetes.lease if settings.kubernetes else None
         # None: the single-replica mode, where the journal is the state. Else the shared Lease.
         self.store: LeaseStore | None = (
-            LeaseStore(kube, lease, self.identity, settings.budget.window) if kube is not None and lease else None
+            LeaseStore(LeaseTransport(kube), lease, self.identity, settings.budget.window)
+            if kube is not None and lease else None
         )
         self.metrics = RemediatorMetrics(settings.targets, journal, self.gate_state_now, clock)
         self._decision_lock = asyncio.Lock()
