@@ -10,7 +10,9 @@ plugin (`users[].user.exec`, as EKS, GKE and AKS kubeconfigs use). What it leave
 - **Inline keys stay off the disk.** Python's `ssl` loads certificates from paths only. The
   `*-data` keys of a kubeconfig (CA, client certificate and key) are handed to it as anonymous
   in-memory files (Linux `memfd`) that are closed once the TLS context holds them; where there is
-  no memfd, as 0600 files in a 0700 directory removed at once. Nothing is left in /tmp.
+  no memfd, as 0600 files in a 0700 directory removed at once. Nothing is left in /tmp. (An exec
+  plugin that prints a client certificate instead of a token is the one exception: the library
+  writes it to a 0600 temp file of its own, removed at exit.)
 - **One sentence per failure.** A config that cannot be used is a `KubeConfigError` naming the file
   or the service account, never a traceback.
 """
