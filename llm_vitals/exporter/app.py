@@ -43,7 +43,7 @@ log = logging.getLogger("llm_vitals.exporter")
 PROBES = {"startup", "ready", "live"}
 
 
-# A target name in a path: a static name, or a discovered `<namespace>/<pod>` (one slash).
+# A target name in a path: a static name, or a discovered one with its one `/` (discovery/targetset.py).
 NAME = "{name:[^/]+(?:/[^/]+)?}"
 
 

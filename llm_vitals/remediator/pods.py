@@ -51,10 +51,14 @@ class PodRef:
     node: str | None = None
 
 
+# What this component's Event names carry after the involved object's name (`vllm-0.llm-vitals-...`).
+EVENT_NAME_MARK = ".llm-vitals-"
+
+
 def refusal_event_name(pod: str, uid: str | None, reason: str, alert_key: tuple[str, float]) -> str:
     """The one Event name for this pod, refusal and alert (fingerprint, startsAt): a DNS subdomain."""
     digest = hashlib.sha256(json.dumps([uid or "", reason, *alert_key]).encode()).hexdigest()[:16]
-    suffix = f".llm-vitals-{digest}"
+    suffix = f"{EVENT_NAME_MARK}{digest}"
     # A pod name is a DNS subdomain already; cut, it must still end in an alphanumeric.
     return pod[: 253 - len(suffix)].rstrip("-.") + suffix
 
@@ -69,7 +73,7 @@ async def record_event(
     a restart) counts as recorded: the name is what makes copies of one Event one object.
     """
     now = micro_time(time.time())
-    naming = {"name": name} if name else {"generateName": f"{involved['name']}.llm-vitals-"}
+    naming = {"name": name} if name else {"generateName": f"{involved['name']}{EVENT_NAME_MARK}"}
     body = {
         "apiVersion": "v1",
         "kind": "Event",

@@ -25,8 +25,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from llm_vitals.exporter.discovery.manager import Report, SourceStatus
-from llm_vitals.exporter.discovery.targetset import DiscoveredTarget, build_target
+from llm_vitals.exporter.discovery.source import Report, SourceStatus
+from llm_vitals.exporter.discovery.targetset import DiscoveredTarget, build_target, pod_target_name
 from llm_vitals.exporter.settings import ConfigError, KubernetesDiscovery, TargetSettings
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.connect import Access
@@ -85,7 +85,7 @@ def pod_target(pod: PodView, config: KubernetesDiscovery, source: str,
         return None, f"no_port: no container port named {config.port!r}"
     host = f"[{pod.pod_ip}]" if ":" in pod.pod_ip else pod.pod_ip
     try:
-        target = build_target(config.template, environ, name=f"{pod.namespace}/{pod.name}",
+        target = build_target(config.template, environ, name=pod_target_name(pod.namespace, pod.name),
                               url=f"{config.scheme}://{host}:{number}", source=source, node=pod.node,
                               namespace=pod.namespace, pod=pod.name, pod_uid=pod.uid)
     except ValidationError as exc:
@@ -150,7 +150,7 @@ class PodSource:
         for namespace in sorted(pods):
             for name in sorted(pods[namespace]):
                 pod = pods[namespace][name]
-                key = f"{namespace}/{name}"
+                key = pod_target_name(namespace, name)
                 live.add(key)
                 built = self._built.get(key)
                 if built is None or built[0] != pod:  # built once per change of the pod, not per report
