@@ -89,6 +89,11 @@ class TargetView(_View):
     gpu_fault_source: str | None = Field(None, description="which source flagged it: file, node, dcgm or nvml")
     gpu_fault_errors: dict[str, str] = Field(default_factory=dict, description=(
         "a GPU-fault source that could not be read (node, dcgm, nvml) and why; never a fault by itself"))
+    workload: str | None = Field(None, description=(
+        "what the operator owns and a restart does not replace: Deployment/<ns>/<name>, StatefulSet/<ns>/<name>, "
+        "DaemonSet/<ns>/<name>, LeaderWorkerSet/<ns>/<name>/<group-index>, a name given by a template or a file_sd "
+        "label, or the target's own name; budgets, circuits and the restart-loop alert key on it. "
+        "Null only from an exporter older than the field: readers then use the target's name"))
     # A target discovered in Kubernetes: its own pod as the exporter saw it (null otherwise).
     namespace: str | None = None
     pod: str | None = None
