@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo bench test-docker test-vllm test-llamacpp test-sglang test-triton test-k8s tools clean
+.PHONY: install test lint demo bench test-docker test-vllm test-llamacpp test-sglang test-triton test-k8s test-gpu tools clean
 
 install: $(STAMP)
 
@@ -66,6 +66,12 @@ test-triton: install
 # Debian's source and cached outside the clone, etcd from Debian; the tests start the control plane.
 test-k8s: install
 	@bash tools/real-k8s-test.sh $(PYTEST_ARGS)
+
+# The GPU tier (tests/real_gpu/README.md), on a machine with an NVIDIA GPU and nvcc: llama-server built with
+# CUDA (cached outside the clone), the llama.cpp drills on the GPU, then the NVML source against the GPU.
+# Without a GPU: one line, status 0. Not a CI step: CI has no GPU.
+test-gpu: install
+	@bash tools/real-gpu-test.sh
 
 bench: install
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

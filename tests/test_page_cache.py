@@ -59,6 +59,8 @@ def set_gpu_fault(record: TargetRecord, source: str, detail: str | None) -> None
         record.set_node_fault(fault, None if fault else "node n1 not found in the API server")
     elif source == "file":
         record.set_file_fault(fault)
+    elif source == "nvml":
+        record.set_nvml_fault(fault, None if fault else "NVML not loaded")
     else:
         record.set_dcgm(DcgmState(), fault)
 
@@ -121,7 +123,7 @@ def play(seed: int) -> int:
         elif step < 0.72:  # a drain or an undrain
             record.set_draining(not record.draining)
         elif step < 0.78:  # a GPU fault set or cleared by one of its sources
-            set_gpu_fault(record, rng.choice(["node", "file", "dcgm"]), rng.choice([None, "Xid 79", "node condition GpuXid"]))
+            set_gpu_fault(record, rng.choice(["node", "file", "dcgm", "nvml"]), rng.choice([None, "Xid 79", "node condition GpuXid"]))
         elif step < 0.84:  # an error counted alone (the poll loop's `internal`), or a dcgm page that cannot be read
             if rng.random() < 0.7:
                 record.count_poll_error(rng.choice(["internal", "timeout"]))

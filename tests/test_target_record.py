@@ -48,6 +48,10 @@ CHANGES: list[tuple[str, Callable[[TargetRecord], object], Callable[[TargetRecor
     ("a dcgm read", lambda r: r.set_dcgm(DcgmState({"GPU-1": 79.0}, {"GPU-1": "Xid 79"}), GpuFault("dcgm", "Xid 79")),
      lambda r: r.dcgm_fault == GpuFault("dcgm", "Xid 79") and r.dcgm_state.xids == {"GPU-1": 79.0}),
     ("a dcgm error", lambda r: r.set_dcgm_error("timeout"), lambda r: r.gpu_fault_errors == {"dcgm": "timeout"}),
+    ("the NVML source's fault", lambda r: r.set_nvml_fault(GpuFault("nvml", "Xid 79"), None),
+     lambda r: r.nvml_fault == GpuFault("nvml", "Xid 79") and r.gpu_fault == "Xid 79"),
+    ("the NVML source's error", lambda r: r.set_nvml_fault(None, "NVML not loaded"),
+     lambda r: r.gpu_fault is None and r.gpu_fault_errors == {"nvml": "NVML not loaded"}),
 ]
 
 
@@ -65,7 +69,8 @@ def test_every_change_is_a_method_that_bumps_the_version(change, check) -> None:
     lambda r: r.set_file_fault(None),
     lambda r: r.set_node_fault(None, None),
     lambda r: r.set_dcgm_error(None),
-], ids=["undrain", "no file fault", "no node fault", "dcgm read"])
+    lambda r: r.set_nvml_fault(None, None),
+], ids=["undrain", "no file fault", "no node fault", "dcgm read", "no nvml fault"])
 def test_a_change_to_what_the_record_already_holds_keeps_the_version(change) -> None:
     # The node watch applies its cache to every target on each event: most such calls change nothing.
     record = fresh()

@@ -23,7 +23,6 @@ from pydantic import BaseModel
 from llm_vitals.exporter.collector import LifecycleCollector, build_process_registry
 from llm_vitals.exporter.discovery.manager import Discovery, apply_to_store, sources_for
 from llm_vitals.exporter.keys import CLOCK, DISCOVERY, NODES, PAGES, POLLER, REGISTRY, RELOAD, SESSION, SETTINGS, STORE
-from llm_vitals.exporter.kube import api_client
 from llm_vitals.exporter.node_watch import NodeCache, NodeWatch, wants_node_watch
 from llm_vitals.exporter.page import PageCache
 from llm_vitals.exporter.poller import Poller
@@ -33,6 +32,8 @@ from llm_vitals.exporter.state import StateStore, target_view
 from llm_vitals.exporter.status_page import setup_status_page
 from llm_vitals.exporter.verdict import is_started
 from llm_vitals.exposition import TEXT_CONTENT_TYPE
+from llm_vitals.kube.client import KubeClient
+from llm_vitals.kube.connect import Access
 from llm_vitals.logs import log_event
 from llm_vitals.targets import TargetsAnswer
 
@@ -145,7 +146,7 @@ async def _node_watch(app: web.Application) -> AsyncIterator[None]:
     kubeconfig = settings.gpu_faults.kubeconfig or next(
         (entry.kubernetes.kubeconfig for entry in settings.discovery if entry.kubernetes), None)
     watcher = NodeWatch(app[NODES], settings.gpu_faults.node_rules, lambda: iter(store),
-                        lambda: api_client(kubeconfig))
+                        KubeClient(Access(kubeconfig=kubeconfig)))
     task = asyncio.create_task(watcher.run(), name="node-watch")
     yield
     task.cancel()

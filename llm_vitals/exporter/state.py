@@ -25,7 +25,8 @@ class TargetRecord:
     """One target's cache: its verdict and all that is kept beside it. Only the event loop touches
     it, so no lock is needed.
 
-    Four tasks change a target: its poll loop, its canary task, the node watch and the drain route.
+    Four tasks change a target: its poll loop (its reading, and the GPU-fault sources it reads), its
+    canary task, the node watch and the drain route.
     Each change goes through one of the methods below, and each bumps `version`: whatever keeps a
     rendering of the record (llm_vitals/exporter/page.py) compares versions, never fields, so no
     writer can forget to tell it. What the record holds is read through properties only; the
@@ -33,8 +34,9 @@ class TargetRecord:
     """
 
     __slots__ = ("_canaries", "_canary_task", "_dcgm_fault", "_dcgm_state", "_draining", "_file_fault",
-                 "_gpu_fault_errors", "_history", "_last_canary_sent", "_model", "_node_fault", "_poll_duration",
-                 "_poll_errors", "_polls", "_verdict", "_version", "history_seconds", "poll_interval", "settings")
+                 "_gpu_fault_errors", "_history", "_last_canary_sent", "_model", "_node_fault", "_nvml_fault",
+                 "_poll_duration", "_poll_errors", "_polls", "_verdict", "_version", "history_seconds", "poll_interval",
+                 "settings")
 
     def __init__(self, settings: TargetSettings, verdict: Verdict, *, history_seconds: float = 600.0,
                  poll_interval: float = 5.0) -> None:
@@ -52,11 +54,12 @@ class TargetRecord:
         self._canary_task: asyncio.Task[None] | None = None
         self._last_canary_sent: float | None = None
         self._model: str | None = None
-        # One GPU fault per source (llm_vitals/exporter/gpu_faults.py); `fault` is their combination.
+        # One GPU fault per source (llm_vitals/exporter/gpu_faults/); `fault` is their combination.
         self._file_fault: GpuFault | None = None
         self._node_fault: GpuFault | None = None
         self._dcgm_fault: GpuFault | None = None
         self._dcgm_state = DcgmState()
+        self._nvml_fault: GpuFault | None = None
         self._gpu_fault_errors: dict[str, str] = {}
         self._history: deque[tuple[float, float, str]] = deque()
 
@@ -133,6 +136,11 @@ class TargetRecord:
         return self._dcgm_state
 
     @property
+    def nvml_fault(self) -> GpuFault | None:
+        """The target's `gpus` as the NVML source read them, each poll."""
+        return self._nvml_fault
+
+    @property
     def gpu_fault_errors(self) -> Mapping[str, str]:
         """Why a GPU-fault source could not be read (source -> error): kept and shown, never a fault."""
         return self._gpu_fault_errors
@@ -144,8 +152,8 @@ class TargetRecord:
 
     @property
     def fault(self) -> GpuFault | None:
-        """The GPU fault of the first source that flags one: file, node, dcgm."""
-        return combine([self._file_fault, self._node_fault, self._dcgm_fault])
+        """The GPU fault of the first source that flags one: file, node, dcgm, nvml."""
+        return combine([self._file_fault, self._node_fault, self._dcgm_fault, self._nvml_fault])
 
     @property
     def gpu_fault(self) -> str | None:
@@ -201,6 +209,13 @@ class TargetRecord:
         """Why the dcgm-exporter page could not be read (None: it was read)."""
         if error != self._gpu_fault_errors.get("dcgm"):
             self._set_error("dcgm", error)
+            self._version += 1
+
+    def set_nvml_fault(self, fault: GpuFault | None, error: str | None) -> None:
+        """The NVML source's word on the target's GPUs: a fault or none, and why it cannot tell (None when it can)."""
+        if fault != self._nvml_fault or error != self._gpu_fault_errors.get("nvml"):
+            self._nvml_fault = fault
+            self._set_error("nvml", error)
             self._version += 1
 
     def canary_sent(self, task: asyncio.Task[None], now: float) -> None:

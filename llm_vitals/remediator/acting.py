@@ -16,13 +16,13 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any
 
+from llm_vitals.kube.client import KubeClient
 from llm_vitals.logs import log_event
 
 from . import shared
 from .executors import ExecResult, Executor, run_argv
 from .gate import AlertFacts, Decision, GatePolicy, TargetStatus
 from .journal import Journal
-from .kube import KubeClient
 from .metrics import RemediatorMetrics
 from .pods import CordonAndMoveExecutor, PodExecutor, PodRef, pod_event, refusal_event_name
 from .policy import DEFAULT_POD_TIMEOUT, pre_restart_of, restart_timeout, template_of

@@ -21,6 +21,8 @@ from prometheus_client import generate_latest
 from pydantic import ValidationError
 
 from llm_vitals.exposition import TEXT_CONTENT_TYPE
+from llm_vitals.kube.client import KubeClient
+from llm_vitals.kube.connect import Access
 from llm_vitals.logs import log_event
 
 from .auth import Authenticator
@@ -28,7 +30,6 @@ from .executors import Executor
 from .follow import follow
 from .gate import JournalState
 from .journal import Journal
-from .kube import KubeClient, credentials_from
 from .payload import WebhookPayload, describe_errors
 from .service import Remediator, log, store_for
 from .settings import KubernetesSettings, Settings
@@ -101,7 +102,8 @@ def kube_client(settings: Settings) -> KubeClient | None:
     if settings.kubernetes is None and not settings.target_templates:
         return None
     config = settings.kubernetes or KubernetesSettings()
-    return KubeClient(credentials_from(config), config.timeout)
+    return KubeClient(Access(kubeconfig=config.kubeconfig, api_url=config.api_url, token_path=config.token_path,
+                             ca_path=config.ca_path, timeout=config.timeout))
 
 
 def _error(status: int, message: str, **extra: object) -> web.Response:

@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from llm_vitals.kube.client import KubeClient
+from llm_vitals.kube.leases import LeaseTransport
 from llm_vitals.logs import log_event
 
 from . import shared
@@ -28,7 +30,6 @@ from .executors import Executor, build_executor
 from .exporter_client import FleetReader
 from .gate import AlertFacts, Decision, JournalState
 from .journal import Journal
-from .kube import KubeClient
 from .loop import GateLoop
 from .metrics import RemediatorMetrics
 from .payload import Alert, WebhookPayload
@@ -163,7 +164,7 @@ async def store_for(
     the journal's file: open the journal first, it holds the file's lock)."""
     lease = settings.kubernetes.lease if settings.kubernetes else None
     if kube is not None and lease is not None:
-        yield LeaseStore(kube, lease, replica_identity(settings), settings.budget.window, clock)
+        yield LeaseStore(LeaseTransport(kube), lease, replica_identity(settings), settings.budget.window, clock)
         return
     store = SqliteStore(settings.state_path, settings.budget.window, clock)
     await store.open()

@@ -22,9 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from llm_vitals.kube.errors import KubeError
+from llm_vitals.kube.leases import LeaseTransport
+from llm_vitals.kube.times import micro_time
+
 from . import shared
 from .gate import JournalState
-from .kube import KubeClient, KubeUnavailable, message_of, micro_time
 from .settings import LeaseRef
 
 STATE_ANNOTATION = "llm-vitals.io/state"
@@ -106,27 +109,23 @@ class LeaseStore:
     claims_expire = True
 
     def __init__(
-        self, client: KubeClient, ref: LeaseRef, identity: str, budget_window: float, clock: Callable[[], float]
+        self, leases: LeaseTransport, ref: LeaseRef, identity: str, budget_window: float, clock: Callable[[], float]
     ):
-        self.client = client
+        self.leases = leases
         self.ref = ref
         self.identity = identity
         self.budget_window = budget_window
         self.clock = clock
-        self.path = f"/apis/coordination.k8s.io/v1/namespaces/{ref.namespace}/leases"
         # The last state read or written, for the metrics (a scrape does no I/O).
         self.last = JournalState()
 
     async def read(self) -> tuple[JournalState, Snapshot]:
         try:
-            response = await self.client.request("GET", f"{self.path}/{self.ref.name}")
-        except KubeUnavailable as exc:
-            raise StateUnavailable(str(exc)) from None
-        if response.status_code == 404:
+            lease = await self.leases.get_lease(self.ref.namespace, self.ref.name)
+        except KubeError as exc:
+            raise StateUnavailable(f"read Lease {self.ref.name}: {exc}") from None
+        if lease is None:
             return JournalState(), Snapshot(None)
-        if response.status_code != 200:
-            raise StateUnavailable(f"read Lease {self.ref.name}: HTTP {response.status_code}: {message_of(response)}")
-        lease = response.json()
         text = (lease.get("metadata", {}).get("annotations") or {}).get(STATE_ANNOTATION)
         try:
             state = shared.from_json(text)
@@ -142,15 +141,13 @@ class LeaseStore:
         body = self._lease_body(snap, new, now)
         try:
             if snap.version is None:
-                response = await self.client.request("POST", self.path, body)
+                written = await self.leases.create_lease(self.ref.namespace, body)
             else:
-                response = await self.client.request("PUT", f"{self.path}/{self.ref.name}", body)
-        except KubeUnavailable as exc:
-            raise StateUnavailable(str(exc)) from None
-        if response.status_code == 409:  # stale resourceVersion, or created by another replica meanwhile
+                written = await self.leases.replace_lease(self.ref.namespace, self.ref.name, body)
+        except KubeError as exc:
+            raise StateUnavailable(f"write Lease {self.ref.name}: {exc}") from None
+        if not written:  # stale resourceVersion, or created by another replica meanwhile
             return False
-        if response.status_code not in (200, 201):
-            raise StateUnavailable(f"write Lease {self.ref.name}: HTTP {response.status_code}: {message_of(response)}")
         self.last = new
         return True
 

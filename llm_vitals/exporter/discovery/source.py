@@ -28,7 +28,7 @@ class SourceStatus:
     # each with the reason: name -> reason.
     skipped: dict[str, str] = field(default_factory=dict)
     last_update: float | None = None  # unix seconds of its last report
-    relists: int = 0  # Kubernetes: lists after the first, each after a 410 Gone (a watch older than compaction)
+    relists: int = 0  # Kubernetes: lists after the first (after a 410 Gone, a watch older than compaction, or a failure)
 
 
 Report = Callable[[list[TargetSettings], SourceStatus], None]
