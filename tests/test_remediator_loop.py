@@ -28,7 +28,7 @@ from llm_vitals.remediator.loop import GateLoop
 from llm_vitals.remediator.metrics import RemediatorMetrics
 from llm_vitals.remediator.policy import policy_from
 from llm_vitals.remediator.sqlite_store import SqliteStore
-from llm_vitals.remediator.store import CONFLICT_RETRIES
+from llm_vitals.remediator.store import CONFLICT_RETRIES, StoreHealth
 
 T0 = 1_800_000_000.0
 OLD = T0 - 7200  # the servers' processes started two hours ago
@@ -50,11 +50,17 @@ class MemoryStore:
     last_is_current = False
     claims_expire = True
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
         self.state, self.version, self.last = JournalState(), 0, JournalState()
+        self.clock = clock  # the loop's time comes from its store (`now`); set by the fixture when None
+        self.health = StoreHealth()
         self.meddle: Any = None  # called before each commit; a commit by it moves the version
         self.crash_after_commit = False
         self.conflicts = 0
+
+    def now(self) -> float:
+        assert self.clock is not None
+        return self.clock()
 
     async def read(self) -> tuple[JournalState, int]:
         self.last = self.state
@@ -128,6 +134,8 @@ async def replicas(tmp_path: Path):
     started: list[Replica] = []
 
     async def make(store: Any, clock: Clock, fleet: Fleet | None = None, **over: Any) -> Replica:
+        if getattr(store, "clock", None) is None:
+            store.clock = clock
         targets = {n: {"executor": "http", "url": "http://127.0.0.1:1/restart", "timeout": "5s"} for n in "abcde"}
         settings = make_settings(tmp_path, "http://127.0.0.1:1", targets, **over)
         journal = Journal(tmp_path / f"journal-{len(started)}.db")
@@ -184,7 +192,7 @@ def test_the_pure_step_decides_and_commits_exactly_its_effects(state, policy, fa
     new = shared.with_effects(state, effects, facts, T0, INTENT if decision.allowed else None)
     for name, value in after.items():
         assert getattr(new, name) == value, name
-    assert (new == state) == (effects == Effects())  # no effects: nothing to commit
+    assert (new == state) == (not effects)  # no effects: nothing to commit
     assert shared.from_json(shared.to_json(new)) == shared.pruned(new, T0, POLICY.budget_window)
 
 
@@ -205,7 +213,7 @@ def _same_alert(store: MemoryStore) -> None:
 
 
 def _unrelated(store: MemoryStore) -> None:
-    store.write(replace(store.state, gpu_nodes=store.state.gpu_nodes | {f"n{store.version}"}))
+    store.write(shared.node_marked(store.state, f"n{store.version}"))
 
 
 CONFLICT_CASES = [

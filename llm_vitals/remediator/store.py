@@ -12,7 +12,16 @@ the caller reads again and decides again (`transact`). Two stores implement it:
   read: the API server refuses a stale write with 409, and so exactly one replica's intent wins.
   The Lease's own fields say who holds the restart (client-go's shape: `holderIdentity`,
   `leaseDurationSeconds` = the restart's timeout, `acquireTime`, `renewTime`, `leaseTransitions`),
-  so `kubectl get lease` shows it too.
+  so `kubectl get lease` shows it too. A write keeps every label and annotation it did not set.
+
+**One clock.** Every time in the shared state (a claim's expiry, the cooldown's start, the budget,
+the storm marker, the ladder) is written and judged in the API server's time, not each replica's:
+`LeaseStore.now()` is this replica's clock corrected by the `Date` of the API server's last answer
+to a Lease read or write. Two replicas whose clocks disagree by a minute still agree on when a
+claim expires. (One replica judges by its own clock: it is the only one.)
+
+Each store keeps its health (`StoreHealth`): whether its last read or write worked, and its
+failures by operation, for `llm_vitals_remediator_state_up` and `..._state_errors_total`.
 """
 
 from __future__ import annotations
@@ -46,8 +55,37 @@ class Conflicted(StateUnavailable):
     """Every try met a conflict: other writers keep committing first (retry-safe, as unavailable)."""
 
 
+@dataclass
+class StoreHealth:
+    """Whether the gate's state could be read and written lately: the metrics and the follower's log."""
+
+    up: bool = True  # the last read or write worked
+    errors: dict[str, int] = field(default_factory=dict)  # failures by operation: read, write, follow
+    last_error: str = ""
+
+    def ok(self) -> None:
+        self.up = True
+
+    def failed(self, operation: str, error: str) -> None:
+        self.up = False
+        self.errors[operation] = self.errors.get(operation, 0) + 1
+        self.last_error = error[:500]
+
+
+def server_clock_offset(server_time: float, local_time: float) -> float:
+    """How far the API server's clock is ahead of this replica's, from an answer's `Date` (whole
+    seconds, truncated: the server's time then was within [Date, Date + 1)) read at `local_time`."""
+    return server_time + 0.5 - local_time
+
+
 class GateStore(Protocol[V]):
     """The gate's state with a version; `V` is whatever the store compares on commit."""
+
+    health: StoreHealth
+
+    def now(self) -> float:
+        """The time the state is written and judged by (for replicas: the API server's)."""
+        ...
 
     @property
     def last(self) -> JournalState:
@@ -116,27 +154,43 @@ class LeaseStore:
         self.identity = identity
         self.budget_window = budget_window
         self.clock = clock
+        self.health = StoreHealth()
+        # The API server's clock minus this replica's, from its last dated answer (0 before any).
+        self.offset = 0.0
         # The last state read or written, for the metrics (a scrape does no I/O).
         self.last = JournalState()
 
+    def now(self) -> float:
+        return self.clock() + self.offset
+
+    def _observe(self, server_time: float | None) -> None:
+        if server_time is not None:
+            self.offset = server_clock_offset(server_time, self.clock())
+
     async def read(self) -> tuple[JournalState, Snapshot]:
         try:
-            lease = await self.leases.get_lease(self.ref.namespace, self.ref.name)
+            answer = await self.leases.get_lease(self.ref.namespace, self.ref.name)
         except KubeError as exc:
+            self.health.failed("read", str(exc))
             raise StateUnavailable(f"read Lease {self.ref.name}: {exc}") from None
+        self._observe(answer.server_time)
+        lease = answer.value
         if lease is None:
+            self.health.ok()
             return JournalState(), Snapshot(None)
         text = (lease.get("metadata", {}).get("annotations") or {}).get(STATE_ANNOTATION)
         try:
             state = shared.from_json(text)
         except shared.BadState as exc:
+            self.health.failed("read", str(exc))
             raise StateUnavailable(f"Lease {self.ref.name}: {exc}") from None
+        self.health.ok()
         self.last = state
         return state, Snapshot(lease["metadata"]["resourceVersion"], lease)
 
     async def commit(self, snap: Snapshot, new: JournalState) -> bool:
         """Write `new` if the Lease is still at `snap`'s version. False on a conflict (someone else wrote)."""
-        now = self.clock()
+        now = self.now()
         new = shared.pruned(new, now, self.budget_window)
         body = self._lease_body(snap, new, now)
         try:
@@ -145,8 +199,11 @@ class LeaseStore:
             else:
                 written = await self.leases.replace_lease(self.ref.namespace, self.ref.name, body)
         except KubeError as exc:
+            self.health.failed("write", str(exc))
             raise StateUnavailable(f"write Lease {self.ref.name}: {exc}") from None
-        if not written:  # stale resourceVersion, or created by another replica meanwhile
+        self.health.ok()
+        self._observe(written.server_time)
+        if not written.value:  # stale resourceVersion, or created by another replica meanwhile
             return False
         self.last = new
         return True
@@ -166,12 +223,14 @@ class LeaseStore:
                 spec["leaseTransitions"] += 1  # a takeover of an expired holder's claim
         elif old_spec.get("acquireTime"):
             spec["acquireTime"] = old_spec["acquireTime"]
+        # What others put on the Lease (labels, annotations, owner references) stays as it was.
+        old_meta = {k: v for k, v in (snap.lease.get("metadata") or {}).items() if k != "managedFields"}
         metadata: dict[str, Any] = {
+            **old_meta,
             "name": self.ref.name,
             "namespace": self.ref.namespace,
-            "annotations": {**(snap.lease.get("metadata", {}).get("annotations") or {}),
-                            STATE_ANNOTATION: shared.to_json(new)},
-            "labels": {"app.kubernetes.io/name": "llm-vitals-remediator"},
+            "annotations": {**(old_meta.get("annotations") or {}), STATE_ANNOTATION: shared.to_json(new)},
+            "labels": {**(old_meta.get("labels") or {}), "app.kubernetes.io/name": "llm-vitals-remediator"},
         }
         if snap.version is not None:
             metadata["resourceVersion"] = snap.version

@@ -194,7 +194,7 @@ class Replica:
 
     async def get(self, path: str) -> Any:
         async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
-            response = await client.get(f"{self.url}{path}")
+            response = await client.get(f"{self.url}{path}", headers=AUTH)
             response.raise_for_status()
             return response.json()
 
