@@ -96,11 +96,12 @@ class Held:
         self.calls = 0
         self.hold = asyncio.Event()
         self.hold.set()
+        self.result = ExecResult("ok", "restarted")
 
     async def restart(self) -> ExecResult:
         self.calls += 1
         await self.hold.wait()
-        return ExecResult("ok", "restarted")
+        return self.result
 
 
 class Fleet:
@@ -442,3 +443,40 @@ async def test_following_rereads_the_store_and_outlives_a_failed_read():
         await follow(store, 15.0, sleep)
     assert reads == ["read"] * 3 and naps == [15.0] * 3
     assert store.last.pause_reason == "set by another replica"
+
+
+# -- after the fact: a refusal by the API server, a cordon ------------------------------------------
+
+async def test_a_restart_the_api_server_refused_is_taken_back_and_the_resend_is_judged_afresh(replicas):
+    """An eviction a PodDisruptionBudget forbade (429) did nothing: no cooldown, no budget, no key;
+    the journal row is the refusal. Alertmanager's re-send of the same alert is decided again."""
+    store, clock = MemoryStore(), Clock(T0)
+    replica = await replicas(store, clock, global_cooldown="15m")
+    replica.executor.result = ExecResult("error", "the eviction of pod llm/p was refused: ...", refused="disruption_budget")
+    assert await replica.decide(alert("a")) == "allowed"
+    await replica.actor.wait_idle()
+    assert store.state == JournalState()  # as it was before the decision
+    [row] = await replica.journal.actions(10)
+    assert (row["decision"], row["reason"], row["result"]) == ("refused", "disruption_budget", None)
+    metrics = replica.actor.metrics.registry
+    assert metrics.get_sample_value("llm_vitals_remediator_decisions_total",
+                                    {"target": "a", "reason": "disruption_budget"}) == 1
+    clock.advance(60)  # within the cooldown a real restart would have started
+    assert await replica.decide(alert("a")) == "allowed"  # the same alert: not a duplicate, no cooldown
+    await replica.actor.wait_idle()
+    assert replica.executor.calls == 2
+
+
+@pytest.mark.parametrize("result, marked", [
+    (ExecResult("ok", "cordoned, moved", cordoned="n1"), {"n1"}),
+    (ExecResult("error", "cordoned; the eviction was refused", cordoned="n1"), {"n1"}),  # the cordon stands
+    (ExecResult("error", "read node n1: HTTP 404; not cordoned, nothing moved"), set()),
+    (ExecResult("timeout", "not done within 30s"), set()),
+], ids=["moved", "cordoned, pod not moved", "cordon failed", "timed out before the cordon"])
+async def test_only_a_cordon_that_succeeded_marks_its_node(replicas, result, marked):
+    store, clock = MemoryStore(), Clock(T0)
+    replica = await replicas(store, clock)
+    replica.executor.result = result
+    assert await replica.decide(alert("a")) == "allowed"
+    await replica.actor.wait_idle()
+    assert store.state.gpu_nodes == marked

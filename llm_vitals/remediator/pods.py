@@ -87,9 +87,9 @@ def refusal_event_name(pod: str, uid: str | None, reason: str, alert_key: tuple[
 
 async def record_event(
     client: KubeClient, involved: dict[str, Any], namespace: str, reason: str, message: str, kind: str, identity: str,
-    name: str | None = None, timeout: float = EVENT_TIMEOUT_SECONDS,
+    name: str | None = None, timeout: float | None = None,
 ) -> bool:
-    """Create one Event about `involved` within `timeout`; any failure is logged and never raised.
+    """Create one Event about `involved` within `timeout` (EVENT_TIMEOUT_SECONDS); any failure is logged, never raised.
 
     With `name`, an Event of that name already there (409: another replica's, or this one's before
     a restart) counts as recorded: the name is what makes copies of one Event one object.
@@ -111,9 +111,10 @@ async def record_event(
         "lastTimestamp": now[:19] + "Z",
         "count": 1,
     }
+    limit = EVENT_TIMEOUT_SECONDS if timeout is None else timeout
     try:
-        async with asyncio.timeout(timeout + 1.0):  # the request's own limit, and a bound on connecting too
-            await create_event(client, namespace, body, timeout)
+        async with asyncio.timeout(limit + 1.0):  # the request's own limit, and a bound on connecting too
+            await create_event(client, namespace, body, limit)
     except ApiError as exc:
         if name and exc.status == 409:
             log_event(log, "Event already recorded", level=logging.DEBUG, reason=reason, event=name)
@@ -122,7 +123,7 @@ async def record_event(
         return False
     except (KubeError, TimeoutError) as exc:
         log_event(log, "cannot record an Event", level=logging.WARNING, reason=reason,
-                  error=str(exc) or f"not recorded within {timeout:g}s")
+                  error=str(exc) or f"not recorded within {limit:g}s")
         return False
     except Exception:  # an Event is a note: whatever goes wrong with it never fails the action it tells of
         log.exception("cannot record an Event")
