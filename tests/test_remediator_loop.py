@@ -455,7 +455,8 @@ async def test_a_restart_the_api_server_refused_is_taken_back_and_the_resend_is_
     replica.executor.result = ExecResult("error", "the eviction of pod llm/p was refused: ...", refused="disruption_budget")
     assert await replica.decide(alert("a")) == "allowed"
     await replica.actor.wait_idle()
-    assert store.state == JournalState()  # as it was before the decision
+    assert replace(store.state, disrupted={}) == JournalState()  # as it was before the decision
+    assert store.state.disrupted == {"a": (T0, T0)}  # and the refusals' streak begins
     [row] = await replica.journal.actions(10)
     assert (row["decision"], row["reason"], row["result"]) == ("refused", "disruption_budget", None)
     metrics = replica.actor.metrics.registry
@@ -464,7 +465,13 @@ async def test_a_restart_the_api_server_refused_is_taken_back_and_the_resend_is_
     clock.advance(60)  # within the cooldown a real restart would have started
     assert await replica.decide(alert("a")) == "allowed"  # the same alert: not a duplicate, no cooldown
     await replica.actor.wait_idle()
-    assert replica.executor.calls == 2
+    assert replica.executor.calls == 2 and store.state.disrupted == {"a": (T0, T0 + 60)}  # it keeps on
+    assert metrics.get_sample_value("llm_vitals_remediator_disruption_budget_refused_seconds", {"workload": "a"}) == 60
+    replica.executor.result = ExecResult("ok", "evicted")  # the budget allows it now: the streak is over
+    clock.advance(60)
+    assert await replica.decide(alert("a")) == "allowed"
+    await replica.actor.wait_idle()
+    assert store.state.disrupted == {} and store.state.restart_times == {"a": (T0 + 120,)}
 
 
 @pytest.mark.parametrize("result, marked", [

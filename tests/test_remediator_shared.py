@@ -114,3 +114,14 @@ def test_taking_back_keeps_what_happened_since():
     # An intent whose claim another replica took over (it expired) leaves that claim alone.
     taken = replace(committed, in_progress_by="replica-b/y")
     assert shared.undone(taken, intent, ALERT.key).in_progress_by == "replica-b/y"
+
+
+def test_a_streak_of_disruption_budget_refusals_lasts_until_a_restart_runs_or_two_quiet_hours():
+    state = shared.disruption_refused(JournalState(), UNDO_WORKLOAD, T0)
+    state = shared.disruption_refused(state, UNDO_WORKLOAD, T0 + 3600)
+    assert state.disrupted == {UNDO_WORKLOAD: (T0, T0 + 3600)}
+    assert shared.from_json(shared.to_json(state)) == state
+    assert shared.finished(state, "nobody", ran="other").disrupted == state.disrupted
+    assert shared.finished(state, "nobody", ran=UNDO_WORKLOAD).disrupted == {}
+    assert shared.pruned(state, T0 + 3600 + 7199, 3600).disrupted == state.disrupted
+    assert shared.pruned(state, T0 + 3600 + 7200, 3600).disrupted == {}

@@ -154,7 +154,8 @@ class Actor:
             if result.refused is not None:
                 await self._taken_back(action_id, facts, result, time.monotonic() - started, intent, status)
             else:
-                await self._finish(action_id, target, result, time.monotonic() - started, intent.holder)
+                ran = (intent.workload or target) if result.result == "ok" else None
+                await self._finish(action_id, target, result, time.monotonic() - started, intent.holder, ran)
 
     async def _pre_restart(self, action_id: int, target: str, status: TargetStatus | None) -> None:
         """Run the target's pre_restart command, bounded by its timeout, and journal its output."""
@@ -171,7 +172,8 @@ class Actor:
         except Exception:
             log.exception("cannot journal the pre_restart output")
 
-    async def _finish(self, action_id: int, target: str, result: ExecResult, duration: float, holder: str) -> None:
+    async def _finish(self, action_id: int, target: str, result: ExecResult, duration: float, holder: str,
+                      ran: str | None = None) -> None:
         self.metrics.restarts.labels(target, result.result).inc()
         self.metrics.duration.labels(target).observe(duration)
         log_event(log, "restart finished", level=logging.INFO if result.result == "ok" else logging.WARNING,
@@ -181,7 +183,7 @@ class Actor:
             await self.journal.finish(action_id, result.result, result.detail, duration)
         except Exception:
             log.exception("cannot journal a restart's result")
-        await self.release(holder)
+        await self.release(holder, ran)
 
     async def _mark_node(self, node: str) -> None:
         """A cordon succeeded: the node is escalated once, until a human releases it."""
@@ -203,8 +205,10 @@ class Actor:
             await self.journal.refuse_intent(action_id, reason, result.detail, duration)
         except Exception:
             log.exception("cannot journal a refused restart")
+        workload = intent.workload or target
         try:
-            await update(self.store, lambda state: shared.undone(state, intent, facts.key))
+            await update(self.store, lambda state: shared.disruption_refused(
+                shared.undone(state, intent, facts.key), workload, self.store.now()))
         except Exception as exc:
             # The claim expires (replicas) or ends at the next start (one replica); the budget and the
             # cooldown stay spent: the safe side.
@@ -212,10 +216,11 @@ class Actor:
                       error=str(exc))
         self.tell_refusal(facts, Decision(False, cast(Reason, reason), result.detail), status)
 
-    async def release(self, holder: str) -> None:
-        """End this replica's claim on the restart (the cooldown and the budget stay spent)."""
+    async def release(self, holder: str, ran: str | None = None) -> None:
+        """End this replica's claim on the restart (the cooldown and the budget stay spent); `ran`:
+        the workload it restarted, whose streak of disruption-budget refusals is over."""
         try:
-            await update(self.store, lambda state: shared.finished(state, holder))
+            await update(self.store, lambda state: shared.finished(state, holder, ran))
         except StateUnavailable as exc:
             # A claim that expires ends then; no other restart starts before.
             log_event(log, "cannot release the restart in the gate's state", level=logging.WARNING, error=str(exc))

@@ -193,6 +193,9 @@ class JournalState:
     gpu_nodes: frozenset[str] = frozenset()
     # The escalation ladder: each workload's last step and when it was taken.
     ladder: Mapping[str, tuple[str, float]] = field(default_factory=dict)
+    # Restarts a PodDisruptionBudget refused, per workload: (first, last) refusal of the streak, until
+    # a restart of the workload runs (LLMVitalsRemediatorDisruptionBudget reads how long it lasts).
+    disrupted: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .shared import DISRUPTION_MEMORY_SECONDS
+
 if TYPE_CHECKING:
     from .gate import JournalState
     from .journal import Journal
@@ -71,6 +73,7 @@ class _JournalCollector(Collector):
     llm_vitals_remediator_last_restart_timestamp_seconds{target="gpu-a"} 1.7962223e+09
     llm_vitals_remediator_restart_in_progress 0.0
     llm_vitals_remediator_paused 0.0
+    llm_vitals_remediator_disruption_budget_refused_seconds{workload="Deployment/llm/vllm"} 3600.0
     llm_vitals_remediator_node_escalated{node="gpu-node-7"} 1.0
     llm_vitals_remediator_state_up 1.0
     llm_vitals_remediator_state_errors_total{operation="read"} 3.0
@@ -134,6 +137,17 @@ class _JournalCollector(Collector):
             "as paused and nothing is restarted until the pause ends or DELETE /api/v1/pause.",
             value=1.0 if paused_until is not None and now < paused_until else 0.0,
         )
+        refused = GaugeMetricFamily(
+            "llm_vitals_remediator_disruption_budget_refused_seconds",
+            "Seconds from the first to the latest refusal of the workload's restart by a PodDisruptionBudget, while "
+            "they keep coming (none for 2h ends the streak, and so does a restart that runs): the budget keeps the "
+            "stuck server from being restarted. LLMVitalsRemediatorDisruptionBudget fires at an hour.",
+            labels=["workload"],
+        )
+        for workload, (first, latest) in sorted(state.disrupted.items()):
+            if latest > now - DISRUPTION_MEMORY_SECONDS:
+                refused.add_metric([workload], latest - first)
+        yield refused
         nodes = GaugeMetricFamily(
             "llm_vitals_remediator_node_escalated",
             "1 for each node llm-vitals cordoned (a GPU fault, or the ladder's cordon_and_move) and has not "

@@ -24,6 +24,9 @@ KEY_MEMORY_SECONDS = 24 * 3600.0
 MAX_KEYS = 200
 # Ladder steps older than this are dropped (no `escalate_within` is longer).
 LADDER_MEMORY_SECONDS = 24 * 3600.0
+# A streak of disruption-budget refusals ends when no refusal came for this long (two of Alertmanager's
+# hourly re-sends of a still-firing alert, as alerts/alertmanager.yml routes them to the remediator).
+DISRUPTION_MEMORY_SECONDS = 2 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -80,11 +83,20 @@ def with_effects(state: JournalState, effects: Effects, alert: AlertFacts, now: 
     return new
 
 
-def finished(state: JournalState, holder: str) -> JournalState:
-    """The restart held by `holder` ended; a newer intent (after this one expired) is left alone."""
+def finished(state: JournalState, holder: str, ran: str | None = None) -> JournalState:
+    """The restart held by `holder` ended; a newer intent (after this one expired) is left alone.
+    `ran`: the workload it restarted (it ran): a streak of refusals by its disruption budget is over."""
+    if ran is not None and ran in state.disrupted:
+        state = replace(state, disrupted={w: v for w, v in state.disrupted.items() if w != ran})
     if state.in_progress_by != holder:
         return state
     return replace(state, in_progress=None, in_progress_expires=None, in_progress_by=None)
+
+
+def disruption_refused(state: JournalState, workload: str, now: float) -> JournalState:
+    """A PodDisruptionBudget refused the workload's restart now: the streak starts, or goes on."""
+    first = state.disrupted[workload][0] if workload in state.disrupted else now
+    return replace(state, disrupted={**state.disrupted, workload: (first, now)})
 
 
 def undone(state: JournalState, intent: Intent, key: tuple[str, float]) -> JournalState:
@@ -155,7 +167,9 @@ def pruned(
     keep = dict((key, at) for at, key in recent[:max_keys])
     # A ladder step older than a day is past any escalate_within (settings.py caps it at 24h).
     ladder = {w: step for w, step in state.ladder.items() if step[1] > now - LADDER_MEMORY_SECONDS}
-    return replace(state, restart_times=times, decided_at=keep, decided_keys=frozenset(keep), ladder=ladder)
+    disrupted = {w: v for w, v in state.disrupted.items() if v[1] > now - DISRUPTION_MEMORY_SECONDS}
+    return replace(state, restart_times=times, decided_at=keep, decided_keys=frozenset(keep), ladder=ladder,
+                   disrupted=disrupted)
 
 
 def to_json(state: JournalState) -> str:
@@ -172,6 +186,7 @@ def to_json(state: JournalState) -> str:
         "storm_seen_at": state.storm_seen_at,
         "gpu_nodes": sorted(state.gpu_nodes),
         "ladder": {w: [step, at] for w, (step, at) in sorted(state.ladder.items())},
+        "disrupted": {w: [first, last] for w, (first, last) in sorted(state.disrupted.items())},
         "decided": [[fp, sa, at] for (fp, sa), at in sorted(state.decided_at.items())],
     }
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
@@ -202,6 +217,7 @@ def from_json(text: str | None) -> JournalState:
             storm_seen_at=_opt_float(doc.get("storm_seen_at")),
             gpu_nodes=frozenset(str(n) for n in doc.get("gpu_nodes", [])),
             ladder={str(w): (str(step), float(at)) for w, (step, at) in (doc.get("ladder") or {}).items()},
+            disrupted={str(w): (float(a), float(b)) for w, (a, b) in (doc.get("disrupted") or {}).items()},
         )
     except (ValueError, TypeError, AttributeError) as exc:
         raise BadState(f"the shared state is not readable: {type(exc).__name__}: {exc}") from None
