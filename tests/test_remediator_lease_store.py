@@ -24,7 +24,7 @@ from llm_vitals.kube.errors import KubeUnavailable
 from llm_vitals.remediator.follow import follow
 from llm_vitals.remediator.gate import FleetView, TargetStatus
 from llm_vitals.remediator.settings import LeaseRef
-from llm_vitals.remediator.store import STATE_ANNOTATION, LeaseStore, StateUnavailable, server_clock_offset
+from llm_vitals.remediator.store import STATE_ANNOTATION, LeaseStore, ServerClock, StateUnavailable
 
 STUCK = TargetStatus("stuck", process_start_time=T0 - 7200)
 IDLE = TargetStatus("idle", process_start_time=T0 - 7200)
@@ -68,11 +68,21 @@ def lease_store(leases: ServerLeases, identity: str, local: Clock) -> LeaseStore
     return LeaseStore(leases, LeaseRef(namespace="llm"), identity, 3600.0, local)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("server, local, offset", [
-    (T0 + 0.0, T0, 0.5), (T0 + 0.99, T0 + 0.99, -0.49), (T0, T0 + 60, -59.5), (T0 + 60, T0, 60.5),
+@pytest.mark.parametrize("answers, low, high", [
+    # (Date, sent, received) in this replica's clock; the server is 60.3 s ahead
+    ([(T0 + 60, T0 - 0.3, T0 - 0.29)], 60.29, 61.3),
+    # just after the server's second ticked, then just before it did: 3 hundredths wide
+    ([(T0 + 61, T0 + 0.70, T0 + 0.71), (T0 + 60, T0 + 0.68, T0 + 0.69)], 60.29, 60.32),
+    ([(T0 + 60, T0 - 0.3, T0 - 0.29), (T0 - 5, T0 + 1, T0 + 1.01)], -6.01, -5.0),  # stepped: start again
+    ([(T0 + 60, T0 - 0.3, T0 - 0.29), (T0 + 661, T0 + 600.5, T0 + 600.51)], 60.49, 61.5),  # too old: again
 ])
-def test_the_offset_is_the_servers_clock_minus_this_replicas_from_a_whole_second_date(server, local, offset):
-    assert server_clock_offset(math.floor(server), local) == pytest.approx(offset)
+def test_the_servers_clock_is_bounded_by_each_dated_answer_and_the_bounds_narrow(answers, low, high):
+    clock = ServerClock()
+    for date, sent, received in answers:
+        clock = clock.observed(date, sent, received)
+    assert (clock.low, clock.high) == (pytest.approx(low), pytest.approx(high))
+    assert clock.offset == pytest.approx((low + high) / 2)
+    assert ServerClock().offset == 0.0
 
 
 @pytest.mark.parametrize("skew", [60.0, -60.0], ids=["ahead", "behind"])

@@ -393,14 +393,16 @@ def decide(
         return Decision(False, "restart_in_progress", f"a restart of {running} is running")
 
     # 7. The global cooldown counts from the start of the last restart of any target.
+    # (Replicas' estimates of the API server's clock differ by a fraction of a second: with no
+    # cooldown, a restart a replica dates a moment "ahead" of another's clock is no reason to wait.)
     last = journal.last_restart_started
-    if last is not None and now - last < policy.global_cooldown:
+    if last is not None and policy.global_cooldown > 0 and now - last < policy.global_cooldown:
         remaining = policy.global_cooldown - (now - last)
         return Decision(False, "cooldown", f"global cooldown: {remaining:.0f}s left")
 
     # 8. Per-workload budget; once exhausted the circuit stays open until a human resets it.
     if workload in journal.open_circuits:
-        return Decision(False, "circuit_open", f"restart budget of {workload} exhausted; POST /api/v1/circuit/reset")
+        return Decision(False, "circuit_open", f"restart budget exhausted for {workload}; POST /api/v1/circuit/reset")
     used = restarts_in_window(journal, policy, workload, now)
     if used >= policy.max_restarts:
         return Decision(False, "circuit_open", f"{used} restarts of {workload} within the budget window")
@@ -411,7 +413,8 @@ def decide(
         return Decision(False, "fleet_gate", storm)
     # 9b. After a storm, the fleet must stay healthy for `storm_cooldown` (medik8s NHC's
     #     stormCooldownDuration): the stragglers of a mass failure are not lone failures.
-    if journal.storm_seen_at is not None and now - journal.storm_seen_at < policy.storm_cooldown:
+    if (journal.storm_seen_at is not None and policy.storm_cooldown > 0
+            and now - journal.storm_seen_at < policy.storm_cooldown):
         remaining = policy.storm_cooldown - (now - journal.storm_seen_at)
         return Decision(False, "storm_cooldown", f"the fleet was in a storm; {remaining:.0f}s of storm cooldown left")
 

@@ -16,8 +16,9 @@ the caller reads again and decides again (`transact`). Two stores implement it:
 
 **One clock.** Every time in the shared state (a claim's expiry, the cooldown's start, the budget,
 the storm marker, the ladder) is written and judged in the API server's time, not each replica's:
-`LeaseStore.now()` is this replica's clock corrected by the `Date` of the API server's last answer
-to a Lease read or write. Two replicas whose clocks disagree by a minute still agree on when a
+`LeaseStore.now()` is this replica's clock corrected by the `Date` headers of the API server's
+answers to its Lease reads and writes (`ServerClock`: their bounds narrow the offset to well under
+a second). Two replicas whose clocks disagree by a minute still agree on when a
 claim expires. (One replica judges by its own clock: it is the only one.)
 
 Each store keeps its health (`StoreHealth`): whether its last read or write worked, and its
@@ -72,10 +73,34 @@ class StoreHealth:
         self.last_error = error[:500]
 
 
-def server_clock_offset(server_time: float, local_time: float) -> float:
-    """How far the API server's clock is ahead of this replica's, from an answer's `Date` (whole
-    seconds, truncated: the server's time then was within [Date, Date + 1)) read at `local_time`."""
-    return server_time + 0.5 - local_time
+# Bounds on the API server's clock older than this are dropped (they would hold a clock that was stepped).
+CLOCK_BOUNDS_SECONDS = 600.0
+
+
+@dataclass(frozen=True)
+class ServerClock:
+    """How far the API server's clock is ahead of this replica's, from the `Date` of its answers.
+
+    A Date is whole seconds, truncated: the server answered at a time within [Date, Date + 1), and
+    between this replica's sending and its receiving. So each answer bounds the offset to
+    [Date - received, Date + 1 - sent], and the bounds of successive answers, which fall at other
+    fractions of a second, narrow it to well under a second (as NTP narrows its own). Bounds that
+    no longer overlap (a clock was stepped), or older than CLOCK_BOUNDS_SECONDS, start again."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    since: float = 0.0  # local time of the first answer the bounds hold
+
+    def observed(self, date: float, sent: float, received: float) -> ServerClock:
+        low, high = date - received, date + 1.0 - sent
+        if received - self.since > CLOCK_BOUNDS_SECONDS or max(self.low, low) > min(self.high, high):
+            return ServerClock(low, high, received)
+        return ServerClock(max(self.low, low), min(self.high, high), self.since)
+
+    @property
+    def offset(self) -> float:
+        """The middle of the bounds; 0 before any answer."""
+        return 0.0 if math.isinf(self.low) else (self.low + self.high) / 2
 
 
 class GateStore(Protocol[V]):
@@ -155,25 +180,26 @@ class LeaseStore:
         self.budget_window = budget_window
         self.clock = clock
         self.health = StoreHealth()
-        # The API server's clock minus this replica's, from its last dated answer (0 before any).
-        self.offset = 0.0
+        # The API server's clock against this replica's, from its dated answers.
+        self.server_clock = ServerClock()
         # The last state read or written, for the metrics (a scrape does no I/O).
         self.last = JournalState()
 
     def now(self) -> float:
-        return self.clock() + self.offset
+        return self.clock() + self.server_clock.offset
 
-    def _observe(self, server_time: float | None) -> None:
+    def _observe(self, server_time: float | None, sent: float) -> None:
         if server_time is not None:
-            self.offset = server_clock_offset(server_time, self.clock())
+            self.server_clock = self.server_clock.observed(server_time, sent, self.clock())
 
     async def read(self) -> tuple[JournalState, Snapshot]:
+        sent = self.clock()
         try:
             answer = await self.leases.get_lease(self.ref.namespace, self.ref.name)
         except KubeError as exc:
             self.health.failed("read", str(exc))
             raise StateUnavailable(f"read Lease {self.ref.name}: {exc}") from None
-        self._observe(answer.server_time)
+        self._observe(answer.server_time, sent)
         lease = answer.value
         if lease is None:
             self.health.ok()
@@ -193,6 +219,7 @@ class LeaseStore:
         now = self.now()
         new = shared.pruned(new, now, self.budget_window)
         body = self._lease_body(snap, new, now)
+        sent = self.clock()
         try:
             if snap.version is None:
                 written = await self.leases.create_lease(self.ref.namespace, body)
@@ -202,7 +229,7 @@ class LeaseStore:
             self.health.failed("write", str(exc))
             raise StateUnavailable(f"write Lease {self.ref.name}: {exc}") from None
         self.health.ok()
-        self._observe(written.server_time)
+        self._observe(written.server_time, sent)
         if not written.value:  # stale resourceVersion, or created by another replica meanwhile
             return False
         self.last = new
