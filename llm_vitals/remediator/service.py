@@ -73,8 +73,9 @@ class Remediator:
         self.store = store
         self.clock = clock
         self.identity = replica_identity(settings)
-        self.metrics = RemediatorMetrics(settings.targets, journal, lambda: store.last, clock, lambda: store.health,
-                                         settings.budget.window)
+        # The gauges read from the shared state judge its times by the store's clock (the API server's, with replicas).
+        self.metrics = RemediatorMetrics(settings.targets, journal, lambda: store.last, store.now,
+                                         lambda: store.health, settings.budget.window)
         self.actor = Actor(
             settings, self.policy,
             executors or {name: build_executor(config, http_client, settings.pod_action)
