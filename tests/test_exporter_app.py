@@ -128,7 +128,8 @@ async def test_probes_answer_from_the_cache(aiohttp_client) -> None:
     assert (await status("startup"), await status("ready"), await status("live")) == (503, 503, 200)
     from llm_vitals.exporter.engines import Snapshot
     t0 = rec.verdict.first_seen
-    rec.record_poll(judge(rec.verdict, Snapshot(0, 0, 1, 1, 1, 1, 0.0, 5.0), t0, target), t0, 0.01)
+    for _ in range(2):  # idle: a whole interval with nothing pending and nothing moving
+        rec.record_poll(judge(rec.verdict, Snapshot(0, 0, 1, 1, 1, 1, 0.0, 5.0), t0, target), t0, 0.01)
     rec.record_canary("ok", record_canary(rec.verdict, CanaryOutcome("ok"), t0, target))
     assert (await status("startup"), await status("ready"), await status("live")) == (200, 200, 200)
     rec.record_poll(judge(rec.verdict, PollError("connect", "refused"), t0 + 1, target), t0 + 1, 0.01)
