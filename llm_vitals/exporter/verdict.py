@@ -105,23 +105,46 @@ def initial(now: float) -> Verdict:
 
 
 def progressed(before: Snapshot, after: Snapshot) -> bool:
-    """True when any of the engine's named work signals moved between two reads of one process lifetime."""
-    old_signals = before.counters()
-    for name, new in after.counters().items():
-        old = old_signals.get(name)
+    """True when any of the engine's named work signals moved between two reads of one process lifetime.
+
+    A counter moves when it grew, a gauge when it changed. Only signals both reads carry are
+    compared: a series that appeared or went away (a Triton model loaded or unloaded) is not movement,
+    nor is a series that started again from 0 (the model reloaded).
+    """
+    old_counters = before.monotone()
+    for name, new in after.monotone().items():
+        old = old_counters.get(name)
+        if old is not None and new is not None and new > old:
+            return True
+    old_gauges = before.gauges()
+    for name, new in after.gauges().items():
+        old = old_gauges.get(name)
         if old is not None and new is not None and old != new:
             return True
     return False
 
 
 def went_backwards(before: Snapshot, after: Snapshot) -> str | None:
-    """Name of the first monotone counter that decreased, or None."""
+    """Name of a monotone counter that decreased, or None (a counter only one read has is no reset).
+
+    Per series (Snapshot.series), one series falling is its model reloaded between the two reads; a
+    restart is every series both reads carry that had counted anything falling together.
+    """
     old_counters = before.monotone()
+    fell, counted = [], []
     for name, new in after.monotone().items():
         old = old_counters.get(name)
-        if old is not None and new is not None and new < old:
-            return name
-    return None
+        if old is None or new is None:
+            continue
+        if new < old:
+            fell.append(name)
+        if old > 0:
+            counted.append(name)
+    if not fell:
+        return None
+    if before.series and after.series and not set(counted) <= set(fell):
+        return None
+    return fell[0]
 
 
 def same_lifetime(before: Snapshot, after: Snapshot) -> bool | None:
@@ -313,7 +336,8 @@ def _on_models(previous: Verdict, seen: ModelsOk, now: float, target: TargetSett
 
 
 def _rate(before: float | None, after: float | None, seconds: float) -> float | None:
-    if before is None or after is None or seconds <= 0:
+    # A sum that fell within one lifetime lost a series (a Triton model unloaded): no rate, never a negative one.
+    if before is None or after is None or seconds <= 0 or after < before:
         return None
     return (after - before) / seconds
 
