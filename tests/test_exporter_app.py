@@ -245,6 +245,29 @@ async def test_gpu_fault_file_flags_the_target_and_makes_it_unready(aiohttp_serv
     await wait_for(lambda: rec.gpu_fault is None, what="gpu fault cleared")
 
 
+async def test_an_unreadable_gpu_fault_file_keeps_the_fault_it_held_and_shows_why(aiohttp_server, aiohttp_client,
+                                                                                  tmp_path) -> None:
+    upstream = FakeVllm(BUSY_PAGE)
+    server = await aiohttp_server(upstream.app())
+    flag = tmp_path / "gpu-a.fault"
+    flag.write_text("Xid 79: GPU has fallen off the bus\n")
+    client = await start_exporter(aiohttp_client, make_settings(
+        [make_target("gpu-a", str(server.make_url("")), gpu_fault_file=str(flag), stuck_after=600)]))
+    rec = record(client, "gpu-a")
+    await wait_for(lambda: rec.gpu_fault, what="gpu fault flagged")
+    flag.unlink()
+    flag.mkdir()  # the path made a directory: unreadable, not cleared
+    await wait_for(lambda: "file" in rec.gpu_fault_errors, what="the read error shown")
+    polls = rec.polls
+    await wait_for(lambda: rec.polls >= polls + 3, what="three more polls")
+    view = await target_json(client, "gpu-a")
+    assert view["gpu_fault"] is True and view["gpu_fault_detail"] == "Xid 79: GPU has fallen off the bus"
+    assert view["gpu_fault_errors"]["file"] == f"cannot read {flag}: Is a directory"
+    assert view["ready"] is False
+    flag.rmdir()  # absent: the agent cleared it
+    await wait_for(lambda: rec.gpu_fault is None and "file" not in rec.gpu_fault_errors, what="cleared, no error")
+
+
 async def test_credentials_in_a_target_url_are_not_shown(aiohttp_client) -> None:
     settings = make_settings([make_target("gpu-a", "http://admin:hunter2-pw@127.0.0.1:9/")])
     client = await aiohttp_client(create_app(settings, poll=False))
