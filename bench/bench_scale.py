@@ -26,12 +26,17 @@ the exporter's own doing. A watcher scrapes /metrics every `--sample` seconds fo
 (llm_vitals_exporter_loop_lag_seconds), the targets read stuck and the reads that timed out or were
 exporter_late; at the end /api/v1/targets says how many targets were ever unhealthy. Tighten
 `--metrics-timeout` and `--stuck-after` to make a late exporter's timeouts likely within the run.
+`--starve STOP:RUN` starves the exporter on purpose, as a CPU quota does a throttled pod: from its
+first poll on, it is SIGSTOPped for STOP seconds, then let run for RUN, over and over, so the
+answers its reads asked for wait unread while its timeouts fall due (its latency figures are then
+meaningless; the verdicts are the point).
 
 Targets (issue 16), for this checkout: at 5,000 targets <= 50 % of one core, a scrape <= 20 ms,
 probe p99 <= 2 ms alone and <= 5 ms during scrapes; at 1,000 targets probe p99 <= 1 ms alone.
 
     .venv/bin/python bench/bench_scale.py [--targets 1000 5000] [--runs 1] [--interval 5] [--window 15] [--baseline DIR]
     .venv/bin/python bench/bench_scale.py --engine llamacpp --targets 5000 --metrics-timeout 2 --stuck-after 10
+    .venv/bin/python bench/bench_scale.py --engine llamacpp --targets 5000 --metrics-timeout 2 --stuck-after 10 --starve 3:1
 """
 
 from __future__ import annotations
@@ -245,6 +250,31 @@ class Watcher(threading.Thread):
         self.join(timeout=120)
 
 
+class Starver(threading.Thread):
+    """SIGSTOPs `pid` for `stop` seconds, then lets it run for `run` seconds, until `end()`; leaves it running."""
+
+    def __init__(self, pid: int, stop: float, run: float) -> None:
+        super().__init__(name="starver", daemon=True)
+        self.pid, self.stop_s, self.run_s = pid, stop, run
+        self.stopped_s = 0.0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            began = time.monotonic()
+            os.kill(self.pid, signal.SIGSTOP)
+            try:
+                self._done.wait(self.stop_s)
+            finally:
+                os.kill(self.pid, signal.SIGCONT)
+                self.stopped_s += time.monotonic() - began
+            self._done.wait(self.run_s)
+
+    def end(self) -> None:
+        self._done.set()
+        self.join(timeout=60)
+
+
 def verdicts(port: int, watcher: Watcher) -> dict[str, float]:
     """What the watcher saw, and from /api/v1/targets: targets ever unhealthy, stuck now, restarts detected."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/targets", timeout=120) as answer:
@@ -277,11 +307,16 @@ def measure(targets: int, checkout: Path, fleet_port: int, fleet: psutil.Process
         exporter = subprocess.Popen([*exporter_command(checkout), "--config", str(config)],
                                     env=exporter_env(checkout), cwd=checkout, start_new_session=True)
         watcher: Watcher | None = None
+        starver: Starver | None = None
         try:
             wait_http(f"http://127.0.0.1:{port}/healthz")
             if args.engine != "vllm":
                 watcher = Watcher(port, args.sample)
                 watcher.start()
+            if args.starve:
+                stop, _, run = args.starve.partition(":")
+                starver = Starver(exporter.pid, float(stop), float(run))
+                starver.start()
             time.sleep(args.interval + args.warmup)  # a large fleet spreads its first polls over one interval
             process = psutil.Process(exporter.pid)
             load = os.getloadavg()[0]
@@ -305,11 +340,17 @@ def measure(targets: int, checkout: Path, fleet_port: int, fleet: psutil.Process
             result.scrapes_during = len(during["seconds"])
             result.failures = sum(1 for ms in result.alone + result.during if ms >= PROBE_TIMEOUT * 1e3) \
                 + sum(1 for b in single["bytes"] + during["bytes"] if b < 0)
+            if starver is not None:
+                starver.end()
             if watcher is not None:
                 watcher.stop()
                 result.verdicts = verdicts(port, watcher)
+                if starver is not None:
+                    result.verdicts["starved_s"] = round(starver.stopped_s, 1)
             return result
         finally:
+            if starver is not None:
+                starver.end()
             exporter.terminate()
             exporter.wait(timeout=30)
             if watcher is not None:
@@ -392,6 +433,8 @@ def main() -> int:
     parser.add_argument("--metrics-timeout", help="the exporter's metrics_timeout (default: its own, 10s)")
     parser.add_argument("--stuck-after", help="every target's stuck_after (default: the exporter's, 1m)")
     parser.add_argument("--sample", type=float, default=5.0, help="--engine llamacpp: seconds between the watcher's scrapes")
+    parser.add_argument("--starve", metavar="STOP:RUN",
+                        help="SIGSTOP the exporter STOP seconds, let it run RUN seconds, over and over (a CPU quota)")
     args = parser.parse_args()
 
     checkouts = [args.baseline, REPO] if args.baseline else [REPO]

@@ -3,16 +3,26 @@
 The drills are the kit's (tests/real_engine/drills.py), run with this tier's engine (engine.py), in
 file order on one server and one exporter: smoke, idle canaries, saturation, frozen worker (SIGSTOP
 of the PyTriton Python process, HTTP alive), frozen tritonserver (every port accepts, none answers),
-kill (SIGKILL of tritonserver), restart on the same ports. Triton's Python backend sometimes crashes
+kill (SIGKILL of tritonserver), restart on the same ports, and a second model loaded, unloaded and
+given new versions under load (no restart). Triton's Python backend sometimes crashes
 by itself after a frozen worker is resumed (TritonServer.crash): the drill records it and launches
 Triton again so the drills after it run.
 """
 
 from __future__ import annotations
 
+import signal
+import time
+
+import httpx
 from real_engine import drills
 from real_engine.engine import Kit
+from real_engine.load import Load
 from real_engine.report import Drill
+
+from .engine import CONCURRENCY, INFER, LOAD_TOKENS
+from .triton_server import SECOND_MODEL as SECOND
+from .triton_server import infer_body
 
 
 def test_smoke_server_has_v2_routes_metrics_port_and_no_v1_models(kit: Kit, drill: Drill):
@@ -48,3 +58,54 @@ def test_kill_tritonserver_is_down_with_a_reason(kit: Kit, drill: Drill):
 def test_restart_on_the_same_ports_counts_exactly_one_restart_then_idle_and_canary_ok(kit: Kit, drill: Drill):
     """A new Triton on the same three ports (no start-time metric): the counter reset is the restart, once."""
     drills.restart(kit, drill)
+
+
+def test_models_loaded_unloaded_or_given_a_new_version_are_no_restart(kit: Kit, drill: Drill):
+    """Issue 23, part 7: a second model loaded, given work, unloaded and loaded again as versions 2 and 3,
+    while the first is saturated. Its series come and go and start again from 0: no restart, and the
+    saturated model is never stuck, down or idle meanwhile. The pages of each step are kept
+    (logs/pages/), the real counterparts of tests/test_engine_triton.py's transformed ones."""
+    server, watcher = kit.server, kit.watcher
+    kit.relaunch_if_crashed()
+    kit.wait_idle()
+    worker = server.main_process()  # the PyTriton process: it takes the load and unload orders (toy_lm_server.py)
+    second = f'model="{SECOND}"'
+    restarts_before = kit.exporter.restarts_total()
+
+    def order(sig: signal.Signals, condition, what: str) -> float:
+        began = time.time()
+        worker.send_signal(sig)
+        kit.wait_page(condition, what, timeout=180)
+        return round(time.time() - began, 1)
+
+    facts = {"load_v1_s": order(signal.SIGUSR1, lambda page: f'{second},version="1"' in page, f"{SECOND} version 1 on the page")}
+    for _ in range(3):  # its own counters count: a fall of them would read as a reset
+        answer = httpx.post(f"{server.url}/v2/models/{SECOND}/infer", json=infer_body(2), timeout=60)
+        assert answer.status_code == 200, answer.text
+    kit.save_page("two-models")
+    t0 = time.time()
+    load = Load.sustained(server.url, INFER, lambda n: infer_body(LOAD_TOKENS), CONCURRENCY, max_seconds=240)
+    with load:
+        kit.wait_working(load)
+        watcher.wait_for(lambda s: s.state == "busy" and s.reason == "progress", timeout=60, what="busy with progress",
+                         after=t0)
+        facts["unload_s"] = order(signal.SIGUSR2, lambda page: second not in page, f"{SECOND} gone from the page")
+        kit.save_page("model-unloaded")
+        kit.later(3 * kit.engine.exporter.poll_interval)
+        facts["load_v2_s"] = order(signal.SIGUSR1, lambda page: f'{second},version="2"' in page, f"{SECOND} version 2")
+        kit.save_page("model-version-2")
+        facts["load_v3_s"] = order(signal.SIGUSR1, lambda page: f'{second},version="3"' in page, f"{SECOND} version 3")
+        kit.save_page("model-version-3")
+        kit.later(3 * kit.engine.exporter.poll_interval)
+        load.stop()
+        outcomes = kit.engine.finish_load(kit, load)
+    t1 = time.time()
+    kit.wait_idle()
+    polled = kit.exporter.polled_states(t0, t1)
+    drill.timeline = watcher.timeline(t0)
+    drill.facts = {**facts, "restarts_total_delta": kit.exporter.restarts_total() - restarts_before,
+                   "states_polled": sorted({state for _, state in polled}), "polls": len(polled),
+                   "statuses": sorted({str(o.status) for o in outcomes}),
+                   "version_3_replaced_2": f'{second},version="2"' not in kit.page()}
+    assert drill.facts["restarts_total_delta"] == 0, "a model loaded, unloaded or versioned read as a restart"
+    assert set(drill.facts["states_polled"]) <= {"busy"}, drill.timeline

@@ -12,6 +12,11 @@ Triton's metrics do not care.
 Processes: this Python process runs the infer functions (the real work) -> child `tritonserver`
 (HTTP, gRPC, metrics, scheduler) -> one `triton_python_backend_stub` per model instance.
 
+Model control, for the drill that loads and unloads a model (issue 23, part 7): SIGUSR1 loads a
+second model, `toy_lm_b`, as its next version (1, then 2, ...: a new version replaces the last);
+SIGUSR2 unloads it. Both go through PyTriton (bind, and its own registry kept in step with an
+unload), so its monitor never reads the unloaded model as a dead server.
+
 usage: python toy_lm_server.py --http-port P --grpc-port P --metrics-port P
 Run it with the Python of the tier's venv (tools/real-triton-setup.sh), made from the system python3.
 """
@@ -19,7 +24,11 @@ Run it with the Python of the tier's venv (tools/real-triton-setup.sh), made fro
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import queue
+import signal
+import threading
 import time
 
 import numpy as np
@@ -28,6 +37,7 @@ from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 
 MODEL = "toy_lm"
+SECOND = "toy_lm_b"  # loaded and unloaded on signals (SIGUSR1, SIGUSR2)
 INSTANCES = 2
 DIM = int(os.environ.get("TOY_DIM", "256"))
 TOKEN_SECONDS = float(os.environ.get("TOY_TOKEN_SECONDS", "0"))
@@ -56,6 +66,50 @@ def make_infer():
     return infer
 
 
+def bind_toy(triton: Triton, name: str, version: int = 1) -> None:
+    """Bind (and, on a running server, load) the toy model under `name` and `version`."""
+    triton.bind(
+        model_name=name,
+        model_version=version,
+        infer_func=[make_infer() for _ in range(INSTANCES)],
+        inputs=[Tensor(name="max_tokens", dtype=np.int32, shape=(1,))],
+        outputs=[Tensor(name="generated", dtype=np.int32, shape=(1,))],
+        config=ModelConfig(max_batch_size=1),
+        strict=True,
+    )
+
+
+def unload(triton: Triton, name: str, http_port: int) -> None:
+    """Unload `name` from Triton and drop it from PyTriton's registry (PyTriton 0.7.0 has no unbind)."""
+    from tritonclient.http import InferenceServerClient
+
+    client = InferenceServerClient(f"127.0.0.1:{http_port}")
+    try:
+        client.unload_model(name)
+    finally:
+        client.close()
+    models = triton._model_manager._models  # (name, version) -> Model
+    for key in [key for key in models if key[0] == name]:
+        models.pop(key).clean()
+
+
+def control(triton: Triton, http_port: int, orders: queue.Queue[str]) -> None:
+    """Carry out the signals' orders in a thread (never in a signal handler): load the next version, or unload."""
+    version = 0
+    while True:
+        order = orders.get()
+        try:
+            if order == "load":
+                version += 1
+                bind_toy(triton, SECOND, version)
+                print(f"toy_lm_server: loaded {SECOND} version {version}", flush=True)
+            else:
+                unload(triton, SECOND, http_port)
+                print(f"toy_lm_server: unloaded {SECOND}", flush=True)
+        except Exception:
+            logging.exception("toy_lm_server: %s of %s failed", order, SECOND)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--http-port", type=int, required=True)
@@ -73,14 +127,11 @@ def main() -> None:
         metrics_interval_ms=1000,
     )
     with Triton(config=config) as triton:
-        triton.bind(
-            model_name=MODEL,
-            infer_func=[make_infer() for _ in range(INSTANCES)],
-            inputs=[Tensor(name="max_tokens", dtype=np.int32, shape=(1,))],
-            outputs=[Tensor(name="generated", dtype=np.int32, shape=(1,))],
-            config=ModelConfig(max_batch_size=1),
-            strict=True,
-        )
+        bind_toy(triton, MODEL)
+        orders: queue.Queue[str] = queue.Queue()
+        signal.signal(signal.SIGUSR1, lambda *_: orders.put("load"))
+        signal.signal(signal.SIGUSR2, lambda *_: orders.put("unload"))
+        threading.Thread(target=control, args=(triton, args.http_port, orders), name="models", daemon=True).start()
         print("toy_lm_server: serving", flush=True)
         triton.serve()
 
