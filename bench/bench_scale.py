@@ -42,6 +42,7 @@ probe p99 <= 2 ms alone and <= 5 ms during scrapes; at 1,000 targets probe p99 <
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import re
@@ -228,22 +229,28 @@ class Watcher(threading.Thread):
         self.lag: list[float] = []
         self.stuck: list[int] = []
         self.errors: dict[str, float] = {}
+        self.failed = 0
         self._done = threading.Event()
 
     def run(self) -> None:
         while not self._done.wait(self.every):
-            try:
-                with urllib.request.urlopen(self.url, timeout=60) as answer:
-                    page = answer.read()
-            except OSError:
-                continue
-            if (lag := _LAG.search(page)) is not None:
-                self.lag.append(float(lag.group(1)))  # no loop-lag gauge: an exporter older than issue 23
-            self.stuck.append(len(_STUCK.findall(page)))
-            totals: dict[str, float] = {}
-            for reason, value in _ERRORS.findall(page):
-                totals[reason.decode()] = totals.get(reason.decode(), 0.0) + float(value)
-            self.errors = totals
+            self.sample()
+
+    def sample(self) -> None:
+        """One scrape; a failed one (an exporter starved on purpose may cut it short) is skipped."""
+        try:
+            with urllib.request.urlopen(self.url, timeout=120) as answer:
+                page = answer.read()
+        except (OSError, http.client.HTTPException):
+            self.failed += 1
+            return
+        if (lag := _LAG.search(page)) is not None:
+            self.lag.append(float(lag.group(1)))  # no loop-lag gauge: an exporter older than issue 23
+        self.stuck.append(len(_STUCK.findall(page)))
+        totals: dict[str, float] = {}
+        for reason, value in _ERRORS.findall(page):
+            totals[reason.decode()] = totals.get(reason.decode(), 0.0) + float(value)
+        self.errors = totals
 
     def stop(self) -> None:
         self._done.set()
@@ -276,11 +283,13 @@ class Starver(threading.Thread):
 
 
 def verdicts(port: int, watcher: Watcher) -> dict[str, float]:
-    """What the watcher saw, and from /api/v1/targets: targets ever unhealthy, stuck now, restarts detected."""
+    """What the watcher saw (and one last scrape), and from /api/v1/targets: targets ever unhealthy, stuck now,
+    restarts detected."""
+    watcher.sample()  # the counters as they end
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/targets", timeout=120) as answer:
         views = json.load(answer)["targets"]
     return {
-        "stuck_max": max(watcher.stuck, default=0), "samples": len(watcher.stuck),
+        "stuck_max": max(watcher.stuck, default=0), "samples": len(watcher.stuck), "failed_samples": watcher.failed,
         "lag_min_s": min(watcher.lag, default=float("nan")), "lag_max_s": max(watcher.lag, default=float("nan")),
         "timeouts": watcher.errors.get("timeout", 0.0), "exporter_late": watcher.errors.get("exporter_late", 0.0),
         "ever_unhealthy": sum(1 for v in views if v.get("last_unhealthy_at") is not None),

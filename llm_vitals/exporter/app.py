@@ -124,7 +124,7 @@ async def _loop_lag(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _pollers(app: web.Application) -> AsyncIterator[None]:
-    poller = Poller(app[SETTINGS], app[STORE], app[SESSION], app[CLOCK], nodes=app.get(NODES), lag=app[LAG])
+    poller = Poller(app[SETTINGS], app[STORE], app[SESSION], app[CLOCK], nodes=_watched_nodes(app), lag=app[LAG])
     app[POLLER] = poller
     poller.start()
     discovery = app[DISCOVERY]
@@ -164,7 +164,15 @@ async def reload_config(app: web.Application) -> tuple[bool, str, list[str]]:
         runner = app.get(NODE_WATCH)
         if runner is not None:
             await runner.follow(new)  # the same rules as the poller's from now on; started or stopped as needed
+            if poller is not None:
+                poller.nodes = _watched_nodes(app)
         return True, "", record_success(state, app[CLOCK].wall(), old, new)
+
+
+def _watched_nodes(app: web.Application) -> NodeCache | None:
+    """The node cache while the node watch runs: without it no target is told anything about its node."""
+    runner = app.get(NODE_WATCH)
+    return runner.cache if runner is not None and runner.running else None
 
 
 async def _node_watch(app: web.Application) -> AsyncIterator[None]:

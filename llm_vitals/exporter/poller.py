@@ -186,7 +186,8 @@ class Poller:
         else:
             (observation, health), gpus = await asyncio.gather(self.observe(record), self._read_dcgm(record))
         duration = loop.time() - started
-        await self._read_gpu_fault_file(record)
+        if record.settings.gpu_fault_file is not None:  # no coroutine per poll for the targets without one
+            await self._read_gpu_fault_file(record, record.settings.gpu_fault_file)
         self._read_nvml(record)
         if self.nodes is not None:
             self.nodes.apply(record, self._node_rules)
@@ -333,11 +334,8 @@ class Poller:
         if before is None or _NUMBERS.sub("", before) != _NUMBERS.sub("", error):  # not once per poll as a timeout grows
             log_event(log, "cannot read the target's GPUs through NVML", logging.WARNING, target=record.name, error=error)
 
-    async def _read_gpu_fault_file(self, record: TargetRecord) -> None:
+    async def _read_gpu_fault_file(self, record: TargetRecord, path: Path) -> None:
         """The target's gpu_fault_file, read in a thread; unreadable, it keeps the fault it held and shows why."""
-        path = record.settings.gpu_fault_file
-        if path is None:
-            return
         read = await asyncio.to_thread(read_fault_file, path)
         if read.error is not None and record.gpu_fault_errors.get("file") != read.error:
             log_event(log, "cannot read gpu_fault_file; its last fault is kept", logging.WARNING, target=record.name,
