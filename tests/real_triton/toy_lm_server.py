@@ -12,10 +12,13 @@ Triton's metrics do not care.
 Processes: this Python process runs the infer functions (the real work) -> child `tritonserver`
 (HTTP, gRPC, metrics, scheduler) -> one `triton_python_backend_stub` per model instance.
 
-Model control, for the drill that loads and unloads a model (issue 23, part 7): SIGUSR1 loads a
-second model, `toy_lm_b`, as its next version (1, then 2, ...: a new version replaces the last);
-SIGUSR2 unloads it. Both go through PyTriton (bind, and its own registry kept in step with an
-unload), so its monitor never reads the unloaded model as a dead server.
+Model control, for the drill that loads and unloads models (issue 23, part 7): SIGUSR1 loads the
+next extra model (`toy_lm_b`, then `toy_lm_c`, ...), SIGUSR2 unloads the last one loaded. Both go
+through PyTriton (bind, and its own registry kept in step with an unload), so its monitor never
+reads the unloaded model as a dead server. A second version of one name cannot be loaded:
+PyTriton 0.7.0 binds every version of a model to the same data socket ("Address already in use"),
+and a name loaded again after an unload fails its handshake; version changes are table-tested on
+real pages instead (tests/test_engine_triton.py).
 
 usage: python toy_lm_server.py --http-port P --grpc-port P --metrics-port P
 Run it with the Python of the tier's venv (tools/real-triton-setup.sh), made from the system python3.
@@ -37,7 +40,7 @@ from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 
 MODEL = "toy_lm"
-SECOND = "toy_lm_b"  # loaded and unloaded on signals (SIGUSR1, SIGUSR2)
+EXTRA = ("toy_lm_b", "toy_lm_c", "toy_lm_d")  # loaded in turn on SIGUSR1, the last one unloaded on SIGUSR2
 INSTANCES = 2
 DIM = int(os.environ.get("TOY_DIM", "256"))
 TOKEN_SECONDS = float(os.environ.get("TOY_TOKEN_SECONDS", "0"))
@@ -85,29 +88,31 @@ def unload(triton: Triton, name: str, http_port: int) -> None:
 
     client = InferenceServerClient(f"127.0.0.1:{http_port}")
     try:
-        client.unload_model(name)
+        # PyTriton restricts the repository API to its own token.
+        client.unload_model(name, headers={"triton-access-token": triton.get_access_token()})
     finally:
         client.close()
-    models = triton._model_manager._models  # (name, version) -> Model
-    for key in [key for key in models if key[0] == name]:
-        models.pop(key).clean()
 
 
 def control(triton: Triton, http_port: int, orders: queue.Queue[str]) -> None:
-    """Carry out the signals' orders in a thread (never in a signal handler): load the next version, or unload."""
-    version = 0
-    while True:
+    """Carry out the signals' orders in a thread (never in a signal handler): load the next extra model, or unload."""
+    loaded: list[str] = []
+    for name in EXTRA:
         order = orders.get()
+        while order == "unload":
+            try:
+                if loaded:
+                    unload(triton, loaded[-1], http_port)
+                    print(f"toy_lm_server: unloaded {loaded.pop()}", flush=True)
+            except Exception:
+                logging.exception("toy_lm_server: unload failed")
+            order = orders.get()
         try:
-            if order == "load":
-                version += 1
-                bind_toy(triton, SECOND, version)
-                print(f"toy_lm_server: loaded {SECOND} version {version}", flush=True)
-            else:
-                unload(triton, SECOND, http_port)
-                print(f"toy_lm_server: unloaded {SECOND}", flush=True)
+            bind_toy(triton, name)
+            loaded.append(name)
+            print(f"toy_lm_server: loaded {name}", flush=True)
         except Exception:
-            logging.exception("toy_lm_server: %s of %s failed", order, SECOND)
+            logging.exception("toy_lm_server: load of %s failed", name)
 
 
 def main() -> None:
