@@ -3,6 +3,9 @@ label or a static target key names, and where the workload shows (target_info, t
 
 from __future__ import annotations
 
+import asyncio
+from functools import partial
+
 import pytest
 
 from llm_vitals.exporter.collector import read, target_texts
@@ -22,6 +25,8 @@ from llm_vitals.exporter.status_page import render_page
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.connect import Access
 from llm_vitals.kube.errors import ApiError, KubeUnavailable
+from llm_vitals.kube.informer import Informer
+from llm_vitals.kube.objects import Query
 
 RS = Controller("ReplicaSet", "vllm-5d8f7")
 DEPLOYMENT = Controller("Deployment", "vllm")
@@ -210,3 +215,51 @@ def test_the_workload_shows_in_target_info_the_api_and_the_status_page() -> None
     assert 'data-target="gpu-b" data-state="starting" data-workload="Deployment/llm/vllm"' in page
     assert '<span class="workload">Deployment/llm/vllm</span>' in page
     assert '<span class="workload">gpu-a</span>' not in page  # its own name is not said twice
+
+
+def source_with(pods: dict[str, PodView], replica_sets: dict[str, Controller | None] | None) -> tuple[PodSource, list]:
+    """A PodSource holding these pods (and ReplicaSets: None, not listed yet) as its informers would, reports kept."""
+    source = PodSource("kubernetes[0]", KUBE, {}, kube=KubeClient(Access()))
+    reports: list = []
+    source._report = lambda targets, status: reports.append((targets, status))
+    source.informers["llm"] = Informer(source.kube, Query("pods", "llm", "app=vllm"), pod_view, source._changed)
+    source.informers["llm"].objects = dict(pods)
+    replica_set_informer = Informer(source.kube, Query("replicasets", "llm"), replica_set_controller,
+                                    partial(source._replica_set_changed, "llm"))
+    replica_set_informer.objects = dict(replica_sets or {})
+    replica_set_informer.synced = replica_sets is not None
+    source.replica_set_informers["llm"] = replica_set_informer
+    return source, reports
+
+
+async def test_only_a_replica_set_that_owns_one_of_our_pods_makes_a_report() -> None:
+    source, reports = source_with({"vllm-5d8f7-x2x": running()}, {"vllm-5d8f7": DEPLOYMENT, "other-app-1": None})
+    first, _ = source.current()
+    replica_sets = source.replica_set_informers["llm"]
+    replica_sets.on_change("other-app-1")  # another app's ReplicaSet scaled: nothing of ours changed
+    await asyncio.sleep(0)
+    assert reports == []
+    replica_sets.on_change("vllm-5d8f7")  # ours (a status update): reported, and the very same target kept
+    await asyncio.sleep(0)
+    assert len(reports) == 1 and reports[0][0][0] is first[0]
+    replica_sets.on_change(None)  # a relist: reported
+    await asyncio.sleep(0)
+    assert len(reports) == 2
+
+
+async def test_a_pod_waiting_for_the_first_list_becomes_a_target_when_it_comes() -> None:
+    source, reports = source_with({"vllm-5d8f7-x2x": running()}, None)
+    targets, status = source.current()
+    assert targets == [] and status.skipped == {"llm/vllm-5d8f7-x2x": (
+        "owner_pending: waiting for the ReplicaSets of namespace llm to be listed")}
+    replica_sets = source.replica_set_informers["llm"]
+    replica_sets.objects, replica_sets.synced = {"vllm-5d8f7": DEPLOYMENT}, True
+    replica_sets.on_change(None)
+    await asyncio.sleep(0)
+    (targets, status), = reports
+    assert [t.workload for t in targets] == ["Deployment/llm/vllm"] and status.skipped == {}
+    # The Deployment lets go of its ReplicaSet (orphaned): the workload follows, as a new target.
+    replica_sets.objects["vllm-5d8f7"] = None
+    replica_sets.on_change("vllm-5d8f7")
+    await asyncio.sleep(0)
+    assert [t.workload for t in reports[-1][0]] == ["ReplicaSet/llm/vllm-5d8f7"]
