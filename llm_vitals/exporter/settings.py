@@ -335,8 +335,11 @@ class ExporterSettings(_FrozenStrict):
     history_seconds: Duration = 600.0
     drain_token_env: str | None = None
     drain_token_file: Path | None = None
-    # Not used by the exporter itself: the status page reads it to link to the remediator.
+    # Not used by the exporter itself: the status page reads the remediator's decisions from it.
     remediator_url: ParsedHttpUrl | None = None
+    # The remediator's journal takes its webhook's auth: the bearer token the status page sends.
+    remediator_token_env: str | None = None
+    remediator_token_file: Path | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     gpu_faults: GpuFaultSettings = GpuFaultSettings()
     targets: list[TargetSettings] = []
@@ -346,6 +349,7 @@ class ExporterSettings(_FrozenStrict):
     shard: ShardSettings | None = None
 
     _drain_token: SecretStr | None = PrivateAttr(default=None)
+    _remediator_token: SecretStr | None = PrivateAttr(default=None)
 
     @field_validator("poll_interval")
     @classmethod
@@ -365,6 +369,8 @@ class ExporterSettings(_FrozenStrict):
             seen.add(target.name)
         if self.drain_token_env and self.drain_token_file:
             raise ValueError("set at most one of drain_token_env and drain_token_file")
+        if self.remediator_token_env and self.remediator_token_file:
+            raise ValueError("set at most one of remediator_token_env and remediator_token_file")
         return self
 
     @property
@@ -379,6 +385,11 @@ class ExporterSettings(_FrozenStrict):
     def drain_token(self) -> SecretStr | None:
         return self._drain_token
 
+    @property
+    def remediator_token(self) -> SecretStr | None:
+        """The bearer token for the remediator's `/api/v1/actions`; None sends no auth."""
+        return self._remediator_token
+
     def target(self, name: str) -> TargetSettings | None:
         for target in self.targets:
             if target.name == name:
@@ -390,6 +401,8 @@ class ExporterSettings(_FrozenStrict):
         for index, target in enumerate(self.targets):
             target.resolve_secrets(environ, f"targets[{index}]")
         self._drain_token = secret_from_env_or_file("drain_token", self.drain_token_env, self.drain_token_file, environ)
+        self._remediator_token = secret_from_env_or_file(
+            "remediator_token", self.remediator_token_env, self.remediator_token_file, environ)
         return self
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from pydantic import SecretStr
 
 from llm_vitals.exporter.keys import CLOCK, SESSION, SETTINGS, STORE
 from llm_vitals.exporter.state import target_view
@@ -234,12 +235,18 @@ def render_page(
     )
 
 
-async def fetch_decisions(session: aiohttp.ClientSession, base_url: str, timeout: float = REMEDIATOR_TIMEOUT_SECONDS) -> Decisions:
-    """Read the remediator's `/api/v1/actions`; any failure becomes a note, never an exception."""
+async def fetch_decisions(session: aiohttp.ClientSession, base_url: str, token: SecretStr | None = None,
+                          timeout: float = REMEDIATOR_TIMEOUT_SECONDS) -> Decisions:
+    """Read the remediator's `/api/v1/actions` (with the bearer `token` its auth asks for); any failure
+    becomes a note, never an exception."""
     url = f"{base_url.rstrip('/')}/api/v1/actions"
+    headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token is not None else {}
     try:
-        async with session.get(url, params={"limit": str(ACTIONS_LIMIT)},
+        async with session.get(url, params={"limit": str(ACTIONS_LIMIT)}, headers=headers,
                                timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+            if response.status == 401:
+                return Decisions(note="the remediator asks for its webhook's auth: set remediator_token_env or "
+                                      "remediator_token_file in the exporter config", url=base_url)
             if response.status != 200:
                 return Decisions(note=f"the remediator answered HTTP {response.status}", url=base_url)
             body = await response.json(content_type=None)
@@ -277,13 +284,13 @@ async def _read_decisions(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     url, cache = str(settings.remediator_url), app[DECISIONS]
-    cache.latest = await fetch_decisions(app[SESSION], url)
+    cache.latest = await fetch_decisions(app[SESSION], url, settings.remediator_token)
 
     async def loop() -> None:
         while True:
             await asyncio.sleep(refresh_seconds(settings.poll_interval))
             try:
-                cache.latest = await fetch_decisions(app[SESSION], url)
+                cache.latest = await fetch_decisions(app[SESSION], url, settings.remediator_token)
             except Exception as exc:  # a bug here: logged, shown, and the next read tries again
                 log.exception("reading the remediator's decisions failed unexpectedly")
                 cache.latest = Decisions(note=f"cannot read the remediator: {type(exc).__name__}", url=url)
