@@ -259,7 +259,12 @@ async def start_replicas(control_plane: ControlPlane, namespace: str, exporter_u
     replicas = [Replica(n, replica_config(control_plane, namespace, exporter_url, run_dir, n, kubeconfig, **dict(over)),
                         run_dir, (clock_skews or {}).get(n, 0.0))
                 for n in names]
-    await asyncio.gather(*(r.start() for r in replicas))
+    started = await asyncio.gather(*(r.start() for r in replicas), return_exceptions=True)
+    failed = [r for r in started if isinstance(r, BaseException)]
+    if failed:
+        # The caller never gets the ones that did start: stop them here, or they outlive the test.
+        await asyncio.gather(*(r.stop() for r in replicas))
+        raise failed[0]
     return replicas
 
 
