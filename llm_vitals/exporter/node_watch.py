@@ -2,7 +2,7 @@
 
 One list-then-watch of all nodes (an informer's shape), not one watch per target's node: a fleet of
 500 pods on 60 nodes is one stream. It needs a ClusterRole with `list` and `watch` on `nodes`
-(deploy/kubernetes/exporter.yaml; no `get`: it never reads one node by name); without it every
+(deploy/kubernetes/base/exporter.yaml; no `get`: it never reads one node by name); without it every
 target with a node shows the 403 in `gpu_fault_errors.node`, and no fault is ever inferred from it.
 
 Each watch the server ends (every WATCH_SECONDS) is resumed from the last `resourceVersion`; a
@@ -36,7 +36,7 @@ log = logging.getLogger("llm_vitals.exporter")
 
 WATCH_SECONDS = 300  # the server ends each watch after this; it is then resumed from the last resourceVersion
 BACKOFF_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-RBAC_HINT = "the exporter needs a ClusterRole with list and watch on nodes (deploy/kubernetes/exporter.yaml)"
+RBAC_HINT = "the exporter needs a ClusterRole with list and watch on nodes (deploy/kubernetes/base/exporter.yaml)"
 
 
 @dataclass(frozen=True)

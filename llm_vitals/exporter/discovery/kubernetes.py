@@ -110,7 +110,7 @@ def api_error(exc: ApiException, namespace: str) -> str:
     """An API answer as one sentence; a 401/403 names the right the exporter lacks."""
     if exc.status in (401, 403):
         return (f"HTTP {exc.status} listing pods in namespace {namespace}: the exporter needs list and watch "
-                f"on pods there (a Role and RoleBinding, deploy/kubernetes/exporter.yaml)")
+                f"on pods there (a Role and RoleBinding, deploy/kubernetes/base/exporter.yaml)")
     return f"HTTP {exc.status} {exc.reason or ''} listing pods in namespace {namespace}".replace("  ", " ")
 
 
