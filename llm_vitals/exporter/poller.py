@@ -31,6 +31,7 @@ from llm_vitals.exporter.verdict import (
     Observation,
     PollError,
     canary_due,
+    drain_holds,
     health_check_due,
     judge,
     record_canary,
@@ -152,6 +153,9 @@ class Poller:
         now = self.clock()
         before = record.verdict
         record.verdict = judge(before, observation, now, record.settings, health=health)
+        if record.draining and not drain_holds(record.draining, before, record.verdict):
+            record.draining = False
+            log_event(log, "undrain", target=record.name, reason="restart_detected")
         record.polls += 1
         if record.verdict.error_reason:
             record.poll_errors[record.verdict.error_reason] += 1
