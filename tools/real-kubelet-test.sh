@@ -27,7 +27,8 @@ export LLM_VITALS_LLAMACPP_BIN=$(field LLAMA_BIN) LLM_VITALS_LLAMACPP_MODEL=$(fi
 setup_s=$(( $(date +%s) - started ))
 
 # One tier run at a time on a machine: the cluster's namespaces, addresses and guard route are fixed.
-exec 8>/tmp/llm-vitals-kubelet-tier.lock
+# (The lock file lives beside the cache, which outlives runs anyway.)
+exec 8>"$(dirname "$LLM_VITALS_NODE_BIN")/kubelet-tier.lock"
 flock 8
 OUT=.cache/real-kubelet
 rm -rf "$OUT" && mkdir -p "$OUT"

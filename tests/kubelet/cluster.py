@@ -593,13 +593,13 @@ def stop_run(run: Path, *, remove: bool = True) -> list[str]:
 
         with ThreadPoolExecutor(max(1, len(nodes))) as pool:
             list(pool.map(stop_node, nodes))
-        # A containerd shim can outlive its dockerd (seen once, after a container whose process was
-        # frozen by ptrace was killed): whatever still names this run dir was started by our daemons.
-        said += _stop_strays(run)
         for f in sorted(pids.glob("nsfwd-*.pid")):
             said.append(_stop_pid(f) or "")
         for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             said.append(_stop_pid(pids / f"{name}.pid") or "")
+        # A containerd shim can outlive its dockerd (seen once, after a container whose process was
+        # frozen by ptrace was killed): whatever still names this run dir was started by our daemons.
+        said += _stop_strays(run)
     # Mounts under the run dir: kubelet root binds, secret tmpfs, docker overlays, shm, netns binds.
     mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
     for target in sorted((m for m in mounts if m.startswith(f"{run}/")), reverse=True):

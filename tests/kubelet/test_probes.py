@@ -183,6 +183,8 @@ def _after_restart(tier: Tier, w: Workload, pod_name: str, node: str, wedged: fl
         after |= {"shim_restarts": view["restarts"], "state_after": view["state"]}
     with contextlib.suppress(AssertionError):
         after["wedge_to_ready_again_s"] = round(tier.history.wait(ready_again, 120, f"{pod_name} Ready again") - wedged, 1)
+        # The endpoints controller follows the pod's Ready condition a moment later.
+        tier.history.wait(lambda: tier.history.endpoints_of(pod_name)[-1][1] == "ready", 60, f"{pod_name} back in the Endpoints")
     if tier.history.cancelled.is_set():
         raise AssertionError("cancelled: the run is being torn down")
     view = tier.shim(node, w.shim_port)
