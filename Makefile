@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo bench test-docker test-vllm test-llamacpp test-sglang test-triton test-k8s test-kubelet tools clean
+.PHONY: install test lint demo bench test-docker test-vllm test-llamacpp test-sglang test-triton test-k8s test-kubelet test-gpu tools clean
 
 install: $(STAMP)
 
@@ -72,6 +72,12 @@ test-k8s: install
 # the classic manifests' probes, drain and remediation judged by real kubelets. Leaves nothing behind.
 test-kubelet: install
 	@bash tools/real-kubelet-test.sh $(PYTEST_ARGS)
+
+# The GPU tier (tests/real_gpu/README.md), on a machine with an NVIDIA GPU and nvcc: llama-server built with
+# CUDA (cached outside the clone), the llama.cpp drills on the GPU, then the NVML source against the GPU.
+# Without a GPU: one line, status 0. Not a CI step: CI has no GPU.
+test-gpu: install
+	@bash tools/real-gpu-test.sh
 
 bench: install
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

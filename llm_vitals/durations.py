@@ -1,4 +1,8 @@
-"""Durations as users write them in YAML: `30s`, `5m`, `1h`, `250ms` or plain seconds."""
+"""Durations as users write them in YAML: `30s`, `5m`, `1h`, `250ms` or plain seconds; and back.
+
+`parse_duration` reads what a config says; `format_duration` writes seconds the way the docs show
+a default and the way Prometheus and Alertmanager read a duration (`for:`, `scrape_interval`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ from typing import Annotated
 from pydantic import BeforeValidator
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# Largest first, in milliseconds: what format_duration tries in turn.
+_WHOLE_UNITS_MS = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000))
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 
 
@@ -27,6 +33,22 @@ def parse_duration(value: object) -> float:
     if seconds < 0:
         raise ValueError(f"duration must not be negative: {value!r}")
     return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """`seconds` in its largest whole unit (`30d`, `1h`, `90s`, `250ms`; `0s`), to the millisecond.
+
+    Both `parse_duration` and Prometheus's duration parser read it back. Raises ValueError when negative.
+    """
+    millis = round(seconds * 1000)
+    if millis < 0:
+        raise ValueError(f"duration must not be negative: {seconds!r}")
+    if millis == 0:
+        return "0s"
+    for unit, size in _WHOLE_UNITS_MS:
+        if millis % size == 0:
+            return f"{millis // size}{unit}"
+    return f"{millis}ms"
 
 
 # A pydantic field type: `poll_interval: Duration = 5.0` accepts "5s", "1m", 5.

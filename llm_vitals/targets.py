@@ -83,12 +83,17 @@ class TargetView(_View):
     started: bool = Field(False, description="ever servable: what /probe/{name}/startup answers")
     draining: bool = False
     gpu_fault: bool = Field(False, description="a GPU fault is flagged (gpu_fault_file, the node's conditions or taints, "
-                                               "or dcgm-exporter): a restart will not help")
+                                               "dcgm-exporter, or NVML): a restart will not help")
     gpu_fault_detail: str | None = Field(None, description="the fault's reason, then a colon and what said so "
                                                           "(the gpu_fault_file's first line, or the node condition's reason and message)")
-    gpu_fault_source: str | None = Field(None, description="which source flagged it: file, node or dcgm")
+    gpu_fault_source: str | None = Field(None, description="which source flagged it: file, node, dcgm or nvml")
     gpu_fault_errors: dict[str, str] = Field(default_factory=dict, description=(
-        "a GPU-fault source that could not be read (node, dcgm) and why; never a fault by itself"))
+        "a GPU-fault source that could not be read (node, dcgm, nvml) and why; never a fault by itself"))
+    workload: str | None = Field(None, description=(
+        "what the operator owns and a restart does not replace: Deployment/<ns>/<name>, StatefulSet/<ns>/<name>, "
+        "DaemonSet/<ns>/<name>, LeaderWorkerSet/<ns>/<name>/<group-index>, a name given by a template or a file_sd "
+        "label, or the target's own name; budgets, circuits and the restart-loop alert key on it. "
+        "Null only from an exporter older than the field: readers then use the target's name"))
     # A target discovered in Kubernetes: its own pod as the exporter saw it (null otherwise).
     namespace: str | None = None
     pod: str | None = None

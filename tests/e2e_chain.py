@@ -286,7 +286,8 @@ async def _start_sim(run_dir: Path, client: httpx.AsyncClient, backends: int, t:
 
     def build(port: int) -> tuple[list[str], str]:
         # Backends take port..port+N-1 (usually free next to a free port; if not, the sim says
-        # "address already in use" and start_on_free_port tries again); control is its own free port.
+        # "address already in use" and start_on_free_port tries again, up to 10 times: a block of ports
+        # is taken by the ephemeral ports of other connections far more often than one port); control is its own free port.
         nonlocal control_port
         control_port = free_port()
         argv = [
@@ -296,7 +297,7 @@ async def _start_sim(run_dir: Path, client: httpx.AsyncClient, backends: int, t:
         ]
         return argv, f"http://127.0.0.1:{control_port}/backends"
 
-    process, port = await start_on_free_port("simulator", build, run_dir / "simulator.log", client=client)
+    process, port = await start_on_free_port("simulator", build, run_dir / "simulator.log", client=client, attempts=10)
     return SimFleet(process, port, backends, f"http://127.0.0.1:{control_port}", client)
 
 

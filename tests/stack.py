@@ -36,6 +36,7 @@ import yaml
 from conftest import REPO, free_port, require_binary
 
 from llm_vitals.demo.processes import Child, StartError
+from llm_vitals.durations import format_duration
 
 RULES_FILE = REPO / "alerts" / "llm-vitals.rules.yml"
 ALERTMANAGER_EXAMPLE = REPO / "alerts" / "alertmanager.yml"
@@ -78,9 +79,9 @@ def write_rules_with_short_for(
                 continue
             unknown.discard(name)
             if name in overrides:
-                rule["for"] = _prom_duration(overrides[name])
+                rule["for"] = format_duration(overrides[name])
             elif "for" in rule:
-                rule["for"] = _prom_duration(seconds)
+                rule["for"] = format_duration(seconds)
     if unknown:
         raise ValueError(f"{source}: no alert named {sorted(unknown)} to override")
     dest = Path(dest)
@@ -147,13 +148,6 @@ def prometheus_config(
     if alertmanager_address:
         config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager_address]}]}]}
     return config
-
-
-def _prom_duration(seconds: float) -> str:
-    if seconds <= 0:
-        return "0s"
-    millis = round(seconds * 1000)
-    return f"{millis // 1000}s" if millis % 1000 == 0 else f"{millis}ms"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from pydantic_core import PydanticUndefined
 
 import llm_vitals.exporter.settings as exporter_settings
 import llm_vitals.remediator.settings as remediator_settings
-from llm_vitals.durations import parse_duration
+from llm_vitals.durations import format_duration, parse_duration
 
 PAGE = REPO / "docs" / "configuration.md"
 
@@ -28,6 +28,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "Exporter: targets[].canary": exporter_settings.CanarySettings,
     "Exporter: targets[].dcgm": exporter_settings.DcgmSettings,
     "Exporter: gpu_faults": exporter_settings.GpuFaultSettings,
+    "Exporter: gpu_faults.nvml": exporter_settings.NvmlSettings,
     "Exporter: discovery[]": exporter_settings.DiscoverySource,
     "Exporter: discovery[].kubernetes": exporter_settings.KubernetesDiscovery,
     "Exporter: discovery[].file": exporter_settings.FileDiscovery,
@@ -82,13 +83,6 @@ def _is_duration(field) -> bool:
     return any(getattr(m, "func", None) is parse_duration for m in field.metadata) or "parse_duration" in repr(field.annotation)
 
 
-def _duration(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds * 1000:g}ms"
-
-
 def expected_default(field) -> str:
     """The default as the page writes it: `required`, `none`, `below` (a nested section), or the value."""
     if field.default_factory is not None:
@@ -104,7 +98,7 @@ def expected_default(field) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if _is_duration(field):
-        return _duration(value)
+        return format_duration(value)
     if isinstance(value, list):
         return ", ".join(map(str, value)) or "[]"
     return str(value)

@@ -1,4 +1,6 @@
-"""deploy/systemd/: the units parse, and say what they must (restart policy, credentials, state).
+"""deploy/systemd/: the units parse, and say what they must (restart policy, credentials, state);
+deploy/systemd/single-gpu/: the same for the one-GPU machine's set (vLLM, the exporter reading NVML,
+the remediator restarting vllm.service).
 
 `systemd-analyze verify` is the judge where it exists. It also insists that ExecStart binaries are
 installed, which they are not on a test machine (/opt/llm-vitals, /opt/vllm): that one complaint
@@ -13,17 +15,21 @@ import shutil
 import subprocess
 
 import pytest
+import yaml
 from conftest import REPO
 
 SYSTEMD = REPO / "deploy" / "systemd"
 UNITS = sorted(p.name for p in SYSTEMD.glob("*.service"))
+SINGLE_GPU = SYSTEMD / "single-gpu"
+SINGLE_GPU_UNITS = sorted(p.name for p in SINGLE_GPU.glob("*.service"))
+ALL_UNITS = [*UNITS, *(f"single-gpu/{name}" for name in SINGLE_GPU_UNITS)]
 _MISSING_BINARY = re.compile(r"Command \S+ is not executable: No such file or directory")
 
 
-def _unit(name: str) -> configparser.ConfigParser:
+def _unit(name: str, folder=SYSTEMD) -> configparser.ConfigParser:
     parser = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
     parser.optionxform = str  # keys are case-sensitive in systemd
-    parser.read_string((SYSTEMD / name).read_text())
+    parser.read_string((folder / name).read_text())
     return parser
 
 
@@ -31,13 +37,13 @@ def test_the_three_units_are_there():
     assert UNITS == ["llm-vitals-exporter.service", "llm-vitals-remediator.service", "vllm@.service"]
 
 
-@pytest.mark.parametrize("name", UNITS)
+@pytest.mark.parametrize("name", ALL_UNITS)
 def test_systemd_analyze_verify_finds_nothing_but_missing_binaries(name, tmp_path):
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip("systemd-analyze not installed; the parse checks below still run")
     # verify wants a real file name; a template is checked as an instance of it.
-    unit = tmp_path / name
+    unit = tmp_path / name.split("/")[-1]
     unit.write_text((SYSTEMD / name).read_text())
     result = subprocess.run([analyze, "verify", "--man=no", str(unit)], capture_output=True,
                             text=True, timeout=30, cwd=tmp_path)
@@ -46,7 +52,7 @@ def test_systemd_analyze_verify_finds_nothing_but_missing_binaries(name, tmp_pat
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("name", UNITS)
+@pytest.mark.parametrize("name", ALL_UNITS)
 def test_units_have_the_usual_sections(name):
     unit = _unit(name)
     assert unit.sections() == ["Unit", "Service", "Install"]
@@ -79,3 +85,31 @@ def test_exporter_runs_unprivileged_and_checks_its_config_first():
     assert service["DynamicUser"] == "yes"
     assert "--check-config" in service["ExecStartPre"]
     assert service["ExecStart"].endswith("--config /etc/llm-vitals/exporter.yaml")
+
+
+def test_the_single_gpu_set_is_vllm_the_exporter_and_the_remediator():
+    assert SINGLE_GPU_UNITS == ["llm-vitals-exporter.service", "llm-vitals-remediator.service", "vllm.service"]
+    vllm = _unit("vllm.service", SINGLE_GPU)
+    assert vllm["Service"]["Restart"] == "always" and "StartLimitBurst" in vllm["Unit"]
+    assert "--port 8000" in vllm["Service"]["ExecStart"]
+    assert "CUDA_VISIBLE_DEVICES=0" in vllm["Service"]["Environment"]
+
+
+def test_the_single_gpu_exporter_may_open_the_nvidia_devices_and_no_others():
+    service = _unit("llm-vitals-exporter.service", SINGLE_GPU)["Service"]
+    # PrivateDevices=yes would hide /dev/nvidiactl and /dev/nvidia0 from NVML.
+    assert service.get("PrivateDevices", "no") == "no"
+    assert service["DevicePolicy"] == "closed"
+    assert service["DeviceAllow"] == "char-nvidia-frontend rw"
+    assert service["DynamicUser"] == "yes" and "--check-config" in service["ExecStartPre"]
+
+
+def test_the_single_gpu_remediator_may_restart_exactly_the_unit_it_restarts():
+    service = _unit("llm-vitals-remediator.service", SINGLE_GPU)["Service"]
+    assert service["User"] == "llm-vitals" and service["LoadCredential"].startswith("webhook-token:")
+    config = yaml.safe_load((SINGLE_GPU / "remediator.yaml").read_text())
+    argv = config["targets"]["vllm"]["argv"]
+    assert argv == ["systemctl", "restart", "vllm.service"]
+    rules = (SINGLE_GPU / "50-llm-vitals-restart-vllm.rules").read_text()
+    assert f'action.lookup("unit") == "{argv[2]}"' in rules and 'action.lookup("verb") == "restart"' in rules
+    assert 'subject.user == "llm-vitals"' in rules

@@ -7,9 +7,10 @@ from collections import Counter
 import pytest
 
 from llm_vitals.exporter.discovery.file_sd import FileSdError, parse_file_sd
-from llm_vitals.exporter.discovery.kubernetes import PodView, api_error, pod_port, pod_target, pod_view
+from llm_vitals.exporter.discovery.kubernetes import PodView, pod_list_error, pod_port, pod_target, pod_view
 from llm_vitals.exporter.discovery.targetset import DiscoveredTarget, build_target, desired, in_shard, reconcile, shard_of
 from llm_vitals.exporter.settings import KubernetesDiscovery, ShardSettings, TargetSettings, parse_settings
+from llm_vitals.kube.errors import ApiError
 
 
 def static(name: str, port: int = 9000) -> TargetSettings:
@@ -119,9 +120,7 @@ def test_pod_view_reads_the_json_form() -> None:
 
 
 def test_a_403_names_the_missing_right() -> None:
-    from kubernetes_asyncio.client.exceptions import ApiException
-
-    text = api_error(ApiException(status=403, reason="Forbidden"), "llm")
+    text = pod_list_error(ApiError(403, "Forbidden"), "llm")
     assert "HTTP 403" in text and "list and watch on pods" in text and "llm" in text
 
 

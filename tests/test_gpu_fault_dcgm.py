@@ -10,8 +10,9 @@ from aiohttp import web
 from conftest import REPO
 from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_settings, make_target, record, start_exporter, target_json, wait_for
 
-from llm_vitals.exporter.dcgm import SharedPages, parse_page, read_gpus
+from llm_vitals.exporter.dcgm import SharedPages, parse_page, select_gpus
 from llm_vitals.exporter.engines import PageError
+from llm_vitals.exporter.gpu_faults import GpuReading
 from llm_vitals.exporter.keys import POLLER
 from llm_vitals.exporter.settings import ConfigError, DcgmSettings, parse_settings
 
@@ -30,6 +31,11 @@ GPU1 = "GPU-9e3c7b14-2a6f-4e85-b1c0-7d5e3f9a2b02"
 
 def dcgm(**kwargs) -> DcgmSettings:
     return DcgmSettings.model_validate({"url": "http://127.0.0.1:9400/metrics", **kwargs})
+
+
+def read_gpus(body: bytes, dcgm: DcgmSettings) -> list[GpuReading]:
+    """The target's GPUs on this page, as the poller reads them: `parse_page`, then `select_gpus`."""
+    return select_gpus(parse_page(body), dcgm)
 
 
 def test_the_gpu_is_found_by_pod_or_by_uuid() -> None:

@@ -1,4 +1,4 @@
-"""The pure GPU-fault rules (llm_vitals/exporter/gpu_faults.py): node conditions and taints, the dcgm Xid/health rule, combining."""
+"""The pure GPU-fault rules (llm_vitals/exporter/gpu_faults/__init__.py): node conditions and taints, dcgm Xid/health, combining."""
 
 from __future__ import annotations
 

@@ -259,7 +259,7 @@ async def kube_api(aiohttp_server, tls_files, tmp_path):
     """A loopback Kubernetes API: list pods by label selector, delete a pod, bearer token required."""
     cert, key = tls_files
     state = {"pods": {"llm": {"vllm-d-0": {"app": "vllm", "shard": "d"}, "vllm-e-0": {"app": "vllm", "shard": "e"},
-                              "vllm-e-1": {"app": "vllm", "shard": "e"}}}, "calls": []}
+                              "vllm-e-1": {"app": "vllm", "shard": "e"}}}, "calls": [], "deletes": []}
 
     def matches(labels: dict, selector: str) -> bool:
         return all(labels.get(k) == v for k, v in (term.split("=", 1) for term in selector.split(",")))
@@ -269,12 +269,13 @@ async def kube_api(aiohttp_server, tls_files, tmp_path):
         if request.headers.get("Authorization") != f"Bearer {SA_TOKEN}":
             return web.json_response({"kind": "Status", "message": "Unauthorized", "code": 401}, status=401)
         pods = state["pods"].get(request.match_info["ns"], {})
-        items = [{"metadata": {"name": n, "namespace": request.match_info["ns"], "labels": lab}}
+        items = [{"metadata": {"name": n, "namespace": request.match_info["ns"], "labels": lab, "uid": f"uid-{n}"}}
                  for n, lab in pods.items() if matches(lab, request.query["labelSelector"])]
         return web.json_response({"kind": "PodList", "apiVersion": "v1", "items": items})
 
     async def delete_pod(request: web.Request) -> web.Response:
         state["calls"].append(("DELETE", request.path, None))
+        state["deletes"].append(await request.json())
         if request.headers.get("Authorization") != f"Bearer {SA_TOKEN}":
             return web.json_response({"kind": "Status", "message": "Unauthorized", "code": 401}, status=401)
         pods = state["pods"].get(request.match_info["ns"], {})
@@ -304,6 +305,8 @@ async def test_kubernetes_deletes_the_matching_pod_with_token_and_ca(kube_api):
         ("DELETE", "/api/v1/namespaces/llm/pods/vllm-d-0", None),
     ]
     assert "vllm-d-0" not in kube_api["pods"]["llm"]
+    # Only the pod that was listed: a pod recreated under its name since is not deleted.
+    assert kube_api["deletes"] == [{"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": "uid-vllm-d-0"}}]
 
 
 async def test_kubernetes_refuses_a_selector_matching_more_than_max_pods(kube_api):

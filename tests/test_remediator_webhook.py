@@ -441,25 +441,37 @@ async def test_secrets_never_leak_into_logs_answers_or_the_journal(remediator, r
 
 
 async def test_journal_prunes_old_refusals_at_start_and_keeps_restarts(tmp_path):
-    from llm_vitals.remediator.gate import AlertFacts
+    # The gate's state moved from the journal's rows to its store, a row of the same file.
+    from llm_vitals.remediator import shared
+    from llm_vitals.remediator.gate import AlertFacts, Effects
     from llm_vitals.remediator.journal import Journal
+    from llm_vitals.remediator.sqlite_store import SqliteStore
 
     alert = AlertFacts("firing", {"target": "a", "alertname": "LLMServerStuck"}, "fp", 1000.0)
     journal = Journal(tmp_path / "j.db", retention=3600)
     await journal.open(now=10_000)
+    store = SqliteStore(tmp_path / "j.db", 3600, lambda: 10_000)
+    await store.open()
     journal.record_decision(2000, alert, "refused", "cooldown")
     journal.record_decision(9000, alert, "refused", "cooldown")
-    await journal.record_intent(2000, alert, "http", open_circuit=True)
+    state, version = await store.read()
+    intent = shared.with_effects(state, Effects(intent=True, open_circuit=True), alert, 2000, shared.Intent("r/1", "a", None))
+    assert await store.commit(version, intent)
+    await journal.record_intent(2000, alert, "http")
+    await store.close()
     await journal.close()
     journal = Journal(tmp_path / "j.db", retention=3600)
     assert await journal.open(now=10_000) == 1  # the pending restart was interrupted
+    store = SqliteStore(tmp_path / "j.db", 3600, lambda: 10_000)
+    await store.open()
     rows = await journal.actions(10)
     assert [(r["time"], r["decision"], r["result"]) for r in rows] == [
         (9000, "refused", None),
         (2000, "restart", "interrupted"),
     ]
-    assert journal.state.open_circuits == {"a"} and alert.key in journal.state.decided_keys
-    assert journal.state.last_restart_started == 2000
+    assert store.last.open_circuits == {"a"} and alert.key in store.last.decided_keys
+    assert store.last.last_restart_started == 2000
+    await store.close()
     await journal.close()
 
 

@@ -10,7 +10,7 @@ from llm_vitals.exporter.engines import Page
 from llm_vitals.exporter.engines.table import ENGINES, read_page
 from llm_vitals.sim.cli import build_parser
 from llm_vitals.sim.config import SimConfig
-from llm_vitals.sim.engine_table import SIM_ENGINES
+from llm_vitals.sim.engines.table import SIM_ENGINES
 from llm_vitals.sim.fleet import Fleet
 
 

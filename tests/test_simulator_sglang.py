@@ -13,8 +13,8 @@ from llm_vitals.exporter.engines import Page, Snapshot
 from llm_vitals.exporter.engines.sglang import ENGINE
 from llm_vitals.exporter.engines.table import read_page
 from llm_vitals.exporter.verdict import progressed
-from llm_vitals.sim import sim_sglang
 from llm_vitals.sim.config import SimConfig
+from llm_vitals.sim.engines import sglang as sim_sglang
 from llm_vitals.sim.fleet import Fleet
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sglang"

@@ -16,8 +16,8 @@ from test_exporter_helpers import make_settings, make_target, record, start_expo
 from llm_vitals.exporter.engines import Page
 from llm_vitals.exporter.engines.table import engine_of, read_page
 from llm_vitals.sim.config import SimConfig
+from llm_vitals.sim.engines.triton import exporter_target
 from llm_vitals.sim.fleet import Fleet
-from llm_vitals.sim.sim_triton import exporter_target
 
 REAL_IDLE = (FIXTURES / "triton" / "triton-2.51.0-cpu-metrics-idle.txt").read_text()
 INFER = {"inputs": [{"name": "max_tokens", "shape": [1, 1], "datatype": "INT32", "data": [3]}]}

@@ -2,7 +2,7 @@
 
 No TGI runs on this machine kind, so these stand in for captured pages (tests/fixtures/tgi/ holds
 the ones this module writes; `python tests/tgi_pages.py` rewrites them, a test checks they match).
-What is followed (llm_vitals/sim/sim_tgi.py and llm_vitals/exporter/engines/tgi.py name TGI's files and commit):
+What is followed (llm_vitals/sim/engines/tgi.py and llm_vitals/exporter/engines/tgi.py name TGI's files and commit):
 the names, labels, HELP texts and types of TGI's router/src/server.rs, its generated-tokens buckets
 (max_total_tokens / 100 * (i + 1)), and metrics-exporter-prometheus 0.15's layout.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llm_vitals.sim.sim_tgi import HistogramView, TgiState, render
+from llm_vitals.sim.engines.tgi import HistogramView, TgiState, render
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "tgi"
 MAX_TOTAL_TOKENS = 2048

@@ -28,7 +28,7 @@ from llm_vitals.demo.story import Observer, Status, StepResult, StepTimeout, Sto
 from llm_vitals.demo.table import Screen, render
 from llm_vitals.demo.timings import FAST, NORMAL, Timings
 from llm_vitals.exporter.settings import ConfigError, load_settings
-from llm_vitals.sim.engine_table import sim_engine
+from llm_vitals.sim.engines.table import sim_engine
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

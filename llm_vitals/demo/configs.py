@@ -16,7 +16,8 @@ import yaml
 
 from llm_vitals.demo.ports import BACKENDS, Ports
 from llm_vitals.demo.timings import Timings
-from llm_vitals.sim.engine_table import sim_engine
+from llm_vitals.durations import format_duration
+from llm_vitals.sim.engines.table import sim_engine
 
 SIM_MODEL = "tiny"  # the simulator's default served model
 
@@ -37,11 +38,6 @@ def engine_target_name(engine: str) -> str:
 def backend_name(index: int) -> str:
     """Backend 0 of the simulator is "backend-1" on screen, as in the story."""
     return f"backend-{index + 1}"
-
-
-def _duration(seconds: float) -> str:
-    millis = round(seconds * 1000)
-    return f"{millis // 1000}s" if millis % 1000 == 0 else f"{millis}ms"
 
 
 def _write(path: Path, data: Any) -> Path:
@@ -99,12 +95,12 @@ def write_rules(dest: Path, rule_for: float) -> Path:
         group.pop("interval", None)
         for rule in group.get("rules", []):
             if "alert" in rule and "for" in rule:
-                rule["for"] = _duration(rule_for)
+                rule["for"] = format_duration(rule_for)
     return _write(dest, document)
 
 
 def prometheus_config(ports: Ports, timings: Timings, rules: Path) -> dict[str, Any]:
-    interval = _duration(timings.scrape_interval)
+    interval = format_duration(timings.scrape_interval)
     return {
         "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
         "rule_files": [str(rules)],
@@ -132,7 +128,7 @@ def alertmanager_config(ports: Ports, timings: Timings, token_file: Path) -> dic
         route["group_interval"] = "1s"
         # A refused (cooldown) alert comes back this often, so the second of a pair is restarted
         # soon after the cooldown ends.
-        route["repeat_interval"] = _duration(timings.repeat_interval)
+        route["repeat_interval"] = format_duration(timings.repeat_interval)
         for child in route.get("routes", []):
             retime(child)
 

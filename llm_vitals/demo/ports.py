@@ -5,19 +5,14 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
+from llm_vitals.sim.engines.table import SIM_ENGINES
+
 DEFAULTS = {"proxy": 8100, "backend": 8101, "control": 8104, "exporter": 9471, "remediator": 9472,
             "prometheus": 9473, "alertmanager": 9474}
 BACKENDS = 3
 
-
-def _mixed_engines() -> tuple[str, ...]:
-    # Every engine the simulator can be, but vLLM (the story's fleet): one server each, watched beside it.
-    from llm_vitals.sim.engine_table import SIM_ENGINES
-
-    return tuple(name for name in SIM_ENGINES if name != "vllm")
-
-
-MIXED_ENGINES = _mixed_engines()
+# Every engine the simulator can be, but vLLM (the story's fleet): one server each, watched beside it.
+MIXED_ENGINES = tuple(name for name in SIM_ENGINES if name != "vllm")
 
 
 def is_free(port: int, host: str = "127.0.0.1") -> bool:

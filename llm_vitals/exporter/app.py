@@ -23,7 +23,6 @@ from pydantic import BaseModel
 from llm_vitals.exporter.collector import LifecycleCollector, build_process_registry, read, render_families
 from llm_vitals.exporter.discovery.manager import Discovery, apply_to_store, sources_for
 from llm_vitals.exporter.keys import CLOCK, DISCOVERY, FULL_RENDER, NODES, POLLER, REGISTRY, RELOAD, SESSION, SETTINGS, STORE
-from llm_vitals.exporter.kube import api_client
 from llm_vitals.exporter.node_watch import NodeCache, NodeWatch, wants_node_watch
 from llm_vitals.exporter.page import page_pieces, refresh
 from llm_vitals.exporter.poller import Poller
@@ -33,6 +32,8 @@ from llm_vitals.exporter.state import StateStore, target_view
 from llm_vitals.exporter.status_page import setup_status_page
 from llm_vitals.exporter.verdict import is_started
 from llm_vitals.exposition import TEXT_CONTENT_TYPE
+from llm_vitals.kube.client import KubeClient
+from llm_vitals.kube.connect import Access
 from llm_vitals.logs import log_event
 from llm_vitals.targets import TargetsAnswer
 
@@ -42,7 +43,7 @@ log = logging.getLogger("llm_vitals.exporter")
 PROBES = {"startup", "ready", "live"}
 
 
-# A target name in a path: a static name, or a discovered `<namespace>/<pod>` (one slash).
+# A target name in a path: a static name, or a discovered one with its one `/` (discovery/targetset.py).
 NAME = "{name:[^/]+(?:/[^/]+)?}"
 
 
@@ -147,7 +148,7 @@ async def _node_watch(app: web.Application) -> AsyncIterator[None]:
     kubeconfig = settings.gpu_faults.kubeconfig or next(
         (entry.kubernetes.kubeconfig for entry in settings.discovery if entry.kubernetes), None)
     watcher = NodeWatch(app[NODES], settings.gpu_faults.node_rules, lambda: iter(store),
-                        lambda: api_client(kubeconfig))
+                        KubeClient(Access(kubeconfig=kubeconfig)))
     task = asyncio.create_task(watcher.run(), name="node-watch")
     yield
     task.cancel()

@@ -13,7 +13,7 @@ import json
 
 import aiohttp
 
-from llm_vitals.exporter.engines import Canary, PageError
+from llm_vitals.exporter.engines import Canary, PageError, WatchedTarget
 from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.upstream import auth_headers, read_capped, read_models
@@ -22,7 +22,7 @@ from llm_vitals.exporter.verdict import CanaryOutcome
 MAX_ANSWER_BYTES = 256 * 1024
 
 
-def _completion_body(target: TargetSettings, model: str) -> object:
+def _completion_body(target: WatchedTarget, model: str) -> object:
     return {"model": model, "prompt": target.canary.prompt, "max_tokens": 1, "temperature": 0}
 
 

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from llm_vitals import exits
-from llm_vitals.examples import example_config
-from llm_vitals.exporter.settings import ConfigError, load_settings
+from llm_vitals.config_cli import add_config_options, read_config
+from llm_vitals.exporter.settings import load_settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,28 +18,16 @@ def main(argv: list[str] | None = None) -> int:
         description="Polls LLM servers' own metrics, caches a verdict per target, and serves "
         "Prometheus gauges and Kubernetes probes from that cache.",
     )
-    parser.add_argument("--config", help="YAML config file")
-    parser.add_argument("--check-config", action="store_true", help="validate the config and exit (0 valid, 1 not)")
+    add_config_options(parser)
     parser.add_argument("--log-level", help="override the config's log_level")
     # The renderer before the per-target text of llm_vitals/exporter/page.py, for bench/bench_scale.py's baseline only.
     parser.add_argument("--full-render", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--example-config", action="store_true",
-                        help="print the example config shipped with the package, and exit")
     args = parser.parse_args(argv)
-    if args.example_config:
-        print(example_config("exporter"), end="")
-        return exits.OK
-    if args.config is None:
-        parser.error("the following arguments are required: --config")
-
-    try:
-        settings = load_settings(args.config)
-    except ConfigError as exc:
-        return exits.invalid_config(parser.prog, exc)
-    if args.check_config:
-        print(f"config OK: {len(settings.targets)} target(s), {len(settings.discovery)} discovery source(s), "
-              f"listening on {settings.listen}")
-        return exits.OK
+    settings = read_config(parser, args, "exporter", load_settings,
+                           lambda s: f"config OK: {len(s.targets)} target(s), {len(s.discovery)} discovery source(s), "
+                                     f"listening on {s.listen}")
+    if isinstance(settings, int):
+        return settings
 
     # Imported late so that --check-config stays fast and free of the web stack.
     from aiohttp import web

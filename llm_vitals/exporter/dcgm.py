@@ -82,11 +82,6 @@ def select_gpus(lines: tuple[Line, ...], dcgm: DcgmSettings) -> list[GpuReading]
             for uuid, (index, xids, failing) in gpus.items()]
 
 
-def read_gpus(body: bytes, dcgm: DcgmSettings) -> list[GpuReading]:
-    """The target's GPUs on this page (`parse_page`, then `select_gpus`)."""
-    return select_gpus(parse_page(body), dcgm)
-
-
 async def fetch_page(session: aiohttp.ClientSession, url: str, timeout: float, max_bytes: int) -> tuple[Line, ...]:
     """GET and parse a dcgm-exporter page; PageError for any upstream trouble (timeout, connect, too large, not 200, not a page)."""
     status, body = await bounded_get(session, url, timeout=timeout, max_bytes=max_bytes, headers={"Accept": METRICS_ACCEPT})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import time
 from collections.abc import Callable
 
@@ -20,7 +21,10 @@ from llm_vitals.exporter.discovery.targetset import Changes
 from llm_vitals.exporter.engines import Page, PageError, Snapshot
 from llm_vitals.exporter.engines.table import engine_of, read_page
 from llm_vitals.exporter.gpu_faults import GpuFault, GpuReading, dcgm_fault
+from llm_vitals.exporter.gpu_faults.nvml import NvmlRules, nvml_fault
 from llm_vitals.exporter.node_watch import NodeCache
+from llm_vitals.exporter.nvml_pynvml import PynvmlBackend
+from llm_vitals.exporter.nvml_source import NvmlSource
 from llm_vitals.exporter.page import refresh
 from llm_vitals.exporter.settings import ExporterSettings
 from llm_vitals.exporter.state import StateStore, TargetRecord, log_gpu_fault_change
@@ -40,6 +44,7 @@ from llm_vitals.logs import log_event
 from llm_vitals.targets import UNHEALTHY_STATES
 
 log = logging.getLogger("llm_vitals.exporter")
+_NUMBERS = re.compile(r"\d+(\.\d+)?")
 
 
 class Poller:
@@ -52,8 +57,13 @@ class Poller:
         session: aiohttp.ClientSession,
         clock: Callable[[], float] = time.time,
         nodes: NodeCache | None = None,
+        nvml: NvmlSource | None = None,
     ) -> None:
         self.settings = settings
+        # The NVML source, made and started when a target first names `gpus` (a reload or discovery
+        # may add one); its threads read the GPUs, a poll only copies what they left.
+        self.nvml = nvml
+        self._nvml_rules = NvmlRules(frozenset(settings.gpu_faults.nvml.xids))
         self.nodes = nodes  # the node watch's cache, applied to the target on each poll
         self.store = store
         self.session = session
@@ -72,6 +82,8 @@ class Poller:
         self.settings = settings
         self._xids = frozenset(settings.gpu_faults.dcgm_xids)
         self._node_rules = settings.gpu_faults.node_rules
+        # The NVML source's interval and bounds stay those it was started with; its Xid list follows.
+        self._nvml_rules = NvmlRules(frozenset(settings.gpu_faults.nvml.xids))
 
     def start(self) -> None:
         for record in self.store:
@@ -88,6 +100,8 @@ class Poller:
         await asyncio.gather(*tasks, return_exceptions=True)
         self.tasks.clear()
         await self.dcgm_pages.close()
+        if self.nvml is not None:
+            await asyncio.to_thread(self.nvml.stop)  # joins its threads for up to 3 s: not on the loop
 
     def apply(self, changes: Changes) -> None:
         """Follow a change of the target set (llm_vitals/exporter/discovery/targetset.py): stop the loops of the
@@ -145,6 +159,7 @@ class Poller:
             (observation, health), gpus = await asyncio.gather(self.observe(record), self._read_dcgm(record))
         record.poll_duration = time.perf_counter() - started
         self._read_gpu_fault_file(record)
+        self._read_nvml(record)
         if self.nodes is not None:
             self.nodes.apply(record, self._node_rules)
         if record.settings.dcgm is not None:
@@ -270,6 +285,25 @@ class Poller:
             return None
         record.gpu_fault_errors.pop("dcgm", None)
         return gpus
+
+    def _read_nvml(self, record: TargetRecord) -> None:
+        """The target's `gpus` as the NVML source last read them: a copy, never a wait on NVML."""
+        gpus = record.settings.gpus
+        if gpus is None:
+            return
+        if self.nvml is None:
+            nvml = self.settings.gpu_faults.nvml
+            self.nvml = NvmlSource(PynvmlBackend(), interval=nvml.interval, call_timeout=nvml.call_timeout,
+                                   init_timeout=nvml.init_timeout, clock=self.clock)  # fmt: skip
+        self.nvml.start()
+        record.nvml_fault, error = nvml_fault(self.nvml.view(self.clock()), gpus, self._nvml_rules)
+        before = record.gpu_fault_errors.get("nvml")
+        if error is None:
+            record.gpu_fault_errors.pop("nvml", None)
+            return
+        record.gpu_fault_errors["nvml"] = error
+        if before is None or _NUMBERS.sub("", before) != _NUMBERS.sub("", error):  # not once per poll as a timeout grows
+            log_event(log, "cannot read the target's GPUs through NVML", logging.WARNING, target=record.name, error=error)
 
     def _read_gpu_fault_file(self, record: TargetRecord) -> None:
         path = record.settings.gpu_fault_file

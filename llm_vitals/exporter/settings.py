@@ -68,6 +68,15 @@ class DcgmSettings(_FrozenStrict):
         return self
 
 
+def _gpu_ref(value: int | str) -> int | str:
+    """A `gpus:` entry: an NVML index (0, or "0") or a GPU UUID (`GPU-...`, as nvidia-smi -L shows it)."""
+    if isinstance(value, int) and value >= 0:
+        return value
+    if isinstance(value, str) and (value.isdigit() or (value.startswith("GPU-") and len(value) > 4)):
+        return value
+    raise ValueError(f"a GPU is named by its index (0, 1, ...) or its UUID (GPU-...), not {value!r}")
+
+
 class TargetSettings(_FrozenStrict):
     """One LLM server (or proxy) to watch."""
 
@@ -92,12 +101,19 @@ class TargetSettings(_FrozenStrict):
     gpu_fault_file: Path | None = None
     # The target's GPU on a dcgm-exporter page, read once per poll (README "GPU faults").
     dcgm: DcgmSettings | None = None
+    # The target's GPUs on this host, by NVML index or UUID, read through NVML (gpu_faults.nvml).
+    gpus: list[int | str] | None = Field(None, min_length=1)
     # The Kubernetes node this target runs on, whose conditions and taints are watched for a GPU
     # fault. A discovered pod's node is filled in from the pod; a static target may name its own.
     node: str | None = None
 
     # Resolved at load time from api_key_env / api_key_file; never part of a dump.
     _api_key: SecretStr | None = PrivateAttr(default=None)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_named(cls, value: list[int | str] | None) -> list[int | str] | None:
+        return None if value is None else [_gpu_ref(ref) for ref in value]
 
     @field_validator("stuck_after")
     @classmethod
@@ -242,8 +258,28 @@ class ShardSettings(_FrozenStrict):
         return self
 
 
+class NvmlSettings(_FrozenStrict):
+    """The NVML source (llm_vitals/exporter/nvml_source.py), for targets that name their `gpus`."""
+
+    # Critical Xid events that flag a fault (held until the exporter restarts).
+    xids: list[int] = list(DEFAULT_XIDS)
+    # Each GPU's health fields are read this often, in a thread of the GPU's own.
+    interval: Duration = 5.0
+    # An NVML call that has not returned within this is `nvml_timeout` in gpu_fault_errors, never a fault.
+    call_timeout: Duration = 1.0
+    # The same for starting NVML: nvmlInit, enumerating the GPUs, registering for Xid events.
+    init_timeout: Duration = 10.0
+
+    @field_validator("interval", "call_timeout", "init_timeout")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be > 0")
+        return value
+
+
 class GpuFaultSettings(_FrozenStrict):
-    """What counts as a GPU fault on a node or a dcgm-exporter page (llm_vitals/exporter/gpu_faults.py)."""
+    """What counts as a GPU fault on a node, a dcgm-exporter page or through NVML (llm_vitals/exporter/gpu_faults/)."""
 
     # Node conditions that are a GPU fault when True (default: NVSentinel's).
     node_conditions: list[str] = list(NVSENTINEL_CONDITIONS)
@@ -257,6 +293,8 @@ class GpuFaultSettings(_FrozenStrict):
     dcgm_timeout: Duration = 2.0
     # The API server for the node watch; default: the in-cluster service account.
     kubeconfig: Path | None = None
+    # The NVML source: started when a target names `gpus`.
+    nvml: NvmlSettings = NvmlSettings()
 
     @field_validator("node_taints")
     @classmethod

@@ -41,11 +41,12 @@ class TargetRecord:
     canary_task: asyncio.Task[None] | None = None
     last_canary_sent: float | None = None
     model: str | None = None  # resolved canary model (configured, or first id of /v1/models)
-    # One GPU fault per source (llm_vitals/exporter/gpu_faults.py); `gpu_fault` is their combination.
+    # One GPU fault per source (llm_vitals/exporter/gpu_faults/); `gpu_fault` is their combination.
     file_fault: GpuFault | None = None  # the gpu_fault_file's first line, read each poll
     node_fault: GpuFault | None = None  # the node's conditions and taints, set by the node watch
     dcgm_fault: GpuFault | None = None  # the dcgm-exporter page, read each poll
     dcgm_state: DcgmState = field(default_factory=DcgmState)
+    nvml_fault: GpuFault | None = None  # the target's `gpus` as the NVML source read them, each poll
     # Why a GPU-fault source could not be read (source -> error): kept and shown, never a fault.
     gpu_fault_errors: dict[str, str] = field(default_factory=dict)
     history: deque[tuple[float, float, str]] = field(default_factory=deque)
@@ -59,8 +60,8 @@ class TargetRecord:
 
     @property
     def fault(self) -> GpuFault | None:
-        """The GPU fault of the first source that flags one: file, node, dcgm."""
-        return combine([self.file_fault, self.node_fault, self.dcgm_fault])
+        """The GPU fault of the first source that flags one: file, node, dcgm, nvml."""
+        return combine([self.file_fault, self.node_fault, self.dcgm_fault, self.nvml_fault])
 
     @property
     def gpu_fault(self) -> str | None:

@@ -64,7 +64,7 @@ def _text(value: object) -> str:
     return "" if value is None else escape(str(value), quote=True)
 
 
-def format_duration(seconds: float | None) -> str:
+def elapsed_text(seconds: float | None) -> str:
     """`42s`, `3m 05s`, `2h 01m`: a human-sized time in state."""
     if seconds is None:
         return "–"
@@ -109,7 +109,7 @@ def sparkline(points: Iterable[Sequence[Any]], now: float, window: float = SPARK
             shading.append(f'<rect x="{x(t)}" y="0" width="{max(1.0, round(x(end) - x(t), 1))}" height="{h}" '
                            f'fill="{STATE_COLOURS[state]}" fill-opacity="0.18"/>')
     line = " ".join(f"{x(t)},{y(v)}" for t, v, _ in recent)
-    label = f"steps per second over the last {format_duration(window)}, peak {top:.1f}"
+    label = f"steps per second over the last {elapsed_text(window)}, peak {top:.1f}"
     return (f'<svg class="spark" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" aria-label="{label}">'
             f'{"".join(shading)}<polyline points="{line}" fill="none" stroke="#2563eb" stroke-width="1.5"/></svg>')
 
@@ -118,7 +118,7 @@ def _target_row(target: TargetView, history: Sequence[Sequence[Any]], now: float
     state = target.state
     colour = STATE_COLOURS.get(state, "#374151")
     since = target.since
-    in_state = format_duration(now - since) if since is not None else "–"
+    in_state = elapsed_text(now - since) if since is not None else "–"
     running, waiting = target.running, target.waiting
     load = "–" if running is None or waiting is None else f"{running:g} / {waiting:g}"
     stuck = target.stuck_seconds
@@ -134,7 +134,7 @@ def _target_row(target: TargetView, history: Sequence[Sequence[Any]], now: float
         f'<td class="num">{_number(target.steps_per_second)}</td>'
         f'<td>{sparkline(history, now)}</td>'
         f'<td class="num">{_number(target.generation_tokens_per_second)}</td>'
-        f'<td class="num">{format_duration(stuck) if stuck else "–"}</td>'
+        f'<td class="num">{elapsed_text(stuck) if stuck else "–"}</td>'
         f'<td class="num">{_text(target.restarts)}</td>'
         "</tr>"
     )
@@ -157,7 +157,7 @@ def _decisions_section(decisions: Decisions | None, now: float) -> str:
         parts.append(f'<p class="note" id="remediator-note">{_text(decisions.note)}</p>')
     pause = decisions.pause
     if pause and pause.get("paused") and isinstance(pause.get("until"), (int, float)):
-        left = format_duration(pause["until"] - now)
+        left = elapsed_text(pause["until"] - now)
         parts.append(f'<p class="note paused" id="remediator-paused"><strong>Paused</strong> for {left} more: '
                      f'{_text(pause.get("reason"))}. Nothing is restarted; DELETE /api/v1/pause resumes.</p>')
     if decisions.actions:
@@ -165,7 +165,7 @@ def _decisions_section(decisions: Decisions | None, now: float) -> str:
                      "<th>reason</th><th>result</th><th>detail</th></tr></thead><tbody>")
         for action in decisions.actions:
             when = action.get("time")
-            ago = f"{format_duration(now - when)} ago" if isinstance(when, (int, float)) else ""
+            ago = f"{elapsed_text(now - when)} ago" if isinstance(when, (int, float)) else ""
             decision = str(action.get("decision") or "")
             parts.append(
                 f'<tr class="decision {_text(decision)}"><td class="num">{ago}</td><td class="nowrap">{_text(action.get("target"))}</td>'

@@ -21,15 +21,17 @@ from prometheus_client import generate_latest
 from pydantic import ValidationError
 
 from llm_vitals.exposition import TEXT_CONTENT_TYPE
+from llm_vitals.kube.client import KubeClient
+from llm_vitals.kube.connect import Access
 from llm_vitals.logs import log_event
 
 from .auth import Authenticator
 from .executors import Executor
+from .follow import follow
 from .gate import JournalState
 from .journal import Journal
-from .kube import KubeClient, credentials_from
 from .payload import WebhookPayload, describe_errors
-from .service import Remediator, log
+from .service import Remediator, log, store_for
 from .settings import KubernetesSettings, Settings
 from .store import StateUnavailable
 
@@ -77,12 +79,12 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
         kube = kube_client(settings)
         try:
             # One client for the exporter and the http executors; never one per request.
-            async with httpx.AsyncClient(follow_redirects=False) as client:
-                service = Remediator(settings, journal, client, app[CLOCK], app[EXECUTORS] or None, kube)
+            async with store_for(settings, kube, app[CLOCK]) as store, httpx.AsyncClient(follow_redirects=False) as client:
+                service = Remediator(settings, journal, store, client, app[CLOCK], app[EXECUTORS] or None, kube)
                 app[SERVICE] = service
                 follower = None
-                if service.store is not None and settings.kubernetes and settings.kubernetes.lease:
-                    follower = asyncio.create_task(service.follow_shared_state(settings.kubernetes.lease.duration))
+                if not store.last_is_current and settings.kubernetes and settings.kubernetes.lease:
+                    follower = asyncio.create_task(follow(store, settings.kubernetes.lease.duration))
                 yield
                 if follower is not None:
                     follower.cancel()
@@ -100,7 +102,8 @@ def kube_client(settings: Settings) -> KubeClient | None:
     if settings.kubernetes is None and not settings.target_templates:
         return None
     config = settings.kubernetes or KubernetesSettings()
-    return KubeClient(credentials_from(config), config.timeout)
+    return KubeClient(Access(kubeconfig=config.kubeconfig, api_url=config.api_url, token_path=config.token_path,
+                             ca_path=config.ca_path, timeout=config.timeout))
 
 
 def _error(status: int, message: str, **extra: object) -> web.Response:

@@ -9,11 +9,12 @@ import sys
 from aiohttp import web
 
 from llm_vitals import exits
-from llm_vitals.examples import example_config
+from llm_vitals.config_cli import add_config_options, read_config
 from llm_vitals.logs import log_event, setup_logging
 
 from .journal import JournalBusy
-from .settings import ConfigError, load_settings
+from .settings import load_settings
+from .shared import BadState
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,26 +24,14 @@ def main(argv: list[str] | None = None) -> int:
         "the exporter shows to be stuck: re-checked, one at a time, behind a global cooldown, a "
         "per-target budget and a fleet gate, with a durable SQLite journal.",
     )
-    parser.add_argument("--config", help="YAML config file (see llm_vitals/remediator/example.yaml)")
-    parser.add_argument("--check-config", action="store_true", help="validate the config and exit (0 valid, 1 not)")
+    add_config_options(parser, "YAML config file (see llm_vitals/remediator/example.yaml)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--example-config", action="store_true",
-                        help="print the example config shipped with the package, and exit")
     args = parser.parse_args(argv)
-    if args.example_config:
-        print(example_config("remediator"), end="")
-        return exits.OK
-    if args.config is None:
-        parser.error("the following arguments are required: --config")
-
-    try:
-        settings = load_settings(args.config)
-    except ConfigError as exc:
-        return exits.invalid_config(parser.prog, exc)
-    if args.check_config:
-        print(f"{args.config}: ok ({len(settings.targets)} targets, auth: "
-              f"{'none' if settings.auth.none else 'required'}, dry_run: {settings.dry_run})")
-        return exits.OK
+    settings = read_config(parser, args, "remediator", load_settings,
+                           lambda s: f"{args.config}: ok ({len(s.targets)} targets, auth: "
+                                     f"{'none' if s.auth.none else 'required'}, dry_run: {s.dry_run})")
+    if isinstance(settings, int):
+        return settings
 
     setup_logging(args.log_level)
     # httpx logs every request URL at INFO; ours carry no secrets, but a configured URL might.
@@ -56,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
               auth="none" if settings.auth.none else "required")
     try:
         web.run_app(create_app(settings), host=host, port=port, print=None, access_log=None)
-    except JournalBusy as exc:
+    except (JournalBusy, BadState) as exc:  # another remediator on the journal; a state row not ours
         log_event(log, "cannot start", level=logging.ERROR, error=str(exc))
         return exits.CANNOT_RUN
     return exits.OK

@@ -11,12 +11,16 @@ import asyncio
 import errno
 import os
 import signal
-import ssl
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
+
+from llm_vitals.kube.client import KubeClient
+from llm_vitals.kube.connect import Access
+from llm_vitals.kube.errors import ApiError, KubeConfigError, KubeTimeout, KubeUnavailable
+from llm_vitals.kube.objects import delete_pod, list_pods
 
 from .settings import CommandTarget, DockerTarget, HttpTarget, KubernetesTarget, TargetConfig
 
@@ -222,10 +226,12 @@ def _engine_message(response: httpx.Response) -> str:
 
 
 class KubernetesExecutor:
-    """Deletes the pod(s) matching a label selector; their controller recreates them.
+    """Deletes the pod(s) matching a label selector, each by name and UID; their controller recreates them.
 
-    Uses the in-cluster service account: the token is re-read from its file on every restart
-    (projected tokens rotate) and the API server is verified against the mounted CA.
+    Uses the in-cluster service account (llm_vitals.kube): the token is re-read from its file on
+    every request (projected tokens rotate) and the API server is verified against the mounted CA.
+    The UID precondition makes a delete hit only the pod that was listed: a pod recreated under the
+    same name in between is left alone (it is the restart we wanted).
     """
 
     kind = "kubernetes"
@@ -235,57 +241,44 @@ class KubernetesExecutor:
 
     async def restart(self) -> ExecResult:
         cfg = self.config
+        kube = KubeClient(Access(api_url=cfg.api_url, token_path=cfg.token_path, ca_path=cfg.ca_path, timeout=cfg.timeout))
         try:
-            token = cfg.token_path.read_text().strip()
-        except OSError as exc:
-            return ExecResult("error", f"cannot read the service account token {cfg.token_path}: {exc.strerror}")
-        try:
-            tls = ssl.create_default_context(cafile=str(cfg.ca_path))
-        except (OSError, ssl.SSLError) as exc:
-            return ExecResult("error", f"cannot load the cluster CA {cfg.ca_path}: {_describe(exc)}")
-        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
-        base = f"/api/v1/namespaces/{cfg.namespace}/pods"
-        try:
-            async with httpx.AsyncClient(
-                base_url=cfg.api_url, verify=tls, headers=headers, timeout=cfg.timeout
-            ) as client:
-                listed = await client.get(base, params={"labelSelector": cfg.pod_selector})
-                if listed.status_code != 200:
-                    return ExecResult("error", f"list pods: HTTP {listed.status_code}: {_k8s_message(listed)}")
-                names = [item["metadata"]["name"] for item in listed.json().get("items", [])]
-                if not names:
-                    return ExecResult("error", f"no pod in {cfg.namespace} matches {cfg.pod_selector!r}")
-                if len(names) > cfg.max_pods:
-                    return ExecResult(
-                        "error",
-                        f"{len(names)} pods match {cfg.pod_selector!r}, more than max_pods={cfg.max_pods};"
-                        " nothing deleted",
-                    )
-                deleted: list[str] = []
-                for name in names:
-                    response = await client.delete(f"{base}/{quote(name, safe='')}")
-                    # 404: already gone, which is what we wanted.
-                    if response.status_code not in (200, 202, 404):
-                        return ExecResult(
-                            "error",
-                            f"delete pod {name}: HTTP {response.status_code}: {_k8s_message(response)}"
-                            + (f" (deleted before: {', '.join(deleted)})" if deleted else ""),
-                        )
-                    deleted.append(name)
-        except httpx.TimeoutException:
+            return await self._restart(kube)
+        except KubeTimeout:
             return ExecResult("timeout", f"Kubernetes API {redact_url(cfg.api_url)}: no answer within {cfg.timeout:g}s")
-        except httpx.HTTPError as exc:
-            return ExecResult("error", f"Kubernetes API {redact_url(cfg.api_url)}: {_describe(exc)}")
-        except (ValueError, KeyError, TypeError) as exc:
+        except KubeConfigError as exc:
+            return ExecResult("error", str(exc))
+        except KubeUnavailable as exc:
+            return ExecResult("error", f"Kubernetes API {redact_url(cfg.api_url)}: {exc}")
+        finally:
+            await kube.close()
+
+    async def _restart(self, kube: KubeClient) -> ExecResult:
+        cfg = self.config
+        try:
+            listed = await list_pods(kube, cfg.namespace, cfg.pod_selector)
+            pods = [(item["metadata"]["name"], item["metadata"].get("uid")) for item in listed]
+        except ApiError as exc:
+            return ExecResult("error", f"list pods: {exc}")
+        except (KeyError, TypeError) as exc:
             return ExecResult("error", f"Kubernetes API {redact_url(cfg.api_url)}: unexpected answer ({type(exc).__name__})")
+        if not pods:
+            return ExecResult("error", f"no pod in {cfg.namespace} matches {cfg.pod_selector!r}")
+        if len(pods) > cfg.max_pods:
+            return ExecResult(
+                "error", f"{len(pods)} pods match {cfg.pod_selector!r}, more than max_pods={cfg.max_pods}; nothing deleted")
+        deleted: list[str] = []
+        for name, uid in pods:
+            try:
+                await delete_pod(kube, cfg.namespace, name, uid)
+            except ApiError as exc:
+                # 404: gone already; 409: the UID precondition failed, a new pod has the name. Either way the
+                # pod that was listed is gone, which is what we wanted.
+                if exc.status not in (404, 409):
+                    return ExecResult("error", f"delete pod {name}: {exc}"
+                                      + (f" (deleted before: {', '.join(deleted)})" if deleted else ""))
+            deleted.append(name)
         return ExecResult("ok", f"deleted pod(s) {', '.join(deleted)} in {cfg.namespace}")
-
-
-def _k8s_message(response: httpx.Response) -> str:
-    try:
-        return str(response.json().get("message", ""))[:500]
-    except (ValueError, AttributeError):
-        return _truncate(response.text, 500)
 
 
 def build_executor(config: TargetConfig, http_client: httpx.AsyncClient) -> Executor:

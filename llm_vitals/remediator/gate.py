@@ -1,6 +1,6 @@
 """The gate: one pure function deciding whether an alert may restart its target.
 
-It takes plain data (the alert, the exporter's view of the fleet, the journal's state, the policy
+It takes plain data (the alert, the exporter's view of the fleet, the gate's stored state, the policy
 and the time) and returns `Decision(allowed, reason, detail)`. No I/O, no clock of its own: the
 tests drive it with tables. The checks run in the order of DESIGN §4, and the first refusal wins.
 """
@@ -13,6 +13,7 @@ from fnmatch import fnmatchcase
 from itertools import chain
 from typing import Any, Literal, NamedTuple, get_args
 
+from llm_vitals.remediator import fleet_limit
 from llm_vitals.targets import RESTARTABLE_STATES, UNHEALTHY_STATES, State
 
 # The `reason` of every decision: the `..._decisions_total{reason}` label and the journal's word.
@@ -108,7 +109,10 @@ class FleetView:
 
 @dataclass(frozen=True)
 class JournalState:
-    """What the journal knows that the gate needs; a snapshot, not a live view."""
+    """The gate's state, as its store holds it (`store.py`); a snapshot, not a live view.
+
+    (The name is older than the stores: this state once was rebuilt from the journal's rows.)
+    """
 
     # (fingerprint, startsAt) of alerts already decided to restart (or would-restart in dry-run).
     decided_keys: frozenset[tuple[str, float]] = frozenset()
@@ -179,10 +183,8 @@ def managed_targets(policy: GatePolicy, fleet: FleetView) -> list[str]:
 
 
 def unhealthy_limit(policy: GatePolicy, fleet_size: int) -> int:
-    """`max_unhealthy` as a count: a percentage rounds down but never below one (see Settings)."""
-    if policy.max_unhealthy_percent is None:
-        return policy.max_unhealthy
-    return max(1, int(policy.max_unhealthy_percent * fleet_size / 100.0 + 1e-9))
+    """`max_unhealthy` as a count of this fleet (llm_vitals/remediator/fleet_limit.py)."""
+    return fleet_limit.unhealthy_limit(policy.max_unhealthy, policy.max_unhealthy_percent, fleet_size)
 
 
 def paused(journal: JournalState, now: float) -> bool:
@@ -341,9 +343,11 @@ class Effects:
     open_circuit: bool = False  # the target's budget is used up now
     storm_seen_at: float | None = None  # the fleet was seen in a storm at this time
     gpu_node: str | None = None  # this node is escalated once, from now on
+    remember: bool = False  # the alert is decided without a restart (dry_run): a copy of it is a duplicate
 
     def __bool__(self) -> bool:
-        return self.intent or self.open_circuit or self.storm_seen_at is not None or self.gpu_node is not None
+        return (self.intent or self.open_circuit or self.storm_seen_at is not None or self.gpu_node is not None
+                or self.remember)
 
 
 # A storm seen again within this many seconds of the last record is not written again: a storm of
@@ -368,7 +372,7 @@ def effects_of(
         return Effects(intent=True, open_circuit=used + 1 >= policy.max_restarts, storm_seen_at=storm_at,
                        gpu_node=node)
     opens = decision.reason == "circuit_open" and target not in journal.open_circuits
-    return Effects(open_circuit=opens, storm_seen_at=storm_at)
+    return Effects(open_circuit=opens, storm_seen_at=storm_at, remember=decision.reason == "dry_run")
 
 
 # Decisions made before the fleet was read (or about an alert the gate does not act on).

@@ -1,12 +1,12 @@
-"""The durable journal: every decision, every restart, and the circuit state, in SQLite (WAL).
+"""The durable journal: the audit log of every decision, restart, pause and circuit reset, in SQLite (WAL).
 
-All SQLite work runs on one dedicated thread, off the event loop. The journal also keeps an
-in-memory mirror of what the gate needs (`state`), loaded at start and updated after each commit,
-so a webhook storm is decided from memory and never re-reads the database.
+It records what happened (`GET /api/v1/actions` reads it); it is not the gate's state, which its
+store keeps (`store.py`; one replica keeps it in a table of its own in this same file). All SQLite
+work runs on one dedicated thread, off the event loop.
 
-Durability contract: `record_intent` commits the restart row (result `pending`) *before* the
-caller may start the executor. After a crash, `open` marks leftover `pending` rows `interrupted`:
-they still count against the global cooldown and the target's budget.
+Durability: `record_intent` commits the restart row (result `pending`) before the caller starts
+the executor, so the row is there for `finish`. After a crash, `open` marks leftover `pending`
+rows `interrupted`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .gate import AlertFacts, JournalState, dedupe_key
+from .gate import AlertFacts
 
 T = TypeVar("T")
 log = logging.getLogger("llm_vitals.remediator.journal")
@@ -47,6 +47,8 @@ CREATE TABLE IF NOT EXISTS actions (
 );
 CREATE INDEX IF NOT EXISTS actions_decision ON actions(decision, target, time);
 CREATE INDEX IF NOT EXISTS actions_time ON actions(time);
+-- The two tables below held the gate's state before its store did (`sqlite_store.py`): read once,
+-- to start that store from a journal written by an older version; no longer written.
 CREATE TABLE IF NOT EXISTS shared (   -- pause, storm marker, escalated nodes (single-replica mode)
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -72,7 +74,7 @@ class JournalBusy(Exception):
 
 
 class Journal:
-    """SQLite journal plus the gate's in-memory mirror of it."""
+    """The SQLite audit journal."""
 
     def __init__(self, path: Path | str, retention: float | None = None):
         self.path = Path(path)
@@ -80,23 +82,14 @@ class Journal:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
         self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
-        self._decided: frozenset[tuple[str, float]] = frozenset()
-        self._in_progress: dict[int, str] = {}  # action id -> target
-        self._last_started: float | None = None
-        self._restart_times: dict[str, tuple[float, ...]] = {}
-        self._open: frozenset[str] = frozenset()
         self._last_by_target: dict[str, float] = {}
-        self._paused_until: float | None = None
-        self._pause_reason = ""
-        self._storm_seen_at: float | None = None
-        self._gpu_nodes: frozenset[str] = frozenset()
         self._batch: list[tuple] = []
         self._flusher: asyncio.Task | None = None
 
     # -- lifetime -----------------------------------------------------------------------------
 
     async def open(self, now: float) -> int:
-        """Open (creating) the database, mark interrupted restarts, load the mirror. Returns #interrupted."""
+        """Open (creating) the database, mark interrupted restarts, prune old refusals. Returns #interrupted."""
         return await self._run(self._open_sync, now)
 
     async def close(self) -> None:
@@ -107,7 +100,7 @@ class Journal:
 
     def _open_sync(self, now: float) -> int:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Two remediators on one journal would each trust their own mirror: refuse the second.
+        # Two remediators on one journal would each trust their own copy of the gate's state: refuse the second.
         fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -132,12 +125,14 @@ class Journal:
                 ("the remediator stopped while this restart ran; its outcome is unknown",),
             ).rowcount
             if self.retention is not None:
-                # Restart rows feed the cooldown, budget and dedupe: never pruned.
+                # Restart rows are the history of what was done (and the last restart per target): never pruned.
                 conn.execute(
                     "DELETE FROM actions WHERE decision IN ('refused', 'resolved', 'paused') AND time < ?",
                     (now - self.retention,),
                 )
-        self._load_mirror()
+        self._last_by_target = dict(
+            conn.execute("SELECT target, max(time) FROM actions WHERE decision='restart' GROUP BY target").fetchall()
+        )
         return interrupted
 
     def _close_sync(self) -> None:
@@ -148,48 +143,7 @@ class Journal:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def _load_mirror(self) -> None:
-        conn = self._conn
-        assert conn is not None
-        rows = conn.execute(
-            "SELECT fingerprint, starts_at FROM actions"
-            " WHERE decision IN ('restart','dry_run') AND fingerprint IS NOT NULL"
-        ).fetchall()
-        self._decided = frozenset(dedupe_key(fp, sa) for fp, sa in rows if sa is not None)
-        (self._last_started,) = conn.execute("SELECT max(time) FROM actions WHERE decision='restart'").fetchone()
-        circuits = {t: (bool(o), r) for t, o, r in conn.execute("SELECT target, open, reset_at FROM circuits")}
-        self._open = frozenset(t for t, (is_open, _) in circuits.items() if is_open)
-        times: dict[str, list[float]] = {}
-        for target, started in conn.execute("SELECT target, time FROM actions WHERE decision='restart' ORDER BY time"):
-            reset_at = circuits.get(target, (False, None))[1]
-            if reset_at is None or started > reset_at:
-                times.setdefault(target, []).append(started)
-        self._restart_times = {t: tuple(v) for t, v in times.items()}
-        self._last_by_target = dict(
-            conn.execute("SELECT target, max(time) FROM actions WHERE decision='restart' GROUP BY target").fetchall()
-        )
-        self._in_progress = {}
-        shared = {k: json.loads(v) for k, v in conn.execute("SELECT key, value FROM shared")}
-        pause = shared.get("pause") or {}
-        self._paused_until, self._pause_reason = pause.get("until"), pause.get("reason", "")
-        self._storm_seen_at = shared.get("storm_seen_at")
-        self._gpu_nodes = frozenset(shared.get("gpu_nodes", ()))
-
-    # -- the gate's view ----------------------------------------------------------------------
-
-    @property
-    def state(self) -> JournalState:
-        return JournalState(
-            decided_keys=self._decided,
-            in_progress=next(iter(self._in_progress.values()), None),
-            last_restart_started=self._last_started,
-            restart_times=self._restart_times,
-            open_circuits=self._open,
-            paused_until=self._paused_until,
-            pause_reason=self._pause_reason,
-            storm_seen_at=self._storm_seen_at,
-            gpu_nodes=self._gpu_nodes,
-        )
+    # -- what it shows ------------------------------------------------------------------------
 
     @property
     def last_restart_by_target(self) -> dict[str, float]:
@@ -218,8 +172,6 @@ class Journal:
         """
         self._batch.append((now, alert, decision, reason, detail, executor, None, _json(evidence),
                             _source(evidence, evidence_from)))
-        if decision == "dry_run":
-            self._decided = self._decided | {alert.key}
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_batches())
 
@@ -242,65 +194,32 @@ class Journal:
         now: float,
         alert: AlertFacts,
         executor: str,
-        open_circuit: bool,
         *,
         reason: str = "allowed",
         detail: str = "",
         evidence: Mapping[str, Any] | None = None,
         evidence_from: str | None = None,
-        storm_seen_at: float | None = None,
-        gpu_node: str | None = None,
     ) -> int:
-        """Commit the restart row (result `pending`) durably; only then may the executor start."""
+        """Commit the restart row (result `pending`) durably and return its id, for `finish`."""
 
         def write() -> int:
             with self._tx():
-                action_id = self._insert_row(now, alert, "restart", reason, detail, executor, "pending",
-                                             _json(evidence), _source(evidence, evidence_from))
-                if open_circuit:
-                    self._set_circuit(alert.target, True, now)
-                if storm_seen_at is not None:
-                    self._put_shared("storm_seen_at", storm_seen_at)
-                if gpu_node is not None:
-                    self._put_shared("gpu_nodes", sorted(self._gpu_nodes | {gpu_node}))
-            return action_id
+                return self._insert_row(now, alert, "restart", reason, detail, executor, "pending",
+                                        _json(evidence), _source(evidence, evidence_from))
 
         action_id = await self._run(write)
-        target = alert.target or ""
-        self._decided = self._decided | {alert.key}
-        self._in_progress[action_id] = target
-        self._last_started = max(self._last_started or now, now)
-        self._last_by_target[target] = now
-        self._restart_times = {**self._restart_times, target: (*self._restart_times.get(target, ()), now)}
-        if open_circuit:
-            self._open = self._open | {target}
-        if storm_seen_at is not None:
-            self._storm_seen_at = storm_seen_at
-        if gpu_node is not None:
-            self._gpu_nodes = self._gpu_nodes | {gpu_node}
+        self._last_by_target[alert.target or ""] = now
         return action_id
 
-    async def record_storm(self, seen_at: float) -> None:
-        """The fleet gate saw a storm: the storm cooldown counts from `seen_at`."""
+    async def record_pause(self, now: float, until: float | None, reason: str) -> None:
+        """A pause until `until` (None: the pause was lifted), as a `pause`/`unpause` row."""
 
         def write() -> None:
             with self._tx():
-                self._put_shared("storm_seen_at", seen_at)
-
-        await self._run(write)
-        self._storm_seen_at = seen_at
-
-    async def set_pause(self, now: float, until: float | None, reason: str) -> None:
-        """Pause until `until` (None: lift the pause), journaled as a `pause`/`unpause` row."""
-
-        def write() -> None:
-            with self._tx():
-                self._put_shared("pause", {"until": until, "reason": reason} if until is not None else None)
                 word = "pause" if until is not None else "unpause"
                 self._insert_row(now, AlertFacts("", {}, "", 0.0), word, word, reason, None, None)
 
         await self._run(write)
-        self._paused_until, self._pause_reason = until, reason if until is not None else ""
 
     async def record_pre_restart(self, action_id: int, record: Mapping[str, Any]) -> None:
         """Keep the output of the target's pre_restart command with its restart row."""
@@ -314,7 +233,7 @@ class Journal:
         await self._run(write)
 
     async def finish(self, action_id: int, result: str, detail: str, duration: float) -> None:
-        """Record the executor's outcome; the restart is no longer in progress."""
+        """Record the executor's outcome on its restart row."""
 
         def write() -> None:
             with self._tx():
@@ -323,34 +242,18 @@ class Journal:
                     (result, detail, round(duration, 3), action_id),
                 )
 
-        try:
-            await self._run(write)
-        finally:
-            self._in_progress.pop(action_id, None)
-
-    async def open_circuit(self, target: str, now: float) -> None:
-        def write() -> None:
-            with self._tx():
-                self._set_circuit(target, True, now)
-
         await self._run(write)
-        self._open = self._open | {target}
 
-    async def reset_circuits(self, targets: list[str], now: float) -> list[str]:
-        """Close the circuits of `targets` and forgive their budget so far. Returns those that were open."""
-        was_open = [t for t in targets if t in self._open]
+    async def record_circuit_reset(self, targets: list[str], now: float) -> None:
+        """An operator closed the circuits of `targets`: one `circuit_reset` row each."""
 
         def write() -> None:
             with self._tx():
                 for target in targets:
-                    self._set_circuit(target, False, now)
                     self._insert_row(now, AlertFacts("", {"target": target}, "", 0.0), "circuit_reset",
                                      "circuit_reset", "reset by an operator", None, None)
 
         await self._run(write)
-        self._open = self._open - set(targets)
-        self._restart_times = {t: v for t, v in self._restart_times.items() if t not in targets}
-        return was_open
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -421,26 +324,6 @@ class Journal:
         )
         assert cursor.lastrowid is not None  # an INSERT always sets it
         return cursor.lastrowid
-
-    def _put_shared(self, key: str, value: object) -> None:
-        self._conn.execute(  # type: ignore[union-attr]
-            "INSERT INTO shared (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-            (key, json.dumps(value)),
-        )
-
-    def _set_circuit(self, target: str | None, is_open: bool, now: float) -> None:
-        if is_open:
-            self._conn.execute(  # type: ignore[union-attr]
-                "INSERT INTO circuits (target, open, opened_at) VALUES (?, 1, ?)"
-                " ON CONFLICT(target) DO UPDATE SET open=1, opened_at=excluded.opened_at",
-                (target, now),
-            )
-        else:
-            self._conn.execute(  # type: ignore[union-attr]
-                "INSERT INTO circuits (target, open, reset_at) VALUES (?, 0, ?)"
-                " ON CONFLICT(target) DO UPDATE SET open=0, reset_at=excluded.reset_at",
-                (target, now),
-            )
 
 
 # The whole TARGET object is small (about 1 KB); a hostile exporter cannot bloat the journal past this.

@@ -1,8 +1,9 @@
 """The remediator's own metrics, in a registry of its own.
 
-Counters and the duration histogram are updated as things happen. The circuit state, the last
-restart time and the in-progress flag are read from the journal's mirror at scrape time by a
-custom collector, so they are right after a restart of the remediator too.
+Counters and the duration histogram are updated as things happen. The circuit state, the
+in-progress flag and the pause are read from the gate's state as its store last saw it, and the
+last restart time from the journal, at scrape time by a custom collector (no I/O), so they are
+right after a restart of the remediator too.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class RemediatorMetrics:
         self,
         targets: Iterable[str],
         journal: Journal,
-        state: Callable[[], JournalState] | None = None,
+        state: Callable[[], JournalState],
         clock: Callable[[], float] = time.time,
     ):
         self.registry = CollectorRegistry(auto_describe=True)
@@ -54,11 +55,11 @@ class RemediatorMetrics:
             buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
             registry=self.registry,
         )
-        self.registry.register(_JournalCollector(sorted(targets), journal, state or (lambda: journal.state), clock))
+        self.registry.register(_JournalCollector(sorted(targets), journal, state, clock))
 
 
 class _JournalCollector(Collector):
-    """Gauges read from the journal's mirror on each scrape. Sample:
+    """Gauges read from the gate's state and the journal on each scrape. Sample:
 
     llm_vitals_remediator_circuit_open{target="gpu-a"} 0.0
     llm_vitals_remediator_last_restart_timestamp_seconds{target="gpu-a"} 1.7962223e+09

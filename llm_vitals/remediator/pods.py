@@ -16,12 +16,15 @@ import re
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
+from llm_vitals.kube.client import KubeClient
+from llm_vitals.kube.errors import ApiError, KubeError
+from llm_vitals.kube.objects import create_event, get_node, merge_patch_node
+from llm_vitals.kube.objects import delete_pod as delete_pod_object
+from llm_vitals.kube.times import micro_time
 from llm_vitals.logs import log_event
 
 from .executors import ExecResult
-from .kube import KubeClient, KubeUnavailable, message_of, micro_time
 
 log = logging.getLogger("llm_vitals.remediator.kubernetes")
 
@@ -48,14 +51,14 @@ class PodRef:
     node: str | None = None
 
 
-def _q(name: str) -> str:
-    return quote(name, safe="")
+# What this component's Event names carry after the involved object's name (`vllm-0.llm-vitals-...`).
+EVENT_NAME_MARK = ".llm-vitals-"
 
 
 def refusal_event_name(pod: str, uid: str | None, reason: str, alert_key: tuple[str, float]) -> str:
     """The one Event name for this pod, refusal and alert (fingerprint, startsAt): a DNS subdomain."""
     digest = hashlib.sha256(json.dumps([uid or "", reason, *alert_key]).encode()).hexdigest()[:16]
-    suffix = f".llm-vitals-{digest}"
+    suffix = f"{EVENT_NAME_MARK}{digest}"
     # A pod name is a DNS subdomain already; cut, it must still end in an alphanumeric.
     return pod[: 253 - len(suffix)].rstrip("-.") + suffix
 
@@ -70,7 +73,7 @@ async def record_event(
     a restart) counts as recorded: the name is what makes copies of one Event one object.
     """
     now = micro_time(time.time())
-    naming = {"name": name} if name else {"generateName": f"{involved['name']}.llm-vitals-"}
+    naming = {"name": name} if name else {"generateName": f"{involved['name']}{EVENT_NAME_MARK}"}
     body = {
         "apiVersion": "v1",
         "kind": "Event",
@@ -87,16 +90,15 @@ async def record_event(
         "count": 1,
     }
     try:
-        response = await client.request("POST", f"/api/v1/namespaces/{_q(namespace)}/events", body)
-    except KubeUnavailable as exc:
-        log_event(log, "cannot record an Event", level=logging.WARNING, reason=reason, error=str(exc))
+        await create_event(client, namespace, body)
+    except ApiError as exc:
+        if name and exc.status == 409:
+            log_event(log, "Event already recorded", level=logging.DEBUG, reason=reason, event=name)
+            return True
+        log_event(log, "cannot record an Event", level=logging.WARNING, reason=reason, status=exc.status, error=exc.message)
         return False
-    if name and response.status_code == 409:
-        log_event(log, "Event already recorded", level=logging.DEBUG, reason=reason, event=name)
-        return True
-    if response.status_code not in (200, 201):
-        log_event(log, "cannot record an Event", level=logging.WARNING, reason=reason,
-                  status=response.status_code, error=message_of(response))
+    except KubeError as exc:
+        log_event(log, "cannot record an Event", level=logging.WARNING, reason=reason, error=str(exc))
         return False
     return True
 
@@ -117,22 +119,19 @@ async def pod_event(
 
 async def delete_pod(client: KubeClient, pod: PodRef) -> ExecResult:
     """DELETE the pod by name with a UID precondition; its controller makes a new one."""
-    body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
-    if pod.uid:
-        body["preconditions"] = {"uid": pod.uid}
     where = f"pod {pod.namespace}/{pod.name}"
     try:
-        response = await client.request("DELETE", f"/api/v1/namespaces/{_q(pod.namespace)}/pods/{_q(pod.name)}", body)
-    except KubeUnavailable as exc:
+        await delete_pod_object(client, pod.namespace, pod.name, pod.uid)
+    except ApiError as exc:
+        if exc.status == 404:
+            return ExecResult("error", f"{where} is gone already; nothing deleted")
+        if exc.status == 409:
+            # The precondition failed: the name now belongs to a newer pod, which the alert is not about.
+            return ExecResult("error", f"{where} has another UID than {pod.uid} now (recreated); nothing deleted")
         return ExecResult("error", f"delete {where}: {exc}")
-    if response.status_code in (200, 202):
-        return ExecResult("ok", f"deleted {where}" + (f" (uid {pod.uid})" if pod.uid else ""))
-    if response.status_code == 404:
-        return ExecResult("error", f"{where} is gone already; nothing deleted")
-    if response.status_code == 409:
-        # The precondition failed: the name now belongs to a newer pod, which the alert is not about.
-        return ExecResult("error", f"{where} has another UID than {pod.uid} now (recreated); nothing deleted")
-    return ExecResult("error", f"delete {where}: HTTP {response.status_code}: {message_of(response)}")
+    except KubeError as exc:
+        return ExecResult("error", f"delete {where}: {exc}")
+    return ExecResult("ok", f"deleted {where}" + (f" (uid {pod.uid})" if pod.uid else ""))
 
 
 class PodExecutor:
@@ -209,13 +208,9 @@ class CordonAndMoveExecutor:
 
     async def _cordon(self, steps: list[str]) -> str | None:
         """Cordon and taint the node with a resourceVersion precondition; None when done (or left alone)."""
-        path = f"/api/v1/nodes/{_q(self.node)}"
         for _ in range(5):
             try:
-                got = await self.client.request("GET", path)
-                if got.status_code != 200:
-                    return f"read node {self.node}: HTTP {got.status_code}: {message_of(got)}"
-                node = got.json()
+                node = await get_node(self.client, self.node)
                 spec, meta = node.get("spec") or {}, node["metadata"]
                 annotations = meta.get("annotations") or {}
                 if spec.get("unschedulable") and CORDONED_BY not in annotations:
@@ -231,15 +226,20 @@ class CordonAndMoveExecutor:
                     },
                     "spec": {"unschedulable": True, "taints": taints},
                 }
-                response = await self.client.request("PATCH", path, patch, content_type="application/merge-patch+json")
-            except KubeUnavailable as exc:
+            except ApiError as exc:
+                return f"read node {self.node}: {exc}"
+            except KubeError as exc:
                 return f"node {self.node}: {exc}"
-            except (ValueError, KeyError, TypeError) as exc:
+            except (KeyError, TypeError, AttributeError) as exc:
                 return f"node {self.node}: unexpected answer ({type(exc).__name__})"
-            if response.status_code == 409:
-                continue  # the node changed meanwhile (its status, another controller): read it again
-            if response.status_code != 200:
-                return f"cordon node {self.node}: HTTP {response.status_code}: {message_of(response)}"
+            try:
+                await merge_patch_node(self.client, self.node, patch)
+            except ApiError as exc:
+                if exc.status == 409:
+                    continue  # the node changed meanwhile (its status, another controller): read it again
+                return f"cordon node {self.node}: {exc}"
+            except KubeError as exc:
+                return f"node {self.node}: {exc}"
             steps.append(f"node {self.node} cordoned and tainted {GPU_TAINT_KEY}={taint_value(self.fault)}:NoSchedule,"
                          f" marked {CORDONED_BY}={self.identity}")
             return None

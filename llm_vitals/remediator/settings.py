@@ -6,18 +6,18 @@ executor config below is looked up by that name. Nothing from a payload is ever 
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 # ConfigError is re-exported: the CLI and callers catch it as remediator.settings.ConfigError.
 from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_env_or_file, validate_document
 from llm_vitals.durations import Duration
+from llm_vitals.remediator.fleet_limit import parse_max_unhealthy, percent_of, unhealthy_limit
 from llm_vitals.validators import HttpUrl, ListenAddress, parse_listen, target_name
 
 # ---------------------------------------------------------------------------------------------
@@ -162,6 +162,17 @@ def _namespace(ns: str) -> str:
     return ns
 
 
+def _https_api_url(url: str) -> str:
+    if not url.startswith("https://"):
+        raise ValueError("the Kubernetes API is reached over https:// only")
+    return url.rstrip("/")
+
+
+# A Kubernetes namespace (a DNS label), and the API server's URL (https only, no trailing `/`).
+Namespace = Annotated[str, AfterValidator(_namespace)]
+ApiUrl = Annotated[str, AfterValidator(_https_api_url)]
+
+
 def _in_cluster_api_url() -> str:
     host = os.environ.get("KUBERNETES_SERVICE_HOST")
     port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
@@ -173,28 +184,16 @@ def _in_cluster_api_url() -> str:
 
 class KubernetesTarget(StrictModel):
     executor: Literal["kubernetes"]
-    namespace: str
+    namespace: Namespace
     pod_selector: str = Field(min_length=1)
     # A selector that matches more pods than this is refused: deleting a whole deployment's pods
     # at once is exactly the cascade the remediator exists to prevent.
     max_pods: int = Field(default=1, ge=1)
-    api_url: str = Field(default_factory=_in_cluster_api_url)
+    api_url: ApiUrl = Field(default_factory=_in_cluster_api_url)
     token_path: Path = _SA / "token"
     ca_path: Path = _SA / "ca.crt"
     timeout: Duration = 30.0
     pre_restart: PreRestart | None = None
-
-    @field_validator("namespace")
-    @classmethod
-    def _ns(cls, ns: str) -> str:
-        return _namespace(ns)
-
-    @field_validator("api_url")
-    @classmethod
-    def _https(cls, url: str) -> str:
-        if not url.startswith("https://"):
-            raise ValueError("the Kubernetes API is reached over https:// only")
-        return url.rstrip("/")
 
 
 TargetConfig = Annotated[
@@ -208,15 +207,10 @@ TargetConfig = Annotated[
 
 
 class LeaseRef(StrictModel):
-    namespace: str
+    namespace: Namespace
     name: str = "llm-vitals-remediator"
     # The lock's Lease duration when no restart runs; a restart holds it for its executor's timeout.
     duration: Duration = 15.0
-
-    @field_validator("namespace")
-    @classmethod
-    def _ns(cls, ns: str) -> str:
-        return _namespace(ns)
 
     @field_validator("name")
     @classmethod
@@ -230,7 +224,7 @@ class KubernetesSettings(StrictModel):
     """The client for the shared state and the pod executor; in-cluster service account by default."""
 
     kubeconfig: Path | None = None
-    api_url: str = Field(default_factory=_in_cluster_api_url)
+    api_url: ApiUrl = Field(default_factory=_in_cluster_api_url)
     token_path: Path = _SA / "token"
     ca_path: Path = _SA / "ca.crt"
     timeout: Duration = 10.0
@@ -238,13 +232,6 @@ class KubernetesSettings(StrictModel):
     lease: LeaseRef | None = None
     # This replica's name in the Lease and in Events; default: $POD_NAME, else the host name.
     identity: str | None = None
-
-    @field_validator("api_url")
-    @classmethod
-    def _https(cls, url: str) -> str:
-        if not url.startswith("https://"):
-            raise ValueError("the Kubernetes API is reached over https:// only")
-        return url.rstrip("/")
 
 
 class TemplateMatchConfig(StrictModel):
@@ -274,9 +261,6 @@ class TargetTemplate(StrictModel):
 class Budget(StrictModel):
     max_restarts: int = Field(default=3, ge=1)
     window: Duration = 3600.0
-
-
-_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
 
 class Settings(StrictModel):
@@ -343,17 +327,7 @@ class Settings(StrictModel):
     @field_validator("max_unhealthy")
     @classmethod
     def _max_unhealthy(cls, value: int | str) -> int | str:
-        if isinstance(value, int):
-            if value < 0:
-                raise ValueError("must not be negative")
-            return value
-        if percent := _PERCENT.match(value):
-            if float(percent.group(1)) > 100:
-                raise ValueError("a percentage must be at most 100%")
-            return value.strip()
-        if value.strip().isdigit():
-            return int(value)
-        raise ValueError('must be a count (2) or a percentage ("40%")')
+        return parse_max_unhealthy(value)
 
     @field_validator("targets")
     @classmethod
@@ -363,17 +337,9 @@ class Settings(StrictModel):
         return targets
 
     def max_unhealthy_count(self) -> int:
-        """How many configured targets may be unhealthy at once and still get a restart.
-
-        A percentage rounds down, as Cluster API's maxUnhealthy does, but never below one: with one
-        or two targets a single stuck server says nothing about a fault elsewhere. An explicit
-        count of 0 turns restarts off.
-        """
-        if isinstance(self.max_unhealthy, int):
-            return self.max_unhealthy
-        match = _PERCENT.match(self.max_unhealthy)
-        assert match
-        return max(1, math.floor(float(match.group(1)) * len(self.targets) / 100.0 + 1e-9))
+        """How many configured targets may be unhealthy at once and still get a restart (llm_vitals/remediator/fleet_limit.py)."""
+        count = self.max_unhealthy if isinstance(self.max_unhealthy, int) else 0  # a checked str is a percentage
+        return unhealthy_limit(count, percent_of(self.max_unhealthy), len(self.targets))
 
     @property
     def host_port(self) -> tuple[str, int]:

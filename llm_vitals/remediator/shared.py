@@ -1,9 +1,11 @@
-"""The state the gate reads, as the replicas share it: pure transitions and its JSON form.
+"""The state the gate reads, as its stores keep it: pure transitions and its JSON form.
 
-In the replicated mode the whole `JournalState` lives in one Kubernetes Lease (an annotation),
-and every change is one of the transitions below applied to the state read with the Lease's
-`resourceVersion`: a write whose version is stale is refused by the API server, and the replica
-decides again on a fresh read. So exactly one replica's intent wins. Nothing here does I/O.
+Both stores (`store.py`) keep the whole `JournalState` as the JSON below: one replica in a row of
+its SQLite file, replicas in one Kubernetes Lease (an annotation). Every change is one of the
+transitions below applied to the state read at some version, and committed only if the store is
+still at that version: else the caller reads again and decides again (the Lease's
+`resourceVersion` makes the API server refuse a stale write, so exactly one replica's intent
+wins). Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from .gate import AlertFacts, Effects, JournalState, dedupe_key
 
-# Alert keys older than this are dropped from the shared state; the local journal keeps them all.
+# Alert keys older than this are dropped from the Lease's state.
 KEY_MEMORY_SECONDS = 24 * 3600.0
 # Cap on the keys kept, so that the Lease stays far below the API server's object size limit.
 MAX_KEYS = 200
@@ -22,11 +24,11 @@ MAX_KEYS = 200
 
 @dataclass(frozen=True)
 class Intent:
-    """A restart one replica committed to run: who, until when its claim holds, its local journal row."""
+    """A restart one replica committed to run: who, and until when its claim holds (None: until it ends)."""
 
     holder: str  # "<replica>/<action token>"
     target: str
-    expires: float
+    expires: float | None
 
 
 def with_effects(state: JournalState, effects: Effects, alert: AlertFacts, now: float, intent: Intent | None) -> JournalState:
@@ -42,9 +44,9 @@ def with_effects(state: JournalState, effects: Effects, alert: AlertFacts, now: 
             in_progress_by=intent.holder,
             last_restart_started=max(new.last_restart_started or now, now),
             restart_times={**new.restart_times, target: (*new.restart_times.get(target, ()), now)},
-            decided_keys=new.decided_keys | {alert.key},
-            decided_at={**new.decided_at, alert.key: now},
         )
+    if effects.intent or effects.remember:
+        new = replace(new, decided_keys=new.decided_keys | {alert.key}, decided_at={**new.decided_at, alert.key: now})
     if effects.open_circuit and alert.target:
         new = replace(new, open_circuits=new.open_circuits | {alert.target})
     if effects.storm_seen_at is not None:
@@ -74,11 +76,18 @@ def circuits_reset(state: JournalState, targets: list[str]) -> JournalState:
     )
 
 
-def pruned(state: JournalState, now: float, budget_window: float) -> JournalState:
-    """Drop what can no longer matter: restart times outside the window, old alert keys."""
+def pruned(
+    state: JournalState,
+    now: float,
+    budget_window: float,
+    key_memory: float = KEY_MEMORY_SECONDS,
+    max_keys: int | None = MAX_KEYS,
+) -> JournalState:
+    """Drop what can no longer matter: restart times outside the window, alert keys older than
+    `key_memory` and, past `max_keys`, the oldest keys."""
     times = {t: kept for t, v in state.restart_times.items() if (kept := tuple(x for x in v if x > now - budget_window))}
-    recent = sorted(((at, key) for key, at in state.decided_at.items() if at > now - KEY_MEMORY_SECONDS), reverse=True)
-    keep = dict((key, at) for at, key in recent[:MAX_KEYS])
+    recent = sorted(((at, key) for key, at in state.decided_at.items() if at > now - key_memory), reverse=True)
+    keep = dict((key, at) for at, key in recent[:max_keys])
     return replace(state, restart_times=times, decided_at=keep, decided_keys=frozenset(keep))
 
 

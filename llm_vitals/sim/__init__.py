@@ -5,7 +5,11 @@
 - `driver`: steps an engine in real time on the event loop; engine faults (hang, slow, kill);
 - `metrics`: the /metrics page, rendered like vLLM's from the engine's numbers;
 - `openai_api`: request validation and response shapes of the OpenAI-compatible routes;
-- `server`: the aiohttp routes of one server lifetime, plus `/admin/*`;
+- `process`: one server lifetime (`ServerProcess`) and what every route reads of it;
+- `completions`: the OpenAI-compatible routes (models, completions, chat), shared by the engines;
+- `engines/`: one module per `--engine`, each defining `SIM_ENGINE` (its page, health and other
+  routes), gathered by `engines/table.py`;
+- `admin`: `/admin/*` and the app of one server lifetime;
 - `backend`: one server across lifetimes (serving, dying, dead, loading);
 - `proxy`, `control`, `fleet`, `cli`: the least-connection proxy, the control server, the
   in-process `Fleet` API and the `llm-vitals-sim` command.

@@ -1,7 +1,8 @@
 """One simulated vLLM server across its lifetimes: serving, faults, death and restarts.
 
-A `ServerProcess` is one lifetime (one "process"): its own engine, counters, start time and
-listening socket. A `Backend` owns the current one and its port, and moves between phases:
+A `ServerProcess` (llm_vitals/sim/process.py) is one lifetime (one "process"): its own engine,
+counters, start time and listening socket, serving the admin routes and its engine's. A `Backend`
+owns the current one and its port, and moves between phases:
 
     serving --die--> dying (in flight get 500, /health 503) --> dead (port closed)
     serving|dead --restart--> loading (port closed for startup_seconds) --> serving (all new)
@@ -15,57 +16,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp import web
-
 from llm_vitals.logs import log_event
+from llm_vitals.sim.admin import FaultConflict, create_app
 from llm_vitals.sim.config import SimConfig
-from llm_vitals.sim.driver import EngineDriver
 from llm_vitals.sim.engine import Engine
-from llm_vitals.sim.engine_table import add_engine_routes
-from llm_vitals.sim.metrics import HttpStats, VllmCollector
-from llm_vitals.sim.server import FaultConflict, create_app
+from llm_vitals.sim.engines.table import add_engine_routes
+from llm_vitals.sim.process import ServerProcess
 
 log = logging.getLogger("llm_vitals.sim.backend")
-
-# How long closing the port waits for in-flight handlers (they have all been answered by then).
-_SHUTDOWN_TIMEOUT = 1.0
-
-
-class ServerProcess:
-    """One lifetime of a simulated server: engine driver, metrics, app and listening socket."""
-
-    def __init__(self, config: SimConfig, backend: Backend, start_time: float):
-        self.config = config
-        self.start_time = start_time  # process_start_time_seconds
-        self.driver = EngineDriver(config)
-        self.http = HttpStats(created=time.time())
-        self.collector = VllmCollector(config, self.driver.engine, self.http, start_time, created=time.time(),
-                                       sleep_level=lambda: self.driver.sleep_level)
-        self.app = create_app(self, backend)
-        add_engine_routes(self.app, config.engine)
-        self.runner: web.AppRunner | None = None
-
-    async def listen(self, host: str, port: int) -> int:
-        """Start the engine and bind the port; returns the bound port."""
-        self.driver.start()
-        # handler_cancellation: a client that goes away aborts its request, as in vLLM.
-        self.runner = web.AppRunner(self.app, handler_cancellation=True, shutdown_timeout=_SHUTDOWN_TIMEOUT,
-                                    access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, reuse_address=True)
-        try:
-            await site.start()
-        except OSError:
-            await self.close()
-            raise
-        return self.runner.addresses[0][1]
-
-    async def close(self) -> None:
-        """Stop the engine and close the port (idempotent)."""
-        await self.driver.stop()
-        if self.runner is not None:
-            runner, self.runner = self.runner, None
-            await runner.cleanup()
 
 
 class Backend:
@@ -141,8 +99,10 @@ class Backend:
     async def _start_process(self) -> None:
         # After a restart the process "started" when its loading began, as a real one does.
         start_time = self._process_start_time if self.phase == "loading" and self._process_start_time else time.time()
-        process = ServerProcess(self.config, self, start_time)
-        self.port = await process.listen(self.host, self.port)
+        process = ServerProcess(self.config, start_time)
+        app = create_app(process, self)
+        add_engine_routes(app, self.config.engine)
+        self.port = await process.listen(app, self.host, self.port)
         self.process = process
         self._process_start_time = start_time
         self.phase, self.fault, self.slow_factor = "serving", "none", 1.0

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from llm_vitals.logs import log_event, setup_logging
 from llm_vitals.sim.config import SimConfig
-from llm_vitals.sim.engine_table import SIM_ENGINES
+from llm_vitals.sim.engines.table import SIM_ENGINES
 from llm_vitals.sim.fleet import Fleet
 
 log = logging.getLogger("llm_vitals.sim")

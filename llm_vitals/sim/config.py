@@ -12,7 +12,7 @@ class SimConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # A key of llm_vitals/sim/engine_table.py's SIM_ENGINES (checked by the Fleet and the CLI's choices).
+    # A key of llm_vitals/sim/engines/table.py's SIM_ENGINES (checked by the Fleet and the CLI's choices).
     engine: str = Field("vllm", description="which server kind to simulate: its page, health and routes")
     model: str = Field("tiny", min_length=1, description="served model name (the model_name label)")
     max_model_len: int = Field(2048, ge=16, description="longest prompt + completion, in tokens")

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from llm_vitals.sim.admin import apply_fault, apply_restart, json_error, read_json
 from llm_vitals.sim.backend import Backend
-from llm_vitals.sim.server import apply_fault, apply_restart, json_error, read_json
 
 BACKENDS_KEY: web.AppKey[Sequence[Backend]] = web.AppKey("backends")
 

@@ -20,7 +20,7 @@ from aiohttp import web
 from llm_vitals.sim.backend import Backend
 from llm_vitals.sim.config import SimConfig
 from llm_vitals.sim.control import create_control_app
-from llm_vitals.sim.engine_table import sim_engine
+from llm_vitals.sim.engines.table import sim_engine
 from llm_vitals.sim.proxy import create_proxy_app
 
 __all__ = ["Backend", "Fleet", "SimConfig"]

@@ -176,7 +176,8 @@ async def test_two_clustered_alertmanagers_delivering_to_two_replicas_restart_a_
                           if e["reason"] == "LLMVitalsRestart"]
         assert [e["involvedObject"]["name"] for e in restart_events] == ["vllm-0"]
         assert all(e["source"]["component"] == "llm-vitals-remediator" for e in restart_events)
-        assert control_plane.audit(verb="delete", resource="pods", user=USER, name="vllm-1") == []
+        # This namespace only: other tests on this control plane delete pods named vllm-1 too.
+        assert control_plane.audit(verb="delete", resource="pods", namespace=namespace, user=USER, name="vllm-1") == []
     finally:
         if load is not None:
             await load.stop()

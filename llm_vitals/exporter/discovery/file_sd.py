@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from llm_vitals.exporter.discovery.manager import Report, SourceStatus
+from llm_vitals.exporter.discovery.source import Report, SourceStatus
 from llm_vitals.exporter.discovery.targetset import build_target
 from llm_vitals.exporter.settings import ConfigError, FileDiscovery, TargetSettings
 

@@ -6,8 +6,9 @@ list each time something changed, with its health. A source that fails keeps its
 API server that restarts, or a file_sd file caught half-written, never drops a target.
 
 How another source plugs in: a class with `kind`, `id` and `async run(report)` that calls
-`report(targets, status)` with the list of `DiscoveredTarget`s it sees now; `sources_for` builds it
-from its `discovery:` entry. A GPU-fault input plugs in elsewhere: per target, in the poller's poll
+`report(targets, status)` with the list of `DiscoveredTarget`s it sees now (the contract is in
+`source.py`, which the sources import instead of this module); `sources_for` builds it from its
+`discovery:` entry. A GPU-fault input plugs in elsewhere: per target, in the poller's poll
 (`TargetRecord.fault` combines one GpuFault per source), keyed by what a discovered target
 carries (`node`, `namespace`, `pod`, `pod_uid`).
 """
@@ -17,46 +18,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Callable, Mapping
 
+from llm_vitals.exporter.discovery.file_sd import FileSource
+from llm_vitals.exporter.discovery.kubernetes import PodSource
+from llm_vitals.exporter.discovery.source import Source, SourceStatus
 from llm_vitals.exporter.discovery.targetset import Changes, desired, reconcile
 from llm_vitals.exporter.settings import ExporterSettings, TargetSettings
 from llm_vitals.exporter.state import StateStore
 from llm_vitals.logs import log_event
 
 log = logging.getLogger("llm_vitals.exporter")
-
-
-@dataclass
-class SourceStatus:
-    """What a source says of itself: the `/api/v1/discovery` entry and the `llm_vitals_discovery_*` series."""
-
-    source: str  # `kubernetes[0]`, `file[1]`: the entry of `discovery:` it comes from
-    kind: str
-    up: bool = False  # its last list, watch or read worked
-    error: str | None = None  # why not, in a sentence (a 403 names the missing right)
-    targets: int = 0  # targets it gives now, before the shard
-    # Things it saw and could not make a target of (a pod without the port, with no IP, Pending...),
-    # each with the reason: name -> reason.
-    skipped: dict[str, str] = field(default_factory=dict)
-    last_update: float | None = None  # unix seconds of its last report
-    relists: int = 0  # Kubernetes: lists after the first, each after a 410 Gone (a watch older than compaction)
-
-
-Report = Callable[[list[TargetSettings], SourceStatus], None]
-
-
-class Source(Protocol):
-    id: str
-    kind: str
-
-    @property
-    def config(self) -> object:
-        """Its `discovery:` entry: a reload restarts the source only when this changed."""
-
-    def run(self, report: Report) -> Awaitable[None]: ...
 
 
 class Discovery:
@@ -161,9 +133,6 @@ def apply_to_store(store: StateStore, clock: Callable[[], float]) -> Callable[[C
 
 def sources_for(settings: ExporterSettings, environ: Mapping[str, str] | None = None) -> list[Source]:
     """One Source per `discovery:` entry, named `<kind>[<index>]`."""
-    from llm_vitals.exporter.discovery.file_sd import FileSource
-    from llm_vitals.exporter.discovery.kubernetes import PodSource
-
     env = os.environ if environ is None else environ
     sources: list[Source] = []
     for index, entry in enumerate(settings.discovery):

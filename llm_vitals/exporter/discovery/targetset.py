@@ -29,6 +29,11 @@ def discovered_name(name: str) -> str:
     return name
 
 
+def pod_target_name(namespace: str, pod: str) -> str:
+    """A Kubernetes pod's target name: `<namespace>/<pod>` (the `/` that `discovered_name` allows once)."""
+    return f"{namespace}/{pod}"
+
+
 class DiscoveredTarget(TargetSettings):
     """A target a discovery source found: a TargetSettings whose name may be longer and carry one `/`,
     plus the pod it is (for Kubernetes) and the source that found it."""

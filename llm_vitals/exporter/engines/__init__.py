@@ -24,14 +24,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
+
+from pydantic import AnyHttpUrl
 
 from llm_vitals.targets import PollErrorReason
 
-if TYPE_CHECKING:
-    from llm_vitals.exporter.settings import TargetSettings
-
 Signals = tuple[tuple[str, float], ...]
+
+
+def signals(**values: float | None) -> Signals:
+    """Named signals for a Snapshot's `more_counters` or `more_gauges`: one the page lacks (None) is left out."""
+    return tuple((name, value) for name, value in values.items() if value is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +125,36 @@ class EngineFacts:
     metrics_unanswered_is_stuck: bool = False
 
 
+class CanaryInput(Protocol):
+    """What a canary body is built from: a target's `canary:` settings (exporter/settings.py's CanarySettings)."""
+
+    @property
+    def prompt(self) -> str: ...
+
+    @property
+    def request(self) -> dict[str, Any] | None: ...
+
+
+class WatchedTarget(Protocol):
+    """What an engine entry reads of a target: its settings (exporter/settings.py's TargetSettings).
+
+    A protocol, not that class: the settings validate against the engine table, so the table
+    must not import them.
+    """
+
+    @property
+    def url(self) -> AnyHttpUrl: ...
+
+    @property
+    def metrics_url(self) -> AnyHttpUrl | None: ...
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def canary(self) -> CanaryInput: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Canary:
     """How an engine's idle canary is asked and its answer judged (pure: the poller does the I/O)."""
@@ -128,7 +162,7 @@ class Canary:
     # POSTed to the target's url + path; "{model}" is replaced by the model's name.
     path: str
     # (target, model) -> the JSON body.
-    body: Callable[[TargetSettings, str], object]
+    body: Callable[[WatchedTarget, str], object]
     # The parsed JSON answer -> None when it is a real answer, else what is wrong with it.
     wrong: Callable[[object], str | None]
     # The body comes from the operator (`canary.request`): the target must configure it, and a model.
@@ -162,7 +196,7 @@ class Engine:
     # The idle canary; None: a 1-token OpenAI completion (llm_vitals/exporter/canary.py).
     canary: Canary | None = None
 
-    def metrics_url(self, target: TargetSettings) -> str:
+    def metrics_url(self, target: WatchedTarget) -> str:
         """Where this target's page is read: its `metrics_url`, else the engine's port or its url."""
         if target.metrics_url is not None:
             return str(target.metrics_url)

@@ -137,15 +137,24 @@ def _unescape(value: str) -> str:
     return _ESCAPE.sub(lambda m: _UNESCAPED[m.group(0)], value) if "\\" in value else value
 
 
-def total(found: dict[str, list[Sample]], name: str) -> float | None:
-    """The sum of `name`'s samples, None when the page has none; PageError("bad_metrics") if one is NaN or ±Inf."""
-    samples = found.get(name)
-    if not samples:
-        return None
+def finite_sum(name: str, samples: Iterable[Sample]) -> float:
+    """The sum of `name`'s samples (0 for none); PageError("bad_metrics") if one is NaN or ±Inf.
+
+    The rule for every signal the verdict relies on: a sum that takes one NaN is NaN, and a
+    counter read as NaN would look like progress, or like none, at random.
+    """
+    summed = 0.0
     for sample in samples:
         if not math.isfinite(sample.value):
             raise PageError("bad_metrics", f"sample {name} is {show(sample.value)}")
-    return sum(sample.value for sample in samples)
+        summed += sample.value
+    return summed
+
+
+def total(found: dict[str, list[Sample]], name: str) -> float | None:
+    """The finite sum of `name`'s samples (`finite_sum`), None when the page has none."""
+    samples = found.get(name)
+    return finite_sum(name, samples) if samples else None
 
 
 def decode(body: bytes) -> str:
@@ -167,6 +176,4 @@ def show(value: float) -> str:
 
 def finite(value: float | None) -> float | None:
     """The value, or None when it is NaN or ±Inf: for optional signals, which must not reject a page."""
-    if value is None or value != value or value in (float("inf"), float("-inf")):
-        return None
-    return value
+    return value if value is not None and math.isfinite(value) else None

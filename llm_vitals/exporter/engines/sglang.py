@@ -44,10 +44,8 @@ scheduler series carry `engine_type,model_name,moe_ep_rank,pp_rank,tp_rank`):
 
 from __future__ import annotations
 
-import math
-
-from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot
-from llm_vitals.exporter.engines.scan import Scanner, decode, show
+from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot, signals
+from llm_vitals.exporter.engines.scan import Scanner, decode, finite_sum, total
 
 RUNNING = "sglang:num_running_reqs"
 QUEUED = "sglang:num_queue_reqs"
@@ -72,12 +70,6 @@ _SCANNER = Scanner((RUNNING, QUEUED, USED_TOKENS, REALTIME_TOKENS, STEPS, GENERA
                     FINISHED, HTTP_ACTIVE))
 
 
-def _finite(name: str, value: float) -> float:
-    if not math.isfinite(value):
-        raise PageError("bad_metrics", f"sample {name} is {show(value)}")
-    return value
-
-
 def parse_text(text: str) -> Snapshot:
     """Turn an SGLang `/metrics` page into a Snapshot, summed over ranks and modes; raises PageError."""
     found = _SCANNER.scan(text)
@@ -87,25 +79,18 @@ def parse_text(text: str) -> Snapshot:
             raise PageError("bad_metrics", f"no {missing} yet: SGLang's scheduler has not reported (still loading?)")
         raise PageError("bad_metrics", f"no {missing} on the page (not an SGLang /metrics page?)")
 
-    def total(name: str) -> float | None:
-        samples = found.get(name)
-        return sum(_finite(name, s.value) for s in samples) if samples else None
-
-    active = 0.0
-    for sample in found.get(HTTP_ACTIVE, ()):
-        if sample.labels().get("endpoint") in WORK_ROUTES:
-            active += _finite(HTTP_ACTIVE, sample.value)
-    used = total(USED_TOKENS)
-    realtime = total(REALTIME_TOKENS)
+    active = finite_sum(HTTP_ACTIVE, (s for s in found.get(HTTP_ACTIVE, ()) if s.labels().get("endpoint") in WORK_ROUTES))
+    used = total(found, USED_TOKENS)
+    realtime = total(found, REALTIME_TOKENS)
     return Snapshot(
-        running=total(RUNNING) or 0.0,
-        waiting=total(QUEUED) or 0.0,
-        steps=total(STEPS),
-        generation_tokens=total(GENERATION_TOKENS),
-        prompt_tokens=total(PROMPT_TOKENS),
-        finished=total(FINISHED),
-        more_counters=(("realtime_tokens", realtime),) if realtime is not None else (),
-        more_gauges=(("used_tokens", used),) if used is not None else (),
+        running=total(found, RUNNING) or 0.0,
+        waiting=total(found, QUEUED) or 0.0,
+        steps=total(found, STEPS),
+        generation_tokens=total(found, GENERATION_TOKENS),
+        prompt_tokens=total(found, PROMPT_TOKENS),
+        finished=total(found, FINISHED),
+        more_counters=signals(realtime_tokens=realtime),
+        more_gauges=signals(used_tokens=used),
         busy_signs=(("requests_active", active),),
     )
 

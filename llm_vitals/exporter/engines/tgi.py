@@ -50,7 +50,7 @@ family appears only once it was first touched. A sample of a busy page as that c
 
 from __future__ import annotations
 
-from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot
+from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot, signals
 from llm_vitals.exporter.engines.scan import Scanner, decode, total
 
 QUEUE = "tgi_queue_size"
@@ -77,7 +77,7 @@ def parse_text(text: str) -> Snapshot:
         steps=total(found, STEPS),
         generation_tokens=total(found, GENERATED_TOKENS),
         finished=total(found, FINISHED),
-        more_counters=(("forwards_started", forwards),) if forwards is not None else (),
+        more_counters=signals(forwards_started=forwards),
     )
 
 

@@ -44,13 +44,8 @@ models. A sample of a real page (Triton 2.51 via nvidia-pytriton 0.7.0; tests/fi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from llm_vitals.exporter.engines import Canary, Engine, EngineFacts, Page, PageError, Snapshot
-from llm_vitals.exporter.engines.scan import Sample, Scanner, decode, finite, show
-
-if TYPE_CHECKING:
-    from llm_vitals.exporter.settings import TargetSettings
+from llm_vitals.exporter.engines import Canary, Engine, EngineFacts, Page, PageError, Snapshot, WatchedTarget
+from llm_vitals.exporter.engines.scan import Sample, Scanner, decode, finite, finite_sum
 
 PENDING = "nv_inference_pending_request_count"
 EXEC_COUNT = "nv_inference_exec_count"
@@ -64,16 +59,6 @@ TRT_KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"  # kv_cache_block_type="max"
 _SCANNER = Scanner((PENDING, EXEC_COUNT, SUCCESS, FAILURE, COMPUTE_INFER, TRT_GENERAL, TRT_REQUESTS, TRT_KV_BLOCKS))
 # The counters every page with a loaded model carries; a fall of any of them is a restart.
 _REQUIRED_COUNTERS = (EXEC_COUNT, SUCCESS, COMPUTE_INFER)
-
-
-def _total(name: str, samples: list[Sample]) -> float:
-    """The sum of a required family's samples; a non-finite one makes the page bad."""
-    total = 0.0
-    for sample in samples:
-        if finite(sample.value) is None:
-            raise PageError("bad_metrics", f"sample {name} is {show(sample.value)}")
-        total += sample.value
-    return total
 
 
 def _labelled(samples: list[Sample], label: str, value: str) -> float | None:
@@ -98,16 +83,16 @@ def parse_text(text: str) -> Snapshot:
     active = _labelled(found.get(TRT_REQUESTS, []), "request_type", "active")
     blocks = found.get(TRT_KV_BLOCKS, [])
     used, most = _labelled(blocks, "kv_cache_block_type", "used"), _labelled(blocks, "kv_cache_block_type", "max")
-    executions = _total(EXEC_COUNT, found[EXEC_COUNT])
-    more = [("request_failure", _total(FAILURE, found.get(FAILURE, []))),
-            ("compute_infer_duration_us", _total(COMPUTE_INFER, found[COMPUTE_INFER]))]
+    executions = finite_sum(EXEC_COUNT, found[EXEC_COUNT])
+    more = [("request_failure", finite_sum(FAILURE, found.get(FAILURE, []))),
+            ("compute_infer_duration_us", finite_sum(COMPUTE_INFER, found[COMPUTE_INFER]))]
     if iterations is not None:
         more.append(("exec_count", executions))  # the steps are TensorRT-LLM's iterations then
     return Snapshot(
         running=active if active is not None else 0.0,
-        waiting=_total(PENDING, found[PENDING]),
+        waiting=finite_sum(PENDING, found[PENDING]),
         steps=iterations if iterations is not None else executions,
-        finished=_total(SUCCESS, found[SUCCESS]),
+        finished=finite_sum(SUCCESS, found[SUCCESS]),
         kv_usage=used / most if used is not None and most else None,
         more_counters=tuple(more),
     )
@@ -118,7 +103,7 @@ def parse(page: Page) -> Snapshot:
     return parse_text(decode(page.body))
 
 
-def canary_body(target: TargetSettings, model: str) -> object:
+def canary_body(target: WatchedTarget, model: str) -> object:
     """The operator's KServe v2 infer body (settings require one while the canary is on)."""
     return target.canary.request or {}
 

@@ -20,10 +20,8 @@ start time, else a counter reset (it is absent with --api-server-count > 1). Sle
 
 from __future__ import annotations
 
-import math
-
 from llm_vitals.exporter.engines import Engine, PageError, Snapshot
-from llm_vitals.exporter.engines.scan import Sample, Scanner, decode, show
+from llm_vitals.exporter.engines.scan import Sample, Scanner, decode, finite, finite_sum, total
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -62,44 +60,26 @@ def sleep_level(samples: list[Sample]) -> int:
     return min((levels.get(engine, 0) for engine in engines), default=0)
 
 
-def sample_values(text: str) -> dict[str, list[float]]:
-    """Values of the wanted samples by full sample name (any labels, in page order)."""
-    return {name: [sample.value for sample in samples] for name, samples in SCANNER.scan(text).items()}
-
-
-def _required(name: str, values: list[float]) -> list[float]:
-    for value in values:
-        if not math.isfinite(value):
-            raise PageError("bad_metrics", f"sample {name} is {show(value)}")
-    return values
-
-
 def parse_text(text: str) -> Snapshot:
     """Turn a vLLM `/metrics` page into a Snapshot, summed over engines; raises PageError."""
-    scanned = SCANNER.scan(text)
-    found = {name: [sample.value for sample in samples] for name, samples in scanned.items()}
+    found = SCANNER.scan(text)
     if RUNNING not in found or WAITING not in found:
         missing = RUNNING if RUNNING not in found else WAITING
         raise PageError("bad_metrics", f"no {missing} on the page (not a vLLM /metrics page?)")
     # An optional gauge that reads NaN or ±Inf is absent, not a reason to reject the page.
-    kv_values = [v for v in found.get(KV_USAGE) or found.get(KV_USAGE_BEFORE_0_10) or [] if math.isfinite(v)]
-    start_times = [v for v in found.get(START_TIME, []) if math.isfinite(v)]
-
-    def total(name: str) -> float | None:
-        values = found.get(name)
-        return sum(_required(name, values)) if values else None
-
+    kv_values = [v for s in found.get(KV_USAGE) or found.get(KV_USAGE_BEFORE_0_10) or [] if (v := finite(s.value)) is not None]
+    start_times = [v for s in found.get(START_TIME, []) if (v := finite(s.value)) is not None]
     return Snapshot(
-        running=sum(_required(RUNNING, found[RUNNING])),
-        waiting=sum(_required(WAITING, found[WAITING])),
-        steps=total(STEPS),
-        generation_tokens=total(GENERATION_TOKENS),
-        prompt_tokens=total(PROMPT_TOKENS),
-        finished=total(FINISHED),
+        running=finite_sum(RUNNING, found[RUNNING]),
+        waiting=finite_sum(WAITING, found[WAITING]),
+        steps=total(found, STEPS),
+        generation_tokens=total(found, GENERATION_TOKENS),
+        prompt_tokens=total(found, PROMPT_TOKENS),
+        finished=total(found, FINISHED),
         # A usage fraction is not additive across data-parallel engines: report their mean.
         kv_usage=sum(kv_values) / len(kv_values) if kv_values else None,
         process_start_time=start_times[0] if start_times else None,
-        sleep_level=sleep_level(scanned.get(SLEEP_STATE, [])),
+        sleep_level=sleep_level(found.get(SLEEP_STATE, [])),
     )
 
 

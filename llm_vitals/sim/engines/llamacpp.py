@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from llm_vitals.sim import server
+from llm_vitals.sim import completions
+from llm_vitals.sim.engine import Engine
+from llm_vitals.sim.engines import SimEngine
 from llm_vitals.sim.openai_api import now_seconds
-
-if TYPE_CHECKING:
-    from llm_vitals.sim.engine import Engine
-    from llm_vitals.sim.engine_table import SimEngine
+from llm_vitals.sim.process import PROCESS_KEY, json_response
 
 START_US: web.AppKey[int] = web.AppKey("llamacpp_start_us")
 MAX_TOKENS_SEEN: web.AppKey[list[int]] = web.AppKey("llamacpp_n_tokens_max")
@@ -95,7 +93,7 @@ def render(numbers: dict[str, float]) -> bytes:
 
 
 async def metrics(request: web.Request) -> web.StreamResponse:
-    process = request.app[server.PROCESS_KEY]
+    process = request.app[PROCESS_KEY]
     driver = process.driver
     # The hang: the loop that would answer this read never takes it; the client's timeout ends it
     # (aiohttp cancels the handler when the client goes away).
@@ -109,17 +107,17 @@ async def metrics(request: web.Request) -> web.StreamResponse:
 
 
 async def health(request: web.Request) -> web.Response:
-    process = request.app[server.PROCESS_KEY]
+    process = request.app[PROCESS_KEY]
     if process.driver.dead:  # the moment between the fault and the port closing
-        return server.json_response({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}},
-                                    status=503)
-    return server.json_response({"status": "ok"})
+        return json_response({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}},
+                             status=503)
+    return json_response({"status": "ok"})
 
 
 async def models(request: web.Request) -> web.Response:
     """`/v1/models` as llama-server lists its `-a` alias (the canary's model lookup reads `data[0].id`)."""
-    config = request.app[server.PROCESS_KEY].config
-    return server.json_response({"object": "list", "data": [{
+    config = request.app[PROCESS_KEY].config
+    return json_response({"object": "list", "data": [{
         "id": config.model, "aliases": [config.model], "tags": [], "object": "model", "created": now_seconds(),
         "owned_by": "llamacpp", "meta": {"n_ctx": config.max_model_len}}]})  # fmt: skip
 
@@ -131,11 +129,8 @@ def routes(app: web.Application) -> None:
     app[MAX_TOKENS_SEEN] = [0]
     app.router.add_get("/v1/models", models)
     app.router.add_get("/models", models)
-    app.router.add_post("/v1/completions", server.completions)
-    app.router.add_post("/v1/chat/completions", server.chat_completions)
+    app.router.add_post("/v1/completions", completions.completions)
+    app.router.add_post("/v1/chat/completions", completions.chat_completions)
 
 
-def sim_engine() -> SimEngine:
-    from llm_vitals.sim.engine_table import SimEngine
-
-    return SimEngine(name="llamacpp", metrics=metrics, health=(("/health", health),), routes=routes)
+SIM_ENGINE = SimEngine(name="llamacpp", metrics=metrics, health=(("/health", health),), routes=routes)

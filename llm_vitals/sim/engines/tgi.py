@@ -17,14 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from llm_vitals.sim import server
-
-if TYPE_CHECKING:
-    from llm_vitals.sim.backend import ServerProcess
+from llm_vitals.sim import completions
+from llm_vitals.sim.engines import SimEngine
+from llm_vitals.sim.process import PROCESS_KEY, ServerProcess, json_response
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 HELP = {
@@ -117,18 +115,21 @@ def state_of(process: ServerProcess) -> TgiState:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = render(state_of(request.app[server.PROCESS_KEY])).encode()
+    body = render(state_of(request.app[PROCESS_KEY])).encode()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 async def health(request: web.Request) -> web.Response:
     """TGI's /health: 200 (empty) while the engine lives, 503 `{"error":"unhealthy"}` once dead."""
-    if request.app[server.PROCESS_KEY].driver.dead:
-        return server.json_response({"error": "unhealthy", "error_type": "healthcheck"}, status=503)
+    if request.app[PROCESS_KEY].driver.dead:
+        return json_response({"error": "unhealthy", "error_type": "healthcheck"}, status=503)
     return web.Response(status=200)
 
 
 def routes(app: web.Application) -> None:
-    app.router.add_get("/v1/models", server.models)
-    app.router.add_post("/v1/completions", server.completions)
-    app.router.add_post("/v1/chat/completions", server.chat_completions)
+    app.router.add_get("/v1/models", completions.models)
+    app.router.add_post("/v1/completions", completions.completions)
+    app.router.add_post("/v1/chat/completions", completions.chat_completions)
+
+
+SIM_ENGINE = SimEngine(name="tgi", metrics=metrics, health=(("/health", health),), routes=routes)

@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from llm_vitals.sim import server
-
-if TYPE_CHECKING:
-    from llm_vitals.sim.backend import ServerProcess
-    from llm_vitals.sim.engine_table import Handler
+from llm_vitals.sim import completions
+from llm_vitals.sim.engines import Handler, SimEngine
+from llm_vitals.sim.process import PROCESS_KEY, ServerProcess, json_response
 
 # SGLANG_HEALTH_CHECK_TIMEOUT's default: how long /health waits for a frozen scheduler.
 HEALTH_TIMEOUT_S = 20.0
@@ -103,14 +100,14 @@ async def metrics(request: web.Request) -> web.Response:
     active = request.app[ACTIVE_KEY]
     active["/metrics"] += 1  # SGLang's own page counts the read serving it
     try:
-        return web.Response(body=render(request.app[server.PROCESS_KEY], active), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(body=render(request.app[PROCESS_KEY], active), headers={"Content-Type": CONTENT_TYPE})
     finally:
         active["/metrics"] -= 1
 
 
 async def health(request: web.Request) -> web.Response:
     """SGLang's /health = /health_generate: a 1-token generation through the scheduler, empty body."""
-    driver = request.app[server.PROCESS_KEY].driver
+    driver = request.app[PROCESS_KEY].driver
     if driver.dead:
         return web.Response(status=503)
     waited = 0.0
@@ -121,9 +118,9 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
-    config = request.app[server.PROCESS_KEY].config
-    return server.json_response({"object": "list", "data": [{
-        "id": config.model, "object": "model", "created": int(request.app[server.PROCESS_KEY].start_time),
+    config = request.app[PROCESS_KEY].config
+    return json_response({"object": "list", "data": [{
+        "id": config.model, "object": "model", "created": int(request.app[PROCESS_KEY].start_time),
         "owned_by": "sglang", "root": config.model, "parent": None, "max_model_len": config.max_model_len,
     }]})
 
@@ -145,13 +142,9 @@ def _counted(endpoint: str, handler: Handler) -> Handler:
 def routes(app: web.Application) -> None:
     app[ACTIVE_KEY] = Counter()
     app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/completions", _counted("/v1/completions", server.completions))
-    app.router.add_post("/v1/chat/completions", _counted("/v1/chat/completions", server.chat_completions))
+    app.router.add_post("/v1/completions", _counted("/v1/completions", completions.completions))
+    app.router.add_post("/v1/chat/completions", _counted("/v1/chat/completions", completions.chat_completions))
 
 
-def sim_engine():
-    """The table entry (built on call: simulator.engine_table imports this module)."""
-    from llm_vitals.sim.engine_table import SimEngine
-
-    return SimEngine(name="sglang", metrics=metrics, health=(("/health", health), ("/health_generate", health)),
-                     routes=routes)
+SIM_ENGINE = SimEngine(name="sglang", metrics=metrics, health=(("/health", health), ("/health_generate", health)),
+                       routes=routes)

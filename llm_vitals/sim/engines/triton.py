@@ -27,9 +27,9 @@ from typing import Any
 
 from aiohttp import web
 
-from llm_vitals.sim import server
 from llm_vitals.sim.engine import Engine, SimRequest
-from llm_vitals.sim.engine_table import SimEngine
+from llm_vitals.sim.engines import SimEngine
+from llm_vitals.sim.process import PROCESS_KEY, json_response
 
 CONTENT_TYPE = "text/plain; charset=utf-8"
 VERSION = "2.51.0"
@@ -107,12 +107,12 @@ def render(engine: Engine, model: str) -> str:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    process = request.app[server.PROCESS_KEY]
+    process = request.app[PROCESS_KEY]
     return web.Response(text=render(process.driver.engine, process.config.model), headers={"Content-Type": CONTENT_TYPE})
 
 
 def _alive(request: web.Request) -> web.Response:
-    process = request.app[server.PROCESS_KEY]
+    process = request.app[PROCESS_KEY]
     return web.Response(status=503 if process.driver.dead else 200)
 
 
@@ -121,7 +121,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def model_ready(request: web.Request) -> web.Response:
-    process = request.app[server.PROCESS_KEY]
+    process = request.app[PROCESS_KEY]
     if request.match_info["model"] != process.config.model:
         return _error(404, f"Request for unknown model: '{request.match_info['model']}' is not found")
     return _alive(request)
@@ -144,7 +144,7 @@ def tokens_asked(body: object) -> int | None:
 
 
 async def infer(request: web.Request) -> web.Response:
-    process = request.app[server.PROCESS_KEY]
+    process = request.app[PROCESS_KEY]
     model = request.match_info["model"]
     if model != process.config.model:
         return _error(400, f"Request for unknown model: '{model}' is not found")
@@ -163,7 +163,7 @@ async def infer(request: web.Request) -> web.Response:
             if event.error is not None:
                 return _error(500, event.error)
             if event.finished_reason is not None:
-                return server.json_response({
+                return json_response({
                     "model_name": model, "model_version": "1",
                     "outputs": [{"name": "generated", "datatype": "INT32", "shape": [1, 1], "data": [n]}],
                 })
@@ -172,7 +172,7 @@ async def infer(request: web.Request) -> web.Response:
 
 
 async def server_metadata(request: web.Request) -> web.Response:
-    return server.json_response({"name": "triton", "version": VERSION, "extensions": ["classification", "sequence",
+    return json_response({"name": "triton", "version": VERSION, "extensions": ["classification", "sequence",
                                  "model_repository", "schedule_policy", "model_configuration", "statistics"]})
 
 

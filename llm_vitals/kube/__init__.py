@@ -1,0 +1,10 @@
+"""The one Kubernetes layer: the only package that talks to the API server (kubernetes-asyncio).
+
+    connect.py   the client constructor: kubeconfig (file or content, exec plugins), in-cluster service account
+    client.py    KubeClient: one request in, JSON or a KubeError out; watches as event streams
+    errors.py    KubeConfigError, KubeUnavailable, ApiError and `api_error`, the one reader of an error answer
+    objects.py   the calls the project makes: list/watch, pods, Events, nodes
+    leases.py    LeaseTransport: read, create and replace a Lease (False on 409)
+    informer.py  list, watch, resume, relist on 410 with backoff; `next_step` is its pure rule
+    backoff.py   the backoff schedule and the watch timeout, client-go's numbers
+"""

@@ -1,0 +1,66 @@
+"""What can go wrong talking to the Kubernetes API server, and the one helper that reads an error answer.
+
+Every caller sees one of three `KubeError`s, each with a sentence fit for a log line, an API answer
+or the journal:
+
+- `KubeConfigError`: the kubeconfig, the service account or an exec plugin cannot give credentials;
+- `KubeUnavailable`: no answer (refused, reset, TLS; `KubeTimeout`: not in time);
+- `ApiError`: the API server answered with an error status; `status`, `reason` (`Forbidden`,
+  `Expired`, ...) and `message` come from its `Status` object (`api_error`).
+
+No other module reads an API error body: they look at `ApiError.status` and show `str(error)`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+MESSAGE_LIMIT = 500  # characters of an error body kept: a Status message, or the start of an HTML page
+
+
+class KubeError(Exception):
+    """Anything that kept a request to the API server from succeeding."""
+
+
+class KubeConfigError(KubeError):
+    """The kubeconfig, the in-cluster service account or the exec plugin cannot be used."""
+
+
+class KubeUnavailable(KubeError):
+    """The API server could not be reached or did not answer in time."""
+
+
+class KubeTimeout(KubeUnavailable):
+    """The API server did not answer within the request's time limit."""
+
+
+class ApiError(KubeError):
+    """The API server answered with an error status (or a watch ERROR event)."""
+
+    def __init__(self, status: int, reason: str = "", message: str = ""):
+        self.status = status
+        self.reason = reason
+        self.message = message
+        super().__init__(f"HTTP {status}: {message or reason or 'no message'}")
+
+
+def api_error(status: int, body: bytes | str | Mapping[str, Any] | None) -> ApiError:
+    """An error answer (its status and body, a `Status` object or anything else) as an ApiError.
+
+    A watch ERROR event carries its own `code` (410 in a 200 stream): that code wins when present.
+    """
+    document: Any = body
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if isinstance(body, str):
+        try:
+            document = json.loads(body)
+        except ValueError:
+            return ApiError(status, "", " ".join(body.split())[:MESSAGE_LIMIT])
+    if not isinstance(document, Mapping):
+        return ApiError(status)
+    code = document.get("code")
+    return ApiError(code if isinstance(code, int) and code >= 400 else status, str(document.get("reason") or ""),
+                    str(document.get("message") or "")[:MESSAGE_LIMIT])

@@ -1,0 +1,90 @@
+"""The API calls the project makes, one function each: list and watch (for the informer), pods, Events, nodes.
+
+Each takes the shared `KubeClient`, returns the API server's JSON and raises a `KubeError`; none
+judges a status (a 404 or a 409 means something different to each caller).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+from kubernetes_asyncio.client import CoreV1Api
+
+from .client import KubeClient, Operation
+
+
+def as_json(body: dict[str, Any]) -> Any:
+    """A JSON body for a generated call typed for its model: it sends a dict as it is (no model round trip)."""
+    return cast(Any, body)
+
+
+@dataclass(frozen=True)
+class Query:
+    """What an informer follows: pods of one namespace (by label selector) or all nodes."""
+
+    resource: str  # "pods" | "nodes"
+    namespace: str | None = None
+    label_selector: str | None = None
+
+    def describe(self) -> str:
+        where = f" in namespace {self.namespace}" if self.namespace else ""
+        return f"{self.resource}{where}" + (f" ({self.label_selector})" if self.label_selector else "")
+
+    def operation(self, **query: Any) -> Operation:
+        """The generated list call for this query, with `query` (resource_version, watch, ...) added."""
+        if self.label_selector:
+            query["label_selector"] = self.label_selector
+        if self.resource == "pods" and self.namespace:
+            namespace = self.namespace
+            return lambda api, options: CoreV1Api(api).list_namespaced_pod(namespace, **query, **options)
+        if self.resource == "nodes" and self.namespace is None:
+            return lambda api, options: CoreV1Api(api).list_node(**query, **options)
+        raise ValueError(f"no list call for {self.describe()}")
+
+
+async def list_objects(kube: KubeClient, query: Query) -> dict[str, Any]:
+    """The List (its `items` and `metadata.resourceVersion`), read from etcd (no resourceVersion: the newest)."""
+    return await kube.call(query.operation())
+
+
+@contextlib.asynccontextmanager
+async def watch_objects(kube: KubeClient, query: Query, resource_version: str,
+                        seconds: int) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+    """A watch from `resource_version`, asking for BOOKMARK events, that the server ends after `seconds`."""
+    operation = query.operation(watch=True, resource_version=resource_version, allow_watch_bookmarks=True,
+                                timeout_seconds=seconds)
+    async with kube.watch(operation, seconds) as events:
+        yield events
+
+
+async def list_pods(kube: KubeClient, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+    """The pods of `namespace` matching `label_selector`."""
+    listed = await list_objects(kube, Query("pods", namespace, label_selector))
+    return list(listed.get("items") or [])
+
+
+async def delete_pod(kube: KubeClient, namespace: str, name: str, uid: str | None) -> dict[str, Any]:
+    """DELETE one pod; with `uid`, only if the pod of that name still has it (else 409: a newer pod took the name)."""
+    body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+    if uid:
+        body["preconditions"] = {"uid": uid}
+    return await kube.call(lambda api, options: CoreV1Api(api).delete_namespaced_pod(name, namespace, body=as_json(body), **options))
+
+
+async def create_event(kube: KubeClient, namespace: str, event: dict[str, Any]) -> dict[str, Any]:
+    """POST one core/v1 Event."""
+    return await kube.call(lambda api, options: CoreV1Api(api).create_namespaced_event(namespace, as_json(event), **options))
+
+
+async def get_node(kube: KubeClient, name: str) -> dict[str, Any]:
+    """GET one Node."""
+    return await kube.call(lambda api, options: CoreV1Api(api).read_node(name, **options))
+
+
+async def merge_patch_node(kube: KubeClient, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch of one Node (a `metadata.resourceVersion` in it makes it conditional: 409 if stale)."""
+    merge: dict[str, Any] = {"_content_type": "application/merge-patch+json"}  # the generated call would send a JSON patch
+    return await kube.call(lambda api, options: CoreV1Api(api).patch_node(name, as_json(patch), **options, **merge))

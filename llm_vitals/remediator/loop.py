@@ -1,0 +1,116 @@
+"""The gate loop: decide -> commit -> act, one alert at a time, over any `store.GateStore`.
+
+For one alert:
+  1. steps 1-3 of the gate on the store's last state, without I/O (most of a storm ends here as
+     `duplicate`); the pause too where that state is the committed one (one replica);
+  2. re-check through the exporter, or every exporter shard at once (shared in-flight reads);
+  3. under this replica's decision lock: read the state and its version, decide (the pure gate),
+     and commit the state the decision's effects make, at that version. A conflict (another
+     replica, or another task of this one, committed first) reads again and decides again;
+  4. a committed restart gets its journal row, then runs in the background (`acting.Actor`): its
+     intent was durable before, so a crash from here on still counts against the cooldown and the
+     budget. A refusal is queued for the journal; the answer waits for neither.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from . import gate, shared
+from .acting import Actor
+from .evidence import Evidence
+from .executors import Executor
+from .gate import AlertFacts, Decision, FleetView, GatePolicy, JournalState, TargetStatus
+from .shared import Intent
+from .store import GateStore, StateUnavailable, transact
+
+log = logging.getLogger("llm_vitals.remediator")
+
+
+class FleetSource(Protocol):
+    async def fleet(self) -> FleetView | None:
+        """The exporter's view of the whole fleet now, or None when it cannot be read."""
+        ...
+
+
+@dataclass(frozen=True)
+class Decided:
+    """One pass of the gate over a state: the decision, when it was made, and for a restart the
+    executor chosen and the claim committed with it."""
+
+    decision: Decision
+    now: float
+    executor: Executor | None = None
+    intent: Intent | None = None
+
+
+class GateLoop:
+    """Decides alerts over a store: the same loop for one replica (SQLite) and for replicas (the Lease)."""
+
+    def __init__(
+        self,
+        policy: GatePolicy,
+        store: GateStore[Any],
+        exporter: FleetSource,
+        actor: Actor,
+        evidence: Evidence,
+        clock: Callable[[], float],
+    ):
+        self.policy = policy
+        self.store = store
+        self.exporter = exporter
+        self.actor = actor
+        self.evidence = evidence
+        self.clock = clock
+        self._decision_lock = asyncio.Lock()
+
+    async def handle(self, facts: AlertFacts) -> Decision:
+        """Decide one alert, journal the decision, and start the restart when it is allowed."""
+        now = self.clock()
+        refused = gate.precheck(facts, self.store.last, self.policy, now if self.store.last_is_current else None)
+        if refused is not None:
+            self._refused(facts, refused, now, None)
+            return refused
+        fleet = await self.exporter.fleet()
+        status = fleet.targets.get(facts.target or "") if fleet is not None else None
+        async with self._decision_lock:
+            try:
+                decided = await transact(self.store, lambda state: self._decide(facts, fleet, status, state))
+            except StateUnavailable as exc:
+                decision = Decision(False, "state_unreachable", str(exc)[:500])
+                self._refused(facts, decision, self.clock(), status)
+                return decision
+            if decided.executor is None or decided.intent is None:
+                self._refused(facts, decided.decision, decided.now, status)
+                return decided.decision
+            try:
+                action_id = await self.evidence.restart(facts, decided.decision, decided.now,
+                                                        decided.executor.kind, status)
+            except Exception:
+                # Nothing will run: end the claim (the cooldown and the budget stay spent).
+                await self.actor.release(decided.intent.holder)
+                raise
+            self.actor.start(action_id, facts, decided.executor, decided.intent.holder, status)
+            return decided.decision
+
+    def _decide(
+        self, facts: AlertFacts, fleet: FleetView | None, status: TargetStatus | None, state: JournalState
+    ) -> tuple[Decided, JournalState]:
+        """One pass of the pure gate over `state`: the decision, and the state its effects make."""
+        now = self.clock()
+        decision = gate.decide(facts, fleet, state, self.policy, now)
+        effects = gate.effects_of(decision, facts, fleet, state, self.policy, now)
+        decided = Decided(decision, now)
+        if decision.allowed:
+            executor = self.actor.executor_for(facts, decision, status)
+            decided = Decided(decision, now, executor, self.actor.claim(facts, executor, status, now))
+        return decided, shared.with_effects(state, effects, facts, now, decided.intent)
+
+    def _refused(self, facts: AlertFacts, decision: Decision, now: float, status: TargetStatus | None) -> None:
+        self.evidence.decided(facts, decision, now, status)
+        if decision.reason in gate.HUMAN_REFUSALS:
+            self.actor.tell_refusal(facts, decision, status)

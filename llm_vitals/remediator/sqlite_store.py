@@ -1,0 +1,169 @@
+"""The gate's state for one replica: one versioned row in its SQLite file (`store.GateStore`).
+
+The row (table `gate_state`: a version number and the state as `shared.to_json` writes it) lives in
+the journal's file, in a table of its own beside the audit tables. This process is its only writer
+(the journal's lock file refuses a second remediator), so `read` answers from memory and `commit`
+compares versions in memory before it writes: a conflict only comes from another task of this
+process (a restart ending, a pause) committing between a read and a commit. A commit is durable
+(`synchronous=FULL`) before it returns: a restart's intent survives a crash and a power cut.
+
+Opening:
+- a row with a restart in progress was left by a remediator that stopped during that restart: the
+  restart is over (the journal marks its row `interrupted`), and its start still counts against the
+  cooldown and the budget;
+- no row yet (a journal written before this store existed): the state is derived once from the
+  journal's rows, as that version did at every start, and kept in the row from then on. Starting
+  empty would forget the open circuits, the spent budgets, the cooldown, the pause and which alerts
+  were decided: the first alert after an upgrade could restart a target whose circuit was open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from . import shared
+from .gate import JournalState, dedupe_key
+
+T = TypeVar("T")
+
+# One replica has no object size limit: it remembers decided alerts for a month (the Lease, a day).
+LOCAL_KEY_MEMORY_SECONDS = 30 * 86400.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS gate_state (   -- the gate's state: one row, versioned (sqlite_store.py)
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    version INTEGER NOT NULL,
+    state TEXT NOT NULL                   -- JSON, as remediator/shared.py's to_json writes it
+);
+"""
+
+
+class SqliteStore:
+    """The gate's state in one row of this replica's SQLite file, read from memory, committed durably."""
+
+    last_is_current = True  # the only writer: memory is the committed state
+    claims_expire = False  # this replica's claim ends when its restart does, or at its next start
+
+    def __init__(self, path: Path | str, budget_window: float, clock: Callable[[], float]):
+        self.path = Path(path)
+        self.budget_window = budget_window
+        self.clock = clock
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-state")
+        self._conn: sqlite3.Connection | None = None
+        self._state = JournalState()
+        self._version = 0
+        self._lock = asyncio.Lock()  # one commit at a time: compare, write, then remember
+
+    @property
+    def last(self) -> JournalState:
+        return self._state
+
+    async def open(self) -> None:
+        """Open the row (after the journal, which holds the file's lock); see the module docstring."""
+        self._state, self._version = await self._run(self._open_sync, self.clock())
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._run(self._conn.close)
+            self._conn = None
+        self._thread.shutdown(wait=True)
+
+    async def read(self) -> tuple[JournalState, int]:
+        return self._state, self._version
+
+    async def commit(self, version: int, state: JournalState) -> bool:
+        async with self._lock:
+            if version != self._version:
+                return False
+            new = self._pruned(state, self.clock())
+            await self._run(self._write, version, version + 1, shared.to_json(new))
+            self._state, self._version = new, version + 1
+        return True
+
+    # -- on the database thread ------------------------------------------------------------------
+
+    def _open_sync(self, now: float) -> tuple[JournalState, int]:
+        conn = sqlite3.connect(self.path, isolation_level=None)
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.executescript(_SCHEMA)
+        self._conn = conn
+        row = conn.execute("SELECT version, state FROM gate_state WHERE id=1").fetchone()
+        if row is None:
+            state, version = state_from_journal(conn), 0
+        else:
+            try:
+                state, version = shared.from_json(row[1]), int(row[0])
+            except shared.BadState as exc:
+                raise shared.BadState(f"{self.path}: table gate_state: {exc}") from None
+        # A restart in progress here was this replica's own, and it stopped with it.
+        opened = self._pruned(replace(state, in_progress=None, in_progress_expires=None, in_progress_by=None), now)
+        if row is None or opened != state:
+            self._write(version, version + 1, shared.to_json(opened))
+            version += 1
+        return opened, version
+
+    def _write(self, version: int, new_version: int, text: str) -> None:
+        conn = self._conn
+        assert conn is not None, "the gate's state is not open"
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if version == 0:
+                conn.execute("INSERT INTO gate_state (id, version, state) VALUES (1, ?, ?)", (new_version, text))
+            else:
+                changed = conn.execute("UPDATE gate_state SET version=?, state=? WHERE id=1 AND version=?",
+                                       (new_version, text, version)).rowcount
+                if changed != 1:  # another process wrote the row: the journal's lock should make this impossible
+                    raise RuntimeError(f"{self.path}: the gate's state changed under this remediator")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _pruned(self, state: JournalState, now: float) -> JournalState:
+        return shared.pruned(state, now, self.budget_window, key_memory=LOCAL_KEY_MEMORY_SECONDS, max_keys=None)
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+
+def state_from_journal(conn: sqlite3.Connection) -> JournalState:
+    """The state as a journal written before this store says it (what that version rebuilt at each
+    start): decided alerts, restarts since each circuit's reset, open circuits, pause, storm, nodes."""
+    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if not {"actions", "circuits", "shared"} <= tables:
+        return JournalState()
+    decided_at: dict[tuple[str, float], float] = {}
+    for fingerprint, starts_at, at in conn.execute(
+        "SELECT fingerprint, starts_at, time FROM actions"
+        " WHERE decision IN ('restart','dry_run') AND fingerprint IS NOT NULL AND starts_at IS NOT NULL"
+    ):
+        key = dedupe_key(fingerprint, starts_at)
+        decided_at[key] = max(at, decided_at.get(key, at))
+    (last_started,) = conn.execute("SELECT max(time) FROM actions WHERE decision='restart'").fetchone()
+    circuits = {t: (bool(o), r) for t, o, r in conn.execute("SELECT target, open, reset_at FROM circuits")}
+    times: dict[str, list[float]] = {}
+    for target, started in conn.execute("SELECT target, time FROM actions WHERE decision='restart' ORDER BY time"):
+        reset_at = circuits.get(target, (False, None))[1]
+        if reset_at is None or started > reset_at:
+            times.setdefault(target, []).append(started)
+    kept = {k: json.loads(v) for k, v in conn.execute("SELECT key, value FROM shared")}
+    pause = kept.get("pause") or {}
+    return JournalState(
+        decided_keys=frozenset(decided_at),
+        decided_at=decided_at,
+        last_restart_started=last_started,
+        restart_times={t: tuple(v) for t, v in times.items()},
+        open_circuits=frozenset(t for t, (is_open, _) in circuits.items() if is_open),
+        paused_until=pause.get("until"),
+        pause_reason=pause.get("reason", "") if pause.get("until") is not None else "",
+        storm_seen_at=kept.get("storm_seen_at"),
+        gpu_nodes=frozenset(kept.get("gpu_nodes", ())),
+    )
