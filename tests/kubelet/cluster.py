@@ -68,6 +68,13 @@ NICENESS = 10
 SYSCTLS = ("vm.overcommit_memory", "vm.panic_on_oom", "kernel.panic", "kernel.panic_on_oops",
            "kernel.keys.root_maxkeys", "kernel.keys.root_maxbytes")
 LOG_DIRS = ("/var/log/pods", "/var/log/containers")
+# Fixed host paths a kubelet or dockerd makes whatever its flags say: the device plugin manager's
+# socket dir (hardcoded in 1.20) and containerd's shim socket dir. Removed after the run if the run
+# made them (and, for the shared socket dir, only once empty).
+HOST_PATHS = ("/var/lib/kubelet", "/run/containerd")
+# What the teardown checks is gone unless it was there before (the dockershim socket's default path
+# included: the kubelets are given their own, so it must never appear).
+WATCHED_PATHS = (*LOG_DIRS, *HOST_PATHS, "/var/run/dockershim.sock")
 DOCKER = "/usr/bin/docker"  # Debian's CLI: the daemon's own version
 HERE = Path(__file__).resolve().parent
 
@@ -399,7 +406,7 @@ class Cluster:
     def _save_host_state(self) -> None:
         saved = {k: _run("sysctl", "-n", k).stdout.strip() for k in SYSCTLS}
         (self.run / "sysctl.saved").write_text(json.dumps(saved))
-        (self.run / "preexisting").write_text("\n".join(d for d in LOG_DIRS if os.path.exists(d)) + "\n")
+        (self.run / "preexisting").write_text("\n".join(d for d in WATCHED_PATHS if os.path.exists(d)) + "\n")
         for d in LOG_DIRS:
             os.makedirs(d, exist_ok=True)
 
@@ -461,6 +468,11 @@ class Cluster:
             f"--healthz-bind-address={ip}", "--healthz-port=10248",
             f"--root-dir={root}", f"--cert-dir={root / 'pki'}", f"--volume-plugin-dir={root / 'volume-plugins'}",
             "--container-runtime=docker", f"--docker-endpoint=unix://{d / 'docker.sock'}",
+            # The dockershim's own CRI socket. Its default, /var/run/dockershim.sock, is one path for
+            # both kubelets: the second to start takes it over, and then both kubelets run their pods
+            # through node 1's dockershim and dockerd (seen: node 2's pods in node 1's daemon).
+            f"--container-runtime-endpoint=unix://{d / 'dockershim.sock'}",
+            f"--image-service-endpoint=unix://{d / 'dockershim.sock'}",
             f"--experimental-dockershim-root-directory={d / 'dockershim'}",
             f"--docker=unix://{d / 'docker.sock'}",  # cadvisor's; without it /stats/summary lists no pod
             f"--pod-infra-container-image={PAUSE_IMAGE}",
@@ -622,10 +634,23 @@ def stop_run(run: Path, *, remove: bool = True) -> list[str]:
     preexisting = run / "preexisting"
     if preexisting.exists():
         kept = set(preexisting.read_text().split())
+        (run / "preexisting.done").write_text(preexisting.read_text())
         for d in LOG_DIRS:
             if d not in kept:
                 with contextlib.suppress(OSError):
                     os.rmdir(d)
+        if "/var/lib/kubelet" not in kept:
+            # Only the device plugin manager's socket and marker: nothing else is ever put there.
+            plugins = Path("/var/lib/kubelet/device-plugins")
+            for name in ("kubelet.sock", "DEPRECATION"):
+                (plugins / name).unlink(missing_ok=True)
+            for d in (plugins, plugins.parent):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+        if "/run/containerd" not in kept:
+            for d in (Path("/run/containerd/s"), Path("/run/containerd")):
+                with contextlib.suppress(OSError):
+                    d.rmdir()  # empty only: another dockerd on the machine may have shims there
         preexisting.unlink()
     guard = run / "guard-route"
     if guard.exists():
@@ -663,6 +688,11 @@ def leftovers(run: Path) -> list[str]:
         found.append(f"route unreachable {GUARD_ROUTE}")
     for h in Path("/sys/fs/cgroup").iterdir():
         found += [f"cgroup {p}" for p in h.glob(f"{PREFIX}-*")]
+    # Made by the run and not removed (their state before the run is in `preexisting` until stop_run,
+    # which also removes them: so here, after it, they must be gone unless they were there before).
+    if (run / "preexisting.done").exists():  # else the run never got to start a node
+        kept = set((run / "preexisting.done").read_text().split())
+        found += [f"path {p}" for p in WATCHED_PATHS if os.path.exists(p) and p not in kept]
     return found
 
 

@@ -82,6 +82,8 @@ def drill_long_load(tier: Tier) -> dict[str, Any]:
     [server] = [c for c in status["containerStatuses"] if c["name"] == "vllm"]
     started = calendar.timegm(time.strptime(server["state"]["running"]["startedAt"], "%Y-%m-%dT%H:%M:%SZ"))
     seen_started = tier.first(w.name, pod.name, lambda p: p.started.get("vllm"))
+    # The pod's containers are in its own node's dockerd (two kubelets once shared one dockershim socket).
+    tier.cluster.docker(tier.node_index(pod.node), "inspect", tier.container_id(pod.name, "vllm"))
     return {
         "pod": pod.name, "node": pod.node, "applied_to_ready_s": round(pod.at - applied, 1),
         "container_start_to_ready_s": round(pod.at - started, 1), "load_s": LOAD_SECONDS,
