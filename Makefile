@@ -23,11 +23,12 @@ tools:
 test: install tools lint
 	$(BIN)/pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
-# Lint (ruff, whole tree) and types (mypy, on the packages that ship): a second or two each,
-# configured in pyproject.toml. `ruff check --fix .` mends what it can.
+# Lint (ruff, whole tree), types (mypy, on the package that ships) and the import contracts
+# (import-linter): a second or two each, configured in pyproject.toml. `ruff check --fix .` mends what it can.
 lint: install
 	@echo "== ruff check ." && $(BIN)/ruff check .
 	@echo "== mypy ($$(sed -n 's/^files = //p' pyproject.toml))" && $(BIN)/mypy
+	@echo "== lint-imports (the layers and no cycles, [tool.importlinter] in pyproject.toml)" && $(BIN)/lint-imports --no-cache
 
 # With an exporter config of your own (CONFIG=FILE, or ./exporter.yaml when it exists) the demo
 # watches your servers instead of the simulated fleet; `make demo CONFIG=` forces the simulation.

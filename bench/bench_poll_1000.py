@@ -11,7 +11,14 @@ while /metrics is scraped back to back (the page is ~24,000 lines at 1,000 targe
 default probe timeout is 1 s; the probe must not wait for a scrape. Target: p99 during scrapes
 <= 50 ms.
 
+`--baseline DIR` measures another commit's exporter beside this one, alternating the two `--rounds`
+times, and prints each figure's range per commit with the load average around each run (DIR: a
+detached worktree of that commit with its own .venv, see bench/checkouts.py). Issue 21's targets at
+5,000 targets, against the first wave (022c93d): CPU and probe p99 alone at or below the baseline's,
+probe p99 during scrapes at most 3x this commit's p99 alone.
+
     .venv/bin/python bench/bench_poll_1000.py [--targets 1000] [--interval 5] [--warmup 8] [--window 20] [--frozen]
+    .venv/bin/python bench/bench_poll_1000.py --targets 5000 --baseline /tmp/wave1 --rounds 2
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+from checkouts import exporter_command, exporter_env, label
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE = REPO / "tests" / "fixtures" / "vllm" / "vllm-0.32.0-cpu-metrics-busy.txt"
@@ -86,12 +94,15 @@ def cpu_seconds(process: psutil.Process) -> float:
 
 
 def probe_latencies_ms(url: str, count: int) -> list[float]:
-    """Sequential GETs of `url`, each timed from request to full answer."""
+    """Sequential GETs of `url`, each timed from request to full answer (one unanswered within 10 s counts as 10 s)."""
     times = []
     for _ in range(count):
         began = time.perf_counter()
-        with urllib.request.urlopen(url, timeout=10) as response:
-            response.read()
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                response.read()
+        except OSError:  # (a timeout included) on a box loaded enough, a probe may wait that long
+            pass
         times.append((time.perf_counter() - began) * 1e3)
         time.sleep(0.005)  # a probe is periodic, not a flood
     return sorted(times)
@@ -108,8 +119,11 @@ def probes_during_scrapes(exporter_url: str, count: int) -> tuple[list[float], l
     def scrape() -> None:
         while not stop.is_set():
             began = time.perf_counter()
-            with urllib.request.urlopen(exporter_url + "/metrics", timeout=30) as response:
-                response.read()
+            try:
+                with urllib.request.urlopen(exporter_url + "/metrics", timeout=30) as response:
+                    response.read()
+            except OSError:
+                continue
             scrapes.append(time.perf_counter() - began)
 
     scraper = threading.Thread(target=scrape, daemon=True)
@@ -122,29 +136,21 @@ def probes_during_scrapes(exporter_url: str, count: int) -> tuple[list[float], l
         scraper.join(timeout=30)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--targets", type=int, default=1000)
-    parser.add_argument("--interval", type=float, default=5.0)
-    parser.add_argument("--warmup", type=float, default=8.0, help="seconds before measuring (first polls are spread over one interval)")
-    parser.add_argument("--window", type=float, default=20.0, help="seconds of measurement")
-    parser.add_argument("--probes", type=int, default=300, help="probes timed alone, and again during scrapes")
-    parser.add_argument("--frozen", action="store_true", help="serve the page unchanged (stuck path: + /health each poll)")
-    args = parser.parse_args()
-
+def measure(checkout: Path, args: argparse.Namespace) -> dict[str, float]:
+    """One run of `checkout`'s exporter: its figures, and the 1-minute load average before and after."""
     page_port, exporter_port = free_port(), free_port()
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "exporter.yaml"
         lines = [f'listen: "127.0.0.1:{exporter_port}"', f"poll_interval: {args.interval}", "log_level: warning", "targets:"]
         for i in range(args.targets):
             lines.append(f"  - {{name: t{i}, url: 'http://127.0.0.1:{page_port}/t{i}', canary: {{enabled: false}}}}")
         config.write_text("\n".join(lines) + "\n")
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        server = subprocess.Popen([sys.executable, "-c", PAGE_SERVER, str(page_port), str(PAGE), "1" if args.frozen else "0"], env=env)
+        server = subprocess.Popen([sys.executable, "-c", PAGE_SERVER, str(page_port), str(PAGE), "1" if args.frozen else "0"])
         exporter = None
         try:
             wait_http(f"http://127.0.0.1:{page_port}/t0/metrics")
-            exporter = subprocess.Popen([sys.executable, "-m", "llm_vitals.exporter.cli", "--config", str(config)], env=env, cwd=REPO)
+            exporter = subprocess.Popen([*exporter_command(checkout), "--config", str(config)], env=exporter_env(checkout), cwd=checkout)
             wait_http(f"http://127.0.0.1:{exporter_port}/healthz")
             time.sleep(args.warmup)
             process = psutil.Process(exporter.pid)
@@ -163,18 +169,70 @@ def main() -> int:
                 if child is not None:
                     child.terminate()
                     child.wait(timeout=10)
+    cpu = cpu_after - cpu_before
+    return {
+        "load_before": load_before, "load_after": os.getloadavg()[0], "seconds": elapsed, "cpu_s": cpu,
+        "cpu_%": 100 * cpu / elapsed, "ms_per_poll": cpu / max(polls, 1) * 1e3,
+        "polls": polls, "polls_%": 100 * polls / (args.targets * elapsed / args.interval), "busy": states.get("busy", 0),
+        "alone_p50": percentile(quiet, 0.5), "alone_p99": percentile(quiet, 0.99),
+        "during_p50": percentile(scraped, 0.5), "during_p99": percentile(scraped, 0.99), "during_max": scraped[-1],
+        "scrapes": len(scrapes), "scrape_s": sum(scrapes) / max(len(scrapes), 1),
+    }
 
-    share = (cpu_after - cpu_before) / elapsed
-    expected = args.targets * elapsed / args.interval
+
+def report(figures: dict[str, float], args: argparse.Namespace) -> bool:
+    """Print one run as this benchmark always has; whether it meets the 1,000-target targets."""
     print(f"targets: {args.targets}, poll interval {args.interval:g}s, page {PAGE.name} ({'frozen' if args.frozen else 'moving'})")
-    print(f"window: {elapsed:.1f}s, polls: {polls} ({polls / expected:.0%} of the {expected:.0f} expected), states: {states}")
-    print(f"exporter CPU: {cpu_after - cpu_before:.2f}s over {elapsed:.1f}s = {share:.1%} of one core "
-          f"({(cpu_after - cpu_before) / max(polls, 1) * 1e3:.2f} ms per poll); target <= 25%")
-    print(f"probe /probe/t0/ready alone: p50 {percentile(quiet, 0.5):.1f} ms, p99 {percentile(quiet, 0.99):.1f} ms")
-    print(f"probe during back-to-back /metrics scrapes ({len(scrapes)} scrapes, {sum(scrapes) / max(len(scrapes), 1):.2f} s each): "
-          f"p50 {percentile(scraped, 0.5):.1f} ms, p99 {percentile(scraped, 0.99):.1f} ms, max {scraped[-1]:.1f} ms "
-          f"({percentile(scraped, 0.99) / percentile(quiet, 0.99):.1f}x the p99 alone); target p99 <= 50 ms")
-    ok = share <= 0.25 and polls >= 0.9 * expected and percentile(scraped, 0.99) <= 50.0
+    print(f"window: {figures['seconds']:.1f}s, polls: {figures['polls']:.0f} ({figures['polls_%']:.0f}% of the expected), "
+          f"busy: {figures['busy']:.0f}; load average {figures['load_before']:.2f} before, {figures['load_after']:.2f} after")
+    print(f"exporter CPU: {figures['cpu_s']:.2f}s over {figures['seconds']:.1f}s = {figures['cpu_%']:.1f}% of one core "
+          f"({figures['ms_per_poll']:.2f} ms per poll); target <= 25%")
+    print(f"probe /probe/t0/ready alone: p50 {figures['alone_p50']:.1f} ms, p99 {figures['alone_p99']:.1f} ms")
+    print(f"probe during back-to-back /metrics scrapes ({figures['scrapes']:.0f} scrapes, {figures['scrape_s']:.2f} s each): "
+          f"p50 {figures['during_p50']:.1f} ms, p99 {figures['during_p99']:.1f} ms, max {figures['during_max']:.1f} ms "
+          f"({figures['during_p99'] / figures['alone_p99']:.1f}x the p99 alone); target p99 <= 50 ms", flush=True)
+    return figures["cpu_%"] <= 25 and figures["polls_%"] >= 90 and figures["during_p99"] <= 50.0
+
+
+COLUMNS = ("load_before", "load_after", "cpu_%", "ms_per_poll", "polls_%", "alone_p50", "alone_p99", "during_p50", "during_p99",
+           "scrape_s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", type=int, default=1000)
+    parser.add_argument("--interval", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=8.0, help="seconds before measuring (first polls are spread over one interval)")
+    parser.add_argument("--window", type=float, default=20.0, help="seconds of measurement")
+    parser.add_argument("--probes", type=int, default=300, help="probes timed alone, and again during scrapes")
+    parser.add_argument("--frozen", action="store_true", help="serve the page unchanged (stuck path: + /health each poll)")
+    parser.add_argument("--baseline", type=Path, help="another commit's checkout (with its .venv), measured alternately with this one")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each checkout, alternating")
+    args = parser.parse_args()
+
+    checkouts = [args.baseline, REPO] if args.baseline else [REPO]
+    runs: dict[str, list[dict[str, float]]] = {label(checkout): [] for checkout in checkouts}
+    ok = True
+    for round_ in range(args.rounds):
+        for checkout in checkouts:
+            print(f"== {label(checkout)} ({checkout}), round {round_ + 1}")
+            figures = measure(checkout, args)
+            runs[label(checkout)].append(figures)
+            ok = report(figures, args) and ok
+    if args.baseline or args.rounds > 1:
+        print("\nranges over runs (min-max); load_* is the 1-minute load average before and after each run")
+        print(f"{'':<12}" + "".join(f"{column:>14}" for column in COLUMNS))
+        for name, figures in runs.items():
+            print(f"{name:<12}" + "".join(f"{min(f[c] for f in figures):>6.2f}-{max(f[c] for f in figures):<7.2f}" for c in COLUMNS))
+        if args.baseline:
+            base, this = runs[label(args.baseline)], runs["this"]
+            worst_this = {c: max(f[c] for f in this) for c in COLUMNS}
+            best_base = {c: min(f[c] for f in base) for c in COLUMNS}
+            print(f"this commit's worst against the baseline's best: CPU {worst_this['cpu_%']:.1f}% vs {best_base['cpu_%']:.1f}%, "
+                  f"probe p99 alone {worst_this['alone_p99']:.1f} vs {best_base['alone_p99']:.1f} ms; "
+                  f"p99 during scrapes / p99 alone, per run: "
+                  + ", ".join(f"{f['during_p99'] / f['alone_p99']:.1f}x" for f in this))
+        return 0
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

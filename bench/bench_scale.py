@@ -1,7 +1,7 @@
-"""One exporter at 1,000 and 5,000 targets, the /metrics page rendered whole per scrape (the old
-renderer, `--full-render`) against each target's lines kept per poll (llm_vitals/exporter/page.py), side by side.
+"""One exporter at 1,000 and 5,000 targets polled by a fake fleet; with `--baseline DIR`, another
+commit's exporter beside it (e.g. one that rendered /metrics whole per scrape), side by side.
 
-For each (targets, renderer), on a fresh exporter (its real CLI, in a process of its own) polling a
+For each (targets, checkout), on a fresh exporter (its real CLI, in a process of its own) polling a
 fake fleet (bench/fleet_pages.py: one niced process answering every target from prebuilt bytes) every
 5 s, after a warm-up of one interval and a bit:
 - CPU: the exporter's user + system time over a window of polls alone, as a share of one core, and
@@ -14,12 +14,16 @@ fake fleet (bench/fleet_pages.py: one niced process answering every target from 
 The box is shared: beside each measurement are the load average and the floor, the probe p50/p99
 of a bare aiohttp server at the exporter's priority just before; figures from a loaded box are
 worse than the exporter's own. First, in this process and in CPU time (which the load does not
-inflate), one scrape's page and its longest loop step, per renderer.
+inflate), one scrape's page and its longest loop step: rendered whole (tests/whole_page.py, the
+renderer before llm_vitals/exporter/page.py), and joined from kept lines after every target changed
+(a scrape after a poll interval or more) and after none did (back-to-back scrapes).
 
-Targets (issue 16), for the kept lines: at 5,000 targets <= 50 % of one core, a scrape <= 20 ms,
+`DIR` is a detached worktree of the other commit with its own .venv (bench/checkouts.py).
+
+Targets (issue 16), for this checkout: at 5,000 targets <= 50 % of one core, a scrape <= 20 ms,
 probe p99 <= 2 ms alone and <= 5 ms during scrapes; at 1,000 targets probe p99 <= 1 ms alone.
 
-    .venv/bin/python bench/bench_scale.py [--targets 1000 5000] [--runs 1] [--interval 5] [--window 15]
+    .venv/bin/python bench/bench_scale.py [--targets 1000 5000] [--runs 1] [--interval 5] [--window 15] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -39,11 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from checkouts import exporter_command, exporter_env, label
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
 NICENESS = 10  # the fake fleet, behind the exporter it feeds (at 19 a loaded box starved it: half the polls made)
-RENDERERS = {"whole": ["--full-render"], "kept": []}  # old, new
 # The floor: a bare aiohttp app answering a probe-sized JSON, run beside the exporter at the same
 # priority. Its probe latencies are what this box gives any Python server at that moment.
 FLOOR_SERVER = r"""
@@ -156,7 +160,7 @@ def pct(values: list[float], q: float) -> float:
 @dataclass
 class Result:
     targets: int
-    renderer: str
+    checkout: str  # "this", or the baseline's folder name
     load: float  # 1-minute load average when the measurement began
     floor: list[float]  # probe latencies of the floor server, just before the exporter's alone
     cpu: float  # share of one core, polls alone
@@ -180,9 +184,9 @@ class Result:
         }
 
     def misses(self) -> list[str]:
-        """The issue's targets this measurement misses (the kept renderer only)."""
+        """The issue's targets this measurement misses (this checkout only)."""
         f, missed = self.figures(), []
-        if self.renderer != "kept":
+        if self.checkout != "this":
             return missed
         if self.targets >= 5000:
             for key, limit in (("cpu_%", 50), ("scrape_ms", 20), ("alone_p99", 2), ("during_p99", 5)):
@@ -193,7 +197,7 @@ class Result:
         return missed
 
 
-def measure(targets: int, renderer: str, fleet_port: int, fleet: psutil.Process, floor_port: int,
+def measure(targets: int, checkout: Path, fleet_port: int, fleet: psutil.Process, floor_port: int,
             args: argparse.Namespace) -> Result:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
@@ -202,9 +206,8 @@ def measure(targets: int, renderer: str, fleet_port: int, fleet: psutil.Process,
         lines += [f"  - {{name: t{i}, url: 'http://127.0.0.1:{fleet_port}/t{i}', canary: {{enabled: false}}}}"
                   for i in range(targets)]
         config.write_text("\n".join(lines) + "\n")
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-        exporter = subprocess.Popen([sys.executable, "-m", "llm_vitals.exporter.cli", "--config", str(config), *RENDERERS[renderer]],
-                                    env=env, cwd=REPO, start_new_session=True)
+        exporter = subprocess.Popen([*exporter_command(checkout), "--config", str(config)],
+                                    env=exporter_env(checkout), cwd=checkout, start_new_session=True)
         try:
             wait_http(f"http://127.0.0.1:{port}/healthz")
             time.sleep(args.interval + args.warmup)  # a large fleet spreads its first polls over one interval
@@ -217,7 +220,7 @@ def measure(targets: int, renderer: str, fleet_port: int, fleet: psutil.Process,
             cpu_after, fleet_after, elapsed = cpu_seconds(process), cpu_seconds(fleet), time.monotonic() - began
             waited = (waited_seconds(exporter.pid) - waited_before) / elapsed
             polls = total_polls(port) - polls_before
-            result = Result(targets, renderer, load, probes(floor_port, args.probes), (cpu_after - cpu_before) / elapsed,
+            result = Result(targets, label(checkout), load, probes(floor_port, args.probes), (cpu_after - cpu_before) / elapsed,
                             polls / (targets * elapsed / args.interval), (fleet_after - fleet_before) / elapsed, waited)
             result.alone = probes(port, args.probes)
             single = finish(scrape_loop(port, "--count", str(args.scrapes), "--pause", "0.5"))
@@ -238,12 +241,17 @@ def measure(targets: int, renderer: str, fleet_port: int, fleet: psutil.Process,
 
 def page_steps(targets: int) -> dict[str, tuple[float, float]]:
     """In this process, no network: CPU ms of the longest loop step of one scrape, and of the whole
-    page, per renderer, at `targets` busy targets (thread CPU time: the box's load does not count)."""
+    page, at `targets` busy targets (thread CPU time: the box's load does not count): rendered whole
+    (the renderer before llm_vitals/exporter/page.py), joined after every target changed since the
+    last scrape, and joined after none did."""
     from dataclasses import replace
 
-    from llm_vitals.exporter.collector import read, render_families
+    sys.path.insert(0, str(REPO / "tests"))
+    from whole_page import render_families
+
+    from llm_vitals.exporter.collector import read
     from llm_vitals.exporter.engines import Snapshot
-    from llm_vitals.exporter.page import page_pieces, refresh
+    from llm_vitals.exporter.page import PageCache
     from llm_vitals.exporter.settings import parse_settings
     from llm_vitals.exporter.state import StateStore
 
@@ -251,11 +259,11 @@ def page_steps(targets: int) -> dict[str, tuple[float, float]]:
     store = StateStore(parse_settings({"targets": [{"name": f"t{i}", "url": f"http://127.0.0.1:9/t{i}"}
                                                    for i in range(targets)]}, environ={}), now - 60)
     snapshot = Snapshot(running=2, waiting=6, steps=462, generation_tokens=903, process_start_time=now - 3600)
-    for record in store:
-        record.verdict = replace(record.verdict, state="busy", up=True, started=True, snapshot=snapshot, last_poll=now,
-                                 last_progress=now, steps_per_second=12.5, generation_tokens_per_second=30.25)
-        record.poll_duration = 0.0021
-        refresh(record, now)
+
+    def poll_all() -> None:
+        for record in store:
+            record.record_poll(replace(record.verdict, state="busy", up=True, started=True, snapshot=snapshot, last_poll=now,
+                                       last_progress=now, steps_per_second=12.5, generation_tokens_per_second=30.25), now, 0.0021)
 
     def steps(pieces) -> tuple[float, float]:
         longest, total = 0.0, 0.0
@@ -272,7 +280,14 @@ def page_steps(targets: int) -> dict[str, tuple[float, float]]:
         yield [read(record, now) for record in store]
         yield from render_families([read(record, now) for record in store], now)
 
-    return {"whole": steps(whole()), "kept": steps(page_pieces(list(store), now))}
+    poll_all()
+    figures = {"whole": steps(whole())}
+    pages = PageCache()
+    pages.page(list(store), now)
+    poll_all()
+    figures["kept/all changed"] = steps(pages.pieces(list(store), now))
+    figures["kept/none changed"] = steps(pages.pieces(list(store), now))
+    return figures
 
 
 COLUMNS = ("load", "floor_p50", "floor_p99", "cpu_%", "waited_%", "polls_%", "fleet_cpu_%", "scrape_ms", "scrape_max_ms",
@@ -287,7 +302,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the children
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", type=int, nargs="+", default=[1000, 5000])
-    parser.add_argument("--renderers", nargs="+", choices=list(RENDERERS), default=list(RENDERERS))
+    parser.add_argument("--baseline", type=Path, help="another commit's checkout (with its .venv), measured beside this one")
     parser.add_argument("--runs", type=int, default=1, help="the whole matrix this many times; ranges at the end")
     parser.add_argument("--interval", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds after one interval before measuring")
@@ -297,6 +312,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write every measurement here")
     args = parser.parse_args()
 
+    checkouts = [args.baseline, REPO] if args.baseline else [REPO]
     for targets in args.targets:
         for renderer, (longest, total) in page_steps(targets).items():
             print(f"{targets}/{renderer}: one scrape's page in-process: {total:.1f} ms of CPU, longest loop step {longest:.2f} ms")
@@ -318,10 +334,10 @@ def main() -> int:
         print_row("targets/page", {c: c for c in COLUMNS})
         for run in range(args.runs):
             for targets in args.targets:
-                for renderer in args.renderers:
-                    result = measure(targets, renderer, fleet_port, fleet, floor_port, args)
+                for checkout in checkouts:
+                    result = measure(targets, checkout, fleet_port, fleet, floor_port, args)
                     results.append(result)
-                    print_row(f"{targets}/{renderer}", {k: f"{v:.2f}" for k, v in result.figures().items()})
+                    print_row(f"{targets}/{result.checkout}", {k: f"{v:.2f}" for k, v in result.figures().items()})
                     print(f"{'':<14}run {run + 1}: page {result.page_bytes / 1e6:.1f} MB, "
                           f"{result.scrapes_during} scrapes during the probes, {result.failures} failed probes or scrapes"
                           + (f"; MISSED: {', '.join(result.misses())}" if result.misses() else ""), flush=True)
@@ -333,12 +349,12 @@ def main() -> int:
     print("\nranges over runs (min-max):")
     print_row("targets/page", {c: c for c in COLUMNS})
     for targets in args.targets:
-        for renderer in args.renderers:
-            mine = [r.figures() for r in results if r.targets == targets and r.renderer == renderer]
-            print_row(f"{targets}/{renderer}", {c: f"{min(f[c] for f in mine):.1f}-{max(f[c] for f in mine):.1f}"
-                                                 for c in COLUMNS})
+        for checkout in checkouts:
+            mine = [r.figures() for r in results if r.targets == targets and r.checkout == label(checkout)]
+            print_row(f"{targets}/{label(checkout)}", {c: f"{min(f[c] for f in mine):.1f}-{max(f[c] for f in mine):.1f}"
+                                                       for c in COLUMNS})
     if args.json:
-        args.json.write_text(json.dumps([{"targets": r.targets, "renderer": r.renderer, **r.figures(),
+        args.json.write_text(json.dumps([{"targets": r.targets, "checkout": r.checkout, **r.figures(),
                                           "page_bytes": r.page_bytes, "scrapes_during": r.scrapes_during}
                                          for r in results], indent=1))
     missed = [m for r in results for m in r.misses()]

@@ -194,7 +194,8 @@ class Chain:
 
     async def actions(self) -> list[dict[str, Any]]:
         """The remediator's journal, oldest first."""
-        response = await self.http.get(f"{self.remediator_url}/api/v1/actions", params={"limit": "1000"})
+        response = await self.http.get(f"{self.remediator_url}/api/v1/actions", params={"limit": "1000"},
+                                       headers={"Authorization": f"Bearer {TOKEN}"})
         response.raise_for_status()
         return list(reversed(response.json()["actions"]))
 

@@ -35,6 +35,12 @@ EXPECTED_ALERTS = {
     "LLMVitalsPollingStale",
     "LLMVitalsExporterAbsent",
     "LLMServerSaturated",
+    # The remediator's own (issue 22).
+    "LLMVitalsRemediatorCircuitOpen",
+    "LLMVitalsRemediatorExecutorErrors",
+    "LLMVitalsRemediatorStateUnreachable",
+    "LLMVitalsRemediatorAbsent",
+    "LLMVitalsRemediatorDisruptionBudget",
 }
 
 

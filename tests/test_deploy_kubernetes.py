@@ -213,11 +213,13 @@ def test_remediator_is_two_replicas_each_with_its_journal_on_a_pvc():
 
 
 def test_remediator_rbac_is_exactly_the_verbs_it_uses():
-    """Pods: delete. Its Lease: get, update (by name), create. Events: create. Nodes: get, patch.
-    tests/k8s/ runs the remediator on the real API server with exactly these rules."""
+    """Pods: evict (pods/eviction create), delete (pod_action: delete), list (a group's pods). Its
+    Lease: get, update (by name), create. Events: create. Nodes: get, patch. tests/k8s/ runs the
+    remediator on the real API server with exactly these rules."""
     role = _one("Role", "llm-vitals-remediator")
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete", "list"]},
+        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["llm-vitals-remediator"],
          "verbs": ["get", "update"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
@@ -313,6 +315,16 @@ async def test_prestop_hook_drains_the_real_shim(aiohttp_server, tmp_path):
             assert (await answer.json())["draining"] is True
         async with session.get(server.make_url("/probe/vllm/ready")) as answer:
             assert answer.status == 503
+
+
+def test_the_vllm_deployment_has_a_disruption_budget_the_remediator_honours():
+    """pdb.yaml selects exactly the Deployment's pods; the remediator evicts (pod_action: evict)."""
+    pdb = _one("PodDisruptionBudget", "vllm")
+    deployment = _one("Deployment", "vllm")
+    assert pdb["apiVersion"] == "policy/v1" and pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+    remediator = RemediatorSettings.model_validate(_configmap_yaml("llm-vitals-remediator", "remediator.yaml"))
+    assert remediator.pod_action == "evict"
 
 
 # ---- the two variants, rendered by the real kustomize ---------------------------------------

@@ -128,10 +128,10 @@ async def test_probes_answer_from_the_cache(aiohttp_client) -> None:
     assert (await status("startup"), await status("ready"), await status("live")) == (503, 503, 200)
     from llm_vitals.exporter.engines import Snapshot
     t0 = rec.verdict.first_seen
-    rec.verdict = judge(rec.verdict, Snapshot(0, 0, 1, 1, 1, 1, 0.0, 5.0), t0, target)
-    rec.verdict = record_canary(rec.verdict, CanaryOutcome("ok"), t0, target)
+    rec.record_poll(judge(rec.verdict, Snapshot(0, 0, 1, 1, 1, 1, 0.0, 5.0), t0, target), t0, 0.01)
+    rec.record_canary("ok", record_canary(rec.verdict, CanaryOutcome("ok"), t0, target))
     assert (await status("startup"), await status("ready"), await status("live")) == (200, 200, 200)
-    rec.verdict = judge(rec.verdict, PollError("connect", "refused"), t0 + 1, target)
+    rec.record_poll(judge(rec.verdict, PollError("connect", "refused"), t0 + 1, target), t0 + 1, 0.01)
     assert (await status("startup"), await status("ready"), await status("live")) == (200, 503, 200)
     body = await (await client.get("/probe/gpu-a/ready")).json()
     assert body["state"] == "down" and body["reason"] == "connect"
@@ -145,7 +145,8 @@ async def test_drain_is_guarded_by_the_bearer_token(aiohttp_client) -> None:
     client = await aiohttp_client(create_app(settings, poll=False))
     rec = client.app[STORE].get("gpu-a")
     from llm_vitals.exporter.engines import Snapshot
-    rec.verdict = judge(rec.verdict, Snapshot(1, 0, 1, 1, 1, 1, 0.0, 5.0), rec.verdict.first_seen, rec.settings)
+    t0 = rec.verdict.first_seen
+    rec.record_poll(judge(rec.verdict, Snapshot(1, 0, 1, 1, 1, 1, 0.0, 5.0), t0, rec.settings), t0, 0.01)
     assert (await client.get("/probe/gpu-a/ready")).status == 200
 
     assert (await client.post("/probe/gpu-a/drain")).status == 401

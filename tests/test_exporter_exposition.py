@@ -1,7 +1,8 @@
 """The exporter's own text renderer against prometheus-client's, byte for byte, on a varied store.
 
-`render_families` exists for speed (bench/bench_poll_1000.py); prometheus-client's output for
-`VitalsCollector` (the same FAMILIES table) is the reference it must never drift from.
+The page rendered whole (tests/whole_page.py: `render_families`, the reference the served page is
+checked against in tests/test_page_cache.py) is held here to prometheus-client's output for
+`VitalsCollector` (the same FAMILIES table), which it must never drift from.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from dataclasses import replace
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from whole_page import VitalsCollector, render_families, render_vitals
 
-from llm_vitals.exporter.collector import FAMILIES, VitalsCollector, read, render_families, render_vitals
+from llm_vitals.exporter.collector import FAMILIES, read
 from llm_vitals.exporter.engines import Snapshot
 from llm_vitals.exporter.gpu_faults import GpuFault
 from llm_vitals.exporter.settings import parse_settings
-from llm_vitals.exporter.state import StateStore
+from llm_vitals.exporter.state import StateStore, TargetRecord
+from llm_vitals.exporter.verdict import CanaryOutcome, record_canary
 
 NOW = 1_800_000_000.25
 
@@ -28,20 +31,30 @@ def varied_store() -> StateStore:
     store = StateStore(parse_settings({"targets": targets}, environ={}), NOW - 600)
     records = list(store)
     busy = Snapshot(running=3, waiting=12, steps=1e12, generation_tokens=5, process_start_time=NOW - 3600.5)
-    records[1].verdict = replace(records[1].verdict, state="busy", up=True, snapshot=busy, last_poll=NOW - 1,
-                                 steps_per_second=31.5, generation_tokens_per_second=1234.5678, restarts=2,
-                                 last_canary_ok=NOW - 90)
-    records[2].verdict = replace(records[2].verdict, state="stuck", up=True, snapshot=busy, last_poll=NOW - 1,
-                                 last_progress=NOW - 75.125)
-    records[3].verdict = replace(records[3].verdict, state="down", up=False, snapshot=busy, last_poll=NOW - 2,
-                                 error_reason="timeout")
-    records[3].poll_errors.update({"timeout": 7, "connect": 1})
-    records[4].draining = True
-    records[4].file_fault = GpuFault("file", "Xid 79")
-    records[5].poll_errors['we"ird\\reason\n'] = 3  # escaping of label values
-    records[5].canaries.update({"ok": 41, "error": 2, "timeout": 1})
-    records[5].poll_duration = 0.0123
+    poll(records[1], NOW - 1, state="busy", up=True, snapshot=busy, last_poll=NOW - 1, steps_per_second=31.5,
+         generation_tokens_per_second=1234.5678, restarts=2, last_canary_ok=NOW - 90)
+    poll(records[2], NOW - 1, state="stuck", up=True, snapshot=busy, last_poll=NOW - 1, last_progress=NOW - 75.125)
+    poll(records[3], NOW - 2, state="down", up=False, snapshot=busy, last_poll=NOW - 2, error_reason="timeout")
+    for reason in ["timeout"] * 6 + ["connect"]:
+        records[3].count_poll_error(reason)
+    records[4].set_draining(True)
+    records[4].set_file_fault(GpuFault("file", "Xid 79"))
+    for _ in range(3):
+        records[5].count_poll_error('we"ird\\reason\n')  # escaping of label values
+    for result, count in {"ok": 41, "error": 2, "timeout": 1}.items():
+        for _ in range(count):
+            canary(records[5], result)
+    poll(records[5], NOW - 1, duration=0.0123)
     return store
+
+
+def poll(record: TargetRecord, now: float, duration: float = 0.0021, **verdict) -> None:
+    """A poll that leaves the record's verdict with these fields changed."""
+    record.record_poll(replace(record.verdict, **verdict), now, duration)
+
+
+def canary(record: TargetRecord, result: str) -> None:
+    record.record_canary(result, record_canary(record.verdict, CanaryOutcome(result), NOW - 30, record.settings))
 
 
 def reference(store: StateStore) -> bytes:
@@ -89,9 +102,8 @@ def test_a_poll_landing_mid_page_does_not_change_a_page_of_readings() -> None:
     before = render_vitals(varied_store(), NOW)
     pieces = render_families([read(record, NOW) for record in store], NOW)
     first = next(pieces)
-    t2 = store.get("t2")
-    t2.verdict = replace(t2.verdict, state="busy", last_progress=NOW)  # the stuck target moves again
-    store.get("t3").poll_errors["timeout"] += 1
-    store.get("t5").canaries["ok"] += 1
+    poll(store.get("t2"), NOW, state="busy", last_progress=NOW)  # the stuck target moves again
+    store.get("t3").count_poll_error("timeout")
+    canary(store.get("t5"), "ok")
     assert first + "".join(pieces) == before
     assert render_vitals(store, NOW) != before  # the next scrape sees the poll

@@ -60,7 +60,7 @@ def test_a_target_without_a_node_is_left_alone_and_an_error_clears() -> None:
 def test_the_file_wins_the_detail_over_the_node() -> None:
     [rec] = store("n1")
     NodeCache({"n1": BAD}, synced=True).apply(rec, RULES)
-    rec.file_fault = GpuFault("file", "Xid 79 from dmesg")
+    rec.set_file_fault(GpuFault("file", "Xid 79 from dmesg"))
     assert rec.gpu_fault == "Xid 79 from dmesg" and rec.fault is not None and rec.fault.source == "file"
 
 

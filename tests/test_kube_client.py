@@ -131,7 +131,7 @@ async def test_inline_keys_authenticate_and_never_touch_the_disk(api, pki, tmp_p
                      {"certificate-authority-data": b64(pki["server"][0])})
     kube = KubeClient(Access(kubeconfig_data=doc))
     try:
-        lease = await LeaseTransport(kube).get_lease("llm", "l1")
+        lease = (await LeaseTransport(kube).get_lease("llm", "l1")).value
     finally:
         await kube.close()
     assert lease == {"kind": "Lease", "metadata": {"name": "l1", "resourceVersion": "7"}}
@@ -172,9 +172,9 @@ async def test_an_exec_plugin_runs_once_and_again_after_a_401(api, pki, tmp_path
             await LeaseTransport(kube).get_lease("llm", "l1")
         assert runs(log) == 2
         token_file.write_text(TOKEN)  # logged in again (the cloud's token rotated)
-        assert (await LeaseTransport(kube).get_lease("llm", "l1")) is not None  # 401 -> run -> retried once
+        assert (await LeaseTransport(kube).get_lease("llm", "l1")).value is not None  # 401 -> run -> retried once
         assert runs(log) == 3
-        assert await LeaseTransport(kube).get_lease("llm", "missing") is None
+        assert (await LeaseTransport(kube).get_lease("llm", "missing")).value is None
         assert runs(log) == 3  # a credential without expiry is kept until a 401
     finally:
         await kube.close()
@@ -193,7 +193,7 @@ async def test_an_expiring_exec_credential_is_renewed_before_requests(api, pki, 
     kube = KubeClient(Access(kubeconfig=path))
     try:
         for _ in range(2):
-            assert await LeaseTransport(kube).get_lease("llm", "l1") is not None
+            assert (await LeaseTransport(kube).get_lease("llm", "l1")).value is not None
     finally:
         await kube.close()
     assert runs(log) == 3  # at connect, then before each of the two requests

@@ -1,13 +1,13 @@
 """The /metrics page joined from each target's kept lines (llm_vitals/exporter/page.py) against the page
-rendered whole (`collector.render_vitals`, itself checked byte for byte against prometheus-client
-in tests/test_exporter_exposition.py).
+rendered whole (tests/whole_page.py's `render_vitals`, itself checked byte for byte against
+prometheus-client in tests/test_exporter_exposition.py).
 
-The differential test plays generated histories on a small fleet: polls and canaries that
-re-render as the poller does, and writers that change a target without re-rendering (a drain, a
-GPU fault, an error counted in place, a reload's new settings, a poll or canary that forgot),
-targets dropped and added, and scrapes at times that cross the values that move with `now` alone
-(stuck seconds, readiness freshness, liveness budget).
-Every scrape's page must equal the whole render of the same store at the same `now`.
+The differential test plays generated histories on a small fleet: every change a writer makes
+through the record's methods (a poll, a canary and its task, a drain, a GPU fault of each source, an
+error counted alone, a model looked up), a reload's new settings, targets dropped and added, and
+scrapes at times that cross the values that move with `now` alone (stuck seconds, readiness
+freshness, liveness budget). Every scrape's page must equal the whole render of the same store at
+the same `now`.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from dataclasses import replace
 from hypothesis import example, given
 from hypothesis import strategies as st
 from property import property_settings, record_examples
+from whole_page import render_vitals
 
 from llm_vitals.exporter.app import create_app
-from llm_vitals.exporter.collector import render_vitals
 from llm_vitals.exporter.engines import Snapshot
-from llm_vitals.exporter.gpu_faults import GpuFault
-from llm_vitals.exporter.keys import STORE
-from llm_vitals.exporter.page import current, page_pieces, refresh, render_page
+from llm_vitals.exporter.gpu_faults import DcgmState, GpuFault
+from llm_vitals.exporter.keys import PAGES, STORE
+from llm_vitals.exporter.page import PageCache
 from llm_vitals.exporter.settings import TargetSettings, parse_settings
 from llm_vitals.exporter.state import CANARY_RESULTS, STANDARD_ERROR_REASONS, StateStore, TargetRecord
 from llm_vitals.exporter.verdict import STATES, Verdict
@@ -52,8 +52,22 @@ def fleet_store() -> StateStore:
     return StateStore(parse_settings({"targets": FLEET}, environ={}), NOW - 600)
 
 
-def set_gpu_fault(record: TargetRecord, detail: str | None) -> None:
-    record.node_fault = GpuFault("node", detail) if detail else None  # as the node watch does, between polls
+def set_gpu_fault(record: TargetRecord, source: str, detail: str | None) -> None:
+    """A GPU fault flagged or cleared by one source, as the node watch (between polls) or a poll does."""
+    fault = GpuFault(source, detail) if detail else None
+    if source == "node":
+        record.set_node_fault(fault, None if fault else "node n1 not found in the API server")
+    elif source == "file":
+        record.set_file_fault(fault)
+    elif source == "nvml":
+        record.set_nvml_fault(fault, None if fault else "NVML not loaded")
+    else:
+        record.set_dcgm(DcgmState(), fault)
+
+
+def poll(record: TargetRecord, now: float, duration: float = 0.0021, **verdict) -> None:
+    """A poll that leaves the record's verdict with these fields changed."""
+    record.record_poll(replace(record.verdict, **verdict), now, duration)
 
 
 def _maybe(rng: random.Random, value):
@@ -70,6 +84,7 @@ def _verdict(rng: random.Random, previous: Verdict, now: float) -> Verdict:
     return replace(
         previous,
         state=rng.choice(STATES), up=rng.random() < 0.7, started=rng.random() < 0.8,
+        error_reason=rng.choice([None, None, None, *STANDARD_ERROR_REASONS, 'we"ird\\reason\n']),
         snapshot=_maybe(rng, snapshot), last_poll=now,
         last_progress=_maybe(rng, when()), last_served=_maybe(rng, when()),
         stuck_seconds=rng.choice(ODD_NUMBERS), restarts=rng.randrange(4),
@@ -83,6 +98,7 @@ def play(seed: int) -> int:
     """One generated history on a fresh fleet; asserts every scrape. Returns how many scrapes it made."""
     rng = random.Random(seed)
     store = fleet_store()
+    pages = PageCache()
     now = NOW
     scrapes = 0
     spare = [TargetSettings(name=f"new{i}", url=f"http://10.0.1.{i}:8000") for i in range(3)]
@@ -92,43 +108,36 @@ def play(seed: int) -> int:
         step = rng.random()
         if record is None or step < 0.3:  # a scrape, a little or a lot later (or a clock set back)
             now += rng.choice([0.0, 0.5, 1.0, 9.5, 10.0, 15.0, 30.0, -1.0])
-            assert render_page(list(store), now) == render_vitals(store, now).encode(), f"seed {seed}"
+            assert pages.page(list(store), now) == render_vitals(store, now).encode(), f"seed {seed}"
             scrapes += 1
         elif step < 0.6:  # a poll, as the poller does it
-            record.verdict = _verdict(rng, record.verdict, now)
-            record.poll_duration = rng.choice([None, 0.0123, 1.0, 0.25])
-            if rng.random() < 0.3:
-                record.poll_errors[rng.choice([*STANDARD_ERROR_REASONS, "internal", 'we"ird\\reason\n'])] += 1
-            if rng.random() < 0.8:  # else a writer that forgot to render
-                refresh(record, now)
+            record.record_poll(_verdict(rng, record.verdict, now), now, rng.choice([0.0123, 1.0, 0.25, 0.0]))
         elif step < 0.65:  # a canary's result, as the poller records it
-            record.canaries[rng.choice(CANARY_RESULTS)] += 1
+            verdict = replace(record.verdict, last_canary_ok=now, last_served=now) if rng.random() < 0.5 else record.verdict
+            record.record_canary(rng.choice(CANARY_RESULTS), verdict)
+        elif step < 0.68:  # the canary task ends, or the canary's model is looked up (neither is on the page)
             if rng.random() < 0.5:
-                record.verdict = replace(record.verdict, last_canary_ok=now, last_served=now)
-            if rng.random() < 0.7:
-                refresh(record, now)
-        elif step < 0.72:  # a drain, not always followed by a render
-            record.draining = not record.draining
-            if rng.random() < 0.5:
-                refresh(record, now)
-        elif step < 0.78:  # a GPU fault set by a watch that does not render
-            set_gpu_fault(record, rng.choice([None, "Xid 79", "node condition GpuXid"]))
-        elif step < 0.84:  # a counter bumped in place (the poll loop's `internal`), or a duration set, alone
-            if rng.random() < 0.5:
-                record.poll_errors[rng.choice(["internal", "timeout"])] += 1
+                record.canary_ended()
             else:
-                record.poll_duration = rng.choice([None, 0.5, 2.0])
-        elif step < 0.9:  # a reload gives the target new settings
-            record.settings = TargetSettings(name=record.name, url=rng.choice(["http://10.0.2.1:8000", "http://h:1/p"]),
-                                             engine=rng.choice(["vllm", "sglang"]), stuck_after=rng.choice([5.0, 60.0]))
+                record.set_model(rng.choice([None, "tiny"]))
+        elif step < 0.72:  # a drain or an undrain
+            record.set_draining(not record.draining)
+        elif step < 0.78:  # a GPU fault set or cleared by one of its sources
+            set_gpu_fault(record, rng.choice(["node", "file", "dcgm", "nvml"]), rng.choice([None, "Xid 79", "node condition GpuXid"]))
+        elif step < 0.84:  # an error counted alone (the poll loop's `internal`), or a dcgm page that cannot be read
+            if rng.random() < 0.7:
+                record.count_poll_error(rng.choice(["internal", "timeout"]))
+            else:
+                record.set_dcgm_error(rng.choice([None, "timeout: no answer"]))
+        elif step < 0.9:  # a reload gives the target new settings: a fresh record, as discovery's changed set does
+            store.add(TargetSettings(name=record.name, url=rng.choice(["http://10.0.2.1:8000", "http://h:1/p"]),
+                                     engine=rng.choice(["vllm", "sglang"]), stuck_after=rng.choice([5.0, 60.0])), now)
         elif step < 0.95:  # discovery drops a target (through the store's one way out)
             store.remove(record.name)
         elif spare:  # discovery adds one, not polled yet
-            added = store.add(spare.pop(), now)
-            if rng.random() < 0.5:
-                refresh(added, now)
+            store.add(spare.pop(), now)
     now += rng.choice([0.0, 12.0])
-    assert render_page(list(store), now) == render_vitals(store, now).encode(), f"seed {seed}"
+    assert pages.page(list(store), now) == render_vitals(store, now).encode(), f"seed {seed}"
     return scrapes + 1
 
 
@@ -146,99 +155,114 @@ def test_the_joined_page_equals_the_page_rendered_whole_over_generated_histories
     record_examples(request, RUNS["examples"], EXAMPLES)
 
 
-def test_a_scrape_reuses_the_lines_a_poll_rendered() -> None:
-    store = fleet_store()
+def test_a_scrape_renders_again_only_the_targets_that_changed_since_the_last() -> None:
+    store, pages = fleet_store(), PageCache()
+    for record in store:
+        poll(record, NOW, state="busy", up=True, started=True, last_poll=NOW, last_progress=NOW)
+    first = pages.page(list(store), NOW + 1)
+    assert pages.renders == 6
     record = store.get("quiet")
-    record.verdict = replace(record.verdict, state="busy", up=True, started=True, last_poll=NOW, last_progress=NOW)
-    refresh(record, NOW)
-    kept = record.rendered
-    render_page(list(store), NOW + 14)
-    assert record.rendered is kept
+    kept = pages.kept(record)
+    assert pages.page(list(store), NOW + 2) == first and pages.renders == 6  # nothing changed: nothing rendered
+    assert pages.kept(record) is kept
+    poll(record, NOW + 3, last_poll=NOW + 3)
+    poll(record, NOW + 4, last_poll=NOW + 4)  # two polls between two scrapes: one render
+    store.get("t6").set_draining(True)
+    page = pages.page(list(store), NOW + 5).decode()
+    assert pages.renders == 8
+    assert 'llm_vitals_last_poll_timestamp_seconds{target="quiet"} 1.80000000425e+09\n' in page
+
+
+def test_polls_render_nothing() -> None:
+    store, pages = fleet_store(), PageCache()
+    pages.page(list(store), NOW)
+    for record in store:
+        poll(record, NOW + 1, state="idle", up=True, last_poll=NOW + 1)
+    assert pages.renders == 6  # the first scrape's; the polls only bumped versions
 
 
 def test_a_stuck_target_shows_its_stuck_seconds_at_the_scrape_not_at_the_poll() -> None:
-    store = fleet_store()
+    store, pages = fleet_store(), PageCache()
     record = store.get("live")
-    record.verdict = replace(record.verdict, state="stuck", up=True, started=True, last_poll=NOW,
-                             last_progress=NOW - 20)
-    refresh(record, NOW)
-    page = render_page(list(store), NOW + 15).decode()
+    poll(record, NOW, state="stuck", up=True, started=True, last_poll=NOW, last_progress=NOW - 20)
+    pages.page(list(store), NOW)
+    page = pages.page(list(store), NOW + 15).decode()
     assert 'llm_vitals_stuck_seconds{target="live"} 35.0\n' in page
     assert 'llm_vitals_live{target="live"} 0.0\n' in page  # 35 s stuck, past the 30 s budget
 
 
 def test_readiness_ends_with_the_canary_freshness_between_two_polls() -> None:
-    store = fleet_store()
+    store, pages = fleet_store(), PageCache()
     record = store.get("fresh")
-    record.verdict = replace(record.verdict, state="idle", up=True, started=True, last_poll=NOW, last_served=NOW - 5)
-    refresh(record, NOW)
-    assert 'llm_vitals_ready{target="fresh"} 1.0\n' in render_page(list(store), NOW + 15).decode()
-    assert 'llm_vitals_ready{target="fresh"} 0.0\n' in render_page(list(store), NOW + 15.5).decode()
+    poll(record, NOW, state="idle", up=True, started=True, last_poll=NOW, last_served=NOW - 5)
+    pages.page(list(store), NOW)
+    assert 'llm_vitals_ready{target="fresh"} 1.0\n' in pages.page(list(store), NOW + 15).decode()
+    assert 'llm_vitals_ready{target="fresh"} 0.0\n' in pages.page(list(store), NOW + 15.5).decode()
 
 
-def test_a_change_no_one_rendered_is_on_the_next_page() -> None:
-    store = fleet_store()
+def test_a_change_between_two_scrapes_is_on_the_next_page() -> None:
+    store, pages = fleet_store(), PageCache()
     record = store.get("t6")
-    refresh(record, NOW)
-    record.draining = True  # a writer that does not call refresh
-    assert 'llm_vitals_draining{target="t6"} 1.0\n' in render_page(list(store), NOW).decode()
-    assert record.rendered is not None and record.rendered.reading.draining
+    pages.page(list(store), NOW)
+    record.set_draining(True)  # the drain route, between two scrapes
+    set_gpu_fault(record, "node", "node condition GpuXid")  # the node watch, between two polls
+    page = pages.page(list(store), NOW).decode()
+    assert 'llm_vitals_draining{target="t6"} 1.0\n' in page
+    assert 'llm_vitals_gpu_fault{target="t6"} 1.0\n' in page
+    kept = pages.kept(record)
+    assert kept is not None and kept.version == record.version
 
 
 def test_a_dropped_target_takes_its_lines_with_it() -> None:
-    store = fleet_store()
-    for record in store:
-        refresh(record, NOW)
-    store.remove("odd")
-    page = render_page(list(store), NOW).decode()
+    store, pages = fleet_store(), PageCache()
+    pages.page(list(store), NOW)
+    odd = store.remove("odd")
+    page = pages.page(list(store), NOW).decode()
     assert 'target="odd"' not in page
     assert "llm_vitals_exporter_targets 5.0\n" in page
     assert page.encode() == render_vitals(store, NOW).encode()
+    assert odd is not None and pages.kept(odd) is None  # forgotten by the scrape after it left
 
 
 def test_a_poll_landing_mid_page_does_not_change_the_page() -> None:
-    store = fleet_store()
-    for record in store:
-        refresh(record, NOW)
-    before = render_page(list(store), NOW)
-    pieces = page_pieces(list(store), NOW, group=2)
+    store, pages = fleet_store(), PageCache()
+    before = pages.page(list(store), NOW)
+    pieces = pages.pieces(list(store), NOW, group=2)
     first = next(pieces)
     record = store.get("live")  # a poll runs while the page is sent
-    record.verdict = replace(record.verdict, state="stuck", up=True, started=True, last_poll=NOW, last_progress=NOW - 99)
-    record.poll_errors["timeout"] += 1
-    refresh(record, NOW)
-    store.get("t6").draining = True
+    poll(record, NOW, state="stuck", up=True, started=True, last_poll=NOW, last_progress=NOW - 99, error_reason="timeout")
+    store.get("t6").set_draining(True)
     assert first + b"".join(pieces) == before
-    assert render_page(list(store), NOW) != before  # the next scrape sees the poll
+    assert pages.page(list(store), NOW) != before  # the next scrape sees the poll
 
 
 def test_reading_every_target_hands_the_loop_back_within_the_budget() -> None:
     store = StateStore(parse_settings({"targets": [{"name": f"t{i}", "url": f"http://10.0.0.1:{8000 + i}"}
                                                    for i in range(200)]}, environ={}), NOW)
     ticks = iter(range(10**6))
-    pieces = list(page_pieces(list(store), NOW, budget=0.5, clock=lambda: float(next(ticks))))
-    # The fake clock moves 1 s a reading of it; it is read every 32 targets: a step ends each time.
-    assert pieces[:6] == [b""] * 6
-    assert b"" not in pieces[6:]
+    pieces = list(PageCache().pieces(list(store), NOW, budget=0.5, clock=lambda: float(next(ticks))))
+    # The fake clock moves 1 s a reading of it; it is read every 8 targets: a step ends each time.
+    assert pieces[:25] == [b""] * 25
+    assert b"" not in pieces[25:]
     assert b"".join(pieces) == render_vitals(store, NOW).encode()
 
 
 def test_current_keeps_what_it_renders() -> None:
-    store = fleet_store()
+    store, pages = fleet_store(), PageCache()
     record = store.get("t6")
-    assert record.rendered is None
-    kept = current(record, NOW)
-    assert record.rendered is kept and current(record, NOW) is kept
+    assert pages.kept(record) is None
+    kept = pages.current(record, NOW)
+    assert pages.kept(record) is kept and pages.current(record, NOW) is kept
 
 
 async def test_the_metrics_route_sends_the_page_rendered_whole(aiohttp_client) -> None:
-    # Through the real route (streamed in pieces) and the benchmark's baseline route: the same vitals.
+    # Through the real route, streamed in pieces, twice: the second scrape from the lines kept by the first.
     settings = parse_settings({"targets": FLEET}, environ={})
+    client = await aiohttp_client(create_app(settings, clock=lambda: NOW, poll=False))
+    store = client.app[STORE]
+    poll(store.get("live"), NOW, state="stuck", started=True, last_progress=NOW - 40)
     pages = []
-    for full_render in (False, True):
-        client = await aiohttp_client(create_app(settings, clock=lambda: NOW, poll=False, full_render=full_render))
-        store = client.app[STORE]
-        store.get("live").verdict = replace(store.get("live").verdict, state="stuck", started=True, last_progress=NOW - 40)
+    for _ in range(2):
         response = await client.get("/metrics")
         assert response.status == 200
         assert response.headers["Content-Type"] == TEXT_CONTENT_TYPE
@@ -248,3 +272,4 @@ async def test_the_metrics_route_sends_the_page_rendered_whole(aiohttp_client) -
         assert "process_resident_memory_bytes" in process
         pages.append(vitals)
     assert pages[0] == pages[1]
+    assert client.app[PAGES].renders == len(FLEET)

@@ -19,10 +19,12 @@ def test_readme_metrics_table_matches_the_collector() -> None:
 
 
 def test_every_metric_the_collector_emits_has_a_row_with_help() -> None:
-    from llm_vitals.exporter.collector import VitalsCollector
+    from whole_page import VitalsCollector
+
     from llm_vitals.exporter.settings import parse_settings
     from llm_vitals.exporter.state import StateStore
 
+    # What prometheus-client makes of FAMILIES (as a scrape would), not the table the script reads.
     settings = parse_settings({"targets": [{"name": "t", "url": "http://127.0.0.1:9"}]})
     families = list(VitalsCollector(StateStore(settings, 0.0), clock=lambda: 0.0).collect())
     table = metrics_table.readme_table((REPO / "README.md").read_text())

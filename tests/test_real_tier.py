@@ -1,10 +1,12 @@
-"""The six real-part tiers' shared plumbing (tests/real_tier.py), checked without any real part.
+"""The six real-part tiers' shared plumbing (tests/real_tier.py, and the engine tiers' kit in tests/real_engine/),
+checked without any real part.
 
 Each tier's real tests run under pytest in a subprocess with its caches pointed at an empty
 directory, so no venv, model, binary or daemon is found and nothing is started: without the
 switches nothing of the tiers but their tools' quick tests is collected; switched on, every real
 test skips with the tier's one line; required as well (CI), every one of them fails instead.
-A made-up tier in a temporary directory drives the drill records and the SIGTERM teardown.
+A made-up engine tier in a temporary directory drives the kit's drill records, its summary and the
+SIGTERM teardown.
 """
 
 from __future__ import annotations
@@ -44,8 +46,7 @@ def _env(tmp: Path, **switches: str) -> dict[str, str]:
     """This environment minus every LLM_VITALS_ variable (switches, cache and binary overrides), with
     the built parts' root and the tiers' output pointed at an empty directory."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLM_VITALS_")}
-    env.update(LLM_VITALS_CACHE_ROOT=str(tmp / "built"), LLM_VITALS_CACHE=str(tmp / "cache"),
-               LLM_VITALS_LLAMACPP_OUT=str(tmp / "llamacpp"), **switches)
+    env.update(LLM_VITALS_CACHE_ROOT=str(tmp / "built"), LLM_VITALS_CACHE=str(tmp / "cache"), **switches)
     return env
 
 
@@ -112,44 +113,46 @@ def test_required_without_its_real_part_every_real_test_fails_naming_the_variabl
 
 
 FAKE_CONFTEST = '''
-import os
 from pathlib import Path
 
 import pytest
-from real_tier import DrillRecords, RealTier
-from real_tier import keep_call_report as pytest_runtest_makereport  # noqa: F401
-from real_vllm.drill_report import Report
+from real_engine.engine import Engine
+from real_engine.fixtures import drill, report  # noqa: F401
+from real_engine.fixtures import keep_call_report as pytest_runtest_makereport  # noqa: F401
+from real_engine.fixtures import summarize as pytest_terminal_summary  # noqa: F401
+from real_engine.harness import ExporterSettings
+from real_tier import RealTier
 
-TIER = RealTier("Fake", enable="LLM_VITALS_REAL_FAKE", require="LLM_VITALS_REQUIRE_REAL_FAKE")
-collect_ignore = TIER.left_out("test_drills.py")
-RECORDS = DrillRecords("Fake", ("idle", "kill"), "fake start: ready in", Path("fake-logs"))
+
+class FakeEngine(Engine):
+    key = "fake"
+    name = "Fake"
+    tier = RealTier("Fake", enable="LLM_VITALS_REAL_FAKE", require="LLM_VITALS_REQUIRE_REAL_FAKE")
+    drills = ("idle", "kill")
+    exporter = ExporterSettings(target="real-fake", engine="vllm", stuck_after=6.0)
+
+    def facts(self):
+        return {"version": "fake 1"}
+
+
+ENGINE = FakeEngine()
+collect_ignore = ENGINE.tier.left_out("test_drills.py")
 
 
 def pytest_configure(config):
-    TIER.stop_on_sigterm()
+    ENGINE.tier.stop_on_sigterm()
 
 
 @pytest.fixture(scope="session")
-def report():
-    report = RECORDS.keep(Report(path=Path("report.json"), engine="fake"))
-    report.vllm = {"starts": [{"seconds": 1.25, "pid": 4242}]}
-    yield report
-    report.write()
+def engine():
+    return ENGINE
 
 
 @pytest.fixture
-def server():
+def server(report):
+    report.server["starts"] = [{"seconds": 1.25, "pid": 4242}]
     yield
     Path("stopped-by-teardown").write_text("yes")
-
-
-@pytest.fixture
-def drill(request, report):
-    yield from RECORDS.record(request, report)
-
-
-def pytest_terminal_summary(terminalreporter):
-    RECORDS.summarize(terminalreporter)
 '''
 
 FAKE_DRILLS = '''
@@ -181,38 +184,38 @@ def _fake_tier(tmp_path: Path) -> Path:
     return tier
 
 
-def _fake_env(**switches: str) -> dict[str, str]:
+def _fake_env(tmp_path: Path, **switches: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLM_VITALS_")}
-    env.update(PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO)]), **switches)
+    env.update(PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO)]), LLM_VITALS_CACHE=str(tmp_path), **switches)
     return env
 
 
 def test_drill_records_file_each_drill_with_its_outcome_and_the_summary_names_them(tmp_path):
     _fake_tier(tmp_path)
-    result = _pytest(["-q", "fake_tier", "-k", "not sigterm"], _fake_env(LLM_VITALS_REAL_FAKE="1"), tmp_path / "basetemp",
-                     cwd=tmp_path)
+    result = _pytest(["-q", "fake_tier", "-k", "not sigterm"], _fake_env(tmp_path, LLM_VITALS_REAL_FAKE="1"),
+                     tmp_path / "basetemp", cwd=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr  # the kill drill fails
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = json.loads((tmp_path / "real-fake" / "report.json").read_text())
     drills = {d["name"]: d for d in report["drills"]}
     assert {n: d["outcome"] for n, d in drills.items()} == {"idle": "passed", "kill": "failed"}
     assert drills["idle"]["facts"] == {"seen": True} and isinstance(drills["idle"]["seconds"], float)
     summary = result.stdout[result.stdout.index("real-Fake drills"):]
-    assert "fake start: ready in 1.2 s (pid 4242)" in summary
+    assert "Fake starts (to ready): 1.2 s (pid 4242)" in summary
     assert [line.split()[:2] for line in summary.splitlines() if line.startswith(("idle ", "kill "))] == [
         ["idle", "passed"], ["kill", "failed"]]
-    assert "report: report.json; logs: fake-logs" in summary
+    assert f"report: {tmp_path}/real-fake/report.json; logs: {tmp_path}/real-fake/logs" in summary
 
 
 def test_without_its_switch_the_fake_tier_collects_no_drill(tmp_path):
     _fake_tier(tmp_path)
-    result = _pytest(["-q", "fake_tier"], _fake_env(), tmp_path / "basetemp", cwd=tmp_path)
+    result = _pytest(["-q", "fake_tier"], _fake_env(tmp_path), tmp_path / "basetemp", cwd=tmp_path)
     assert result.returncode == 5, result.stdout + result.stderr  # nothing collected, nothing run
-    assert not (tmp_path / "report.json").exists()
+    assert not (tmp_path / "real-fake").exists()
 
 
 def test_sigterm_mid_run_still_tears_the_fixtures_down(tmp_path):
     _fake_tier(tmp_path)
-    env = _fake_env(LLM_VITALS_REAL_FAKE="1", FAKE_SIGTERM="1", FAKE_KILL_PASSES="1")
+    env = _fake_env(tmp_path, LLM_VITALS_REAL_FAKE="1", FAKE_SIGTERM="1", FAKE_KILL_PASSES="1")
     result = _pytest(["-q", "fake_tier", "-k", "sigterm"], env, tmp_path / "basetemp", cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr  # interrupted, not killed by the signal
     assert "KeyboardInterrupt" in result.stdout and "signal 15" in result.stdout, result.stdout

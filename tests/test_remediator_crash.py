@@ -95,14 +95,14 @@ async def test_kill_during_restart_then_restart_blocks_a_second_restart(aiohttp_
             assert await post(alert_payload("b", fingerprint="fb")) == (200, "cooldown")
             assert len(restarts_run()) == 1
 
-            async with http.get(base + "/api/v1/actions") as response:
+            async with http.get(base + "/api/v1/actions", headers=AUTH) as response:
                 rows = (await response.json())["actions"]
             [restart] = [r for r in rows if r["decision"] == "restart"]
             assert restart["result"] == "interrupted" and restart["target"] == "a"
             async with http.get(base + "/metrics") as response:
                 metrics = await response.text()
             # The budget (1 per hour) was spent before the crash: the circuit is still open.
-            assert 'llm_vitals_remediator_circuit_open{target="a"} 1.0' in metrics
+            assert 'llm_vitals_remediator_circuit_open{workload="a"} 1.0' in metrics
             assert 'llm_vitals_remediator_last_restart_timestamp_seconds{target="a"}' in metrics
 
             # A second remediator on the same journal refuses to start.

@@ -19,7 +19,14 @@ import httpx
 import pytest
 from aiohttp import web
 
-from llm_vitals.remediator.executors import CommandExecutor, DockerExecutor, HttpExecutor, KubernetesExecutor, socket_hint
+from llm_vitals.remediator.executors import (
+    CommandExecutor,
+    DockerExecutor,
+    ExecResult,
+    HttpExecutor,
+    KubernetesExecutor,
+    socket_hint,
+)
 from llm_vitals.remediator.settings import CommandTarget, DockerTarget, HttpTarget, KubernetesTarget
 
 # -- command ----------------------------------------------------------------------------------
@@ -259,7 +266,8 @@ async def kube_api(aiohttp_server, tls_files, tmp_path):
     """A loopback Kubernetes API: list pods by label selector, delete a pod, bearer token required."""
     cert, key = tls_files
     state = {"pods": {"llm": {"vllm-d-0": {"app": "vllm", "shard": "d"}, "vllm-e-0": {"app": "vllm", "shard": "e"},
-                              "vllm-e-1": {"app": "vllm", "shard": "e"}}}, "calls": [], "deletes": []}
+                              "vllm-e-1": {"app": "vllm", "shard": "e"}}}, "calls": [], "deletes": [],
+             "evictions": [], "blocked": set()}
 
     def matches(labels: dict, selector: str) -> bool:
         return all(labels.get(k) == v for k, v in (term.split("=", 1) for term in selector.split(",")))
@@ -284,9 +292,33 @@ async def kube_api(aiohttp_server, tls_files, tmp_path):
         pods.pop(request.match_info["name"])
         return web.json_response({"kind": "Pod", "metadata": {"name": request.match_info["name"]}})
 
+    async def resources(request: web.Request) -> web.Response:
+        state["calls"].append(("GET", request.path, None))
+        return web.json_response({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+            {"name": "pods", "namespaced": True, "kind": "Pod", "verbs": ["delete", "get", "list"]},
+            {"name": "pods/eviction", "namespaced": True, "group": "policy", "version": "v1", "kind": "Eviction",
+             "verbs": ["create"]}]})
+
+    async def evict_pod(request: web.Request) -> web.Response:
+        """As kube-apiserver answers (captured from 1.20.2 in the k8s tier): 201, 429 with the budget in its causes."""
+        state["calls"].append(("POST", request.path, None))
+        state["evictions"].append(await request.json())
+        name = request.match_info["name"]
+        if name in state["blocked"]:
+            return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                      "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+                                      "reason": "TooManyRequests", "code": 429, "details": {"causes": [
+                                          {"reason": "DisruptionBudget", "message": "The disruption budget vllm needs"
+                                                                                    " 1 healthy pods and has 1 currently"}]}},
+                                     status=429)
+        state["pods"].get(request.match_info["ns"], {}).pop(name, None)
+        return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}, status=201)
+
     app = web.Application()
+    app.router.add_get("/api/v1/", resources)
     app.router.add_get("/api/v1/namespaces/{ns}/pods", list_pods)
     app.router.add_delete("/api/v1/namespaces/{ns}/pods/{name}", delete_pod)
+    app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", evict_pod)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
     server = await aiohttp_server(app, ssl=context)
@@ -297,8 +329,36 @@ async def kube_api(aiohttp_server, tls_files, tmp_path):
     return state
 
 
-async def test_kubernetes_deletes_the_matching_pod_with_token_and_ca(kube_api):
+async def test_kubernetes_evicts_the_matching_pod_by_uid_in_the_served_version(kube_api):
     result = await KubernetesExecutor(KubernetesTarget(**kube_api["config"], pod_selector="app=vllm,shard=d")).restart()
+    assert result == ExecResult("ok", "evicted pod(s) vllm-d-0 in llm")
+    assert kube_api["calls"] == [
+        ("GET", "/api/v1/namespaces/llm/pods", "app=vllm,shard=d"),
+        ("GET", "/api/v1/", None),  # which eviction version the server serves
+        ("POST", "/api/v1/namespaces/llm/pods/vllm-d-0/eviction", None),
+    ]
+    assert kube_api["evictions"] == [{
+        "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "vllm-d-0", "namespace": "llm"},
+        "deleteOptions": {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": "uid-vllm-d-0"}}}]
+    assert kube_api["deletes"] == [] and "vllm-d-0" not in kube_api["pods"]["llm"]
+
+
+async def test_kubernetes_eviction_refused_by_a_disruption_budget_deletes_nothing(kube_api):
+    kube_api["blocked"].add("vllm-d-0")
+    result = await KubernetesExecutor(KubernetesTarget(**kube_api["config"], pod_selector="app=vllm,shard=d")).restart()
+    assert result.refused == "disruption_budget" and result.result == "error"
+    assert "disruption budget vllm needs 1 healthy pods" in result.detail and "nothing deleted" in result.detail
+    assert "vllm-d-0" in kube_api["pods"]["llm"] and kube_api["deletes"] == []
+    # The second pod of two refused: the first was evicted, so it is no refusal but an error saying so.
+    kube_api["blocked"] = {"vllm-e-1"}
+    both = KubernetesTarget(**kube_api["config"], pod_selector="app=vllm,shard=e", max_pods=2)
+    partial = await KubernetesExecutor(both).restart()
+    assert partial.refused is None and partial.result == "error" and "(evicted before: vllm-e-0)" in partial.detail
+
+
+async def test_kubernetes_deletes_the_matching_pod_with_token_and_ca(kube_api):
+    target = KubernetesTarget(**kube_api["config"], pod_selector="app=vllm,shard=d")
+    result = await KubernetesExecutor(target, pod_action="delete").restart()
     assert result.result == "ok" and "vllm-d-0" in result.detail
     assert kube_api["calls"] == [
         ("GET", "/api/v1/namespaces/llm/pods", "app=vllm,shard=d"),
@@ -314,7 +374,7 @@ async def test_kubernetes_refuses_a_selector_matching_more_than_max_pods(kube_ap
     assert result.result == "error" and "2 pods match" in result.detail and "nothing deleted" in result.detail
     assert [c[0] for c in kube_api["calls"]] == ["GET"]
     both = KubernetesTarget(**kube_api["config"], pod_selector="app=vllm,shard=e", max_pods=2)
-    assert (await KubernetesExecutor(both).restart()).result == "ok"
+    assert (await KubernetesExecutor(both, pod_action="delete").restart()).result == "ok"
     assert kube_api["pods"]["llm"].keys() == {"vllm-d-0"}
 
 

@@ -7,18 +7,22 @@ from dataclasses import replace
 import pytest
 
 from llm_vitals.remediator.gate import (
+    AFTER_GATE,
     REASONS,
     AlertFacts,
     Decision,
     Effects,
     FleetView,
     GatePolicy,
+    Group,
     JournalState,
     TargetStatus,
     TemplateMatch,
     decide,
     effects_of,
     gpu_refusal,
+    group_of,
+    ladder_step,
 )
 
 T0 = 1_800_000_000.0
@@ -40,6 +44,10 @@ GPU_POD = replace(POD, gpu_fault=True)
 TEMPLATED = replace(POLICY, templates=(TemplateMatch(engine="vllm", namespace="llm"),))
 MOVING = replace(TEMPLATED, gpu_fault_action="cordon_and_move")
 POD_ALERT = replace(ALERT, labels={**ALERT.labels, "target": "llm/p1"})
+DEPLOYMENT = "Deployment/llm/vllm"
+DEPLOYED = replace(POD, workload=DEPLOYMENT)
+LADDERED = replace(TEMPLATED, escalate_within=1800.0)
+GROUP = "LeaderWorkerSet/llm/big/0"
 
 
 def labels(**over: str) -> dict[str, str]:
@@ -146,6 +154,71 @@ CASES = [
      "fleet_gate"),
     ("withheld healthy targets: allowed", ALERT, withheld(b=TargetStatus("idle", OLD), c=TargetStatus("idle", OLD)),
      JOURNAL, POLICY, T0, "allowed"),
+    # Forward compatibility: a verdict this remediator does not know refuses that target only.
+    ("unknown state", ALERT, fleet(a=TargetStatus("draining", OLD, unknown_verdict="state 'draining' unknown")),
+     JOURNAL, POLICY, T0, "unknown_verdict"),
+    ("unknown reason of a stuck target", ALERT, fleet(a=TargetStatus("stuck", OLD, unknown_verdict="reason 'x'")),
+     JOURNAL, POLICY, T0, "unknown_verdict"),
+    ("another target's unknown verdict", ALERT, fleet(b=TargetStatus("draining", OLD, unknown_verdict="state")),
+     JOURNAL, POLICY, T0, "allowed"),
+    # A pod is acted on by UID only.
+    ("pod without a UID", POD_ALERT, fleet(**{"llm/p1": replace(POD, pod_uid=None)}), JOURNAL, TEMPLATED, T0,
+     "no_pod_uid"),
+    ("template target naming no pod", POD_ALERT, fleet(**{"llm/p1": replace(POD, pod=None, pod_uid=None)}), JOURNAL,
+     TEMPLATED, T0, "no_pod_uid"),
+    ("gpu move needs the UID too", POD_ALERT, fleet(**{"llm/p1": replace(GPU_POD, pod_uid=None)}), JOURNAL, MOVING,
+     T0, "no_pod_uid"),
+    # Budgets and circuits per workload, across the pod names a Deployment's restarts make.
+    ("a Deployment's budget spent by its earlier pods", replace(ALERT, labels=labels(target="llm/p2")),
+     fleet(**{"llm/p2": replace(DEPLOYED, pod="p2", pod_uid="u2")}),
+     JournalState(restart_times={DEPLOYMENT: (T0 - 3000, T0 - 2000, T0 - 1000)}), TEMPLATED, T0, "circuit_open"),
+    ("a Deployment's open circuit holds for its new pods", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(open_circuits=frozenset({DEPLOYMENT})), TEMPLATED, T0, "circuit_open"),
+    ("another workload's budget is its own", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(restart_times={"Deployment/llm/other": (T0 - 3000, T0 - 2000, T0 - 1000)},
+                  open_circuits=frozenset({"Deployment/llm/other"})), TEMPLATED, T0, "allowed"),
+    ("an older exporter (no workload): the target's name", POD_ALERT, fleet(**{"llm/p1": POD}),
+     JournalState(restart_times={"llm/p1": (T0 - 3000, T0 - 2000, T0 - 1000)}), TEMPLATED, T0, "circuit_open"),
+    # The escalation ladder: restart -> cordon_and_move -> page, per workload, within escalate_within.
+    ("ladder: first a restart", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}), JOURNAL, LADDERED, T0, "allowed"),
+    ("ladder: stuck again, cordon and move", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 1799)}), LADDERED, T0, "cordon_and_move"),
+    ("ladder: after escalate_within, a restart again", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 1800)}), LADDERED, T0, "allowed"),
+    ("ladder: stuck again after the move, page", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}), LADDERED, T0, "escalated_to_human"),
+    ("ladder: paged, still paged", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={DEPLOYMENT: ("page", T0 - 60)}), LADDERED, T0, "escalated_to_human"),
+    ("ladder: no node to move off, page", POD_ALERT, fleet(**{"llm/p1": replace(DEPLOYED, node=None)}),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}), LADDERED, T0, "escalated_to_human"),
+    ("ladder: node already cordoned, page", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}, gpu_nodes=frozenset({"node-a"})), LADDERED, T0,
+     "escalated_to_human"),
+    ("ladder: a static target has no node, page", ALERT, FLEET, JournalState(ladder={"a": ("restart", T0 - 60)}),
+     replace(POLICY, escalate_within=1800.0), T0, "escalated_to_human"),
+    ("ladder: another workload's step is its own", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={"Deployment/llm/other": ("cordon_and_move", T0 - 60)}), LADDERED, T0, "allowed"),
+    ("ladder off: a step on record changes nothing", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}), TEMPLATED, T0, "allowed"),
+    ("ladder: the move waits for the cooldown", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}, last_restart_started=T0 - 60), LADDERED, T0, "cooldown"),
+    ("ladder: the page comes before the cooldown", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}, last_restart_started=T0 - 60), LADDERED, T0,
+     "escalated_to_human"),
+    ("ladder: a GPU fault moved once, stuck again: page", POD_ALERT,
+     fleet(**{"llm/p1": replace(GPU_POD, workload=DEPLOYMENT, node="node-b")}),
+     JournalState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}), replace(MOVING, escalate_within=1800.0), T0,
+     "escalated_to_human"),
+    # A LeaderWorkerSet group is one server in the fleet gate (max_unhealthy 2: a and the group).
+    ("a stuck group counts once in the fleet gate", ALERT,
+     fleet(**{f"llm/g{i}": replace(POD, pod=f"g{i}", pod_uid=f"ug{i}", workload=GROUP) for i in range(3)}),
+     JOURNAL, TEMPLATED, T0, "allowed"),
+    ("the same pods as lone servers are a storm", ALERT,
+     fleet(**{f"llm/g{i}": replace(POD, pod=f"g{i}", pod_uid=f"ug{i}") for i in range(3)}),
+     JOURNAL, TEMPLATED, T0, "fleet_gate"),
+    ("a group's pod, allowed: the group restarts", replace(ALERT, labels=labels(target="llm/g1")),
+     fleet(**{f"llm/g{i}": replace(POD, pod=f"g{i}", pod_uid=f"ug{i}", workload=GROUP) for i in range(3)}),
+     JournalState(restart_times={GROUP: (T0 - 3000,)}), TEMPLATED, T0, "allowed"),
 ]
 
 
@@ -158,7 +231,7 @@ def test_gate_reason(alert, fleet_view, journal, policy, now, reason):
 
 
 def test_every_reason_has_a_case():
-    assert {c[-1] for c in CASES} == set(REASONS)
+    assert {c[-1] for c in CASES} == set(REASONS) - AFTER_GATE
 
 
 def test_checks_run_in_the_documented_order():
@@ -224,23 +297,44 @@ def test_a_percentage_limit_is_taken_of_the_fleet_the_templates_make():
 
 
 EFFECT_CASES = [
-    ("allowed: intent", ALERT, FLEET, JOURNAL, POLICY, Effects(intent=True)),
+    ("allowed: intent", ALERT, FLEET, JOURNAL, POLICY, Effects(intent=True, workload="a")),
     ("last of the budget opens the circuit", ALERT, FLEET, JournalState(restart_times={"a": (T0 - 3000, T0 - 2000)}),
-     POLICY, Effects(intent=True, open_circuit=True)),
+     POLICY, Effects(intent=True, open_circuit=True, workload="a")),
     ("budget used up opens the circuit once", ALERT, FLEET,
-     JournalState(restart_times={"a": (T0 - 3000, T0 - 2000, T0 - 1000)}), POLICY, Effects(open_circuit=True)),
-    ("already open: nothing", ALERT, FLEET, JournalState(open_circuits=frozenset({"a"})), POLICY, Effects()),
+     JournalState(restart_times={"a": (T0 - 3000, T0 - 2000, T0 - 1000)}), POLICY,
+     Effects(open_circuit=True, workload="a")),
+    ("already open: nothing", ALERT, FLEET, JournalState(open_circuits=frozenset({"a"})), POLICY, Effects(workload="a")),
     ("storm recorded", ALERT, fleet(b=TargetStatus("stuck", OLD), c=TargetStatus("down")), JOURNAL,
-     replace(POLICY, storm_cooldown=600), Effects(storm_seen_at=T0)),
+     replace(POLICY, storm_cooldown=600), Effects(storm_seen_at=T0, workload="a")),
     ("storm recorded under a cooldown too", ALERT, fleet(b=TargetStatus("stuck", OLD), c=TargetStatus("down")),
-     JournalState(last_restart_started=T0 - 5), replace(POLICY, storm_cooldown=600), Effects(storm_seen_at=T0)),
+     JournalState(last_restart_started=T0 - 5), replace(POLICY, storm_cooldown=600),
+     Effects(storm_seen_at=T0, workload="a")),
     ("storm just recorded: no second write", ALERT, fleet(b=TargetStatus("stuck", OLD), c=TargetStatus("down")),
-     JournalState(storm_seen_at=T0 - 0.5), replace(POLICY, storm_cooldown=600), Effects()),
+     JournalState(storm_seen_at=T0 - 0.5), replace(POLICY, storm_cooldown=600), Effects(workload="a")),
     ("no storm cooldown configured: not recorded", ALERT, fleet(b=TargetStatus("stuck", OLD), c=TargetStatus("down")),
-     JOURNAL, POLICY, Effects()),
-    ("gpu move marks the node", POD_ALERT, fleet(**{"llm/p1": GPU_POD}), JOURNAL, MOVING,
-     Effects(intent=True, gpu_node="node-a")),
-    ("duplicate: nothing", ALERT, FLEET, JournalState(decided_keys=frozenset({ALERT.key})), POLICY, Effects()),
+     JOURNAL, POLICY, Effects(workload="a")),
+    # The node is marked only once its cordon succeeded (acting.py), never by the decision.
+    ("gpu move: the node is not marked yet", POD_ALERT, fleet(**{"llm/p1": GPU_POD}), JOURNAL, MOVING,
+     Effects(intent=True, workload="llm/p1")),
+    ("duplicate: nothing", ALERT, FLEET, JournalState(decided_keys=frozenset({ALERT.key})), POLICY,
+     Effects(workload="a")),
+    # Budgets, circuits and the ladder count the workload, not the pod.
+    ("a pod's restart counts against its Deployment", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(restart_times={DEPLOYMENT: (T0 - 3000, T0 - 2000)}), TEMPLATED,
+     Effects(intent=True, open_circuit=True, workload=DEPLOYMENT)),
+    ("ladder on: the restart is its first step", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}), JOURNAL, LADDERED,
+     Effects(intent=True, workload=DEPLOYMENT, step="restart")),
+    ("ladder: stuck again, the move is its second step", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}), LADDERED,
+     Effects(intent=True, workload=DEPLOYMENT, step="cordon_and_move")),
+    ("ladder: the page is written once", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}), LADDERED,
+     Effects(workload=DEPLOYMENT, step="page")),
+    ("ladder: paged already, nothing to write", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={DEPLOYMENT: ("page", T0 - 60)}), LADDERED, Effects(workload=DEPLOYMENT)),
+    ("a group's restart counts once, against the group", replace(ALERT, labels=labels(target="llm/g1")),
+     fleet(**{f"llm/g{i}": replace(POD, pod=f"g{i}", pod_uid=f"ug{i}", workload=GROUP) for i in range(3)}),
+     JOURNAL, TEMPLATED, Effects(intent=True, workload=GROUP)),
 ]
 
 
@@ -249,4 +343,37 @@ EFFECT_CASES = [
 def test_effects_of_a_decision(alert, fleet_view, journal, policy, expected):
     decision = decide(alert, fleet_view, journal, policy, T0)
     assert effects_of(decision, alert, fleet_view, journal, policy, T0) == expected
-    assert bool(expected) == (expected != Effects())
+    assert bool(expected) == (expected != Effects(workload=expected.workload))
+
+
+@pytest.mark.parametrize("status, group", [
+    (replace(POD, workload="LeaderWorkerSet/llm/big/0"), Group("llm", "big", "0")),
+    (replace(POD, workload="LeaderWorkerSet/llm/big/12"), Group("llm", "big", "12")),
+    (replace(POD, workload="Deployment/llm/big"), None),
+    (replace(POD, workload="LeaderWorkerSet/dev/big/0"), None),  # not the pod's own namespace
+    (replace(POD, workload="LeaderWorkerSet/llm/big"), None),
+    (replace(POD, workload="LeaderWorkerSet/llm//0"), None),
+    (replace(POD, workload=None), None),
+    (TargetStatus("stuck", OLD, workload="LeaderWorkerSet/llm/big/0"), None),  # not a pod: nothing to list
+], ids=["group", "two-digit index", "deployment", "other namespace", "no index", "no name", "older exporter",
+        "static target"])
+def test_a_group_is_a_leaderworkerset_workload_of_a_pod_in_its_namespace(status, group):
+    assert group_of(status) == group
+    if group is not None:
+        assert group.selector == "leaderworkerset.sigs.k8s.io/name=big,leaderworkerset.sigs.k8s.io/group-index=" + group.index
+
+
+@pytest.mark.parametrize("ladder, now, step", [
+    ({}, T0, "restart"),
+    ({"w": ("restart", T0 - 10)}, T0, "cordon_and_move"),
+    ({"w": ("cordon_and_move", T0 - 10)}, T0, "page"),
+    ({"w": ("page", T0 - 10)}, T0, "page"),
+    ({"w": ("restart", T0 - 600)}, T0, "restart"),  # escalate_within (600 s) has passed: a new cycle
+    ({"w": ("page", T0 - 600)}, T0, "restart"),
+    ({"w": ("something newer", T0 - 10)}, T0, "restart"),
+    ({"v": ("cordon_and_move", T0 - 10)}, T0, "restart"),
+])
+def test_the_ladder_takes_the_next_step_within_escalate_within(ladder, now, step):
+    policy = replace(POLICY, escalate_within=600.0)
+    assert ladder_step(JournalState(ladder=ladder), policy, "w", now) == step
+    assert ladder_step(JournalState(ladder=ladder), POLICY, "w", now) == "restart"  # the ladder off

@@ -28,7 +28,7 @@ from llm_vitals.remediator.loop import GateLoop
 from llm_vitals.remediator.metrics import RemediatorMetrics
 from llm_vitals.remediator.policy import policy_from
 from llm_vitals.remediator.sqlite_store import SqliteStore
-from llm_vitals.remediator.store import CONFLICT_RETRIES
+from llm_vitals.remediator.store import CONFLICT_RETRIES, StoreHealth
 
 T0 = 1_800_000_000.0
 OLD = T0 - 7200  # the servers' processes started two hours ago
@@ -50,11 +50,17 @@ class MemoryStore:
     last_is_current = False
     claims_expire = True
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
         self.state, self.version, self.last = JournalState(), 0, JournalState()
+        self.clock = clock  # the loop's time comes from its store (`now`); set by the fixture when None
+        self.health = StoreHealth()
         self.meddle: Any = None  # called before each commit; a commit by it moves the version
         self.crash_after_commit = False
         self.conflicts = 0
+
+    def now(self) -> float:
+        assert self.clock is not None
+        return self.clock()
 
     async def read(self) -> tuple[JournalState, int]:
         self.last = self.state
@@ -90,11 +96,12 @@ class Held:
         self.calls = 0
         self.hold = asyncio.Event()
         self.hold.set()
+        self.result = ExecResult("ok", "restarted")
 
     async def restart(self) -> ExecResult:
         self.calls += 1
         await self.hold.wait()
-        return ExecResult("ok", "restarted")
+        return self.result
 
 
 class Fleet:
@@ -128,6 +135,8 @@ async def replicas(tmp_path: Path):
     started: list[Replica] = []
 
     async def make(store: Any, clock: Clock, fleet: Fleet | None = None, **over: Any) -> Replica:
+        if getattr(store, "clock", None) is None:
+            store.clock = clock
         targets = {n: {"executor": "http", "url": "http://127.0.0.1:1/restart", "timeout": "5s"} for n in "abcde"}
         settings = make_settings(tmp_path, "http://127.0.0.1:1", targets, **over)
         journal = Journal(tmp_path / f"journal-{len(started)}.db")
@@ -184,7 +193,7 @@ def test_the_pure_step_decides_and_commits_exactly_its_effects(state, policy, fa
     new = shared.with_effects(state, effects, facts, T0, INTENT if decision.allowed else None)
     for name, value in after.items():
         assert getattr(new, name) == value, name
-    assert (new == state) == (effects == Effects())  # no effects: nothing to commit
+    assert (new == state) == (not effects)  # no effects: nothing to commit
     assert shared.from_json(shared.to_json(new)) == shared.pruned(new, T0, POLICY.budget_window)
 
 
@@ -205,7 +214,7 @@ def _same_alert(store: MemoryStore) -> None:
 
 
 def _unrelated(store: MemoryStore) -> None:
-    store.write(replace(store.state, gpu_nodes=store.state.gpu_nodes | {f"n{store.version}"}))
+    store.write(shared.node_marked(store.state, f"n{store.version}"))
 
 
 CONFLICT_CASES = [
@@ -434,3 +443,47 @@ async def test_following_rereads_the_store_and_outlives_a_failed_read():
         await follow(store, 15.0, sleep)
     assert reads == ["read"] * 3 and naps == [15.0] * 3
     assert store.last.pause_reason == "set by another replica"
+
+
+# -- after the fact: a refusal by the API server, a cordon ------------------------------------------
+
+async def test_a_restart_the_api_server_refused_is_taken_back_and_the_resend_is_judged_afresh(replicas):
+    """An eviction a PodDisruptionBudget forbade (429) did nothing: no cooldown, no budget, no key;
+    the journal row is the refusal. Alertmanager's re-send of the same alert is decided again."""
+    store, clock = MemoryStore(), Clock(T0)
+    replica = await replicas(store, clock, global_cooldown="15m")
+    replica.executor.result = ExecResult("error", "the eviction of pod llm/p was refused: ...", refused="disruption_budget")
+    assert await replica.decide(alert("a")) == "allowed"
+    await replica.actor.wait_idle()
+    assert replace(store.state, disrupted={}) == JournalState()  # as it was before the decision
+    assert store.state.disrupted == {"a": (T0, T0)}  # and the refusals' streak begins
+    [row] = await replica.journal.actions(10)
+    assert (row["decision"], row["reason"], row["result"]) == ("refused", "disruption_budget", None)
+    metrics = replica.actor.metrics.registry
+    assert metrics.get_sample_value("llm_vitals_remediator_decisions_total",
+                                    {"target": "a", "reason": "disruption_budget"}) == 1
+    clock.advance(60)  # within the cooldown a real restart would have started
+    assert await replica.decide(alert("a")) == "allowed"  # the same alert: not a duplicate, no cooldown
+    await replica.actor.wait_idle()
+    assert replica.executor.calls == 2 and store.state.disrupted == {"a": (T0, T0 + 60)}  # it keeps on
+    assert metrics.get_sample_value("llm_vitals_remediator_disruption_budget_refused_seconds", {"workload": "a"}) == 60
+    replica.executor.result = ExecResult("ok", "evicted")  # the budget allows it now: the streak is over
+    clock.advance(60)
+    assert await replica.decide(alert("a")) == "allowed"
+    await replica.actor.wait_idle()
+    assert store.state.disrupted == {} and store.state.restart_times == {"a": (T0 + 120,)}
+
+
+@pytest.mark.parametrize("result, marked", [
+    (ExecResult("ok", "cordoned, moved", cordoned="n1"), {"n1"}),
+    (ExecResult("error", "cordoned; the eviction was refused", cordoned="n1"), {"n1"}),  # the cordon stands
+    (ExecResult("error", "read node n1: HTTP 404; not cordoned, nothing moved"), set()),
+    (ExecResult("timeout", "not done within 30s"), set()),
+], ids=["moved", "cordoned, pod not moved", "cordon failed", "timed out before the cordon"])
+async def test_only_a_cordon_that_succeeded_marks_its_node(replicas, result, marked):
+    store, clock = MemoryStore(), Clock(T0)
+    replica = await replicas(store, clock)
+    replica.executor.result = result
+    assert await replica.decide(alert("a")) == "allowed"
+    await replica.actor.wait_idle()
+    assert store.state.gpu_nodes == marked

@@ -122,7 +122,7 @@ async def test_the_journal_keeps_the_exporters_target_and_the_pre_restart_output
     await client.service.wait_idle()
     assert restarter.calls == 1
     [row] = await actions(client)
-    response = await client.get(f"/api/v1/actions/{row['id']}")
+    response = await client.get(f"/api/v1/actions/{row['id']}", headers=AUTH)
     assert response.status == 200
     found = await response.json()
     assert found["evidence"] == exporter.targets["a"]
@@ -143,7 +143,7 @@ async def test_a_slow_pre_restart_is_cut_at_its_timeout_and_the_restart_still_ru
     await client.service.wait_idle()
     assert restarter.calls == 1
     [row] = await actions(client)
-    found = await (await client.get(f"/api/v1/actions/{row['id']}")).json()
+    found = await (await client.get(f"/api/v1/actions/{row['id']}", headers=AUTH)).json()
     assert found["pre_restart"]["result"] == "timeout" and found["pre_restart"]["duration_seconds"] < 10
 
 
@@ -152,10 +152,10 @@ async def test_refusals_keep_the_evidence_too_and_unknown_actions_are_404(remedi
     exporter.targets["a"] = target_json("a", "busy")
     await post(client, alert_payload("a"))
     [row] = await actions(client)
-    found = await (await client.get(f"/api/v1/actions/{row['id']}")).json()
+    found = await (await client.get(f"/api/v1/actions/{row['id']}", headers=AUTH)).json()
     assert found["evidence"]["state"] == "busy"
-    assert (await client.get("/api/v1/actions/999")).status == 404
-    assert (await client.get("/api/v1/actions/x")).status == 400
+    assert (await client.get("/api/v1/actions/999", headers=AUTH)).status == 404
+    assert (await client.get("/api/v1/actions/x", headers=AUTH)).status == 400
 
 
 def _pod_target(name: str, namespace: str, state: str = "stuck", **over):

@@ -179,8 +179,8 @@ async def test_the_remediator_restarts_a_target_of_the_other_shard_and_nothing_o
     assert answer.status == 200 and (await answer.json())["decisions"][0]["reason"] == "allowed"
     await service.wait_idle()
     assert restarter.calls == 1
-    [row] = (await (await client.get("/api/v1/actions")).json())["actions"]
-    found = await (await client.get(f"/api/v1/actions/{row['id']}")).json()
+    [row] = (await (await client.get("/api/v1/actions", headers=AUTH)).json())["actions"]
+    found = await (await client.get(f"/api/v1/actions/{row['id']}", headers=AUTH)).json()
     # The evidence is the owning shard's own TARGET object, and says which shard that was.
     assert found["evidence_from"] == sharded[1].url
     assert found["evidence"]["name"] == STUCK_NAME and found["evidence"]["state"] == "stuck"

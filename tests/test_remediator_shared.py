@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from llm_vitals.remediator import shared
@@ -11,6 +13,7 @@ from llm_vitals.remediator.shared import Intent
 T0 = 1_800_000_000.0
 ALERT = AlertFacts("firing", {"target": "llm/p1", "remediation": "restart"}, "fp", T0 - 60)
 INTENT = Intent("replica-a/abc", "llm/p1", T0 + 35)
+WORKLOAD = "Deployment/llm/vllm"
 
 
 def test_an_intent_holds_the_restart_the_cooldown_the_budget_and_the_alert_key():
@@ -27,11 +30,13 @@ def test_only_the_holder_releases_its_restart():
     assert released.in_progress is None and released.last_restart_started == T0  # the cooldown stays
 
 
-def test_storm_circuit_and_gpu_node_effects():
-    state = shared.with_effects(JournalState(), Effects(open_circuit=True, storm_seen_at=T0, gpu_node="n1"), ALERT,
-                                T0, None)
-    assert state.open_circuits == {"llm/p1"} and state.storm_seen_at == T0 and state.gpu_nodes == {"n1"}
+def test_storm_and_circuit_effects_and_the_node_marked_after_its_cordon():
+    state = shared.with_effects(JournalState(), Effects(open_circuit=True, storm_seen_at=T0), ALERT, T0, None)
+    assert state.open_circuits == {"llm/p1"} and state.storm_seen_at == T0 and state.gpu_nodes == frozenset()
     assert shared.circuits_reset(state, ["llm/p1"]).open_circuits == frozenset()
+    marked = shared.node_marked(state, "n1")
+    assert marked.gpu_nodes == {"n1"} and shared.node_released(marked, "n1").gpu_nodes == frozenset()
+    assert shared.node_released(state, "n9") == state  # releasing a node never escalated changes nothing
 
 
 def test_pruning_forgets_old_restarts_and_keys_and_caps_the_keys():
@@ -47,8 +52,9 @@ def test_pruning_forgets_old_restarts_and_keys_and_caps_the_keys():
 
 def test_json_round_trip_keeps_everything():
     state = shared.with_effects(JournalState(), Effects(intent=True, open_circuit=True, storm_seen_at=T0,
-                                                        gpu_node="n1"), ALERT, T0, INTENT)
-    state = shared.paused_state(state, T0 + 600, "upgrade")
+                                                        workload=WORKLOAD, step="restart"), ALERT, T0, INTENT)
+    state = shared.node_marked(shared.paused_state(state, T0 + 600, "upgrade"), "n1")
+    assert state.ladder == {WORKLOAD: ("restart", T0)} and state.restart_times == {WORKLOAD: (T0,)}
     assert shared.from_json(shared.to_json(state)) == state
     assert shared.from_json(None) == JournalState() == shared.from_json("")
 
@@ -57,3 +63,65 @@ def test_json_round_trip_keeps_everything():
 def test_a_state_that_is_not_ours_is_an_error_not_a_crash(text):
     with pytest.raises(shared.BadState):
         shared.from_json(text)
+
+
+def test_a_state_written_before_workloads_and_the_ladder_still_loads():
+    """The JSON of the previous version: budgets and circuits keyed by target name, no ladder."""
+    old = ('{"decided":[["fp",1799999940.0,1799999950.0]],"gpu_nodes":["n1"],"in_progress":null,'
+           '"in_progress_by":null,"in_progress_expires":null,"last_restart_started":1799999950.0,'
+           '"open_circuits":["llm/p1"],"pause_reason":"","paused_until":null,'
+           '"restart_times":{"llm/p1":[1799999950.0]},"storm_seen_at":null}')
+    state = shared.from_json(old)
+    assert state.open_circuits == {"llm/p1"} and state.restart_times == {"llm/p1": (T0 - 50,)}
+    assert state.ladder == {} and state.gpu_nodes == {"n1"}
+    assert shared.circuits_reset(state, ["llm/p1"]).open_circuits == frozenset()  # its reset names the old key
+
+
+UNDO_WORKLOAD = "Deployment/llm/vllm"
+
+
+def intent_on(state: JournalState, step: str | None = None, at: float = T0) -> tuple[JournalState, Intent]:
+    """`state` after an allowed restart of UNDO_WORKLOAD at `at` (with a ladder step), and its intent."""
+    intent = Intent("replica-a/x", "llm/p1", at + 30, UNDO_WORKLOAD, at, shared.undo_of(state, UNDO_WORKLOAD))
+    used = len(state.restart_times.get(UNDO_WORKLOAD, ()))
+    effects = Effects(intent=True, open_circuit=used + 1 >= 3, workload=UNDO_WORKLOAD, step=step)
+    return shared.with_effects(state, effects, ALERT, at, intent), intent
+
+
+@pytest.mark.parametrize("before, step", [
+    (JournalState(), None),
+    (JournalState(last_restart_started=T0 - 900, restart_times={UNDO_WORKLOAD: (T0 - 900,)}), None),
+    (JournalState(restart_times={UNDO_WORKLOAD: (T0 - 900, T0 - 800)}, last_restart_started=T0 - 800), None),  # opens
+    (JournalState(ladder={UNDO_WORKLOAD: ("restart", T0 - 100)}), "cordon_and_move"),
+    (JournalState(), "restart"),
+    (JournalState(open_circuits=frozenset({"other"}), storm_seen_at=T0 - 5, gpu_nodes=frozenset({"n1"})), None),
+], ids=["fresh", "an earlier restart", "the commit opened the circuit", "a ladder step before", "the first step",
+        "unrelated state"])
+def test_a_restart_the_api_server_refused_is_taken_back_entirely(before, step):
+    """An eviction a PodDisruptionBudget refused (429) did nothing: the state is as before the commit,
+    so Alertmanager's next re-send is judged afresh (not a duplicate, no cooldown, no budget spent)."""
+    committed, intent = intent_on(before, step)
+    assert committed != before
+    assert shared.undone(committed, intent, ALERT.key) == before
+
+
+def test_taking_back_keeps_what_happened_since():
+    committed, intent = intent_on(JournalState())
+    later = shared.paused_state(shared.node_marked(committed, "n2"), T0 + 60, "upgrade")
+    after = shared.undone(later, intent, ALERT.key)
+    assert after.gpu_nodes == {"n2"} and after.paused_until == T0 + 60
+    assert after.in_progress is None and after.restart_times == {} and ALERT.key not in after.decided_keys
+    # An intent whose claim another replica took over (it expired) leaves that claim alone.
+    taken = replace(committed, in_progress_by="replica-b/y")
+    assert shared.undone(taken, intent, ALERT.key).in_progress_by == "replica-b/y"
+
+
+def test_a_streak_of_disruption_budget_refusals_lasts_until_a_restart_runs_or_two_quiet_hours():
+    state = shared.disruption_refused(JournalState(), UNDO_WORKLOAD, T0)
+    state = shared.disruption_refused(state, UNDO_WORKLOAD, T0 + 3600)
+    assert state.disrupted == {UNDO_WORKLOAD: (T0, T0 + 3600)}
+    assert shared.from_json(shared.to_json(state)) == state
+    assert shared.finished(state, "nobody", ran="other").disrupted == state.disrupted
+    assert shared.finished(state, "nobody", ran=UNDO_WORKLOAD).disrupted == {}
+    assert shared.pruned(state, T0 + 3600 + 7199, 3600).disrupted == state.disrupted
+    assert shared.pruned(state, T0 + 3600 + 7200, 3600).disrupted == {}

@@ -68,6 +68,6 @@ async def test_storm_of_400_posts_for_two_stuck_targets_runs_exactly_one_restart
         status, decision = await post(payload)
         assert (status, decision["reason"]) == (200, "cooldown")
     assert counter.calls == 1
-    rows = (await (await client.get("/api/v1/actions?limit=1000")).json())["actions"]
+    rows = (await (await client.get("/api/v1/actions?limit=1000", headers=AUTH)).json())["actions"]
     assert len(rows) == 402
     assert [r["result"] for r in rows if r["decision"] == "restart"] == ["ok"]

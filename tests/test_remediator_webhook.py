@@ -67,7 +67,7 @@ async def post(client, payload, headers=AUTH):
 
 
 async def actions(client, limit=100):
-    response = await client.get(f"/api/v1/actions?limit={limit}")
+    response = await client.get(f"/api/v1/actions?limit={limit}", headers=AUTH)
     assert response.status == 200
     return (await response.json())["actions"]
 
@@ -95,7 +95,8 @@ async def test_stuck_alert_with_real_alertmanager_headers_restarts_once(remediat
     assert row["decision"] == "restart" and row["result"] == "ok" and row["executor"] == "http"
     assert row["target"] == "a" and row["alertname"] == "LLMServerStuck" and row["duration_seconds"] >= 0
     assert set(row) == {"id", "time", "target", "alertname", "fingerprint", "starts_at", "decision", "reason",
-                        "executor", "result", "detail", "duration_seconds"}
+                        "executor", "result", "detail", "duration_seconds", "workload"}
+    assert row["workload"] == "a"  # a static target is its own workload
     assert await metric(client, 'llm_vitals_remediator_decisions_total{reason="allowed",target="a"}') == 1
     assert await metric(client, 'llm_vitals_remediator_restarts_total{result="ok",target="a"}') == 1
     assert await metric(client, 'llm_vitals_remediator_last_restart_timestamp_seconds{target="a"}') == client.clock.now
@@ -383,7 +384,7 @@ async def test_budget_opens_the_circuit_until_an_authenticated_reset(remediator,
     client = await remediator(budget={"max_restarts": 1, "window": "1h"}, global_cooldown="1m")
     await post(client, alert_payload("a"))
     await client.service.wait_idle()
-    assert await metric(client, 'llm_vitals_remediator_circuit_open{target="a"}') == 1
+    assert await metric(client, 'llm_vitals_remediator_circuit_open{workload="a"}') == 1
     client.clock.advance(7200)  # past the window: the circuit stays open anyway
     again = alert_payload("a", starts_at="2026-12-02T16:00:00Z")
     assert (await post(client, again))[1]["decisions"][0]["reason"] == "circuit_open"
@@ -391,7 +392,7 @@ async def test_budget_opens_the_circuit_until_an_authenticated_reset(remediator,
     assert (await client.post("/api/v1/circuit/reset", json={"target": "zz"}, headers=AUTH)).status == 404
     response = await client.post("/api/v1/circuit/reset", json={"target": "a"}, headers=AUTH)
     assert response.status == 200 and await response.json() == {"reset": ["a"], "were_open": ["a"]}
-    assert await metric(client, 'llm_vitals_remediator_circuit_open{target="a"}') == 0
+    assert await metric(client, 'llm_vitals_remediator_circuit_open{workload="a"}') == 0
     assert (await post(client, again))[1]["decisions"][0]["reason"] == "allowed"
     await client.service.wait_idle()
     assert restarter.calls == 2
@@ -413,7 +414,7 @@ async def test_actions_limit_and_healthz(remediator):
         await post(client, alert_payload("a", remediation=None, fingerprint=f"f{i}"))
     assert [r["fingerprint"] for r in await actions(client, 2)] == ["f2", "f1"]
     for bad in ("0", "x", "100000"):
-        assert (await client.get(f"/api/v1/actions?limit={bad}")).status == 400
+        assert (await client.get(f"/api/v1/actions?limit={bad}", headers=AUTH)).status == 400
     response = await client.get("/healthz")
     assert response.status == 200 and (await response.json())["status"] == "ok"
 
@@ -431,7 +432,7 @@ async def test_secrets_never_leak_into_logs_answers_or_the_journal(remediator, r
     response = await client.post("/webhook", data=b"{bad", headers=AUTH)
     texts.append(await response.text())
     await client.service.wait_idle()
-    texts.append(await (await client.get("/api/v1/actions")).text())
+    texts.append(await (await client.get("/api/v1/actions", headers=AUTH)).text())
     texts.append(await (await client.get("/metrics")).text())
     texts.append(repr(client.server.app))
     everything = "\n".join(texts) + caplog.text

@@ -186,7 +186,8 @@ async def test_stuck_page_fires_the_real_rule_and_alertmanager_posts_it_with_the
         series = await stack.query('llm_vitals_state{state="stuck"} == 1')
         assert [s["metric"]["target"] for s in series] == ["x"]
         firing = await stack.prometheus_alerts(state="firing")
-        assert {(a["labels"]["alertname"], a["labels"]["target"]) for a in firing} >= {
+        # (Rules about the watchers carry no `target`: the remediator is absent from this harness.)
+        assert {(a["labels"]["alertname"], a["labels"].get("target")) for a in firing} >= {
             ("LLMServerStuck", "x"),
             ("LLMServerDown", "y"),
         }

@@ -1,7 +1,8 @@
 """Print the README's metrics reference: one markdown row per metric the exporter's collector emits.
 
-The names, types, labels and HELP texts come from `exporter.collector.VitalsCollector` itself (run
-on a one-target store, no polling, no network), so the README cannot drift from the code:
+The names, types, labels and HELP texts come from the exposition's own table,
+`llm_vitals.exporter.collector.FAMILIES`, and from `LifecycleCollector` (run on a one-target store,
+no polling, no network), so the README cannot drift from the code:
 
     .venv/bin/python tools/metrics_table.py            # print the table
     .venv/bin/python tools/metrics_table.py --write    # replace it in README.md, between the markers
@@ -22,7 +23,7 @@ END = "<!-- metrics-table:end -->"
 
 sys.path.insert(0, str(REPO))  # run from a checkout without installing, too
 
-from llm_vitals.exporter.collector import LifecycleCollector, VitalsCollector  # noqa: E402 -- after the sys.path line above
+from llm_vitals.exporter.collector import FAMILIES, TARGETS_HELP, TARGETS_NAME, LifecycleCollector  # noqa: E402 -- after the sys.path line above
 from llm_vitals.exporter.discovery.manager import Discovery, apply_to_store  # noqa: E402
 from llm_vitals.exporter.reload import ReloadState  # noqa: E402
 from llm_vitals.exporter.settings import parse_settings  # noqa: E402
@@ -39,11 +40,14 @@ def metrics_table() -> str:
     """The markdown table (header included, no trailing newline)."""
     settings = parse_settings({"targets": [{"name": "t", "url": "http://127.0.0.1:9"}]})
     store = StateStore(settings, 0.0)
-    collector = VitalsCollector(store, clock=lambda: 0.0)
     lifecycle = LifecycleCollector(Discovery(settings, store, apply_to_store(store, lambda: 0.0), lambda: 0.0),
                                    ReloadState(None))
     rows = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
-    for family in [*collector.collect(), *lifecycle.collect()]:
+    for each in FAMILIES:  # their names as exposed: a counter's ends in _total already
+        labels = ", ".join(f"`{label}`" for label in each.labels)
+        rows.append(f"| `{each.name}` | {each.kind} | {labels} | {_cell(each.help)} |")
+    rows.append(f"| `{TARGETS_NAME}` | gauge | – | {_cell(TARGETS_HELP)} |")
+    for family in lifecycle.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
         # The label names a family was declared with (also when it has no sample for this store).
         labels = getattr(family, "_labelnames", None) or sorted({k for s in family.samples for k in s.labels})

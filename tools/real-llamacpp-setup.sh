@@ -11,10 +11,12 @@
 #    in a directory keyed on that script's hash (no CPU key: the file is the same everywhere).
 #
 # Exit status: 0 ready (the last line is BIN=... MODEL=...); 77 skipped (one line says why);
-# 1 failed, or skipped while LLM_VITALS_REQUIRE_REAL_LLAMACPP=1 (CI), where a skip is a failure.
-# Re-runs are fast: stamps record what was built.
+# 1 failed, or skipped while LLM_VITALS_REQUIRE_REAL_LLAMACPP=1 (CI), where a skip is a failure
+# (tools/real-tier-lib.sh). Re-runs are fast: stamps record what was built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TIER_NAME=llama.cpp TIER_VAR=LLAMACPP
+source tools/real-tier-lib.sh
 
 SDIST_VERSION=0.3.36                 # llama-cpp-python; vendors llama.cpp 0c1e570
 GGUF_PIN="gguf==0.19.0"
@@ -27,24 +29,13 @@ case $ARCH in
   *)      BASELINE="$ARCH-generic"   # ggml's portable defaults for this architecture
           ISA_FLAGS="" ;;
 esac
-BIN_DIR=$(tools/cache-path.sh llamacpp "$SDIST_VERSION-$BASELINE")
-MODEL_DIR=$(tools/cache-path.sh llamacpp-tiny-gguf "$(sha256sum "$MODEL_SCRIPT" | cut -c1-12)")
+BIN_DIR=$(cache_dir llamacpp "$SDIST_VERSION-$BASELINE")
+MODEL_DIR=$(cache_dir llamacpp-tiny-gguf "$(sha256sum "$MODEL_SCRIPT" | cut -c1-12)")
 BIN=$BIN_DIR/llama-server
 MODEL=$MODEL_DIR/tiny-llama.gguf
 bin_want="llama-cpp-python==$SDIST_VERSION vendor/llama.cpp llama-server GGML_NATIVE=OFF $BASELINE $ISA_FLAGS"
 model_want="$GGUF_PIN $(sha256sum "$MODEL_SCRIPT" | cut -d' ' -f1)"
 
-skip() {
-  local msg="SKIPPED: real-llama.cpp tier: $1"
-  if [ "${LLM_VITALS_REQUIRE_REAL_LLAMACPP:-}" = 1 ]; then
-    echo "$msg [LLM_VITALS_REQUIRE_REAL_LLAMACPP=1 makes this a failure]" >&2
-    exit 1
-  fi
-  echo "$msg"
-  exit 77
-}
-
-stamp_is() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
 bin_ready() { [ -x "$BIN" ] && stamp_is "$BIN_DIR/.llm-vitals-built" "$bin_want"; }
 model_ready() { [ -f "$MODEL" ] && stamp_is "$MODEL_DIR/.llm-vitals-built" "$model_want"; }
 ready() { echo "BIN=$BIN MODEL=$MODEL"; exit 0; }
@@ -55,17 +46,15 @@ if bin_ready && model_ready; then
 fi
 
 if [ "$ARCH" = x86_64 ] && ! grep -qw sse4_2 /proc/cpuinfo; then
-  skip "this x86-64 CPU has no SSE4.2, the build's baseline (x86-64-v2)"
+  tier_skip "this x86-64 CPU has no SSE4.2, the build's baseline (x86-64-v2)"
 fi
 for tool in cmake g++ make; do
-  command -v "$tool" >/dev/null || skip "needs $tool to build llama-server (apt-get install cmake g++ make)"
+  command -v "$tool" >/dev/null || tier_skip "needs $tool to build llama-server (apt-get install cmake g++ make)"
 done
-command -v python3 >/dev/null || skip "needs python3"
+command -v python3 >/dev/null || tier_skip "needs python3"
 
 mkdir -p "$BIN_DIR" "$MODEL_DIR"
-# One builder at a time per cache directory (two checkouts may run the tier at once).
-exec 9>"$BIN_DIR.lock"
-flock 9
+build_lock "$BIN_DIR"
 
 if ! bin_ready; then
   t0=$(date +%s)
@@ -85,11 +74,7 @@ if ! bin_ready; then
       -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF $ISA_FLAGS
     nice -n 19 cmake --build "$work/build" --target llama-server -j2
-  } >"$log" 2>&1 || {
-    echo "real-llama.cpp setup: the build failed; last lines of $log:" >&2
-    tail -20 "$log" >&2
-    exit 1
-  }
+  } >"$log" 2>&1 || tier_fail "the build failed" "$log"
   # Portable means no AVX of any width: a vector register wider than SSE's in the binary would die by
   # SIGILL on a CPU without it (the check takes ~2 s; skipped without binutils' objdump).
   if [ "$ARCH" = x86_64 ] && command -v objdump >/dev/null; then
@@ -109,14 +94,10 @@ if ! model_ready; then
   venv=$MODEL_DIR/venv
   log=$MODEL_DIR/build.log
   {
-    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    new_venv python3 "$venv"
     "$venv/bin/pip" install -q "$GGUF_PIN" numpy
     "$venv/bin/python" "$MODEL_SCRIPT" "$MODEL.tmp"
-  } >"$log" 2>&1 || {
-    echo "real-llama.cpp setup: writing the tiny GGUF failed; last lines of $log:" >&2
-    tail -20 "$log" >&2
-    exit 1
-  }
+  } >"$log" 2>&1 || tier_fail "writing the tiny GGUF failed" "$log"
   mv "$MODEL.tmp" "$MODEL"
   rm -rf "$venv"
   echo "$model_want" >"$MODEL_DIR/.llm-vitals-built"

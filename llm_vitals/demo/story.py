@@ -44,10 +44,12 @@ class Observer:
     """Polls the exporter's targets and the remediator's journal; keeps the latest of each."""
 
     def __init__(self, session: aiohttp.ClientSession, exporter_url: str, remediator_url: str | None,
-                 on_event: Callable[[str], None]) -> None:
+                 on_event: Callable[[str], None], remediator_token: str | None = None) -> None:
         self.session = session
         self.exporter_url = exporter_url
         self.remediator_url = remediator_url
+        # The remediator's journal takes the webhook's auth.
+        self.remediator_auth = {"Authorization": f"Bearer {remediator_token}"} if remediator_token else {}
         self.on_event = on_event
         self.targets: dict[str, dict[str, Any]] = {}
         self.actions: list[dict[str, Any]] = []  # every action seen since the demo started, oldest first
@@ -70,7 +72,7 @@ class Observer:
             return
         try:
             async with self.session.get(f"{self.remediator_url}/api/v1/actions", params={"limit": "100"},
-                                        timeout=_TIMEOUT) as r:
+                                        headers=self.remediator_auth, timeout=_TIMEOUT) as r:
                 newest_first = (await r.json())["actions"]
         except (TimeoutError, aiohttp.ClientError, ValueError, KeyError):
             return

@@ -20,11 +20,11 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from pydantic import BaseModel
 
-from llm_vitals.exporter.collector import LifecycleCollector, build_process_registry, read, render_families
+from llm_vitals.exporter.collector import LifecycleCollector, build_process_registry
 from llm_vitals.exporter.discovery.manager import Discovery, apply_to_store, sources_for
-from llm_vitals.exporter.keys import CLOCK, DISCOVERY, FULL_RENDER, NODES, POLLER, REGISTRY, RELOAD, SESSION, SETTINGS, STORE
+from llm_vitals.exporter.keys import CLOCK, DISCOVERY, NODES, PAGES, POLLER, REGISTRY, RELOAD, SESSION, SETTINGS, STORE
 from llm_vitals.exporter.node_watch import NodeCache, NodeWatch, wants_node_watch
-from llm_vitals.exporter.page import page_pieces, refresh
+from llm_vitals.exporter.page import PageCache
 from llm_vitals.exporter.poller import Poller
 from llm_vitals.exporter.reload import ReloadState, load_for_reload, record_success
 from llm_vitals.exporter.settings import ConfigError, ExporterSettings
@@ -48,19 +48,17 @@ NAME = "{name:[^/]+(?:/[^/]+)?}"
 
 
 def create_app(settings: ExporterSettings, *, clock: Callable[[], float] = time.time, poll: bool = True,
-               config_path: Path | None = None, sighup: bool = False, full_render: bool = False) -> web.Application:
+               config_path: Path | None = None, sighup: bool = False) -> web.Application:
     """The exporter app. `poll=False` serves the cache without starting the poll loops or discovery (for tests).
 
     `config_path` is the file `POST /-/reload` re-reads; `sighup` makes SIGHUP reload it too (the CLI's choice).
-    `full_render` renders /metrics whole on every scrape, as before the per-target text of
-    llm_vitals/exporter/page.py: kept only as the baseline of bench/bench_scale.py.
     """
     app = web.Application()
     app[SETTINGS] = settings
     app[CLOCK] = clock
     store = app[STORE] = StateStore(settings, clock())
     app[REGISTRY] = build_process_registry()  # the vitals are rendered by llm_vitals/exporter/page.py
-    app[FULL_RENDER] = full_render
+    app[PAGES] = PageCache()
     discovery = app[DISCOVERY] = Discovery(settings, store, apply_to_store(store, clock), clock)
     discovery.sync()  # the shard applies to the static targets from the start
     app[RELOAD] = ReloadState(config_path, last_success=clock())
@@ -186,13 +184,12 @@ def _unknown(name: str) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.StreamResponse:
-    # The page is joined from each target's kept lines (llm_vitals/exporter/page.py) and sent in pieces,
-    # handing the loop back between them: at 5,000 targets it is ~120,000 lines, and a probe or a
-    # poll should not wait for all of it. Each target is read once, first, so the page holds one
-    # reading of each target whatever polls run in the gaps.
+    # The page is joined from each target's kept lines, the targets that changed since the last
+    # scrape rendered again first (llm_vitals/exporter/page.py), and sent in pieces, handing the loop
+    # back between them: at 5,000 targets it is ~120,000 lines, and a probe or a poll should not
+    # wait for all of it. Each target is read once, first, so the page holds one reading of each
+    # target whatever polls run in the gaps.
     now = request.app[CLOCK]()
-    if request.app[FULL_RENDER]:
-        return await _metrics_rendered_whole(request, now)
     store = request.app[STORE]
     response = web.StreamResponse(headers={"Content-Type": TEXT_CONTENT_TYPE})
     if request.transport is not None:
@@ -201,24 +198,13 @@ async def metrics(request: web.Request) -> web.StreamResponse:
         # ~140 pieces). At most the page itself is held, as a whole-body answer would.
         request.transport.set_write_buffer_limits(high=64 * 2**20)
     await response.prepare(request)
-    for piece in page_pieces(list(store), now):
+    for piece in request.app[PAGES].pieces(list(store), now):
         if piece:
             await response.write(piece)
         await asyncio.sleep(0)
     await response.write(generate_latest(request.app[REGISTRY]))
     await response.write_eof()
     return response
-
-
-async def _metrics_rendered_whole(request: web.Request, now: float) -> web.Response:
-    """The page rendered from scratch on each scrape, one family per loop step (the benchmark's baseline)."""
-    readings = [read(record, now) for record in request.app[STORE]]
-    parts = []
-    for family_text in render_families(readings, now):
-        parts.append(family_text.encode())
-        await asyncio.sleep(0)
-    parts.append(generate_latest(request.app[REGISTRY]))
-    return web.Response(body=b"".join(parts), headers={"Content-Type": TEXT_CONTENT_TYPE})
 
 
 def _json(model: BaseModel) -> web.Response:
@@ -285,9 +271,7 @@ async def _set_draining(request: web.Request, draining: bool) -> web.Response:
     record = request.app[STORE].get(request.match_info["name"])
     if record is None:
         return _unknown(request.match_info["name"])
-    if record.draining != draining:
-        record.draining = draining
-        refresh(record, request.app[CLOCK]())
+    if record.set_draining(draining):
         log_event(log, "drain" if draining else "undrain", target=record.name)
     return web.json_response({"target": record.name, "draining": record.draining})
 

@@ -20,8 +20,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_config_options(parser)
     parser.add_argument("--log-level", help="override the config's log_level")
-    # The renderer before the per-target text of llm_vitals/exporter/page.py, for bench/bench_scale.py's baseline only.
-    parser.add_argument("--full-render", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     settings = read_config(parser, args, "exporter", load_settings,
                            lambda s: f"config OK: {len(s.targets)} target(s), {len(s.discovery)} discovery source(s), "
@@ -37,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     setup_logging(args.log_level or settings.log_level)
     # SIGHUP and POST /-/reload re-read this file (llm_vitals/exporter/reload.py).
-    app = create_app(settings, config_path=Path(args.config), sighup=True, full_render=args.full_render)
+    app = create_app(settings, config_path=Path(args.config), sighup=True)
     # Everything built so far (modules, settings, one record per target) lives as long as the
     # process: out of the collector's sight, a full collection no longer walks it. In
     # bench_poll_1000 the worst probe answer during /metrics scrapes went from 50-100 ms in most

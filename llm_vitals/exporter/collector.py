@@ -1,34 +1,33 @@
-"""The exposition: one table of metric families, rendered from the cached verdicts on each scrape.
+"""The exposition's one definition: every metric family the exporter writes for each target, and
+the helpers that write them in the text format (format 0.0.4, byte for byte what prometheus-client
+writes for the same families).
 
 No global gauges and no I/O here: a scrape reads the StateStore, so a target removed from the
 config leaves no series behind, and two Prometheus replicas scraping do not double the load on the
-model servers.
-
-`FAMILIES` is the one definition of every metric. `render_vitals` writes it in the text format
-straight from the store; `VitalsCollector` gives the same families as prometheus-client objects
-(for the README's metrics table, and as the reference `render_vitals` is tested against byte for
-byte). Why two ways: at 1,000 targets the page is 24,000 lines, and prometheus-client built and
-formatted it in ~0.4 s of CPU on the event loop, where every probe waited for it (bench/bench_poll_1000.py).
+model servers. llm_vitals/exporter/page.py writes the page from FAMILIES, one target at a time and
+only for targets that changed; prometheus-client objects are not used for it: at 1,000 targets the
+page is 24,000 lines, and prometheus-client built and formatted it in ~0.4 s of CPU on the event
+loop, where every probe waited for it (bench/bench_poll_1000.py). The exporter's own health
+(config reloads, discovery, process) is a prometheus-client Collector (`LifecycleCollector`).
 """
 
 from __future__ import annotations
 
 import functools
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from llm_vitals.exporter.discovery.manager import Discovery
 from llm_vitals.exporter.reload import ReloadState
 from llm_vitals.exporter.settings import TargetSettings
-from llm_vitals.exporter.state import CANARY_RESULTS, STANDARD_ERROR_REASONS, StateStore, TargetRecord
+from llm_vitals.exporter.state import CANARY_RESULTS, STANDARD_ERROR_REASONS, TargetRecord
 from llm_vitals.exporter.verdict import STATES, Verdict
 
 _CACHED = (
@@ -162,14 +161,15 @@ TARGETS_NAME = "llm_vitals_exporter_targets"
 TARGETS_HELP = "Targets in the exporter's config."
 
 
-def _escape_label(value: str) -> str:
-    # The text format's label value escapes; target names and URLs rarely need any.
+def escape_label(value: str) -> str:
+    """A label value with the text format's escapes (target names and URLs rarely need any)."""
     if "\\" in value or '"' in value or "\n" in value:
         return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
     return value
 
 
-def _help_line(name: str, kind: str, help_text: str) -> str:
+def help_line(name: str, kind: str, help_text: str) -> str:
+    """A family's HELP and TYPE lines."""
     escaped = help_text.replace("\\", "\\\\").replace("\n", "\\n")
     return f"# HELP {name} {escaped}\n# TYPE {name} {kind}\n"
 
@@ -178,89 +178,61 @@ def _help_line(name: str, kind: str, help_text: str) -> str:
 _COMMON_VALUES: dict[float, str] = {0: "0.0", 1: "1.0"}
 
 
-def _number(value: float) -> str:
+def format_value(value: float) -> str:
+    """A sample value as prometheus-client writes it."""
     return _COMMON_VALUES.get(value) or floatToGoString(value)
 
 
 # Cached across scrapes: the label values are few and fixed (states, reasons, results), except
 # target_info's URLs, one per configured target; building them anew took a third of a scrape.
 @functools.lru_cache(maxsize=16384)
-def _around_target(names: tuple[str, ...], more: tuple[str, ...]) -> tuple[str, str]:
+def labels_around_target(names: tuple[str, ...], more: tuple[str, ...]) -> tuple[str, str]:
     """The label text before and after `target="..."` for these values of the other labels.
 
     Labels are written sorted by name, as prometheus-client does, so `target` goes where it sorts.
     """
     pairs = sorted(zip(names[1:], more, strict=True))
-    before = "".join(f'{k}="{_escape_label(v)}",' for k, v in pairs if k < "target")
-    after = "".join(f',{k}="{_escape_label(v)}"' for k, v in pairs if k > "target")
+    before = "".join(f'{k}="{escape_label(v)}",' for k, v in pairs if k < "target")
+    after = "".join(f',{k}="{escape_label(v)}"' for k, v in pairs if k > "target")
     return before, after
 
 
-def render_families(readings: Iterable[Reading], now: float) -> Iterator[str]:
-    """The text (format 0.0.4) of each family of FAMILIES for every target, one family at a time,
-    then the target count.
+def target_texts(reading: Reading, now: float) -> tuple[bytes, ...]:
+    """One target's sample lines for each family of FAMILIES, in order (b"" for a family with no sample), e.g.::
 
-    Byte for byte what prometheus-client writes for VitalsCollector (tests/test_exporter_exposition.py
-    checks it), at a fraction of the cost: label text is built once per scrape, not per sample.
-    """
-    readings = list(readings)
-    targets = [(reading, f'target="{_escape_label(reading.name)}"') for reading in readings]
-    for family in FAMILIES:
-        out = [_help_line(family.name, family.kind, family.help)]
-        name, rows = family.name, family.rows
-        if not family.more_labels:
-            for reading, target in targets:
-                for _, value in rows(reading, now):
-                    out.append(f"{name}{{{target}}} {_number(value)}\n")
-        else:
-            around: dict[tuple[str, ...], tuple[str, str]] = {}  # this scrape's lookups, cheaper than the cache's
-            for reading, target in targets:
-                for more, value in rows(reading, now):
-                    parts = around.get(more)
-                    if parts is None:
-                        parts = around[more] = _around_target(family.labels, more)
-                    out.append(f"{name}{{{parts[0]}{target}{parts[1]}}} {_number(value)}\n")
-        yield "".join(out)
-    yield _help_line(TARGETS_NAME, "gauge", TARGETS_HELP) + f"{TARGETS_NAME} {_number(len(readings))}\n"
-
-
-def render_vitals(store: StateStore, now: float) -> str:
-    """The whole page at once (see render_families)."""
-    return "".join(render_families([read(record, now) for record in store], now))
-
-
-class VitalsCollector(Collector):
-    """FAMILIES as prometheus-client metric families, for example::
-
-        llm_vitals_target_info{target="gpu-a",engine="vllm",role="backend",url="http://10.0.0.5:8000"} 1
-        llm_vitals_up{target="gpu-a"} 1
-        llm_vitals_state{target="gpu-a",state="busy"} 1
-        llm_vitals_state{target="gpu-a",state="stuck"} 0
-        llm_vitals_requests_running{target="gpu-a"} 2
+        llm_vitals_target_info{engine="vllm",namespace="",node="",pod="",role="backend",target="gpu-a",url="http://10.0.0.5:8000"} 1.0
+        llm_vitals_up{target="gpu-a"} 1.0
+        llm_vitals_state{state="busy",target="gpu-a"} 1.0
+        llm_vitals_state{state="stuck",target="gpu-a"} 0.0
+        llm_vitals_requests_running{target="gpu-a"} 2.0
         llm_vitals_engine_steps_per_second{target="gpu-a"} 31.5
-        llm_vitals_stuck_seconds{target="gpu-a"} 0
-        llm_vitals_restarts_total{target="gpu-a"} 1
-        llm_vitals_canary_requests_total{target="gpu-a",result="ok"} 12
-        llm_vitals_poll_errors_total{target="gpu-a",reason="timeout"} 0
+        llm_vitals_stuck_seconds{target="gpu-a"} 0.0
+        llm_vitals_restarts_total{target="gpu-a"} 1.0
+        llm_vitals_canary_requests_total{result="ok",target="gpu-a"} 12.0
+        llm_vitals_poll_errors_total{reason="timeout",target="gpu-a"} 0.0
     """
+    target = f'target="{escape_label(reading.name)}"'
+    texts = []
+    for family in FAMILIES:
+        name = family.name
+        if not family.more_labels:
+            lines = [f"{name}{{{target}}} {format_value(value)}\n" for _, value in family.rows(reading, now)]
+        else:
+            lines = []
+            for more, value in family.rows(reading, now):
+                before, after = labels_around_target(family.labels, more)
+                lines.append(f"{name}{{{before}{target}{after}}} {format_value(value)}\n")
+        texts.append("".join(lines).encode())
+    return tuple(texts)
 
-    def __init__(self, store: StateStore, clock: Callable[[], float] = time.time) -> None:
-        self.store = store
-        self.clock = clock
 
-    def collect(self) -> Iterator[Metric]:
-        now = self.clock()
-        readings = [read(record, now) for record in self.store]
-        for family in FAMILIES:
-            kind = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
-            metric = kind(family.name, family.help, labels=list(family.labels))
-            for reading in readings:
-                for more, value in family.rows(reading, now):
-                    metric.add_metric([reading.name, *more], value)
-            yield metric
-        targets = GaugeMetricFamily(TARGETS_NAME, TARGETS_HELP)
-        targets.add_metric([], len(self.store.records))
-        yield targets
+# Each family's HELP and TYPE lines, the same for every page.
+FAMILY_HEADS = tuple(help_line(family.name, family.kind, family.help).encode() for family in FAMILIES)
+
+
+def targets_text(count: int) -> bytes:
+    """The page's last family: how many targets it holds."""
+    return (help_line(TARGETS_NAME, "gauge", TARGETS_HELP) + f"{TARGETS_NAME} {format_value(count)}\n").encode()
 
 
 def build_process_registry() -> CollectorRegistry:

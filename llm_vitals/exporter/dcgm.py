@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import aiohttp
 
@@ -33,11 +33,11 @@ HEALTH = "DCGM_EXP_GPU_HEALTH_STATUS"
 _SCANNER = Scanner([XID, HEALTH])
 
 
-def _label(labels: dict[str, str], *names: str) -> str | None:
+def _label(labels: Mapping[str, str], *names: str) -> str | None:
     return next((labels[name] for name in names if name in labels), None)
 
 
-def _is_ours(labels: dict[str, str], dcgm: DcgmSettings) -> bool:
+def _is_ours(labels: Mapping[str, str], dcgm: DcgmSettings) -> bool:
     if dcgm.uuid is not None:
         return _label(labels, "UUID", "uuid") == dcgm.uuid
     if _label(labels, "pod", "pod_name") != dcgm.pod:
@@ -46,7 +46,7 @@ def _is_ours(labels: dict[str, str], dcgm: DcgmSettings) -> bool:
 
 
 # One XID or health line of a page: (metric name, its labels, its value).
-Line = tuple[str, dict[str, str], float]
+Line = tuple[str, Mapping[str, str], float]
 
 
 def parse_page(body: bytes) -> tuple[Line, ...]:

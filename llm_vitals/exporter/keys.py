@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from llm_vitals.exporter.discovery.manager import Discovery
 from llm_vitals.exporter.node_watch import NodeCache
+from llm_vitals.exporter.page import PageCache
 from llm_vitals.exporter.poller import Poller
 from llm_vitals.exporter.reload import ReloadState
 from llm_vitals.exporter.settings import ExporterSettings
@@ -24,4 +25,4 @@ POLLER = web.AppKey("poller", Poller)
 NODES = web.AppKey("nodes", NodeCache)
 DISCOVERY = web.AppKey("discovery", Discovery)
 RELOAD = web.AppKey("reload", ReloadState)
-FULL_RENDER = web.AppKey("full_render", bool)  # /metrics rendered whole per scrape: the benchmark's baseline
+PAGES = web.AppKey("pages", PageCache)  # each target's /metrics lines, kept between scrapes

@@ -71,11 +71,7 @@ class NodeCache:
         name = record.settings.node
         if name is None:
             return
-        record.node_fault, error = self.fault_for(name, rules)
-        if error is None:
-            record.gpu_fault_errors.pop("node", None)
-        else:
-            record.gpu_fault_errors["node"] = error
+        record.set_node_fault(*self.fault_for(name, rules))
 
 
 def wants_node_watch(records: Iterable[TargetRecord]) -> bool:

@@ -25,7 +25,6 @@ from llm_vitals.exporter.gpu_faults.nvml import NvmlRules, nvml_fault
 from llm_vitals.exporter.node_watch import NodeCache
 from llm_vitals.exporter.nvml_pynvml import PynvmlBackend
 from llm_vitals.exporter.nvml_source import NvmlSource
-from llm_vitals.exporter.page import refresh
 from llm_vitals.exporter.settings import ExporterSettings
 from llm_vitals.exporter.state import StateStore, TargetRecord, log_gpu_fault_change
 from llm_vitals.exporter.upstream import METRICS_ACCEPT, bounded_get, bounded_get_with_headers, read_models
@@ -140,7 +139,7 @@ class Poller:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a bug in the exporter, never an upstream failure
-                record.poll_errors["internal"] += 1
+                record.count_poll_error("internal")
                 log.exception("poll failed unexpectedly", extra={"fields": {"target": record.name, "error": type(exc).__name__}})
             interval = self.settings.poll_interval
             next_at += interval
@@ -150,37 +149,32 @@ class Poller:
             await asyncio.sleep(next_at - now + jitter)
 
     async def poll_once(self, record: TargetRecord) -> None:
-        """One poll: observe, judge, cache, log a state change, maybe send a canary, render its /metrics lines."""
+        """One poll: observe, judge, cache, log a state change, maybe send a canary."""
         started = time.perf_counter()
         before_fault = record.gpu_fault
         if record.settings.dcgm is None:  # no gather: its two tasks a poll showed at 5,000 targets (bench_scale.py)
             (observation, health), gpus = await self.observe(record), None
         else:
             (observation, health), gpus = await asyncio.gather(self.observe(record), self._read_dcgm(record))
-        record.poll_duration = time.perf_counter() - started
+        duration = time.perf_counter() - started
         self._read_gpu_fault_file(record)
         self._read_nvml(record)
         if self.nodes is not None:
             self.nodes.apply(record, self._node_rules)
         if record.settings.dcgm is not None:
-            record.dcgm_state, record.dcgm_fault = dcgm_fault(record.dcgm_state, gpus, self._xids)
+            record.set_dcgm(*dcgm_fault(record.dcgm_state, gpus, self._xids))
         log_gpu_fault_change(record, before_fault)
         now = self.clock()
         before = record.verdict
-        record.verdict = judge(before, observation, now, record.settings, health=health)
+        # Its /metrics lines are not rendered here: the next scrape renders what changed (llm_vitals/exporter/page.py).
+        record.record_poll(judge(before, observation, now, record.settings, health=health), now, duration)
         if record.draining and not drain_holds(record.draining, before, record.verdict):
-            record.draining = False
+            record.set_draining(False)
             log_event(log, "undrain", target=record.name, reason="restart_detected")
-        record.polls += 1
-        if record.verdict.error_reason:
-            record.poll_errors[record.verdict.error_reason] += 1
-        record.remember(now)
         self._log_change(record, before)
         if canary_due(record.verdict, observation, record.last_canary_sent, now, record.settings,
                       poll_interval=self.settings.poll_interval, in_flight=record.canary_task is not None):
-            record.last_canary_sent = now
-            record.canary_task = asyncio.create_task(self._canary(record), name=f"canary:{record.name}")
-        refresh(record, now)  # its /metrics lines, once per poll rather than once per scrape
+            record.canary_sent(asyncio.create_task(self._canary(record), name=f"canary:{record.name}"), now)
 
     async def observe(self, record: TargetRecord) -> tuple[Observation, tuple[str, int] | None]:
         """What one poll sees (a Snapshot, the model list, or a PollError) and `/health`'s status when asked.
@@ -247,20 +241,19 @@ class Poller:
         try:
             try:
                 async with asyncio.timeout(target.canary.timeout):
-                    if record.model is None:
-                        record.model = await resolve_model(self.session, target, self.settings.models_timeout)
-                    outcome = await send_canary(self.session, target, record.model)
+                    model = record.model
+                    if model is None:
+                        model = await resolve_model(self.session, target, self.settings.models_timeout)
+                        record.set_model(model)
+                    outcome = await send_canary(self.session, target, model)
             except TimeoutError:
                 outcome = CanaryOutcome("timeout", f"no answer within {target.canary.timeout:g}s")
             except PageError as exc:
                 outcome = CanaryOutcome("error", f"model lookup failed ({exc.reason})")
             if outcome.result != "ok" and not target.model:
-                record.model = None  # the server may have been replaced: look the model up again
-            record.canaries[outcome.result] += 1
+                record.set_model(None)  # the server may have been replaced: look the model up again
             before = record.verdict
-            now = self.clock()
-            record.verdict = record_canary(before, outcome, now, target)
-            refresh(record, now)
+            record.record_canary(outcome.result, record_canary(before, outcome, self.clock(), target))
             if outcome.result != "ok":
                 log_event(log, "canary failed", logging.WARNING, target=record.name, result=outcome.result,
                           detail=outcome.detail, consecutive_failures=record.verdict.canary_failures)
@@ -268,7 +261,7 @@ class Poller:
         except Exception as exc:  # a bug in the exporter: logged, and never counted against the server
             log.exception("canary failed unexpectedly", extra={"fields": {"target": record.name, "error": type(exc).__name__}})
         finally:
-            record.canary_task = None
+            record.canary_ended()
 
     async def _read_dcgm(self, record: TargetRecord) -> list[GpuReading] | None:
         """The target's GPUs on its dcgm-exporter page; None (the error kept on the record) when unreadable."""
@@ -281,9 +274,9 @@ class Poller:
             error = f"{exc.reason}: {exc.detail}"
             if record.gpu_fault_errors.get("dcgm") != error:
                 log_event(log, "cannot read dcgm-exporter", logging.WARNING, target=record.name, url=str(dcgm.url), error=error)
-            record.gpu_fault_errors["dcgm"] = error
+            record.set_dcgm_error(error)
             return None
-        record.gpu_fault_errors.pop("dcgm", None)
+        record.set_dcgm_error(None)
         return gpus
 
     def _read_nvml(self, record: TargetRecord) -> None:
@@ -296,12 +289,11 @@ class Poller:
             self.nvml = NvmlSource(PynvmlBackend(), interval=nvml.interval, call_timeout=nvml.call_timeout,
                                    init_timeout=nvml.init_timeout, clock=self.clock)  # fmt: skip
         self.nvml.start()
-        record.nvml_fault, error = nvml_fault(self.nvml.view(self.clock()), gpus, self._nvml_rules)
+        fault, error = nvml_fault(self.nvml.view(self.clock()), gpus, self._nvml_rules)
         before = record.gpu_fault_errors.get("nvml")
+        record.set_nvml_fault(fault, error)
         if error is None:
-            record.gpu_fault_errors.pop("nvml", None)
             return
-        record.gpu_fault_errors["nvml"] = error
         if before is None or _NUMBERS.sub("", before) != _NUMBERS.sub("", error):  # not once per poll as a timeout grows
             log_event(log, "cannot read the target's GPUs through NVML", logging.WARNING, target=record.name, error=error)
 
@@ -317,7 +309,7 @@ class Poller:
         except OSError as exc:
             text = ""
             log_event(log, "cannot read gpu_fault_file", logging.WARNING, target=record.name, error=exc.strerror)
-        record.file_fault = GpuFault("file", text.splitlines()[0][:200]) if text else None
+        record.set_file_fault(GpuFault("file", text.splitlines()[0][:200]) if text else None)
 
     def _log_change(self, record: TargetRecord, before) -> None:
         after = record.verdict

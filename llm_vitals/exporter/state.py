@@ -5,18 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, deque
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Final
 
 from llm_vitals.exporter.gpu_faults import DcgmState, GpuFault, combine
 from llm_vitals.exporter.settings import ExporterSettings, TargetSettings
 from llm_vitals.exporter.verdict import Verdict, initial, is_live, is_ready, is_started, recently_unhealthy
 from llm_vitals.logs import log_event
 from llm_vitals.targets import CanaryView, TargetView
-
-if TYPE_CHECKING:
-    from llm_vitals.exporter.page import Rendered
 
 log = logging.getLogger("llm_vitals.exporter")
 
@@ -25,43 +21,139 @@ STANDARD_ERROR_REASONS = ("connect", "timeout", "http_status", "bad_metrics", "t
 CANARY_RESULTS = ("ok", "error", "timeout")
 
 
-@dataclass(eq=False)
 class TargetRecord:
-    """Mutable per-target cache. Only the event loop touches it, so no lock is needed."""
+    """One target's cache: its verdict and all that is kept beside it. Only the event loop touches
+    it, so no lock is needed.
 
-    settings: TargetSettings
-    verdict: Verdict
-    history_seconds: float = 600.0
-    poll_interval: float = 5.0
-    draining: bool = False
-    poll_duration: float | None = None
-    polls: int = 0
-    poll_errors: Counter[str] = field(default_factory=Counter)
-    canaries: Counter[str] = field(default_factory=Counter)
-    canary_task: asyncio.Task[None] | None = None
-    last_canary_sent: float | None = None
-    model: str | None = None  # resolved canary model (configured, or first id of /v1/models)
-    # One GPU fault per source (llm_vitals/exporter/gpu_faults/); `gpu_fault` is their combination.
-    file_fault: GpuFault | None = None  # the gpu_fault_file's first line, read each poll
-    node_fault: GpuFault | None = None  # the node's conditions and taints, set by the node watch
-    dcgm_fault: GpuFault | None = None  # the dcgm-exporter page, read each poll
-    dcgm_state: DcgmState = field(default_factory=DcgmState)
-    nvml_fault: GpuFault | None = None  # the target's `gpus` as the NVML source read them, each poll
-    # Why a GPU-fault source could not be read (source -> error): kept and shown, never a fault.
-    gpu_fault_errors: dict[str, str] = field(default_factory=dict)
-    history: deque[tuple[float, float, str]] = field(default_factory=deque)
-    # This target's /metrics lines, rendered when its reading changed (llm_vitals/exporter/page.py): kept here
-    # so that a target dropped from the store takes them with it.
-    rendered: Rendered | None = None
+    Four tasks change a target: its poll loop (its reading, and the GPU-fault sources it reads), its
+    canary task, the node watch and the drain route.
+    Each change goes through one of the methods below, and each bumps `version`: whatever keeps a
+    rendering of the record (llm_vitals/exporter/page.py) compares versions, never fields, so no
+    writer can forget to tell it. What the record holds is read through properties only; the
+    counters and the history are handed out as read-only views (Mapping, Sequence) of what it owns.
+    """
+
+    __slots__ = ("_canaries", "_canary_task", "_dcgm_fault", "_dcgm_state", "_draining", "_file_fault",
+                 "_gpu_fault_errors", "_history", "_last_canary_sent", "_model", "_node_fault", "_nvml_fault",
+                 "_poll_duration", "_poll_errors", "_polls", "_verdict", "_version", "history_seconds", "poll_interval",
+                 "settings")
+
+    def __init__(self, settings: TargetSettings, verdict: Verdict, *, history_seconds: float = 600.0,
+                 poll_interval: float = 5.0) -> None:
+        # Fixed for the record's life: a target whose settings change gets a fresh record (StateStore.add).
+        self.settings: Final = settings
+        self.history_seconds: Final = history_seconds
+        self.poll_interval: Final = poll_interval
+        self._version = 0
+        self._verdict = verdict
+        self._draining = False
+        self._poll_duration: float | None = None
+        self._polls = 0
+        self._poll_errors: Counter[str] = Counter()
+        self._canaries: Counter[str] = Counter()
+        self._canary_task: asyncio.Task[None] | None = None
+        self._last_canary_sent: float | None = None
+        self._model: str | None = None
+        # One GPU fault per source (llm_vitals/exporter/gpu_faults/); `fault` is their combination.
+        self._file_fault: GpuFault | None = None
+        self._node_fault: GpuFault | None = None
+        self._dcgm_fault: GpuFault | None = None
+        self._dcgm_state = DcgmState()
+        self._nvml_fault: GpuFault | None = None
+        self._gpu_fault_errors: dict[str, str] = {}
+        self._history: deque[tuple[float, float, str]] = deque()
+
+    # What it holds, read-only.
+
+    @property
+    def version(self) -> int:
+        """Bumped by every change: equal versions mean nothing about the target changed in between."""
+        return self._version
 
     @property
     def name(self) -> str:
         return self.settings.name
 
     @property
+    def verdict(self) -> Verdict:
+        """The last verdict (immutable: each poll or canary replaces it)."""
+        return self._verdict
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def poll_duration(self) -> float | None:
+        """Seconds the last poll took; None before the first."""
+        return self._poll_duration
+
+    @property
+    def polls(self) -> int:
+        return self._polls
+
+    @property
+    def poll_errors(self) -> Mapping[str, int]:
+        """Polls that got no usable reading, by reason (`internal`: a bug of the exporter's)."""
+        return self._poll_errors
+
+    @property
+    def canaries(self) -> Mapping[str, int]:
+        """Canaries answered, by result (ok, error, timeout)."""
+        return self._canaries
+
+    @property
+    def canary_task(self) -> asyncio.Task[None] | None:
+        """The canary in flight, if any (one at most)."""
+        return self._canary_task
+
+    @property
+    def last_canary_sent(self) -> float | None:
+        return self._last_canary_sent
+
+    @property
+    def model(self) -> str | None:
+        """The canary's model: the configured one, or the first id `/v1/models` listed."""
+        return self._model
+
+    @property
+    def file_fault(self) -> GpuFault | None:
+        """The gpu_fault_file's first line, read each poll."""
+        return self._file_fault
+
+    @property
+    def node_fault(self) -> GpuFault | None:
+        """The node's conditions and taints, from the node watch."""
+        return self._node_fault
+
+    @property
+    def dcgm_fault(self) -> GpuFault | None:
+        """The dcgm-exporter page, read each poll."""
+        return self._dcgm_fault
+
+    @property
+    def dcgm_state(self) -> DcgmState:
+        return self._dcgm_state
+
+    @property
+    def nvml_fault(self) -> GpuFault | None:
+        """The target's `gpus` as the NVML source read them, each poll."""
+        return self._nvml_fault
+
+    @property
+    def gpu_fault_errors(self) -> Mapping[str, str]:
+        """Why a GPU-fault source could not be read (source -> error): kept and shown, never a fault."""
+        return self._gpu_fault_errors
+
+    @property
+    def history(self) -> Sequence[tuple[float, float, str]]:
+        """(time, steps per second, state) of each poll within `history_seconds`: the status page's sparkline."""
+        return self._history
+
+    @property
     def fault(self) -> GpuFault | None:
         """The GPU fault of the first source that flags one: file, node, dcgm, nvml."""
-        return combine([self.file_fault, self.node_fault, self.dcgm_fault, self.nvml_fault])
+        return combine([self._file_fault, self._node_fault, self._dcgm_fault, self._nvml_fault])
 
     @property
     def gpu_fault(self) -> str | None:
@@ -71,25 +163,102 @@ class TargetRecord:
 
     def ready(self, now: float) -> bool:
         """What the readiness probe answers."""
-        return is_ready(self.verdict, self.settings, now, self.draining, gpu_fault=self.gpu_fault is not None)
+        return is_ready(self._verdict, self.settings, now, self._draining, gpu_fault=self.gpu_fault is not None)
 
     def live(self, now: float) -> bool:
-        return is_live(self.verdict, self.settings, now)
+        return is_live(self._verdict, self.settings, now)
 
-    def remember(self, now: float) -> None:
-        """Append this poll to the short history a status page draws its sparkline from."""
-        self.history.append((round(now, 3), round(self.verdict.steps_per_second or 0.0, 3), self.verdict.state))
+    # Its changes: one method each, each bumps the version.
+
+    def record_poll(self, verdict: Verdict, now: float, duration: float) -> None:
+        """A poll's verdict: counted (and its error reason, if any), and kept in the history."""
+        self._verdict = verdict
+        self._poll_duration = duration
+        self._polls += 1
+        if verdict.error_reason:
+            self._poll_errors[verdict.error_reason] += 1
+        self._history.append((round(now, 3), round(verdict.steps_per_second or 0.0, 3), verdict.state))
         horizon = now - self.history_seconds
-        while self.history and self.history[0][0] < horizon:
-            self.history.popleft()
+        while self._history and self._history[0][0] < horizon:
+            self._history.popleft()
+        self._version += 1
+
+    def count_poll_error(self, reason: str) -> None:
+        """A poll that ended without a verdict (`internal`: an exception in the exporter itself)."""
+        self._poll_errors[reason] += 1
+        self._version += 1
+
+    def set_file_fault(self, fault: GpuFault | None) -> None:
+        if fault != self._file_fault:
+            self._file_fault = fault
+            self._version += 1
+
+    def set_node_fault(self, fault: GpuFault | None, error: str | None) -> None:
+        """The node watch's word on the target's node: a fault or none, and why it cannot tell (None when it can)."""
+        if fault != self._node_fault or error != self._gpu_fault_errors.get("node"):
+            self._node_fault = fault
+            self._set_error("node", error)
+            self._version += 1
+
+    def set_dcgm(self, state: DcgmState, fault: GpuFault | None) -> None:
+        """What the dcgm rule keeps between reads, and the fault it flags now."""
+        self._dcgm_state, self._dcgm_fault = state, fault
+        self._version += 1
+
+    def set_dcgm_error(self, error: str | None) -> None:
+        """Why the dcgm-exporter page could not be read (None: it was read)."""
+        if error != self._gpu_fault_errors.get("dcgm"):
+            self._set_error("dcgm", error)
+            self._version += 1
+
+    def set_nvml_fault(self, fault: GpuFault | None, error: str | None) -> None:
+        """The NVML source's word on the target's GPUs: a fault or none, and why it cannot tell (None when it can)."""
+        if fault != self._nvml_fault or error != self._gpu_fault_errors.get("nvml"):
+            self._nvml_fault = fault
+            self._set_error("nvml", error)
+            self._version += 1
+
+    def canary_sent(self, task: asyncio.Task[None], now: float) -> None:
+        self._canary_task, self._last_canary_sent = task, now
+        self._version += 1
+
+    def record_canary(self, result: str, verdict: Verdict) -> None:
+        """A canary's result, counted, and the verdict it leaves."""
+        self._canaries[result] += 1
+        self._verdict = verdict
+        self._version += 1
+
+    def canary_ended(self) -> None:
+        """The canary task is over (answered, failed, or cancelled)."""
+        self._canary_task = None
+        self._version += 1
+
+    def set_model(self, model: str | None) -> None:
+        """The canary's model as looked up; None to look it up again."""
+        self._model = model
+        self._version += 1
+
+    def set_draining(self, draining: bool) -> bool:
+        """Drain (readiness 0 whatever the verdict) or undrain; whether that changed anything."""
+        if draining == self._draining:
+            return False
+        self._draining = draining
+        self._version += 1
+        return True
+
+    def _set_error(self, source: str, error: str | None) -> None:
+        if error is None:
+            self._gpu_fault_errors.pop(source, None)
+        else:
+            self._gpu_fault_errors[source] = error
 
 
 class StateStore:
     """The records of the targets watched now, in the order they were added (static targets first).
 
     Targets are added and removed only through `add` and `remove`: a removed record takes with it
-    everything kept for its target (verdict, history, counters, any rendered text), so a target that
-    is gone leaves no series in /metrics, the API or the status page.
+    everything kept for its target (verdict, history, counters), so a target that is gone leaves no
+    series in /metrics, the API or the status page.
     """
 
     def __init__(self, settings: ExporterSettings, now: float) -> None:

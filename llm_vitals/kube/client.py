@@ -17,7 +17,9 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any, Generic, TypeVar
 
 import aiohttp
 from kubernetes_asyncio.client import ApiClient
@@ -29,6 +31,26 @@ from .errors import KubeTimeout, KubeUnavailable, api_error
 # `_request_timeout`): e.g. `lambda api, options: CoreV1Api(api).read_node(name, **options)`.
 Operation = Callable[[ApiClient, dict[str, Any]], Awaitable[Any]]
 _TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Dated(Generic[T]):
+    """An answer's value and the API server's time when it answered (its `Date` header: whole seconds),
+    None when the answer carried no readable Date."""
+
+    value: T
+    server_time: float | None
+
+
+def server_time(date: str | None) -> float | None:
+    """The unix time in an HTTP `Date` header, or None when there is none or it cannot be read."""
+    if not date:
+        return None
+    try:
+        return parsedate_to_datetime(date).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
 
 
 def unreachable(exc: BaseException, timeout: float) -> KubeUnavailable:
@@ -62,6 +84,10 @@ class KubeClient:
 
     async def call(self, operation: Operation, timeout: float | None = None) -> dict[str, Any]:
         """Send one request: its JSON answer ({} when empty), else a KubeError. A 401 renews exec credentials once."""
+        return (await self.call_dated(operation, timeout)).value
+
+    async def call_dated(self, operation: Operation, timeout: float | None = None) -> Dated[dict[str, Any]]:
+        """As `call`, with the API server's time of its answer (for what must be judged by one clock)."""
         api = await self._connected()
         limit = timeout or self.timeout
         for attempt in (1, 2):
@@ -79,9 +105,10 @@ class KubeClient:
             if not 200 <= response.status < 300:
                 raise api_error(response.status, body)
             try:
-                return json.loads(body) if body else {}
+                value = json.loads(body) if body else {}
             except ValueError:
                 raise api_error(502, body) from None  # a 2xx that is not JSON: a proxy's page, not the API server
+            return Dated(value, server_time(response.headers.get("Date")))
         raise AssertionError("unreachable")
 
     @contextlib.asynccontextmanager

@@ -62,5 +62,12 @@ def api_error(status: int, body: bytes | str | Mapping[str, Any] | None) -> ApiE
     if not isinstance(document, Mapping):
         return ApiError(status)
     code = document.get("code")
+    message = str(document.get("message") or "")
+    # A Status may say why in its causes too (an eviction's 429 names the PodDisruptionBudget there).
+    details = document.get("details")
+    causes = details.get("causes") if isinstance(details, Mapping) else None
+    if isinstance(causes, list):
+        said = [str(c.get("message")) for c in causes if isinstance(c, Mapping) and c.get("message")]
+        message = " ".join([message, *said]).strip()
     return ApiError(code if isinstance(code, int) and code >= 400 else status, str(document.get("reason") or ""),
-                    str(document.get("message") or "")[:MESSAGE_LIMIT])
+                    message[:MESSAGE_LIMIT])

@@ -1,4 +1,4 @@
-"""The API calls the project makes, one function each: list and watch (for the informer), pods, Events, nodes.
+"""The API calls the project makes, one function each: list and watch (for the informer), pods, evictions, Events, nodes.
 
 Each takes the shared `KubeClient`, returns the API server's JSON and raises a `KubeError`; none
 judges a status (a 404 or a 409 means something different to each caller).
@@ -74,9 +74,30 @@ async def delete_pod(kube: KubeClient, namespace: str, name: str, uid: str | Non
     return await kube.call(lambda api, options: CoreV1Api(api).delete_namespaced_pod(name, namespace, body=as_json(body), **options))
 
 
-async def create_event(kube: KubeClient, namespace: str, event: dict[str, Any]) -> dict[str, Any]:
-    """POST one core/v1 Event."""
-    return await kube.call(lambda api, options: CoreV1Api(api).create_namespaced_event(namespace, as_json(event), **options))
+async def served_eviction_version(kube: KubeClient) -> str | None:
+    """The group/version of the `pods/eviction` subresource this API server serves (`policy/v1`, or
+    `policy/v1beta1` before 1.22), as the core group's resource list names it; None when it serves none."""
+    listed = await kube.call(lambda api, options: CoreV1Api(api).get_api_resources(**options))
+    for resource in listed.get("resources") or []:
+        if isinstance(resource, dict) and resource.get("name") == "pods/eviction":
+            group, version = resource.get("group") or "policy", resource.get("version")
+            return f"{group}/{version}" if version else None
+    return None
+
+
+async def evict_pod(kube: KubeClient, namespace: str, name: str, uid: str, group_version: str) -> dict[str, Any]:
+    """POST an Eviction of one pod, only if it still has `uid` (else 409). The API server refuses one
+    that a PodDisruptionBudget forbids with 429, and deletes nothing then."""
+    body = {"apiVersion": group_version, "kind": "Eviction", "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}}
+    return await kube.call(
+        lambda api, options: CoreV1Api(api).create_namespaced_pod_eviction(name, namespace, as_json(body), **options))
+
+
+async def create_event(kube: KubeClient, namespace: str, event: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    """POST one core/v1 Event (within `timeout`, else the client's)."""
+    return await kube.call(lambda api, options: CoreV1Api(api).create_namespaced_event(namespace, as_json(event), **options),
+                           timeout)
 
 
 async def get_node(kube: KubeClient, name: str) -> dict[str, Any]:

@@ -5,6 +5,13 @@ target's `pre_restart` command (bounded by its timeout, its output journaled), t
 Its outcome goes to the journal and the metrics, and its claim on the gate's state is released.
 The webhook answer never waits for any of it. A refusal a human must see (`gate.HUMAN_REFUSALS`)
 becomes an Event on the target's pod, also in the background.
+
+Two outcomes change the gate's state after the fact:
+- a restart the API server refused outright (an eviction a PodDisruptionBudget forbids, 429) did
+  nothing: its commit is taken back (`shared.undone`: budget, cooldown, alert key, circuit, ladder
+  step), its journal row becomes the refusal `disruption_budget`, and the pod gets an Event, so that
+  Alertmanager's next re-send of the alert is judged afresh;
+- a cordon that succeeded marks its node (`shared.node_marked`); one that failed marks nothing.
 """
 
 from __future__ import annotations
@@ -14,17 +21,26 @@ import logging
 import time
 import uuid
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, cast
 
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.logs import log_event
 
 from . import shared
 from .executors import ExecResult, Executor, run_argv
-from .gate import AlertFacts, Decision, GatePolicy, TargetStatus
+from .gate import AlertFacts, Decision, GatePolicy, JournalState, Reason, TargetStatus, group_of, workload_of
 from .journal import Journal
 from .metrics import RemediatorMetrics
-from .pods import CordonAndMoveExecutor, PodExecutor, PodRef, pod_event, refusal_event_name
+from .pods import (
+    CordonAndMoveExecutor,
+    GroupExecutor,
+    PodExecutor,
+    PodRef,
+    PodRemover,
+    pod_event,
+    refusal_event_name,
+    taint_value,
+)
 from .policy import DEFAULT_POD_TIMEOUT, pre_restart_of, restart_timeout, template_of
 from .settings import Settings
 from .shared import Intent
@@ -60,6 +76,7 @@ class Actor:
         self.store = store
         self.journal = journal
         self.metrics = metrics
+        self.remover = PodRemover(kube, settings.pod_action) if kube is not None else None
         self._restart_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self._evented: dict[tuple[tuple[str, float], str], None] = {}  # refusal Events sent, in order
@@ -67,44 +84,59 @@ class Actor:
     # -- choosing ---------------------------------------------------------------------------------
 
     def executor_for(self, facts: AlertFacts, decision: Decision, status: TargetStatus | None) -> Executor:
-        """The static target's executor, or one acting on the pod the exporter names."""
+        """The static target's executor, or one acting on the pod (or the group) the exporter names."""
         target = facts.target or ""
         template = template_of(self.settings, self.policy, target, status)
         pod = pod_of(status)
         if decision.reason == "cordon_and_move":
-            assert self.kube is not None and pod is not None and status is not None
+            assert self.remover is not None and pod is not None and status is not None
             timeout = template.timeout if template else DEFAULT_POD_TIMEOUT
-            fault = str(status.raw.get("gpu_fault_detail") or "GPU fault")
-            return CordonAndMoveExecutor(self.kube, pod, self.identity, fault, timeout)
+            if status.gpu_fault:
+                detail = str(status.raw.get("gpu_fault_detail") or status.gpu_fault_detail or "GPU fault")
+                cause, taint = f"GPU fault ({detail})", taint_value(detail)
+            else:
+                workload = workload_of(target, status)
+                cause, taint = f"{workload} stuck again within escalate_within of its restart", "LadderEscalation"
+            return CordonAndMoveExecutor(self.remover, pod, self.identity, cause, timeout, taint)
         if template is None:
             return self.executors[target]
-        if self.kube is None or pod is None:
+        if self.remover is None or pod is None:
             return Unrunnable(f"target {target}: the exporter names no pod (namespace, pod) for it")
         message = f"{facts.alertname}: restarted by llm-vitals (the exporter says {status.state if status else '?'})"
-        return PodExecutor(self.kube, pod, self.identity, message, template.timeout)
+        group = group_of(status)
+        if group is not None:
+            return GroupExecutor(self.remover, group, pod, self.identity, message, template.timeout)
+        return PodExecutor(self.remover, pod, self.identity, message, template.timeout)
 
-    def claim(self, facts: AlertFacts, executor: Executor, status: TargetStatus | None, now: float) -> Intent:
-        """This replica's claim on the restart; where claims expire, it ends after the restart's
-        pre_restart and executor timeouts (a replica that died mid-restart holds no one back for ever)."""
+    def claim(self, facts: AlertFacts, executor: Executor, status: TargetStatus | None, now: float,
+              state: JournalState) -> Intent:
+        """This replica's claim on the restart, with what its commit replaces in `state` (to take it
+        back if the API server refuses the restart outright). Where claims expire, it ends after the
+        restart's pre_restart and executor timeouts: a replica that died mid-restart holds no one back
+        for ever."""
         token = f"{self.identity}/{uuid.uuid4().hex[:12]}"
         target = facts.target or ""
+        workload = workload_of(target, status)
+        before = shared.undo_of(state, workload)
         if not self.store.claims_expire:
-            return Intent(token, target, None)
+            return Intent(token, target, None, workload, now, before)
         pre = pre_restart_of(self.settings, self.policy, target, status)
         timeout = getattr(executor, "timeout", None) or restart_timeout(self.settings, self.policy, target, status)
-        return Intent(token, target, now + (pre.timeout if pre else 0.0) + float(timeout) + CLAIM_MARGIN_SECONDS)
+        expires = now + (pre.timeout if pre else 0.0) + float(timeout) + CLAIM_MARGIN_SECONDS
+        return Intent(token, target, expires, workload, now, before)
 
     # -- restarts ---------------------------------------------------------------------------------
 
-    def start(self, action_id: int, facts: AlertFacts, executor: Executor, holder: str,
+    def start(self, action_id: int, facts: AlertFacts, executor: Executor, intent: Intent,
               status: TargetStatus | None) -> None:
         """Run the committed restart in the background; returns at once."""
         target = facts.target or ""
-        self._background(self._run(action_id, target, executor, holder, status), f"restart-{target}")
+        self._background(self._run(action_id, facts, executor, intent, status), f"restart-{target}")
 
     async def _run(
-        self, action_id: int, target: str, executor: Executor, holder: str, status: TargetStatus | None
+        self, action_id: int, facts: AlertFacts, executor: Executor, intent: Intent, status: TargetStatus | None
     ) -> None:
+        target = facts.target or ""
         async with self._restart_lock:
             started = time.monotonic()
             try:
@@ -112,12 +144,18 @@ class Actor:
                 result = await executor.restart()
             except asyncio.CancelledError:
                 stopped = ExecResult("interrupted", "the remediator shut down during the restart")
-                await self._finish(action_id, target, stopped, time.monotonic() - started, holder)
+                await self._finish(action_id, target, stopped, time.monotonic() - started, intent.holder)
                 raise
             except Exception as exc:  # an executor bug must still end in the journal
                 log.exception("executor failed")
                 result = ExecResult("error", f"executor failed: {type(exc).__name__}")
-            await self._finish(action_id, target, result, time.monotonic() - started, holder)
+            if result.cordoned is not None:
+                await self._mark_node(result.cordoned)
+            if result.refused is not None:
+                await self._taken_back(action_id, facts, result, time.monotonic() - started, intent, status)
+            else:
+                ran = (intent.workload or target) if result.result == "ok" else None
+                await self._finish(action_id, target, result, time.monotonic() - started, intent.holder, ran)
 
     async def _pre_restart(self, action_id: int, target: str, status: TargetStatus | None) -> None:
         """Run the target's pre_restart command, bounded by its timeout, and journal its output."""
@@ -134,7 +172,8 @@ class Actor:
         except Exception:
             log.exception("cannot journal the pre_restart output")
 
-    async def _finish(self, action_id: int, target: str, result: ExecResult, duration: float, holder: str) -> None:
+    async def _finish(self, action_id: int, target: str, result: ExecResult, duration: float, holder: str,
+                      ran: str | None = None) -> None:
         self.metrics.restarts.labels(target, result.result).inc()
         self.metrics.duration.labels(target).observe(duration)
         log_event(log, "restart finished", level=logging.INFO if result.result == "ok" else logging.WARNING,
@@ -144,12 +183,44 @@ class Actor:
             await self.journal.finish(action_id, result.result, result.detail, duration)
         except Exception:
             log.exception("cannot journal a restart's result")
-        await self.release(holder)
+        await self.release(holder, ran)
 
-    async def release(self, holder: str) -> None:
-        """End this replica's claim on the restart (the cooldown and the budget stay spent)."""
+    async def _mark_node(self, node: str) -> None:
+        """A cordon succeeded: the node is escalated once, until a human releases it."""
         try:
-            await update(self.store, lambda state: shared.finished(state, holder))
+            await update(self.store, lambda state: shared.node_marked(state, node))
+        except Exception:  # the cordon stands; the mark is only what stops a second one (logged loudly)
+            log.exception("cannot mark node %s as cordoned in the gate's state", node)
+
+    async def _taken_back(self, action_id: int, facts: AlertFacts, result: ExecResult, duration: float,
+                          intent: Intent, status: TargetStatus | None) -> None:
+        """The API server refused the restart outright (nothing happened): take its commit back,
+        journal and count the refusal, and tell the pod (an Event)."""
+        reason = result.refused or "disruption_budget"
+        target = facts.target or ""
+        log_event(log, "restart refused by the API server", level=logging.WARNING, target=target,
+                  action_id=action_id, reason=reason, detail=result.detail[:500])
+        self.metrics.decisions.labels(target, reason).inc()
+        try:
+            await self.journal.refuse_intent(action_id, reason, result.detail, duration)
+        except Exception:
+            log.exception("cannot journal a refused restart")
+        workload = intent.workload or target
+        try:
+            await update(self.store, lambda state: shared.disruption_refused(
+                shared.undone(state, intent, facts.key), workload, self.store.now()))
+        except Exception as exc:
+            # The claim expires (replicas) or ends at the next start (one replica); the budget and the
+            # cooldown stay spent: the safe side.
+            log_event(log, "cannot take back a refused restart in the gate's state", level=logging.WARNING,
+                      error=str(exc))
+        self.tell_refusal(facts, Decision(False, cast(Reason, reason), result.detail), status)
+
+    async def release(self, holder: str, ran: str | None = None) -> None:
+        """End this replica's claim on the restart (the cooldown and the budget stay spent); `ran`:
+        the workload it restarted, whose streak of disruption-budget refusals is over."""
+        try:
+            await update(self.store, lambda state: shared.finished(state, holder, ran))
         except StateUnavailable as exc:
             # A claim that expires ends then; no other restart starts before.
             log_event(log, "cannot release the restart in the gate's state", level=logging.WARNING, error=str(exc))

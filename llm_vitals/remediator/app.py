@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
@@ -61,6 +62,7 @@ def create_app(
     app.router.add_get("/api/v1/actions", actions)
     app.router.add_get("/api/v1/actions/{id}", action)
     app.router.add_post("/api/v1/circuit/reset", circuit_reset)
+    app.router.add_post("/api/v1/nodes/{node}/release", node_release)
     app.router.add_get("/api/v1/pause", pause_get)
     app.router.add_post("/api/v1/pause", pause_post)
     app.router.add_delete("/api/v1/pause", pause_delete)
@@ -155,7 +157,9 @@ async def webhook(request: web.Request) -> web.Response:
 
 
 async def actions(request: web.Request) -> web.Response:
-    """GET /api/v1/actions?limit=N: the journal, newest first."""
+    """GET /api/v1/actions?limit=N: the journal, newest first (auth as the webhook: it names pods, nodes, alerts)."""
+    if not request.app[AUTH].check(request.headers.get("Authorization")):
+        return _unauthorized(request.app)
     raw = request.query.get("limit", "100")
     try:
         limit = int(raw)
@@ -172,6 +176,8 @@ async def actions(request: web.Request) -> web.Response:
 
 async def action(request: web.Request) -> web.Response:
     """GET /api/v1/actions/{id}: one decision with its evidence (the exporter's TARGET, pre_restart output)."""
+    if not request.app[AUTH].check(request.headers.get("Authorization")):
+        return _unauthorized(request.app)
     try:
         action_id = int(request.match_info["id"])
     except ValueError:
@@ -252,30 +258,55 @@ def parse_pause(data: object, now: float) -> tuple[float, str] | str:
 
 
 async def circuit_reset(request: web.Request) -> web.Response:
-    """POST /api/v1/circuit/reset [{"target": NAME}]: close one circuit, or all without a target."""
+    """POST /api/v1/circuit/reset [{"workload": NAME} | {"target": NAME}]: close one circuit, or all without a name.
+
+    Circuits are per workload; a static target is its own workload, so `target` (the older key)
+    names the same thing for it."""
     if not request.app[AUTH].check(request.headers.get("Authorization")):
         return _unauthorized(request.app)
-    # Static targets, and any target (a template's) whose circuit is open now.
-    open_now = request.app[SERVICE].gate_state_now().open_circuits
-    targets = list(request.app[SETTINGS].targets) + sorted(open_now - set(request.app[SETTINGS].targets))
     body = await _read_capped(request, 64 * 1024)
     if body is None:
         return _error(413, "body too large")
-    wanted = request.query.get("target")
+    wanted = request.query.get("workload") or request.query.get("target")
     if body.strip():
         try:
             data = json.loads(body)
         except ValueError as exc:
             return _error(400, f"invalid JSON: {exc}")
-        if not isinstance(data, dict) or set(data) - {"target"}:
-            return _error(422, 'expected {"target": NAME} or an empty body')
-        wanted = data.get("target", wanted)
-    if wanted is not None:
-        if not isinstance(wanted, str) or wanted not in targets:
-            return _error(404, "unknown target")
-        targets = [wanted]
-    was_open = await request.app[SERVICE].reset_circuits(targets)
-    return web.json_response({"reset": targets, "were_open": was_open})
+        if not isinstance(data, dict) or set(data) - {"target", "workload"} or len(data) > 1:
+            return _error(422, 'expected {"workload": NAME}, {"target": NAME} or an empty body')
+        wanted = data.get("workload", data.get("target", wanted))
+    service = request.app[SERVICE]
+    try:
+        known = await service.workloads_known()
+        # Static targets first, then the workloads the state knows.
+        workloads = list(request.app[SETTINGS].targets) + sorted(known - set(request.app[SETTINGS].targets))
+        if wanted is not None:
+            if not isinstance(wanted, str) or wanted not in known:
+                return _error(404, "unknown workload")
+            workloads = [wanted]
+        was_open = await service.reset_circuits(workloads)
+    except StateUnavailable as exc:
+        return _error(503, f"cannot write the shared state: {exc}")
+    return web.json_response({"reset": workloads, "were_open": was_open})
+
+
+# A Kubernetes node name: a DNS subdomain.
+_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+async def node_release(request: web.Request) -> web.Response:
+    """POST /api/v1/nodes/{node}/release: forget that llm-vitals cordoned the node (a human uncordons it)."""
+    if not request.app[AUTH].check(request.headers.get("Authorization")):
+        return _unauthorized(request.app)
+    node = request.match_info["node"]
+    if len(node) > 253 or not _NODE_NAME.match(node):
+        return _error(400, "not a Kubernetes node name")
+    try:
+        was_escalated = await request.app[SERVICE].release_node(node)
+    except StateUnavailable as exc:
+        return _error(503, f"cannot write the shared state: {exc}")
+    return web.json_response({"node": node, "released": True, "was_escalated": was_escalated})
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="llm-vitals-remediator",
         description="Alertmanager webhook receiver that performs one gated restart of a server "
         "the exporter shows to be stuck: re-checked, one at a time, behind a global cooldown, a "
-        "per-target budget and a fleet gate, with a durable SQLite journal.",
+        "budget per workload and a fleet gate, with a durable SQLite journal.",
     )
     add_config_options(parser, "YAML config file (see llm_vitals/remediator/example.yaml)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

@@ -14,19 +14,20 @@ from typing import Any
 
 from llm_vitals.logs import log_event
 
-from .gate import AlertFacts, Decision, GatePolicy, TargetStatus
+from .gate import AlertFacts, Decision, GatePolicy, TargetStatus, workload_of
 from .journal import Journal
 from .metrics import UNKNOWN_TARGET, RemediatorMetrics
 
 log = logging.getLogger("llm_vitals.remediator")
 
 
-def evidence_of(status: TargetStatus | None) -> dict[str, Any]:
-    """The journal's evidence columns for a decision made on `status` (nothing when the exporter had none)."""
+def evidence_of(target: str | None, status: TargetStatus | None) -> dict[str, Any]:
+    """The journal's evidence columns for a decision made on `status` (nothing when the exporter had
+    none), and the workload it counted against."""
     if status is None:
-        return {"evidence": None, "evidence_from": None}
+        return {"evidence": None, "evidence_from": None, "workload": None}
     raw: Mapping[str, Any] = status.raw
-    return {"evidence": raw, "evidence_from": status.source}
+    return {"evidence": raw, "evidence_from": status.source, "workload": workload_of(target or "", status)}
 
 
 class Evidence:
@@ -43,7 +44,7 @@ class Evidence:
         known = facts.target in self.policy.targets or (status is not None and decision.reason != "unknown_target")
         target = facts.target if known else None
         word = decision_word(facts, decision)
-        self.journal.record_decision(now, facts, word, decision.reason, decision.detail, **evidence_of(status))
+        self.journal.record_decision(now, facts, word, decision.reason, decision.detail, **evidence_of(target, status))
         self.metrics.decisions.labels(target or UNKNOWN_TARGET, decision.reason).inc()
         log_event(log, "alert decided", level=logging.DEBUG if decision.reason == "duplicate" else logging.INFO,
                   target=target, fingerprint=facts.fingerprint, decision=word, reason=decision.reason,
@@ -54,7 +55,7 @@ class Evidence:
     ) -> int:
         """A restart about to run: its row (result `pending`) committed, its id returned for `finish`."""
         action_id = await self.journal.record_intent(now, facts, executor, reason=decision.reason,
-                                                     detail=decision.detail, **evidence_of(status))
+                                                     detail=decision.detail, **evidence_of(facts.target, status))
         self.metrics.decisions.labels(facts.target, decision.reason).inc()
         log_event(log, "restart allowed", target=facts.target, fingerprint=facts.fingerprint, action_id=action_id,
                   executor=executor, reason=decision.reason)

@@ -20,6 +20,7 @@ import httpx
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.connect import Access
 from llm_vitals.kube.errors import ApiError, KubeConfigError, KubeTimeout, KubeUnavailable
+from llm_vitals.kube.evictions import Evictions
 from llm_vitals.kube.objects import delete_pod, list_pods
 
 from .settings import CommandTarget, DockerTarget, HttpTarget, KubernetesTarget, TargetConfig
@@ -31,6 +32,11 @@ _DETAIL_LIMIT = 2000
 class ExecResult:
     result: str  # ok | error | timeout
     detail: str = ""
+    # The API server refused the restart outright and nothing was done (an eviction a
+    # PodDisruptionBudget forbids: "disruption_budget"): the gate's decision is taken back.
+    refused: str | None = None
+    # The node this action cordoned, once the cordon succeeded: only then is it marked as escalated.
+    cordoned: str | None = None
 
 
 class Executor(Protocol):
@@ -226,18 +232,22 @@ def _engine_message(response: httpx.Response) -> str:
 
 
 class KubernetesExecutor:
-    """Deletes the pod(s) matching a label selector, each by name and UID; their controller recreates them.
+    """Evicts (or, with `pod_action: delete`, deletes) the pod(s) matching a label selector, each by
+    name and UID; their controller recreates them.
 
     Uses the in-cluster service account (llm_vitals.kube): the token is re-read from its file on
     every request (projected tokens rotate) and the API server is verified against the mounted CA.
-    The UID precondition makes a delete hit only the pod that was listed: a pod recreated under the
-    same name in between is left alone (it is the restart we wanted).
+    The UID precondition makes an eviction or a delete hit only the pod that was listed: a pod
+    recreated under the same name in between is left alone (it is the restart we wanted). An
+    eviction a PodDisruptionBudget forbids (429) deletes nothing: for the first pod it refuses the
+    restart (`disruption_budget`), for a later one it ends the restart as an error naming what was done.
     """
 
     kind = "kubernetes"
 
-    def __init__(self, config: KubernetesTarget):
+    def __init__(self, config: KubernetesTarget, pod_action: str = "evict"):
         self.config = config
+        self.pod_action = pod_action
 
     async def restart(self) -> ExecResult:
         cfg = self.config
@@ -257,7 +267,7 @@ class KubernetesExecutor:
         cfg = self.config
         try:
             listed = await list_pods(kube, cfg.namespace, cfg.pod_selector)
-            pods = [(item["metadata"]["name"], item["metadata"].get("uid")) for item in listed]
+            pods = [(item["metadata"]["name"], item["metadata"]["uid"]) for item in listed]
         except ApiError as exc:
             return ExecResult("error", f"list pods: {exc}")
         except (KeyError, TypeError) as exc:
@@ -267,22 +277,30 @@ class KubernetesExecutor:
         if len(pods) > cfg.max_pods:
             return ExecResult(
                 "error", f"{len(pods)} pods match {cfg.pod_selector!r}, more than max_pods={cfg.max_pods}; nothing deleted")
-        deleted: list[str] = []
+        evictions = Evictions(kube) if self.pod_action == "evict" else None
+        verb = "evicted" if evictions is not None else "deleted"
+        done: list[str] = []
         for name, uid in pods:
+            before = f" ({verb} before: {', '.join(done)})" if done else ""
             try:
-                await delete_pod(kube, cfg.namespace, name, uid)
+                if evictions is not None:
+                    await evictions.evict(cfg.namespace, name, uid)
+                else:
+                    await delete_pod(kube, cfg.namespace, name, uid)
             except ApiError as exc:
+                if exc.status == 429 and evictions is not None:
+                    detail = f"the eviction of pod {name} was refused: {exc.message or exc}; nothing deleted{before}"
+                    return ExecResult("error", detail, refused=None if done else "disruption_budget")
                 # 404: gone already; 409: the UID precondition failed, a new pod has the name. Either way the
                 # pod that was listed is gone, which is what we wanted.
                 if exc.status not in (404, 409):
-                    return ExecResult("error", f"delete pod {name}: {exc}"
-                                      + (f" (deleted before: {', '.join(deleted)})" if deleted else ""))
-            deleted.append(name)
-        return ExecResult("ok", f"deleted pod(s) {', '.join(deleted)} in {cfg.namespace}")
+                    return ExecResult("error", f"{'evict' if evictions else 'delete'} pod {name}: {exc}{before}")
+            done.append(name)
+        return ExecResult("ok", f"{verb} pod(s) {', '.join(done)} in {cfg.namespace}")
 
 
-def build_executor(config: TargetConfig, http_client: httpx.AsyncClient) -> Executor:
-    """The executor for one configured target."""
+def build_executor(config: TargetConfig, http_client: httpx.AsyncClient, pod_action: str = "evict") -> Executor:
+    """The executor for one configured target (`pod_action`: how the kubernetes executor restarts a pod)."""
     if isinstance(config, CommandTarget):
         return CommandExecutor(config)
     if isinstance(config, HttpTarget):
@@ -290,5 +308,5 @@ def build_executor(config: TargetConfig, http_client: httpx.AsyncClient) -> Exec
     if isinstance(config, DockerTarget):
         return DockerExecutor(config)
     if isinstance(config, KubernetesTarget):
-        return KubernetesExecutor(config)
+        return KubernetesExecutor(config, pod_action)
     raise TypeError(f"no executor for {type(config).__name__}")

@@ -4,9 +4,13 @@ Concurrent callers share one in-flight request (single flight), and a successful
 for `max_age` (default 1 s; the exporter itself polls every few seconds, so a younger read is as
 fresh as "now" gets): a storm of 500 webhooks costs the exporter a handful of reads. Any failure
 (connect, timeout, HTTP status, an answer over the size cap, bad JSON, an answer that is not
-llm_vitals.targets.TargetsAnswer: a state this remediator does not know is doubt) is reported as `None`,
-which the gate reads as "exporter unreachable: do nothing". With sharded exporters, FleetReader
-reads every shard and joins their views.
+llm_vitals.targets.TargetsAnswer) is reported as `None`, which the gate reads as "exporter
+unreachable: do nothing". With sharded exporters, FleetReader reads every shard and joins their views.
+
+Forward compatibility: a newer exporter may send a `state` or a `reason` this remediator does not
+know. Only that target is in doubt: it is read as an `unknown_verdict` (never restarted, refused
+with that reason, counted by the fleet gate only as its `recently_unhealthy` says), and the rest
+of the answer is used. A target that is wrong in any other way still makes the whole answer doubt.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -76,15 +81,12 @@ class ExporterClient:
             # trickles bytes cannot hold every waiting webhook past `timeout`.
             async with asyncio.timeout(self.timeout):
                 body = await self._read()
-                answer = TargetsAnswer.model_validate_json(body)
-                # The whole object of each target is kept as the journal's evidence.
-                raw = json.loads(body)["targets"]
-                parsed = list(zip(answer.targets, raw, strict=True))
+                statuses = parse_targets(json.loads(body), self.source)
         except (httpx.HTTPError, ValueError, ValidationError, TimeoutError) as exc:
             log_event(log, "exporter unreachable", level=logging.WARNING, url=redact_url(self.url),
                       error=type(exc).__name__, detail=str(exc)[:200])
             return None
-        view = FleetView(targets={t.name: status_of(t, whole, self.source) for t, whole in parsed})
+        view = FleetView(targets=statuses)
         self._last = (read_at, view)  # failures are never cached: the next alert asks again
         return view
 
@@ -129,6 +131,40 @@ class FleetReader:
         return merged
 
 
+# Words of a verdict a newer exporter may add; anything else wrong with a target is not forward compatibility.
+_VERDICT_FIELDS = ("state", "reason")
+
+
+def parse_targets(document: Any, source: str | None = None) -> dict[str, TargetStatus]:
+    """The gate's view of one `/api/v1/targets` answer. Raises ValueError (ValidationError) when it
+    is not one; a target whose only fault is an unknown state or reason is an `unknown_verdict`."""
+    if not isinstance(document, dict) or not isinstance(document.get("targets"), list):
+        raise ValueError("not an answer of /api/v1/targets (no `targets` list)")
+    TargetsAnswer.model_validate({**document, "targets": []})
+    statuses: dict[str, TargetStatus] = {}
+    for whole in document["targets"]:
+        status = _status_or_unknown(whole, source)
+        statuses[status[0]] = status[1]
+    return statuses
+
+
+def _status_or_unknown(whole: Any, source: str | None) -> tuple[str, TargetStatus]:
+    try:
+        target = TargetView.model_validate(whole)
+    except ValidationError as exc:
+        errors = exc.errors()
+        unknown = [e["loc"][0] for e in errors if len(e["loc"]) == 1 and e["loc"][0] in _VERDICT_FIELDS
+                   and e["type"] == "literal_error" and isinstance(e.get("input"), str)]
+        if not isinstance(whole, dict) or len(unknown) != len(errors):
+            raise
+        # Judge the rest of the object as it is, with known placeholders for the words in doubt.
+        target = TargetView.model_validate({**whole, "state": "down", "reason": "connect"})
+        said = ", ".join(f"{name} {whole[name]!r}" for name in unknown)
+        why = f"the exporter says {said}, which this remediator does not know (a newer exporter?); never restarted"
+        return target.name, replace(status_of(target, whole, source), state=str(whole["state"]), unknown_verdict=why)
+    return target.name, status_of(target, whole, source)
+
+
 def status_of(target: TargetView, whole: dict[str, Any], source: str | None = None) -> TargetStatus:
     """What the gate reads of one TARGET, with the whole object kept as the journal's evidence."""
     return TargetStatus(
@@ -143,6 +179,7 @@ def status_of(target: TargetView, whole: dict[str, Any], source: str | None = No
         pod=target.pod,
         pod_uid=target.pod_uid,
         node=target.node,
+        workload=target.workload,
         raw=whole,
         source=source,
     )

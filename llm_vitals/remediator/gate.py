@@ -1,8 +1,13 @@
-"""The gate: one pure function deciding whether an alert may restart its target.
+"""The gate: one pure function deciding whether an alert may restart its target, and how.
 
 It takes plain data (the alert, the exporter's view of the fleet, the gate's stored state, the policy
 and the time) and returns `Decision(allowed, reason, detail)`. No I/O, no clock of its own: the
 tests drive it with tables. The checks run in the order of DESIGN §4, and the first refusal wins.
+
+What a budget, a circuit and the escalation ladder count is the target's **workload** (DESIGN §10:
+`Deployment/<ns>/<name>`, a StatefulSet, a DaemonSet, a LeaderWorkerSet group, a name a template
+or file_sd label gives, or a static target's own name): what the operator owns and a restart does
+not replace. A pod the remediator evicts comes back under a new name; its Deployment does not.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from itertools import chain
 from typing import Any, Literal, NamedTuple, get_args
 
 from llm_vitals.remediator import fleet_limit
-from llm_vitals.targets import RESTARTABLE_STATES, UNHEALTHY_STATES, State
+from llm_vitals.targets import RESTARTABLE_STATES, UNHEALTHY_STATES
 
 # The `reason` of every decision: the `..._decisions_total{reason}` label and the journal's word.
 Reason = Literal[
@@ -25,9 +30,12 @@ Reason = Literal[
     "paused",
     "state_unreachable",
     "exporter_unreachable",
+    "unknown_verdict",
     "not_stuck",
     "restarted_since_alert",
+    "no_pod_uid",
     "gpu_fault",
+    "escalated_to_human",
     "restart_in_progress",
     "cooldown",
     "storm_cooldown",
@@ -36,10 +44,23 @@ Reason = Literal[
     "dry_run",
     "allowed",
     "cordon_and_move",
+    # Not the gate's: the API server refused an allowed eviction (a PodDisruptionBudget, 429).
+    "disruption_budget",
 ]
 REASONS: tuple[Reason, ...] = get_args(Reason)
+# Reasons that come after the gate allowed, from what acting met (acting.py), never from `decide`.
+AFTER_GATE: frozenset[Reason] = frozenset({"disruption_budget"})
 # Refusals a human must see on the pod itself (as a Kubernetes Event).
-HUMAN_REFUSALS = frozenset({"gpu_fault", "circuit_open", "fleet_gate"})
+HUMAN_REFUSALS = frozenset({"gpu_fault", "circuit_open", "fleet_gate", "escalated_to_human", "disruption_budget"})
+
+# The escalation ladder, per workload (NodeHealthCheck's escalating remediations): a workload stuck
+# again within `escalate_within` of its last step takes the next one. `page` is a refusal.
+Step = Literal["restart", "cordon_and_move", "page"]
+LADDER: tuple[Step, ...] = ("restart", "cordon_and_move", "page")
+
+# A LeaderWorkerSet group's pods carry these labels (leaderworkerset.sigs.k8s.io/...).
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+LWS_GROUP_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 
 
 class Decision(NamedTuple):
@@ -79,7 +100,8 @@ def dedupe_key(fingerprint: str, starts_at: float) -> tuple[str, float]:
 class TargetStatus:
     """One target as the exporter's `/api/v1/targets` sees it now."""
 
-    state: State
+    # One of llm_vitals.targets.STATES, or (with `unknown_verdict`) a word a newer exporter sent.
+    state: str
     process_start_time: float | None = None
     last_restart_time: float | None = None
     gpu_fault: bool = False
@@ -93,10 +115,45 @@ class TargetStatus:
     pod: str | None = None
     pod_uid: str | None = None
     node: str | None = None
+    # What the operator owns (DESIGN §10); None from an exporter older than the field: the target's name.
+    workload: str | None = None
+    # Why this target's verdict is not one this remediator knows (a state or reason of a newer
+    # exporter); None for a known verdict. Such a target is never restarted.
+    unknown_verdict: str | None = None
     # The exporter's whole TARGET object, kept as evidence in the journal; never decided on.
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     # The exporter (its URL, without userinfo) that reported this object: journaled beside the evidence.
     source: str | None = field(default=None, compare=False)
+
+
+def workload_of(target: str, status: TargetStatus | None) -> str:
+    """What the target's budget, circuit and ladder count: its workload, else (older exporter) its name."""
+    return status.workload if status is not None and status.workload else target
+
+
+@dataclass(frozen=True)
+class Group:
+    """A LeaderWorkerSet group: restarted as one, every pod of it by UID (RecreateGroupOnRestart)."""
+
+    namespace: str
+    name: str
+    index: str
+
+    @property
+    def selector(self) -> str:
+        """The label selector of the group's pods (leader and workers)."""
+        return f"{LWS_NAME_LABEL}={self.name},{LWS_GROUP_LABEL}={self.index}"
+
+
+def group_of(status: TargetStatus | None) -> Group | None:
+    """The LeaderWorkerSet group a pod target belongs to (its workload `LeaderWorkerSet/<ns>/<name>/<index>`,
+    in the pod's own namespace), or None."""
+    if status is None or not status.workload or not status.pod or not status.namespace:
+        return None
+    parts = status.workload.split("/")
+    if len(parts) != 4 or parts[0] != "LeaderWorkerSet" or parts[1] != status.namespace or not parts[2] or not parts[3]:
+        return None
+    return Group(parts[1], parts[2], parts[3])
 
 
 @dataclass(frozen=True)
@@ -112,15 +169,17 @@ class JournalState:
     """The gate's state, as its store holds it (`store.py`); a snapshot, not a live view.
 
     (The name is older than the stores: this state once was rebuilt from the journal's rows.)
+    Budgets, circuits and the ladder are keyed by workload (`workload_of`); a state written before
+    workloads existed is keyed by target names, which are the workloads of static targets.
     """
 
     # (fingerprint, startsAt) of alerts already decided to restart (or would-restart in dry-run).
     decided_keys: frozenset[tuple[str, float]] = frozenset()
     in_progress: str | None = None  # target of the restart running right now
     last_restart_started: float | None = None  # any target, any result
-    # Start times of restarts per target since its circuit was last reset (any result).
+    # Start times of restarts per workload since its circuit was last reset (any result).
     restart_times: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
-    open_circuits: frozenset[str] = frozenset()
+    open_circuits: frozenset[str] = frozenset()  # workloads
     # A restart intent whose replica died ends at this time (its executor's timeout); None = no expiry.
     in_progress_expires: float | None = None
     in_progress_by: str | None = None  # the replica (and its intent) that holds the restart
@@ -130,8 +189,13 @@ class JournalState:
     pause_reason: str = ""
     # Last time the fleet gate saw a storm (too many unhealthy at once); the storm cooldown counts from it.
     storm_seen_at: float | None = None
-    # Nodes llm-vitals has cordoned for a GPU fault: each is escalated once.
+    # Nodes llm-vitals has cordoned (a GPU fault, or the ladder): each is escalated once, until released.
     gpu_nodes: frozenset[str] = frozenset()
+    # The escalation ladder: each workload's last step and when it was taken.
+    ladder: Mapping[str, tuple[str, float]] = field(default_factory=dict)
+    # Restarts a PodDisruptionBudget refused, per workload: (first, last) refusal of the streak, until
+    # a restart of the workload runs (LLMVitalsRemediatorDisruptionBudget reads how long it lasts).
+    disrupted: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -165,6 +229,8 @@ class GatePolicy:
     max_unhealthy_percent: float | None = None
     storm_cooldown: float = 0.0
     gpu_fault_action: str = "refuse"  # refuse | cordon_and_move
+    # The ladder: the next step for a workload stuck again within this many seconds; None = off.
+    escalate_within: float | None = None
 
 
 def template_index(policy: GatePolicy, name: str, status: TargetStatus | None) -> int | None:
@@ -200,10 +266,21 @@ def in_progress(journal: JournalState, now: float) -> str | None:
     return journal.in_progress
 
 
-def restarts_in_window(journal: JournalState, policy: GatePolicy, target: str, now: float) -> int:
-    """Restarts of `target` within the budget window ending now (since its last circuit reset)."""
+def restarts_in_window(journal: JournalState, policy: GatePolicy, workload: str, now: float) -> int:
+    """Restarts of `workload` within the budget window ending now (since its last circuit reset)."""
     since = now - policy.budget_window
-    return sum(1 for started in journal.restart_times.get(target, ()) if started > since)
+    return sum(1 for started in journal.restart_times.get(workload, ()) if started > since)
+
+
+def ladder_step(journal: JournalState, policy: GatePolicy, workload: str, now: float) -> Step:
+    """The ladder's next step for `workload`: the one after its last, when that was within
+    `escalate_within`; else (or with the ladder off) `restart`."""
+    last = journal.ladder.get(workload)
+    if policy.escalate_within is None or last is None or now - last[1] >= policy.escalate_within:
+        return "restart"
+    if last[0] not in LADDER:
+        return "restart"
+    return LADDER[min(LADDER.index(last[0]) + 1, len(LADDER) - 1)]
 
 
 _UNKNOWN = Decision(False, "unknown_target", "target is not in the remediator's config")
@@ -263,26 +340,52 @@ def decide(
     if target in fleet.withheld:
         return Decision(False, "unknown_target", "more than one exporter reports this target (overlapping shards)")
     status = fleet.targets.get(target)
-    if target not in policy.targets and template_index(policy, target, status) is None:
+    static = target in policy.targets
+    if not static and template_index(policy, target, status) is None:
         return _UNKNOWN
     if status is None:
         return Decision(False, "not_stuck", "the exporter does not know this target")
+    if status.unknown_verdict is not None:
+        return Decision(False, "unknown_verdict", status.unknown_verdict[:500])
     acceptable = RESTARTABLE_STATES | ({"down"} if alert.alertname in policy.down_alertnames else frozenset())
     if status.state not in acceptable:
         return Decision(False, "not_stuck", f"the exporter says {status.state} now")
     started = status.process_start_time if status.process_start_time is not None else status.last_restart_time
     if started is not None and started >= alert.starts_at:
         return Decision(False, "restarted_since_alert", "the server process started after the alert did")
+    # A template's target is acted on as its own pod, by UID only: a pod is never deleted by name
+    # (a file_sd writer could name any pod; a name may belong to a newer pod by now).
+    if not static and not status.pod_uid:
+        what = "a pod UID" if status.pod else "a pod"
+        return Decision(False, "no_pod_uid", f"the exporter names no {what} for this target; a pod is never acted on"
+                                             " by name")
 
     # 5. A GPU fault fails the same way after a restart: refuse, or move the pod off its node
     #    (once per node, under the same cooldown and fleet gate as a restart).
-    escalate = False
+    workload = workload_of(target, status)
+    step: Step = "restart"
     if status.gpu_fault:
         if policy.gpu_fault_action != "cordon_and_move" or status.node is None or status.pod is None:
             return Decision(False, "gpu_fault", gpu_refusal(status, policy))
         if status.node in journal.gpu_nodes:
             return Decision(False, "gpu_fault", f"a GPU fault is flagged; node {status.node} was already cordoned")
-        escalate = True
+        step = "cordon_and_move"
+
+    # 5b. The ladder: stuck again within escalate_within of its last step, the workload takes the next.
+    climbed = ladder_step(journal, policy, workload, now)
+    if LADDER.index(climbed) > LADDER.index(step):
+        step = climbed
+    if step == "page":
+        taken = (journal.ladder.get(workload) or ("",))[0]
+        return Decision(False, "escalated_to_human", f"{workload} is stuck again within escalate_within of its last"
+                                                     f" step ({taken}): a human must look")
+    if step == "cordon_and_move" and not status.gpu_fault:
+        if status.node is None or status.pod is None:
+            return Decision(False, "escalated_to_human", f"{workload} is stuck again within escalate_within of its"
+                                                         " restart and has no node to move it off: a human must look")
+        if status.node in journal.gpu_nodes:
+            return Decision(False, "escalated_to_human", f"{workload} is stuck again within escalate_within of its"
+                                                         f" restart; node {status.node} was already cordoned")
 
     # 6. One restart at a time, fleet-wide.
     running = in_progress(journal, now)
@@ -290,17 +393,19 @@ def decide(
         return Decision(False, "restart_in_progress", f"a restart of {running} is running")
 
     # 7. The global cooldown counts from the start of the last restart of any target.
+    # (Replicas' estimates of the API server's clock differ by a fraction of a second: with no
+    # cooldown, a restart a replica dates a moment "ahead" of another's clock is no reason to wait.)
     last = journal.last_restart_started
-    if last is not None and now - last < policy.global_cooldown:
+    if last is not None and policy.global_cooldown > 0 and now - last < policy.global_cooldown:
         remaining = policy.global_cooldown - (now - last)
         return Decision(False, "cooldown", f"global cooldown: {remaining:.0f}s left")
 
-    # 8. Per-target budget; once exhausted the circuit stays open until a human resets it.
-    if target in journal.open_circuits:
-        return Decision(False, "circuit_open", "restart budget exhausted; POST /api/v1/circuit/reset")
-    used = restarts_in_window(journal, policy, target, now)
+    # 8. Per-workload budget; once exhausted the circuit stays open until a human resets it.
+    if workload in journal.open_circuits:
+        return Decision(False, "circuit_open", f"restart budget exhausted for {workload}; POST /api/v1/circuit/reset")
+    used = restarts_in_window(journal, policy, workload, now)
     if used >= policy.max_restarts:
-        return Decision(False, "circuit_open", f"{used} restarts within the budget window")
+        return Decision(False, "circuit_open", f"{used} restarts of {workload} within the budget window")
 
     # 9. The fleet gate: a mass failure points elsewhere (network, storage, the exporter).
     storm = fleet_storm(fleet, policy)
@@ -308,25 +413,37 @@ def decide(
         return Decision(False, "fleet_gate", storm)
     # 9b. After a storm, the fleet must stay healthy for `storm_cooldown` (medik8s NHC's
     #     stormCooldownDuration): the stragglers of a mass failure are not lone failures.
-    if journal.storm_seen_at is not None and now - journal.storm_seen_at < policy.storm_cooldown:
+    if (journal.storm_seen_at is not None and policy.storm_cooldown > 0
+            and now - journal.storm_seen_at < policy.storm_cooldown):
         remaining = policy.storm_cooldown - (now - journal.storm_seen_at)
         return Decision(False, "storm_cooldown", f"the fleet was in a storm; {remaining:.0f}s of storm cooldown left")
 
     # 10. Dry-run records what it would have done.
+    moving = step == "cordon_and_move"
     if policy.dry_run:
-        return Decision(False, "dry_run", "would cordon and move" if escalate else "would restart")
-    if escalate:
-        return Decision(True, "cordon_and_move", f"GPU fault on node {status.node}: cordon, taint, move the pod")
+        return Decision(False, "dry_run", "would cordon and move" if moving else "would restart")
+    if moving:
+        why = "GPU fault" if status.gpu_fault else f"{workload} stuck again within escalate_within (ladder)"
+        return Decision(True, "cordon_and_move", f"{why} on node {status.node}: cordon, taint, move the pod")
+    group = group_of(status)
+    if group is not None:
+        return Decision(True, "allowed", f"restart the whole group {workload}")
     return Decision(True, "allowed", "")
 
 
 def fleet_storm(fleet: FleetView, policy: GatePolicy) -> str | None:
-    """Why the fleet is in a storm (more unhealthy targets than allowed), or None."""
-    names = managed_targets(policy, fleet)
-    limit = unhealthy_limit(policy, len(names))
-    unhealthy = sum(1 for name in names if is_unhealthy(fleet.targets.get(name) or fleet.withheld.get(name)))
+    """Why the fleet is in a storm (more unhealthy servers than allowed), or None.
+
+    A LeaderWorkerSet group is one server: its pods count once, unhealthy when any of them is."""
+    units: dict[str, bool] = {}
+    for name in managed_targets(policy, fleet):
+        status = fleet.targets.get(name) or fleet.withheld.get(name)
+        unit = status.workload if status is not None and group_of(status) is not None and status.workload else name
+        units[unit] = units.get(unit, False) or is_unhealthy(status)
+    limit = unhealthy_limit(policy, len(units))
+    unhealthy = sum(units.values())
     if unhealthy > limit:
-        return f"{unhealthy} of {len(names)} targets unhealthy (max {limit})"
+        return f"{unhealthy} of {len(units)} targets unhealthy (max {limit})"
     return None
 
 
@@ -337,17 +454,19 @@ def is_unhealthy(status: TargetStatus | None) -> bool:
 
 @dataclass(frozen=True)
 class Effects:
-    """What one decision changes in the state the gate reads; the store applies them atomically."""
+    """What one decision changes in the state the gate reads; the store applies them atomically.
 
-    intent: bool = False  # a restart (or a GPU move) starts: in progress, cooldown, budget, dedupe
-    open_circuit: bool = False  # the target's budget is used up now
+    A node is not marked here: only a cordon that succeeded marks it (acting.py, after the fact)."""
+
+    intent: bool = False  # a restart (or a move) starts: in progress, cooldown, budget, dedupe
+    open_circuit: bool = False  # the workload's budget is used up now
     storm_seen_at: float | None = None  # the fleet was seen in a storm at this time
-    gpu_node: str | None = None  # this node is escalated once, from now on
     remember: bool = False  # the alert is decided without a restart (dry_run): a copy of it is a duplicate
+    workload: str = ""  # what the budget, the circuit and the ladder count (the target's name when empty)
+    step: str | None = None  # the ladder step taken now (its time is the decision's)
 
     def __bool__(self) -> bool:
-        return (self.intent or self.open_circuit or self.storm_seen_at is not None or self.gpu_node is not None
-                or self.remember)
+        return self.intent or self.open_circuit or self.storm_seen_at is not None or self.remember or self.step is not None
 
 
 # A storm seen again within this many seconds of the last record is not written again: a storm of
@@ -360,23 +479,30 @@ def effects_of(
 ) -> Effects:
     """The state change a decision implies (pure): what the caller must commit before acting."""
     target = alert.target or ""
+    status = fleet.targets.get(target) if fleet is not None else None
+    workload = workload_of(target, status)
     storm_at = None
     if (fleet is not None and policy.storm_cooldown > 0 and decision.reason not in _BEFORE_FLEET
             and fleet_storm(fleet, policy) is not None
             and (journal.storm_seen_at is None or now - journal.storm_seen_at >= STORM_RECORD_GRANULARITY)):
         storm_at = now
     if decision.allowed:
-        used = restarts_in_window(journal, policy, target, now)
-        status = fleet.targets.get(target) if fleet is not None else None
-        node = status.node if decision.reason == "cordon_and_move" and status is not None else None
+        used = restarts_in_window(journal, policy, workload, now)
+        step = None
+        if policy.escalate_within is not None:
+            step = "cordon_and_move" if decision.reason == "cordon_and_move" else "restart"
         return Effects(intent=True, open_circuit=used + 1 >= policy.max_restarts, storm_seen_at=storm_at,
-                       gpu_node=node)
-    opens = decision.reason == "circuit_open" and target not in journal.open_circuits
-    return Effects(open_circuit=opens, storm_seen_at=storm_at, remember=decision.reason == "dry_run")
+                       workload=workload, step=step)
+    opens = decision.reason == "circuit_open" and workload not in journal.open_circuits
+    # The page is written once, when the workload reaches it: its copies change nothing.
+    paged = (decision.reason == "escalated_to_human" and policy.escalate_within is not None
+             and (journal.ladder.get(workload) or ("",))[0] != "page")
+    return Effects(open_circuit=opens, storm_seen_at=storm_at, remember=decision.reason == "dry_run",
+                   workload=workload, step="page" if paged else None)
 
 
 # Decisions made before the fleet was read (or about an alert the gate does not act on).
 _BEFORE_FLEET = frozenset(
     {"not_firing", "no_restart_label", "unknown_target", "duplicate", "paused", "state_unreachable",
-     "exporter_unreachable"}
+     "exporter_unreachable", "unknown_verdict"}
 )

@@ -35,7 +35,7 @@ CREATE TABLE IF NOT EXISTS actions (
     alertname TEXT,
     fingerprint TEXT,
     starts_at REAL,
-    decision TEXT NOT NULL,      -- restart | refused | dry_run | resolved | circuit_reset
+    decision TEXT NOT NULL,      -- restart | refused | dry_run | resolved | circuit_reset | node_release | ...
     reason TEXT NOT NULL,
     executor TEXT,
     result TEXT,                 -- ok | error | timeout | pending | interrupted | NULL
@@ -43,7 +43,8 @@ CREATE TABLE IF NOT EXISTS actions (
     duration_seconds REAL,
     evidence TEXT,               -- JSON: the exporter's TARGET object when the decision was made
     pre_restart TEXT,            -- JSON: {argv, result, output, duration_seconds} of pre_restart
-    evidence_from TEXT           -- JSON: the URL of the exporter (shard) that reported the evidence
+    evidence_from TEXT,          -- JSON: the URL of the exporter (shard) that reported the evidence
+    workload TEXT                -- what the budget, the circuit and the ladder counted (DESIGN §10)
 );
 CREATE INDEX IF NOT EXISTS actions_decision ON actions(decision, target, time);
 CREATE INDEX IF NOT EXISTS actions_time ON actions(time);
@@ -63,10 +64,12 @@ CREATE TABLE IF NOT EXISTS circuits (
 
 _COLUMNS = (
     "id", "time", "target", "alertname", "fingerprint", "starts_at", "decision",
-    "reason", "executor", "result", "detail", "duration_seconds",
+    "reason", "executor", "result", "detail", "duration_seconds", "workload",
 )
-# Columns added after the first release: added to an older journal at open.
+# Columns added after the first release, holding JSON: added to an older journal at open.
 _ADDED_COLUMNS = {"evidence": "TEXT", "pre_restart": "TEXT", "evidence_from": "TEXT"}
+# Columns added after the first release, holding text (and listed by `actions`).
+_ADDED_TEXT_COLUMNS = {"workload": "TEXT"}
 
 
 class JournalBusy(Exception):
@@ -115,7 +118,7 @@ class Journal:
         conn.execute("PRAGMA busy_timeout=5000")
         conn.executescript(_SCHEMA)
         have = {row[1] for row in conn.execute("PRAGMA table_info(actions)")}
-        for column, kind in _ADDED_COLUMNS.items():
+        for column, kind in (_ADDED_COLUMNS | _ADDED_TEXT_COLUMNS).items():
             if column not in have:
                 conn.execute(f"ALTER TABLE actions ADD COLUMN {column} {kind}")
         self._conn = conn
@@ -162,6 +165,7 @@ class Journal:
         executor: str | None = None,
         evidence: Mapping[str, Any] | None = None,
         evidence_from: str | None = None,
+        workload: str | None = None,
     ) -> None:
         """Journal a decision that runs nothing (refused, dry_run, resolved), without waiting for it.
 
@@ -171,7 +175,7 @@ class Journal:
         wait for the queue to drain first, so the journal they see is never behind an answer.
         """
         self._batch.append((now, alert, decision, reason, detail, executor, None, _json(evidence),
-                            _source(evidence, evidence_from)))
+                            _source(evidence, evidence_from), workload))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_batches())
 
@@ -199,13 +203,14 @@ class Journal:
         detail: str = "",
         evidence: Mapping[str, Any] | None = None,
         evidence_from: str | None = None,
+        workload: str | None = None,
     ) -> int:
         """Commit the restart row (result `pending`) durably and return its id, for `finish`."""
 
         def write() -> int:
             with self._tx():
                 return self._insert_row(now, alert, "restart", reason, detail, executor, "pending",
-                                        _json(evidence), _source(evidence, evidence_from))
+                                        _json(evidence), _source(evidence, evidence_from), workload)
 
         action_id = await self._run(write)
         self._last_by_target[alert.target or ""] = now
@@ -244,14 +249,47 @@ class Journal:
 
         await self._run(write)
 
-    async def record_circuit_reset(self, targets: list[str], now: float) -> None:
-        """An operator closed the circuits of `targets`: one `circuit_reset` row each."""
+    async def refuse_intent(self, action_id: int, reason: str, detail: str, duration: float) -> None:
+        """The restart of row `action_id` was refused outright by the API server (nothing happened): the
+        row becomes that refusal (decision `refused`, the reason, result null)."""
+
+        def write() -> tuple[str | None, float | None]:
+            with self._tx() as conn:
+                conn.execute("UPDATE actions SET decision='refused', reason=?, result=NULL, detail=?, duration_seconds=?"
+                             " WHERE id=?", (reason, detail, round(duration, 3), action_id))
+                row = conn.execute("SELECT target FROM actions WHERE id=?", (action_id,)).fetchone()
+                if row is None or row[0] is None:
+                    return None, None
+                (last,) = conn.execute("SELECT max(time) FROM actions WHERE decision='restart' AND target=?",
+                                       (row[0],)).fetchone()
+                return row[0], last
+
+        target, last = await self._run(write)
+        if target is not None:  # the last restart of the target is the one before, if any
+            if last is None:
+                self._last_by_target.pop(target, None)
+            else:
+                self._last_by_target[target] = last
+
+    async def record_circuit_reset(self, workloads: list[str], now: float) -> None:
+        """An operator closed the circuits of `workloads`: one `circuit_reset` row each (its workload
+        in `target` and `workload`)."""
 
         def write() -> None:
             with self._tx():
-                for target in targets:
-                    self._insert_row(now, AlertFacts("", {"target": target}, "", 0.0), "circuit_reset",
-                                     "circuit_reset", "reset by an operator", None, None)
+                for workload in workloads:
+                    self._insert_row(now, AlertFacts("", {"target": workload}, "", 0.0), "circuit_reset",
+                                     "circuit_reset", "reset by an operator", None, None, workload=workload)
+
+        await self._run(write)
+
+    async def record_node_release(self, node: str, was_escalated: bool, now: float) -> None:
+        """An operator released `node` (POST /api/v1/nodes/{node}/release): one `node_release` row."""
+        detail = f"node {node} released by an operator" + ("" if was_escalated else " (it was not escalated)")
+
+        def write() -> None:
+            with self._tx():
+                self._insert_row(now, AlertFacts("", {}, "", 0.0), "node_release", "node_release", detail, None, None)
 
         await self._run(write)
 
@@ -301,11 +339,12 @@ class Journal:
             return [self._insert_row(*row) for row in rows]
 
     def _insert_row(
-        self, now, alert: AlertFacts, decision, reason, detail, executor, result, evidence=None, evidence_from=None
+        self, now, alert: AlertFacts, decision, reason, detail, executor, result, evidence=None, evidence_from=None,
+        workload=None,
     ) -> int:
         cursor = self._conn.execute(  # type: ignore[union-attr]
             "INSERT INTO actions (time, target, alertname, fingerprint, starts_at, decision, reason, executor,"
-            " result, detail, evidence, evidence_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " result, detail, evidence, evidence_from, workload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 now,
                 # Payload text: bounded, so a caller cannot bloat the journal.
@@ -320,6 +359,7 @@ class Journal:
                 detail,
                 evidence,
                 evidence_from,
+                (workload or "")[:300] or None,
             ),
         )
         assert cursor.lastrowid is not None  # an INSERT always sets it

@@ -3,6 +3,7 @@
 For one alert:
   1. steps 1-3 of the gate on the store's last state, without I/O (most of a storm ends here as
      `duplicate`); the pause too where that state is the committed one (one replica);
+     every time here is the store's (`GateStore.now`: replicas judge by the API server's clock);
   2. re-check through the exporter, or every exporter shard at once (shared in-flight reads);
   3. under this replica's decision lock: read the state and its version, decide (the pure gate),
      and commit the state the decision's effects make, at that version. A conflict (another
@@ -70,7 +71,7 @@ class GateLoop:
 
     async def handle(self, facts: AlertFacts) -> Decision:
         """Decide one alert, journal the decision, and start the restart when it is allowed."""
-        now = self.clock()
+        now = self.store.now()
         refused = gate.precheck(facts, self.store.last, self.policy, now if self.store.last_is_current else None)
         if refused is not None:
             self._refused(facts, refused, now, None)
@@ -82,7 +83,7 @@ class GateLoop:
                 decided = await transact(self.store, lambda state: self._decide(facts, fleet, status, state))
             except StateUnavailable as exc:
                 decision = Decision(False, "state_unreachable", str(exc)[:500])
-                self._refused(facts, decision, self.clock(), status)
+                self._refused(facts, decision, self.store.now(), status)
                 return decision
             if decided.executor is None or decided.intent is None:
                 self._refused(facts, decided.decision, decided.now, status)
@@ -94,20 +95,20 @@ class GateLoop:
                 # Nothing will run: end the claim (the cooldown and the budget stay spent).
                 await self.actor.release(decided.intent.holder)
                 raise
-            self.actor.start(action_id, facts, decided.executor, decided.intent.holder, status)
+            self.actor.start(action_id, facts, decided.executor, decided.intent, status)
             return decided.decision
 
     def _decide(
         self, facts: AlertFacts, fleet: FleetView | None, status: TargetStatus | None, state: JournalState
     ) -> tuple[Decided, JournalState]:
         """One pass of the pure gate over `state`: the decision, and the state its effects make."""
-        now = self.clock()
+        now = self.store.now()
         decision = gate.decide(facts, fleet, state, self.policy, now)
         effects = gate.effects_of(decision, facts, fleet, state, self.policy, now)
         decided = Decided(decision, now)
         if decision.allowed:
             executor = self.actor.executor_for(facts, decision, status)
-            decided = Decided(decision, now, executor, self.actor.claim(facts, executor, status, now))
+            decided = Decided(decision, now, executor, self.actor.claim(facts, executor, status, now, state))
         return decided, shared.with_effects(state, effects, facts, now, decided.intent)
 
     def _refused(self, facts: AlertFacts, decision: Decision, now: float, status: TargetStatus | None) -> None:

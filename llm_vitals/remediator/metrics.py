@@ -1,9 +1,11 @@
 """The remediator's own metrics, in a registry of its own.
 
-Counters and the duration histogram are updated as things happen. The circuit state, the
-in-progress flag and the pause are read from the gate's state as its store last saw it, and the
-last restart time from the journal, at scrape time by a custom collector (no I/O), so they are
-right after a restart of the remediator too.
+Counters and the duration histogram are updated as things happen. The circuits, the budgets
+used, the in-progress flag, the pause and the escalated nodes are read from the gate's state as its
+store last saw it, the store's health from the store, and the last restart time from the journal,
+at scrape time by a custom collector (no I/O), so they are right after a restart of the remediator
+too. Circuits and budgets are per workload (DESIGN §10): replicas sharing one Lease each show the
+same values (aggregate them with `max by (workload)`).
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from .shared import DISRUPTION_MEMORY_SECONDS
 
 if TYPE_CHECKING:
     from .gate import JournalState
     from .journal import Journal
+    from .store import StoreHealth
 
 # A label value for targets that are not in the config: the payload's own value would let a
 # caller create unbounded series.
@@ -32,6 +37,8 @@ class RemediatorMetrics:
         journal: Journal,
         state: Callable[[], JournalState],
         clock: Callable[[], float] = time.time,
+        health: Callable[[], StoreHealth] | None = None,
+        budget_window: float = 3600.0,
     ):
         self.registry = CollectorRegistry(auto_describe=True)
         self.decisions = Counter(
@@ -55,48 +62,68 @@ class RemediatorMetrics:
             buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
             registry=self.registry,
         )
-        self.registry.register(_JournalCollector(sorted(targets), journal, state, clock))
+        self.registry.register(_JournalCollector(sorted(targets), journal, state, clock, health, budget_window))
 
 
 class _JournalCollector(Collector):
-    """Gauges read from the gate's state and the journal on each scrape. Sample:
+    """Gauges read from the gate's state, its store and the journal on each scrape. Sample:
 
-    llm_vitals_remediator_circuit_open{target="gpu-a"} 0.0
+    llm_vitals_remediator_circuit_open{workload="Deployment/llm/vllm"} 0.0
+    llm_vitals_remediator_workload_restarts{workload="Deployment/llm/vllm"} 2.0
     llm_vitals_remediator_last_restart_timestamp_seconds{target="gpu-a"} 1.7962223e+09
     llm_vitals_remediator_restart_in_progress 0.0
     llm_vitals_remediator_paused 0.0
+    llm_vitals_remediator_disruption_budget_refused_seconds{workload="Deployment/llm/vllm"} 3600.0
+    llm_vitals_remediator_node_escalated{node="gpu-node-7"} 1.0
+    llm_vitals_remediator_state_up 1.0
+    llm_vitals_remediator_state_errors_total{operation="read"} 3.0
     """
 
     def __init__(
-        self, targets: list[str], journal: Journal, state: Callable[[], JournalState], clock: Callable[[], float]
+        self, targets: list[str], journal: Journal, state: Callable[[], JournalState], clock: Callable[[], float],
+        health: Callable[[], StoreHealth] | None, budget_window: float,
     ):
         self.targets = targets
         self.journal = journal
         self.state = state
         self.clock = clock
+        self.health = health
+        self.budget_window = budget_window
 
     def describe(self) -> list:
         return []
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         state = self.state()
+        now = self.clock()
         last_by_target = self.journal.last_restart_by_target
         circuit = GaugeMetricFamily(
             "llm_vitals_remediator_circuit_open",
-            "1 when the target's restart budget is exhausted and restarts are refused until "
-            "POST /api/v1/circuit/reset.",
-            labels=["target"],
+            "1 when the workload's restart budget is exhausted and its restarts are refused until "
+            "POST /api/v1/circuit/reset {\"workload\": ...}. Static targets are their own workload.",
+            labels=["workload"],
         )
+        used = GaugeMetricFamily(
+            "llm_vitals_remediator_workload_restarts",
+            "Restarts (and moves) of the workload started within the budget window, since its last circuit "
+            "reset, as the budget counts them against max_restarts; LLMServerRestartLoop reads it.",
+            labels=["workload"],
+        )
+        workloads = set(self.targets) | set(state.open_circuits) | set(state.restart_times)
+        since = now - self.budget_window
+        for workload in sorted(workloads):
+            circuit.add_metric([workload], 1.0 if workload in state.open_circuits else 0.0)
+            used.add_metric([workload], float(sum(1 for t in state.restart_times.get(workload, ()) if t > since)))
+        yield circuit
+        yield used
         last = GaugeMetricFamily(
             "llm_vitals_remediator_last_restart_timestamp_seconds",
             "Unix time of the last restart started for the target (any result), from the journal.",
             labels=["target"],
         )
         for target in self.targets:
-            circuit.add_metric([target], 1.0 if target in state.open_circuits else 0.0)
             if target in last_by_target:
                 last.add_metric([target], last_by_target[target])
-        yield circuit
         yield last
         yield GaugeMetricFamily(
             "llm_vitals_remediator_restart_in_progress",
@@ -108,5 +135,42 @@ class _JournalCollector(Collector):
             "llm_vitals_remediator_paused",
             "1 while an operator has paused the remediator (POST /api/v1/pause): alerts are journaled "
             "as paused and nothing is restarted until the pause ends or DELETE /api/v1/pause.",
-            value=1.0 if paused_until is not None and self.clock() < paused_until else 0.0,
+            value=1.0 if paused_until is not None and now < paused_until else 0.0,
         )
+        refused = GaugeMetricFamily(
+            "llm_vitals_remediator_disruption_budget_refused_seconds",
+            "Seconds from the first to the latest refusal of the workload's restart by a PodDisruptionBudget, while "
+            "they keep coming (none for 2h ends the streak, and so does a restart that runs): the budget keeps the "
+            "stuck server from being restarted. LLMVitalsRemediatorDisruptionBudget fires at an hour.",
+            labels=["workload"],
+        )
+        for workload, (first, latest) in sorted(state.disrupted.items()):
+            if latest > now - DISRUPTION_MEMORY_SECONDS:
+                refused.add_metric([workload], latest - first)
+        yield refused
+        nodes = GaugeMetricFamily(
+            "llm_vitals_remediator_node_escalated",
+            "1 for each node llm-vitals cordoned (a GPU fault, or the ladder's cordon_and_move) and has not "
+            "been released: it is not escalated again. Uncordon it, then POST /api/v1/nodes/<node>/release.",
+            labels=["node"],
+        )
+        for node in sorted(state.gpu_nodes):
+            nodes.add_metric([node], 1.0)
+        yield nodes
+        if self.health is not None:
+            health = self.health()
+            yield GaugeMetricFamily(
+                "llm_vitals_remediator_state_up",
+                "1 when the last read or write of the gate's state (the replicas' Lease, or this replica's "
+                "SQLite row) worked; 0 while it fails: no restart can be decided, webhooks answer 503.",
+                value=1.0 if health.up else 0.0,
+            )
+            errors = CounterMetricFamily(
+                "llm_vitals_remediator_state_errors",
+                "Failed reads and writes of the gate's state, by operation (read, write, and follow: an "
+                "unexpected error of the task that keeps a replica's view of the Lease fresh).",
+                labels=["operation"],
+            )
+            for operation in ("read", "write", "follow"):
+                errors.add_metric([operation], float(health.errors.get(operation, 0)))
+            yield errors

@@ -1,9 +1,22 @@
-"""Kubernetes actions on one target's own pod: the exact restart, the GPU move, and Events.
+"""Kubernetes actions on a target's own pod (or its group): the restart, the move off a node, and Events.
 
 The pod is the one the exporter named (namespace, name and the UID it saw), never one from the
-alert. The delete carries a UID precondition, so a pod recreated under the same name since is
-never hit. Every action and every refusal a human must see is also an Event on the pod (and on
-the node for a GPU move), so `kubectl describe pod` tells the story.
+alert, and it is acted on only by UID: an eviction or a delete carries the UID as its precondition,
+so a pod recreated under the same name since is never hit, and a pod without a UID is never acted
+on at all (the gate refuses it, `no_pod_uid`).
+
+- `pod_action: evict` (the default) goes through the Eviction API (`policy/v1`, or `policy/v1beta1`
+  on 1.20-1.21, found once), which respects PodDisruptionBudgets: a budget that forbids it is a 429,
+  nothing is deleted, and the restart is refused (`ExecResult.refused = "disruption_budget"`: the
+  gate's decision is taken back, so that Alertmanager's next re-send is judged afresh).
+  `pod_action: delete` deletes the pod, as kubectl delete does.
+- A LeaderWorkerSet group is restarted as a whole: every pod of the group, listed by its labels,
+  each by its UID (as LWS's RecreateGroupOnRestart does).
+- `cordon_and_move` cordons and taints the node (marked as llm-vitals'), then moves the pod.
+
+Every action and every refusal a human must see is also an Event on the pod (and on the node for a
+move), so `kubectl describe pod` tells the story. An Event has its own short timeout, apart from
+the action's: a slow or failing Event POST never changes what the action's outcome was.
 """
 
 from __future__ import annotations
@@ -15,16 +28,18 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.errors import ApiError, KubeError
-from llm_vitals.kube.objects import create_event, get_node, merge_patch_node
+from llm_vitals.kube.evictions import Evictions
+from llm_vitals.kube.objects import create_event, get_node, list_pods, merge_patch_node
 from llm_vitals.kube.objects import delete_pod as delete_pod_object
 from llm_vitals.kube.times import micro_time
 from llm_vitals.logs import log_event
 
 from .executors import ExecResult
+from .gate import Group
 
 log = logging.getLogger("llm_vitals.remediator.kubernetes")
 
@@ -40,7 +55,14 @@ EVENT_REASONS = {
     "gpu_fault": "LLMVitalsGpuFault",
     "circuit_open": "LLMVitalsCircuitOpen",
     "fleet_gate": "LLMVitalsFleetGate",
+    "escalated_to_human": "LLMVitalsEscalated",
+    "disruption_budget": "LLMVitalsDisruptionBudget",
 }
+# An Event POST's own limit: short, and apart from the restart's (a completed eviction must never
+# be journaled as a timeout because its Event was slow).
+EVENT_TIMEOUT_SECONDS = 5.0
+
+PodAction = Literal["evict", "delete"]
 
 
 @dataclass(frozen=True)
@@ -65,9 +87,9 @@ def refusal_event_name(pod: str, uid: str | None, reason: str, alert_key: tuple[
 
 async def record_event(
     client: KubeClient, involved: dict[str, Any], namespace: str, reason: str, message: str, kind: str, identity: str,
-    name: str | None = None,
+    name: str | None = None, timeout: float | None = None,
 ) -> bool:
-    """Create one Event about `involved`; a failure is logged and never fails the caller.
+    """Create one Event about `involved` within `timeout` (EVENT_TIMEOUT_SECONDS); any failure is logged, never raised.
 
     With `name`, an Event of that name already there (409: another replica's, or this one's before
     a restart) counts as recorded: the name is what makes copies of one Event one object.
@@ -89,16 +111,22 @@ async def record_event(
         "lastTimestamp": now[:19] + "Z",
         "count": 1,
     }
+    limit = EVENT_TIMEOUT_SECONDS if timeout is None else timeout
     try:
-        await create_event(client, namespace, body)
+        async with asyncio.timeout(limit + 1.0):  # the request's own limit, and a bound on connecting too
+            await create_event(client, namespace, body, limit)
     except ApiError as exc:
         if name and exc.status == 409:
             log_event(log, "Event already recorded", level=logging.DEBUG, reason=reason, event=name)
             return True
         log_event(log, "cannot record an Event", level=logging.WARNING, reason=reason, status=exc.status, error=exc.message)
         return False
-    except KubeError as exc:
-        log_event(log, "cannot record an Event", level=logging.WARNING, reason=reason, error=str(exc))
+    except (KubeError, TimeoutError) as exc:
+        log_event(log, "cannot record an Event", level=logging.WARNING, reason=reason,
+                  error=str(exc) or f"not recorded within {limit:g}s")
+        return False
+    except Exception:  # an Event is a note: whatever goes wrong with it never fails the action it tells of
+        log.exception("cannot record an Event")
         return False
     return True
 
@@ -111,36 +139,62 @@ def pod_object(pod: PodRef) -> dict[str, Any]:
 async def pod_event(
     client: KubeClient, pod: PodRef, reason_word: str, message: str, identity: str, name: str | None = None
 ) -> bool:
-    """Record an Event on the pod for `reason_word` (a Warning unless a restart was allowed)."""
+    """Record an Event on the pod for `reason_word` (a Warning unless a restart was allowed); never raises."""
     kind = "Normal" if reason_word == "allowed" else "Warning"
     return await record_event(client, pod_object(pod), pod.namespace, EVENT_REASONS[reason_word], message, kind,
                               identity, name)
 
 
-async def delete_pod(client: KubeClient, pod: PodRef) -> ExecResult:
-    """DELETE the pod by name with a UID precondition; its controller makes a new one."""
-    where = f"pod {pod.namespace}/{pod.name}"
-    try:
-        await delete_pod_object(client, pod.namespace, pod.name, pod.uid)
-    except ApiError as exc:
-        if exc.status == 404:
-            return ExecResult("error", f"{where} is gone already; nothing deleted")
-        if exc.status == 409:
-            # The precondition failed: the name now belongs to a newer pod, which the alert is not about.
-            return ExecResult("error", f"{where} has another UID than {pod.uid} now (recreated); nothing deleted")
-        return ExecResult("error", f"delete {where}: {exc}")
-    except KubeError as exc:
-        return ExecResult("error", f"delete {where}: {exc}")
-    return ExecResult("ok", f"deleted {where}" + (f" (uid {pod.uid})" if pod.uid else ""))
+@dataclass(frozen=True)
+class Removal:
+    """What one eviction or delete of a pod came to."""
+
+    done: bool
+    detail: str
+    blocked: bool = False  # a PodDisruptionBudget forbade the eviction (429): nothing was deleted
+
+
+class PodRemover:
+    """Evicts (the default) or deletes pods by UID, through the shared client."""
+
+    def __init__(self, client: KubeClient, action: PodAction, evictions: Evictions | None = None):
+        self.client = client
+        self.action = action
+        self.evictions = evictions or Evictions(client)
+
+    async def remove(self, pod: PodRef) -> Removal:
+        """Evict or delete one pod by UID; never raises for the API server's answers."""
+        where = f"pod {pod.namespace}/{pod.name}"
+        verb = "evicted" if self.action == "evict" else "deleted"
+        if not pod.uid:  # the gate refuses these (no_pod_uid); this is the last line
+            return Removal(False, f"{where} has no UID: never acted on by name; nothing {verb}")
+        try:
+            if self.action == "evict":
+                await self.evictions.evict(pod.namespace, pod.name, pod.uid)
+            else:
+                await delete_pod_object(self.client, pod.namespace, pod.name, pod.uid)
+        except ApiError as exc:
+            if exc.status == 429 and self.action == "evict":
+                return Removal(False, f"the eviction of {where} was refused: {exc.message or exc}; nothing deleted",
+                               blocked=True)
+            if exc.status == 404:
+                return Removal(False, f"{where} is gone already; nothing {verb}")
+            if exc.status == 409:
+                # The precondition failed: the name now belongs to a newer pod, which the alert is not about.
+                return Removal(False, f"{where} has another UID than {pod.uid} now (recreated); nothing {verb}")
+            return Removal(False, f"{'evict' if self.action == 'evict' else 'delete'} {where}: {exc}")
+        except KubeError as exc:
+            return Removal(False, f"{'evict' if self.action == 'evict' else 'delete'} {where}: {exc}")
+        return Removal(True, f"{verb} {where} (uid {pod.uid})")
 
 
 class PodExecutor:
-    """Restart = delete the target's own pod (name + UID), then an Event on it."""
+    """Restart = evict (or delete) the target's own pod by UID, then an Event on it (its own timeout)."""
 
     kind = "kubernetes_pod"
 
-    def __init__(self, client: KubeClient, pod: PodRef, identity: str, message: str, timeout: float):
-        self.client = client
+    def __init__(self, remover: PodRemover, pod: PodRef, identity: str, message: str, timeout: float):
+        self.remover = remover
         self.pod = pod
         self.identity = identity
         self.message = message
@@ -149,12 +203,74 @@ class PodExecutor:
     async def restart(self) -> ExecResult:
         try:
             async with asyncio.timeout(self.timeout):
-                result = await delete_pod(self.client, self.pod)
-                if result.result == "ok":
-                    await pod_event(self.client, self.pod, "allowed", self.message, self.identity)
+                removal = await self.remover.remove(self.pod)
         except TimeoutError:
             return ExecResult("timeout", f"pod {self.pod.namespace}/{self.pod.name}: not done within {self.timeout:g}s")
+        if removal.blocked:
+            return ExecResult("error", removal.detail, refused="disruption_budget")
+        if not removal.done:
+            return ExecResult("error", removal.detail)
+        # After the outcome is settled: the Event is a note on it, never a cause of another outcome.
+        if not await pod_event(self.remover.client, self.pod, "allowed", self.message, self.identity):
+            return ExecResult("ok", f"{removal.detail}; its Event was not recorded")
+        return ExecResult("ok", removal.detail)
+
+
+class GroupExecutor:
+    """Restart a LeaderWorkerSet group as one: every pod of the group, listed by its labels, each by UID.
+
+    The target's own pod must be among them (else the group was recreated since: nothing is done).
+    A PodDisruptionBudget that refuses the first pod's eviction refuses the restart (nothing done);
+    one that refuses a later pod ends it as an error naming what was done."""
+
+    kind = "kubernetes_group"
+
+    def __init__(self, remover: PodRemover, group: Group, pod: PodRef, identity: str, message: str, timeout: float):
+        self.remover = remover
+        self.group = group
+        self.pod = pod
+        self.identity = identity
+        self.message = message
+        self.timeout = timeout
+
+    async def restart(self) -> ExecResult:
+        done: list[PodRef] = []
+        steps: list[str] = []
+        try:
+            async with asyncio.timeout(self.timeout):
+                result = await self._restart(done, steps)
+        except TimeoutError:
+            result = ExecResult("timeout", "; ".join([*steps, f"not done within {self.timeout:g}s"]))
+        for pod in done:  # after the outcome: an Event never changes it
+            await pod_event(self.remover.client, pod, "allowed", self.message, self.identity)
         return result
+
+    async def _restart(self, done: list[PodRef], steps: list[str]) -> ExecResult:
+        where = f"group {self.group.name}/{self.group.index} in {self.group.namespace}"
+        try:
+            listed = await list_pods(self.remover.client, self.group.namespace, self.group.selector)
+            pods = sorted((PodRef(self.group.namespace, item["metadata"]["name"], item["metadata"].get("uid"),
+                                  (item.get("spec") or {}).get("nodeName"))
+                           for item in listed if not item["metadata"].get("deletionTimestamp")),
+                          key=lambda p: p.name)
+        except KubeError as exc:
+            return ExecResult("error", f"list the pods of {where}: {exc}; nothing done")
+        except (KeyError, TypeError) as exc:
+            return ExecResult("error", f"list the pods of {where}: unexpected answer ({type(exc).__name__}); nothing done")
+        if self.pod.uid not in {p.uid for p in pods}:
+            return ExecResult("error", f"pod {self.pod.name} (uid {self.pod.uid}) is no longer in {where} (recreated"
+                                       " since?); nothing done")
+        steps.append(f"{where}: {len(pods)} pods")
+        for pod in pods:
+            removal = await self.remover.remove(pod)
+            if removal.blocked and not done:
+                return ExecResult("error", "; ".join([*steps, removal.detail]), refused="disruption_budget")
+            steps.append(removal.detail)
+            if removal.done:
+                done.append(pod)
+            elif "gone already" not in removal.detail and "another UID" not in removal.detail:
+                return ExecResult("error", "; ".join(steps))  # a pod gone or replaced meanwhile is what we wanted
+        return ExecResult("ok", "; ".join(steps))
 
 
 def taint_value(detail: str) -> str:
@@ -164,49 +280,58 @@ def taint_value(detail: str) -> str:
 
 
 class CordonAndMoveExecutor:
-    """GPU fault: cordon and taint the node (marked as ours), Event on it, delete the pod, Event on it.
+    """Cordon and taint the node (marked as ours), Event on it, move the pod (evict or delete by UID),
+    Event on it. For a GPU fault, or the escalation ladder's second step.
 
     A node already cordoned by someone else is left exactly as it is (no taint, no mark): llm-vitals
-    never changes, and never uncordons, what it did not cordon. Every step is in the result's detail.
+    never changes, and never uncordons, what it did not cordon. Only a cordon that succeeded names
+    its node in the result (`cordoned`): only then is the node marked as escalated. Every step is in
+    the result's detail.
     """
 
     kind = "cordon_and_move"
 
-    def __init__(self, client: KubeClient, pod: PodRef, identity: str, fault: str, timeout: float):
+    def __init__(self, remover: PodRemover, pod: PodRef, identity: str, cause: str, timeout: float,
+                 taint: str | None = None):
         assert pod.node is not None
-        self.client = client
+        self.remover = remover
+        self.client = remover.client
         self.pod = pod
         self.node = pod.node
         self.identity = identity
-        self.fault = fault or "GPU fault"
+        self.cause = cause or "GPU fault"  # for a human: why the node is cordoned
+        self.taint = taint or taint_value(self.cause)  # the taint's value: the fault's reason, or the ladder's word
         self.timeout = timeout
 
     async def restart(self) -> ExecResult:
         steps: list[str] = []
+        cordoned: list[str] = []
         try:
             async with asyncio.timeout(self.timeout):
-                return await self._move(steps)
+                failed = await self._cordon(steps, cordoned)
+                if failed is not None:
+                    return ExecResult("error", "; ".join([*steps, failed]))
+                removal = await self.remover.remove(self.pod)
         except TimeoutError:
-            return ExecResult("timeout", "; ".join([*steps, f"not done within {self.timeout:g}s"]))
-
-    async def _move(self, steps: list[str]) -> ExecResult:
-        node_result = await self._cordon(steps)
-        if node_result is not None:
-            return ExecResult("error", "; ".join([*steps, node_result]))
+            return ExecResult("timeout", "; ".join([*steps, f"not done within {self.timeout:g}s"]),
+                              cordoned=cordoned[0] if cordoned else None)
+        steps.append(removal.detail)
+        # After the outcome is settled: the Events are notes on it.
         node = {"apiVersion": "v1", "kind": "Node", "name": self.node}
-        message = f"GPU fault ({self.fault}): moving pod {self.pod.namespace}/{self.pod.name} off this node"
-        if await record_event(self.client, node, "default", EVENT_REASONS["cordon_and_move"], message, "Warning",
-                              self.identity):
+        message = f"{self.cause}: moving pod {self.pod.namespace}/{self.pod.name} off this node"
+        if cordoned and await record_event(self.client, node, "default", EVENT_REASONS["cordon_and_move"], message,
+                                           "Warning", self.identity):
             steps.append("Event on the node")
-        deleted = await delete_pod(self.client, self.pod)
-        steps.append(deleted.detail)
-        if deleted.result == "ok":
-            note = f"GPU fault on node {self.node} ({self.fault}): node cordoned, pod deleted to move it"
+        if removal.done:
+            note = f"{self.cause} on node {self.node}: node cordoned, pod moved off it"
             if await pod_event(self.client, self.pod, "cordon_and_move", note, self.identity):
                 steps.append("Event on the pod")
-        return ExecResult(deleted.result, "; ".join(steps))
+        elif removal.blocked:
+            await pod_event(self.client, self.pod, "disruption_budget", removal.detail, self.identity)
+        return ExecResult("ok" if removal.done else "error", "; ".join(steps),
+                          cordoned=cordoned[0] if cordoned else None)
 
-    async def _cordon(self, steps: list[str]) -> str | None:
+    async def _cordon(self, steps: list[str], cordoned: list[str]) -> str | None:
         """Cordon and taint the node with a resourceVersion precondition; None when done (or left alone)."""
         for _ in range(5):
             try:
@@ -217,30 +342,31 @@ class CordonAndMoveExecutor:
                     steps.append(f"node {self.node} was cordoned by someone else: left alone")
                     return None
                 taints = [t for t in spec.get("taints") or [] if t.get("key") != GPU_TAINT_KEY]
-                taints.append({"key": GPU_TAINT_KEY, "value": taint_value(self.fault), "effect": "NoSchedule"})
+                taints.append({"key": GPU_TAINT_KEY, "value": self.taint, "effect": "NoSchedule"})
                 patch = {
                     "metadata": {
                         "resourceVersion": meta["resourceVersion"],
                         "annotations": {CORDONED_BY: self.identity, CORDONED_AT: micro_time(time.time()),
-                                        CORDON_REASON: self.fault[:1024]},
+                                        CORDON_REASON: self.cause[:1024]},
                     },
                     "spec": {"unschedulable": True, "taints": taints},
                 }
             except ApiError as exc:
-                return f"read node {self.node}: {exc}"
+                return f"read node {self.node}: {exc}; not cordoned, nothing moved"
             except KubeError as exc:
-                return f"node {self.node}: {exc}"
+                return f"node {self.node}: {exc}; not cordoned, nothing moved"
             except (KeyError, TypeError, AttributeError) as exc:
-                return f"node {self.node}: unexpected answer ({type(exc).__name__})"
+                return f"node {self.node}: unexpected answer ({type(exc).__name__}); not cordoned, nothing moved"
             try:
                 await merge_patch_node(self.client, self.node, patch)
             except ApiError as exc:
                 if exc.status == 409:
                     continue  # the node changed meanwhile (its status, another controller): read it again
-                return f"cordon node {self.node}: {exc}"
+                return f"cordon node {self.node}: {exc}; not cordoned, nothing moved"
             except KubeError as exc:
-                return f"node {self.node}: {exc}"
-            steps.append(f"node {self.node} cordoned and tainted {GPU_TAINT_KEY}={taint_value(self.fault)}:NoSchedule,"
+                return f"node {self.node}: {exc}; not cordoned, nothing moved"
+            steps.append(f"node {self.node} cordoned and tainted {GPU_TAINT_KEY}={self.taint}:NoSchedule,"
                          f" marked {CORDONED_BY}={self.identity}")
+            cordoned.append(self.node)
             return None
-        return f"node {self.node}: still conflicting after 5 tries; not cordoned"
+        return f"node {self.node}: still conflicting after 5 tries; not cordoned, nothing moved"

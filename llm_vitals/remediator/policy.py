@@ -30,6 +30,7 @@ def policy_from(settings: Settings) -> GatePolicy:
         max_unhealthy_percent=percent_of(settings.max_unhealthy),
         storm_cooldown=settings.storm_cooldown,
         gpu_fault_action=settings.gpu_fault_action,
+        escalate_within=settings.escalate_within,
     )
 
 

@@ -73,10 +73,13 @@ class Remediator:
         self.store = store
         self.clock = clock
         self.identity = replica_identity(settings)
-        self.metrics = RemediatorMetrics(settings.targets, journal, lambda: store.last, clock)
+        # The gauges read from the shared state judge its times by the store's clock (the API server's, with replicas).
+        self.metrics = RemediatorMetrics(settings.targets, journal, lambda: store.last, store.now,
+                                         lambda: store.health, settings.budget.window)
         self.actor = Actor(
             settings, self.policy,
-            executors or {name: build_executor(config, http_client) for name, config in settings.targets.items()},
+            executors or {name: build_executor(config, http_client, settings.pod_action)
+                          for name, config in settings.targets.items()},
             kube, self.identity, store, journal, self.metrics,
         )
         # Every exporter shard, read at once: the fleet gate needs the whole fleet in one view.
@@ -131,17 +134,35 @@ class Remediator:
 
     # -- operator actions ---------------------------------------------------------------------
 
-    async def reset_circuits(self, targets: list[str]) -> list[str]:
-        """Close the circuits of `targets` and forgive their budget so far. Returns those that were open.
-        Raises StateUnavailable."""
+    async def reset_circuits(self, workloads: list[str]) -> list[str]:
+        """Close the circuits of `workloads`, forgive their budget so far and start their ladder again.
+        Returns those that were open. Raises StateUnavailable."""
 
         def step(state: JournalState) -> tuple[list[str], JournalState]:
-            return [t for t in targets if t in state.open_circuits], shared.circuits_reset(state, targets)
+            return [w for w in workloads if w in state.open_circuits], shared.circuits_reset(state, workloads)
 
         was_open = await transact(self.store, step)
-        await self.journal.record_circuit_reset(targets, self.clock())
-        log_event(log, "circuits reset", targets=targets, were_open=was_open)
+        await self.journal.record_circuit_reset(workloads, self.clock())
+        log_event(log, "circuits reset", workloads=workloads, were_open=was_open)
         return was_open
+
+    async def release_node(self, node: str) -> bool:
+        """Forget that llm-vitals cordoned `node` (a human has dealt with it): it may be escalated again.
+        Returns whether it was escalated. Raises StateUnavailable."""
+
+        def step(state: JournalState) -> tuple[bool, JournalState]:
+            return node in state.gpu_nodes, shared.node_released(state, node)
+
+        was_escalated = await transact(self.store, step)
+        await self.journal.record_node_release(node, was_escalated, self.clock())
+        log_event(log, "node released", node=node, was_escalated=was_escalated)
+        return was_escalated
+
+    async def workloads_known(self) -> set[str]:
+        """What a circuit reset may name: the static targets and every workload the state has a circuit,
+        a budget or a ladder step for (read fresh from the Lease in the replicated mode). Raises StateUnavailable."""
+        state, _ = await self.store.read()
+        return set(self.settings.targets) | set(state.open_circuits) | set(state.restart_times) | set(state.ladder)
 
     async def set_pause(self, until: float | None, reason: str) -> JournalState:
         """Pause (or, with `until` None, resume) every replica; journaled here. Raises StateUnavailable."""

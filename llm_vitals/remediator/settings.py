@@ -282,6 +282,11 @@ class Settings(StrictModel):
     # After a fleet_gate refusal, no restart until the fleet has been healthy this long.
     storm_cooldown: Duration = 0.0
     gpu_fault_action: Literal["refuse", "cordon_and_move"] = "refuse"
+    # How a pod is restarted or moved: the Eviction API (PodDisruptionBudgets are respected), or a delete.
+    pod_action: Literal["evict", "delete"] = "evict"
+    # The escalation ladder: a workload stuck again within this long of its last step takes the next
+    # (restart -> cordon_and_move -> page). None: off (every allowed alert is a restart).
+    escalate_within: Duration | None = None
     dry_run: bool = False
     body_limit: int = Field(default=1024 * 1024, ge=1024)
     # Alerts named here may be acted on in state `down` (when a user labelled them for restart).
@@ -295,6 +300,14 @@ class Settings(StrictModel):
         if not self.targets and not self.target_templates:
             raise ValueError("set targets, target_templates or both")
         return self
+
+    @field_validator("escalate_within")
+    @classmethod
+    def _escalate_within(cls, value: float | None) -> float | None:
+        # The shared state keeps a ladder step for a day (remediator/shared.py: LADDER_MEMORY_SECONDS).
+        if value is not None and not 0 < value <= 86400:
+            raise ValueError("must be more than 0s and at most 24h (or left out: no ladder)")
+        return value
 
     @field_validator("exporter_url")
     @classmethod

@@ -1,6 +1,8 @@
 """The state the gate reads, as its stores keep it: pure transitions and its JSON form.
 
-Both stores (`store.py`) keep the whole `JournalState` as the JSON below: one replica in a row of
+Both stores (`store.py`) keep the whole `JournalState` as the JSON below (a state written before
+the ladder existed has no `ladder` key and loads as none; one written before workloads keys its
+budgets and circuits by target name, which is a static target's workload): one replica in a row of
 its SQLite file, replicas in one Kubernetes Lease (an annotation). Every change is one of the
 transitions below applied to the state read at some version, and committed only if the store is
 still at that version: else the caller reads again and decides again (the Lease's
@@ -20,59 +22,134 @@ from .gate import AlertFacts, Effects, JournalState, dedupe_key
 KEY_MEMORY_SECONDS = 24 * 3600.0
 # Cap on the keys kept, so that the Lease stays far below the API server's object size limit.
 MAX_KEYS = 200
+# Ladder steps older than this are dropped (no `escalate_within` is longer).
+LADDER_MEMORY_SECONDS = 24 * 3600.0
+# A streak of disruption-budget refusals ends when no refusal came for this long (two of Alertmanager's
+# hourly re-sends of a still-firing alert, as alerts/alertmanager.yml routes them to the remediator).
+DISRUPTION_MEMORY_SECONDS = 2 * 3600.0
 
 
 @dataclass(frozen=True)
 class Intent:
-    """A restart one replica committed to run: who, and until when its claim holds (None: until it ends)."""
+    """A restart one replica committed to run: who, and until when its claim holds (None: until it ends).
+
+    It also keeps what its commit replaced, so that a restart the API server refused outright (an
+    eviction a PodDisruptionBudget forbids: nothing happened) can be taken back (`undone`)."""
 
     holder: str  # "<replica>/<action token>"
     target: str
     expires: float | None
+    workload: str = ""
+    started: float | None = None  # the decision's time: its entry in the budget, the cooldown's start
+    before: Undo | None = None
+
+
+@dataclass(frozen=True)
+class Undo:
+    """What a restart's commit replaced: restored when the restart is taken back."""
+
+    last_restart_started: float | None
+    circuit_was_open: bool
+    ladder: tuple[str, float] | None
+
+
+def undo_of(state: JournalState, workload: str) -> Undo:
+    """What a commit of an intent for `workload` will replace in `state`."""
+    return Undo(state.last_restart_started, workload in state.open_circuits, state.ladder.get(workload))
 
 
 def with_effects(state: JournalState, effects: Effects, alert: AlertFacts, now: float, intent: Intent | None) -> JournalState:
     """The state after a decision's effects; `intent` is required when `effects.intent`."""
     new = state
+    workload = effects.workload or alert.target or ""
     if effects.intent:
         assert intent is not None
-        target = alert.target or ""
         new = replace(
             new,
-            in_progress=target,
+            in_progress=alert.target or "",
             in_progress_expires=intent.expires,
             in_progress_by=intent.holder,
             last_restart_started=max(new.last_restart_started or now, now),
-            restart_times={**new.restart_times, target: (*new.restart_times.get(target, ()), now)},
+            restart_times={**new.restart_times, workload: (*new.restart_times.get(workload, ()), now)},
         )
     if effects.intent or effects.remember:
         new = replace(new, decided_keys=new.decided_keys | {alert.key}, decided_at={**new.decided_at, alert.key: now})
-    if effects.open_circuit and alert.target:
-        new = replace(new, open_circuits=new.open_circuits | {alert.target})
+    if effects.open_circuit and workload:
+        new = replace(new, open_circuits=new.open_circuits | {workload})
     if effects.storm_seen_at is not None:
         new = replace(new, storm_seen_at=effects.storm_seen_at)
-    if effects.gpu_node is not None:
-        new = replace(new, gpu_nodes=new.gpu_nodes | {effects.gpu_node})
+    if effects.step is not None and workload:
+        new = replace(new, ladder={**new.ladder, workload: (effects.step, now)})
     return new
 
 
-def finished(state: JournalState, holder: str) -> JournalState:
-    """The restart held by `holder` ended; a newer intent (after this one expired) is left alone."""
+def finished(state: JournalState, holder: str, ran: str | None = None) -> JournalState:
+    """The restart held by `holder` ended; a newer intent (after this one expired) is left alone.
+    `ran`: the workload it restarted (it ran): a streak of refusals by its disruption budget is over."""
+    if ran is not None and ran in state.disrupted:
+        state = replace(state, disrupted={w: v for w, v in state.disrupted.items() if w != ran})
     if state.in_progress_by != holder:
         return state
     return replace(state, in_progress=None, in_progress_expires=None, in_progress_by=None)
+
+
+def disruption_refused(state: JournalState, workload: str, now: float) -> JournalState:
+    """A PodDisruptionBudget refused the workload's restart now: the streak starts, or goes on."""
+    first = state.disrupted[workload][0] if workload in state.disrupted else now
+    return replace(state, disrupted={**state.disrupted, workload: (first, now)})
+
+
+def undone(state: JournalState, intent: Intent, key: tuple[str, float]) -> JournalState:
+    """The restart `intent` committed did not happen at all (the API server refused it): its claim
+    ends, and its entry in the budget, the cooldown, the alert's key, a circuit it opened and its
+    ladder step are taken back, so that Alertmanager's next re-send is judged afresh."""
+    new = finished(state, intent.holder)
+    before, at, workload = intent.before, intent.started, intent.workload or intent.target
+    if before is None or at is None:
+        return new
+    times = list(new.restart_times.get(workload, ()))
+    if at in times:
+        times.remove(at)
+    restart_times = {w: v for w, v in new.restart_times.items() if w != workload} | ({workload: tuple(times)} if times else {})
+    ladder = dict(new.ladder)
+    if (ladder.get(workload) or ("", None))[1] == at:  # the step this intent took (a later one is kept)
+        if before.ladder is None:
+            del ladder[workload]
+        else:
+            ladder[workload] = before.ladder
+    decided_at = {k: v for k, v in new.decided_at.items() if k != key}
+    return replace(
+        new,
+        restart_times=restart_times,
+        last_restart_started=before.last_restart_started if new.last_restart_started == at else new.last_restart_started,
+        open_circuits=new.open_circuits if before.circuit_was_open else new.open_circuits - {workload},
+        ladder=ladder,
+        decided_keys=new.decided_keys - {key},
+        decided_at=decided_at,
+    )
+
+
+def node_marked(state: JournalState, node: str) -> JournalState:
+    """llm-vitals cordoned `node` (the cordon succeeded): it is escalated once, until released."""
+    return replace(state, gpu_nodes=state.gpu_nodes | {node})
+
+
+def node_released(state: JournalState, node: str) -> JournalState:
+    """A human released `node` (POST /api/v1/nodes/{node}/release): it may be escalated again."""
+    return replace(state, gpu_nodes=state.gpu_nodes - {node})
 
 
 def paused_state(state: JournalState, until: float | None, reason: str) -> JournalState:
     return replace(state, paused_until=until, pause_reason=reason if until is not None else "")
 
 
-def circuits_reset(state: JournalState, targets: list[str]) -> JournalState:
-    """Close the circuits of `targets` and forgive their budget so far."""
+def circuits_reset(state: JournalState, workloads: list[str]) -> JournalState:
+    """Close the circuits of `workloads`, forgive their budget so far and start their ladder again."""
     return replace(
         state,
-        open_circuits=state.open_circuits - set(targets),
-        restart_times={t: v for t, v in state.restart_times.items() if t not in targets},
+        open_circuits=state.open_circuits - set(workloads),
+        restart_times={w: v for w, v in state.restart_times.items() if w not in workloads},
+        ladder={w: v for w, v in state.ladder.items() if w not in workloads},
     )
 
 
@@ -88,7 +165,11 @@ def pruned(
     times = {t: kept for t, v in state.restart_times.items() if (kept := tuple(x for x in v if x > now - budget_window))}
     recent = sorted(((at, key) for key, at in state.decided_at.items() if at > now - key_memory), reverse=True)
     keep = dict((key, at) for at, key in recent[:max_keys])
-    return replace(state, restart_times=times, decided_at=keep, decided_keys=frozenset(keep))
+    # A ladder step older than a day is past any escalate_within (settings.py caps it at 24h).
+    ladder = {w: step for w, step in state.ladder.items() if step[1] > now - LADDER_MEMORY_SECONDS}
+    disrupted = {w: v for w, v in state.disrupted.items() if v[1] > now - DISRUPTION_MEMORY_SECONDS}
+    return replace(state, restart_times=times, decided_at=keep, decided_keys=frozenset(keep), ladder=ladder,
+                   disrupted=disrupted)
 
 
 def to_json(state: JournalState) -> str:
@@ -104,6 +185,8 @@ def to_json(state: JournalState) -> str:
         "pause_reason": state.pause_reason,
         "storm_seen_at": state.storm_seen_at,
         "gpu_nodes": sorted(state.gpu_nodes),
+        "ladder": {w: [step, at] for w, (step, at) in sorted(state.ladder.items())},
+        "disrupted": {w: [first, last] for w, (first, last) in sorted(state.disrupted.items())},
         "decided": [[fp, sa, at] for (fp, sa), at in sorted(state.decided_at.items())],
     }
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
@@ -133,6 +216,8 @@ def from_json(text: str | None) -> JournalState:
             pause_reason=str(doc.get("pause_reason") or ""),
             storm_seen_at=_opt_float(doc.get("storm_seen_at")),
             gpu_nodes=frozenset(str(n) for n in doc.get("gpu_nodes", [])),
+            ladder={str(w): (str(step), float(at)) for w, (step, at) in (doc.get("ladder") or {}).items()},
+            disrupted={str(w): (float(a), float(b)) for w, (a, b) in (doc.get("disrupted") or {}).items()},
         )
     except (ValueError, TypeError, AttributeError) as exc:
         raise BadState(f"the shared state is not readable: {type(exc).__name__}: {exc}") from None

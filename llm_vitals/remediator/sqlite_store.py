@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from . import shared
 from .gate import JournalState, dedupe_key
+from .store import StoreHealth
 
 T = TypeVar("T")
 
@@ -60,10 +61,14 @@ class SqliteStore:
         self._state = JournalState()
         self._version = 0
         self._lock = asyncio.Lock()  # one commit at a time: compare, write, then remember
+        self.health = StoreHealth()
 
     @property
     def last(self) -> JournalState:
         return self._state
+
+    def now(self) -> float:
+        return self.clock()  # the only replica: its own clock is the one clock
 
     async def open(self) -> None:
         """Open the row (after the journal, which holds the file's lock); see the module docstring."""
@@ -83,7 +88,12 @@ class SqliteStore:
             if version != self._version:
                 return False
             new = self._pruned(state, self.clock())
-            await self._run(self._write, version, version + 1, shared.to_json(new))
+            try:
+                await self._run(self._write, version, version + 1, shared.to_json(new))
+            except Exception as exc:
+                self.health.failed("write", f"{type(exc).__name__}: {exc}")
+                raise
+            self.health.ok()
             self._state, self._version = new, version + 1
         return True
 

@@ -12,7 +12,17 @@ the caller reads again and decides again (`transact`). Two stores implement it:
   read: the API server refuses a stale write with 409, and so exactly one replica's intent wins.
   The Lease's own fields say who holds the restart (client-go's shape: `holderIdentity`,
   `leaseDurationSeconds` = the restart's timeout, `acquireTime`, `renewTime`, `leaseTransitions`),
-  so `kubectl get lease` shows it too.
+  so `kubectl get lease` shows it too. A write keeps every label and annotation it did not set.
+
+**One clock.** Every time in the shared state (a claim's expiry, the cooldown's start, the budget,
+the storm marker, the ladder) is written and judged in the API server's time, not each replica's:
+`LeaseStore.now()` is this replica's clock corrected by the `Date` headers of the API server's
+answers to its Lease reads and writes (`ServerClock`: their bounds narrow the offset to well under
+a second). Two replicas whose clocks disagree by a minute still agree on when a
+claim expires. (One replica judges by its own clock: it is the only one.)
+
+Each store keeps its health (`StoreHealth`): whether its last read or write worked, and its
+failures by operation, for `llm_vitals_remediator_state_up` and `..._state_errors_total`.
 """
 
 from __future__ import annotations
@@ -46,8 +56,61 @@ class Conflicted(StateUnavailable):
     """Every try met a conflict: other writers keep committing first (retry-safe, as unavailable)."""
 
 
+@dataclass
+class StoreHealth:
+    """Whether the gate's state could be read and written lately: the metrics and the follower's log."""
+
+    up: bool = True  # the last read or write worked
+    errors: dict[str, int] = field(default_factory=dict)  # failures by operation: read, write, follow
+    last_error: str = ""
+
+    def ok(self) -> None:
+        self.up = True
+
+    def failed(self, operation: str, error: str) -> None:
+        self.up = False
+        self.errors[operation] = self.errors.get(operation, 0) + 1
+        self.last_error = error[:500]
+
+
+# Bounds on the API server's clock older than this are dropped (they would hold a clock that was stepped).
+CLOCK_BOUNDS_SECONDS = 600.0
+
+
+@dataclass(frozen=True)
+class ServerClock:
+    """How far the API server's clock is ahead of this replica's, from the `Date` of its answers.
+
+    A Date is whole seconds, truncated: the server answered at a time within [Date, Date + 1), and
+    between this replica's sending and its receiving. So each answer bounds the offset to
+    [Date - received, Date + 1 - sent], and the bounds of successive answers, which fall at other
+    fractions of a second, narrow it to well under a second (as NTP narrows its own). Bounds that
+    no longer overlap (a clock was stepped), or older than CLOCK_BOUNDS_SECONDS, start again."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    since: float = 0.0  # local time of the first answer the bounds hold
+
+    def observed(self, date: float, sent: float, received: float) -> ServerClock:
+        low, high = date - received, date + 1.0 - sent
+        if received - self.since > CLOCK_BOUNDS_SECONDS or max(self.low, low) > min(self.high, high):
+            return ServerClock(low, high, received)
+        return ServerClock(max(self.low, low), min(self.high, high), self.since)
+
+    @property
+    def offset(self) -> float:
+        """The middle of the bounds; 0 before any answer."""
+        return 0.0 if math.isinf(self.low) else (self.low + self.high) / 2
+
+
 class GateStore(Protocol[V]):
     """The gate's state with a version; `V` is whatever the store compares on commit."""
+
+    health: StoreHealth
+
+    def now(self) -> float:
+        """The time the state is written and judged by (for replicas: the API server's)."""
+        ...
 
     @property
     def last(self) -> JournalState:
@@ -116,37 +179,58 @@ class LeaseStore:
         self.identity = identity
         self.budget_window = budget_window
         self.clock = clock
+        self.health = StoreHealth()
+        # The API server's clock against this replica's, from its dated answers.
+        self.server_clock = ServerClock()
         # The last state read or written, for the metrics (a scrape does no I/O).
         self.last = JournalState()
 
+    def now(self) -> float:
+        return self.clock() + self.server_clock.offset
+
+    def _observe(self, server_time: float | None, sent: float) -> None:
+        if server_time is not None:
+            self.server_clock = self.server_clock.observed(server_time, sent, self.clock())
+
     async def read(self) -> tuple[JournalState, Snapshot]:
+        sent = self.clock()
         try:
-            lease = await self.leases.get_lease(self.ref.namespace, self.ref.name)
+            answer = await self.leases.get_lease(self.ref.namespace, self.ref.name)
         except KubeError as exc:
+            self.health.failed("read", str(exc))
             raise StateUnavailable(f"read Lease {self.ref.name}: {exc}") from None
+        self._observe(answer.server_time, sent)
+        lease = answer.value
         if lease is None:
+            self.health.ok()
             return JournalState(), Snapshot(None)
         text = (lease.get("metadata", {}).get("annotations") or {}).get(STATE_ANNOTATION)
         try:
             state = shared.from_json(text)
         except shared.BadState as exc:
+            self.health.failed("read", str(exc))
             raise StateUnavailable(f"Lease {self.ref.name}: {exc}") from None
+        self.health.ok()
         self.last = state
         return state, Snapshot(lease["metadata"]["resourceVersion"], lease)
 
     async def commit(self, snap: Snapshot, new: JournalState) -> bool:
         """Write `new` if the Lease is still at `snap`'s version. False on a conflict (someone else wrote)."""
-        now = self.clock()
+        now = self.now()
         new = shared.pruned(new, now, self.budget_window)
         body = self._lease_body(snap, new, now)
+        sent = self.clock()
         try:
             if snap.version is None:
                 written = await self.leases.create_lease(self.ref.namespace, body)
             else:
                 written = await self.leases.replace_lease(self.ref.namespace, self.ref.name, body)
         except KubeError as exc:
+            self.health.failed("write", str(exc))
             raise StateUnavailable(f"write Lease {self.ref.name}: {exc}") from None
-        if not written:  # stale resourceVersion, or created by another replica meanwhile
+        self.health.ok()
+        self._observe(written.server_time, sent)
+        if not written.value:  # stale resourceVersion, or created by another replica meanwhile
             return False
         self.last = new
         return True
@@ -166,12 +250,14 @@ class LeaseStore:
                 spec["leaseTransitions"] += 1  # a takeover of an expired holder's claim
         elif old_spec.get("acquireTime"):
             spec["acquireTime"] = old_spec["acquireTime"]
+        # What others put on the Lease (labels, annotations, owner references) stays as it was.
+        old_meta = {k: v for k, v in (snap.lease.get("metadata") or {}).items() if k != "managedFields"}
         metadata: dict[str, Any] = {
+            **old_meta,
             "name": self.ref.name,
             "namespace": self.ref.namespace,
-            "annotations": {**(snap.lease.get("metadata", {}).get("annotations") or {}),
-                            STATE_ANNOTATION: shared.to_json(new)},
-            "labels": {"app.kubernetes.io/name": "llm-vitals-remediator"},
+            "annotations": {**(old_meta.get("annotations") or {}), STATE_ANNOTATION: shared.to_json(new)},
+            "labels": {**(old_meta.get("labels") or {}), "app.kubernetes.io/name": "llm-vitals-remediator"},
         }
         if snap.version is not None:
             metadata["resourceVersion"] = snap.version

@@ -131,10 +131,12 @@ def grant_remediator_rbac(control_plane: ControlPlane, namespace: str) -> None:
 class Replica:
     """One remediator process with its own journal; its identity names it in the Lease and in Events."""
 
-    def __init__(self, name: str, config: dict[str, Any], run_dir: Path):
+    def __init__(self, name: str, config: dict[str, Any], run_dir: Path, clock_skew: float = 0.0):
         self.name = name
         self.config = config
         self.run_dir = run_dir
+        # Seconds this replica's clock is off, through create_app's clock seam (tests/k8s/skewed_remediator.py).
+        self.clock_skew = clock_skew
         self.log_path = run_dir / f"remediator-{name}.log"
         self.proc: asyncio.subprocess.Process | None = None
         self.url = ""
@@ -146,9 +148,12 @@ class Replica:
         self.config = {**self.config, "listen": f"127.0.0.1:{port}"}
         path = self.run_dir / f"remediator-{self.name}.yaml"
         path.write_text(yaml.safe_dump(self.config, sort_keys=False))
+        argv = ["-m", "llm_vitals.remediator", "--config", str(path), "--log-level", "debug"]
+        if self.clock_skew:
+            argv = [str(Path(__file__).with_name("skewed_remediator.py")), str(path), str(self.clock_skew)]
         with self.log_path.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "llm_vitals.remediator", "--config", str(path), "--log-level", "debug",
+                sys.executable, *argv,
                 cwd=REPO, stdout=log, stderr=log, stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + timeout
@@ -194,9 +199,15 @@ class Replica:
 
     async def get(self, path: str) -> Any:
         async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
-            response = await client.get(f"{self.url}{path}")
+            response = await client.get(f"{self.url}{path}", headers=AUTH)
             response.raise_for_status()
             return response.json()
+
+    async def text(self, path: str) -> str:
+        async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+            response = await client.get(f"{self.url}{path}")
+            response.raise_for_status()
+            return response.text
 
     async def actions(self) -> list[dict[str, Any]]:
         """This replica's journal, oldest first."""
@@ -231,10 +242,10 @@ def replica_config(control_plane: ControlPlane, namespace: str, exporter_url: st
 
 async def start_replicas(control_plane: ControlPlane, namespace: str, exporter_url: str, run_dir: Path,
                          names: tuple[str, ...] = ("replica-a", "replica-b"), kubeconfig: Path | None = None,
-                         **over: Any) -> list[Replica]:
+                         clock_skews: dict[str, float] | None = None, **over: Any) -> list[Replica]:
     run_dir.mkdir(parents=True, exist_ok=True)
     replicas = [Replica(n, replica_config(control_plane, namespace, exporter_url, run_dir, n, kubeconfig, **dict(over)),
-                        run_dir)
+                        run_dir, (clock_skews or {}).get(n, 0.0))
                 for n in names]
     await asyncio.gather(*(r.start() for r in replicas))
     return replicas
@@ -253,6 +264,31 @@ def pod_deletes(control_plane: ControlPlane, namespace: str, name: str | None = 
     """The HTTP codes of every pod DELETE the remediator sent in `namespace` (from the audit log)."""
     return [e["responseStatus"]["code"]
             for e in control_plane.audit(verb="delete", resource="pods", namespace=namespace, user=USER, name=name)]
+
+
+def pod_evictions(control_plane: ControlPlane, namespace: str, name: str | None = None) -> list[int]:
+    """The HTTP codes of every pod eviction (POST pods/{name}/eviction) the remediator sent in `namespace`:
+    201 evicted, 429 refused by a PodDisruptionBudget, 409 the UID precondition failed, 404 gone."""
+    return [e["responseStatus"]["code"]
+            for e in control_plane.audit(verb="create", resource="pods", namespace=namespace, user=USER, name=name)
+            if e["objectRef"].get("subresource") == "eviction"]
+
+
+def pod_removals(control_plane: ControlPlane, namespace: str, name: str | None = None) -> list[int]:
+    """Every eviction and delete of a pod the remediator sent in `namespace`, in the order sent (their codes)."""
+    events = [e for e in control_plane.audit(resource="pods", namespace=namespace, user=USER, name=name)
+              if e["verb"] == "delete" or (e["verb"] == "create" and e["objectRef"].get("subresource") == "eviction")]
+    return [e["responseStatus"]["code"] for e in sorted(events, key=lambda e: e["requestReceivedTimestamp"])]
+
+
+def rights_used(control_plane: ControlPlane, namespaces: tuple[str | None, ...]) -> set[tuple[str, str]]:
+    """(verb, resource[/subresource]) of every request the remediator made in `namespaces` (the audit log)."""
+    used = set()
+    for e in control_plane.audit(user=USER):
+        ref = e.get("objectRef") or {}
+        if ref.get("namespace") in namespaces and ref.get("resource"):
+            used.add((e["verb"], ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")))
+    return used
 
 
 class SlowLink:

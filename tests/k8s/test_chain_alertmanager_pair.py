@@ -32,7 +32,7 @@ from stack import RULES_FILE, ManagedProcess, alertmanager_config, start_on_free
 from llm_vitals.demo.ports import free_port
 
 from .control_plane import REPO, ControlPlane
-from .replicas import TOKEN, USER, grant_remediator_rbac, pod_deletes, start_replicas
+from .replicas import TOKEN, grant_remediator_rbac, pod_removals, start_replicas
 
 BACKENDS = 2
 EXPORTER = "llm-vitals-exporter"
@@ -146,8 +146,8 @@ async def test_two_clustered_alertmanagers_delivering_to_two_replicas_restart_a_
         await fleets[0].fault(0, "hang")
         await wait(lambda: _is(states, hung, "stuck"), 30, "vllm-0 stuck")
 
-        # The hung pod is deleted once; play the kubelet and the ReplicaSet for its replacement.
-        await wait(lambda: asyncio.sleep(0, pod_deletes(control_plane, namespace, "vllm-0")), 90,
+        # The hung pod is evicted once; play the kubelet and the ReplicaSet for its replacement.
+        await wait(lambda: asyncio.sleep(0, pod_removals(control_plane, namespace, "vllm-0")), 90,
                    "the hung pod's deletion")
         deleted_at = time.time()
         control_plane.create_pod(namespace, "vllm-0-b", labels={"app": "vllm"}, port=ports[0])
@@ -166,7 +166,7 @@ async def test_two_clustered_alertmanagers_delivering_to_two_replicas_restart_a_
         while time.time() < deleted_at + 10:
             await asyncio.sleep(0.5)
 
-        assert pod_deletes(control_plane, namespace) == [200]
+        assert pod_removals(control_plane, namespace) == [201]  # evicted (pod_action: evict, the default)
         assert [(await f.states())[0]["restarts"] for f in fleets] == [1, 0]
         restarts = [row for r in replicas for row in await r.restarts()]
         assert [(row["target"], row["result"]) for row in restarts] == [(hung, "ok")], restarts
@@ -177,7 +177,7 @@ async def test_two_clustered_alertmanagers_delivering_to_two_replicas_restart_a_
         assert [e["involvedObject"]["name"] for e in restart_events] == ["vllm-0"]
         assert all(e["source"]["component"] == "llm-vitals-remediator" for e in restart_events)
         # This namespace only: other tests on this control plane delete pods named vllm-1 too.
-        assert control_plane.audit(verb="delete", resource="pods", namespace=namespace, user=USER, name="vllm-1") == []
+        assert pod_removals(control_plane, namespace, "vllm-1") == []
     finally:
         if load is not None:
             await load.stop()

@@ -3,7 +3,7 @@
 The plugin is a real process (tests/k8s/exec_credential.py) printing an ExecCredential
 (client.authentication.k8s.io/v1beta1) whose bearer token is one the API server's token file
 accepts; the kubeconfig names no token at all. The exporter's pod discovery and a real
-`llm-vitals-remediator` process (the Lease, the pod delete with its UID, the Event) both work
+`llm-vitals-remediator` process (the Lease, the pod eviction with its UID, the Event) both work
 through it, and the API server's audit log shows them as the plugin's user.
 """
 
@@ -19,7 +19,7 @@ from llm_vitals.remediator.store import STATE_ANNOTATION
 
 from .control_plane import ControlPlane
 from .exec_credential import exec_kubeconfig, runs
-from .replicas import USER, ExporterStandIn, alert, events, grant_remediator_rbac, lease, pod_deletes, start_replicas
+from .replicas import USER, ExporterStandIn, alert, events, grant_remediator_rbac, lease, pod_evictions, start_replicas
 from .test_pod_discovery import EXPORTER, deployed_pod_rules, in_thread, running_pod
 from .waits import wait_until
 
@@ -77,9 +77,9 @@ async def test_the_remediator_restarts_a_pod_through_an_exec_plugin(control_plan
         await exporter.stop()
         print(replica.tail(40))
     assert [(row["target"], row["result"]) for row in rows] == [(target, "ok")]
-    assert pod_deletes(cp, ns) == [200]
-    delete = cp.audit(verb="delete", resource="pods", namespace=ns, user=USER)[0]
-    assert delete["objectRef"]["name"] == "vllm-0"
+    assert pod_evictions(cp, ns) == [201]  # pod_action: evict, the default
+    eviction = cp.audit(verb="create", resource="pods", namespace=ns, user=USER)[0]
+    assert (eviction["objectRef"]["name"], eviction["objectRef"]["subresource"]) == ("vllm-0", "eviction")
     state = json.loads(lease(cp, ns)["metadata"]["annotations"][STATE_ANNOTATION])
     assert state["last_restart_started"] is not None and target in state["restart_times"]
     assert [(e["involvedObject"]["name"], e["involvedObject"]["uid"]) for e in events(cp, ns, "LLMVitalsRestart")] == [

@@ -41,7 +41,8 @@ from .replicas import (
     events,
     grant_remediator_rbac,
     lease,
-    pod_deletes,
+    pod_removals,
+    rights_used,
     start_replicas,
 )
 from .waits import wait_until
@@ -117,7 +118,7 @@ async def test_200_duplicate_webhooks_over_two_replicas_delete_the_pod_once_with
 
     rows = await wait_until(lambda: finished_restarts([a, b]), 60, "the restart to finish")
     assert [(row["target"], row["result"]) for row in rows] == [(target, "ok")]
-    assert pod_deletes(control_plane, namespace) == [200]
+    assert pod_removals(control_plane, namespace) == [201]
     assert pod_or_none(control_plane, namespace, "vllm-0") is None
     restart_events = events(control_plane, namespace, "LLMVitalsRestart")
     assert [(e["involvedObject"]["name"], e["involvedObject"]["uid"]) for e in restart_events] == [
@@ -132,7 +133,7 @@ async def test_200_duplicate_webhooks_over_two_replicas_delete_the_pod_once_with
     assert reasons(second) == ["cooldown", "duplicate"] or reasons(second) == ["cooldown", "cooldown"]
     third = await b.webhook(alert(other, "fp-third"))
     assert reasons([third]) == ["cooldown"]
-    assert pod_deletes(control_plane, namespace, "vllm-1") == []
+    assert pod_removals(control_plane, namespace, "vllm-1") == []
     assert len(events(control_plane, namespace, "LLMVitalsRestart")) == 1
 
 
@@ -184,8 +185,8 @@ async def test_a_replica_killed_after_its_intent_leaves_a_claim_the_other_honour
     assert seen.count("restart_in_progress") >= 3, seen  # held for most of the 18 s claim
 
     await wait_until(lambda: finished_restarts([b]), 60, "replica-b's restart to finish")
-    assert pod_deletes(control_plane, namespace, "vllm-0") == []  # the dead replica's restart was not redone
-    assert pod_deletes(control_plane, namespace, "vllm-1") == [200]
+    assert pod_removals(control_plane, namespace, "vllm-0") == []  # the dead replica's restart was not redone
+    assert pod_removals(control_plane, namespace, "vllm-1") == [201]
     taken = lease(control_plane, namespace)["spec"]
     assert taken["leaseTransitions"] == 1  # the expired holder's claim was taken over
     assert [row["result"] for row in await b.restarts()] == ["ok"]
@@ -256,7 +257,7 @@ async def test_lease_conflicts_from_another_writer_are_retried_and_never_act_twi
         await link.stop()
     assert decided.count("allowed") == 1 and set(decided) <= {"allowed", "duplicate", "storm_cooldown"}, decided
     assert [row["result"] for row in rows] == ["ok"]
-    assert pod_deletes(control_plane, namespace) == [200]
+    assert pod_removals(control_plane, namespace) == [201]
     refused = [e for e in control_plane.audit(resource="leases", namespace=namespace, user=USER)
                if e["responseStatus"]["code"] == 409]
     assert refused, "the remediator never met a conflict: the drill proved nothing"
@@ -282,7 +283,7 @@ async def test_with_the_api_server_stopped_webhooks_get_503_and_nothing_is_delet
     finally:
         control_plane.start_apiserver()
     assert pod_or_none(control_plane, namespace, "vllm-0") is not None
-    assert pod_deletes(control_plane, namespace) == []
+    assert pod_removals(control_plane, namespace) == []
 
     # Alertmanager sends again: now exactly one restart.
     after: list[httpx.Response] = []
@@ -294,7 +295,7 @@ async def test_with_the_api_server_stopped_webhooks_get_503_and_nothing_is_delet
         await asyncio.sleep(1)
     assert sorted(reasons(after)) == ["allowed", "duplicate"], [x.json() for x in after]
     await wait_until(lambda: finished_restarts([a, b]), 60, "the restart to finish")
-    assert pod_deletes(control_plane, namespace) == [200]
+    assert pod_removals(control_plane, namespace) == [201]
     coming_back = [e["verb"] for e in control_plane.audit(user=USER, namespace=namespace)
                    if e["responseStatus"]["code"] == 403 and control_plane.during_outage(e)]
     print(f"403s to the remediator while the API server came back (RBAC not synced yet): {len(coming_back)}")
@@ -313,7 +314,7 @@ async def test_a_recreated_pod_with_the_same_name_is_not_deleted_by_an_old_alert
     rows = await wait_until(lambda: finished_restarts([a]), 60, "the restart attempt to finish")
     assert [row["result"] for row in rows] == ["error"]
     assert "another UID" in rows[0]["detail"]
-    assert pod_deletes(control_plane, namespace) == [409]  # the UID precondition, enforced by the API server
+    assert pod_removals(control_plane, namespace) == [409]  # the UID precondition, enforced by the API server
     assert pod_or_none(control_plane, namespace, "vllm-0")["metadata"]["uid"] == new["metadata"]["uid"]
     assert events(control_plane, namespace, "LLMVitalsRestart") == []
 
@@ -333,13 +334,13 @@ async def test_pause_set_on_one_replica_holds_both_and_resuming_on_the_other_let
         assert reasons(held) == ["paused", "paused"]
         metrics = (await client.get(f"{b.url}/metrics")).text
         assert "llm_vitals_remediator_paused 1.0" in metrics
-        assert pod_deletes(control_plane, namespace) == []
+        assert pod_removals(control_plane, namespace) == []
 
         resumed = await client.delete(f"{b.url}/api/v1/pause", headers=auth)
         assert resumed.status_code == 200 and resumed.json()["paused"] is False
     assert reasons([await a.webhook(alert(target, "fp-resumed"))]) == ["allowed"]
     await wait_until(lambda: finished_restarts([a, b]), 60, "the restart to finish")
-    assert pod_deletes(control_plane, namespace) == [200]
+    assert pod_removals(control_plane, namespace) == [201]
 
 
 async def test_after_a_storm_neither_replica_restarts_within_the_storm_cooldown(
@@ -367,7 +368,7 @@ async def test_after_a_storm_neither_replica_restarts_within_the_storm_cooldown(
     assert attempts[-1][1] == "allowed" and attempts[-1][0] >= 8.0 - 0.5, attempts
     assert sum(1 for _, w in attempts if w == "storm_cooldown") >= 2, attempts
     await wait_until(lambda: finished_restarts([a, b]), 60, "the restart to finish")
-    assert pod_deletes(control_plane, namespace) == [200]
+    assert pod_removals(control_plane, namespace) == [201]
 
 
 def replica_set(control_plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
@@ -414,7 +415,7 @@ async def test_gpu_fault_cordons_taints_and_moves_the_pod_once_and_leaves_a_node
     assert node["metadata"]["annotations"][CORDONED_BY] in ("replica-a", "replica-b")
     gone = pod_or_none(cp, namespace, name)
     assert gone is None or gone["metadata"].get("deletionTimestamp")  # bound: Terminating, no kubelet to confirm
-    assert pod_deletes(cp, namespace, name) == [200]
+    assert pod_removals(cp, namespace, name) == [201]
 
     def replacement() -> list[dict[str, Any]]:
         return [p for p in pods_of(cp, namespace, "vllm") if p["metadata"]["name"] != name
@@ -450,13 +451,13 @@ async def test_gpu_fault_cordons_taints_and_moves_the_pod_once_and_leaves_a_node
                    if e["objectRef"].get("name") in (node_a, node_b) and e["verb"] != "get"
                    and e["responseStatus"]["code"] == 200]
     assert node_writes == [(node_a, "patch")]  # one cordon of its own node; never a write to node B
-    assert pod_deletes(cp, namespace, "pinned") == [200]
+    assert pod_removals(cp, namespace, "pinned") == [201]
 
-    # Every right the shipped manifest grants was used here, and no other was asked for.
-    used = {(e["verb"], e["objectRef"]["resource"]) for e in cp.audit(user=USER)
-            if e["objectRef"].get("namespace") in (namespace, "default", None)}
-    assert used == {("create", "leases"), ("get", "leases"), ("update", "leases"), ("delete", "pods"),
-                    ("create", "events"), ("get", "nodes"), ("patch", "nodes")}
+    # Every right the shipped manifest grants was used here but listing and deleting pods (a group's
+    # pods, pod_action: delete: test_workload_safety.py uses those), and no other was asked for.
+    assert rights_used(cp, (namespace, "default", None)) == {
+        ("create", "leases"), ("get", "leases"), ("update", "leases"), ("create", "pods/eviction"),
+        ("create", "events"), ("get", "nodes"), ("patch", "nodes")}
 
 
 def pod_events(control_plane: ControlPlane, namespace: str, reason: str, pod: dict[str, Any]) -> list[dict[str, Any]]:
@@ -493,7 +494,7 @@ async def test_a_gpu_fault_is_refused_with_one_event_on_the_pod_however_often_th
     assert set(reasons(answers)) == {"gpu_fault"}
     await stopped([a, b])
 
-    assert pod_deletes(control_plane, namespace) == []
+    assert pod_removals(control_plane, namespace) == []
     assert pod_or_none(control_plane, namespace, "vllm-0") is not None
     (event,) = pod_events(control_plane, namespace, "LLMVitalsGpuFault", pod)
     # One write per replica (each skips its own resends); the API server kept the first, refused the copy.
@@ -513,7 +514,7 @@ async def test_once_the_budget_is_spent_the_circuit_opens_and_the_pod_gets_an_ev
     a, b = await replicas(budget={"max_restarts": 1, "window": "1h"}, global_cooldown="0s")
     assert reasons([await a.webhook(alert(target, "fp-circuit"))]) == ["allowed"]
     assert [row["result"] for row in await wait_until(lambda: finished_restarts([a, b]), 60, "the restart")] == ["ok"]
-    assert pod_deletes(control_plane, namespace) == [200]
+    assert pod_removals(control_plane, namespace) == [201]
 
     again = running_pod(control_plane, namespace, "vllm-0")  # recreated: a new UID, stuck once more
     exporter.put_pod(namespace, again, "stuck", process_start_time=time.time() - 60)
@@ -524,7 +525,7 @@ async def test_once_the_budget_is_spent_the_circuit_opens_and_the_pod_gets_an_ev
     assert set(reasons(answers)) == {"circuit_open"}
     await stopped([a, b])
 
-    assert pod_deletes(control_plane, namespace) == [200]  # still only the first restart
+    assert pod_removals(control_plane, namespace) == [201]  # still only the first restart
     assert pod_or_none(control_plane, namespace, "vllm-0")["metadata"]["uid"] == again["metadata"]["uid"]
     (event,) = pod_events(control_plane, namespace, "LLMVitalsCircuitOpen", again)
     assert event_creates(control_plane, namespace) == [201, 201, 409]  # the restart's Event, this one, its copy

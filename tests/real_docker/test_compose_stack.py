@@ -139,7 +139,8 @@ class Stack:
 
     def actions(self) -> list[dict[str, Any]]:
         """The remediator's journal, oldest first."""
-        response = httpx.get(f"{self.url['remediator']}/api/v1/actions", params={"limit": "1000"}, timeout=5)
+        response = httpx.get(f"{self.url['remediator']}/api/v1/actions", params={"limit": "1000"}, timeout=5,
+                             headers={"Authorization": f"Bearer {self.token}"})
         response.raise_for_status()
         return list(reversed(response.json()["actions"]))
 

@@ -152,7 +152,8 @@ def _states(exporter: str) -> set[str]:
 
 
 def _actions(remediator: str) -> list[dict[str, Any]]:
-    response = httpx.get(f"{remediator}/api/v1/actions", params={"limit": "1000"}, timeout=5)
+    response = httpx.get(f"{remediator}/api/v1/actions", params={"limit": "1000"}, timeout=5,
+                         headers={"Authorization": f"Bearer {TOKEN}"})
     response.raise_for_status()
     return list(reversed(response.json()["actions"]))
 

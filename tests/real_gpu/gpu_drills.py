@@ -34,8 +34,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
+from real_engine.load import wait_page
+from real_llamacpp.engine import long_generations, page_idle, slots_busy
 from real_llamacpp.freeze_thread import frozen_thread
-from real_llamacpp.load import busy, idle, long_generations, wait_metrics
 
 from llm_vitals.demo.ports import free_port
 
@@ -251,9 +252,9 @@ class Run:
     def load(self) -> Iterator[None]:
         """Every slot busy and as many requests deferred, seen on /metrics; cancelled however the block ends."""
         with long_generations(self.url, 2 * self.mode.slots, tokens=self.mode.tokens):
-            wait_metrics(self.url, lambda p: busy(p, self.mode.slots, 1), timeout=90, what="every slot busy, one deferred")
+            wait_page(f"{self.url}/metrics", lambda p: slots_busy(p, self.mode.slots), timeout=90, what="every slot busy, one deferred")
             yield
-        wait_metrics(self.url, idle, timeout=120, what="the server idle after the load")
+        wait_page(f"{self.url}/metrics", page_idle, timeout=120, what="the server idle after the load")
 
     def neighbour(self) -> subprocess.Popen:
         if self.mode.gpu:

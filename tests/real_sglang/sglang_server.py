@@ -1,48 +1,27 @@
-"""A real SGLang 0.5.23 server (CPU torch, tiny model) as a child process the drills can start, fault and stop.
+"""A real SGLang 0.5.23 server (CPU torch, tiny model): the SGLang tier's launcher on the kit's ServerProcess.
 
 SGLang with TP 1 runs three processes: the launcher (our child: FastAPI/uvicorn and the tokenizer
 manager; it owns the port and serves `/metrics` from prometheus-client's multiprocess files), the
 `sglang::scheduler` (scheduler and model forward in one process: the one to freeze) and the
-`sglang::detokenizer`, plus a `multiprocessing.resource_tracker`. The process handling (remember
-every descendant as a psutil handle, find by title, stop each by its PID) is the vLLM tier's.
+`sglang::detokenizer`, plus a `multiprocessing.resource_tracker`.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import psutil
-from real_vllm.vllm_server import VllmServer, lower_priority
+from real_engine.launcher import ServerProcess
+from real_engine.places import cache_path, missing
 
-REPO = Path(__file__).resolve().parents[2]
 SGLANG_VERSION = "0.5.23"
-
-
-def _cache_root() -> Path:
-    """Where tools/real-sglang-setup.sh put the venv and the model (outside the clone)."""
-    override = os.environ.get("LLM_VITALS_SGLANG_CACHE")
-    if override:
-        return Path(override)
-    out = subprocess.run(
-        ["bash", str(REPO / "tools" / "cache-path.sh"), "sglang", SGLANG_VERSION],
-        check=True, capture_output=True, text=True, timeout=30,
-    )
-    return Path(out.stdout.strip())
-
-
-CACHE = _cache_root()
+# Where tools/real-sglang-setup.sh put the venv and the model (outside the clone).
+CACHE = Path(os.environ.get("LLM_VITALS_SGLANG_CACHE") or cache_path("sglang", SGLANG_VERSION))
 SGLANG_VENV = CACHE / "venv"
 SGLANG_PYTHON = SGLANG_VENV / "bin" / "python"
 TINY_MODEL = CACHE / "tiny-llama"
-# Logs and the report stay with the clone's other tier output (small, and read after a run).
-RUN_DIR = Path(os.environ.get("LLM_VITALS_CACHE", REPO / ".cache"))
-if not RUN_DIR.is_absolute():
-    RUN_DIR = REPO / RUN_DIR
-LOG_DIR = RUN_DIR / "real-sglang-logs"
 
 SERVED_MODEL = "tiny-llama"
 MAX_RUNNING_REQUESTS = 2
@@ -52,18 +31,16 @@ CONTEXT_LENGTH = 32768
 # before it (torch_native attention): on this box loaded by other work a 1024-token chunk after 15k
 # tokens took 3-15 s. So small chunks and a prompt of 8k tokens here (SGLang's default chunk: 4096).
 CHUNKED_PREFILL_SIZE = 512
-# The tier's stuck_after: 2.5 times the worst chunk expected under that load, and the hang drill's
-# detection bound (stuck_after + 2 polls). The liveness budget is the exporter's default, twice it.
-STUCK_AFTER_S = 10.0
-LIVENESS_BUDGET_S = 2 * STUCK_AFTER_S
 SCHEDULER = "sglang::scheduler"
 DETOKENIZER = "sglang::detokenizer"
 
-# Below the exporter and the drills' watcher, as the vLLM tier's engine is, but less far: at 10 (the
-# vLLM tier's value) on a box loaded 10-20 times over by other work, one decode step took 0.26 s
-# instead of ~6 ms and a 16k-token prefill chunk 35-75 s. At 3 the drills passed under that load with
-# the watcher's reads at most 0.22 s and the exporter's verdicts at most 1.1 s old (SGLang's scheduler
-# busy-polls one core; the judge has the other). LLM_VITALS_SGLANG_NICENESS overrides it.
+# Below the exporter and the drills' watcher, as the vLLM tier's engine is, but less far: at 10 on a
+# box loaded 10-20 times over by other work, one decode step took 0.26 s instead of ~6 ms and a
+# 16k-token prefill chunk 35-75 s. At 3 the drills passed under that load with the watcher's reads
+# at most 0.22 s and the exporter's verdicts at most 1.1 s old (SGLang's scheduler busy-polls one
+# core; the judge has the other). Importing SGLang takes ~30 s of CPU; at nice 10 on a box loaded by
+# others it got 5% of a core and was not ready in 5 min: so lowered once ready, before any drill.
+# LLM_VITALS_SGLANG_NICENESS overrides it.
 NICENESS = int(os.environ.get("LLM_VITALS_SGLANG_NICENESS", "3"))
 
 _ENV = {
@@ -78,36 +55,18 @@ _ENV = {
 
 def setup_missing() -> str | None:
     """Why the tier cannot run here (None when the venv and the model are built)."""
-    if not (SGLANG_VENV / ".llm-vitals-installed").is_file() or not SGLANG_PYTHON.exists():
-        return f"no SGLang venv at {SGLANG_VENV}; run `bash tools/real-sglang-setup.sh` (or `make test-sglang`)"
-    if not (TINY_MODEL / ".llm-vitals-built").is_file():
-        return f"no tiny model at {TINY_MODEL}; run `bash tools/real-sglang-setup.sh` (or `make test-sglang`)"
-    return None
+    parts = [("SGLang venv", SGLANG_VENV, (".llm-vitals-installed", "bin/python")), ("tiny model", TINY_MODEL, (".llm-vitals-built",))]
+    return missing(parts, "`bash tools/real-sglang-setup.sh` (or `make test-sglang`)")
 
 
 @dataclass
-class SglangServer(VllmServer):
+class SglangServer(ServerProcess):
     """One `sglang.launch_server` lifetime at a time on a fixed loopback port; `start()` again to restart."""
 
     name: str = "SGLang"
+    main_title: str = "launcher"
     env: dict[str, str] = field(default_factory=lambda: dict(_ENV))
-    log_dir: Path = LOG_DIR
-    # Importing SGLang takes ~30 s of CPU; at nice 10 on a box loaded by others it got 5% of a core
-    # and was not ready in 5 min. Nothing judges a start, so it runs at normal priority and every
-    # process is lowered once ready, before any drill (see `start`).
-    nice_from_launch: bool = False
-    start_deadline_s: float = 600.0
-
-    def start(self) -> float:
-        """Launch, wait for /health 200, then put every SGLang process behind the exporter for the CPU."""
-        seconds = super().start()
-        lower_priority(self.pid, NICENESS)
-        for proc in self.leftovers():
-            try:
-                proc.nice(NICENESS)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
-        return seconds
+    niceness: int | None = NICENESS
 
     def command(self) -> list[str]:
         # --attention-backend torch_native: the default on x86 CPU (intel_amx) needs the real CPU

@@ -1,7 +1,7 @@
-"""The real `llm-vitals-exporter` as a child process, seen only through its HTTP API.
+"""The real `llm-vitals-exporter` as a child process, seen only through its HTTP API, and its settings.
 
 The drills judge the exporter by its public contract (docs/interfaces.md, DESIGN §2):
-`GET /api/v1/targets/{name}`, `/probe/{name}/ready|live` and `/metrics`
+`GET /api/v1/targets/{name}` (and its `/history`), `/probe/{name}/ready|live` and `/metrics`
 (`llm_vitals_canary_requests_total{target,result}`, `llm_vitals_restarts_total{target}`).
 A `Watcher` thread samples that API twice a second while a drill runs, so the drill's own thread
 is free to drive load and signals; the samples become the verdict timeline of the report.
@@ -18,25 +18,66 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from pathlib import Path
-from typing import Self
+from typing import IO, Any, Self
 
 import httpx
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from .vllm_server import LOG_DIR, free_port, tail
+from .launcher import free_port, tail
 
-TARGET = "real-vllm"
-POLL_INTERVAL_S = 1.0
-STUCK_AFTER_S = 6.0
-LIVENESS_BUDGET_S = 2 * STUCK_AFTER_S  # the exporter's documented default
-CANARY_INTERVAL_S = 3.0
-CANARY_TIMEOUT_S = 10.0
 # A saturated 2-core box once took 9 s to answer one /metrics read: every read here gets 20 s.
 HTTP_TIMEOUT_S = 20.0
 SAMPLE_EVERY_S = 0.5
+
+
+@dataclass(frozen=True)
+class ExporterSettings:
+    """The exporter's settings for one engine's drills: its one target, and the times the drills are judged by."""
+
+    target: str  # the target's name, e.g. "real-vllm"
+    engine: str  # the target's `engine:`
+    stuck_after: float
+    poll_interval: float = 1.0
+    canary_interval: float = 3.0
+    canary_timeout: float = 10.0
+    liveness_budget: float | None = None  # None: the exporter's default, twice stuck_after
+    metrics_timeout: float = 10.0  # the exporter's default
+    canary_request: dict | None = None  # the canary's body where the engine needs one (Triton's v2 infer)
+
+    @property
+    def liveness(self) -> float:
+        return self.liveness_budget if self.liveness_budget is not None else 2 * self.stuck_after
+
+    @property
+    def unanswered_poll_s(self) -> float:
+        """How long a poll lasts while /metrics accepts and never answers: its timeout, not one interval."""
+        return self.poll_interval + self.metrics_timeout
+
+    def facts(self) -> dict:
+        """The report's "exporter" facts."""
+        facts = {k: v for k, v in asdict(self).items() if v is not None and k not in ("target", "engine", "canary_request")}
+        return facts | {"liveness_budget": self.liveness}
+
+    def config(self, listen_port: int, url: str, **target_keys: Any) -> str:
+        """The exporter's config file (YAML shape of DESIGN §2): one target at `url`, plus `target_keys`."""
+        canary: dict[str, Any] = {"interval": _s(self.canary_interval), "timeout": _s(self.canary_timeout)}
+        if self.canary_request is not None:
+            canary["request"] = self.canary_request
+        target = {
+            "name": self.target, "url": url, "engine": self.engine, "role": "backend", **target_keys,
+            "stuck_after": _s(self.stuck_after), "liveness_budget": _s(self.liveness), "startup_grace": "5m", "canary": canary,
+        }
+        config = {"listen": f"127.0.0.1:{listen_port}", "poll_interval": _s(self.poll_interval),
+                  "metrics_timeout": _s(self.metrics_timeout), "targets": [target]}
+        return yaml.safe_dump(config, sort_keys=False)
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds:g}s"
 
 
 def exporter_binary() -> str:
@@ -48,23 +89,6 @@ def exporter_binary() -> str:
     if not found:
         raise FileNotFoundError("llm-vitals-exporter not installed in the project venv (make install)")
     return found
-
-
-def config_yaml(listen_port: int, vllm_url: str, target: str = TARGET, engine: str = "vllm",
-                stuck_after: float = STUCK_AFTER_S) -> str:
-    """The exporter config the drills run with (YAML shape of issue 3 / DESIGN §2)."""
-    return f"""\
-listen: "127.0.0.1:{listen_port}"
-poll_interval: {POLL_INTERVAL_S:g}s
-targets:
-  - name: {target}
-    url: {vllm_url}
-    engine: {engine}
-    role: backend
-    stuck_after: {stuck_after:g}s
-    startup_grace: 5m
-    canary: {{interval: {CANARY_INTERVAL_S:g}s, timeout: {CANARY_TIMEOUT_S:g}s}}
-"""
 
 
 @dataclass
@@ -94,20 +118,20 @@ class Sample:
 
 @dataclass
 class ExporterProcess:
-    """One exporter subprocess polling one engine target (vLLM unless told; the SGLang and Triton tiers reuse it)."""
+    """One exporter subprocess polling one engine target."""
 
-    vllm_url: str
+    settings: ExporterSettings
+    engine_url: str
+    log_dir: Path
+    target_keys: dict = field(default_factory=dict)  # more keys of the target (Triton: metrics_url, model)
     port: int = field(default_factory=free_port)
-    target: str = TARGET
-    engine: str = "vllm"
-    # config(listen_port) -> the whole YAML, for a tier whose target needs more keys (tests/real_triton:
-    # metrics_url, model, a v2 canary); None: config_yaml with `target` and `engine`.
-    config: Callable[[int], str] | None = None
-    log_dir: Path = LOG_DIR
-    stuck_after: float = STUCK_AFTER_S
     _proc: subprocess.Popen | None = None
     _log_path: Path | None = None
-    _log_file: object = None
+    _log_file: IO[bytes] | None = None
+
+    @property
+    def target(self) -> str:
+        return self.settings.target
 
     @property
     def url(self) -> str:
@@ -116,8 +140,7 @@ class ExporterProcess:
     def start(self, deadline_s: float = 60.0) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         config = self.log_dir / f"exporter-{self.port}.yaml"
-        config.write_text(self.config(self.port) if self.config else
-                          config_yaml(self.port, self.vllm_url, self.target, self.engine, self.stuck_after))
+        config.write_text(self.settings.config(self.port, self.engine_url, **self.target_keys))
         self._log_path = self.log_dir / f"exporter-{self.port}.log"
         self._log_file = open(self._log_path, "wb")  # noqa: SIM115 -- open for the child's whole life
         self._proc = subprocess.Popen(
@@ -221,6 +244,11 @@ class ExporterProcess:
                     values[key] = values.get(key, 0.0) + s.value
         return values
 
+    def restarts_total(self) -> float:
+        """`llm_vitals_restarts_total{target}` as the exporter's /metrics shows it now."""
+        with httpx.Client(timeout=HTTP_TIMEOUT_S) as client:
+            return self.counter(client, "llm_vitals_restarts_total").get("", 0.0)
+
 
 class Watcher:
     """Samples the exporter in a background thread until stopped; waits on conditions over samples."""
@@ -317,21 +345,16 @@ class Watcher:
         return rows
 
 
-# Helpers the drills of every real-engine tier share (tests/real_vllm, tests/real_triton).
-def wait_idle(watcher: Watcher, timeout: float = 120.0) -> Sample:
-    """The first idle sample taken from now on (an earlier one says nothing about the engine now)."""
-    return watcher.wait_for(lambda s: s.state == "idle", timeout=timeout, what="state idle", after=time.time())
-
-
 def canary_delta(before: Sample, after: Sample) -> dict[str, float]:
+    """Canaries sent between two samples, by result."""
     results = set(before.canaries) | set(after.canaries)
     return {r: after.canaries.get(r, 0.0) - before.canaries.get(r, 0.0) for r in sorted(results)}
 
 
-def restarts_total(exporter: ExporterProcess) -> float:
-    """`llm_vitals_restarts_total{target}` as the exporter's /metrics shows it now."""
-    with httpx.Client(timeout=HTTP_TIMEOUT_S) as client:
-        return exporter.counter(client, "llm_vitals_restarts_total").get("", 0.0)
+def canaries(before: Sample, after: Sample) -> dict:
+    """A drill's "canaries" record: how many were sent between two samples, and by result."""
+    delta = canary_delta(before, after)
+    return {"sent": sum(delta.values()), "by_result": delta}
 
 
 def detection_seconds(sample: Sample, t_event: float) -> float:

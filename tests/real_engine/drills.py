@@ -1,0 +1,496 @@
+"""The drills, written once: each judges the real exporter against whatever engine its `Kit` holds.
+
+A tier's test file calls the drills that apply to its engine, in its order, on one server and one
+exporter; the engine's description (tests/real_<engine>/engine.py) says what to expect of it. Every
+wait polls for a condition with a bounded deadline; the deadlines are generous because the 2-core box
+is saturated during load (a /metrics read once took 9 s). Each drill writes its detection latency,
+verdict timeline, canary count and facts to the report before it asserts, so a failure is explained.
+
+Verdicts are judged from the exporter's own record of every poll (`polled_states`) where a drill's
+window is short: a watcher starved for seconds on a loaded box once saw none of a 4.7 s load.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import httpx
+import psutil
+
+from .engine import QUEUED_LONGER_THAN, Fault, Kit, has_family, wait_until
+from .harness import Sample, canaries, canary_delta, detection_seconds
+from .launcher import ServerProcess
+from .load import Load, Outcome
+from .report import Drill
+
+IDLE_WINDOW_S = 15.0
+IDLE_FRACTION = 0.7  # of the idle window's samples: a canary in flight may show as one running request
+# Scheduling slack for the exporter's own poll jitter on a loaded box, on top of stuck_after + 2 polls.
+DETECTION_SLACK_S = 1.0
+SATURATION_WAIT_S = 300.0
+
+
+def smoke(kit: Kit, drill: Drill) -> None:
+    """The tier's server is the real engine, serving the tiny model, with the families the exporter reads."""
+    engine, server = kit.engine, kit.server
+    page = kit.page()
+    missing = [family for family in engine.families if not has_family(page, family)]
+    assert not missing, f"not on {server.metrics_url}: {missing}"
+    models = httpx.get(f"{server.url}/v1/models", timeout=20)
+    if engine.openai_model is None:
+        assert models.status_code == 404, models.text
+    else:
+        assert [m["id"] for m in models.json()["data"]] == [engine.openai_model], models.text
+    drill.facts = {"start_seconds": server.starts[0]["seconds"], **start_extras(server.starts[0])}
+    drill.facts |= engine.smoke(kit)
+    kit.save_page("idle")
+
+
+def idle(kit: Kit, drill: Drill) -> None:
+    """An idle server gets canaries at the configured rate, each answered, each a request the engine ran."""
+    engine, watcher = kit.engine, kit.watcher
+    kit.wait_idle()
+    answered_before = kit.counter(engine.answered.sample)
+    before = watcher.latest()
+    t0 = time.time()
+    end = watcher.wait_for(lambda s: True, timeout=IDLE_WINDOW_S + 30, what="the end of the window", after=t0 + IDLE_WINDOW_S)
+    after = watcher.wait_for(lambda s: True, timeout=30, what="a sample after the window", after=time.time())
+    answered_after = kit.counter(engine.answered.sample)
+
+    window = [s for s in watcher.since(t0) if s.t <= end.t]
+    delta = canary_delta(before, after)
+    sent = sum(delta.values())
+    ok = delta.get("ok", 0)
+    expected = IDLE_WINDOW_S / engine.exporter.canary_interval
+    drill.timeline = watcher.timeline(t0)
+    drill.canaries = {"sent": sent, "by_result": delta, "expected": expected}
+    drill.detected("one canary every", (after.t - before.t) / sent if sent else float("inf"))
+    answered = answered_after - answered_before
+    drill.facts = {
+        "window_s": round(after.t - before.t, 1),
+        engine.answered.fact: answered,
+        "idle_fraction": round(sum(s.state == "idle" for s in window) / len(window), 2),
+    }
+    assert expected - 2 <= sent <= expected + 2, drill.canaries
+    assert ok == sent, f"an idle canary failed: {delta}"
+    # Each canary is a real request the engine ran: its own counter moved with them.
+    if engine.answered.exact:
+        assert abs(answered - ok) <= 1, drill.facts
+    else:
+        assert answered >= ok, drill.facts
+    assert {s.state for s in window} <= {"idle", "busy"}, drill.timeline
+    assert drill.facts["idle_fraction"] >= IDLE_FRACTION, drill.timeline
+    assert all(s.ready == 200 and s.live == 200 for s in window), drill.timeline
+
+
+def saturation(kit: Kit, drill: Drill) -> None:
+    """A load that queues on the engine: busy from the exporter's first busy poll on, and zero canaries.
+
+    A load that ends by itself is judged from its first busy poll to its last (idle may come back
+    as it drains); a held load (`saturation_hold_s`) is busy to the end of its window, then cancelled.
+    """
+    engine, watcher = kit.engine, kit.watcher
+    held = engine.saturation_hold_s is not None
+    kit.wait_idle()
+    kit.wait_fresh_idle_canary()
+    answered_before = kit.counter(engine.answered.sample)
+    queued_before = kit.queued_longer_than() if engine.queue_histogram else 0.0
+    before = watcher.latest()
+    t0 = time.time()
+    pages: dict[str, str] = {}
+    with engine.saturation_load(kit.server) as load:
+        if engine.saturation_on_page:
+            pages["busy"] = kit.wait_working(load)
+            kit.save_page("busy")
+        if engine.saturation_hold_s is not None:
+            first = watcher.wait_for(lambda s: s.state == "busy", timeout=30, what="busy", after=t0)
+            watcher.wait_for(lambda s: True, timeout=engine.saturation_hold_s + 30, what="the end of the window",
+                             after=first.t + engine.saturation_hold_s)
+            pages["end"] = kit.wait_page(lambda page: True, "an answer from /metrics")
+            t_end = time.time()
+            outcomes = engine.finish_load(kit, load)
+        else:
+            outcomes = load.wait(timeout=SATURATION_WAIT_S)
+            t_end = time.time()
+    answered_after = kit.counter(engine.answered.sample)
+    queued_after = kit.queued_longer_than() if engine.queue_histogram else 0.0
+    after = watcher.wait_for(lambda s: True, timeout=30, what="a sample after the load", after=time.time())
+
+    polls = kit.exporter.polled_states(t0, t_end)
+    states = [state for _, state in polls]
+    busy_at = [i for i, state in enumerate(states) if state == "busy"]
+    window = [s for s in watcher.since(t0) if s.t <= t_end]
+    drill.timeline = watcher.timeline(t0)
+    drill.facts = {
+        "load_seconds": round(t_end - t0, 1),
+        "statuses": sorted({o.status for o in outcomes}, key=str),  # None: no answer at all
+        "polled_states": [[round(t - t0, 1), state] for t, state in polls],
+        "max_waiting_seen": max((s.waiting or 0 for s in window), default=0),
+        "max_stuck_seconds_seen": max((s.stuck_seconds or 0 for s in window), default=0),
+        **engine.saturation_facts(pages),
+    }
+    if engine.queue_histogram:
+        drill.facts[f"queued_over_{QUEUED_LONGER_THAN}s"] = queued_after - queued_before
+    if not held:
+        drill.facts[engine.answered.fact] = answered_after - answered_before
+        drill.facts["canaries_around_load"] = sum(canary_delta(before, after).values())
+    assert busy_at, f"the exporter never polled busy during the load ({drill.facts})"
+    drill.detected("load to busy", polls[busy_at[0]][0] - t0)
+    run = states[busy_at[0] :] if held else states[busy_at[0] : busy_at[-1] + 1]
+    busy_from, busy_to = polls[busy_at[0]][0], polls[busy_at[0] + len(run) - 1][0]
+    during = [s for s in watcher.since(t0) if busy_from <= s.t <= busy_to]
+    # None when the starved watcher took no sample while busy; the engine's own count below still
+    # bounds the canaries then.
+    drill.canaries = {"sent": sum(canary_delta(before, during[-1]).values()) if during else None,
+                      "by_result": canary_delta(before, after)}
+
+    if not held:
+        assert all(o.status == 200 for o in outcomes), [o.body for o in outcomes if o.status != 200]
+    # Saturation is shown by the engine's own queue-time histogram where it has one, not by samples
+    # of `waiting`: a clean CI run once sampled the exporter only twice in a 13 s load and saw 0.
+    if engine.queue_histogram:
+        queued = drill.facts[f"queued_over_{QUEUED_LONGER_THAN}s"]
+        assert queued >= engine.min_queued, f"the load barely queued: no saturation to judge ({drill.facts})"
+    assert drill.facts["max_waiting_seen"] >= engine.min_waiting_seen, f"the load never queued ({drill.facts})"
+    # Idle before the exporter sees the load (and after it drains), one run of busy in between, nothing else.
+    assert set(states) <= {"idle", "busy"}, drill.facts["polled_states"]
+    assert all(state == "busy" for state in run), drill.facts["polled_states"]
+    assert drill.canaries["sent"] in (0, None), drill.canaries
+    if not held:
+        # The engine ran only the load's own requests, plus the idle canaries the exporter may send
+        # (and counts) as the load drains.
+        extra = drill.facts[engine.answered.fact] - engine.saturation_requests
+        assert 0 <= extra <= drill.facts["canaries_around_load"] <= engine.canaries_after_load, drill.facts
+    engine.check_saturation(drill.facts)
+
+
+def long_prompts(kit: Kit, drill: Drill) -> None:
+    """Long prompts keep the engine busy in long steps: busy (never idle where the engine says so), never stuck."""
+    engine, watcher = kit.engine, kit.watcher
+    kit.wait_idle()
+    kit.wait_fresh_idle_canary()
+    before = watcher.latest()
+    t0 = time.time()
+    readings: list[dict] = []
+    with engine.long_prompt_load(kit.server) as load:
+        while engine.long_prompt_reads and not load.done():
+            read_at = time.time()
+            page = kit.page()
+            readings.append({"t": read_at, **engine.long_prompt_reading(page)})
+            if readings[-1]["trap"] and sum(r["trap"] for r in readings) == 1:
+                kit.save_page("long-prompt")
+            time.sleep(0.5)
+        outcomes = load.wait(timeout=(engine.long_prompt_seconds or 0) + SATURATION_WAIT_S)
+    t_end = time.time()
+    after = kit.wait_idle(timeout=60)
+
+    # The prompts' time on the server: up to the last direct read that still saw one in flight.
+    # Later samples may rightly read idle (the engine answered; our thread has not seen it yet).
+    t_work_end = max((r["t"] for r in readings if r["in_flight"]), default=t0) if engine.long_prompt_reads else t_end
+    polls = kit.exporter.polled_states(t0, t_work_end)
+    states = [state for _, state in polls]
+    busy_at = [i for i, state in enumerate(states) if state == "busy"]
+    window = [s for s in watcher.since(t0) if s.t <= t_work_end]
+    drill.timeline = watcher.timeline(t0)
+    drill.canaries = {"sent": sum(canary_delta(before, window[-1]).values()) if window else 0,
+                      "by_result": canary_delta(before, after)}
+    drill.facts = {
+        "prompt_tokens": engine.long_prompt_tokens,
+        "requests": len(outcomes),
+        "load_seconds": round(t_end - t0, 1),
+        "in_flight_seen_s": round(t_work_end - t0, 1),
+        "polled_states": dict(Counter(states)),
+        "max_stuck_seconds_seen": max((s.stuck_seconds or 0 for s in window), default=0),
+        "statuses": sorted({o.status for o in outcomes}, key=str),
+    }
+    engine.check_long_prompts(drill.facts, readings)
+    assert busy_at, f"the exporter never polled busy during the load ({drill.facts}; {drill.timeline})"
+    drill.detected("load to busy", polls[busy_at[0]][0] - t0)
+    assert all(o.status == 200 for o in outcomes), [o.body for o in outcomes if o.status != 200]
+    if engine.long_prompt_seconds:
+        assert drill.facts["load_seconds"] >= engine.long_prompt_seconds, "the load was shorter than planned"
+    assert set(states) <= {"idle", "busy"}, drill.facts
+    if engine.long_prompt_busy_throughout:
+        assert all(state == "busy" for state in states[busy_at[0] :]), drill.facts
+    assert "stuck" not in {s.state for s in window}, drill.timeline
+    assert drill.facts["max_stuck_seconds_seen"] < engine.exporter.stuck_after, drill.facts
+    if engine.long_prompt_no_canary:
+        assert drill.canaries["sent"] == 0, f"a canary was sent during the long prompt: {drill.canaries}"
+
+
+def hang(kit: Kit, drill: Drill) -> None:
+    """The engine frozen with work pending while its HTTP answers: stuck in time, not ready, live only after
+    its budget, no canary, no restart; and it recovers when the freeze ends."""
+    engine, watcher, settings = kit.engine, kit.watcher, kit.engine.exporter
+
+    def while_stuck(fault: Fault) -> dict:
+        kit.save_page("engine-frozen")
+        return {
+            "not_ready": watcher.wait_for(lambda s: s.state == "stuck" and s.ready != 200, timeout=15,
+                                          what="ready 503 while stuck", after=fault.t),
+            "live_fail": watcher.wait_for(lambda s: s.live != 200, timeout=settings.liveness + 2 * settings.poll_interval + 30,
+                                          what="live 503", after=fault.t),
+            "probed": kit.probe(engine.frozen_probe) if engine.frozen_probe else {},
+        }
+
+    run = frozen_under_load(kit, drill, engine.freeze_engine, while_stuck, owed_first=engine.hang_when_owed)
+    not_ready, live_fail, probed = run.seen["not_ready"], run.seen["live_fail"], run.seen["probed"]
+    hung = run.window(kit)
+    drill.facts |= {
+        "stuck_after": settings.stuck_after,
+        "ready_false_s": round(not_ready.t - run.fault.t, 1),
+        "live_false_s": round(live_fail.t - run.fault.t, 1),
+        "liveness_budget": settings.liveness,
+        "routes_while_frozen": probed,
+        "restarts_delta": (run.after.restarts or 0) - (run.restarts_before or 0),
+    }
+    note_crashes(kit, drill, run.crashed_before, run.crash)
+    assert run.stuck.reason in engine.hang_reasons, run.stuck
+    assert drill.facts["stuck_detected_s"] <= stuck_bound(kit, run.stuck.reason), drill.facts
+    # Liveness fails only once stuck for longer than its budget (counted from the last progress,
+    # which is at most one poll before the freeze), and never before.
+    assert live_fail.t - run.fault.t >= settings.liveness - settings.poll_interval - 0.5, drill.facts
+    assert any(s.state == "stuck" and s.live == 200 for s in hung), "live failed as soon as stuck"
+    # The exporter may not have polled since the load began: idle is allowed only before its first
+    # busy/stuck verdict, never after.
+    seen = next(i for i, s in enumerate(hung) if s.state in ("busy", "stuck"))
+    assert all(s.state in ("busy", "stuck") for s in hung[seen:]), drill.timeline
+    assert not any(s.state == "stuck" and s.ready == 200 for s in hung if s.t > not_ready.t), drill.timeline
+    assert drill.canaries["sent"] == 0, "canary sent to a hung busy server"
+    if engine.frozen_probe:
+        want = engine.frozen_probe
+        assert all(status == want.status and seconds >= want.after_s for status, seconds in probed.values()), probed
+    assert drill.facts["restarts_delta"] == drill.facts["restarts_total_delta"] == 0, "a freeze is no restart"
+    if run.crash is None:
+        assert run.after.state == "idle" and run.after.live == 200, run.after
+        if engine.fault_outcomes_ok:
+            assert all(o.status == 200 for o in run.outcomes), [o.body for o in run.outcomes if o.status != 200]
+
+
+def unanswered(kit: Kit, drill: Drill) -> None:
+    """The whole server frozen with work owed: every read accepted and never answered is `stuck` /
+    `metrics_unanswered` (never `down`: the server is there and owes the work), no canary, no restart."""
+    run = frozen_under_load(kit, drill, kit.engine.freeze_server, owed_first=True)
+    drill.facts["states_while_frozen"] = sorted({str(s.state) for s in run.window(kit)})
+    note_crashes(kit, drill, run.crashed_before, run.crash)
+    assert run.stuck.reason == "metrics_unanswered", run.stuck
+    assert drill.facts["stuck_detected_s"] <= stuck_bound(kit, run.stuck.reason), drill.facts
+    assert set(drill.facts["states_while_frozen"]) <= {"busy", "stuck"}, drill.timeline
+    assert drill.canaries["sent"] == 0, "canary sent to a frozen busy server"
+    assert drill.facts["restarts_total_delta"] == 0, "SIGSTOP/SIGCONT is no restart"
+    if run.crash is None:
+        assert run.after.state == "idle", run.after
+
+
+@dataclass
+class FrozenRun:
+    """What a freeze under load saw: the fault, the verdicts around it, the load's outcomes, how it settled."""
+
+    t0: float  # when the load began
+    fault: Fault
+    stuck: Sample
+    t_thaw: float
+    recovered: Sample
+    outcomes: list[Outcome]
+    after: Sample  # idle, or down with the engine's own crash as the reason
+    crash: str | None
+    crashed_before: str | None
+    restarts_before: float | None  # the API's count
+    seen: dict  # what `while_stuck` returned
+
+    def window(self, kit: Kit) -> list[Sample]:
+        """The samples taken while the fault held."""
+        return [s for s in kit.watcher.since(self.fault.t) if s.t <= self.t_thaw]
+
+
+def frozen_under_load(kit: Kit, drill: Drill, freeze: Callable[[Kit, Load], AbstractContextManager[Fault]],
+                      while_stuck: Callable[[Fault], dict] | None = None, owed_first: bool = False) -> FrozenRun:
+    """From idle, the engine's fault load; once its own page shows it, `freeze`, until the exporter says stuck
+    and `while_stuck` has looked; then the freeze ends, the load is finished and the verdict settles.
+
+    The drill's timeline, canaries and common facts are filed; the drill adds its own and asserts.
+    `owed_first`: the exporter's last good read must have seen work owed and moving before the freeze
+    (a server that stops answering is judged on it).
+    """
+    engine, watcher, settings = kit.engine, kit.watcher, kit.engine.exporter
+    crashed_before = kit.relaunch_if_crashed()
+    kit.wait_idle()
+    restarts_before = watcher.latest().restarts
+    restarts_total_before = kit.exporter.restarts_total()
+    t0 = time.time()
+    with engine.fault_load(kit.server) as load:
+        kit.wait_working(load)
+        if owed_first:
+            watcher.wait_for(lambda s: s.state == "busy" and s.reason == "progress" and (s.waiting or 0) > 0, timeout=60,
+                             what="busy with progress and requests waiting before the freeze", after=t0)
+        assert not load.done(), "the load ended before the freeze"
+        with freeze(kit, load) as fault:
+            stuck = watcher.wait_for(lambda s: s.state == "stuck", timeout=settings.stuck_after + 2 * settings.unanswered_poll_s + 30,
+                                     what="stuck", after=fault.t)
+            drill.detected(f"{fault.what} to stuck", detection_seconds(stuck, fault.t))
+            seen = while_stuck(fault) if while_stuck else {}
+            load.stop()  # the requests held by the freeze finish after it; no new ones
+            t_thaw = time.time()
+        recovered = watcher.wait_for(lambda s: s.state in engine.recovered_states, timeout=60,
+                                     what=f"{' or '.join(engine.recovered_states)} after the freeze", after=t_thaw)
+        outcomes = engine.finish_load(kit, load)
+    after, crash = settle(kit)
+
+    run = FrozenRun(t0, fault, stuck, t_thaw, recovered, outcomes, after, crash, crashed_before, restarts_before, seen)
+    frozen = run.window(kit)
+    drill.timeline = watcher.timeline(t0)
+    drill.canaries = {"sent": sum(canary_delta(frozen[0], frozen[-1]).values()), "by_result": canary_delta(frozen[0], after)}
+    drill.facts = {
+        **fault.facts,
+        "stopped_after_load_start_s": round(fault.t - t0, 1),
+        "stuck_reason": stuck.reason,
+        "stuck_detected_s": drill.detection["seconds"] if drill.detection else None,
+        "stopped_for_s": round(t_thaw - fault.t, 1),
+        "recovered_s": round(recovered.t - t_thaw, 1),
+        "recovered_state": recovered.state,
+        "restarts_total_delta": kit.exporter.restarts_total() - restarts_total_before,
+        "statuses": dict(Counter(str(o.status) for o in outcomes)),  # None: no answer at all
+    }
+    return run
+
+
+def kill(kit: Kit, drill: Drill) -> None:
+    """SIGKILL of the engine under load: `down` with a reason, and still down; the in-flight requests fail."""
+    engine, watcher, server = kit.engine, kit.watcher, kit.server
+    crashed_before = kit.relaunch_if_crashed()
+    t0, t_kill, load = kill_under_load(kit, engine.kill_target)
+    with load:
+        # For a moment the server may still answer from the dead engine's state: keep that page.
+        kit.save_page("after-kill", timeout=1.0)
+        down = watcher.wait_for(lambda s: s.state == "down", timeout=engine.down_within_s, what="down", after=t_kill)
+        drill.detected("SIGKILL to down", detection_seconds(down, t_kill))
+        exit_status = server.wait_exit(timeout=engine.down_within_s) if engine.kill_exits else server.returncode
+        outcomes = load.wait(timeout=120)
+    gone_s = wait_until(lambda: not server.leftovers(), timeout=20, every=0.5)
+    still_down = kit.later(3)
+
+    samples = watcher.since(t0)
+    drill.timeline = watcher.timeline(t0)
+    drill.canaries = canaries(samples[0], samples[-1])
+    drill.facts = {
+        "reason": down.reason,
+        "exit_status": exit_status,
+        "in_flight_statuses": dict(Counter(str(o.status) for o in outcomes)),
+        "killed_after_load_start_s": round(t_kill - t0, 1),
+        "processes_gone_by_themselves_s": gone_s,
+    }
+    note_crashes(kit, drill, crashed_before, None)
+    server.stop()  # whatever is left, by PID
+    assert down.reason, "down without a reason"
+    if engine.kill_reason:
+        assert down.reason == engine.kill_reason, down
+    assert still_down.state == "down", drill.timeline
+    if engine.kill_exits:
+        assert exit_status is not None, f"{engine.name}'s main process outlived the kill by {engine.down_within_s:.0f} s"
+        if engine.kill_exit_status is not None:
+            assert exit_status == engine.kill_exit_status, drill.facts
+    failed = [failed_status(o, engine.kill_failed) for o in outcomes]
+    assert (all(failed) if engine.kill_fails_all else any(failed)), drill.facts
+
+
+def restart(kit: Kit, drill: Drill) -> None:
+    """A restart on the same port(s): exactly one restart counted (API and metric alike), then idle and a good canary."""
+    engine, watcher, server = kit.engine, kit.watcher, kit.server
+    server.stop()  # the kill drill left it down; a no-op then
+    before = watcher.wait_for(lambda s: s.state == "down", timeout=60, what="down before the restart", after=time.time())
+    restarts_total_before = kit.exporter.restarts_total()
+    t_launch = time.time()
+    startup_s = engine.restart(server)
+    t_ready = time.time()
+    kit.save_page("restarted-idle")
+    counted = watcher.wait_for(lambda s: (s.restarts or 0) > (before.restarts or 0), timeout=60,
+                               what="a restart counted", after=t_launch)
+    drill.detected("ready to restart counted", max(0.0, counted.t - t_ready))
+    idle = watcher.wait_for(lambda s: s.state == "idle", timeout=60, what="idle after the restart", after=t_ready)
+    ok = watcher.wait_for(
+        lambda s: s.canaries.get("ok", 0) > before.canaries.get("ok", 0),
+        timeout=engine.exporter.canary_interval + engine.exporter.canary_timeout + 30,
+        what="a successful canary after the restart",
+        after=t_ready,
+    )
+    if engine.restart_waits_for_idle:  # the canary may still show as one request processing
+        later = watcher.wait_for(lambda s: s.state == "idle", timeout=60, what="idle after the canary", after=ok.t)
+    else:
+        later = kit.later(3 * engine.exporter.poll_interval)
+
+    drill.timeline = watcher.timeline(t_launch)
+    drill.canaries = canaries(before, later)
+    drill.facts = {
+        "startup_seconds": startup_s,
+        **start_extras(server.starts[-1]),
+        "restarts_before": before.restarts,
+        "restarts_after": later.restarts,
+        "idle_after_ready_s": round(idle.t - t_ready, 1),
+        "canary_ok_after_ready_s": round(ok.t - t_ready, 1),
+        "restarts_total_delta": kit.exporter.restarts_total() - restarts_total_before,
+    }
+    assert (later.restarts or 0) - (before.restarts or 0) == 1, drill.facts
+    assert drill.facts["restarts_total_delta"] == 1, "llm_vitals_restarts_total disagrees with the API"
+    assert later.state == "idle", drill.timeline
+    assert canary_delta(before, later).get("error", 0) == 0
+
+
+def kill_under_load(kit: Kit, victim_of: Callable[[ServerProcess], psutil.Process]) -> tuple[float, float, Load]:
+    """From idle, start the engine's fault load and SIGKILL `victim_of(server)` once the engine's page shows it.
+
+    Returns when the load began, when the kill was sent, and the load (it sends nothing after the
+    kill: the requests in flight are the ones the kill hits).
+    """
+    kit.wait_idle()
+    t0 = time.time()
+    load = kit.engine.fault_load(kit.server)
+    try:
+        kit.wait_working(load)
+        kit.save_page("busy-before-kill")
+        victim = victim_of(kit.server)
+        assert not load.done(), "the load ended before the SIGKILL"
+    except BaseException:
+        load.cancel()
+        raise
+    load.stop()
+    t_kill = time.time()
+    victim.kill()  # SIGKILL
+    return t0, t_kill, load
+
+
+def settle(kit: Kit) -> tuple[Sample, str | None]:
+    """After a fault: the first idle sample, or a `down` one with the engine's own crash as the reason (else None)."""
+    after = kit.watcher.wait_for(lambda s: s.state in ("idle", "down"), timeout=90, what="idle after the load (or down)",
+                                 after=time.time())
+    return after, kit.engine.crash(kit.server) if after.state == "down" else None
+
+
+def note_crashes(kit: Kit, drill: Drill, before: str | None, after: str | None) -> None:
+    """Record the engine's own crashes around a drill (a known upstream bug: the exporter rightly reads it down),
+    and launch the server again after one, so the drills after it run."""
+    if before is not None:
+        drill.facts["crashed_before"] = before
+    if after is not None:
+        drill.facts["crashed_after_the_fault"] = after
+        kit.relaunch_if_crashed()
+
+
+def stuck_bound(kit: Kit, reason: str | None) -> float:
+    """The latest a stuck verdict may come after the fault: stuck_after plus two polls, each as long as
+    its /metrics read can last (its timeout while the read is accepted and never answered)."""
+    settings = kit.engine.exporter
+    poll = settings.unanswered_poll_s if reason == "metrics_unanswered" else settings.poll_interval
+    return settings.stuck_after + 2 * poll + DETECTION_SLACK_S
+
+
+def failed_status(outcome: Outcome, failed: frozenset[int | None] | None) -> bool:
+    return outcome.status != 200 if failed is None else outcome.status in failed
+
+
+def start_extras(start: dict) -> dict:
+    """What a start's record says beyond its time, PID and log (llama.cpp's loading answer, vLLM's keep-alive)."""
+    return {k: v for k, v in start.items() if k not in ("seconds", "pid", "log")}
