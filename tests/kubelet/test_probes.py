@@ -29,8 +29,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from real_llamacpp.engine import long_generations
 from real_llamacpp.freeze_thread import frozen_thread
-from real_llamacpp.load import long_generations
 
 from llm_vitals.demo.load import Load
 
