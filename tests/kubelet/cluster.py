@@ -274,15 +274,20 @@ class Cluster:
             (p / secret).chmod(0o600)
 
     def kubeconfig(self, user: str, server: str) -> Path:
-        """A kubeconfig for `user` (a static token) pointed at `server`."""
+        """A kubeconfig for `user` (a static token) pointed at `server`, written once (drill threads
+        read it concurrently: rewriting it on each call once gave a kubectl an empty file)."""
         path = self.run / f"kubeconfig-{user.replace(':', '-')}-{abs(hash(server)) % 10000}"
+        if path.exists():
+            return path
         doc = {"apiVersion": "v1", "kind": "Config",
                "clusters": [{"name": "lvk", "cluster": {"server": server, "certificate-authority": str(self.pki / "ca.crt")}}],
                "users": [{"name": "u", "user": {"token": self._tokens[user]}}],
                "contexts": [{"name": "lvk", "context": {"cluster": "lvk", "user": "u", "namespace": "default"}}],
                "current-context": "lvk"}
-        path.write_text(json.dumps(doc, indent=1))
-        path.chmod(0o600)
+        partial = path.with_name(f"{path.name}.{threading.get_ident()}")
+        partial.write_text(json.dumps(doc, indent=1))
+        partial.chmod(0o600)
+        partial.replace(path)  # atomic: a reader sees the whole file or none
         return path
 
     @property
