@@ -239,13 +239,15 @@ def test_remediator_rbac_is_exactly_the_verbs_it_uses():
 
 def test_exporter_rbac_is_exactly_the_node_watch_and_pod_discovery():
     """The node watch (llm_vitals/exporter/node_watch.py) lists and watches Nodes; pod discovery lists and watches
-    the pods of its namespace; nothing else. tests/k8s/ runs both with exactly these rules."""
+    the pods and the ReplicaSets of its namespace; nothing else. tests/k8s/ runs both with exactly these rules."""
     assert _one("ClusterRole", "llm-vitals-exporter-nodes")["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]
     binding = _one("ClusterRoleBinding", "llm-vitals-exporter-nodes")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llm-vitals-exporter", "namespace": "llm"}]
     assert _one("Role", "llm-vitals-exporter-pods")["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+        # A pod's ReplicaSet names its Deployment: the target's workload.
+        {"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": ["get", "list", "watch"]}]
     pods = _one("RoleBinding", "llm-vitals-exporter-pods")
     assert pods["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "llm-vitals-exporter-pods"}
     assert pods["subjects"] == [{"kind": "ServiceAccount", "name": "llm-vitals-exporter", "namespace": "llm"}]

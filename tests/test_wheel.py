@@ -1,4 +1,4 @@
-"""The wheel as a user gets it: built by `python -m build`, installed (not editable) into a fresh venv,
+"""The wheel as a user gets it: built by `python -m build` (from its sdist), installed (not editable) into a fresh venv,
 and run from outside the checkout, so nothing is found through the source tree.
 
 It ships one top-level package, `llm_vitals`; each console script answers `--help`; and the example
@@ -29,7 +29,9 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None, timeout:
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the wheel, the fresh venv's bin/) built and installed once for this module."""
     work = tmp_path_factory.mktemp("wheel")
-    _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(work / "dist"), str(REPO)], cwd=work)
+    # The sdist, then the wheel built from the unpacked sdist in a temporary folder: no build/ in the
+    # checkout that two builds could share, and the sdist is shown to hold all the wheel needs.
+    _run([sys.executable, "-m", "build", "--outdir", str(work / "dist"), str(REPO)], cwd=work)
     (wheel,) = (work / "dist").glob("llm_vitals-*.whl")
     _run([sys.executable, "-m", "venv", str(work / "venv")], cwd=work)
     bin_dir = work / "venv" / "bin"

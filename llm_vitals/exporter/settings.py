@@ -14,7 +14,7 @@ from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_e
 from llm_vitals.durations import Duration
 from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.gpu_faults import DEFAULT_XIDS, NVSENTINEL_CONDITIONS, READY_CONDITIONS, NodeRules, Taint
-from llm_vitals.validators import ListenAddress, ParsedHttpUrl, TargetName, parse_listen
+from llm_vitals.validators import ListenAddress, ParsedHttpUrl, TargetName, WorkloadName, parse_listen
 
 # The engines of llm_vitals/exporter/engines/table.py; a test keeps the two lists equal.
 EngineName = Literal["vllm", "llamacpp", "triton", "sglang", "tgi", "openai"]
@@ -106,6 +106,11 @@ class TargetSettings(_FrozenStrict):
     # The Kubernetes node this target runs on, whose conditions and taints are watched for a GPU
     # fault. A discovered pod's node is filled in from the pod; a static target may name its own.
     node: str | None = None
+    # What the operator owns and a restart does not replace: the remediator's budget, circuit and
+    # restart-loop alert key on it. Given here, by a discovery template or a file_sd label
+    # (`__llm_vitals_workload`), or read from a pod's owners (discovery/workload.py); none means
+    # the target's own name (`effective_workload`).
+    workload: WorkloadName | None = None
 
     # Resolved at load time from api_key_env / api_key_file; never part of a dump.
     _api_key: SecretStr | None = PrivateAttr(default=None)
@@ -152,6 +157,11 @@ class TargetSettings(_FrozenStrict):
         if entry.canary is not None and entry.canary.needs_request and self.canary.request is None:
             return False
         return entry.models_path is not None or bool(self.model)
+
+    @property
+    def effective_workload(self) -> str:
+        """The workload as given or discovered, else the target's own name: never empty."""
+        return self.workload or self.name
 
     @property
     def base_url(self) -> str:
@@ -325,8 +335,11 @@ class ExporterSettings(_FrozenStrict):
     history_seconds: Duration = 600.0
     drain_token_env: str | None = None
     drain_token_file: Path | None = None
-    # Not used by the exporter itself: the status page reads it to link to the remediator.
+    # Not used by the exporter itself: the status page reads the remediator's decisions from it.
     remediator_url: ParsedHttpUrl | None = None
+    # The remediator's journal takes its webhook's auth: the bearer token the status page sends.
+    remediator_token_env: str | None = None
+    remediator_token_file: Path | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     gpu_faults: GpuFaultSettings = GpuFaultSettings()
     targets: list[TargetSettings] = []
@@ -336,6 +349,7 @@ class ExporterSettings(_FrozenStrict):
     shard: ShardSettings | None = None
 
     _drain_token: SecretStr | None = PrivateAttr(default=None)
+    _remediator_token: SecretStr | None = PrivateAttr(default=None)
 
     @field_validator("poll_interval")
     @classmethod
@@ -355,6 +369,8 @@ class ExporterSettings(_FrozenStrict):
             seen.add(target.name)
         if self.drain_token_env and self.drain_token_file:
             raise ValueError("set at most one of drain_token_env and drain_token_file")
+        if self.remediator_token_env and self.remediator_token_file:
+            raise ValueError("set at most one of remediator_token_env and remediator_token_file")
         return self
 
     @property
@@ -369,6 +385,11 @@ class ExporterSettings(_FrozenStrict):
     def drain_token(self) -> SecretStr | None:
         return self._drain_token
 
+    @property
+    def remediator_token(self) -> SecretStr | None:
+        """The bearer token for the remediator's `/api/v1/actions`; None sends no auth."""
+        return self._remediator_token
+
     def target(self, name: str) -> TargetSettings | None:
         for target in self.targets:
             if target.name == name:
@@ -380,6 +401,8 @@ class ExporterSettings(_FrozenStrict):
         for index, target in enumerate(self.targets):
             target.resolve_secrets(environ, f"targets[{index}]")
         self._drain_token = secret_from_env_or_file("drain_token", self.drain_token_env, self.drain_token_file, environ)
+        self._remediator_token = secret_from_env_or_file(
+            "remediator_token", self.remediator_token_env, self.remediator_token_file, environ)
         return self
 
 
