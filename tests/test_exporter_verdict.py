@@ -13,6 +13,7 @@ from llm_vitals.exporter.verdict import (
     ModelsOk,
     PollError,
     Verdict,
+    drain_holds,
     health_check_due,
     initial,
     is_live,
@@ -358,3 +359,19 @@ def test_canaries_that_failed_before_sleep_do_not_make_it_unresponsive_after() -
     verdicts = run(rows, settings)
     assert [v.state for v in verdicts] == ["idle", "idle", "idle", "asleep", "idle", "idle"]
     assert verdicts[-1].canary_failures == 1
+
+
+@pytest.mark.parametrize(
+    ("draining", "restarts_before", "restarts_after", "holds"),
+    [
+        (True, 0, 0, True),  # the same process: the preStop drain holds until the pod goes
+        (True, 0, 1, False),  # a restart detected: the kubelet restarted the server after its preStop drain
+        (True, 3, 4, False),
+        (False, 0, 0, False),
+        (False, 0, 1, False),  # a restart never starts a drain
+    ],
+)
+def test_a_drain_lasts_for_the_process_it_was_asked_of(draining, restarts_before, restarts_after, holds):
+    before = replace(initial(START), restarts=restarts_before)
+    after = replace(before, restarts=restarts_after)
+    assert drain_holds(draining, before, after) is holds

@@ -2,7 +2,7 @@
 
     exporter = await ExporterStandIn().start()            # GET /api/v1/targets, TargetView JSON
     exporter.put_pod(namespace, pod_object, state="stuck")  # the target <namespace>/<pod>
-    grant_remediator_rbac(control_plane, namespace)         # the Role/ClusterRole of deploy/kubernetes/remediator.yaml
+    grant_remediator_rbac(control_plane, namespace)         # the Role/ClusterRole of deploy/kubernetes/base/remediator.yaml
     a, b = await start_replicas(control_plane, namespace, exporter.url, tmp_path, global_cooldown=600)
     answer = await a.webhook(alert(target, fingerprint="f1"))
     await a.stop(); await b.kill()                           # SIGTERM / SIGKILL, by PID
@@ -38,7 +38,7 @@ TOKEN = "k8s-tier-webhook-s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LEASE = "llm-vitals-remediator"  # the name the manifest's Role grants get/update on
 USER = "llm-vitals-remediator"
-MANIFEST = REPO / "deploy" / "kubernetes" / "remediator.yaml"
+MANIFEST = REPO / "deploy" / "kubernetes" / "base" / "remediator.yaml"
 # Every alert of a run began at this moment unless told otherwise: a redelivery of one alert is the
 # same (fingerprint, startsAt), as Alertmanager sends it. The simulated servers started an hour earlier.
 ALERTS_BEGAN = time.time() - 60

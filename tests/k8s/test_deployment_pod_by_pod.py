@@ -1,6 +1,6 @@
 """A Deployment of 4 vLLM pods watched pod by pod, then scaled to 3: the README's Kubernetes listing.
 
-    Deployment vllm (deploy/kubernetes/vllm.yaml, 4 replicas)
+    Deployment vllm (deploy/kubernetes/base/vllm.yaml, 4 replicas)
         -> kube-controller-manager: ReplicaSet, 4 pods
         -> this test, as scheduler and kubelet: pods/binding to two Node objects, pods/status Running
            with the pod IPs 127.0.0.2-5 (all of 127/8 is on `lo`)
@@ -32,7 +32,7 @@ from .control_plane import REPO, ControlPlane
 from .waits import wait_until
 
 EXPORTER = "llm-vitals-exporter"
-MANIFESTS = REPO / "deploy" / "kubernetes"
+MANIFESTS = REPO / "deploy" / "kubernetes" / "base"
 LISTING = REPO / ".cache" / "k8s-deployment-listing.txt"
 POD_IPS = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
 STATES = ("busy", "idle", "stuck", "idle")  # of the pod given POD_IPS[i] (pods sorted by name)
@@ -47,7 +47,7 @@ def manifest(name: str, kind: str, object_name: str) -> dict[str, Any]:
 
 
 def shipped_deployment(port: int) -> dict[str, Any]:
-    """deploy/kubernetes/vllm.yaml's Deployment, changed only where this API server or this machine needs it."""
+    """deploy/kubernetes/base/vllm.yaml's Deployment, changed only where this API server or this machine needs it."""
     deployment = manifest("vllm.yaml", "Deployment", "vllm")
     spec = deployment["spec"]["template"]["spec"]
     # The shim is a native sidecar (an init container with restartPolicy Always, Kubernetes >= 1.29).

@@ -5,7 +5,7 @@ them) and a bare pod; then a ReplicaSet read that RBAC forbids: shown, never a c
 Deployment named once the right is granted.
 
 The exporter is a live exporter app with the `llm-vitals-exporter` token and exactly the Role of
-deploy/kubernetes/exporter.yaml (the forbidden case: that Role without its ReplicaSet rule). The
+deploy/kubernetes/base/exporter.yaml (the forbidden case: that Role without its ReplicaSet rule). The
 test plays the scheduler-less kubelet: each pod the controllers make is reported Running on
 127.0.0.1, its `http` port a FakeVllm on loopback.
 """

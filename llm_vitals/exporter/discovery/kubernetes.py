@@ -129,7 +129,7 @@ def pod_list_error(error: KubeError, namespace: str) -> str:
         return str(error)  # the API server cannot be reached, a kubeconfig that cannot be used
     if error.status in (401, 403):
         return (f"HTTP {error.status} listing pods in namespace {namespace}: the exporter needs list and watch "
-                f"on pods there (a Role and RoleBinding, deploy/kubernetes/exporter.yaml)")
+                f"on pods there (a Role and RoleBinding, deploy/kubernetes/base/exporter.yaml)")
     return f"HTTP {error.status} {error.reason} listing pods in namespace {namespace}: {error.message}".replace("  ", " ")
 
 
@@ -141,7 +141,7 @@ def replica_set_list_error(error: KubeError, namespace: str) -> str:
     if error.status in (401, 403):
         return (f"HTTP {error.status} listing replicasets in namespace {namespace}: the exporter needs list and watch "
                 f"on replicasets (apps) there to name a pod's Deployment (a Role and RoleBinding, "
-                f"deploy/kubernetes/exporter.yaml); {meanwhile}")
+                f"deploy/kubernetes/base/exporter.yaml); {meanwhile}")
     return (f"HTTP {error.status} {error.reason} listing replicasets in namespace {namespace}: {error.message}; "
             f"{meanwhile}").replace("  ", " ")
 
