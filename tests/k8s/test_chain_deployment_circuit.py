@@ -8,10 +8,10 @@ the Deployment closes it.
         the first pod and every replacement on HUNG_IP, where llm-vitals-sim is hung with requests in
         flight (a model that hangs every time); the other pod on IDLE_IP, an idle llm-vitals-sim
     llm-vitals-exporter (the CLI) -- list+watch pods and ReplicaSets with its own token and the rights
-        of deploy/kubernetes/exporter.yaml --> each pod a target, workload Deployment/<ns>/vllm
+        of deploy/kubernetes/base/exporter.yaml --> each pod a target, workload Deployment/<ns>/vllm
     real Prometheus (the shipped rules, `for:` 1 s) -> real Alertmanager (alerts/alertmanager.yml,
         re-sending a firing alert every 2 s) -> llm-vitals-remediator: one replica in Lease mode (its
-        state in the Lease, the RBAC of deploy/kubernetes/remediator.yaml) -> POST pods/{name}/eviction
+        state in the Lease, the RBAC of deploy/kubernetes/base/remediator.yaml) -> POST pods/{name}/eviction
 
 With max_restarts 2: the first pod and its replacement are evicted; the replacement's replacement
 is refused `circuit_open` for the Deployment at each of Alertmanager's re-sends; the reset naming
