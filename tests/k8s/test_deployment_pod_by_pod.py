@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -62,15 +63,16 @@ def shipped_deployment(port: int) -> dict[str, Any]:
     return deployment
 
 
-async def start_backends(run_dir: Path, http: httpx.AsyncClient) -> tuple[list[ManagedProcess], int]:
+async def start_backends(run_dir: Path, http: httpx.AsyncClient,
+                         ips: Sequence[str] = POD_IPS) -> tuple[list[ManagedProcess], int]:
     """One `llm-vitals-sim` per pod IP, all on one port (the pods' `http` containerPort); retried
-    on another port when one of the four addresses already has it."""
+    on another port when one of the addresses already has it."""
     for attempt in range(1, 4):
-        port = free_port(POD_IPS[0])
+        port = free_port(ips[0])
         processes = [ManagedProcess(f"sim-{ip}", [
             _cli("llm-vitals-sim"), "--host", ip, "--port", str(port), "--backends", "1", "--no-control",
             "--max-num-seqs", "2", "--tokens-per-second", "50", "--log-level", "warning",
-        ], run_dir / f"sim-{ip}.log", f"http://{ip}:{port}/admin/state") for ip in POD_IPS]
+        ], run_dir / f"sim-{ip}.log", f"http://{ip}:{port}/admin/state") for ip in ips]
         started = await asyncio.gather(*(p.start(http) for p in processes), return_exceptions=True)
         failed = [r for r in started if isinstance(r, BaseException)]
         if not failed:

@@ -3,7 +3,8 @@ Deployment must make ReplicaSets and pods, and the disruption controller must co
 PodDisruptionBudget's status): safety that follows the workload.
 
 - a Deployment of 2 whose new pods keep getting stuck: its circuit opens after max_restarts
-  evictions across pod names, and the reset (naming the Deployment) closes it;
+  evictions across pod names and across the two replicas (each evicts one), and the reset (naming
+  the Deployment, through the replica that did not open it) closes it;
 - a PodDisruptionBudget (minAvailable 2) refuses the eviction (429): `disruption_budget`, no pod
   goes, an Event, and the re-send is judged afresh;
 - a pod target without a UID is refused (`no_pod_uid`), nothing evicted or deleted;
@@ -19,7 +20,9 @@ exporter's answers come from a small real aiohttp server (replicas.ExporterStand
 `TargetView` JSON for the real pods, with their real UIDs, each pod's `workload` computed by the
 exporter's own rule (`llm_vitals.exporter.discovery.workload.pod_workload`) from its LeaderWorkerSet
 labels or its ownerReferences (Pod -> ReplicaSet -> Deployment, the ReplicaSet read here);
-test_pod_workload.py checks that the exporter itself reports those workloads.
+test_pod_workload.py checks that the exporter itself reports those workloads, and
+test_chain_deployment_circuit.py runs the Deployment's case with nothing stood in: the real exporter,
+Prometheus and Alertmanager, one replica.
 """
 
 from __future__ import annotations
@@ -170,6 +173,10 @@ def standalone_pod(cp: ControlPlane, namespace: str, name: str, node: str | None
 
 async def test_a_deployments_circuit_opens_after_max_restarts_across_new_pod_names_and_its_reset_closes_it(
         controllers: ControlPlane, namespace: str, exporter: ExporterStandIn, replicas) -> None:
+    """Two replicas share the Deployment's budget through the Lease: replica-a evicts the first pod,
+    replica-b its replacement, the third pod is refused at replica-a, and replica-b's reset lets
+    replica-a evict it. (test_chain_deployment_circuit.py has the real exporter, Prometheus and
+    Alertmanager deliver to one replica; only here is the budget split between replicas.)"""
     cp = controllers
     node = f"node-{namespace}"
     cp.create_node(node)
