@@ -27,7 +27,7 @@ from llm_vitals.exporter.verdict import CanaryOutcome, PollError, judge, record_
 
 # DESIGN §2: the public contract (name -> type, labels besides `target`).
 CONTRACT = {
-    "llm_vitals_target_info": ("gauge", {"engine", "role", "url", "namespace", "pod", "node"}),
+    "llm_vitals_target_info": ("gauge", {"engine", "role", "url", "namespace", "pod", "node", "workload"}),
     "llm_vitals_up": ("gauge", set()),
     "llm_vitals_state": ("gauge", {"state"}),
     "llm_vitals_requests_running": ("gauge", set()),

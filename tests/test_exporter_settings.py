@@ -22,6 +22,8 @@ INVALID = {
     "invalid-exporter-no-targets.yaml": "give at least one target, or a discovery source",
     "invalid-exporter-missing-key-env.yaml": "targets[0].api_key_env: environment variable LLM_VITALS_TEST_KEY_THAT_IS_NOT_SET is not set",
     "invalid-exporter-bad-listen.yaml": "listen: listen must be HOST:PORT, got '9471'",
+    "invalid-exporter-bad-workload.yaml":
+        r"targets[0].workload: workload 'vllm fleet' must match ^[A-Za-z0-9][A-Za-z0-9_.:/\[\]-]{0,511}$",
     "invalid-exporter-not-yaml.yaml": "not valid YAML at line 2, column 1: expected ',' or ']', but got '<stream end>'",
     # One message for every duration that must be above 0, zero or negative alike.
     "invalid-exporter-zero-canary-timeout.yaml": "targets[0].canary.timeout: must be > 0",

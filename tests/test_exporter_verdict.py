@@ -14,6 +14,7 @@ from llm_vitals.exporter.verdict import (
     PollError,
     Verdict,
     canary_overlapped,
+    drain_holds,
     exporter_late,
     health_check_due,
     initial,
@@ -489,3 +490,19 @@ def test_counters_moved_by_the_exporters_own_canary_leave_an_idle_server_idle() 
     # Work pending at the last read is work, whatever canary ran.
     worked = judge(judge(idle, snap(running=1), START + 5, settings), answered, START + 10, settings, canary_overlap=True)
     assert worked.state == "busy"
+
+
+@pytest.mark.parametrize(
+    ("draining", "restarts_before", "restarts_after", "holds"),
+    [
+        (True, 0, 0, True),  # the same process: the preStop drain holds until the pod goes
+        (True, 0, 1, False),  # a restart detected: the kubelet restarted the server after its preStop drain
+        (True, 3, 4, False),
+        (False, 0, 0, False),
+        (False, 0, 1, False),  # a restart never starts a drain
+    ],
+)
+def test_a_drain_lasts_for_the_process_it_was_asked_of(draining, restarts_before, restarts_after, holds):
+    before = replace(initial(START), restarts=restarts_before)
+    after = replace(before, restarts=restarts_after)
+    assert drain_holds(draining, before, after) is holds

@@ -114,11 +114,14 @@ def _fresh(field: str) -> Callable[[Reading, float], Iterable[Row]]:
 FAMILIES: tuple[Family, ...] = (
     Family("llm_vitals_target_info", "gauge",
            "Static facts about each watched target; always 1. namespace and pod are those of a target found by"
-           " Kubernetes discovery (empty otherwise); node is the Kubernetes node its GPU faults are read from.",
+           " Kubernetes discovery (empty otherwise); node is the Kubernetes node its GPU faults are read from;"
+           " workload is what a restart does not replace, which restart budgets count against: Deployment/ns/name,"
+           " StatefulSet/ns/name, DaemonSet/ns/name, LeaderWorkerSet/ns/name/group, a configured name, or the"
+           " target's own name.",
            lambda r, now: (((r.settings.engine, r.settings.role, r.settings.public_url,
                              getattr(r.settings, "namespace", None) or "", getattr(r.settings, "pod", None) or "",
-                             r.settings.node or ""), 1),),
-           ("engine", "role", "url", "namespace", "pod", "node")),
+                             r.settings.node or "", r.settings.effective_workload), 1),),
+           ("engine", "role", "url", "namespace", "pod", "node", "workload")),
     Family("llm_vitals_up", "gauge", "1 when the last poll got a usable reading from the target." + _CACHED,
            _flag(lambda r, now: r.verdict.up)),
     Family("llm_vitals_state", "gauge",
@@ -217,7 +220,8 @@ def labels_around_target(names: tuple[str, ...], more: tuple[str, ...]) -> tuple
 def target_texts(reading: Reading, now: float) -> tuple[bytes, ...]:
     """One target's sample lines for each family of FAMILIES, in order (b"" for a family with no sample), e.g.::
 
-        llm_vitals_target_info{engine="vllm",namespace="",node="",pod="",role="backend",target="gpu-a",url="http://10.0.0.5:8000"} 1.0
+        llm_vitals_target_info{engine="vllm",namespace="",node="",pod="",role="backend",target="gpu-a",url="http://10.0.0.5:8000",
+                               workload="gpu-a"} 1.0 (one line)
         llm_vitals_up{target="gpu-a"} 1.0
         llm_vitals_state{state="busy",target="gpu-a"} 1.0
         llm_vitals_state{state="stuck",target="gpu-a"} 0.0
@@ -288,7 +292,7 @@ class LifecycleCollector(Collector):
                                   "Targets the discovery source gives now, before the shard.", labels=["source"])
         skipped = GaugeMetricFamily("llm_vitals_discovery_skipped_targets",
                                     "Things the source saw and could not watch, by reason (not_running, no_ip, no_port, "
-                                    "terminating, bad_target, bad_group); each is named in /api/v1/discovery.",
+                                    "terminating, owner_pending, bad_target, bad_group); each is named in /api/v1/discovery.",
                                     labels=["source", "reason"])
         for status in list(self.discovery.status.values()):
             up.add_metric([status.source], 1 if status.up else 0)

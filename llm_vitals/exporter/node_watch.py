@@ -5,7 +5,7 @@ is one stream. It runs on the one informer of `llm_vitals.kube` (shared with pod
 watch is resumed from the last `resourceVersion` (bookmarks included) when the server ends it, a 410
 Gone relists after client-go's jittered backoff, and a failure (a lost API server, a 403) is retried
 with that backoff too. It needs a ClusterRole with `list` and `watch` on `nodes`
-(deploy/kubernetes/exporter.yaml; no `get`: it never reads one node by name); without it every
+(deploy/kubernetes/base/exporter.yaml; no `get`: it never reads one node by name); without it every
 target with a node shows the 403 in `gpu_fault_errors.node`, and no fault is ever inferred from it.
 What was last seen of a node stays meanwhile (a node condition does not clear because the API
 server is away), and the error is shown next to it.
@@ -40,7 +40,7 @@ from llm_vitals.logs import log_event
 
 log = logging.getLogger("llm_vitals.exporter")
 
-RBAC_HINT = "the exporter needs a ClusterRole with list and watch on nodes (deploy/kubernetes/exporter.yaml)"
+RBAC_HINT = "the exporter needs a ClusterRole with list and watch on nodes (deploy/kubernetes/base/exporter.yaml)"
 
 
 @dataclass(frozen=True)

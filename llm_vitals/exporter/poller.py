@@ -39,6 +39,7 @@ from llm_vitals.exporter.verdict import (
     canary_due,
     canary_overlapped,
     exporter_late,
+    drain_holds,
     health_check_due,
     judge,
     record_canary,
@@ -200,6 +201,9 @@ class Poller:
         # Its /metrics lines are not rendered here: the next scrape renders what changed (llm_vitals/exporter/page.py).
         record.record_poll(judge(before, observation, now.mono, record.settings, health=health, canary_overlap=overlap),
                            now.mono, duration, wall=now.wall)
+        if record.draining and not drain_holds(record.draining, before, record.verdict):
+            record.set_draining(False)
+            log_event(log, "undrain", target=record.name, reason="restart_detected")
         self._log_change(record, before)
         if canary_due(record.verdict, observation, record.last_canary_sent, now.mono, record.settings,
                       poll_interval=self.settings.poll_interval, in_flight=record.canary_task is not None):

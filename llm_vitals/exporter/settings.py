@@ -14,7 +14,7 @@ from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_e
 from llm_vitals.durations import Duration, PositiveDuration
 from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.gpu_faults import DEFAULT_XIDS, NVSENTINEL_CONDITIONS, READY_CONDITIONS, NodeRules, Taint
-from llm_vitals.validators import ListenAddress, ParsedHttpUrl, TargetName, parse_listen
+from llm_vitals.validators import ListenAddress, ParsedHttpUrl, TargetName, WorkloadName, parse_listen
 
 # The engines of llm_vitals/exporter/engines/table.py; a test keeps the two lists equal.
 EngineName = Literal["vllm", "llamacpp", "triton", "sglang", "tgi", "openai"]
@@ -117,6 +117,11 @@ class TargetSettings(_FrozenStrict):
     # may time out behind it: by default its canary failures page (LLMServerUnresponsiveLoadUnknown,
     # remediation none) and never restart it. True accepts that risk: a busy server may be restarted.
     restart_risking_busy_server: bool = False
+    # What the operator owns and a restart does not replace: the remediator's budget, circuit and
+    # restart-loop alert key on it. Given here, by a discovery template or a file_sd label
+    # (`__llm_vitals_workload`), or read from a pod's owners (discovery/workload.py); none means
+    # the target's own name (`effective_workload`).
+    workload: WorkloadName | None = None
 
     # Resolved at load time from api_key_env / api_key_file; never part of a dump.
     _api_key: SecretStr | None = PrivateAttr(default=None)
@@ -172,6 +177,11 @@ class TargetSettings(_FrozenStrict):
         if entry.canary is not None and entry.canary.needs_request and self.canary.request is None:
             return False
         return entry.models_path is not None or bool(self.model)
+
+    @property
+    def effective_workload(self) -> str:
+        """The workload as given or discovered, else the target's own name: never empty."""
+        return self.workload or self.name
 
     @property
     def base_url(self) -> str:

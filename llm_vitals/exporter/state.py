@@ -338,6 +338,7 @@ def target_view(record: TargetRecord, now: float, wall: float | None = None) -> 
         gpu_fault_detail=record.gpu_fault,
         gpu_fault_source=fault.source if (fault := record.fault) else None,
         gpu_fault_errors=dict(record.gpu_fault_errors),
+        workload=target.effective_workload,
         node=target.node,
         namespace=getattr(target, "namespace", None),
         pod=getattr(target, "pod", None),

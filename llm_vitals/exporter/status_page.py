@@ -1,10 +1,10 @@
 """The status page at `/`: one server-rendered HTML page that refreshes itself, no build step.
 
-One row per target (state, reason, time in state, running/waiting, steps/s with an inline SVG
-sparkline of the last few minutes) from the exporter's cache, and the remediator's recent decisions
-when `remediator_url` is set. The page is for people; machines read `/api/v1/targets` and
-`/metrics`. Everything from a target, a config or the remediator is HTML-escaped: a target name or a
-remediator detail must never become markup.
+One row per target (its workload under its name, when that is more than the name; state, reason,
+time in state, running/waiting, steps/s with an inline SVG sparkline of the last few minutes) from
+the exporter's cache, and the remediator's recent decisions when `remediator_url` is set. The page
+is for people; machines read `/api/v1/targets` and `/metrics`. Everything from a target, a config or
+the remediator is HTML-escaped: a target name or a remediator detail must never become markup.
 
 `render_page()` is pure (data and `now` in, HTML out) so that tests render it without a server;
 `setup_status_page(app)` wires it into the exporter app. No handler awaits the remediator: a
@@ -124,10 +124,13 @@ def _target_row(target: TargetView, history: Sequence[Sequence[Any]], now: float
     load = "–" if running is None or waiting is None else f"{running:g} / {waiting:g}"
     stuck = target.stuck_seconds
     detail = target.detail
+    # The workload the remediator counts restarts against: shown when it is more than the name itself.
+    workload = target.workload or target.name
+    owned = f' · <span class="workload">{_text(workload)}</span>' if workload != target.name else ""
     return (
-        f'<tr class="target" data-target="{_text(target.name)}" data-state="{_text(state)}">'
+        f'<tr class="target" data-target="{_text(target.name)}" data-state="{_text(state)}" data-workload="{_text(workload)}">'
         f'<td class="name"><span class="nowrap">{_text(target.name)}</span>'
-        f'<div class="sub">{_text(target.role)} · {_text(target.url)}</div></td>'
+        f'<div class="sub">{_text(target.role)} · {_text(target.url)}{owned}</div></td>'
         f'<td><span class="state" style="background:{colour}">{_text(state)}</span>{_gpu_fault_badge(target)}</td>'
         f'<td class="reason" title="{_text(detail)}">{_text(target.reason)}<div class="sub">{_text(detail)}</div></td>'
         f'<td class="num">{in_state}</td>'

@@ -472,6 +472,17 @@ def is_ready(verdict: Verdict, target: TargetSettings, now: float, draining: boo
     return True
 
 
+def drain_holds(draining: bool, before: Verdict, after: Verdict) -> bool:
+    """Is the target still draining after a poll that judged `before` into `after`?
+
+    A drain is asked of one server process: the kubelet runs a container's preStop hook (which
+    drains) on every stop of that container, a liveness restart included. Once a restart is
+    detected the process it was asked of is gone, and the new one is not draining, or a pod whose
+    server the kubelet restarted would never be ready again (seen on a real kubelet 1.20).
+    """
+    return draining and after.restarts == before.restarts
+
+
 def is_live(verdict: Verdict, target: TargetSettings, now: float) -> bool:
     """Liveness fails only on sustained, shown lack of progress: stuck for longer than the budget."""
     if verdict.state != "stuck" or verdict.last_progress is None:

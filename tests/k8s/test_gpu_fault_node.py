@@ -2,7 +2,7 @@
 
 Two Node objects, targets on each (static targets given their `node`, and pods found by pod
 discovery, which fills in the same field from the pod), a live exporter whose node watch uses the `llm-vitals-exporter` token with
-exactly the ClusterRole of deploy/kubernetes/exporter.yaml. Conditions are written through
+exactly the ClusterRole of deploy/kubernetes/base/exporter.yaml. Conditions are written through
 nodes/status as NVSentinel's health monitor writes them; taints through the Node's spec.
 """
 
@@ -35,10 +35,10 @@ READY = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message":
 
 def deployed_node_rules() -> list[dict[str, Any]]:
     """The exporter's ClusterRole rules as shipped, so this test runs with exactly what deploy/ grants."""
-    for doc in yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "exporter.yaml").read_text()):
+    for doc in yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "base" / "exporter.yaml").read_text()):
         if doc and doc["kind"] == "ClusterRole":
             return doc["rules"]
-    raise AssertionError("no ClusterRole in deploy/kubernetes/exporter.yaml")
+    raise AssertionError("no ClusterRole in deploy/kubernetes/base/exporter.yaml")
 
 
 async def in_thread(function, *args, **kwargs):
