@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
@@ -124,6 +125,7 @@ class Measurement:
     loadavg: tuple[float, float, float]
     one_token_s: list[float] = field(default_factory=list)
     poll_s: list[float] = field(default_factory=list)  # the exporter's own poll durations, sampled
+    exporter_cpu: float | None = None  # the exporter process's CPU (user + system) over the window, in cores
     errors: int = 0  # load requests that did not answer 200
 
 
@@ -185,11 +187,13 @@ def measure(engine: Any, server: Any, work: Workload, interval: float | None, ar
             if exporter is not None:
                 threads.append(threading.Thread(target=polls, daemon=True))
             began_load = os.getloadavg()
+            cpu0 = cpu_seconds(exporter)
             c0, t0 = engine_counter(server.metrics_url, work.counter), time.monotonic()
             for thread in threads:
                 thread.start()
             time.sleep(args.window)
             c1, t1 = engine_counter(server.metrics_url, work.counter), time.monotonic()
+            cpu1 = cpu_seconds(exporter)
             stop.set()
             for thread in threads:
                 thread.join(timeout=60)
@@ -199,7 +203,16 @@ def measure(engine: Any, server: Any, work: Workload, interval: float | None, ar
     avg = (round((began_load[0] + ended_load[0]) / 2, 2), round((began_load[1] + ended_load[1]) / 2, 2),
            round((began_load[2] + ended_load[2]) / 2, 2))
     errors = sum(o.status != 200 for o in outcomes)
-    return Measurement(interval, (c1 - c0) / (t1 - t0), t1 - t0, avg, one_token, poll_s, errors)
+    cpu = (cpu1 - cpu0) / (t1 - t0) if cpu0 is not None and cpu1 is not None else None
+    return Measurement(interval, (c1 - c0) / (t1 - t0), t1 - t0, avg, one_token, poll_s, errors, cpu)
+
+
+def cpu_seconds(exporter: Any) -> float | None:
+    """The exporter process's CPU time so far (None without one)."""
+    if exporter is None or exporter._proc is None:
+        return None
+    times = psutil.Process(exporter._proc.pid).cpu_times()
+    return float(times.user + times.system)
 
 
 def wait_quiet(server: Any, work: Workload, timeout: float = 120.0) -> None:
@@ -247,7 +260,8 @@ def run_engine(key: str, args: argparse.Namespace) -> dict | None:
                 m = measure(engine, server, work, interval, args, log_dir)
                 wait_quiet(server, work)
                 runs.append(m)
-                print(f"  round {round_no + 1} exporter {label(interval):>4}: {m.rate:9.1f} {work.unit}"
+                cpu = f"{100 * m.exporter_cpu:.1f} %" if m.exporter_cpu is not None else "-"
+                print(f"  round {round_no + 1} exporter {label(interval):>4}: {m.rate:9.1f} {work.unit}  exporter CPU {cpu}"
                       f"  1-token {fmt(m.one_token_s)}  poll {fmt(m.poll_s)}  errors {m.errors}  load {m.loadavg}", flush=True)
     finally:
         server.stop()
@@ -280,6 +294,8 @@ def summarize(engine: Any, work: Workload, runs: list[Measurement], args: argpar
         "ratio_to_none": {name: spread(values) for name, values in ratios.items()},
         "none_spread": round(noise, 4) if noise is not None else None,
         "exporter_poll_s": {label(c): spread([s for m in runs if m.interval == c for s in m.poll_s]) for c in CONFIGS[1:]},
+        "exporter_cpu_cores": {label(c): spread([m.exporter_cpu for m in runs if m.interval == c and m.exporter_cpu is not None])
+                               for c in CONFIGS[1:]},
         "one_token_s": spread([s for m in runs for s in m.one_token_s]),
         "loadavg": spread([m.loadavg[0] for m in runs]),
         "load_errors": sum(m.errors for m in runs),
@@ -289,15 +305,17 @@ def summarize(engine: Any, work: Workload, runs: list[Measurement], args: argpar
 
 def table(results: list[dict]) -> list[str]:
     head = ("| engine | throughput, no exporter | exporter 1 s / none | exporter 5 s / none | none vs none | "
-            "exporter's poll (1 s) | 1-token request | load avg (1 min) |")
-    lines = [head, "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "exporter CPU (1 s) | exporter's poll (1 s) | 1-token request | load avg (1 min) |")
+    lines = [head, "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         base = r["rate_by_config"]["none"]
         one, five = r["ratio_to_none"].get("1s", {}), r["ratio_to_none"].get("5s", {})
         poll, probe, load = r["exporter_poll_s"].get("1s", {}), r["one_token_s"], r["loadavg"]
+        cpu = r["exporter_cpu_cores"].get("1s", {})
+        cpu_text = f"{100 * cpu['median']:.1f} % of a core" if cpu else "-"
         lines.append(
             f"| {r['engine']} | {base['median']:.1f} {r['unit']} | {ratio(one)} | {ratio(five)} | "
-            f"±{100 * (r['none_spread'] or 0) / 2:.1f} % | "
+            f"±{100 * (r['none_spread'] or 0) / 2:.1f} % | {cpu_text} | "
             f"{ms(poll)} | {ms(probe)} | {load.get('min', 0):.2f}-{load.get('max', 0):.2f} |")
     return lines
 
@@ -318,10 +336,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=4.0)
     parser.add_argument("--probe-every", type=float, default=5.0)
     args = parser.parse_args(argv)
+    keys = [key.strip() for key in args.engines.split(",")]
+    unknown = [key for key in keys if key not in ENGINES]
+    if unknown:
+        parser.error(f"unknown engine(s) {', '.join(unknown)}; the tiers are {', '.join(ENGINES)}")
     sys.path.insert(0, str(TESTS))  # the tiers' packages: real_engine, real_<engine>, real_tier
     results: list[dict] = []
-    for key in args.engines.split(","):
-        result = run_engine(key.strip(), args)
+    for key in keys:
+        result = run_engine(key, args)
         if result is not None:
             results.append(result)
             if result["load_errors"]:
