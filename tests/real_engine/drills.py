@@ -323,7 +323,9 @@ def flaky_reads(kit: Kit, drill: Drill) -> None:
                                         timeout=FLAKY_HELD_WHILE_STUCK * FLAKY_EVERY * settings.unanswered_poll_s + 30)
                     return {"held_at_stuck": held_at_stuck, "held_s": held_s, "until": time.time()}
 
-                run = frozen_under_load(flaky, drill, engine.freeze_engine, while_stuck, owed_first=engine.hang_when_owed)
+                # Frozen once this exporter has seen the work owed and moving: a freeze it never saw under way
+                # is the hang drill's; here the question is what the missed reads do to evidence it had.
+                run = frozen_under_load(flaky, drill, engine.freeze_engine, while_stuck, owed_first=True)
                 seen = run.seen
                 while_frozen = [state for _, state in exporter.polled_states(run.fault.t, run.t_thaw)]
                 # From the first stuck sample on (the verdict already stood then) to the end of the wait above.
@@ -442,7 +444,9 @@ def kill(kit: Kit, drill: Drill) -> None:
     with load:
         # For a moment the server may still answer from the dead engine's state: keep that page.
         kit.save_page("after-kill", timeout=1.0)
-        down = watcher.wait_for(lambda s: s.state == "down", timeout=engine.down_within_s, what="down", after=t_kill)
+        # Refused reads are `down` once no read was good for down_after (the last good one may be the kill's own moment).
+        down = watcher.wait_for(lambda s: s.state == "down", timeout=engine.exporter.down_after + engine.down_within_s,
+                                what="down", after=t_kill)
         drill.detected("SIGKILL to down", detection_seconds(down, t_kill))
         exit_status = server.wait_exit(timeout=engine.down_within_s) if engine.kill_exits else server.returncode
         outcomes = load.wait(timeout=120)

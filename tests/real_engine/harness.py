@@ -46,6 +46,10 @@ class ExporterSettings:
     canary_timeout: float = 10.0
     liveness_budget: float | None = None  # None: the exporter's default, twice stuck_after
     metrics_timeout: float = 10.0  # the exporter's default
+    # No good read for this long is `down` (issue 23: a missed read is no evidence). The exporter's
+    # default is 30 s; the drills' 10 s keeps the kill drill short and is still far above the flaky
+    # proxy's one held read in three.
+    down_after: float = 10.0
     canary_request: dict | None = None  # the canary's body where the engine needs one (Triton's v2 infer)
 
     @property
@@ -69,7 +73,8 @@ class ExporterSettings:
             canary["request"] = self.canary_request
         target = {
             "name": self.target, "url": url, "engine": self.engine, "role": "backend", **target_keys,
-            "stuck_after": _s(self.stuck_after), "liveness_budget": _s(self.liveness), "startup_grace": "5m", "canary": canary,
+            "stuck_after": _s(self.stuck_after), "liveness_budget": _s(self.liveness), "down_after": _s(self.down_after),
+            "startup_grace": "5m", "canary": canary,
         }
         config = {"listen": f"127.0.0.1:{listen_port}", "poll_interval": _s(self.poll_interval),
                   "metrics_timeout": _s(self.metrics_timeout), "targets": [target]}
