@@ -22,7 +22,7 @@ It prints, per engine, throughput with the exporter at 1 s and at 5 s as a ratio
 the same round (median and range over rounds), the spread of the no-exporter runs themselves (the
 noise), the exporter's read time and the 1-token latency; with the load average around each
 measurement. The target is a cost within the noise, or under 1 %: it is reported, never asserted.
-Results also go to .cache/bench-cost-of-watching.json.
+Results also go to .cache/bench-cost-of-watching/<engine>.json.
 
 An engine whose tier is not built here is one SKIPPED line (`make test-<engine>` builds it), and the
 exit status is 0; 1 only on a real error (a server that does not start, a load that fails).
@@ -53,7 +53,7 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
-OUT = REPO / ".cache" / "bench-cost-of-watching.json"
+OUT = REPO / ".cache" / "bench-cost-of-watching"  # <engine>.json each, and the servers' and exporters' logs
 ENGINES = ("vllm", "llamacpp", "sglang", "triton")
 CONFIGS: tuple[float | None, ...] = (None, 1.0, 5.0)  # the exporter's poll interval; None: no exporter
 POLL_DURATION = "llm_vitals_poll_duration_seconds"
@@ -241,7 +241,7 @@ def run_engine(key: str, args: argparse.Namespace) -> dict | None:
         print(f"SKIPPED {key}: {why}", flush=True)
         return None
     work = workload(key)
-    log_dir = REPO / ".cache" / "bench-cost-of-watching" / key
+    log_dir = OUT / key
     log_dir.mkdir(parents=True, exist_ok=True)
     server = engine.launcher()
     server.log_dir = log_dir
@@ -265,7 +265,9 @@ def run_engine(key: str, args: argparse.Namespace) -> dict | None:
                       f"  1-token {fmt(m.one_token_s)}  poll {fmt(m.poll_s)}  errors {m.errors}  load {m.loadavg}", flush=True)
     finally:
         server.stop()
-    return summarize(engine, work, runs, args)
+    result = summarize(engine, work, runs, args)
+    (OUT / f"{key}.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
 
 
 def fmt(values: list[float]) -> str:
@@ -352,8 +354,6 @@ def main(argv: list[str] | None = None) -> int:
     if not results:
         print("no engine could run here: nothing measured")
         return 0
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps(results, indent=1) + "\n")
     print()
     for line in table(results):
         print(line)
