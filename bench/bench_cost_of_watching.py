@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -204,7 +205,7 @@ def measure(engine: Any, server: Any, work: Workload, interval: float | None, ar
            round((began_load[2] + ended_load[2]) / 2, 2))
     errors = sum(o.status != 200 for o in outcomes)
     cpu = (cpu1 - cpu0) / (t1 - t0) if cpu0 is not None and cpu1 is not None else None
-    return Measurement(interval, (c1 - c0) / (t1 - t0), t1 - t0, avg, one_token, poll_s, errors, cpu)
+    return Measurement(interval, (c1 - c0) / (t1 - t0), t1 - t0, avg, one_token, poll_s, exporter_cpu=cpu, errors=errors)
 
 
 def cpu_seconds(exporter: Any) -> float | None:
@@ -330,6 +331,10 @@ def ms(values: dict) -> str:
     return f"{1000 * values['median']:.0f} ms ({1000 * values['min']:.0f}-{1000 * values['max']:.0f})" if values else "-"
 
 
+def interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engines", default=",".join(ENGINES))
@@ -338,6 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=4.0)
     parser.add_argument("--probe-every", type=float, default=5.0)
     args = parser.parse_args(argv)
+    sys.path.insert(0, str(TESTS))  # the tiers' packages: real_engine, real_tier, real_<engine>
+    # SIGTERM (timeout, or a background run whose SIGINT is ignored) as an interrupt: the servers
+    # are in sessions of their own and are stopped by PID in run_engine's `finally`.
+    signal.signal(signal.SIGTERM, interrupted)
     keys = [key.strip() for key in args.engines.split(",")]
     unknown = [key for key in keys if key not in ENGINES]
     if unknown:
