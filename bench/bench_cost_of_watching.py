@@ -351,7 +351,6 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [key for key in keys if key not in ENGINES]
     if unknown:
         parser.error(f"unknown engine(s) {', '.join(unknown)}; the tiers are {', '.join(ENGINES)}")
-    sys.path.insert(0, str(TESTS))  # the tiers' packages: real_engine, real_<engine>, real_tier
     results: list[dict] = []
     for key in keys:
         result = run_engine(key, args)
