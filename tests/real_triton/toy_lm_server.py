@@ -92,6 +92,11 @@ def unload(triton: Triton, name: str, http_port: int) -> None:
         client.unload_model(name, headers={"triton-access-token": triton.get_access_token()})
     finally:
         client.close()
+    # PyTriton's monitor (Triton.serve) stops the whole server when a registered model's handlers
+    # are gone, which an unloaded model's are: drop it from the registry too.
+    models = triton._model_manager._models  # (name, version) -> Model
+    for key in [key for key in models if key[0] == name]:
+        models.pop(key).clean()
 
 
 def control(triton: Triton, http_port: int, orders: queue.Queue[str]) -> None:
