@@ -312,13 +312,13 @@ def setup_status_page(app: web.Application) -> None:
         app_ = request.app
         settings = app_[SETTINGS]
         decisions = app_[DECISIONS].latest
-        now = app_[CLOCK]()
+        now = app_[CLOCK].now()
         store = app_[STORE]
         records = list(store)
-        targets = [target_view(record, now) for record in records]
-        histories = {record.name: list(record.history) for record in records}
+        targets = [target_view(record, now.mono, now.wall) for record in records]
+        histories = {record.name: list(record.history) for record in records}  # kept in wall time
         refresh = refresh_seconds(settings.poll_interval)
-        html = render_page(targets, histories, decisions, now, refresh_seconds=refresh)
+        html = render_page(targets, histories, decisions, now.wall, refresh_seconds=refresh)
         return web.Response(text=html, content_type="text/html", charset="utf-8",
                             headers={"Cache-Control": "no-store"})
 
