@@ -42,6 +42,7 @@ FLAKY_EVERY = 3
 FLAKY_METRICS_TIMEOUT_S = 2.0
 FLAKY_HELD_S = FLAKY_METRICS_TIMEOUT_S + 2.0
 FLAKY_HELD_WHILE_STUCK = 2  # held reads the stuck episode must outlast
+FLAKY_DOWN_AFTER_S = 30.0  # the exporter's default
 
 
 def smoke(kit: Kit, drill: Drill) -> None:
@@ -307,7 +308,9 @@ def flaky_reads(kit: Kit, drill: Drill) -> None:
     engine, server = kit.engine, kit.server
     keys = engine.target_keys(server)
     assert "metrics_url" not in keys, f"{engine.name}'s /metrics is on a port of its own: the proxy stands before server.url only"
-    settings = replace(engine.exporter, metrics_timeout=FLAKY_METRICS_TIMEOUT_S)
+    # The product's down_after, not the tiers' 3 s (a kill drill's): a held poll alone leaves no good read
+    # for its timeout and one interval, 3 s; down must take failures that persist, and these do not.
+    settings = replace(engine.exporter, metrics_timeout=FLAKY_METRICS_TIMEOUT_S, down_after=FLAKY_DOWN_AFTER_S)
     flaky_engine = replace_settings(engine, settings)
     with FlakyProxy(server.url, every=FLAKY_EVERY, delay=FLAKY_HELD_S).in_thread() as proxy:
         exporter = ExporterProcess(settings, proxy.url, engine.log_dir, target_keys=keys)

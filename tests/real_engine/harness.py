@@ -46,10 +46,9 @@ class ExporterSettings:
     canary_timeout: float = 10.0
     liveness_budget: float | None = None  # None: the exporter's default, twice stuck_after
     metrics_timeout: float = 10.0  # the exporter's default
-    # No good read for this long is `down` (issue 23: a missed read is no evidence). The exporter's
-    # default is 30 s; the drills' 10 s keeps the kill drill short and is still far above the flaky
-    # proxy's one held read in three.
-    down_after: float = 10.0
+    # Failed reads persist this long before `down`. Shorter than the product's 30 s: a kill drill
+    # judges the exporter's reaction, and three failed polls at 1 s are already no isolated miss.
+    down_after: float = 3.0
     canary_request: dict | None = None  # the canary's body where the engine needs one (Triton's v2 infer)
 
     @property

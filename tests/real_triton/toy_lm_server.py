@@ -92,27 +92,54 @@ def unload(triton: Triton, name: str, http_port: int) -> None:
         client.unload_model(name, headers={"triton-access-token": triton.get_access_token()})
     finally:
         client.close()
+    # PyTriton's monitor (Triton.serve) stops the whole server when a registered model's handlers
+    # are gone, which an unloaded model's are: drop it from the registry too.
+    models = triton._model_manager._models  # (name, version) -> Model
+    for key in [key for key in models if key[0] == name]:
+        models.pop(key).clean()
 
 
-def control(triton: Triton, http_port: int, orders: queue.Queue[str]) -> None:
-    """Carry out the signals' orders in a thread (never in a signal handler): load the next extra model, or unload."""
+def control(triton: Triton, http_port: int, orders: queue.Queue[str], settling: set[str]) -> None:
+    """Carry out the signals' orders in a thread (never in a signal handler): load the next extra model, or unload.
+
+    A model is in `settling` while it is loaded or unloaded, and until its handlers answer."""
     loaded: list[str] = []
     for name in EXTRA:
         order = orders.get()
         while order == "unload":
-            try:
-                if loaded:
+            if loaded:
+                settling.add(loaded[-1])
+                try:
                     unload(triton, loaded[-1], http_port)
-                    print(f"toy_lm_server: unloaded {loaded.pop()}", flush=True)
-            except Exception:
-                logging.exception("toy_lm_server: unload failed")
+                    print(f"toy_lm_server: unloaded {loaded[-1]}", flush=True)
+                except Exception:
+                    logging.exception("toy_lm_server: unload failed")
+                settling.discard(loaded.pop())
             order = orders.get()
+        settling.add(name)
         try:
             bind_toy(triton, name)
             loaded.append(name)
             print(f"toy_lm_server: loaded {name}", flush=True)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not all(
+                    m.is_alive() for m in list(triton._model_manager.models) if m.model_name == name):
+                time.sleep(0.2)
         except Exception:
             logging.exception("toy_lm_server: load of %s failed", name)
+        settling.discard(name)
+
+
+def watch_settled(triton: Triton, settling: set[str]) -> None:
+    """PyTriton's own monitor (Triton.serve) stops the server when any registered model's handlers are
+    not alive, which they are not for a moment while a model is bound on a running server: that killed
+    the drill's server at random loads. Judge the server and the settled models only."""
+
+    def alive() -> bool:
+        return triton._is_alive_impl() and all(
+            m.is_alive() for m in list(triton._model_manager.models) if m.model_name not in settling)
+
+    triton.is_alive = alive  # type: ignore[method-assign]
 
 
 def main() -> None:
@@ -134,9 +161,11 @@ def main() -> None:
     with Triton(config=config) as triton:
         bind_toy(triton, MODEL)
         orders: queue.Queue[str] = queue.Queue()
+        settling: set[str] = set()
+        watch_settled(triton, settling)
         signal.signal(signal.SIGUSR1, lambda *_: orders.put("load"))
         signal.signal(signal.SIGUSR2, lambda *_: orders.put("unload"))
-        threading.Thread(target=control, args=(triton, args.http_port, orders), name="models", daemon=True).start()
+        threading.Thread(target=control, args=(triton, args.http_port, orders, settling), name="models", daemon=True).start()
         print("toy_lm_server: serving", flush=True)
         triton.serve()
 
