@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo bench test-docker test-vllm test-llamacpp test-sglang test-triton test-k8s test-gpu tools clean
+.PHONY: install test lint demo bench test-docker test-vllm test-llamacpp test-sglang test-triton test-k8s test-kubelet test-gpu tools clean
 
 install: $(STAMP)
 
@@ -67,6 +67,12 @@ test-triton: install
 # Debian's source and cached outside the clone, etcd from Debian; the tests start the control plane.
 test-k8s: install
 	@bash tools/real-k8s-test.sh $(PYTEST_ARGS)
+
+# The real-kubelet tier (tests/kubelet/): a two-node Kubernetes 1.20.2 (the k8s tier's build plus
+# kube-scheduler, the kubelet and kubectl, cached outside the clone) in network namespaces of its own;
+# the classic manifests' probes, drain and remediation judged by real kubelets. Leaves nothing behind.
+test-kubelet: install
+	@bash tools/real-kubelet-test.sh $(PYTEST_ARGS)
 
 # The GPU tier (tests/real_gpu/README.md), on a machine with an NVIDIA GPU and nvcc: llama-server built with
 # CUDA (cached outside the clone), the llama.cpp drills on the GPU, then the NVML source against the GPU.

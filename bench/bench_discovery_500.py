@@ -3,7 +3,7 @@
 A real control plane (etcd + kube-apiserver 1.20.2, tests/k8s/control_plane.py, built by
 `tools/real-k8s-setup.sh`), a few simulated vLLM backends (`llm-vitals-sim --backends N`), and the
 real exporter CLI in a child process discovering pods by label with the `llm-vitals-exporter`
-token and the Role of deploy/kubernetes/exporter.yaml. The bench creates `--pods` pod objects over
+token and the Role of deploy/kubernetes/base/exporter.yaml. The bench creates `--pods` pod objects over
 a few seconds (each then reported Running on 127.0.0.1, its `http` port one of the backends'), as a
 kubelet would: two API writes per pod. It reports the time from the last write until every pod is
 a target (the exporter's /healthz count), the exporter's CPU seconds over the whole burst, and its
@@ -38,10 +38,10 @@ SELECTOR = {"app": "vllm"}
 
 
 def pod_rules() -> list[dict]:
-    for doc in yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "exporter.yaml").read_text()):
+    for doc in yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "base" / "exporter.yaml").read_text()):
         if doc and doc["kind"] == "Role" and doc["metadata"]["name"] == "llm-vitals-exporter-pods":
             return doc["rules"]
-    raise SystemExit("no Role llm-vitals-exporter-pods in deploy/kubernetes/exporter.yaml")
+    raise SystemExit("no Role llm-vitals-exporter-pods in deploy/kubernetes/base/exporter.yaml")
 
 
 async def create_pods(cp: ControlPlane, namespace: str, pods: int, ports: list[int], concurrency: int) -> float:

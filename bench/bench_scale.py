@@ -20,23 +20,39 @@ renderer before llm_vitals/exporter/page.py), and joined from kept lines after e
 
 `DIR` is a detached worktree of the other commit with its own .venv (bench/checkouts.py).
 
+`--engine llamacpp` (issue 23, part 3) runs the same against llama.cpp's real busy page, an engine
+whose unanswered /metrics counts toward `stuck`: every target is busy and moving, so any `stuck` is
+the exporter's own doing. A watcher scrapes /metrics every `--sample` seconds for the loop lag
+(llm_vitals_exporter_loop_lag_seconds), the targets read stuck and the reads that timed out or were
+exporter_late; at the end /api/v1/targets says how many targets were ever unhealthy. Tighten
+`--metrics-timeout` and `--stuck-after` to make a late exporter's timeouts likely within the run.
+`--starve STOP:RUN` starves the exporter on purpose, as a CPU quota does a throttled pod: from its
+first poll on, it is SIGSTOPped for STOP seconds, then let run for RUN, over and over, so the
+answers its reads asked for wait unread while its timeouts fall due (its latency figures are then
+meaningless; the verdicts are the point).
+
 Targets (issue 16), for this checkout: at 5,000 targets <= 50 % of one core, a scrape <= 20 ms,
 probe p99 <= 2 ms alone and <= 5 ms during scrapes; at 1,000 targets probe p99 <= 1 ms alone.
 
     .venv/bin/python bench/bench_scale.py [--targets 1000 5000] [--runs 1] [--interval 5] [--window 15] [--baseline DIR]
+    .venv/bin/python bench/bench_scale.py --engine llamacpp --targets 5000 --metrics-timeout 2 --stuck-after 10
+    .venv/bin/python bench/bench_scale.py --engine llamacpp --targets 5000 --metrics-timeout 2 --stuck-after 10 --starve 3:1
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
+import re
 import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -173,6 +189,7 @@ class Result:
     during: list[float] = field(default_factory=list)
     scrapes_during: int = 0
     failures: int = 0  # probes unanswered within PROBE_TIMEOUT, and scrapes that failed
+    verdicts: dict[str, float] = field(default_factory=dict)  # the watcher's (--engine llamacpp)
 
     def figures(self) -> dict[str, float]:
         return {
@@ -184,9 +201,9 @@ class Result:
         }
 
     def misses(self) -> list[str]:
-        """The issue's targets this measurement misses (this checkout only)."""
+        """The issue's targets this measurement misses (this checkout only; none when starved on purpose)."""
         f, missed = self.figures(), []
-        if self.checkout != "this":
+        if self.checkout != "this" or "starved_s" in self.verdicts:
             return missed
         if self.targets >= 5000:
             for key, limit in (("cpu_%", 50), ("scrape_ms", 20), ("alone_p99", 2), ("during_p99", 5)):
@@ -197,19 +214,119 @@ class Result:
         return missed
 
 
+_STUCK = re.compile(rb'^llm_vitals_state\{state="stuck",target="[^"]*"\} 1\.0$', re.M)
+_LAG = re.compile(rb"^llm_vitals_exporter_loop_lag_seconds (\S+)$", re.M)
+_ERRORS = re.compile(rb'^llm_vitals_poll_errors_total\{reason="(timeout|exporter_late)",target="[^"]*"\} (\S+)$', re.M)
+
+
+class Watcher(threading.Thread):
+    """Scrapes the exporter's /metrics every `every` seconds: its loop lag, how many targets read stuck,
+    and the reads that timed out or were exporter_late (summed over the targets), until `stop()`."""
+
+    def __init__(self, port: int, every: float) -> None:
+        super().__init__(name="watcher", daemon=True)
+        self.url, self.every = f"http://127.0.0.1:{port}/metrics", every
+        self.lag: list[float] = []
+        self.stuck: list[int] = []
+        self.errors: dict[str, float] = {}
+        self.failed = 0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(self.every):
+            self.sample()
+
+    def sample(self) -> None:
+        """One scrape; a failed one (an exporter starved on purpose may cut it short) is skipped."""
+        try:
+            with urllib.request.urlopen(self.url, timeout=120) as answer:
+                page = answer.read()
+        except (OSError, http.client.HTTPException):
+            self.failed += 1
+            return
+        if (lag := _LAG.search(page)) is not None:
+            self.lag.append(float(lag.group(1)))  # no loop-lag gauge: an exporter older than issue 23
+        self.stuck.append(len(_STUCK.findall(page)))
+        totals: dict[str, float] = {}
+        for reason, value in _ERRORS.findall(page):
+            totals[reason.decode()] = totals.get(reason.decode(), 0.0) + float(value)
+        self.errors = totals
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(timeout=120)
+
+
+class Starver(threading.Thread):
+    """SIGSTOPs `pid` for `stop` seconds, then lets it run for `run` seconds, until `end()`; leaves it running."""
+
+    def __init__(self, pid: int, stop: float, run: float) -> None:
+        super().__init__(name="starver", daemon=True)
+        self.pid, self.stop_s, self.run_s = pid, stop, run
+        self.stopped_s = 0.0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            began = time.monotonic()
+            os.kill(self.pid, signal.SIGSTOP)
+            try:
+                self._done.wait(self.stop_s)
+            finally:
+                os.kill(self.pid, signal.SIGCONT)
+                self.stopped_s += time.monotonic() - began
+            self._done.wait(self.run_s)
+
+    def end(self) -> None:
+        self._done.set()
+        self.join(timeout=60)
+
+
+def verdicts(port: int, watcher: Watcher) -> dict[str, float]:
+    """What the watcher saw (and one last scrape), and from /api/v1/targets: targets ever unhealthy, stuck now,
+    restarts detected."""
+    watcher.sample()  # the counters as they end
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/targets", timeout=120) as answer:
+        views = json.load(answer)["targets"]
+    return {
+        "stuck_max": max(watcher.stuck, default=0), "samples": len(watcher.stuck), "failed_samples": watcher.failed,
+        "lag_min_s": min(watcher.lag, default=float("nan")), "lag_max_s": max(watcher.lag, default=float("nan")),
+        "timeouts": watcher.errors.get("timeout", 0.0), "exporter_late": watcher.errors.get("exporter_late", 0.0),
+        "ever_unhealthy": sum(1 for v in views if v.get("last_unhealthy_at") is not None),
+        "stuck_now": sum(1 for v in views if v["state"] == "stuck"),
+        "restarts": sum(v.get("restarts", 0) for v in views),
+    }
+
+
 def measure(targets: int, checkout: Path, fleet_port: int, fleet: psutil.Process, floor_port: int,
             args: argparse.Namespace) -> Result:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "exporter.yaml"
-        lines = [f'listen: "127.0.0.1:{port}"', f"poll_interval: {args.interval}", "log_level: error", "targets:"]
-        lines += [f"  - {{name: t{i}, url: 'http://127.0.0.1:{fleet_port}/t{i}', canary: {{enabled: false}}}}"
+        lines = [f'listen: "127.0.0.1:{port}"', f"poll_interval: {args.interval}", "log_level: error"]
+        if args.metrics_timeout is not None:
+            lines.append(f"metrics_timeout: {args.metrics_timeout}")
+        keys = "" if args.engine == "vllm" else f", engine: {args.engine}"
+        if args.stuck_after is not None:
+            keys += f", stuck_after: {args.stuck_after}"
+        lines.append("targets:")
+        lines += [f"  - {{name: t{i}, url: 'http://127.0.0.1:{fleet_port}/t{i}', canary: {{enabled: false}}{keys}}}"
                   for i in range(targets)]
         config.write_text("\n".join(lines) + "\n")
         exporter = subprocess.Popen([*exporter_command(checkout), "--config", str(config)],
                                     env=exporter_env(checkout), cwd=checkout, start_new_session=True)
+        watcher: Watcher | None = None
+        starver: Starver | None = None
         try:
-            wait_http(f"http://127.0.0.1:{port}/healthz")
+            # Reading a 5,000-target config takes seconds of CPU, minutes on a box loaded many times over.
+            wait_http(f"http://127.0.0.1:{port}/healthz", timeout=max(60.0, targets / 20))
+            if args.engine != "vllm":
+                watcher = Watcher(port, args.sample)
+                watcher.start()
+            if args.starve:
+                stop, _, run = args.starve.partition(":")
+                starver = Starver(exporter.pid, float(stop), float(run))
+                starver.start()
             time.sleep(args.interval + args.warmup)  # a large fleet spreads its first polls over one interval
             process = psutil.Process(exporter.pid)
             load = os.getloadavg()[0]
@@ -222,6 +339,14 @@ def measure(targets: int, checkout: Path, fleet_port: int, fleet: psutil.Process
             polls = total_polls(port) - polls_before
             result = Result(targets, label(checkout), load, probes(floor_port, args.probes), (cpu_after - cpu_before) / elapsed,
                             polls / (targets * elapsed / args.interval), (fleet_after - fleet_before) / elapsed, waited)
+            if starver is not None:
+                # Starved on purpose, its latencies say nothing: the verdicts are the point.
+                starver.end()
+                result.scrape_ms = result.alone = result.during = [float("nan")]
+                if watcher is not None:
+                    watcher.stop()
+                    result.verdicts = {**verdicts(port, watcher), "starved_s": round(starver.stopped_s, 1)}
+                return result
             result.alone = probes(port, args.probes)
             single = finish(scrape_loop(port, "--count", str(args.scrapes), "--pause", "0.5"))
             result.scrape_ms = [s * 1e3 for s in single["seconds"]]
@@ -233,10 +358,21 @@ def measure(targets: int, checkout: Path, fleet_port: int, fleet: psutil.Process
             result.scrapes_during = len(during["seconds"])
             result.failures = sum(1 for ms in result.alone + result.during if ms >= PROBE_TIMEOUT * 1e3) \
                 + sum(1 for b in single["bytes"] + during["bytes"] if b < 0)
+            if watcher is not None:
+                watcher.stop()
+                result.verdicts = verdicts(port, watcher)
             return result
         finally:
+            if starver is not None:
+                starver.end()
             exporter.terminate()
-            exporter.wait(timeout=30)
+            try:
+                exporter.wait(timeout=120)  # 5,000 poll loops to cancel on a loaded box
+            except subprocess.TimeoutExpired:
+                exporter.kill()
+                exporter.wait(timeout=30)
+            if watcher is not None:
+                watcher.stop()
 
 
 def page_steps(targets: int) -> dict[str, tuple[float, float]]:
@@ -310,6 +446,13 @@ def main() -> int:
     parser.add_argument("--probes", type=int, default=1000, help="probes timed alone, and again during scrapes")
     parser.add_argument("--scrapes", type=int, default=10, help="single scrapes timed")
     parser.add_argument("--json", type=Path, help="also write every measurement here")
+    parser.add_argument("--engine", choices=("vllm", "llamacpp"), default="vllm",
+                        help="the fleet's page: vLLM's, or llama.cpp's (whose unanswered /metrics counts toward stuck)")
+    parser.add_argument("--metrics-timeout", help="the exporter's metrics_timeout (default: its own, 10s)")
+    parser.add_argument("--stuck-after", help="every target's stuck_after (default: the exporter's, 1m)")
+    parser.add_argument("--sample", type=float, default=5.0, help="--engine llamacpp: seconds between the watcher's scrapes")
+    parser.add_argument("--starve", metavar="STOP:RUN",
+                        help="SIGSTOP the exporter STOP seconds, let it run RUN seconds, over and over (a CPU quota)")
     args = parser.parse_args()
 
     checkouts = [args.baseline, REPO] if args.baseline else [REPO]
@@ -317,7 +460,8 @@ def main() -> int:
         for renderer, (longest, total) in page_steps(targets).items():
             print(f"{targets}/{renderer}: one scrape's page in-process: {total:.1f} ms of CPU, longest loop step {longest:.2f} ms")
     fleet_port = free_port()
-    fleet_child = subprocess.Popen([sys.executable, str(BENCH / "fleet_pages.py"), "--port", str(fleet_port)],
+    fleet_child = subprocess.Popen([sys.executable, str(BENCH / "fleet_pages.py"), "--port", str(fleet_port),
+                                    "--engine", args.engine],
                                    stdout=subprocess.PIPE, text=True, start_new_session=True)
     floor_port = free_port()
     floor_child = subprocess.Popen([sys.executable, "-c", FLOOR_SERVER, str(floor_port)], start_new_session=True)
@@ -341,6 +485,8 @@ def main() -> int:
                     print(f"{'':<14}run {run + 1}: page {result.page_bytes / 1e6:.1f} MB, "
                           f"{result.scrapes_during} scrapes during the probes, {result.failures} failed probes or scrapes"
                           + (f"; MISSED: {', '.join(result.misses())}" if result.misses() else ""), flush=True)
+                    if result.verdicts:
+                        print(f"{'':<14}verdicts: " + ", ".join(f"{k} {v:g}" for k, v in result.verdicts.items()), flush=True)
     finally:
         for child in (fleet_child, floor_child):
             child.terminate()
@@ -353,9 +499,18 @@ def main() -> int:
             mine = [r.figures() for r in results if r.targets == targets and r.checkout == label(checkout)]
             print_row(f"{targets}/{label(checkout)}", {c: f"{min(f[c] for f in mine):.1f}-{max(f[c] for f in mine):.1f}"
                                                        for c in COLUMNS})
+    if args.engine != "vllm":
+        print("\nverdicts, ranges over runs (min-max): stuck is the exporter's own doing (every target busy and moving)")
+        for targets in args.targets:
+            for checkout in checkouts:
+                mine = [r.verdicts for r in results if r.targets == targets and r.checkout == label(checkout) and r.verdicts]
+                if mine:
+                    print(f"{targets}/{label(checkout)}: " + ", ".join(
+                        f"{k} {min(m[k] for m in mine):g}-{max(m[k] for m in mine):g}" for k in mine[0]))
     if args.json:
         args.json.write_text(json.dumps([{"targets": r.targets, "checkout": r.checkout, **r.figures(),
-                                          "page_bytes": r.page_bytes, "scrapes_during": r.scrapes_during}
+                                          "page_bytes": r.page_bytes, "scrapes_during": r.scrapes_during,
+                                          **r.verdicts}
                                          for r in results], indent=1))
     missed = [m for r in results for m in r.misses()]
     print("PASS" if not missed else f"FAIL: {len(missed)} figure(s) over target (see MISSED above)")

@@ -5,9 +5,10 @@ the exporter, not its upstream: a bare asyncio protocol (no web framework) answe
 with bytes built at start. Each target's step counter moves on each of its reads (a fleet making
 progress): the page is prebuilt in `--variants` versions, and a target's n-th read gets the n-th
 (the last one once they run out, which then reads as a fleet that stopped moving).
-`/<target>/health` answers 200 with no body.
+`/<target>/health` answers 200 with no body. `--engine llamacpp` serves llama.cpp's real busy page
+instead (2 requests processing, its decode counter moving).
 
-    python bench/fleet_pages.py --port PORT [--page FILE] [--variants 400]
+    python bench/fleet_pages.py --port PORT [--engine vllm|llamacpp] [--page FILE] [--variants 400]
 
 Prints `ready` on stdout once it listens.
 """
@@ -19,8 +20,14 @@ import asyncio
 import sys
 from pathlib import Path
 
-PAGE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vllm" / "vllm-0.32.0-cpu-metrics-busy.txt"
-MARKER = b'vllm:iteration_tokens_total_count{engine="0",model_name="tiny"} 462.0'
+FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
+# engine -> (its real busy page, the sample line of its step counter, moved on each read)
+PAGES = {
+    "vllm": (FIXTURES / "vllm" / "vllm-0.32.0-cpu-metrics-busy.txt",
+             b'vllm:iteration_tokens_total_count{engine="0",model_name="tiny"} 462.0'),
+    "llamacpp": (FIXTURES / "llamacpp" / "llamacpp-0c1e570-cpu-metrics-busy-1.txt", b"llamacpp:n_decode_total 451"),
+}
+PAGE, MARKER = PAGES["vllm"]
 
 
 def response(body: bytes, content_type: bytes = b"text/plain; version=0.0.4; charset=utf-8") -> bytes:
@@ -28,10 +35,12 @@ def response(body: bytes, content_type: bytes = b"text/plain; version=0.0.4; cha
             + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
 
 
-def page_variants(page: bytes, count: int) -> list[bytes]:
-    """`count` whole HTTP answers: the page with its step counter at 463, 464, ..."""
-    head, tail = page.split(MARKER)
-    return [response(head + MARKER.replace(b"462.0", b"%d.0" % (463 + n)) + tail) for n in range(count)]
+def page_variants(page: bytes, count: int, marker: bytes = MARKER) -> list[bytes]:
+    """`count` whole HTTP answers: the page with its step counter (`marker`'s value) 1, 2, ... above the page's."""
+    head, tail = page.split(marker)
+    name, _, value = marker.rpartition(b" ")
+    first = int(float(value))
+    return [response(head + name + b" %d.0" % (first + 1 + n) + tail) for n in range(count)]
 
 
 class Fleet(asyncio.Protocol):
@@ -64,8 +73,8 @@ class Fleet(asyncio.Protocol):
         return self.missing
 
 
-async def serve(port: int, page: Path, variants: int) -> None:
-    Fleet.variants = page_variants(page.read_bytes(), variants)
+async def serve(port: int, page: Path, variants: int, marker: bytes = MARKER) -> None:
+    Fleet.variants = page_variants(page.read_bytes(), variants, marker)
     server = await asyncio.get_running_loop().create_server(Fleet, "127.0.0.1", port, backlog=4096)
     print("ready", flush=True)
     async with server:
@@ -75,10 +84,12 @@ async def serve(port: int, page: Path, variants: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--page", type=Path, default=PAGE)
+    parser.add_argument("--engine", choices=sorted(PAGES), default="vllm")
+    parser.add_argument("--page", type=Path, help="another page of that engine (default: its real busy page)")
     parser.add_argument("--variants", type=int, default=400)
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.page, args.variants))
+    page, marker = PAGES[args.engine]
+    asyncio.run(serve(args.port, args.page or page, args.variants, marker))
     return 0
 
 

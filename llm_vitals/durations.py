@@ -2,6 +2,8 @@
 
 `parse_duration` reads what a config says; `format_duration` writes seconds the way the docs show
 a default and the way Prometheus and Alertmanager read a duration (`for:`, `scrape_interval`).
+`PositiveDuration` is the field type of every timeout and interval: zero or less is refused with
+one message, whatever the key (a canary timeout of 0 fails every canary; a refresh interval of 0 spins).
 """
 
 from __future__ import annotations
@@ -51,5 +53,21 @@ def format_duration(seconds: float) -> str:
     return f"{millis}ms"
 
 
-# A pydantic field type: `poll_interval: Duration = 5.0` accepts "5s", "1m", 5.
+POSITIVE_MESSAGE = "must be > 0"
+
+
+def parse_positive_duration(value: object) -> float:
+    """Seconds above 0; ValueError(POSITIVE_MESSAGE) for zero or a negative duration, one message for both."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+        raise ValueError(POSITIVE_MESSAGE)
+    if isinstance(value, str) and value.strip().startswith("-"):
+        raise ValueError(POSITIVE_MESSAGE)
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError(POSITIVE_MESSAGE)
+    return seconds
+
+
+# Pydantic field types: `poll_interval: PositiveDuration = 5.0` accepts "5s", "1m", 5, and refuses 0.
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+PositiveDuration = Annotated[float, BeforeValidator(parse_positive_duration)]

@@ -30,6 +30,7 @@ PollErrorReason = Literal[
     "connect", "timeout", "http_status", "bad_metrics", "too_large", "health_503", "bad_models",
     "wrong_engine",  # the page is another engine's than the target declares
     "no_model",  # no model to send a canary to (a canary failure's word; never a poll's)
+    "exporter_late",  # the read timed out while the exporter's own event loop lagged: evidence of nothing
 ]
 POLL_ERROR_REASONS: tuple[PollErrorReason, ...] = get_args(PollErrorReason)
 # Every other reason a verdict gives.
@@ -88,7 +89,8 @@ class TargetView(_View):
                                                           "(the gpu_fault_file's first line, or the node condition's reason and message)")
     gpu_fault_source: str | None = Field(None, description="which source flagged it: file, node, dcgm or nvml")
     gpu_fault_errors: dict[str, str] = Field(default_factory=dict, description=(
-        "a GPU-fault source that could not be read (node, dcgm, nvml) and why; never a fault by itself"))
+        "a GPU-fault source that could not be read (file, node, dcgm, nvml) and why; never a fault by itself, "
+        "and an unreadable source keeps the fault it last flagged"))
     workload: str | None = Field(None, description=(
         "what the operator owns and a restart does not replace: Deployment/<ns>/<name>, StatefulSet/<ns>/<name>, "
         "DaemonSet/<ns>/<name>, LeaderWorkerSet/<ns>/<name>/<group-index>, a name given by a template or a file_sd "

@@ -14,6 +14,11 @@ from pydantic import AfterValidator, AnyHttpUrl, BeforeValidator
 
 # A target name is the `target` label of every series and alert, and the remediator's key for it.
 TARGET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+# A workload is what the operator owns and a restart does not replace (`Deployment/llm/vllm`,
+# `LeaderWorkerSet/llm/big/0`, a name the config gives): a label value of `llm_vitals_target_info`
+# and the remediator's key for budgets and circuits. Kubernetes names and kinds fit: a kind, a
+# 63-character namespace and a 253-character name; any number of `/`.
+WORKLOAD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/\[\]-]{0,511}$")
 _LISTEN = re.compile(r"^(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:\s\[\]]*)):(?P<port>\d{1,5})$")
 
 
@@ -21,6 +26,13 @@ def target_name(name: str) -> str:
     """A target name, or ValueError: 1-63 of [A-Za-z0-9_.:-], starting with a letter or digit."""
     if not TARGET_NAME.match(name):
         raise ValueError(f"target name {name!r} must match {TARGET_NAME.pattern}")
+    return name
+
+
+def workload_name(name: str) -> str:
+    """A workload name, or ValueError: 1-512 of [A-Za-z0-9_.:/[]-], starting with a letter or digit."""
+    if not WORKLOAD_NAME.match(name):
+        raise ValueError(f"workload {name[:100]!r} must match {WORKLOAD_NAME.pattern}")
     return name
 
 
@@ -59,6 +71,7 @@ def _http_url_input(value: object) -> object:
 
 # The field types both configs use.
 TargetName = Annotated[str, AfterValidator(target_name)]
+WorkloadName = Annotated[str, AfterValidator(workload_name)]
 ListenAddress = Annotated[str, AfterValidator(listen_address)]
 HttpUrl = Annotated[str, AfterValidator(http_url)]
 # The same rule, kept parsed, for code that needs the parts (the exporter shows a URL without its password).

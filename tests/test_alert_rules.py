@@ -30,6 +30,7 @@ REMEDIATOR_RECEIVER = "llm-vitals-remediator"
 EXPECTED_ALERTS = {
     "LLMServerStuck",
     "LLMServerUnresponsive",
+    "LLMServerUnresponsiveLoadUnknown",  # engine openai: a page, never a restart (issue 23)
     "LLMServerDown",
     "LLMServerRestartLoop",
     "LLMVitalsPollingStale",

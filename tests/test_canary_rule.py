@@ -46,22 +46,47 @@ CASES: list[tuple[str, Observation, float | None, dict[str, object], bool, bool]
 def test_canary_due(observation: Observation, since_last: float | None, overrides: dict[str, object],
                     in_flight: bool, due: bool) -> None:
     settings = target(**overrides)
-    verdict = judge(initial(T0 - 60), observation, T0 + 60, settings)
+    # Two reads of the same thing: an idle server is one seen quiet for a whole interval.
+    verdict = judge(judge(initial(T0 - 60), observation, T0 + 55, settings), observation, T0 + 60, settings)
     last_sent = None if since_last is None else T0 + 60 - since_last
     assert canary_due(verdict, observation, last_sent, T0 + 60, settings, poll_interval=POLL, in_flight=in_flight) is due
 
 
-def test_a_restarted_process_gets_its_canary_at_once_even_within_the_interval() -> None:
+def test_a_restarted_process_gets_its_canary_at_its_first_quiet_interval_even_within_the_interval() -> None:
     settings = target()
-    first = judge(None, Snapshot(running=0, waiting=0, steps=5, process_start_time=900.0), T0, settings)
-    assert canary_due(first, IDLE, T0 - 1, T0, settings, poll_interval=POLL) is False
-    restarted = judge(first, Snapshot(running=0, waiting=0, steps=0, process_start_time=1004.0), T0 + 5, settings)
+    old = Snapshot(running=0, waiting=0, steps=5, process_start_time=900.0)
+    first = judge(judge(None, old, T0 - 5, settings), old, T0, settings)
+    assert canary_due(first, old, T0 - 1, T0, settings, poll_interval=POLL) is False
+    new = Snapshot(running=0, waiting=0, steps=0, process_start_time=1004.0)
+    restarted = judge(first, new, T0 + 5, settings)
     assert restarted.reason == "restart"
-    assert canary_due(restarted, IDLE, T0 - 1, T0 + 5, settings, poll_interval=POLL) is True
-    # A busy restart read sends none; the next idle one does, the old canary being the old process's.
+    assert canary_due(restarted, new, T0 - 1, T0 + 5, settings, poll_interval=POLL) is False  # no quiet interval yet
+    quiet = judge(restarted, new, T0 + 10, settings)
+    assert canary_due(quiet, new, T0 - 1, T0 + 10, settings, poll_interval=POLL) is True
+    # A busy restart read sends none, nor the read whose counters moved; the next quiet one does,
+    # the old canary being the old process's.
     busy = judge(first, Snapshot(running=2, waiting=0, steps=0, process_start_time=1004.0), T0 + 5, settings)
     assert canary_due(busy, BUSY, T0 - 1, T0 + 5, settings, poll_interval=POLL) is False
-    later = judge(busy, Snapshot(running=0, waiting=0, steps=9, process_start_time=1004.0), T0 + 10, settings)
-    assert canary_due(later, IDLE, T0 - 1, T0 + 10, settings, poll_interval=POLL) is True
+    done = Snapshot(running=0, waiting=0, steps=9, process_start_time=1004.0)
+    moved = judge(busy, done, T0 + 10, settings)
+    assert canary_due(moved, done, T0 - 1, T0 + 10, settings, poll_interval=POLL) is False
+    later = judge(moved, done, T0 + 15, settings)
+    assert canary_due(later, done, T0 - 1, T0 + 15, settings, poll_interval=POLL) is True
     # Once the new process had its canary, the interval applies again.
-    assert canary_due(later, IDLE, T0 + 6, T0 + 10, settings, poll_interval=POLL) is False
+    assert canary_due(later, done, T0 + 11, T0 + 15, settings, poll_interval=POLL) is False
+
+
+@pytest.mark.parametrize(("case", "reads", "due"), [
+    ("the first read of a lifetime: no interval seen quiet yet", [IDLE], False),
+    ("a whole quiet interval", [IDLE, IDLE], True),
+    # vLLM's API server feeding its engine one request at a time: gauges at 0 at each read.
+    ("counters moved since the last read, gauges at 0", [Snapshot(0, 0, steps=5), Snapshot(0, 0, steps=9)], False),
+    ("work pending at the last read, none now", [BUSY, IDLE], False),
+])
+def test_the_canary_needs_a_whole_interval_with_nothing_pending_and_nothing_moving(case, reads, due) -> None:
+    settings = target()
+    verdict = None
+    for n, read in enumerate(reads):
+        verdict = judge(verdict, read, T0 + 5 * n, settings)
+    assert verdict is not None
+    assert canary_due(verdict, reads[-1], None, T0 + 5 * len(reads), settings, poll_interval=POLL) is due, case

@@ -18,7 +18,7 @@ from pydantic_core import PydanticUndefined
 
 import llm_vitals.exporter.settings as exporter_settings
 import llm_vitals.remediator.settings as remediator_settings
-from llm_vitals.durations import format_duration, parse_duration
+from llm_vitals.durations import format_duration, parse_duration, parse_positive_duration
 
 PAGE = REPO / "docs" / "configuration.md"
 
@@ -80,7 +80,8 @@ def nested_models(root: type[BaseModel]) -> set[type[BaseModel]]:
 
 
 def _is_duration(field) -> bool:
-    return any(getattr(m, "func", None) is parse_duration for m in field.metadata) or "parse_duration" in repr(field.annotation)
+    return any(getattr(m, "func", None) in (parse_duration, parse_positive_duration) for m in field.metadata) or (
+        "parse_duration" in repr(field.annotation) or "parse_positive_duration" in repr(field.annotation))
 
 
 def expected_default(field) -> str:

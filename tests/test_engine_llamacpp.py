@@ -153,9 +153,11 @@ def test_the_table_row_says_metrics_unanswered_is_stuck_and_reads_the_header():
     assert not ENGINES["vllm"].facts.metrics_unanswered_is_stuck
 
 
-# ---- the capture's sequences through the pure verdict (poll every second, stuck_after 6 s) ----
+# ---- the capture's sequences through the pure verdict (poll every second, stuck_after 6 s, down_after 2 s) ----
 
-TARGET = TargetSettings(name="llama", url="http://127.0.0.1:8080", engine="llamacpp", stuck_after=STUCK_AFTER)
+DOWN_AFTER = 2.0
+TARGET = TargetSettings(name="llama", url="http://127.0.0.1:8080", engine="llamacpp", stuck_after=STUCK_AFTER,
+                        down_after=DOWN_AFTER)
 TIMEOUT = PollError("timeout", "/metrics took longer than 2s")
 REFUSED = PollError("connect", "/metrics: ClientConnectorError: connection refused")
 
@@ -171,8 +173,8 @@ def replay(steps: list, t0: float = 1000.0):
 
 
 def test_busy_pages_with_n_decode_moving_are_busy_though_tokens_stand_still():
-    verdicts = replay(["idle", "busy-1", "busy-2", "busy-after-thread-release", "busy-after-sigcont"])
-    assert [v.state for v in verdicts] == ["idle", "busy", "busy", "busy", "busy"]
+    verdicts = replay(["idle", "idle", "busy-1", "busy-2", "busy-after-thread-release", "busy-after-sigcont"])
+    assert [v.state for v in verdicts] == ["starting", "idle", "busy", "busy", "busy", "busy"]
     assert verdicts[-1].restarts == 0
 
 
@@ -200,13 +202,15 @@ def test_sigstop_metrics_accepted_never_answered_while_busy_is_stuck_metrics_una
 
 def test_unanswered_metrics_on_an_idle_server_is_down_not_stuck():
     # Nothing was owed: there is no lack of progress to speak of, only a server that does not answer.
-    verdicts = replay(["idle"] + [TIMEOUT] * 10)
-    assert {v.state for v in verdicts[1:]} == {"down"}
+    verdicts = replay(["idle", "idle"] + [TIMEOUT] * 10)
+    # One unanswered read keeps idle (no evidence); unanswered for down_after is down, never stuck.
+    assert [v.state for v in verdicts[1:]] == ["idle", "idle"] + ["down"] * 9
     assert verdicts[-1].reason == "timeout"
 
 
 def test_unanswered_metrics_is_down_for_vllm_whose_metrics_only_gets_slow():
-    vllm = TargetSettings(name="v", url="http://127.0.0.1:8000", engine="vllm", stuck_after=STUCK_AFTER)
+    vllm = TargetSettings(name="v", url="http://127.0.0.1:8000", engine="vllm", stuck_after=STUCK_AFTER,
+                          down_after=DOWN_AFTER)
     verdict = judge(None, read_page(ENGINE, page("busy-1")), 0.0, vllm, ENGINES["vllm"].facts)
     for t in range(1, 10):
         verdict = judge(verdict, TIMEOUT, float(t), vllm, ENGINES["vllm"].facts)
@@ -215,9 +219,10 @@ def test_unanswered_metrics_is_down_for_vllm_whose_metrics_only_gets_slow():
 
 def test_kill_is_down_then_restart_counts_exactly_one_restart():
     verdicts = replay(["busy-before-kill", REFUSED, REFUSED, "restarted-idle", "restarted-idle", "restarted-idle"])
-    assert [v.state for v in verdicts[:3]] == ["busy", "down", "down"]
-    assert verdicts[1].reason == "connect"
-    assert verdicts[3].state == "idle" and verdicts[3].reason == "restart"
+    assert [v.state for v in verdicts[:3]] == ["busy", "busy", "down"]  # down once refused for down_after
+    assert verdicts[2].reason == "connect"
+    assert (verdicts[3].state, verdicts[3].reason) == ("starting", "restart")
+    assert [v.state for v in verdicts[4:]] == ["idle", "idle"]
     assert [v.restarts for v in verdicts] == [0, 0, 0, 1, 1, 1]
 
 

@@ -193,7 +193,8 @@ def test_data_parallel_ranks_are_summed() -> None:
 
 def target() -> TargetSettings:
     return TargetSettings.model_validate(
-        {"name": "s", "url": "http://127.0.0.1:1", "engine": "sglang", "stuck_after": 20, "startup_grace": 0}
+        {"name": "s", "url": "http://127.0.0.1:1", "engine": "sglang", "stuck_after": 20, "down_after": 5,
+         "startup_grace": 0}
     )
 
 
@@ -218,11 +219,13 @@ def run(rows: list[tuple[float, str | PollError]]) -> Verdict:
         ([(0, "idle"), (5, "prefill"), (6, "prefill")], "busy", "waiting_for_progress", 0),
         # No start-time metric: the counters falling is the one restart.
         ([(0, "busy-before-kill"), (40, "restarted-idle"), (45, "restarted-idle")], "idle", "idle", 1),
-        ([(0, "busy-before-kill"), (40, "restarted-idle")], "idle", "restart", 1),
-        ([(0, "after-sigkill-scheduler"), (1, REFUSED)], "down", "connect", 0),
+        ([(0, "busy-before-kill"), (40, "restarted-idle")], "starting", "restart", 1),
+        # Refused for down_after (5 s here): down. One refused read alone keeps the last state.
+        ([(0, "after-sigkill-scheduler"), (1, REFUSED), (5, REFUSED)], "down", "connect", 0),
+        ([(0, "after-sigkill-scheduler"), (1, REFUSED)], "busy", "progress", 0),
     ],
     ids=["idle", "busy", "frozen_scheduler_stuck", "frozen_not_yet_stuck", "prefill_busy", "restart_then_idle",
-         "restart", "killed"],
+         "restart", "killed", "one_refused_read"],
 )
 def test_verdict_over_real_pages(rows: list[tuple[float, str | PollError]], state: str, reason: str,
                                  restarts: int) -> None:

@@ -96,12 +96,17 @@ def test_captures_of_a_server_that_did_not_answer_hold_no_page(state: str, rc: i
 
 
 def run(states: list[tuple[str, float]], t: TargetSettings | None = None):
-    """Judge a sequence of real pages (state, seconds) as one target's polls; the verdicts."""
+    """Judge a sequence of real pages (state, seconds) as one target's polls; the verdicts.
+
+    A state is a fixture's name, or a page's text itself (a line holds one: a real page changed by
+    `without_model` or `new_version`).
+    """
     t = t or target()
     verdict, out = None, []
     for state, at in states:
+        text = state if "\n" in state else page(state)
         try:
-            observation = read_page(engine_of("triton"), Page(page(state).encode()))
+            observation = read_page(engine_of("triton"), Page(text.encode()))
         except PageError as exc:
             observation = PollError(exc.reason, exc.detail)
         verdict = judge(verdict, observation, at, t)
@@ -114,7 +119,9 @@ def test_frozen_worker_queued_and_nothing_completing_for_stuck_after_is_stuck() 
     # SIGSTOPped, frozen-1 10 s and frozen-2 20 s after; HTTP answered 200 throughout.
     verdicts = run([("idle-after-one-request", 0.0), ("busy-1", 9.3), ("busy-2", 17.9),
                     ("frozen-python-1", 28.1), ("frozen-python-2", 38.1), ("idle-after-busy", 78.4)])
-    assert [v.state for v in verdicts] == ["idle", "busy", "busy", "stuck", "stuck", "idle"]
+    # The first read of a lifetime is not yet idle; the last, after the freeze, shows the queue drained
+    # and the counters moved since the frozen read: work flowed, so busy (idle needs a quiet interval).
+    assert [v.state for v in verdicts] == ["starting", "busy", "busy", "stuck", "stuck", "busy"]
     assert verdicts[3].reason and verdicts[4].stuck_seconds == pytest.approx(38.1 - 9.3)
     assert {v.restarts for v in verdicts} == {0}
 
@@ -131,7 +138,7 @@ def test_a_long_request_with_one_queued_is_busy_until_stuck_after_which_must_exc
 def test_killed_server_is_down_and_its_restart_is_one_counter_reset() -> None:
     verdicts = run([("busy-before-kill", 0.0), ("after-kill-python-33s", 33.0), ("restarted-idle", 60.0),
                     ("restarted-idle", 61.0)])
-    assert [v.state for v in verdicts] == ["busy", "down", "idle", "idle"]
+    assert [v.state for v in verdicts] == ["busy", "down", "starting", "idle"]  # down: no good read for 33 s
     assert verdicts[1].reason == "bad_metrics"
     assert [v.restarts for v in verdicts] == [0, 0, 1, 1]
 
@@ -227,3 +234,67 @@ def test_fixture_folder_holds_the_pages_the_project_keeps() -> None:
     names = {p.name for p in Path(TRITON).iterdir()}
     for state in ("idle", "busy-1", "frozen-python-1", "frozen-tritonserver", "after-kill-tritonserver-5s", "restarted-idle"):
         assert REAL.format(state) in names, state
+
+
+# -- models loaded, unloaded, given a new version: not a restart (issue 23, part 7) ----------------
+# Triton drops a model's series from the page when the model is unloaded and brings them back from 0
+# when it (or a new version) is loaded. The pages below are the real ones with exactly that done to
+# them: the lines of one model taken away, or its version changed and its counters at 0.
+
+
+def without_model(text: str, model: str) -> str:
+    """The real page as Triton shows it once `model` is unloaded: none of its series."""
+    return "".join(line for line in text.splitlines(keepends=True) if f'model="{model}"' not in line)
+
+
+def new_version(text: str, model: str, version: str) -> str:
+    """The real page once `model` is reloaded as `version`: its series under the new version, from 0."""
+    lines = []
+    for line in text.splitlines(keepends=True):
+        if f'model="{model}"' in line and not line.startswith("#"):
+            labels, _, _ = line.rpartition(" ")
+            line = labels.replace('version="1"', f'version="{version}"') + " 0\n"
+        lines.append(line)
+    return "".join(lines)
+
+
+def test_the_transformed_pages_are_what_triton_shows() -> None:
+    busy = page("busy-1")
+    gone = without_model(busy, "toy_lm_stream")
+    assert 'model="toy_lm_stream"' in busy and 'model="toy_lm_stream"' not in gone
+    assert client_sum(gone, "nv_inference_exec_count") < client_sum(busy, "nv_inference_exec_count")  # the sum falls
+    bumped = new_version(page("idle-after-busy"), "toy_lm_stream", "2")
+    assert client_sum(bumped, "nv_inference_exec_count", model="toy_lm_stream", version="2") == 0
+    assert client_sum(bumped, "nv_inference_exec_count", model="toy_lm") == client_sum(
+        page("idle-after-busy"), "nv_inference_exec_count", model="toy_lm")
+
+
+@pytest.mark.parametrize(("states", "state", "reason"), [
+    # Unloaded with work queued on the other model, nothing completing: not a restart, not progress.
+    ([("busy-1", 0.0), (without_model(page("busy-1"), "toy_lm_stream"), 5.0)], "busy", "waiting_for_progress"),
+    # ... and still stuck once nothing completes for stuck_after: the unload hides no hang.
+    ([("busy-1", 0.0), (without_model(page("busy-1"), "toy_lm_stream"), 5.0),
+      (without_model(page("busy-1"), "toy_lm_stream"), 20.0)], "stuck", "no_progress"),
+    # Unloaded while the other model completes requests: that is progress.
+    ([("busy-1", 0.0), (without_model(page("busy-before-kill"), "toy_lm_stream"), 5.0)], "busy", "progress"),
+    # A new version of an idle model: its series start at 0 under the new version; idle once quiet.
+    ([("idle-after-busy", 0.0), ("idle-after-busy", 5.0), (new_version(page("idle-after-busy"), "toy_lm_stream", "2"), 10.0),
+      (new_version(page("idle-after-busy"), "toy_lm_stream", "2"), 15.0)], "idle", "idle"),
+    # Reloaded between two reads: its series from 0 under the same labels, the other model's standing still.
+    ([("idle-after-busy", 0.0), ("idle-after-busy", 5.0), (new_version(page("idle-after-busy"), "toy_lm_stream", "1"), 10.0),
+      (new_version(page("idle-after-busy"), "toy_lm_stream", "1"), 15.0)], "idle", "idle"),
+    # Unloaded and loaded again: back from 0 under the same labels, while the other model stands still.
+    ([("idle-after-busy", 0.0), (without_model(page("idle-after-busy"), "toy_lm_stream"), 5.0),
+      (new_version(page("idle-after-busy"), "toy_lm_stream", "1"), 10.0)], "idle", "idle"),
+])
+def test_a_model_unloaded_loaded_or_given_a_new_version_is_not_a_restart(states, state: str, reason: str) -> None:
+    verdicts = run(states)
+    assert (verdicts[-1].state, verdicts[-1].reason) == (state, reason), verdicts[-1].detail
+    assert {v.restarts for v in verdicts} == {0}
+    assert all(v.steps_per_second is None or v.steps_per_second >= 0 for v in verdicts)  # never a negative rate
+
+
+def test_a_real_restart_is_still_one_restart_though_models_come_and_go() -> None:
+    # Every series present before and after fell to 0: that is the process, not a model.
+    verdicts = run([("busy-before-kill", 0.0), (without_model(page("restarted-idle"), "toy_lm_stream"), 60.0)])
+    assert verdicts[-1].restarts == 1 and verdicts[-1].reason == "restart"

@@ -27,7 +27,7 @@ from llm_vitals.exporter.verdict import CanaryOutcome, PollError, judge, record_
 
 # DESIGN §2: the public contract (name -> type, labels besides `target`).
 CONTRACT = {
-    "llm_vitals_target_info": ("gauge", {"engine", "role", "url", "namespace", "pod", "node"}),
+    "llm_vitals_target_info": ("gauge", {"engine", "role", "url", "namespace", "pod", "node", "workload"}),
     "llm_vitals_up": ("gauge", set()),
     "llm_vitals_state": ("gauge", {"state"}),
     "llm_vitals_requests_running": ("gauge", set()),
@@ -128,7 +128,8 @@ async def test_probes_answer_from_the_cache(aiohttp_client) -> None:
     assert (await status("startup"), await status("ready"), await status("live")) == (503, 503, 200)
     from llm_vitals.exporter.engines import Snapshot
     t0 = rec.verdict.first_seen
-    rec.record_poll(judge(rec.verdict, Snapshot(0, 0, 1, 1, 1, 1, 0.0, 5.0), t0, target), t0, 0.01)
+    for _ in range(2):  # idle: a whole interval with nothing pending and nothing moving
+        rec.record_poll(judge(rec.verdict, Snapshot(0, 0, 1, 1, 1, 1, 0.0, 5.0), t0, target), t0, 0.01)
     rec.record_canary("ok", record_canary(rec.verdict, CanaryOutcome("ok"), t0, target))
     assert (await status("startup"), await status("ready"), await status("live")) == (200, 200, 200)
     rec.record_poll(judge(rec.verdict, PollError("connect", "refused"), t0 + 1, target), t0 + 1, 0.01)
@@ -242,6 +243,29 @@ async def test_gpu_fault_file_flags_the_target_and_makes_it_unready(aiohttp_serv
     assert 'llm_vitals_gpu_fault{target="gpu-a"} 1.0' in await (await client.get("/metrics")).text()
     flag.unlink()
     await wait_for(lambda: rec.gpu_fault is None, what="gpu fault cleared")
+
+
+async def test_an_unreadable_gpu_fault_file_keeps_the_fault_it_held_and_shows_why(aiohttp_server, aiohttp_client,
+                                                                                  tmp_path) -> None:
+    upstream = FakeVllm(BUSY_PAGE)
+    server = await aiohttp_server(upstream.app())
+    flag = tmp_path / "gpu-a.fault"
+    flag.write_text("Xid 79: GPU has fallen off the bus\n")
+    client = await start_exporter(aiohttp_client, make_settings(
+        [make_target("gpu-a", str(server.make_url("")), gpu_fault_file=str(flag), stuck_after=600)]))
+    rec = record(client, "gpu-a")
+    await wait_for(lambda: rec.gpu_fault, what="gpu fault flagged")
+    flag.unlink()
+    flag.mkdir()  # the path made a directory: unreadable, not cleared
+    await wait_for(lambda: "file" in rec.gpu_fault_errors, what="the read error shown")
+    polls = rec.polls
+    await wait_for(lambda: rec.polls >= polls + 3, what="three more polls")
+    view = await target_json(client, "gpu-a")
+    assert view["gpu_fault"] is True and view["gpu_fault_detail"] == "Xid 79: GPU has fallen off the bus"
+    assert view["gpu_fault_errors"]["file"] == f"cannot read {flag}: Is a directory"
+    assert view["ready"] is False
+    flag.rmdir()  # absent: the agent cleared it
+    await wait_for(lambda: rec.gpu_fault is None and "file" not in rec.gpu_fault_errors, what="cleared, no error")
 
 
 async def test_credentials_in_a_target_url_are_not_shown(aiohttp_client) -> None:

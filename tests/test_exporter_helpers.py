@@ -76,7 +76,8 @@ def make_settings(targets: list[dict[str, Any]], environ: dict[str, str] | None 
 
 
 def make_target(name: str, url: str, **overrides: Any) -> dict[str, Any]:
-    target: dict[str, Any] = {"name": name, "url": url, "stuck_after": 1.5, "startup_grace": 0,
+    # Scaled to the 0.2 s poll: stuck after 1.5 s, down after 0.5 s of failed reads (2-3 polls).
+    target: dict[str, Any] = {"name": name, "url": url, "stuck_after": 1.5, "down_after": 0.5, "startup_grace": 0,
                               "canary": {"interval": 0.5, "timeout": 1}}
     target.update(overrides)
     return target

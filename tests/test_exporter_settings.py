@@ -22,7 +22,18 @@ INVALID = {
     "invalid-exporter-no-targets.yaml": "give at least one target, or a discovery source",
     "invalid-exporter-missing-key-env.yaml": "targets[0].api_key_env: environment variable LLM_VITALS_TEST_KEY_THAT_IS_NOT_SET is not set",
     "invalid-exporter-bad-listen.yaml": "listen: listen must be HOST:PORT, got '9471'",
+    "invalid-exporter-bad-workload.yaml":
+        r"targets[0].workload: workload 'vllm fleet' must match ^[A-Za-z0-9][A-Za-z0-9_.:/\[\]-]{0,511}$",
     "invalid-exporter-not-yaml.yaml": "not valid YAML at line 2, column 1: expected ',' or ']', but got '<stream end>'",
+    # One message for every duration that must be above 0, zero or negative alike.
+    "invalid-exporter-zero-canary-timeout.yaml": "targets[0].canary.timeout: must be > 0",
+    "invalid-exporter-zero-liveness-budget.yaml": "targets[0].liveness_budget: must be > 0",
+    "invalid-exporter-zero-metrics-timeout.yaml": "metrics_timeout: must be > 0",
+    "invalid-exporter-zero-refresh-interval.yaml": "discovery[0].file.refresh_interval: must be > 0",
+    "invalid-exporter-negative-down-after.yaml": "targets[0].down_after: must be > 0",
+    "invalid-exporter-restart-risk-not-openai.yaml": (
+        "targets[0]: restart_risking_busy_server is for engine openai, whose load cannot be read; "
+        "a vllm target's canary never goes to a busy server"),
 }
 
 
@@ -104,3 +115,78 @@ def test_public_url_drops_credentials_and_only_a_default_port() -> None:
     assert public("http://admin:pw@gpu-a:8000/v1/") == "http://gpu-a:8000/v1"
     assert public("https://gpu-a:443") == "https://gpu-a"
     assert public("http://[::1]:9000") == "http://[::1]:9000"
+
+
+def _positive_durations(model: type, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every field of the config models typed PositiveDuration, as a key path (a list is its first item)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from llm_vitals.durations import parse_positive_duration
+
+    found = []
+    for name, info in model.model_fields.items():
+        if any(getattr(m, "func", None) is parse_positive_duration for m in info.metadata) or (
+                "parse_positive_duration" in repr(info.annotation)):
+            found.append((*path, name))
+            continue
+        for arg in (info.annotation, *typing.get_args(info.annotation)):
+            inner = typing.get_args(arg)[0] if typing.get_origin(arg) is list else arg
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                found += _positive_durations(inner, (*path, name))
+    return found
+
+
+def _document(keys: tuple[str, ...], value: object) -> tuple[dict, str]:
+    """A config with `keys` set to `value` (a target or a file_sd entry around it as needed), and the key path shown."""
+    base: dict = {"targets": [{"name": "a", "url": "http://127.0.0.1:1"}]}
+    if keys[0] == "targets":
+        node, shown = base["targets"][0], "targets[0]"
+        keys = keys[1:]
+    elif keys[0] == "discovery":
+        base["discovery"] = [{"file": {"paths": ["/nowhere/*.json"]}}]
+        node, shown = base["discovery"][0]["file"], "discovery[0].file"
+        keys = keys[2:]
+    else:
+        node, shown = base, ""
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        shown += f".{key}"
+    node[keys[-1]] = value
+    return base, f"{shown}.{keys[-1]}".lstrip(".")
+
+
+def test_every_positive_duration_refuses_zero_and_negative_with_one_message() -> None:
+    from llm_vitals.exporter.settings import ExporterSettings
+
+    keys = _positive_durations(ExporterSettings)
+    # The ones the issue names, and the rest of the timeouts and intervals.
+    for expected in [("metrics_timeout",), ("poll_interval",), ("targets", "canary", "timeout"),
+                     ("targets", "liveness_budget"), ("targets", "down_after"), ("targets", "stuck_after"),
+                     ("discovery", "file", "refresh_interval"), ("gpu_faults", "nvml", "call_timeout")]:
+        assert expected in keys, expected
+    for key in keys:
+        for value in (0, "0s", -1, "-5s"):
+            document, shown = _document(key, value)
+            with pytest.raises(ConfigError) as caught:
+                parse_settings(document, "cfg.yaml", environ={})
+            assert str(caught.value) == f"cfg.yaml: {shown}: must be > 0", (key, value)
+        document, _ = _document(key, "250ms")
+        parse_settings(document, "cfg.yaml", environ={})  # any positive duration loads
+
+
+def test_startup_grace_0_is_no_grace_and_loads() -> None:
+    settings = parse_settings({"targets": [{"name": "a", "url": "http://127.0.0.1:1", "startup_grace": 0}]}, environ={})
+    assert settings.targets[0].startup_grace == 0.0
+
+
+def test_down_after_defaults_to_30s_and_openai_targets_restart_only_when_they_accept_the_risk() -> None:
+    settings = parse_settings({"targets": [
+        {"name": "v", "url": "http://127.0.0.1:1"},
+        {"name": "o", "url": "http://127.0.0.1:2", "engine": "openai"},
+        {"name": "risk", "url": "http://127.0.0.1:3", "engine": "openai", "restart_risking_busy_server": True},
+    ]}, environ={})
+    vllm, openai, risk = settings.targets
+    assert vllm.down_after == 30.0
+    assert vllm.restart_on_unresponsive and not openai.restart_on_unresponsive and risk.restart_on_unresponsive

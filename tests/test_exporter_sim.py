@@ -105,7 +105,7 @@ async def test_hang_becomes_stuck_within_stuck_after_plus_a_poll(aiohttp_client)
             assert view["state"] == "stuck" and view["reason"] == "no_progress"
             assert view["stuck_seconds"] >= STUCK_AFTER and view["ready"] is False
             assert view["live"] is True  # liveness waits for 2 x stuck_after
-            await wait_for(lambda: time.time() - rec.verdict.last_progress > 2 * STUCK_AFTER, timeout=5,
+            await wait_for(lambda: time.monotonic() - rec.verdict.last_progress > 2 * STUCK_AFTER, timeout=5,
                            what="liveness budget spent")
             assert (await client.get("/probe/gpu-a/live")).status == 503
             fleet.backends[0].set_fault("none")

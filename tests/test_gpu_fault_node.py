@@ -7,7 +7,7 @@ from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_settings, make_targe
 
 from llm_vitals.demo.ports import free_port
 from llm_vitals.exporter.gpu_faults import GpuFault, NodeRules, Taint
-from llm_vitals.exporter.node_watch import NodeCache, NodeView, node_view
+from llm_vitals.exporter.node_watch import NodeCache, NodeView, NodeWatchRunner, node_view, node_watch_wanted
 from llm_vitals.exporter.settings import ConfigError, parse_settings
 from llm_vitals.exporter.state import StateStore
 
@@ -100,3 +100,49 @@ current-context: x
     await wait_for(lambda: rec.verdict.state == "busy" and error in rec.gpu_fault_errors.get("node", ""), what=f"busy, {error!r} kept")
     view = await target_json(client, "gpu-a")
     assert view["gpu_fault"] is False and view["ready"] is True and view["node"] == "n1"
+
+
+def unreachable_kubeconfig(path) -> str:
+    """A kubeconfig whose API server is a free loopback port: the watch runs, and fails to list."""
+    path.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:{free_port()}", insecure-skip-tls-verify: true}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+current-context: x
+""")
+    return str(path)
+
+
+async def test_the_node_watch_follows_each_config_started_given_new_rules_and_stopped(tmp_path) -> None:
+    kubeconfig = unreachable_kubeconfig(tmp_path / "kubeconfig")
+
+    def config(node: str | None, taints: list[str]):
+        target = {"name": "t0", "url": "http://127.0.0.1:9000", **({"node": node} if node else {})}
+        return parse_settings({"targets": [target], "gpu_faults": {"kubeconfig": kubeconfig, "node_taints": taints}},
+                              "test", environ={})
+
+    without, with_node = config(None, []), config("n1", [])
+    assert not node_watch_wanted(without) and node_watch_wanted(with_node)
+    records = store("n1")
+    [rec] = records
+    cache = NodeCache({"n1": NodeView(taints=({"key": "nvidia.com/gpu-xid-error", "effect": "NoSchedule"},))}, synced=True)
+    runner = NodeWatchRunner(cache, lambda: iter(records))
+    try:
+        await runner.follow(without)
+        assert not runner.running
+        await runner.follow(with_node)
+        assert runner.running and runner.watch is not None
+        first = runner.watch
+        cache.apply(rec, first.rules)
+        assert rec.gpu_fault is None  # the taint is not listed
+        # A reload lists the taint: the watch's own rules change at once and every target is judged on them.
+        await runner.follow(config("n1", ["nvidia.com/gpu-xid-error"]))
+        assert runner.watch is first and first.rules.taints == (Taint.parse("nvidia.com/gpu-xid-error"),)
+        assert rec.gpu_fault is not None and rec.gpu_fault.startswith("nvidia.com/gpu-xid-error: node n1")
+        # A reload that no target needs it for stops it and forgets its word on every target.
+        await runner.follow(without)
+        assert not runner.running and rec.gpu_fault is None and "node" not in rec.gpu_fault_errors
+        assert cache.nodes == {} and not cache.synced
+    finally:
+        await runner.stop()

@@ -13,6 +13,7 @@ from llm_vitals.exporter.gpu_faults import (
     Taint,
     combine,
     dcgm_fault,
+    file_fault,
     node_fault,
 )
 
@@ -148,3 +149,19 @@ def test_combine_keeps_the_first_source_flagged() -> None:
     assert combine([file, node, dcgm]) == file
     assert combine([None, node, dcgm]) == node
     assert combine([None, None, dcgm]) == dcgm
+
+
+XID79 = GpuFault("file", "Xid 79: GPU has fallen off the bus")
+
+
+# (fault held, text read, read error) -> (fault, error): an unreadable file fails safe.
+@pytest.mark.parametrize(("before", "text", "error", "fault", "shown"), [
+    (None, "Xid 79: GPU has fallen off the bus\nmore\n", None, XID79, None),
+    (XID79, "", None, None, None),  # empty or absent: the agent cleared it
+    (XID79, "  \n", None, None, None),
+    (XID79, None, "cannot read /run/gpu-a.fault: Is a directory", XID79, "cannot read /run/gpu-a.fault: Is a directory"),
+    (None, None, "cannot read /run/gpu-a.fault: Permission denied", None, "cannot read /run/gpu-a.fault: Permission denied"),
+    (None, "x" * 500, None, GpuFault("file", "x" * 200), None),
+])
+def test_gpu_fault_file_rule_keeps_the_last_fault_when_the_file_cannot_be_read(before, text, error, fault, shown) -> None:
+    assert file_fault(before, text, error) == (fault, shown)

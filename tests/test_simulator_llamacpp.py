@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import httpx
@@ -84,6 +85,25 @@ async def test_sim_hang_accepts_metrics_and_never_answers_while_health_says_ok(c
         backend.set_fault("none")
         _, values, _ = await page_of(client, url)
         assert values["llamacpp:requests_processing"] == 2
+        await cancel(tasks)
+
+
+async def test_sim_freeze_inside_a_decode_answers_metrics_with_frozen_counters(client):
+    async with Fleet(LOADED, backends=1, control=False) as fleet:
+        backend, url = fleet.backends[0], fleet.backend_urls[0]
+        tasks = fire(client, url, 2)
+        await eventually(lambda: _when(page_of(client, url), lambda p: p[1]["llamacpp:requests_processing"] == 2),
+                         what="busy")
+        backend.set_fault("freeze")
+        _, first, _ = await page_of(client, url)
+        await asyncio.sleep(0.3)
+        _, later, _ = await page_of(client, url)  # answered at once, as a wedged decode leaves /metrics
+        assert later["llamacpp:n_decode_total"] == first["llamacpp:n_decode_total"]
+        assert later["llamacpp:requests_processing"] == 2
+        backend.set_fault("none")
+        await eventually(lambda: _when(page_of(client, url),
+                                       lambda p: p[1]["llamacpp:n_decode_total"] > first["llamacpp:n_decode_total"]),
+                         what="moving again")
         await cancel(tasks)
 
 

@@ -19,11 +19,14 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import aiohttp
+import pytest
 from conftest import REPO, free_port, require_binary
+from pydantic import SecretStr
 
+from llm_vitals.config import ConfigError
 from llm_vitals.exporter.app import create_app as create_exporter_app
 from llm_vitals.exporter.settings import parse_settings
-from llm_vitals.exporter.status_page import Decisions, render_page, setup_status_page, sparkline
+from llm_vitals.exporter.status_page import Decisions, fetch_decisions, render_page, setup_status_page, sparkline
 from llm_vitals.remediator.app import create_app as create_remediator_app
 from llm_vitals.remediator.settings import build_settings as build_remediator_settings
 from llm_vitals.sim.fleet import Fleet, SimConfig
@@ -283,3 +286,26 @@ def test_a_pause_in_force_is_shown_with_its_reason_escaped() -> None:
     assert 'id="remediator-paused"' in html and "30m 00s" in html and "&lt;b&gt;driver upgrade" in html
     lifted = {"paused": False, "until": None, "reason": ""}
     assert "remediator-paused" not in render_page([], {}, Decisions(url="http://r", pause=lifted), NOW)
+
+
+async def test_the_page_reads_a_remediator_that_asks_for_auth_with_the_configured_token(aiohttp_server, tmp_path) -> None:
+    remediator = await aiohttp_server(create_remediator_app(build_remediator_settings({
+        "listen": "127.0.0.1:0", "exporter_url": "http://127.0.0.1:9", "auth": {"bearer_token_env": "HOOK_TOKEN"},
+        "state_path": str(tmp_path / "remediator.db"), "dry_run": True,
+        "targets": {"gpu-a": {"executor": "http", "url": "http://127.0.0.1:9/restart"}}}, {"HOOK_TOKEN": "s3cret"})))
+    base = str(remediator.make_url("/"))
+    async with aiohttp.ClientSession() as session:
+        without = await fetch_decisions(session, base)
+        wrong = await fetch_decisions(session, base, SecretStr("not-it"))
+        right = await fetch_decisions(session, base, SecretStr("s3cret"))
+    assert "remediator_token_env" in (without.note or "") and "remediator_token_env" in (wrong.note or "")
+    assert right.note is None and list(right.actions) == []
+
+
+def test_the_remediator_token_comes_from_the_environment_and_one_source_only() -> None:
+    base = {"targets": [{"name": "a", "url": "http://127.0.0.1:1"}], "remediator_url": "http://127.0.0.1:9472"}
+    settings = parse_settings({**base, "remediator_token_env": "RT"}, environ={"RT": "s3cret"})
+    assert settings.remediator_token is not None and settings.remediator_token.get_secret_value() == "s3cret"
+    assert parse_settings(base, environ={}).remediator_token is None
+    with pytest.raises(ConfigError, match="set at most one of remediator_token_env and remediator_token_file"):
+        parse_settings({**base, "remediator_token_env": "RT", "remediator_token_file": "/x"}, environ={"RT": "s"})

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -49,16 +49,21 @@ class Case:
     reason: str
     restarts: int = 0
     facts: EngineFacts = VLLM
+    settings: dict[str, object] = field(default_factory=dict)
 
 
 CASES = [
     # -- restart: an opaque token compared for inequality only ------------------------------------
     Case("token_changes_to_a_smaller_value_is_one_restart",
-         [(0, snap(1, 0, 500, token="1860019350")), (5, snap(0, 0, 0, token="1571301719"))], "idle", "restart", 1),
+         [(0, snap(1, 0, 500, token="1860019350")), (5, snap(0, 0, 0, token="1571301719"))], "starting", "restart", 1),
     Case("same_token_counters_moving_is_progress",
          [(0, snap(1, 0, 500, token="a")), (5, snap(1, 0, 600, token="a"))], "busy", "progress"),
     Case("same_token_counter_fell_is_a_bad_read_not_a_restart",
-         [(0, snap(1, 0, 500, token="a")), (5, snap(1, 0, 10, token="a"))], "down", "bad_metrics"),
+         [(0, snap(1, 0, 500, token="a")), (5, snap(1, 0, 10, token="a"))], "down", "bad_metrics",
+         settings={"down_after": 5}),
+    Case("same_token_counter_fell_once_is_one_bad_read_the_state_held",
+         [(0, snap(1, 0, 500, token="a")), (5, snap(1, 0, 600, token="a")), (10, snap(1, 0, 10, token="a"))],
+         "busy", "progress"),
     Case("token_wins_over_a_start_time",
          [(0, snap(1, 0, 500, token="a", start=100.0)), (5, snap(1, 0, 600, token="b", start=100.0))],
          "busy", "restart", 1),
@@ -67,7 +72,7 @@ CASES = [
          [(0, snap(2, 1, 700)), (5, snap(0, 0, 0)), (10, snap(0, 0, 0))], "idle", "idle", 1),
     Case("an_engine_counter_reset_is_a_restart",
          [(0, snap(1, 0, None, counters={"exec_count": 40})), (5, snap(0, 0, None, counters={"exec_count": 0}))],
-         "idle", "restart", 1),
+         "starting", "restart", 1),
     Case("an_engine_gauge_falling_is_progress_not_a_restart",
          [(0, snap(1, 0, None, gauges={"num_used_tokens": 8192})),
           (5, snap(1, 0, None, gauges={"num_used_tokens": 4096}))], "busy", "progress", 0),
@@ -114,7 +119,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_engine_facts_table(case: Case) -> None:
-    verdict = run(case.rows, case.facts)
+    verdict = run(case.rows, case.facts, target(**case.settings))
     assert (verdict.state, verdict.reason, verdict.restarts) == (case.state, case.reason, case.restarts), verdict.detail
 
 

@@ -1,4 +1,4 @@
-"""The wheel as a user gets it: built by `python -m build`, installed (not editable) into a fresh venv,
+"""The wheel as a user gets it: built by `python -m build` (from its sdist), installed (not editable) into a fresh venv,
 and run from outside the checkout, so nothing is found through the source tree.
 
 It ships one top-level package, `llm_vitals`; each console script answers `--help`; and the example
@@ -8,6 +8,7 @@ configs it offers (`--example-config`) are package data that `--check-config` ac
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -29,7 +30,16 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None, timeout:
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the wheel, the fresh venv's bin/) built and installed once for this module."""
     work = tmp_path_factory.mktemp("wheel")
-    _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(work / "dist"), str(REPO)], cwd=work)
+    # From a copy of the files git tracks, as a clean clone has them: a developer's checkout holds a
+    # build/ or a stale llm_vitals.egg-info that setuptools would read. The sdist, then the wheel
+    # built from it, so the sdist is shown to hold all the wheel needs.
+    source = work / "source"
+    tracked = _run(["git", "ls-files", "-z"], cwd=REPO).stdout.split("\0")
+    for name in filter(None, tracked):
+        if (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
+    _run([sys.executable, "-m", "build", "--outdir", str(work / "dist"), str(source)], cwd=work)
     (wheel,) = (work / "dist").glob("llm_vitals-*.whl")
     _run([sys.executable, "-m", "venv", str(work / "venv")], cwd=work)
     bin_dir = work / "venv" / "bin"

@@ -65,7 +65,7 @@ def render_vitals(store: StateStore, now: float) -> str:
 class VitalsCollector(Collector):
     """FAMILIES as prometheus-client metric families, for example::
 
-        llm_vitals_target_info{target="gpu-a",engine="vllm",role="backend",url="http://10.0.0.5:8000"} 1
+        llm_vitals_target_info{target="gpu-a",engine="vllm",role="backend",url="http://10.0.0.5:8000",workload="gpu-a"} 1
         llm_vitals_up{target="gpu-a"} 1
         llm_vitals_state{target="gpu-a",state="busy"} 1
         llm_vitals_state{target="gpu-a",state="stuck"} 0

@@ -1,8 +1,8 @@
 """Print the README's metrics reference: one markdown row per metric the exporter's collector emits.
 
 The names, types, labels and HELP texts come from the exposition's own table,
-`llm_vitals.exporter.collector.FAMILIES`, and from `LifecycleCollector` (run on a one-target store,
-no polling, no network), so the README cannot drift from the code:
+`llm_vitals.exporter.collector.FAMILIES`, and from `LifecycleCollector` and `LoopLagCollector` (run
+on a one-target store, no polling, no network), so the README cannot drift from the code:
 
     .venv/bin/python tools/metrics_table.py            # print the table
     .venv/bin/python tools/metrics_table.py --write    # replace it in README.md, between the markers
@@ -23,8 +23,15 @@ END = "<!-- metrics-table:end -->"
 
 sys.path.insert(0, str(REPO))  # run from a checkout without installing, too
 
-from llm_vitals.exporter.collector import FAMILIES, TARGETS_HELP, TARGETS_NAME, LifecycleCollector  # noqa: E402 -- after the sys.path line above
+from llm_vitals.exporter.collector import (  # noqa: E402 -- after the sys.path line above
+    FAMILIES,
+    TARGETS_HELP,
+    TARGETS_NAME,
+    LifecycleCollector,
+    LoopLagCollector,
+)
 from llm_vitals.exporter.discovery.manager import Discovery, apply_to_store  # noqa: E402
+from llm_vitals.exporter.loop_lag import LoopLag  # noqa: E402
 from llm_vitals.exporter.reload import ReloadState  # noqa: E402
 from llm_vitals.exporter.settings import parse_settings  # noqa: E402
 from llm_vitals.exporter.state import StateStore  # noqa: E402
@@ -47,7 +54,7 @@ def metrics_table() -> str:
         labels = ", ".join(f"`{label}`" for label in each.labels)
         rows.append(f"| `{each.name}` | {each.kind} | {labels} | {_cell(each.help)} |")
     rows.append(f"| `{TARGETS_NAME}` | gauge | – | {_cell(TARGETS_HELP)} |")
-    for family in lifecycle.collect():
+    for family in [*lifecycle.collect(), *LoopLagCollector(LoopLag()).collect()]:
         name = family.name + ("_total" if family.type == "counter" else "")
         # The label names a family was declared with (also when it has no sample for this store).
         labels = getattr(family, "_labelnames", None) or sorted({k for s in family.samples for k in s.labels})

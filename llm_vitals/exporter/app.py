@@ -10,7 +10,6 @@ import asyncio
 import hmac
 import logging
 import signal
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -20,10 +19,25 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from pydantic import BaseModel
 
-from llm_vitals.exporter.collector import LifecycleCollector, build_process_registry
+from llm_vitals.exporter.clock import Clock, as_clock
+from llm_vitals.exporter.collector import LifecycleCollector, LoopLagCollector, build_process_registry
 from llm_vitals.exporter.discovery.manager import Discovery, apply_to_store, sources_for
-from llm_vitals.exporter.keys import CLOCK, DISCOVERY, NODES, PAGES, POLLER, REGISTRY, RELOAD, SESSION, SETTINGS, STORE
-from llm_vitals.exporter.node_watch import NodeCache, NodeWatch, wants_node_watch
+from llm_vitals.exporter.keys import (
+    CLOCK,
+    DISCOVERY,
+    LAG,
+    NODE_WATCH,
+    NODES,
+    PAGES,
+    POLLER,
+    REGISTRY,
+    RELOAD,
+    SESSION,
+    SETTINGS,
+    STORE,
+)
+from llm_vitals.exporter.loop_lag import LoopLag
+from llm_vitals.exporter.node_watch import NodeCache, NodeWatchRunner
 from llm_vitals.exporter.page import PageCache
 from llm_vitals.exporter.poller import Poller
 from llm_vitals.exporter.reload import ReloadState, load_for_reload, record_success
@@ -32,8 +46,6 @@ from llm_vitals.exporter.state import StateStore, target_view
 from llm_vitals.exporter.status_page import setup_status_page
 from llm_vitals.exporter.verdict import is_started
 from llm_vitals.exposition import TEXT_CONTENT_TYPE
-from llm_vitals.kube.client import KubeClient
-from llm_vitals.kube.connect import Access
 from llm_vitals.logs import log_event
 from llm_vitals.targets import TargetsAnswer
 
@@ -47,27 +59,32 @@ PROBES = {"startup", "ready", "live"}
 NAME = "{name:[^/]+(?:/[^/]+)?}"
 
 
-def create_app(settings: ExporterSettings, *, clock: Callable[[], float] = time.time, poll: bool = True,
+def create_app(settings: ExporterSettings, *, clock: Clock | Callable[[], float] | None = None, poll: bool = True,
                config_path: Path | None = None, sighup: bool = False) -> web.Application:
     """The exporter app. `poll=False` serves the cache without starting the poll loops or discovery (for tests).
 
-    `config_path` is the file `POST /-/reload` re-reads; `sighup` makes SIGHUP reload it too (the CLI's choice).
+    `clock`: the real pair (monotonic, wall) by default; one plain function (a test's fake time) is
+    both (llm_vitals/exporter/clock.py). `config_path` is the file `POST /-/reload` re-reads;
+    `sighup` makes SIGHUP reload it too (the CLI's choice).
     """
     app = web.Application()
     app[SETTINGS] = settings
-    app[CLOCK] = clock
-    store = app[STORE] = StateStore(settings, clock())
+    clock = app[CLOCK] = as_clock(clock if clock is not None else Clock())
+    store = app[STORE] = StateStore(settings, clock.mono())
     app[REGISTRY] = build_process_registry()  # the vitals are rendered by llm_vitals/exporter/page.py
     app[PAGES] = PageCache()
-    discovery = app[DISCOVERY] = Discovery(settings, store, apply_to_store(store, clock), clock)
+    discovery = app[DISCOVERY] = Discovery(settings, store, apply_to_store(store, clock.mono), clock.wall)
     discovery.sync()  # the shard applies to the static targets from the start
-    app[RELOAD] = ReloadState(config_path, last_success=clock())
+    app[RELOAD] = ReloadState(config_path, last_success=clock.wall())
+    app[LAG] = LoopLag()
     app[REGISTRY].register(LifecycleCollector(discovery, app[RELOAD]))
+    app[REGISTRY].register(LoopLagCollector(app[LAG]))
     app.cleanup_ctx.append(_client_session)
     if poll:
-        if wants_node_watch(store) or any(entry.kubernetes for entry in settings.discovery):
-            app[NODES] = NodeCache()
-            app.cleanup_ctx.append(_node_watch)
+        app[NODES] = NodeCache()
+        app[NODE_WATCH] = NodeWatchRunner(app[NODES], lambda: iter(store))
+        app.cleanup_ctx.append(_loop_lag)
+        app.cleanup_ctx.append(_node_watch)
         app.cleanup_ctx.append(_pollers)
         if sighup:
             app.on_startup.append(_reload_on_sighup)
@@ -98,8 +115,16 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
+async def _loop_lag(app: web.Application) -> AsyncIterator[None]:
+    """The sampler of the loop's own lateness (llm_vitals/exporter/loop_lag.py), for as long as the app runs."""
+    task = asyncio.create_task(app[LAG].run(), name="loop-lag")
+    yield
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 async def _pollers(app: web.Application) -> AsyncIterator[None]:
-    poller = Poller(app[SETTINGS], app[STORE], app[SESSION], app[CLOCK], nodes=app.get(NODES))
+    poller = Poller(app[SETTINGS], app[STORE], app[SESSION], app[CLOCK], nodes=_watched_nodes(app), lag=app[LAG])
     app[POLLER] = poller
     poller.start()
     discovery = app[DISCOVERY]
@@ -136,21 +161,26 @@ async def reload_config(app: web.Application) -> tuple[bool, str, list[str]]:
             poller.reconfigure(new)
         app[STORE].history_seconds, app[STORE].poll_interval = new.history_seconds, new.poll_interval
         await discovery.reconfigure(new, sources_for(new) if poller is not None else [])
-        return True, "", record_success(state, app[CLOCK](), old, new)
+        runner = app.get(NODE_WATCH)
+        if runner is not None:
+            await runner.follow(new)  # the same rules as the poller's from now on; started or stopped as needed
+            if poller is not None:
+                poller.nodes = _watched_nodes(app)
+        return True, "", record_success(state, app[CLOCK].wall(), old, new)
+
+
+def _watched_nodes(app: web.Application) -> NodeCache | None:
+    """The node cache while the node watch runs: without it no target is told anything about its node."""
+    runner = app.get(NODE_WATCH)
+    return runner.cache if runner is not None and runner.running else None
 
 
 async def _node_watch(app: web.Application) -> AsyncIterator[None]:
-    """The watch of the targets' nodes (GPU faults from node conditions and taints), when a target names a node."""
-    settings, store = app[SETTINGS], app[STORE]
-    # The API server of the gpu_faults section, else the one pod discovery uses.
-    kubeconfig = settings.gpu_faults.kubeconfig or next(
-        (entry.kubernetes.kubeconfig for entry in settings.discovery if entry.kubernetes), None)
-    watcher = NodeWatch(app[NODES], settings.gpu_faults.node_rules, lambda: iter(store),
-                        KubeClient(Access(kubeconfig=kubeconfig)))
-    task = asyncio.create_task(watcher.run(), name="node-watch")
+    """The watch of the targets' nodes (GPU faults from node conditions and taints), while the config wants it."""
+    runner = app[NODE_WATCH]
+    await runner.follow(app[SETTINGS])
     yield
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await runner.stop()
 
 
 async def reload(request: web.Request) -> web.Response:
@@ -189,7 +219,7 @@ async def metrics(request: web.Request) -> web.StreamResponse:
     # back between them: at 5,000 targets it is ~120,000 lines, and a probe or a poll should not
     # wait for all of it. Each target is read once, first, so the page holds one reading of each
     # target whatever polls run in the gaps.
-    now = request.app[CLOCK]()
+    now = request.app[CLOCK].now()
     store = request.app[STORE]
     response = web.StreamResponse(headers={"Content-Type": TEXT_CONTENT_TYPE})
     if request.transport is not None:
@@ -198,7 +228,7 @@ async def metrics(request: web.Request) -> web.StreamResponse:
         # ~140 pieces). At most the page itself is held, as a whole-body answer would.
         request.transport.set_write_buffer_limits(high=64 * 2**20)
     await response.prepare(request)
-    for piece in request.app[PAGES].pieces(list(store), now):
+    for piece in request.app[PAGES].pieces(list(store), now.mono, wall=now.wall):
         if piece:
             await response.write(piece)
         await asyncio.sleep(0)
@@ -216,8 +246,9 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def list_targets(request: web.Request) -> web.Response:
-    now = request.app[CLOCK]()
-    answer = TargetsAnswer(targets=[target_view(record, now) for record in request.app[STORE]], generated_at=round(now, 3))
+    now = request.app[CLOCK].now()
+    answer = TargetsAnswer(targets=[target_view(record, now.mono, now.wall) for record in request.app[STORE]],
+                           generated_at=round(now.wall, 3))
     return _json(answer)
 
 
@@ -225,7 +256,8 @@ async def show_target(request: web.Request) -> web.Response:
     record = request.app[STORE].get(request.match_info["name"])
     if record is None:
         return _unknown(request.match_info["name"])
-    return _json(target_view(record, request.app[CLOCK]()))
+    now = request.app[CLOCK].now()
+    return _json(target_view(record, now.mono, now.wall))
 
 
 async def show_history(request: web.Request) -> web.Response:
@@ -242,7 +274,7 @@ async def probe(request: web.Request) -> web.Response:
     record = request.app[STORE].get(name)
     if record is None:
         return _unknown(name)
-    now = request.app[CLOCK]()
+    now = request.app[CLOCK].mono()
     verdict = record.verdict
     if kind == "startup":
         ok = is_started(verdict)

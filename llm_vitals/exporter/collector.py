@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from llm_vitals.exporter.discovery.manager import Discovery
+from llm_vitals.exporter.loop_lag import LoopLag
 from llm_vitals.exporter.reload import ReloadState
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.state import CANARY_RESULTS, STANDARD_ERROR_REASONS, TargetRecord
@@ -51,16 +52,25 @@ class Reading:
     poll_duration: float | None
     poll_errors: dict[str, int]  # copies: the record's counters are updated in place
     canaries: dict[str, int]
+    offset: float = 0.0  # wall minus monotonic time at the read: the verdict's instants are monotonic
 
     @property
     def name(self) -> str:
         return self.settings.name
 
+    def shown(self, instant: float | None) -> float | None:
+        """A monotonic instant of the verdict as the Unix time it is shown in."""
+        return None if instant is None else instant + self.offset
 
-def read(record: TargetRecord, now: float) -> Reading:
-    """~2 µs a target (a dataclass copy with two Counters took ~13 µs, and showed in probe latency)."""
+
+def read(record: TargetRecord, now: float, wall: float | None = None) -> Reading:
+    """~2 µs a target (a dataclass copy with two Counters took ~13 µs, and showed in probe latency).
+
+    `now` is monotonic; `wall` the same instant in Unix time, for the timestamps (`now` when not given).
+    """
     return Reading(record.settings, record.verdict, record.ready(now), record.live(now), record.draining,
-                   record.gpu_fault is not None, record.poll_duration, dict(record.poll_errors), dict(record.canaries))
+                   record.gpu_fault is not None, record.poll_duration, dict(record.poll_errors), dict(record.canaries),
+                   0.0 if wall is None else wall - now)
 
 
 # One sample of a family for one target: the values of the labels after `target`, and the value.
@@ -104,11 +114,14 @@ def _fresh(field: str) -> Callable[[Reading, float], Iterable[Row]]:
 FAMILIES: tuple[Family, ...] = (
     Family("llm_vitals_target_info", "gauge",
            "Static facts about each watched target; always 1. namespace and pod are those of a target found by"
-           " Kubernetes discovery (empty otherwise); node is the Kubernetes node its GPU faults are read from.",
+           " Kubernetes discovery (empty otherwise); node is the Kubernetes node its GPU faults are read from;"
+           " workload is what a restart does not replace, which restart budgets count against: Deployment/ns/name,"
+           " StatefulSet/ns/name, DaemonSet/ns/name, LeaderWorkerSet/ns/name/group, a configured name, or the"
+           " target's own name.",
            lambda r, now: (((r.settings.engine, r.settings.role, r.settings.public_url,
                              getattr(r.settings, "namespace", None) or "", getattr(r.settings, "pod", None) or "",
-                             r.settings.node or ""), 1),),
-           ("engine", "role", "url", "namespace", "pod", "node")),
+                             r.settings.node or "", r.settings.effective_workload), 1),),
+           ("engine", "role", "url", "namespace", "pod", "node", "workload")),
     Family("llm_vitals_up", "gauge", "1 when the last poll got a usable reading from the target." + _CACHED,
            _flag(lambda r, now: r.verdict.up)),
     Family("llm_vitals_state", "gauge",
@@ -137,23 +150,30 @@ FAMILIES: tuple[Family, ...] = (
            "Idle canaries sent (max_tokens 1), by result. Only ever sent when nothing was running or waiting.",
            lambda r, now: [((result,), r.canaries.get(result, 0)) for result in CANARY_RESULTS], ("result",)),
     Family("llm_vitals_canary_last_success_timestamp_seconds", "gauge", "Unix time of the last canary that got an answer.",
-           _value(lambda r, now: r.verdict.last_canary_ok)),
+           _value(lambda r, now: r.shown(r.verdict.last_canary_ok))),
     Family("llm_vitals_ready", "gauge", "What /probe/<target>/ready answers (1 = 200). Never depends on load.",
            _flag(lambda r, now: r.ready)),
     Family("llm_vitals_live", "gauge",
            "What /probe/<target>/live answers (1 = 200): 0 only when stuck past the liveness budget.",
            _flag(lambda r, now: r.live)),
+    Family("llm_vitals_unresponsive_restart_allowed", "gauge",
+           "1 when failed canaries may restart the target (LLMServerUnresponsive, remediation=restart): every engine"
+           " whose load the exporter reads, so its canary only went to a server seen idle. 0 for engine openai"
+           " (load unknown) unless the target sets restart_risking_busy_server: its canary failures page a human"
+           " (LLMServerUnresponsiveLoadUnknown, remediation=none).",
+           _flag(lambda r, now: r.settings.restart_on_unresponsive)),
     Family("llm_vitals_draining", "gauge", "1 after POST /probe/<target>/drain, until undrain.",
            _flag(lambda r, now: r.draining)),
     Family("llm_vitals_gpu_fault", "gauge", "1 when a GPU fault is flagged for the target; a restart will not help.",
            _flag(lambda r, now: r.gpu_fault)),
     Family("llm_vitals_last_poll_timestamp_seconds", "gauge",
            "Unix time of the target's last completed poll: alert when it stops moving.",
-           _value(lambda r, now: r.verdict.last_poll)),
+           _value(lambda r, now: r.shown(r.verdict.last_poll))),
     Family("llm_vitals_poll_duration_seconds", "gauge", "How long the target's last poll took.",
            _value(lambda r, now: r.poll_duration)),
     Family("llm_vitals_poll_errors_total", "counter",
-           "Polls that got no usable reading, by reason (connect, timeout, http_status, bad_metrics, too_large, ...).",
+           "Polls that got no usable reading, by reason (connect, timeout, http_status, bad_metrics, too_large, ...);"
+           " exporter_late: a read that timed out while the exporter's own event loop lagged, evidence of nothing.",
            lambda r, now: [((reason,), r.poll_errors.get(reason, 0))
                            for reason in sorted(set(STANDARD_ERROR_REASONS) | set(r.poll_errors))], ("reason",)),
 )
@@ -200,7 +220,8 @@ def labels_around_target(names: tuple[str, ...], more: tuple[str, ...]) -> tuple
 def target_texts(reading: Reading, now: float) -> tuple[bytes, ...]:
     """One target's sample lines for each family of FAMILIES, in order (b"" for a family with no sample), e.g.::
 
-        llm_vitals_target_info{engine="vllm",namespace="",node="",pod="",role="backend",target="gpu-a",url="http://10.0.0.5:8000"} 1.0
+        llm_vitals_target_info{engine="vllm",namespace="",node="",pod="",role="backend",target="gpu-a",url="http://10.0.0.5:8000",
+                               workload="gpu-a"} 1.0 (one line)
         llm_vitals_up{target="gpu-a"} 1.0
         llm_vitals_state{state="busy",target="gpu-a"} 1.0
         llm_vitals_state{state="stuck",target="gpu-a"} 0.0
@@ -271,7 +292,7 @@ class LifecycleCollector(Collector):
                                   "Targets the discovery source gives now, before the shard.", labels=["source"])
         skipped = GaugeMetricFamily("llm_vitals_discovery_skipped_targets",
                                     "Things the source saw and could not watch, by reason (not_running, no_ip, no_port, "
-                                    "terminating, bad_target, bad_group); each is named in /api/v1/discovery.",
+                                    "terminating, owner_pending, bad_target, bad_group); each is named in /api/v1/discovery.",
                                     labels=["source", "reason"])
         for status in list(self.discovery.status.values()):
             up.add_metric([status.source], 1 if status.up else 0)
@@ -280,3 +301,23 @@ class LifecycleCollector(Collector):
             for reason, count in sorted(reasons.items()):
                 skipped.add_metric([status.source, reason], count)
         yield from (up, found, skipped)
+
+
+class LoopLagCollector(Collector):
+    """The exporter's own event-loop lag (llm_vitals/exporter/loop_lag.py)::
+
+        llm_vitals_exporter_loop_lag_seconds 0.004
+    """
+
+    WINDOW = 10.0
+
+    def __init__(self, lag: LoopLag) -> None:
+        self.lag = lag
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "llm_vitals_exporter_loop_lag_seconds",
+            f"How late the exporter's event loop ran a timer, at worst over the last {self.WINDOW:g} s. A read that"
+            " timed out while this was a tenth of its timeout or more is exporter_late (poll_errors_total), evidence"
+            " of nothing: give the exporter CPU, or split the targets (shard).",
+            value=self.lag.recent(self.WINDOW))

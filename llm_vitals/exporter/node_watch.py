@@ -5,7 +5,7 @@ is one stream. It runs on the one informer of `llm_vitals.kube` (shared with pod
 watch is resumed from the last `resourceVersion` (bookmarks included) when the server ends it, a 410
 Gone relists after client-go's jittered backoff, and a failure (a lost API server, a 403) is retried
 with that backoff too. It needs a ClusterRole with `list` and `watch` on `nodes`
-(deploy/kubernetes/exporter.yaml; no `get`: it never reads one node by name); without it every
+(deploy/kubernetes/base/exporter.yaml; no `get`: it never reads one node by name); without it every
 target with a node shows the 403 in `gpu_fault_errors.node`, and no fault is ever inferred from it.
 What was last seen of a node stays meanwhile (a node condition does not clear because the API
 server is away), and the error is shown next to it.
@@ -13,18 +13,26 @@ server is away), and the error is shown next to it.
 `NodeCache` holds a small view of each node (conditions, taints) and `apply` turns it into each
 record's `node_fault` through the pure rule `exporter.gpu_faults.node_fault`; the poller applies it
 to its target on every poll, so a target discovered on an already faulty node is flagged within a poll.
+
+`NodeWatchRunner` follows the config: started when a target names a node or pods are discovered,
+stopped when a reload leaves none, started again on another kubeconfig, and given a reload's new
+rules at once (the poller gets the same rules at the same moment, so the two never disagree).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from llm_vitals.exporter.gpu_faults import NodeRules, node_fault
+from llm_vitals.exporter.settings import ExporterSettings
 from llm_vitals.exporter.state import TargetRecord, log_gpu_fault_change
 from llm_vitals.kube.client import KubeClient
+from llm_vitals.kube.connect import Access
 from llm_vitals.kube.errors import ApiError, KubeError
 from llm_vitals.kube.informer import Health, Informer
 from llm_vitals.kube.objects import Query
@@ -32,7 +40,7 @@ from llm_vitals.logs import log_event
 
 log = logging.getLogger("llm_vitals.exporter")
 
-RBAC_HINT = "the exporter needs a ClusterRole with list and watch on nodes (deploy/kubernetes/exporter.yaml)"
+RBAC_HINT = "the exporter needs a ClusterRole with list and watch on nodes (deploy/kubernetes/base/exporter.yaml)"
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,17 @@ class NodeCache:
 def wants_node_watch(records: Iterable[TargetRecord]) -> bool:
     """Whether any target names a node (only then is the API server asked at all)."""
     return any(record.settings.node for record in records)
+
+
+def node_watch_wanted(settings: ExporterSettings) -> bool:
+    """Whether a config needs the node watch: a static target names a node, or pods are discovered."""
+    return any(target.node for target in settings.targets) or any(entry.kubernetes for entry in settings.discovery)
+
+
+def node_watch_kubeconfig(settings: ExporterSettings) -> Path | None:
+    """The node watch's API server: the gpu_faults section's kubeconfig, else pod discovery's, else in-cluster."""
+    return settings.gpu_faults.kubeconfig or next(
+        (entry.kubernetes.kubeconfig for entry in settings.discovery if entry.kubernetes), None)
 
 
 class NodeWatch:
@@ -137,3 +156,52 @@ def nodes_error(error: KubeError) -> str:
     if error.status in (401, 403):
         return f"HTTP {error.status} {error.reason} listing nodes: {RBAC_HINT}".replace("  ", " ")
     return f"HTTP {error.status} {error.reason} listing nodes: {error.message}".replace("  ", " ")
+
+
+class NodeWatchRunner:
+    """The one node watch, as the current config wants it: `follow(settings)` at start and after each reload."""
+
+    def __init__(self, cache: NodeCache, records: Callable[[], Iterable[TargetRecord]],
+                 client: Callable[[Path | None], KubeClient] = lambda kubeconfig: KubeClient(Access(kubeconfig=kubeconfig))
+                 ) -> None:
+        self.cache = cache
+        self.records = records
+        self.client = client
+        self.watch: NodeWatch | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._kubeconfig: Path | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None
+
+    async def follow(self, settings: ExporterSettings) -> None:
+        """Start, stop, restart (another kubeconfig) or re-rule the watch to match `settings`."""
+        kubeconfig = node_watch_kubeconfig(settings)
+        if self._task is not None and (not node_watch_wanted(settings) or kubeconfig != self._kubeconfig):
+            await self.stop()
+        if not node_watch_wanted(settings):
+            return
+        rules = settings.gpu_faults.node_rules
+        if self.watch is None or self._task is None:
+            self._kubeconfig = kubeconfig
+            self.watch = NodeWatch(self.cache, rules, self.records, self.client(kubeconfig))
+            self._task = asyncio.create_task(self.watch.run(), name="node-watch")
+            log_event(log, "node watch started", logging.INFO)
+        elif rules != self.watch.rules:
+            self.watch.rules = rules
+            self.watch.apply_all()  # every target on the new rules now, not at its node's next event
+
+    async def stop(self) -> None:
+        """Stop the watch and forget what it saw: no target keeps a node fault (or error) from it."""
+        task, self._task, self.watch = self._task, None, None
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        self.cache.nodes, self.cache.synced, self.cache.error = {}, False, None
+        for record in list(self.records()):
+            before = record.gpu_fault
+            record.set_node_fault(None, None)
+            log_gpu_fault_change(record, before)
+        log_event(log, "node watch stopped", logging.INFO)

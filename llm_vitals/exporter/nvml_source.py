@@ -113,9 +113,12 @@ class NvmlSource:
     """NVML read in threads (opener, a reader per GPU, the Xid watcher); `view(now)` is what a poll reads."""
 
     def __init__(self, backend: NvmlBackend, *, interval: float = 5.0, call_timeout: float = 1.0,
-                 init_timeout: float = 10.0, clock: Callable[[], float] = time.time,
+                 init_timeout: float = 10.0, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time,
                  event_wait: float = EVENT_WAIT_S, retry: float = RETRY_S) -> None:
+        # `clock` (monotonic) times the bounds and reads; `wall` dates the Xid events a detail shows.
         self.backend = backend
+        self.wall = wall
         self.interval = interval
         self.call_timeout = call_timeout
         self.event_wait = event_wait
@@ -247,7 +250,7 @@ class NvmlSource:
                 continue
             finally:
                 self._watcher.done()
-            now = self.clock()
+            now = self.wall()
             with self._lock:
                 self._events_error = None
                 for uuid, xid in events:

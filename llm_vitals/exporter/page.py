@@ -42,9 +42,9 @@ class Rendered:
         )
 
 
-def render_target(record: TargetRecord, now: float) -> Rendered:
-    """The lines of one target for every family, from one reading of it at `now`."""
-    reading = read(record, now)
+def render_target(record: TargetRecord, now: float, wall: float | None = None) -> Rendered:
+    """The lines of one target for every family, from one reading of it at `now` (monotonic; `wall`: the same in Unix time)."""
+    reading = read(record, now, wall)
     return Rendered(record.version, reading.verdict.stuck_for(now), reading.ready, reading.live, target_texts(reading, now))
 
 
@@ -63,11 +63,11 @@ class PageCache:
         """The lines kept for `record`, None when none are."""
         return self._kept.get(record)
 
-    def current(self, record: TargetRecord, now: float) -> Rendered:
+    def current(self, record: TargetRecord, now: float, wall: float | None = None) -> Rendered:
         """The record's kept lines when they still hold at `now`, else rendered again (and kept)."""
         kept = self._kept.get(record)
         if kept is None or not kept.shows(record, now):
-            kept = self._kept[record] = render_target(record, now)
+            kept = self._kept[record] = render_target(record, now, wall)
             self.renders += 1
         return kept
 
@@ -76,6 +76,7 @@ class PageCache:
         records: Sequence[TargetRecord],
         now: float,
         *,
+        wall: float | None = None,
         budget: float = 0.0005,
         group: int = 1000,
         clock: Callable[[], float] = time.perf_counter,
@@ -85,12 +86,13 @@ class PageCache:
         First every target is read once (`current`: rendered again only when it changed), the clock
         looked at every 8 targets and a step ended (an empty piece) once `budget` seconds are
         spent; then each family's lines are joined `group` targets at a time. Every line comes from
-        that one reading of each target, whatever runs between steps.
+        that one reading of each target, whatever runs between steps. `now` is monotonic, `wall`
+        the same instant in Unix time for the timestamps shown (`now` when not given).
         """
         kept: list[Rendered] = []
         started = clock()
         for index, record in enumerate(records):
-            kept.append(self.current(record, now))
+            kept.append(self.current(record, now, wall))
             if index % 8 == 7 and clock() - started > budget:
                 yield b""
                 started = clock()
@@ -104,6 +106,6 @@ class PageCache:
                     yield joined
         yield targets_text(len(kept))
 
-    def page(self, records: Sequence[TargetRecord], now: float) -> bytes:
+    def page(self, records: Sequence[TargetRecord], now: float, wall: float | None = None) -> bytes:
         """The whole page at once (see pieces)."""
-        return b"".join(self.pieces(records, now))
+        return b"".join(self.pieces(records, now, wall=wall))

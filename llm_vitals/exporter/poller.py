@@ -10,19 +10,22 @@ import asyncio
 import logging
 import random
 import re
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 from yarl import URL
 
 from llm_vitals.exporter.canary import resolve_model, send_canary
+from llm_vitals.exporter.clock import Clock, as_clock
 from llm_vitals.exporter.dcgm import SharedPages, fetch_page, select_gpus
 from llm_vitals.exporter.discovery.targetset import Changes
 from llm_vitals.exporter.engines import Page, PageError, Snapshot
 from llm_vitals.exporter.engines.table import engine_of, read_page
-from llm_vitals.exporter.gpu_faults import GpuFault, GpuReading, dcgm_fault
+from llm_vitals.exporter.gpu_faults import GpuReading, dcgm_fault, file_fault
 from llm_vitals.exporter.gpu_faults.nvml import NvmlRules, nvml_fault
+from llm_vitals.exporter.loop_lag import LoopLag
 from llm_vitals.exporter.node_watch import NodeCache
 from llm_vitals.exporter.nvml_pynvml import PynvmlBackend
 from llm_vitals.exporter.nvml_source import NvmlSource
@@ -35,6 +38,9 @@ from llm_vitals.exporter.verdict import (
     Observation,
     PollError,
     canary_due,
+    canary_overlapped,
+    drain_holds,
+    exporter_late,
     health_check_due,
     judge,
     record_canary,
@@ -44,6 +50,26 @@ from llm_vitals.targets import UNHEALTHY_STATES
 
 log = logging.getLogger("llm_vitals.exporter")
 _NUMBERS = re.compile(r"\d+(\.\d+)?")
+FAULT_FILE_BYTES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class FileRead:
+    """One read of a `gpu_fault_file`: its text ("" when empty or absent), or why it could not be read."""
+
+    text: str = ""
+    error: str | None = None
+
+
+def read_fault_file(path: Path) -> FileRead:
+    """Read a gpu_fault_file (blocking: the poller runs it in a thread, never on the event loop)."""
+    try:
+        with open(path, "rb") as flag:
+            return FileRead(flag.read(FAULT_FILE_BYTES).decode("utf-8", "replace"))
+    except FileNotFoundError:
+        return FileRead("")  # absent: the node agent cleared it
+    except OSError as exc:
+        return FileRead(error=f"cannot read {path}: {exc.strerror or type(exc).__name__}")
 
 
 class Poller:
@@ -54,9 +80,10 @@ class Poller:
         settings: ExporterSettings,
         store: StateStore,
         session: aiohttp.ClientSession,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | Callable[[], float] | None = None,
         nodes: NodeCache | None = None,
         nvml: NvmlSource | None = None,
+        lag: LoopLag | None = None,
     ) -> None:
         self.settings = settings
         # The NVML source, made and started when a target first names `gpus` (a reload or discovery
@@ -66,7 +93,10 @@ class Poller:
         self.nodes = nodes  # the node watch's cache, applied to the target on each poll
         self.store = store
         self.session = session
-        self.clock = clock
+        # Monotonic for the verdict and every interval, wall for what is shown (llm_vitals/exporter/clock.py).
+        self.clock = as_clock(clock if clock is not None else Clock())
+        # The event loop's own lateness: a read that timed out while it was high is `exporter_late`.
+        self.lag = lag
         self.tasks: dict[str, asyncio.Task[None]] = {}  # one poll loop per watched target, by name
         self._metrics_urls: dict[TargetRecord, tuple[str, URL | None]] = {}  # each record's, worked out at its first poll
         self._xids = frozenset(settings.gpu_faults.dcgm_xids)
@@ -112,7 +142,7 @@ class Poller:
         shows a removed target. A cancelled loop may still be awaiting its upstream; it writes only
         to its own record, which is no longer in the store.
         """
-        now = self.clock()
+        now = self.clock.mono()
         for name in (*changes.removed, *(target.name for target in changes.changed)):
             self._drop(name)
         for target in (*changes.added, *changes.changed):
@@ -153,45 +183,60 @@ class Poller:
 
     async def poll_once(self, record: TargetRecord) -> None:
         """One poll: observe, judge, cache, log a state change, maybe send a canary."""
-        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         before_fault = record.gpu_fault
         if record.settings.dcgm is None:  # no gather: its two tasks a poll showed at 5,000 targets (bench_scale.py)
             (observation, health), gpus = await self.observe(record), None
         else:
             (observation, health), gpus = await asyncio.gather(self.observe(record), self._read_dcgm(record))
-        duration = time.perf_counter() - started
-        self._read_gpu_fault_file(record)
+        duration = loop.time() - started
+        if record.settings.gpu_fault_file is not None:  # no coroutine per poll for the targets without one
+            await self._read_gpu_fault_file(record, record.settings.gpu_fault_file)
         self._read_nvml(record)
         if self.nodes is not None:
             self.nodes.apply(record, self._node_rules)
         if record.settings.dcgm is not None:
             record.set_dcgm(*dcgm_fault(record.dcgm_state, gpus, self._xids))
         log_gpu_fault_change(record, before_fault)
-        now = self.clock()
+        now = self.clock.now()
         before = record.verdict
+        overlap = canary_overlapped(record.last_canary_sent, record.canary_task is not None, before.snapshot_at)
         # Its /metrics lines are not rendered here: the next scrape renders what changed (llm_vitals/exporter/page.py).
-        record.record_poll(judge(before, observation, now, record.settings, health=health), now, duration)
+        record.record_poll(judge(before, observation, now.mono, record.settings, health=health, canary_overlap=overlap),
+                           now.mono, duration, wall=now.wall)
+        if record.draining and not drain_holds(record.draining, before, record.verdict):
+            record.set_draining(False)
+            log_event(log, "undrain", target=record.name, reason="restart_detected")
         self._log_change(record, before)
-        if canary_due(record.verdict, observation, record.last_canary_sent, now, record.settings,
+        if canary_due(record.verdict, observation, record.last_canary_sent, now.mono, record.settings,
                       poll_interval=self.settings.poll_interval, in_flight=record.canary_task is not None):
-            record.canary_sent(asyncio.create_task(self._canary(record), name=f"canary:{record.name}"), now)
+            record.canary_sent(asyncio.create_task(self._canary(record), name=f"canary:{record.name}"), now.mono)
 
     async def observe(self, record: TargetRecord) -> tuple[Observation, tuple[str, int] | None]:
         """What one poll sees (a Snapshot, the model list, or a PollError) and `/health`'s status when asked.
 
-        Never raises for upstream trouble.
+        Never raises for upstream trouble. A read that timed out while the exporter's own loop
+        lagged comes back as `exporter_late` (verdict.exporter_late).
         """
         target = record.settings
+        started = asyncio.get_running_loop().time()
+        timeout = self.settings.metrics_timeout
         try:
             if target.role == "proxy" or engine_of(target.engine).parse is None:
-                return ModelsOk(tuple(await read_models(self.session, target, self.settings.models_timeout))), None
+                timeout = self.settings.models_timeout
+                return ModelsOk(tuple(await read_models(self.session, target, timeout))), None
             snapshot = await self._read_metrics(record)
             health = await self._read_health(record) if health_check_due(record.verdict, snapshot) else None
             if not snapshot.pending:
+                timeout = self.settings.health_timeout
                 await self._check_model_ready(record)
             return snapshot, health
         except PageError as exc:
-            return PollError(exc.reason, exc.detail), None
+            error = PollError(exc.reason, exc.detail)
+            if self.lag is not None:
+                error = exporter_late(error, self.lag.worst_since(started), timeout)
+            return error, None
 
     async def _read_metrics(self, record: TargetRecord) -> Snapshot:
         entry = engine_of(record.settings.engine)
@@ -258,7 +303,7 @@ class Poller:
             if outcome.result != "ok" and not target.model:
                 record.set_model(None)  # the server may have been replaced: look the model up again
             before = record.verdict
-            record.record_canary(outcome.result, record_canary(before, outcome, self.clock(), target))
+            record.record_canary(outcome.result, record_canary(before, outcome, self.clock.mono(), target))
             if outcome.result != "ok":
                 log_event(log, "canary failed", logging.WARNING, target=record.name, result=outcome.result,
                           detail=outcome.detail, consecutive_failures=record.verdict.canary_failures)
@@ -292,9 +337,9 @@ class Poller:
         if self.nvml is None:
             nvml = self.settings.gpu_faults.nvml
             self.nvml = NvmlSource(PynvmlBackend(), interval=nvml.interval, call_timeout=nvml.call_timeout,
-                                   init_timeout=nvml.init_timeout, clock=self.clock)  # fmt: skip
+                                   init_timeout=nvml.init_timeout, clock=self.clock.mono, wall=self.clock.wall)
         self.nvml.start()
-        fault, error = nvml_fault(self.nvml.view(self.clock()), gpus, self._nvml_rules)
+        fault, error = nvml_fault(self.nvml.view(self.clock.mono()), gpus, self._nvml_rules)
         before = record.gpu_fault_errors.get("nvml")
         record.set_nvml_fault(fault, error)
         if error is None:
@@ -302,19 +347,13 @@ class Poller:
         if before is None or _NUMBERS.sub("", before) != _NUMBERS.sub("", error):  # not once per poll as a timeout grows
             log_event(log, "cannot read the target's GPUs through NVML", logging.WARNING, target=record.name, error=error)
 
-    def _read_gpu_fault_file(self, record: TargetRecord) -> None:
-        path = record.settings.gpu_fault_file
-        if path is None:
-            return
-        try:
-            with open(path, "rb") as flag:
-                text = flag.read(4096).decode("utf-8", "replace").strip()
-        except FileNotFoundError:
-            text = ""
-        except OSError as exc:
-            text = ""
-            log_event(log, "cannot read gpu_fault_file", logging.WARNING, target=record.name, error=exc.strerror)
-        record.set_file_fault(GpuFault("file", text.splitlines()[0][:200]) if text else None)
+    async def _read_gpu_fault_file(self, record: TargetRecord, path: Path) -> None:
+        """The target's gpu_fault_file, read in a thread; unreadable, it keeps the fault it held and shows why."""
+        read = await asyncio.to_thread(read_fault_file, path)
+        if read.error is not None and record.gpu_fault_errors.get("file") != read.error:
+            log_event(log, "cannot read gpu_fault_file; its last fault is kept", logging.WARNING, target=record.name,
+                      error=read.error, kept=record.file_fault.detail if record.file_fault else None)
+        record.set_file_fault(*file_fault(record.file_fault, read.text, read.error))
 
     def _log_change(self, record: TargetRecord, before) -> None:
         after = record.verdict

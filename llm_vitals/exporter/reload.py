@@ -22,7 +22,8 @@ from llm_vitals.logs import log_event
 log = logging.getLogger("llm_vitals.exporter")
 
 # Read once when the app starts: a reload that changes them is applied only after a restart.
-RESTART_KEYS = ("listen", "connect_timeout", "drain_token_env", "drain_token_file", "remediator_url", "log_level")
+RESTART_KEYS = ("listen", "connect_timeout", "drain_token_env", "drain_token_file", "remediator_url", "remediator_token_env",
+                "remediator_token_file", "log_level")
 
 
 @dataclass

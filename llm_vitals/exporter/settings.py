@@ -11,10 +11,10 @@ from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator,
 
 # ConfigError is re-exported: the CLI and callers catch it as exporter.settings.ConfigError.
 from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_env_or_file, validate_document
-from llm_vitals.durations import Duration
+from llm_vitals.durations import Duration, PositiveDuration
 from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.gpu_faults import DEFAULT_XIDS, NVSENTINEL_CONDITIONS, READY_CONDITIONS, NodeRules, Taint
-from llm_vitals.validators import ListenAddress, ParsedHttpUrl, TargetName, parse_listen
+from llm_vitals.validators import ListenAddress, ParsedHttpUrl, TargetName, WorkloadName, parse_listen
 
 # The engines of llm_vitals/exporter/engines/table.py; a test keeps the two lists equal.
 EngineName = Literal["vllm", "llamacpp", "triton", "sglang", "tgi", "openai"]
@@ -31,13 +31,13 @@ class CanarySettings(_FrozenStrict):
     """The idle canary: one tiny completion, only ever sent to a server with nothing running or waiting."""
 
     enabled: bool = True
-    interval: Duration = 30.0
-    timeout: Duration = 10.0
+    interval: PositiveDuration = 30.0
+    timeout: PositiveDuration = 10.0
     # Consecutive failures (errors or timeouts) on an idle-looking server before it is `unresponsive`.
     failures_before_unresponsive: int = Field(3, ge=1)
     # Readiness of an idle server needs evidence it serves (a canary or counters that moved) this recent;
     # default 3 x interval, so one lost canary does not flap readiness.
-    fresh_for: Duration | None = None
+    fresh_for: PositiveDuration | None = None
     prompt: str = "ping"
     # The request body itself, for engines whose canary the operator must describe (Triton: a KServe
     # v2 infer body, `{inputs: [{name, shape, datatype, data}]}`, of the smallest request the model takes).
@@ -90,11 +90,18 @@ class TargetSettings(_FrozenStrict):
     metrics_url: ParsedHttpUrl | None = None
     api_key_env: str | None = None
     api_key_file: Path | None = None
-    stuck_after: Duration = 60.0
+    stuck_after: PositiveDuration = 60.0
+    # Failed reads (timeouts, refused connections, HTTP errors, unreadable pages) make the target
+    # `down` only once no good read has come for this long; until then it keeps its state and its
+    # evidence (README "States"). 30 s: longer than the slowest /metrics seen under load (a real vLLM
+    # took 9 s) plus a poll, three timed-out reads at the default 5 s poll and 10 s metrics_timeout,
+    # and no longer than Kubernetes' default readiness window (3 x 10 s) or a liveness window.
+    down_after: PositiveDuration = 30.0
+    # 0: no grace (a target that fails its first read is `down` at once).
     startup_grace: Duration = 900.0
     # Liveness fails only when stuck for longer than this (default 2 x stuck_after): a wrong liveness
     # verdict costs minutes of weight loading.
-    liveness_budget: Duration | None = None
+    liveness_budget: PositiveDuration | None = None
     canary: CanarySettings = CanarySettings()
     # A file a node agent (DCGM health, an Xid log watcher) writes when this target's GPU is faulty:
     # present and non-empty means `gpu_fault`, and a restart will not help. Read once per poll.
@@ -106,6 +113,15 @@ class TargetSettings(_FrozenStrict):
     # The Kubernetes node this target runs on, whose conditions and taints are watched for a GPU
     # fault. A discovered pod's node is filled in from the pod; a static target may name its own.
     node: str | None = None
+    # `engine: openai` only. Its load cannot be read, so its canary goes out whatever the load and
+    # may time out behind it: by default its canary failures page (LLMServerUnresponsiveLoadUnknown,
+    # remediation none) and never restart it. True accepts that risk: a busy server may be restarted.
+    restart_risking_busy_server: bool = False
+    # What the operator owns and a restart does not replace: the remediator's budget, circuit and
+    # restart-loop alert key on it. Given here, by a discovery template or a file_sd label
+    # (`__llm_vitals_workload`), or read from a pod's owners (discovery/workload.py); none means
+    # the target's own name (`effective_workload`).
+    workload: WorkloadName | None = None
 
     # Resolved at load time from api_key_env / api_key_file; never part of a dump.
     _api_key: SecretStr | None = PrivateAttr(default=None)
@@ -114,13 +130,6 @@ class TargetSettings(_FrozenStrict):
     @classmethod
     def _gpus_named(cls, value: list[int | str] | None) -> list[int | str] | None:
         return None if value is None else [_gpu_ref(ref) for ref in value]
-
-    @field_validator("stuck_after")
-    @classmethod
-    def _stuck_after_positive(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError("stuck_after must be > 0")
-        return value
 
     @model_validator(mode="after")
     def _one_key_source(self) -> TargetSettings:
@@ -139,6 +148,22 @@ class TargetSettings(_FrozenStrict):
             raise ValueError(f"engine {self.engine} lists no models at /v1/models: set model, which the canary.request is for")
         return self
 
+    @model_validator(mode="after")
+    def _restart_risk_only_where_load_is_unknown(self) -> TargetSettings:
+        if self.restart_risking_busy_server and engine_of(self.engine).parse is not None:
+            raise ValueError(f"restart_risking_busy_server is for engine openai, whose load cannot be read; "
+                             f"a {self.engine} target's canary never goes to a busy server")
+        return self
+
+    @property
+    def restart_on_unresponsive(self) -> bool:
+        """Whether failed canaries may restart it (LLMServerUnresponsive with remediation restart).
+
+        Only where the exporter reads the load, so the canary went to a server it saw idle; an
+        engine with no /metrics (openai) only when the target accepts the risk.
+        """
+        return engine_of(self.engine).parse is not None or self.restart_risking_busy_server
+
     @property
     def sends_canary(self) -> bool:
         """Whether this target gets idle canaries at all: enabled, a backend, and its engine's canary can be built.
@@ -152,6 +177,11 @@ class TargetSettings(_FrozenStrict):
         if entry.canary is not None and entry.canary.needs_request and self.canary.request is None:
             return False
         return entry.models_path is not None or bool(self.model)
+
+    @property
+    def effective_workload(self) -> str:
+        """The workload as given or discovered, else the target's own name: never empty."""
+        return self.workload or self.name
 
     @property
     def base_url(self) -> str:
@@ -223,7 +253,7 @@ class FileDiscovery(_FrozenStrict):
 
     paths: list[str] = Field(min_length=1)  # file paths or globs (`*` in the last part)
     # How often the files' size and modification time are looked at; a change re-reads them.
-    refresh_interval: Duration = 5.0
+    refresh_interval: PositiveDuration = 5.0
     template: dict[str, Any] = {}
 
     @field_validator("template")
@@ -264,18 +294,11 @@ class NvmlSettings(_FrozenStrict):
     # Critical Xid events that flag a fault (held until the exporter restarts).
     xids: list[int] = list(DEFAULT_XIDS)
     # Each GPU's health fields are read this often, in a thread of the GPU's own.
-    interval: Duration = 5.0
+    interval: PositiveDuration = 5.0
     # An NVML call that has not returned within this is `nvml_timeout` in gpu_fault_errors, never a fault.
-    call_timeout: Duration = 1.0
+    call_timeout: PositiveDuration = 1.0
     # The same for starting NVML: nvmlInit, enumerating the GPUs, registering for Xid events.
-    init_timeout: Duration = 10.0
-
-    @field_validator("interval", "call_timeout", "init_timeout")
-    @classmethod
-    def _positive(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError("must be > 0")
-        return value
+    init_timeout: PositiveDuration = 10.0
 
 
 class GpuFaultSettings(_FrozenStrict):
@@ -290,7 +313,7 @@ class GpuFaultSettings(_FrozenStrict):
     # Xids that flag a fault when dcgm-exporter's DCGM_FI_DEV_XID_ERRORS changes to one of them.
     dcgm_xids: list[int] = list(DEFAULT_XIDS)
     # A dcgm-exporter that does not answer within this is an error kept, never a fault.
-    dcgm_timeout: Duration = 2.0
+    dcgm_timeout: PositiveDuration = 2.0
     # The API server for the node watch; default: the in-cluster service account.
     kubeconfig: Path | None = None
     # The NVML source: started when a target names `gpus`.
@@ -313,20 +336,23 @@ class ExporterSettings(_FrozenStrict):
     """The whole exporter config file."""
 
     listen: ListenAddress = "127.0.0.1:9471"
-    poll_interval: Duration = 5.0
+    poll_interval: PositiveDuration = 5.0
     # Fraction of poll_interval added at random to each wait, so 1,000 targets do not poll in lockstep.
     poll_jitter: float = Field(0.1, ge=0.0, le=1.0)
-    connect_timeout: Duration = 3.0
+    connect_timeout: PositiveDuration = 3.0
     # A real vLLM on a saturated CPU once took 9 s to answer /metrics: be patient by default.
-    metrics_timeout: Duration = 10.0
-    models_timeout: Duration = 5.0
-    health_timeout: Duration = 3.0
+    metrics_timeout: PositiveDuration = 10.0
+    models_timeout: PositiveDuration = 5.0
+    health_timeout: PositiveDuration = 3.0
     max_page_bytes: int = Field(4 * 1024 * 1024, ge=1024)
-    history_seconds: Duration = 600.0
+    history_seconds: PositiveDuration = 600.0
     drain_token_env: str | None = None
     drain_token_file: Path | None = None
-    # Not used by the exporter itself: the status page reads it to link to the remediator.
+    # Not used by the exporter itself: the status page reads the remediator's decisions from it.
     remediator_url: ParsedHttpUrl | None = None
+    # The remediator's journal takes its webhook's auth: the bearer token the status page sends.
+    remediator_token_env: str | None = None
+    remediator_token_file: Path | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     gpu_faults: GpuFaultSettings = GpuFaultSettings()
     targets: list[TargetSettings] = []
@@ -336,13 +362,7 @@ class ExporterSettings(_FrozenStrict):
     shard: ShardSettings | None = None
 
     _drain_token: SecretStr | None = PrivateAttr(default=None)
-
-    @field_validator("poll_interval")
-    @classmethod
-    def _interval_positive(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError("poll_interval must be > 0")
-        return value
+    _remediator_token: SecretStr | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _unique_names(self) -> ExporterSettings:
@@ -355,6 +375,8 @@ class ExporterSettings(_FrozenStrict):
             seen.add(target.name)
         if self.drain_token_env and self.drain_token_file:
             raise ValueError("set at most one of drain_token_env and drain_token_file")
+        if self.remediator_token_env and self.remediator_token_file:
+            raise ValueError("set at most one of remediator_token_env and remediator_token_file")
         return self
 
     @property
@@ -369,6 +391,11 @@ class ExporterSettings(_FrozenStrict):
     def drain_token(self) -> SecretStr | None:
         return self._drain_token
 
+    @property
+    def remediator_token(self) -> SecretStr | None:
+        """The bearer token for the remediator's `/api/v1/actions`; None sends no auth."""
+        return self._remediator_token
+
     def target(self, name: str) -> TargetSettings | None:
         for target in self.targets:
             if target.name == name:
@@ -380,6 +407,8 @@ class ExporterSettings(_FrozenStrict):
         for index, target in enumerate(self.targets):
             target.resolve_secrets(environ, f"targets[{index}]")
         self._drain_token = secret_from_env_or_file("drain_token", self.drain_token_env, self.drain_token_file, environ)
+        self._remediator_token = secret_from_env_or_file(
+            "remediator_token", self.remediator_token_env, self.remediator_token_file, environ)
         return self
 
 

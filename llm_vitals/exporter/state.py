@@ -17,7 +17,7 @@ from llm_vitals.targets import CanaryView, TargetView
 log = logging.getLogger("llm_vitals.exporter")
 
 # Poll-error reasons always exposed (at 0), so `increase()` sees the first error of each kind.
-STANDARD_ERROR_REASONS = ("connect", "timeout", "http_status", "bad_metrics", "too_large")
+STANDARD_ERROR_REASONS = ("connect", "timeout", "http_status", "bad_metrics", "too_large", "exporter_late")
 CANARY_RESULTS = ("ok", "error", "timeout")
 
 
@@ -170,15 +170,20 @@ class TargetRecord:
 
     # Its changes: one method each, each bumps the version.
 
-    def record_poll(self, verdict: Verdict, now: float, duration: float) -> None:
-        """A poll's verdict: counted (and its error reason, if any), and kept in the history."""
+    def record_poll(self, verdict: Verdict, now: float, duration: float, wall: float | None = None) -> None:
+        """A poll's verdict: counted (and its error reason, if any), and kept in the history.
+
+        The history is what the status page and the history route show: it is kept in wall time
+        (`wall`, the same instant as the monotonic `now`; `now` itself when not given).
+        """
+        shown = now if wall is None else wall
         self._verdict = verdict
         self._poll_duration = duration
         self._polls += 1
         if verdict.error_reason:
             self._poll_errors[verdict.error_reason] += 1
-        self._history.append((round(now, 3), round(verdict.steps_per_second or 0.0, 3), verdict.state))
-        horizon = now - self.history_seconds
+        self._history.append((round(shown, 3), round(verdict.steps_per_second or 0.0, 3), verdict.state))
+        horizon = shown - self.history_seconds
         while self._history and self._history[0][0] < horizon:
             self._history.popleft()
         self._version += 1
@@ -188,9 +193,11 @@ class TargetRecord:
         self._poll_errors[reason] += 1
         self._version += 1
 
-    def set_file_fault(self, fault: GpuFault | None) -> None:
-        if fault != self._file_fault:
+    def set_file_fault(self, fault: GpuFault | None, error: str | None = None) -> None:
+        """The gpu_fault_file's word: a fault or none, and why it could not be read (None when it could)."""
+        if fault != self._file_fault or error != self._gpu_fault_errors.get("file"):
             self._file_fault = fault
+            self._set_error("file", error)
             self._version += 1
 
     def set_node_fault(self, fault: GpuFault | None, error: str | None) -> None:
@@ -296,9 +303,18 @@ def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def target_view(record: TargetRecord, now: float) -> TargetView:
-    """The TARGET JSON of docs/interfaces.md ("Exporter API"). Never holds a secret."""
+def target_view(record: TargetRecord, now: float, wall: float | None = None) -> TargetView:
+    """The TARGET JSON of docs/interfaces.md ("Exporter API"). Never holds a secret.
+
+    `now` is monotonic, as every instant the verdict holds; `wall` is the same instant in Unix time
+    (`now` itself when not given), which the timestamps are shown in.
+    """
     verdict, target = record.verdict, record.settings
+    offset = 0.0 if wall is None else wall - now
+
+    def shown(instant: float | None) -> float | None:
+        return None if instant is None else round(instant + offset, 3)
+
     snap = verdict.snapshot
     fresh = snap if verdict.up else None  # running/waiting as read by the last poll, not a stale one
     return TargetView(
@@ -309,10 +325,10 @@ def target_view(record: TargetRecord, now: float) -> TargetView:
         state=verdict.state,
         reason=verdict.reason,
         detail=verdict.detail,
-        since=_round(verdict.since),
+        since=shown(verdict.since),
         stuck_seconds=round(verdict.stuck_for(now), 3),
         process_start_time=verdict.process_start_time,
-        last_poll=_round(verdict.last_poll),
+        last_poll=shown(verdict.last_poll),
         up=verdict.up,
         ready=record.ready(now),
         live=record.live(now),
@@ -322,13 +338,14 @@ def target_view(record: TargetRecord, now: float) -> TargetView:
         gpu_fault_detail=record.gpu_fault,
         gpu_fault_source=fault.source if (fault := record.fault) else None,
         gpu_fault_errors=dict(record.gpu_fault_errors),
+        workload=target.effective_workload,
         node=target.node,
         namespace=getattr(target, "namespace", None),
         pod=getattr(target, "pod", None),
         pod_uid=getattr(target, "pod_uid", None),
         restarts=verdict.restarts,
-        last_restart_at=_round(verdict.last_restart_at),
-        last_unhealthy_at=_round(verdict.last_unhealthy_at),
+        last_restart_at=shown(verdict.last_restart_at),
+        last_unhealthy_at=shown(verdict.last_unhealthy_at),
         # Unhealthy now or within two polls: what the remediator's fleet gate counts.
         recently_unhealthy=recently_unhealthy(verdict, now, 2 * record.poll_interval),
         running=fresh.running if fresh else None,
@@ -338,7 +355,7 @@ def target_view(record: TargetRecord, now: float) -> TargetView:
         counters=snap.counters() if snap else {},
         canary=CanaryView(
             consecutive_failures=verdict.canary_failures,
-            last_success=_round(verdict.last_canary_ok),
+            last_success=shown(verdict.last_canary_ok),
             in_flight=record.canary_task is not None,
             results={result: record.canaries[result] for result in CANARY_RESULTS},
         ),

@@ -1,10 +1,10 @@
 """The status page at `/`: one server-rendered HTML page that refreshes itself, no build step.
 
-One row per target (state, reason, time in state, running/waiting, steps/s with an inline SVG
-sparkline of the last few minutes) from the exporter's cache, and the remediator's recent decisions
-when `remediator_url` is set. The page is for people; machines read `/api/v1/targets` and
-`/metrics`. Everything from a target, a config or the remediator is HTML-escaped: a target name or a
-remediator detail must never become markup.
+One row per target (its workload under its name, when that is more than the name; state, reason,
+time in state, running/waiting, steps/s with an inline SVG sparkline of the last few minutes) from
+the exporter's cache, and the remediator's recent decisions when `remediator_url` is set. The page
+is for people; machines read `/api/v1/targets` and `/metrics`. Everything from a target, a config or
+the remediator is HTML-escaped: a target name or a remediator detail must never become markup.
 
 `render_page()` is pure (data and `now` in, HTML out) so that tests render it without a server;
 `setup_status_page(app)` wires it into the exporter app. No handler awaits the remediator: a
@@ -24,6 +24,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from pydantic import SecretStr
 
 from llm_vitals.exporter.keys import CLOCK, SESSION, SETTINGS, STORE
 from llm_vitals.exporter.state import target_view
@@ -123,10 +124,13 @@ def _target_row(target: TargetView, history: Sequence[Sequence[Any]], now: float
     load = "–" if running is None or waiting is None else f"{running:g} / {waiting:g}"
     stuck = target.stuck_seconds
     detail = target.detail
+    # The workload the remediator counts restarts against: shown when it is more than the name itself.
+    workload = target.workload or target.name
+    owned = f' · <span class="workload">{_text(workload)}</span>' if workload != target.name else ""
     return (
-        f'<tr class="target" data-target="{_text(target.name)}" data-state="{_text(state)}">'
+        f'<tr class="target" data-target="{_text(target.name)}" data-state="{_text(state)}" data-workload="{_text(workload)}">'
         f'<td class="name"><span class="nowrap">{_text(target.name)}</span>'
-        f'<div class="sub">{_text(target.role)} · {_text(target.url)}</div></td>'
+        f'<div class="sub">{_text(target.role)} · {_text(target.url)}{owned}</div></td>'
         f'<td><span class="state" style="background:{colour}">{_text(state)}</span>{_gpu_fault_badge(target)}</td>'
         f'<td class="reason" title="{_text(detail)}">{_text(target.reason)}<div class="sub">{_text(detail)}</div></td>'
         f'<td class="num">{in_state}</td>'
@@ -231,12 +235,18 @@ def render_page(
     )
 
 
-async def fetch_decisions(session: aiohttp.ClientSession, base_url: str, timeout: float = REMEDIATOR_TIMEOUT_SECONDS) -> Decisions:
-    """Read the remediator's `/api/v1/actions`; any failure becomes a note, never an exception."""
+async def fetch_decisions(session: aiohttp.ClientSession, base_url: str, token: SecretStr | None = None,
+                          timeout: float = REMEDIATOR_TIMEOUT_SECONDS) -> Decisions:
+    """Read the remediator's `/api/v1/actions` (with the bearer `token` its auth asks for); any failure
+    becomes a note, never an exception."""
     url = f"{base_url.rstrip('/')}/api/v1/actions"
+    headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token is not None else {}
     try:
-        async with session.get(url, params={"limit": str(ACTIONS_LIMIT)},
+        async with session.get(url, params={"limit": str(ACTIONS_LIMIT)}, headers=headers,
                                timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+            if response.status == 401:
+                return Decisions(note="the remediator asks for its webhook's auth: set remediator_token_env or "
+                                      "remediator_token_file in the exporter config", url=base_url)
             if response.status != 200:
                 return Decisions(note=f"the remediator answered HTTP {response.status}", url=base_url)
             body = await response.json(content_type=None)
@@ -274,13 +284,13 @@ async def _read_decisions(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     url, cache = str(settings.remediator_url), app[DECISIONS]
-    cache.latest = await fetch_decisions(app[SESSION], url)
+    cache.latest = await fetch_decisions(app[SESSION], url, settings.remediator_token)
 
     async def loop() -> None:
         while True:
             await asyncio.sleep(refresh_seconds(settings.poll_interval))
             try:
-                cache.latest = await fetch_decisions(app[SESSION], url)
+                cache.latest = await fetch_decisions(app[SESSION], url, settings.remediator_token)
             except Exception as exc:  # a bug here: logged, shown, and the next read tries again
                 log.exception("reading the remediator's decisions failed unexpectedly")
                 cache.latest = Decisions(note=f"cannot read the remediator: {type(exc).__name__}", url=url)
@@ -302,13 +312,13 @@ def setup_status_page(app: web.Application) -> None:
         app_ = request.app
         settings = app_[SETTINGS]
         decisions = app_[DECISIONS].latest
-        now = app_[CLOCK]()
+        now = app_[CLOCK].now()
         store = app_[STORE]
         records = list(store)
-        targets = [target_view(record, now) for record in records]
-        histories = {record.name: list(record.history) for record in records}
+        targets = [target_view(record, now.mono, now.wall) for record in records]
+        histories = {record.name: list(record.history) for record in records}  # kept in wall time
         refresh = refresh_seconds(settings.poll_interval)
-        html = render_page(targets, histories, decisions, now, refresh_seconds=refresh)
+        html = render_page(targets, histories, decisions, now.wall, refresh_seconds=refresh)
         return web.Response(text=html, content_type="text/html", charset="utf-8",
                             headers={"Cache-Control": "no-store"})
 

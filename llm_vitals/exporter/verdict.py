@@ -1,6 +1,21 @@
 """The pure state machine: (previous verdict, what one poll saw, now, target settings) -> new verdict.
 
-No I/O and no clock of its own: every case is a table test with an injected `now`.
+No I/O and no clock of its own: every case is a table test with an injected `now`. `now` is a
+monotonic reading (llm_vitals/exporter/clock.py): every time a Verdict holds is one, and every span it
+measures (stuck seconds, liveness, down_after, the canary's interval) is a difference of two; the
+views turn the instants they show into wall time.
+
+Partial evidence (DESIGN §10):
+- a failed read is not evidence: the verdict keeps its state, its last good reading and its stuck
+  clock, so the next good page is compared with the last good one; only failures that last
+  `down_after` (no good read for that long) make the target `down`. The engine's own word that it
+  is dead (a health route's 503) is `down` at once;
+- a read that timed out while the exporter's own event loop lagged is `exporter_late`
+  (`exporter_late()`): counted and shown, and evidence of nothing, not even toward `down`;
+- idle means nothing pending *and* nothing moved: work counters that moved since the last read are
+  `busy` even when running and waiting read 0 at the instant of the read, and idle (with it the
+  canary) needs one whole interval between two reads of one lifetime with nothing pending and
+  nothing moving. The first read of a lifetime cannot show that: it is `starting`.
 """
 
 from __future__ import annotations
@@ -60,6 +75,8 @@ class Verdict:
     snapshot_at: float | None = None
     last_progress: float | None = None  # last read that saw progress, or saw nothing owed
     last_served: float | None = None  # last evidence the server serves: progress or a good canary
+    last_good_read: float | None = None  # last poll with a usable reading (a page, or the model list)
+    failed_reads: int = 0  # consecutive polls without one (exporter_late not counted)
     reads_without_progress: int = 0  # consecutive reads with work pending and nothing moving
     stuck_seconds: float = 0.0
     restarts: int = 0
@@ -88,23 +105,46 @@ def initial(now: float) -> Verdict:
 
 
 def progressed(before: Snapshot, after: Snapshot) -> bool:
-    """True when any of the engine's named work signals moved between two reads of one process lifetime."""
-    old_signals = before.counters()
-    for name, new in after.counters().items():
-        old = old_signals.get(name)
+    """True when any of the engine's named work signals moved between two reads of one process lifetime.
+
+    A counter moves when it grew, a gauge when it changed. Only signals both reads carry are
+    compared: a series that appeared or went away (a Triton model loaded or unloaded) is not movement,
+    nor is a series that started again from 0 (the model reloaded).
+    """
+    old_counters = before.monotone()
+    for name, new in after.monotone().items():
+        old = old_counters.get(name)
+        if old is not None and new is not None and new > old:
+            return True
+    old_gauges = before.gauges()
+    for name, new in after.gauges().items():
+        old = old_gauges.get(name)
         if old is not None and new is not None and old != new:
             return True
     return False
 
 
 def went_backwards(before: Snapshot, after: Snapshot) -> str | None:
-    """Name of the first monotone counter that decreased, or None."""
+    """Name of a monotone counter that decreased, or None (a counter only one read has is no reset).
+
+    Per series (Snapshot.series), one series falling is its model reloaded between the two reads; a
+    restart is every series both reads carry that had counted anything falling together.
+    """
     old_counters = before.monotone()
+    fell, counted = [], []
     for name, new in after.monotone().items():
         old = old_counters.get(name)
-        if old is not None and new is not None and new < old:
-            return name
-    return None
+        if old is None or new is None:
+            continue
+        if new < old:
+            fell.append(name)
+        if old > 0:
+            counted.append(name)
+    if not fell:
+        return None
+    if before.series and after.series and not set(counted) <= set(fell):
+        return None
+    return fell[0]
 
 
 def same_lifetime(before: Snapshot, after: Snapshot) -> bool | None:
@@ -155,13 +195,45 @@ def health_check_due(previous: Verdict, snap: Snapshot) -> bool:
     return base is not None and not progressed(base, snap)
 
 
+# How much of a read's timeout the exporter's own loop lag must reach for the timeout to be blamed
+# on the exporter. A read takes about ten turns of the event loop (connect, request, headers, body
+# chunks); a loop whose turns run a tenth of the timeout late can use the whole timeout up alone.
+LATE_SHARE = 0.1
+
+
+def exporter_late(error: PollError, loop_lag: float, timeout: float) -> PollError:
+    """`error` as judged, given the worst lag of the exporter's event loop during the read.
+
+    A read that timed out while the loop lagged at least LATE_SHARE of its timeout is
+    `exporter_late`: the server may have answered in time to a loop that could not listen (a
+    starved exporter at scale), so the timeout says nothing about the server. Any other error is
+    returned as it is.
+    """
+    if error.reason != "timeout" or loop_lag < LATE_SHARE * timeout:
+        return error
+    return PollError("exporter_late", f"{error.detail}, while the exporter's own event loop ran up to {loop_lag:.2f}s "
+                                      f"late: not evidence about the server")
+
+
+def canary_overlapped(last_sent: float | None, in_flight: bool, since: float | None) -> bool:
+    """Whether the exporter's own canary may have moved the counters since the read at `since`.
+
+    A canary is sent right after a read (with its `now`), so one sent at or after `since`, or still
+    in flight, ran inside the interval the next read measures.
+    """
+    return in_flight or (last_sent is not None and since is not None and last_sent >= since)
+
+
 def judge(previous: Verdict | None, observation: Observation, now: float, target: TargetSettings,
-          facts: EngineFacts | None = None, *, health: tuple[str, int] | None = None) -> Verdict:
+          facts: EngineFacts | None = None, *, health: tuple[str, int] | None = None,
+          canary_overlap: bool = False) -> Verdict:
     """The new verdict for `target` after one poll that saw `observation` at time `now`.
 
     `facts` are the engine table's facts about `target.engine` (given explicitly by table tests).
     `health` is (route, HTTP status) of the engine's health route in this poll, when it was asked
-    (see `health_check_due`); None when it was not asked or did not answer.
+    (see `health_check_due`); None when it was not asked or did not answer. `canary_overlap`: the
+    exporter's own canary ran since the last read (`canary_overlapped`), so counters it moved on an
+    idle server are not work.
     """
     previous = previous or initial(now)
     facts = facts if facts is not None else engine_of(target.engine).facts
@@ -170,35 +242,69 @@ def judge(previous: Verdict | None, observation: Observation, now: float, target
         # replace the page just read, or a stuck server would read `down`, which liveness never acts on.
         return _on_error(previous, PollError("health_503", f"{health[0]} answered 503: the engine is dead"), now, target)
     if isinstance(observation, PollError):
+        if observation.reason == "exporter_late":
+            return _on_late(previous, observation, now)
         if facts.metrics_unanswered_is_stuck and _unanswered_while_pending(previous, observation):
             return _on_unanswered(previous, observation, now, target)
         return _on_error(previous, observation, now, target)
     if isinstance(observation, ModelsOk):
         return _on_models(previous, observation, now, target)
-    return _on_snapshot(previous, observation, now, target)
+    return _on_snapshot(previous, observation, now, target, canary_overlap)
+
+
+# Errors that are the server's own word, not a read that went missing: `down` at once.
+DOWN_AT_ONCE: frozenset[str] = frozenset({"health_503"})
 
 
 def _on_error(previous: Verdict, error: PollError, now: float, target: TargetSettings, **changes: Any) -> Verdict:
-    state: State
-    reason: Reason
+    failed = previous.failed_reads + 1
     if not previous.started and now - previous.first_seen < target.startup_grace:
-        state, reason, detail = "starting", "startup", f"not servable yet ({error.reason}: {error.detail})"
-    else:
-        state, reason, detail = "down", error.reason, error.detail
-    # No progress can be judged while the server cannot be read: stuck needs fresh evidence.
-    return _move(
-        previous, now, state, reason, detail,
-        up=False, error_reason=error.reason, reads_without_progress=0, last_progress=now,
-        stuck_seconds=0.0, steps_per_second=None, generation_tokens_per_second=None, **changes,
-    )
+        return _move(previous, now, "starting", "startup", f"not servable yet ({error.reason}: {error.detail})",
+                     up=False, error_reason=error.reason, failed_reads=failed, reads_without_progress=0,
+                     last_progress=now, stuck_seconds=0.0, steps_per_second=None, generation_tokens_per_second=None,
+                     **changes)
+    last_good = previous.last_good_read if previous.last_good_read is not None else previous.first_seen
+    unread_for = now - last_good
+    if (error.reason in DOWN_AT_ONCE or not previous.started or previous.state == "down"
+            or unread_for >= target.down_after):
+        # Gone for long enough (or dead by its own word): no progress can be judged while the server
+        # cannot be read, so the stuck clock starts again from the next good read.
+        detail = error.detail if error.reason in DOWN_AT_ONCE or not previous.started else (
+            f"{error.detail} (no good read for {unread_for:.1f}s, {failed} failed read(s))")
+        return _move(
+            previous, now, "down", error.reason, detail,
+            up=False, error_reason=error.reason, failed_reads=failed, reads_without_progress=0, last_progress=now,
+            stuck_seconds=0.0, steps_per_second=None, generation_tokens_per_second=None, **changes,
+        )
+    # A missed read: no evidence either way. The state, the last good reading and the stuck clock
+    # stay, so the next good page is compared with the last good one and a stuck episode stays stuck.
+    detail = (f"{_still(previous, now)}; read failed ({error.reason}: {error.detail}): {failed} in a row, "
+              f"no good read for {unread_for:.1f}s, down after {target.down_after:g}s")
+    return _move(previous, now, previous.state, previous.reason, detail, up=False, error_reason=error.reason,
+                 failed_reads=failed, steps_per_second=None, generation_tokens_per_second=None, **changes)
+
+
+def _still(previous: Verdict, now: float) -> str:
+    """What the held verdict rests on, for the detail of a poll that read nothing."""
+    if previous.state == "stuck":
+        return f"still stuck: no engine signal moved for {previous.stuck_for(now):.1f}s up to the last good read"
+    return f"still {previous.state} ({previous.reason}) from the last good read"
+
+
+def _on_late(previous: Verdict, error: PollError, now: float) -> Verdict:
+    # The exporter's own lateness: counted (poll_errors_total{reason="exporter_late"}) and shown,
+    # and nothing else: neither progress, nor a read without progress, nor a failure toward `down`.
+    return _move(previous, now, previous.state, previous.reason, f"{_still(previous, now)}; {error.detail}",
+                 up=False, error_reason=error.reason, steps_per_second=None, generation_tokens_per_second=None)
 
 
 def _unanswered_while_pending(previous: Verdict, error: PollError) -> bool:
     # `timeout` is a /metrics read that connected and got no answer in time (a refused or timed-out
     # connect is `connect`); "pending" is what the last good read showed, as long as every poll
-    # since then was pending or unanswered (a `down` in between breaks the chain).
+    # since then was pending or unanswered: a `down` in between breaks the chain, and so does a
+    # refused connection or any other failure just before (a frozen process still accepts).
     return (error.reason == "timeout" and previous.snapshot is not None and previous.snapshot.pending
-            and previous.state in ("busy", "stuck"))
+            and previous.state in ("busy", "stuck") and previous.error_reason in (None, "timeout", "exporter_late"))
 
 
 def _on_unanswered(previous: Verdict, error: PollError, now: float, target: TargetSettings) -> Verdict:
@@ -212,13 +318,13 @@ def _on_unanswered(previous: Verdict, error: PollError, now: float, target: Targ
     detail = (f"/metrics accepted the connection and never answered ({error.detail}) while work was pending; "
               f"no progress seen for {stuck_for:.1f}s over {reads} read(s)")
     return _move(previous, now, state, "metrics_unanswered", detail, up=False, error_reason=error.reason,
-                 reads_without_progress=reads, last_progress=last_progress, stuck_seconds=stuck_for,
-                 steps_per_second=None, generation_tokens_per_second=None)
+                 failed_reads=previous.failed_reads + 1, reads_without_progress=reads, last_progress=last_progress,
+                 stuck_seconds=stuck_for, steps_per_second=None, generation_tokens_per_second=None)
 
 
 def _on_models(previous: Verdict, seen: ModelsOk, now: float, target: TargetSettings) -> Verdict:
     common = dict(up=True, started=True, error_reason=None, models=seen.models, last_progress=now,
-                  reads_without_progress=0, stuck_seconds=0.0)
+                  last_good_read=now, failed_reads=0, reads_without_progress=0, stuck_seconds=0.0)
     if target.role == "proxy":
         return _move(previous, now, "idle", "proxy_models_ok", f"/v1/models lists {len(seen.models)} model(s)",
                      last_served=now, **common)
@@ -230,12 +336,14 @@ def _on_models(previous: Verdict, seen: ModelsOk, now: float, target: TargetSett
 
 
 def _rate(before: float | None, after: float | None, seconds: float) -> float | None:
-    if before is None or after is None or seconds <= 0:
+    # A sum that fell within one lifetime lost a series (a Triton model unloaded): no rate, never a negative one.
+    if before is None or after is None or seconds <= 0 or after < before:
         return None
     return (after - before) / seconds
 
 
-def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSettings) -> Verdict:
+def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSettings,
+                 canary_overlap: bool = False) -> Verdict:
     base = previous.snapshot
     restarted = False
     if base is not None:
@@ -263,7 +371,8 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
     elapsed = now - previous.snapshot_at if comparable and previous.snapshot_at is not None else 0.0
     restarts = previous.restarts + (1 if restarted else 0)
     changes: dict[str, Any] = dict(
-        up=True, started=True, error_reason=None, snapshot=snap, snapshot_at=now, restarts=restarts,
+        up=True, started=True, error_reason=None, snapshot=snap, snapshot_at=now, last_good_read=now, failed_reads=0,
+        restarts=restarts,
         last_restart_at=now if restarted else previous.last_restart_at,
         steps_per_second=_rate(same_life.steps, snap.steps, elapsed) if same_life else None,
         generation_tokens_per_second=(
@@ -292,17 +401,33 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
 
     if restarted:
         # Canary failures and served evidence were about the old process, not this one: an idle
-        # restarted server is ready once its own canary answers (the poller sends one at once).
+        # restarted server is ready once its own canary answers (sent once a second read shows it idle).
         changes.update(canary_failures=0, last_served=None)
         detail = f"process restarted (restart #{restarts}); {load}"
-        return _move(previous, now, "busy" if snap.pending else "idle", "restart", detail, **changes)
+        return _move(previous, now, "busy" if snap.pending else "starting", "restart", detail, **changes)
 
     if not snap.pending:
+        if same_life is None:
+            # The first read of this process: nothing to compare with, so no interval seen quiet yet.
+            return _move(previous, now, "starting", "startup",
+                         f"{load} on the first read; idle once a second read shows nothing moved", **changes)
+        # Counters the exporter's own canary moved on an idle server are not work.
+        own_canary = canary_overlap and previous.state in ("idle", "unresponsive") and not same_life.pending
+        if moved and not own_canary:
+            # Work flowed since the last read, though nothing is pending at this instant (vLLM's API
+            # server may feed its engine one request at a time): busy, and no canary.
+            return _move(previous, now, "busy", "progress",
+                         f"{load} at this read, but engine signals moved since the last one", **changes)
+        if same_life.pending:
+            return _move(previous, now, "busy", "waiting_for_progress",
+                         f"{load} now, with work pending at the last read; idle once a whole interval is quiet",
+                         **changes)
         failures = previous.canary_failures if not moved else 0
         if failures >= target.canary.failures_before_unresponsive:
             return _move(previous, now, "unresponsive", "canary_failed",
                          f"idle-looking, but {failures} canaries in a row failed", **changes)
-        return _move(previous, now, "idle", "idle", "nothing running or waiting", **changes)
+        return _move(previous, now, "idle", "idle", "nothing running or waiting, and nothing moved since the last read",
+                     **changes)
 
     if moved or not comparable:
         return _move(previous, now, "busy", "progress", f"{load}; engine signals moving", **changes)
@@ -347,6 +472,17 @@ def is_ready(verdict: Verdict, target: TargetSettings, now: float, draining: boo
     return True
 
 
+def drain_holds(draining: bool, before: Verdict, after: Verdict) -> bool:
+    """Is the target still draining after a poll that judged `before` into `after`?
+
+    A drain is asked of one server process: the kubelet runs a container's preStop hook (which
+    drains) on every stop of that container, a liveness restart included. Once a restart is
+    detected the process it was asked of is gone, and the new one is not draining, or a pod whose
+    server the kubelet restarted would never be ready again (seen on a real kubelet 1.20).
+    """
+    return draining and after.restarts == before.restarts
+
+
 def is_live(verdict: Verdict, target: TargetSettings, now: float) -> bool:
     """Liveness fails only on sustained, shown lack of progress: stuck for longer than the budget."""
     if verdict.state != "stuck" or verdict.last_progress is None:
@@ -381,6 +517,8 @@ def canary_due(
     if last_sent is not None and not before_restart and now - last_sent < due_after:
         return False
     if isinstance(observation, Snapshot):
-        return not observation.pending
+        # Idle by the verdict: a whole interval with nothing pending and nothing moving, not just
+        # gauges at 0 at the instant of this read.
+        return not observation.pending and verdict.state in ("idle", "unresponsive")
     # An engine with no /metrics cannot show its load; its models answer is the best we have.
     return isinstance(observation, ModelsOk) and engine_of(target.engine).parse is None

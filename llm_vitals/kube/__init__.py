@@ -3,7 +3,7 @@
     connect.py   the client constructor: kubeconfig (file or content, exec plugins), in-cluster service account
     client.py    KubeClient: one request in, JSON or a KubeError out; watches as event streams
     errors.py    KubeConfigError, KubeUnavailable, ApiError and `api_error`, the one reader of an error answer
-    objects.py   the calls the project makes: list/watch, pods, evictions, Events, nodes
+    objects.py   the calls the project makes: list/watch (pods, replicasets, nodes), pods, evictions, Events, nodes
     leases.py    LeaseTransport: read, create and replace a Lease (False on 409), each answer dated by the server
     evictions.py Evictions: the Eviction API in the version the server serves (found once), by pod UID
     informer.py  list, watch, resume, relist on 410 with backoff; `next_step` is its pure rule

@@ -1,5 +1,7 @@
 """The API calls the project makes, one function each: list and watch (for the informer), pods, evictions, Events, nodes.
 
+The informer follows pods, ReplicaSets (whose controller names a pod's Deployment) and nodes.
+
 Each takes the shared `KubeClient`, returns the API server's JSON and raises a `KubeError`; none
 judges a status (a 404 or a 409 means something different to each caller).
 """
@@ -11,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, cast
 
-from kubernetes_asyncio.client import CoreV1Api
+from kubernetes_asyncio.client import AppsV1Api, CoreV1Api
 
 from .client import KubeClient, Operation
 
@@ -23,9 +25,9 @@ def as_json(body: dict[str, Any]) -> Any:
 
 @dataclass(frozen=True)
 class Query:
-    """What an informer follows: pods of one namespace (by label selector) or all nodes."""
+    """What an informer follows: pods or ReplicaSets of one namespace (maybe by label selector), or all nodes."""
 
-    resource: str  # "pods" | "nodes"
+    resource: str  # "pods" | "replicasets" | "nodes"
     namespace: str | None = None
     label_selector: str | None = None
 
@@ -40,6 +42,9 @@ class Query:
         if self.resource == "pods" and self.namespace:
             namespace = self.namespace
             return lambda api, options: CoreV1Api(api).list_namespaced_pod(namespace, **query, **options)
+        if self.resource == "replicasets" and self.namespace:
+            namespace = self.namespace
+            return lambda api, options: AppsV1Api(api).list_namespaced_replica_set(namespace, **query, **options)
         if self.resource == "nodes" and self.namespace is None:
             return lambda api, options: CoreV1Api(api).list_node(**query, **options)
         raise ValueError(f"no list call for {self.describe()}")

@@ -140,9 +140,9 @@ class Backend:
             self.fault = "die"
             driver.kill()
             self._begin(self._finish_dying())
-        elif fault == "hang":
-            self.fault = "hang"
-            driver.set_hung(True)
+        elif fault in ("hang", "freeze"):
+            self.fault = fault
+            driver.set_hung(True, in_step=fault == "freeze")
         elif fault == "slow":
             self.fault, self.slow_factor = "slow", float(factor or 4.0)
             driver.set_hung(False)

@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llm-vitals-sim",
         description="Simulate a fleet of vLLM 0.32 OpenAI-compatible servers: continuous batching, chunked "
-                    "prefill, the real /metrics page, and faults on command (hang, die, restart, slow).",
+                    "prefill, the real /metrics page, and faults on command (hang, freeze, die, restart, slow).",
         epilog="Faults: POST /admin/fault {\"fault\": \"hang\"} on a backend, or POST /backends/{i}/fault on the "
                "control server (which also brings a dead backend back with POST /backends/{i}/restart).",
     )

@@ -3,7 +3,9 @@
 The driver is the simulated EngineCore process: it steps the engine at the configured rate, and
 is where the engine faults live. `hang` stops stepping *and* stops taking in new requests (as a
 SIGSTOPped EngineCore does: the API server's gauges freeze, the counters freeze, requests sit
-unanswered). `slow` stretches every step. `kill` fails every request in flight.
+unanswered). `freeze` is the same, wedged inside a step (`in_step`): an engine whose own loop
+answers /metrics (llama.cpp) still answers it then, with frozen counters. `slow` stretches every
+step. `kill` fails every request in flight.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class EngineDriver:
         self.clock = clock
         self.engine = Engine(config)
         self.hung = False
+        self.in_step = False  # hung inside an engine step (a decode), not between two
         self.slow_factor = 1.0
         self.dead = False
         # vLLM's sleep mode (POST /sleep?level=N): 0 awake. A sleeping engine steps nothing and
@@ -90,8 +93,9 @@ class EngineDriver:
             self._wake.set()
 
     # -- faults -----------------------------------------------------------------------------------
-    def set_hung(self, hung: bool) -> None:
+    def set_hung(self, hung: bool, in_step: bool = False) -> None:
         self.hung = hung
+        self.in_step = hung and in_step
         self._release()
 
     def set_sleep(self, level: int) -> None:

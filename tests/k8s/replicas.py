@@ -2,7 +2,7 @@
 
     exporter = await ExporterStandIn().start()            # GET /api/v1/targets, TargetView JSON
     exporter.put_pod(namespace, pod_object, state="stuck")  # the target <namespace>/<pod>
-    grant_remediator_rbac(control_plane, namespace)         # the Role/ClusterRole of deploy/kubernetes/remediator.yaml
+    grant_remediator_rbac(control_plane, namespace)         # the Role/ClusterRole of deploy/kubernetes/base/remediator.yaml
     a, b = await start_replicas(control_plane, namespace, exporter.url, tmp_path, global_cooldown=600)
     answer = await a.webhook(alert(target, fingerprint="f1"))
     await a.stop(); await b.kill()                           # SIGTERM / SIGKILL, by PID
@@ -38,7 +38,7 @@ TOKEN = "k8s-tier-webhook-s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LEASE = "llm-vitals-remediator"  # the name the manifest's Role grants get/update on
 USER = "llm-vitals-remediator"
-MANIFEST = REPO / "deploy" / "kubernetes" / "remediator.yaml"
+MANIFEST = REPO / "deploy" / "kubernetes" / "base" / "remediator.yaml"
 # Every alert of a run began at this moment unless told otherwise: a redelivery of one alert is the
 # same (fingerprint, startsAt), as Alertmanager sends it. The simulated servers started an hour earlier.
 ALERTS_BEGAN = time.time() - 60
@@ -141,10 +141,22 @@ class Replica:
         self.proc: asyncio.subprocess.Process | None = None
         self.url = ""
 
-    async def start(self, timeout: float = 60.0) -> Replica:
+    async def start(self, timeout: float = 60.0, attempts: int = 3) -> Replica:
+        """Start on a free port; again on another when something took that port first (it was free
+        when chosen, and this tier's own loopback traffic takes hundreds of ephemeral ports)."""
         from llm_vitals.demo.ports import free_port
 
-        port = free_port()
+        for attempt in range(1, attempts + 1):
+            log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+            try:
+                return await self._start_on(free_port(), timeout)
+            except RuntimeError:
+                if attempt == attempts or b"address already in use" not in self.log_path.read_bytes()[log_start:]:
+                    raise
+                await self.kill()  # it has exited; never leave one behind
+        raise AssertionError("unreachable")
+
+    async def _start_on(self, port: int, timeout: float) -> Replica:
         self.config = {**self.config, "listen": f"127.0.0.1:{port}"}
         path = self.run_dir / f"remediator-{self.name}.yaml"
         path.write_text(yaml.safe_dump(self.config, sort_keys=False))
@@ -247,7 +259,12 @@ async def start_replicas(control_plane: ControlPlane, namespace: str, exporter_u
     replicas = [Replica(n, replica_config(control_plane, namespace, exporter_url, run_dir, n, kubeconfig, **dict(over)),
                         run_dir, (clock_skews or {}).get(n, 0.0))
                 for n in names]
-    await asyncio.gather(*(r.start() for r in replicas))
+    started = await asyncio.gather(*(r.start() for r in replicas), return_exceptions=True)
+    failed = [r for r in started if isinstance(r, BaseException)]
+    if failed:
+        # The caller never gets the ones that did start: stop them here, or they outlive the test.
+        await asyncio.gather(*(r.stop() for r in replicas))
+        raise failed[0]
     return replicas
 
 

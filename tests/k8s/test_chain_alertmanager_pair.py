@@ -11,7 +11,7 @@ Alertmanagers that each deliver to a different remediator replica.
                                                              \\-> kube-apiserver: DELETE pod (name + UID)
 
 Every part is the real one: the exporter discovers the pods through the API server with the
-`llm-vitals-exporter` token and the Role of deploy/kubernetes/exporter.yaml. The test plays the
+`llm-vitals-exporter` token and the Role of deploy/kubernetes/base/exporter.yaml. The test plays the
 kubelet and the ReplicaSet: when the hung pod is deleted it creates the replacement Pod object on the
 same backend and restarts that simulated backend, as a new container would start.
 """
@@ -102,7 +102,7 @@ async def test_two_clustered_alertmanagers_delivering_to_two_replicas_restart_a_
     hung, replacement = f"{namespace}/vllm-0", f"{namespace}/vllm-0-b"  # discovery's target names
     http = httpx.AsyncClient(trust_env=False, timeout=10)
     grant_remediator_rbac(control_plane, namespace)
-    exporter_role = next(d for d in yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "exporter.yaml").read_text())
+    exporter_role = next(d for d in yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "base" / "exporter.yaml").read_text())
                          if d and d["kind"] == "Role" and d["metadata"]["name"] == "llm-vitals-exporter-pods")
     control_plane.grant(namespace, EXPORTER, exporter_role["rules"], name="llm-vitals-exporter-pods")
     try:

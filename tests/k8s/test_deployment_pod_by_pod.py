@@ -1,6 +1,6 @@
 """A Deployment of 4 vLLM pods watched pod by pod, then scaled to 3: the README's Kubernetes listing.
 
-    Deployment vllm (deploy/kubernetes/vllm.yaml, 4 replicas)
+    Deployment vllm (deploy/kubernetes/base/vllm.yaml, 4 replicas)
         -> kube-controller-manager: ReplicaSet, 4 pods
         -> this test, as scheduler and kubelet: pods/binding to two Node objects, pods/status Running
            with the pod IPs 127.0.0.2-5 (all of 127/8 is on `lo`)
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from .control_plane import REPO, ControlPlane
 from .waits import wait_until
 
 EXPORTER = "llm-vitals-exporter"
-MANIFESTS = REPO / "deploy" / "kubernetes"
+MANIFESTS = REPO / "deploy" / "kubernetes" / "base"
 LISTING = REPO / ".cache" / "k8s-deployment-listing.txt"
 POD_IPS = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
 STATES = ("busy", "idle", "stuck", "idle")  # of the pod given POD_IPS[i] (pods sorted by name)
@@ -46,7 +47,7 @@ def manifest(name: str, kind: str, object_name: str) -> dict[str, Any]:
 
 
 def shipped_deployment(port: int) -> dict[str, Any]:
-    """deploy/kubernetes/vllm.yaml's Deployment, changed only where this API server or this machine needs it."""
+    """deploy/kubernetes/base/vllm.yaml's Deployment, changed only where this API server or this machine needs it."""
     deployment = manifest("vllm.yaml", "Deployment", "vllm")
     spec = deployment["spec"]["template"]["spec"]
     # The shim is a native sidecar (an init container with restartPolicy Always, Kubernetes >= 1.29).
@@ -62,15 +63,16 @@ def shipped_deployment(port: int) -> dict[str, Any]:
     return deployment
 
 
-async def start_backends(run_dir: Path, http: httpx.AsyncClient) -> tuple[list[ManagedProcess], int]:
+async def start_backends(run_dir: Path, http: httpx.AsyncClient,
+                         ips: Sequence[str] = POD_IPS) -> tuple[list[ManagedProcess], int]:
     """One `llm-vitals-sim` per pod IP, all on one port (the pods' `http` containerPort); retried
-    on another port when one of the four addresses already has it."""
+    on another port when one of the addresses already has it."""
     for attempt in range(1, 4):
-        port = free_port(POD_IPS[0])
+        port = free_port(ips[0])
         processes = [ManagedProcess(f"sim-{ip}", [
             _cli("llm-vitals-sim"), "--host", ip, "--port", str(port), "--backends", "1", "--no-control",
             "--max-num-seqs", "2", "--tokens-per-second", "50", "--log-level", "warning",
-        ], run_dir / f"sim-{ip}.log", f"http://{ip}:{port}/admin/state") for ip in POD_IPS]
+        ], run_dir / f"sim-{ip}.log", f"http://{ip}:{port}/admin/state") for ip in ips]
         started = await asyncio.gather(*(p.start(http) for p in processes), return_exceptions=True)
         failed = [r for r in started if isinstance(r, BaseException)]
         if not failed:

@@ -2,7 +2,7 @@
 
 Two Node objects, targets on each (static targets given their `node`, and pods found by pod
 discovery, which fills in the same field from the pod), a live exporter whose node watch uses the `llm-vitals-exporter` token with
-exactly the ClusterRole of deploy/kubernetes/exporter.yaml. Conditions are written through
+exactly the ClusterRole of deploy/kubernetes/base/exporter.yaml. Conditions are written through
 nodes/status as NVSentinel's health monitor writes them; taints through the Node's spec.
 """
 
@@ -35,10 +35,10 @@ READY = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message":
 
 def deployed_node_rules() -> list[dict[str, Any]]:
     """The exporter's ClusterRole rules as shipped, so this test runs with exactly what deploy/ grants."""
-    for doc in yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "exporter.yaml").read_text()):
+    for doc in yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "base" / "exporter.yaml").read_text()):
         if doc and doc["kind"] == "ClusterRole":
             return doc["rules"]
-    raise AssertionError("no ClusterRole in deploy/kubernetes/exporter.yaml")
+    raise AssertionError("no ClusterRole in deploy/kubernetes/base/exporter.yaml")
 
 
 async def in_thread(function, *args, **kwargs):
@@ -182,3 +182,68 @@ async def test_discovered_pods_on_a_faulty_node_are_flagged_a_new_one_there_too(
 
     await in_thread(cp.set_node_conditions, node_a, [READY, MEM_OK])
     await wait_for(lambda: faulty() == set(), what="all cleared with the condition")
+
+
+async def test_a_reload_starts_the_watch_gives_it_the_new_rules_and_stops_it(control_plane, aiohttp_server, aiohttp_client,
+                                                                            tmp_path) -> None:
+    """Issue 23, part 6: a reload's GPU rules reach the node watch at once (no flip between a node event,
+    judged on the old rules, and a poll, on the new), and the watch starts and stops with the config."""
+    from llm_vitals.exporter.keys import NODE_WATCH
+    from llm_vitals.exporter.settings import load_settings
+
+    await in_thread(control_plane.grant, None, EXPORTER, deployed_node_rules(), name="llm-vitals-exporter-nodes")
+    node = f"gpu-r-{secrets.token_hex(3)}"
+    await in_thread(control_plane.create_node, node, conditions=[READY, MEM_BAD])
+    server = await aiohttp_server(FakeVllm(BUSY_PAGE).app())
+    url = str(server.make_url(""))
+    config = tmp_path / "exporter.yaml"
+
+    def write(node_of_target: str | None, conditions: list[str]) -> None:
+        target = busy_target("r1", url, **({"node": node_of_target} if node_of_target else {}))
+        config.write_text(yaml.safe_dump({
+            "listen": "127.0.0.1:0", "poll_interval": 0.2, "targets": [target],
+            "gpu_faults": {"kubeconfig": str(control_plane.kubeconfig(EXPORTER)), "node_conditions": conditions}}))
+
+    async def reload() -> None:
+        answer = await client.post("/-/reload")
+        assert answer.status == 200, await answer.text()
+
+    write(None, ["SomethingElse"])
+    client = await start_exporter(aiohttp_client, load_settings(config, environ={}), config_path=config)
+    runner = client.app[NODE_WATCH]
+    await wait_for(lambda: record(client, "r1").polls, what="r1 polled")
+    assert not runner.running  # no target names a node
+
+    write(node, ["SomethingElse"])  # GpuMemWatch=True on the node, but not a listed condition
+    await reload()
+    rec = record(client, "r1")
+    assert runner.running
+    await wait_for(lambda: rec.polls >= 3 and not rec.gpu_fault_errors, what="the node listed")
+    assert rec.gpu_fault is None
+
+    write(node, ["GpuMemWatch"])
+    await reload()
+    assert rec.gpu_fault is not None and rec.gpu_fault.startswith("GpuMemWatchIsNotHealthy")  # at once, not at the next poll
+    # Node events (each one applied by the watch) and polls, interleaved: the fault never flips off.
+    seen: list[bool] = []
+
+    async def sample() -> None:
+        while True:
+            seen.append(rec.gpu_fault is not None)
+            await asyncio.sleep(0.005)
+
+    sampler = asyncio.create_task(sample())
+    try:
+        for beat in range(5):
+            await in_thread(control_plane.set_node_conditions, node,
+                            [{**READY, "message": f"kubelet is posting ready status ({beat})"}, MEM_BAD])
+            await asyncio.sleep(0.3)
+    finally:
+        sampler.cancel()
+    assert seen and all(seen), f"the fault flipped off in {seen.count(False)} of {len(seen)} samples"
+
+    write(None, ["GpuMemWatch"])  # no target names a node any more
+    await reload()
+    assert not runner.running
+    await wait_for(lambda: record(client, "r1").polls >= 2, what="the new r1 polled")
+    assert record(client, "r1").gpu_fault is None and "node" not in record(client, "r1").gpu_fault_errors

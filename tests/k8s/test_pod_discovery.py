@@ -2,7 +2,7 @@
 
 The exporter under test is a live exporter app (its poll loops and discovery running) whose pod
 watch reads the API server with the `llm-vitals-exporter` token, granted exactly the Role of
-deploy/kubernetes/exporter.yaml in the test's namespace. Pods are real pod objects; the test plays
+deploy/kubernetes/base/exporter.yaml in the test's namespace. Pods are real pod objects; the test plays
 their kubelet (Running, `podIP: 127.0.0.1`) and their container port points at a FakeVllm on loopback.
 """
 
@@ -33,10 +33,10 @@ POLL = 1.0  # seconds: "within one poll" below means within this
 
 def deployed_pod_rules() -> list[dict[str, Any]]:
     """The exporter's namespaced Role rules as shipped, so these tests run with exactly what deploy/ grants."""
-    for doc in yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "exporter.yaml").read_text()):
+    for doc in yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "base" / "exporter.yaml").read_text()):
         if doc and doc["kind"] == "Role" and doc["metadata"]["name"] == "llm-vitals-exporter-pods":
             return doc["rules"]
-    raise AssertionError("no Role llm-vitals-exporter-pods in deploy/kubernetes/exporter.yaml")
+    raise AssertionError("no Role llm-vitals-exporter-pods in deploy/kubernetes/base/exporter.yaml")
 
 
 async def in_thread(function, *args, **kwargs):
@@ -176,13 +176,18 @@ async def test_without_the_pod_rights_the_403_is_a_clear_error_and_nothing_crash
     async def source() -> dict[str, Any]:
         return (await (await client.get("/api/v1/discovery")).json())["sources"][0]
 
+    # Both rights are missing: the pods' and the ReplicaSets' (each pod's workload) 403s, each named.
     deadline = time.monotonic() + 10
-    while "403" not in ((await source())["error"] or "") and time.monotonic() < deadline:
+    while "listing replicasets" not in ((await source())["error"] or "") and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     status = await source()
     assert status["up"] is False
     assert status["error"] == (f"HTTP 403 listing pods in namespace {ns}: the exporter needs list and watch on pods there "
-                               "(a Role and RoleBinding, deploy/kubernetes/exporter.yaml)")
+                               "(a Role and RoleBinding, deploy/kubernetes/base/exporter.yaml); "
+                               f"HTTP 403 listing replicasets in namespace {ns}: the exporter needs list and watch on "
+                               "replicasets (apps) there to name a pod's Deployment (a Role and RoleBinding, "
+                               "deploy/kubernetes/base/exporter.yaml); meanwhile a pod whose ReplicaSet is not known has that "
+                               "ReplicaSet as its workload")
     assert "llm_vitals_discovery_up{source=\"kubernetes[0]\"} 0.0" in await (await client.get("/metrics")).text()
     assert (await client.get("/healthz")).status == 200 and names(client) == set()
     # Granted later, it recovers by itself (the retry backs off to at most 30 s; the first retries are quick).

@@ -3,7 +3,8 @@ Deployment must make ReplicaSets and pods, and the disruption controller must co
 PodDisruptionBudget's status): safety that follows the workload.
 
 - a Deployment of 2 whose new pods keep getting stuck: its circuit opens after max_restarts
-  evictions across pod names, and the reset (naming the Deployment) closes it;
+  evictions across pod names and across the two replicas (each evicts one), and the reset (naming
+  the Deployment, through the replica that did not open it) closes it;
 - a PodDisruptionBudget (minAvailable 2) refuses the eviction (429): `disruption_budget`, no pod
   goes, an Event, and the re-send is judged afresh;
 - a pod target without a UID is refused (`no_pod_uid`), nothing evicted or deleted;
@@ -16,10 +17,12 @@ PodDisruptionBudget's status): safety that follows the workload.
 The replicas are real `llm-vitals-remediator` processes sharing one Lease, with the shipped
 manifest's RBAC; every eviction and delete is counted from the API server's audit log. The
 exporter's answers come from a small real aiohttp server (replicas.ExporterStandIn) serving
-`TargetView` JSON for the real pods, with their real UIDs: the exporter side that fills `workload`
-(issue 22, part 1) had not landed on main when this was written, so these tests compute each pod's
-workload themselves from its ownerReferences (Pod -> ReplicaSet -> Deployment) or its
-LeaderWorkerSet labels, as that exporter is specified to.
+`TargetView` JSON for the real pods, with their real UIDs, each pod's `workload` computed by the
+exporter's own rule (`llm_vitals.exporter.discovery.workload.pod_workload`) from its LeaderWorkerSet
+labels or its ownerReferences (Pod -> ReplicaSet -> Deployment, the ReplicaSet read here);
+test_pod_workload.py checks that the exporter itself reports those workloads, and
+test_chain_deployment_circuit.py runs the Deployment's case with nothing stood in: the real exporter,
+Prometheus and Alertmanager, one replica.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 import httpx
 import pytest
 
+from llm_vitals.exporter.discovery.workload import ReplicaSets, controller_of, group_of, pod_workload, replica_set_controller
 from llm_vitals.remediator.pods import CORDONED_BY, GPU_TAINT_KEY
 from llm_vitals.remediator.store import STATE_ANNOTATION
 
@@ -119,22 +123,17 @@ async def journal(replicas: list[Replica]) -> list[dict[str, Any]]:
 
 
 def workload_of(cp: ControlPlane, pod: dict[str, Any]) -> str:
-    """What the exporter side of issue 22 reports as the pod's workload: its LeaderWorkerSet group,
-    else its owner (a ReplicaSet's own owner: the Deployment), else the pod's own target name."""
+    """The pod's workload as the exporter reports it (its rule, `pod_workload`): its LeaderWorkerSet
+    group, else its controller (a ReplicaSet's own controller: the Deployment), else `Pod/<ns>/<pod>`."""
     meta = pod["metadata"]
-    labels = meta.get("labels") or {}
-    if LWS_NAME in labels and LWS_GROUP in labels:
-        return f"LeaderWorkerSet/{meta['namespace']}/{labels[LWS_NAME]}/{labels[LWS_GROUP]}"
-    for owner in meta.get("ownerReferences") or []:
-        if owner.get("controller") and owner["kind"] == "ReplicaSet":
-            rs = cp.request("GET", f"/apis/apps/v1/namespaces/{meta['namespace']}/replicasets/{owner['name']}")
-            for up in rs["metadata"].get("ownerReferences") or []:
-                if up.get("controller") and up["kind"] == "Deployment":
-                    return f"Deployment/{meta['namespace']}/{up['name']}"
-            return f"ReplicaSet/{meta['namespace']}/{owner['name']}"
-        if owner.get("controller") and owner["kind"] in ("StatefulSet", "DaemonSet"):
-            return f"{owner['kind']}/{meta['namespace']}/{owner['name']}"
-    return f"{meta['namespace']}/{meta['name']}"
+    controller = controller_of(meta)
+    replica_sets = ReplicaSets(listed=True)
+    if controller is not None and controller.kind == "ReplicaSet":
+        rs = cp.request("GET", f"/apis/apps/v1/namespaces/{meta['namespace']}/replicasets/{controller.name}")
+        replica_sets = ReplicaSets({controller.name: replica_set_controller(rs)}, listed=True)
+    workload = pod_workload(meta["namespace"], meta["name"], group_of(meta.get("labels")), controller, replica_sets)
+    assert workload is not None  # the ReplicaSets count as listed: never pending
+    return workload
 
 
 def deployment(cp: ControlPlane, namespace: str, name: str, replicas: int) -> None:
@@ -174,6 +173,10 @@ def standalone_pod(cp: ControlPlane, namespace: str, name: str, node: str | None
 
 async def test_a_deployments_circuit_opens_after_max_restarts_across_new_pod_names_and_its_reset_closes_it(
         controllers: ControlPlane, namespace: str, exporter: ExporterStandIn, replicas) -> None:
+    """Two replicas share the Deployment's budget through the Lease: replica-a evicts the first pod,
+    replica-b its replacement, the third pod is refused at replica-a, and replica-b's reset lets
+    replica-a evict it. (test_chain_deployment_circuit.py has the real exporter, Prometheus and
+    Alertmanager deliver to one replica; only here is the budget split between replicas.)"""
     cp = controllers
     node = f"node-{namespace}"
     cp.create_node(node)

@@ -46,6 +46,9 @@ class ExporterSettings:
     canary_timeout: float = 10.0
     liveness_budget: float | None = None  # None: the exporter's default, twice stuck_after
     metrics_timeout: float = 10.0  # the exporter's default
+    # Failed reads persist this long before `down`. Shorter than the product's 30 s: a kill drill
+    # judges the exporter's reaction, and three failed polls at 1 s are already no isolated miss.
+    down_after: float = 3.0
     canary_request: dict | None = None  # the canary's body where the engine needs one (Triton's v2 infer)
 
     @property
@@ -69,7 +72,8 @@ class ExporterSettings:
             canary["request"] = self.canary_request
         target = {
             "name": self.target, "url": url, "engine": self.engine, "role": "backend", **target_keys,
-            "stuck_after": _s(self.stuck_after), "liveness_budget": _s(self.liveness), "startup_grace": "5m", "canary": canary,
+            "stuck_after": _s(self.stuck_after), "liveness_budget": _s(self.liveness), "down_after": _s(self.down_after),
+            "startup_grace": "5m", "canary": canary,
         }
         config = {"listen": f"127.0.0.1:{listen_port}", "poll_interval": _s(self.poll_interval),
                   "metrics_timeout": _s(self.metrics_timeout), "targets": [target]}

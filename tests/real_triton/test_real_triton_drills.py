@@ -3,16 +3,25 @@
 The drills are the kit's (tests/real_engine/drills.py), run with this tier's engine (engine.py), in
 file order on one server and one exporter: smoke, idle canaries, saturation, frozen worker (SIGSTOP
 of the PyTriton Python process, HTTP alive), frozen tritonserver (every port accepts, none answers),
-kill (SIGKILL of tritonserver), restart on the same ports. Triton's Python backend sometimes crashes
+kill (SIGKILL of tritonserver), restart on the same ports, and a second model loaded, then
+unloaded and two more loaded under load (no restart). Triton's Python backend sometimes crashes
 by itself after a frozen worker is resumed (TritonServer.crash): the drill records it and launches
 Triton again so the drills after it run.
 """
 
 from __future__ import annotations
 
+import signal
+import time
+
+import httpx
 from real_engine import drills
-from real_engine.engine import Kit
+from real_engine.engine import Kit, wait_until
+from real_engine.load import Load
 from real_engine.report import Drill
+
+from .engine import CONCURRENCY, INFER, LOAD_TOKENS
+from .triton_server import EXTRA_MODELS, infer_body
 
 
 def test_smoke_server_has_v2_routes_metrics_port_and_no_v1_models(kit: Kit, drill: Drill):
@@ -48,3 +57,67 @@ def test_kill_tritonserver_is_down_with_a_reason(kit: Kit, drill: Drill):
 def test_restart_on_the_same_ports_counts_exactly_one_restart_then_idle_and_canary_ok(kit: Kit, drill: Drill):
     """A new Triton on the same three ports (no start-time metric): the counter reset is the restart, once."""
     drills.restart(kit, drill)
+
+
+def test_models_loaded_and_unloaded_under_load_are_no_restart(kit: Kit, drill: Drill):
+    """Issue 23, part 7: a second model loaded and given work, then, while the first is saturated, unloaded,
+    and two more loaded. Their series come and go (the sums over models fall): no restart, and the
+    saturated model is never stuck, down or idle meanwhile. The pages of each step are kept
+    (logs/pages/), the real counterparts of tests/test_engine_triton.py's transformed ones, where
+    new versions of one model are table-tested (PyTriton 0.7.0 cannot serve two versions of a name)."""
+    server, watcher = kit.server, kit.watcher
+    kit.relaunch_if_crashed()
+    kit.wait_idle()
+    worker = server.main_process()  # the PyTriton process: it takes the load and unload orders (toy_lm_server.py)
+    b, c, d = EXTRA_MODELS
+    restarts_before = kit.exporter.restarts_total()
+
+    def ready(name: str) -> bool:
+        """Triton's own word that the model serves (its series show while it loads)."""
+        try:
+            return httpx.get(f"{server.url}/v2/models/{name}/ready", timeout=10).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def counted(name: str) -> str:
+        # Triton 2.51 drops an unloaded model's series but its request_failure ones, which stay as they were.
+        return f'nv_inference_exec_count{{model="{name}"'
+
+    def order(sig: signal.Signals, name: str, loaded: bool) -> float:
+        began = time.time()
+        worker.send_signal(sig)
+        kit.wait_page(lambda page: (counted(name) in page) is loaded, f"{name} {'on' if loaded else 'gone from'} the page",
+                      timeout=180)
+        if loaded:
+            assert wait_until(lambda: ready(name), timeout=180, every=0.5) is not None, f"{name} never ready"
+        return round(time.time() - began, 1)
+
+    facts = {"load_b_s": order(signal.SIGUSR1, b, loaded=True)}
+    for _ in range(3):  # its own counters count: their fall at the unload would read as a reset
+        answer = httpx.post(f"{server.url}/v2/models/{b}/infer", json=infer_body(2), timeout=60)
+        assert answer.status_code == 200, answer.text
+    kit.save_page("two-models")
+    t0 = time.time()
+    load = Load.sustained(server.url, INFER, lambda n: infer_body(LOAD_TOKENS), CONCURRENCY, max_seconds=240)
+    with load:
+        kit.wait_working(load)
+        watcher.wait_for(lambda s: s.state == "busy" and s.reason == "progress", timeout=60, what="busy with progress",
+                         after=t0)
+        facts["unload_b_s"] = order(signal.SIGUSR2, b, loaded=False)
+        kit.save_page("model-unloaded")
+        kit.later(3 * kit.engine.exporter.poll_interval)
+        facts["load_c_s"] = order(signal.SIGUSR1, c, loaded=True)
+        facts["load_d_s"] = order(signal.SIGUSR1, d, loaded=True)
+        kit.save_page("models-loaded-again")
+        kit.later(3 * kit.engine.exporter.poll_interval)
+        load.stop()
+        outcomes = kit.engine.finish_load(kit, load)
+    t1 = time.time()
+    kit.wait_idle()
+    polled = kit.exporter.polled_states(t0, t1)
+    drill.timeline = watcher.timeline(t0)
+    drill.facts = {**facts, "restarts_total_delta": kit.exporter.restarts_total() - restarts_before,
+                   "states_polled": sorted({state for _, state in polled}), "polls": len(polled),
+                   "statuses": sorted({str(o.status) for o in outcomes})}
+    assert drill.facts["restarts_total_delta"] == 0, "a model loaded or unloaded read as a restart"
+    assert set(drill.facts["states_polled"]) <= {"busy"}, drill.timeline

@@ -12,6 +12,14 @@ Triton's metrics do not care.
 Processes: this Python process runs the infer functions (the real work) -> child `tritonserver`
 (HTTP, gRPC, metrics, scheduler) -> one `triton_python_backend_stub` per model instance.
 
+Model control, for the drill that loads and unloads models (issue 23, part 7): SIGUSR1 loads the
+next extra model (`toy_lm_b`, then `toy_lm_c`, ...), SIGUSR2 unloads the last one loaded. Both go
+through PyTriton (bind, and its own registry kept in step with an unload), so its monitor never
+reads the unloaded model as a dead server. A second version of one name cannot be loaded:
+PyTriton 0.7.0 binds every version of a model to the same data socket ("Address already in use"),
+and a name loaded again after an unload fails its handshake; version changes are table-tested on
+real pages instead (tests/test_engine_triton.py).
+
 usage: python toy_lm_server.py --http-port P --grpc-port P --metrics-port P
 Run it with the Python of the tier's venv (tools/real-triton-setup.sh), made from the system python3.
 """
@@ -19,7 +27,11 @@ Run it with the Python of the tier's venv (tools/real-triton-setup.sh), made fro
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import queue
+import signal
+import threading
 import time
 
 import numpy as np
@@ -28,6 +40,7 @@ from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 
 MODEL = "toy_lm"
+EXTRA = ("toy_lm_b", "toy_lm_c", "toy_lm_d")  # loaded in turn on SIGUSR1, the last one unloaded on SIGUSR2
 INSTANCES = 2
 DIM = int(os.environ.get("TOY_DIM", "256"))
 TOKEN_SECONDS = float(os.environ.get("TOY_TOKEN_SECONDS", "0"))
@@ -56,6 +69,79 @@ def make_infer():
     return infer
 
 
+def bind_toy(triton: Triton, name: str, version: int = 1) -> None:
+    """Bind (and, on a running server, load) the toy model under `name` and `version`."""
+    triton.bind(
+        model_name=name,
+        model_version=version,
+        infer_func=[make_infer() for _ in range(INSTANCES)],
+        inputs=[Tensor(name="max_tokens", dtype=np.int32, shape=(1,))],
+        outputs=[Tensor(name="generated", dtype=np.int32, shape=(1,))],
+        config=ModelConfig(max_batch_size=1),
+        strict=True,
+    )
+
+
+def unload(triton: Triton, name: str, http_port: int) -> None:
+    """Unload `name` from Triton and drop it from PyTriton's registry (PyTriton 0.7.0 has no unbind)."""
+    from tritonclient.http import InferenceServerClient
+
+    client = InferenceServerClient(f"127.0.0.1:{http_port}")
+    try:
+        # PyTriton restricts the repository API to its own token.
+        client.unload_model(name, headers={"triton-access-token": triton.get_access_token()})
+    finally:
+        client.close()
+    # PyTriton's monitor (Triton.serve) stops the whole server when a registered model's handlers
+    # are gone, which an unloaded model's are: drop it from the registry too.
+    models = triton._model_manager._models  # (name, version) -> Model
+    for key in [key for key in models if key[0] == name]:
+        models.pop(key).clean()
+
+
+def control(triton: Triton, http_port: int, orders: queue.Queue[str], settling: set[str]) -> None:
+    """Carry out the signals' orders in a thread (never in a signal handler): load the next extra model, or unload.
+
+    A model is in `settling` while it is loaded or unloaded, and until its handlers answer."""
+    loaded: list[str] = []
+    for name in EXTRA:
+        order = orders.get()
+        while order == "unload":
+            if loaded:
+                settling.add(loaded[-1])
+                try:
+                    unload(triton, loaded[-1], http_port)
+                    print(f"toy_lm_server: unloaded {loaded[-1]}", flush=True)
+                except Exception:
+                    logging.exception("toy_lm_server: unload failed")
+                settling.discard(loaded.pop())
+            order = orders.get()
+        settling.add(name)
+        try:
+            bind_toy(triton, name)
+            loaded.append(name)
+            print(f"toy_lm_server: loaded {name}", flush=True)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not all(
+                    m.is_alive() for m in list(triton._model_manager.models) if m.model_name == name):
+                time.sleep(0.2)
+        except Exception:
+            logging.exception("toy_lm_server: load of %s failed", name)
+        settling.discard(name)
+
+
+def watch_settled(triton: Triton, settling: set[str]) -> None:
+    """PyTriton's own monitor (Triton.serve) stops the server when any registered model's handlers are
+    not alive, which they are not for a moment while a model is bound on a running server: that killed
+    the drill's server at random loads. Judge the server and the settled models only."""
+
+    def alive() -> bool:
+        return triton._is_alive_impl() and all(
+            m.is_alive() for m in list(triton._model_manager.models) if m.model_name not in settling)
+
+    triton.is_alive = alive  # type: ignore[method-assign]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--http-port", type=int, required=True)
@@ -73,14 +159,13 @@ def main() -> None:
         metrics_interval_ms=1000,
     )
     with Triton(config=config) as triton:
-        triton.bind(
-            model_name=MODEL,
-            infer_func=[make_infer() for _ in range(INSTANCES)],
-            inputs=[Tensor(name="max_tokens", dtype=np.int32, shape=(1,))],
-            outputs=[Tensor(name="generated", dtype=np.int32, shape=(1,))],
-            config=ModelConfig(max_batch_size=1),
-            strict=True,
-        )
+        bind_toy(triton, MODEL)
+        orders: queue.Queue[str] = queue.Queue()
+        settling: set[str] = set()
+        watch_settled(triton, settling)
+        signal.signal(signal.SIGUSR1, lambda *_: orders.put("load"))
+        signal.signal(signal.SIGUSR2, lambda *_: orders.put("unload"))
+        threading.Thread(target=control, args=(triton, args.http_port, orders, settling), name="models", daemon=True).start()
         print("toy_lm_server: serving", flush=True)
         triton.serve()
 

@@ -22,6 +22,8 @@ from real_engine.places import REPO, cache_path, missing
 SERVER_SCRIPT = Path(__file__).resolve().parent / "toy_lm_server.py"
 SETUP = REPO / "tools" / "real-triton-setup.sh"
 MODEL = "toy_lm"  # toy_lm_server.py's model: 2 instances, max_batch_size 1
+# toy_lm_server.py's EXTRA: loaded in turn on SIGUSR1, the last one loaded unloaded on SIGUSR2
+EXTRA_MODELS = ("toy_lm_b", "toy_lm_c", "toy_lm_d")
 INSTANCES = 2
 VERSION = "nvidia-pytriton 0.7.0 (Triton 2.51.0)"
 # The toy model's cost per "token": a fixed wait plus a little matmul work. A request's length must

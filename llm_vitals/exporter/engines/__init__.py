@@ -67,6 +67,12 @@ class Snapshot:
     # The engine says it was put to sleep (vLLM's sleep mode): 0 awake, else its sleep level
     # (vLLM: 1 weights offloaded to CPU memory, 2 weights discarded). A sleeping engine is `asleep`.
     sleep_level: int = 0
+    # Monotone counters per labelled series (`family{labels}` as written), for engines whose series
+    # come and go within one process (Triton: one per loaded model and version). When given, they,
+    # not the sums above, say whether work moved and whether the process restarted: each series is
+    # compared only with itself, so a model loaded, unloaded or given a new version is neither
+    # progress nor a counter reset. The sums stay for the rates and the API.
+    series: Signals = ()
 
     # The counters that only ever grow within one process lifetime.
     MONOTONE = ("steps", "generation_tokens", "prompt_tokens", "finished")
@@ -92,8 +98,17 @@ class Snapshot:
             named.update(self.more_gauges)
         return named
 
+    def gauges(self) -> dict[str, float | None]:
+        """The gauges whose movement, either way, is progress."""
+        named: dict[str, float | None] = {"kv_usage": self.kv_usage}
+        named.update(self.more_gauges)
+        return named
+
     def monotone(self) -> dict[str, float | None]:
-        """The counters a restart resets, by name (MONOTONE, in order, then the engine's own)."""
+        """The counters a restart resets, by name: per series where the adapter gives them, else
+        MONOTONE (in order) then the engine's own."""
+        if self.series:
+            return dict(self.series)
         named: dict[str, float | None] = {
             "steps": self.steps, "generation_tokens": self.generation_tokens, "prompt_tokens": self.prompt_tokens,
             "finished": self.finished,

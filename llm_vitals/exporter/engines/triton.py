@@ -37,6 +37,11 @@ models. A sample of a real page (Triton 2.51 via nvidia-pytriton 0.7.0; tests/fi
   would follow. Frozen with requests executing and none queued it was idle-looking: `down`.
 - **Restart**: there is no start-time metric; every counter starts again from 0, so a restart is a
   counter reset (the verdict's rule for any monotone counter that went down).
+- **Models come and go**: a model unloaded takes its series off the page, one loaded (or a new
+  version) brings series starting at 0, so the sums fall or stand still while nothing restarted.
+  The snapshot carries each model's counters as series of their own (`Snapshot.series`), and the
+  verdict compares a series only with itself: an unload or a version change is neither a restart
+  nor progress.
 - **Health** lives on the HTTP endpoint: `/v2/health/live`, `/v2/health/ready` and
   `/v2/models/<model>/ready`. There is no `/v1/models`. The idle canary is a KServe v2 `infer` of the
   request the operator configures (`canary: {request: {...}}`), to `/v2/models/<model>/infer`.
@@ -95,7 +100,18 @@ def parse_text(text: str) -> Snapshot:
         finished=finite_sum(SUCCESS, found[SUCCESS]),
         kv_usage=used / most if used is not None and most else None,
         more_counters=tuple(more),
+        series=_series(found, trt),
     )
+
+
+def _series(found: dict[str, list[Sample]], trt: list[Sample]) -> tuple[tuple[str, float], ...]:
+    """Each model's (and version's) counters as series of their own: `family{labels}` -> value."""
+    named = [(f"{name}{sample.label_text}", sample.value)
+             for name in (EXEC_COUNT, SUCCESS, FAILURE, COMPUTE_INFER) for sample in found.get(name, [])
+             if finite(sample.value) is not None]
+    named += [(f"{TRT_GENERAL}{sample.label_text}", sample.value) for sample in trt
+              if sample.labels().get("general_type") == "iteration_counter" and finite(sample.value) is not None]
+    return tuple(named)
 
 
 def parse(page: Page) -> Snapshot:

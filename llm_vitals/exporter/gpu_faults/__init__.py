@@ -2,7 +2,8 @@
 
 Three sources can flag a target's GPU (README "GPU faults", DESIGN §9):
 
-- `file`: the target's `gpu_fault_file` (a node agent writes it); its first line is the detail.
+- `file`: the target's `gpu_fault_file` (a node agent writes it); its first line is the detail
+  (`file_fault`: an unreadable file keeps the fault it held).
 - `node`: the Kubernetes node's conditions and taints (`node_fault`).
 - `dcgm`: the target's GPU on a dcgm-exporter page (`dcgm_fault`): a *change* of the Xid gauge to a
   listed Xid, held until it clears, or a failing DCGM health watch.
@@ -177,6 +178,20 @@ def _first_held(state: DcgmState, order: Iterable[str]) -> GpuFault | None:
         if uuid in state.held:
             return GpuFault("dcgm", state.held[uuid])
     return None
+
+
+def file_fault(before: GpuFault | None, text: str | None, error: str | None) -> tuple[GpuFault | None, str | None]:
+    """The `gpu_fault_file` rule: (fault, error) from one read of the file.
+
+    `text` is what the file holds ("" when it is empty or absent: the agent cleared it); `error` is
+    why it could not be read (a path made a directory, no permission). An unreadable file fails
+    safe: the fault already held stays (`before`) and the error is shown beside it, never taken for
+    a file cleared.
+    """
+    if error is not None:
+        return before, error
+    first = (text or "").strip().splitlines()
+    return (GpuFault("file", first[0][:200]) if first else None), None
 
 
 def combine(faults: Iterable[GpuFault | None]) -> GpuFault | None:

