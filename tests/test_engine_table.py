@@ -99,3 +99,14 @@ def test_vllm_pages_carry_no_token() -> None:
 def test_no_module_outside_the_table_branches_on_an_engine_name(path: str) -> None:
     text = Path(REPO / path).read_text()
     assert not re.search(r"""engine\s*(==|!=|in)\s*["'(\[]""", text), f"{path} branches on an engine name"
+
+
+def test_a_snapshots_signals_are_its_progress_and_monotone_fields_in_order_then_the_engines_own() -> None:
+    from llm_vitals.exporter.engines import Snapshot
+
+    snap = Snapshot(1, 2, steps=3, generation_tokens=4, prompt_tokens=5, finished=6, kv_usage=0.5,
+                    more_counters=(("realtime_tokens", 7.0),), more_gauges=(("used_tokens", 8.0),))
+    fixed = {name: getattr(snap, name) for name in Snapshot.PROGRESS}
+    assert list(snap.counters().items()) == [*fixed.items(), ("realtime_tokens", 7.0), ("used_tokens", 8.0)]
+    assert list(snap.monotone().items()) == [*((name, fixed[name]) for name in Snapshot.MONOTONE), ("realtime_tokens", 7.0)]
+    assert list(Snapshot(0, 0).counters()) == list(Snapshot.PROGRESS)

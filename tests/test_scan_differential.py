@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from property import property_settings, record_examples
 
 from llm_vitals.exporter.engines import Page, PageError, Snapshot
-from llm_vitals.exporter.engines.scan import Sample, Scanner
+from llm_vitals.exporter.engines.scan import _LABEL_SET, Sample, Scanner, _trie
+from llm_vitals.exporter.engines.scan import _value as value_of_line
 from llm_vitals.exporter.engines.table import ENGINES
 
 GENERATED_EXAMPLES = 7_000
 MUTATED_EXAMPLES = 3_000
+EXACT_EXAMPLES = 3_000
 
 # Every Scanner an adapter module holds (whatever its name) is held to the client.
 SCANNERS: dict[str, Scanner] = {}
@@ -40,7 +43,7 @@ DISTRACTORS = sorted({f"{n}_by_reason" for n in WANTED[:6]} | {f"{n}x" for n in 
                      | {n[:-1] for n in WANTED[:6]} | {"http_requests_total", "up", "process_cpu_seconds_total"})
 HISTOGRAMS = sorted({n[: -len("_count")] for n in WANTED if n.endswith("_count")})
 
-RUNS = {'generated': 0, 'mutated': 0}  # examples run, per property
+RUNS = {'generated': 0, 'mutated': 0, 'exact': 0}  # examples run, per property
 REAL_PAGES = sorted(p for p in FIXTURES.glob("*/*metrics*.txt")
                     if p.stat().st_size > 0 and not p.name.endswith(".headers.txt"))
 
@@ -324,3 +327,56 @@ def test_scanner_agrees_with_prometheus_client_on_every_real_page(path: Path) ->
 def test_the_shapes_issue_15_found_read_as_prometheus_client_reads_them(text: str) -> None:
     check(text, legal=True)
     assert ALL.scan(text)["vllm:num_requests_running"][0].value in (7.0, 0.0, 3.0)
+
+
+# -- the scanner's quick reading of a line against its exact one -------------------------------------
+# The scanner reads a common line (a label set known well-formed, a lone number) without the regex of
+# the whole line; every line must read as that regex and `_value` read it: the same samples, or the
+# same PageError, detail included.
+EXACT_LINE = re.compile(rf"\n\s*({_trie(ALL.names)})(?=[^\S\n]*[ \t{{])[^\S\n]*({_LABEL_SET})?([^\n]*)")
+FRAGMENTS = ['{', '}', '"', '\\', '\\"', ' ', '\t', '#', ' # ', '_', 'e', '1', '7.5', '-2e3', 'NaN', '+Inf', 'inf',
+             'a="x"', 'a="}"', ',', '=', '\r', '\x0c', 'é', '{a="b"}', '{engine="0"} ']
+
+
+def exact_reading(text: str) -> object:
+    found: dict[str, list[tuple[str, str]]] = {}
+    try:
+        for name, label_text, rest in EXACT_LINE.findall("\n" + text):
+            found.setdefault(name, []).append((label_text, repr(value_of_line(name, label_text, rest))))
+    except PageError as exc:
+        return exc.reason, exc.detail
+    return found
+
+
+def quick_reading(text: str) -> object:
+    try:
+        return {name: [(s.label_text, repr(s.value)) for s in samples] for name, samples in ALL.scan(text).items()}
+    except PageError as exc:
+        return exc.reason, exc.detail
+
+
+def fragment_page(seed: int) -> str:
+    """A few lines, each a wanted name (maybe indented) and then 0-8 fragments of what may follow it."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(rng.randint(1, 4)):
+        tail = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(0, 8)))
+        lines.append(rng.choice(MAYBE_BLANKS) + rng.choice(WANTED) + rng.choice(["", " ", "\t", "{"]) + tail)
+    return "\n".join(lines) + "\n"
+
+
+@given(st.one_of(st.integers(0, 2**64).map(fragment_page), st.integers(0, 2**64).map(page),
+                 st.integers(0, 2**64).map(mutated_window)))
+@example('vllm:num_requests_running{a="}"} 3\n')  # the first `}` is in a value: the exact path
+@example('vllm:num_requests_running{a="x"} 1_000\n')  # float() takes 1_000, the format does not
+@example('vllm:num_requests_running{a="x"} 7 # {trace_id="t"} 1.0\n')
+@property_settings(EXACT_EXAMPLES)
+def _quick_is_exact(text: str) -> None:
+    RUNS['exact'] += 1
+    assert quick_reading(text) == exact_reading(text), text
+
+
+def test_the_scanners_quick_reading_of_a_line_is_its_exact_reading(request: pytest.FixtureRequest) -> None:
+    RUNS['exact'] = 0
+    _quick_is_exact()
+    record_examples(request, RUNS['exact'], EXACT_EXAMPLES)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+from yarl import URL
 
 from llm_vitals.exporter.canary import resolve_model, send_canary
 from llm_vitals.exporter.clock import Clock, as_clock
@@ -30,7 +31,7 @@ from llm_vitals.exporter.nvml_pynvml import PynvmlBackend
 from llm_vitals.exporter.nvml_source import NvmlSource
 from llm_vitals.exporter.settings import ExporterSettings
 from llm_vitals.exporter.state import StateStore, TargetRecord, log_gpu_fault_change
-from llm_vitals.exporter.upstream import METRICS_ACCEPT, bounded_get, bounded_get_with_headers, read_models
+from llm_vitals.exporter.upstream import METRICS_HEADERS, bounded_get, bounded_get_with_headers, parsed_url, read_models
 from llm_vitals.exporter.verdict import (
     CanaryOutcome,
     ModelsOk,
@@ -97,6 +98,7 @@ class Poller:
         # The event loop's own lateness: a read that timed out while it was high is `exporter_late`.
         self.lag = lag
         self.tasks: dict[str, asyncio.Task[None]] = {}  # one poll loop per watched target, by name
+        self._metrics_urls: dict[TargetRecord, tuple[str, URL | None]] = {}  # each record's, worked out at its first poll
         self._xids = frozenset(settings.gpu_faults.dcgm_xids)
         self._node_rules = settings.gpu_faults.node_rules
         # Targets on one node share its dcgm-exporter page: one read per URL per poll interval (a
@@ -151,6 +153,8 @@ class Poller:
         if task is not None:
             task.cancel()
         record = self.store.remove(name)
+        if record is not None:
+            self._metrics_urls.pop(record, None)
         if record is not None and record.canary_task is not None:
             record.canary_task.cancel()
 
@@ -236,8 +240,13 @@ class Poller:
 
     async def _read_metrics(self, record: TargetRecord) -> Snapshot:
         entry = engine_of(record.settings.engine)
+        # Worked out once per record (its settings never change): a poll only reads it.
+        known = self._metrics_urls.get(record)
+        if known is None:
+            url = entry.metrics_url(record.settings)
+            known = self._metrics_urls[record] = (url, parsed_url(url))
         status, body, headers = await bounded_get_with_headers(
-            self.session, entry.metrics_url(record.settings), headers={"Accept": METRICS_ACCEPT},
+            self.session, known[0], parsed=known[1], headers=METRICS_HEADERS,
             timeout=self.settings.metrics_timeout, max_bytes=self.settings.max_page_bytes,
         )
         if status != 200:

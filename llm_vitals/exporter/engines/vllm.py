@@ -20,6 +20,8 @@ start time, else a counter reset (it is absent with --api-server-count > 1). Sle
 
 from __future__ import annotations
 
+import functools
+
 from llm_vitals.exporter.engines import Engine, PageError, Snapshot
 from llm_vitals.exporter.engines.scan import Sample, Scanner, decode, finite, finite_sum, total
 
@@ -48,6 +50,12 @@ def sleep_level(samples: list[Sample]) -> int:
     no series at 1 counts as awake: a sleeping server gets no canary, so `asleep` must be what
     the page says, never a guess.
     """
+    return _sleep_level(tuple(samples))
+
+
+# A server's sleep-state lines are the same at nearly every poll: each set is read once per process.
+@functools.lru_cache(maxsize=1024)
+def _sleep_level(samples: tuple[Sample, ...]) -> int:
     levels: dict[str, int] = {}
     engines: set[str] = set()
     for sample in samples:
