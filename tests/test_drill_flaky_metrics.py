@@ -10,18 +10,15 @@ other engines' hang). The time to stuck of each engine is written to .cache/dril
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from conftest import REPO
 from flaky_proxy import FlakyProxy
-from test_exporter_helpers import make_settings, make_target, record, start_exporter, wait_for
+from test_exporter_helpers import make_settings, make_target, record, requests_in_flight, start_exporter, wait_for
 
 from llm_vitals.sim.config import SimConfig
 from llm_vitals.sim.engines.table import SIM_ENGINES
@@ -44,26 +41,10 @@ def request_for(engine: str) -> tuple[str, dict[str, Any]]:
     return "/v1/completions", {"model": "tiny", "prompt": "def main():", "max_tokens": TOKENS, "ignore_eos": True}
 
 
-@contextlib.asynccontextmanager
-async def load(url: str, engine: str, workers: int):
+def load(url: str, engine: str, workers: int):
     """`workers` clients, each sending its next request as soon as one returns, until the block exits."""
     path, body = request_for(engine)
-
-    async def worker(session: aiohttp.ClientSession) -> None:
-        while True:
-            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                async with session.post(url + path, json=body) as answer:
-                    await answer.read()
-            await asyncio.sleep(0)
-
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        tasks = [asyncio.create_task(worker(session)) for _ in range(workers)]
-        try:
-            yield
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+    return requests_in_flight(url + path, body, workers)
 
 
 def report(engine: str, figures: dict[str, Any]) -> None:

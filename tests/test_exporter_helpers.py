@@ -4,10 +4,12 @@ test, and waiting for a condition with a deadline. (No tests here.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from conftest import VLLM_FIXTURES
 
@@ -108,3 +110,23 @@ async def target_json(client: Any, name: str) -> dict[str, Any]:
     response = await client.get(f"/api/v1/targets/{name}")
     assert response.status == 200
     return await response.json()
+
+
+@contextlib.asynccontextmanager
+async def requests_in_flight(url: str, body: dict[str, Any], workers: int):
+    """`workers` clients, each POSTing `body` to `url` again as soon as its last request returns, until the block exits."""
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while True:
+            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                async with session.post(url, json=body) as answer:
+                    await answer.read()
+            await asyncio.sleep(0)
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        tasks = [asyncio.create_task(worker(session)) for _ in range(workers)]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Any
 
-import aiohttp
-from test_exporter_helpers import FakeVllm, make_settings, make_target, record, start_exporter, target_json, wait_for
+from test_exporter_helpers import (
+    FakeVllm,
+    make_settings,
+    make_target,
+    record,
+    requests_in_flight,
+    start_exporter,
+    target_json,
+    wait_for,
+)
 
 from llm_vitals.sim.fleet import Fleet, SimConfig
 
@@ -17,25 +24,10 @@ STUCK_AFTER = 1.5
 SLACK = 1.0
 
 
-@contextlib.asynccontextmanager
-async def load(url: str, workers: int, max_tokens: int):
+def load(url: str, workers: int, max_tokens: int):
     """Keep `workers` completions in flight against `url` until the block exits."""
-    async def worker(session: aiohttp.ClientSession) -> None:
-        while True:
-            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                async with session.post(url + "/v1/completions", json={
-                        "model": "tiny", "prompt": "def main():", "max_tokens": max_tokens, "ignore_eos": True}) as r:
-                    await r.read()
-            await asyncio.sleep(0)
-
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        tasks = [asyncio.create_task(worker(session)) for _ in range(workers)]
-        try:
-            yield
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+    return requests_in_flight(url + "/v1/completions", {"model": "tiny", "prompt": "def main():", "max_tokens": max_tokens,
+                                                        "ignore_eos": True}, workers)
 
 
 def sim_target(name: str, url: str, **overrides: Any) -> dict[str, Any]:
