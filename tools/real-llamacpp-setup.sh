@@ -44,6 +44,11 @@ if bin_ready && model_ready; then
   echo "real-llama.cpp setup: cached ($BIN_DIR, $MODEL_DIR)"
   ready
 fi
+# LLM_VITALS_CACHED_ONLY=1 (bench/bench_cost_of_watching.py): say where the parts are, never build them.
+if [ "${LLM_VITALS_CACHED_ONLY:-}" = 1 ]; then
+  echo "real-llama.cpp setup: not built ($BIN_DIR, $MODEL_DIR); run \`make test-llamacpp\` once"
+  exit 77
+fi
 
 if [ "$ARCH" = x86_64 ] && ! grep -qw sse4_2 /proc/cpuinfo; then
   tier_skip "this x86-64 CPU has no SSE4.2, the build's baseline (x86-64-v2)"

@@ -12,17 +12,19 @@ window is short: a watcher starved for seconds on a loaded box once saw none of 
 
 from __future__ import annotations
 
+import copy as copy_module
 import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 import psutil
+from flaky_proxy import FlakyProxy
 
-from .engine import QUEUED_LONGER_THAN, Fault, Kit, has_family, wait_until
-from .harness import Sample, canaries, canary_delta, detection_seconds
+from .engine import QUEUED_LONGER_THAN, Engine, Fault, Kit, has_family, wait_until
+from .harness import ExporterProcess, ExporterSettings, Sample, Watcher, canaries, canary_delta, detection_seconds
 from .launcher import ServerProcess
 from .load import Load, Outcome
 from .report import Drill
@@ -32,6 +34,15 @@ IDLE_FRACTION = 0.7  # of the idle window's samples: a canary in flight may show
 # Scheduling slack for the exporter's own poll jitter on a loaded box, on top of stuck_after + 2 polls.
 DETECTION_SLACK_S = 1.0
 SATURATION_WAIT_S = 300.0
+# The flaky-reads drill: its own exporter reads through tests/flaky_proxy.py, which holds every third
+# /metrics read past that exporter's timeout. 2 s is llama.cpp's own; vLLM's API server answers its
+# page in well under that while the engine is frozen. The held read ends 2 s after the timeout, so the
+# proxy never answers a read the exporter still waits on.
+FLAKY_EVERY = 3
+FLAKY_METRICS_TIMEOUT_S = 2.0
+FLAKY_HELD_S = FLAKY_METRICS_TIMEOUT_S + 2.0
+FLAKY_HELD_WHILE_STUCK = 2  # held reads the stuck episode must outlast
+FLAKY_DOWN_AFTER_S = 30.0  # the exporter's default
 
 
 def smoke(kit: Kit, drill: Drill) -> None:
@@ -286,6 +297,76 @@ def unanswered(kit: Kit, drill: Drill) -> None:
         assert run.after.state == "idle", run.after
 
 
+def flaky_reads(kit: Kit, drill: Drill) -> None:
+    """The hang, judged by an exporter that misses one read in three (issue 23, part 1): a proxy holds every
+    third /metrics read past its timeout. The engine frozen with work pending is `stuck` within stuck_after and
+    two polls (a held poll lasts its timeout), never `down`, and stays stuck through the held reads.
+
+    The tier's own exporter reads the engine directly and keeps doing so; this drill's exporter is a second
+    one, started here, at the proxy. Each read's failure is counted (poll_errors_total) and is no evidence.
+    """
+    engine, server = kit.engine, kit.server
+    keys = engine.target_keys(server)
+    assert "metrics_url" not in keys, f"{engine.name}'s /metrics is on a port of its own: the proxy stands before server.url only"
+    # The product's down_after, not the tiers' 3 s (a kill drill's): a held poll alone leaves no good read
+    # for its timeout and one interval, 3 s; down must take failures that persist, and these do not.
+    settings = replace(engine.exporter, metrics_timeout=FLAKY_METRICS_TIMEOUT_S, down_after=FLAKY_DOWN_AFTER_S)
+    flaky_engine = replace_settings(engine, settings)
+    with FlakyProxy(server.url, every=FLAKY_EVERY, delay=FLAKY_HELD_S).in_thread() as proxy:
+        exporter = ExporterProcess(settings, proxy.url, engine.log_dir, target_keys=keys)
+        exporter.start()
+        try:
+            with Watcher(exporter) as watcher:
+                flaky = Kit(flaky_engine, server, exporter, watcher)
+                errors_before = exporter.poll_errors()
+
+                def while_stuck(fault: Fault) -> dict:
+                    held_at_stuck = proxy.held
+                    held_s = wait_until(lambda: proxy.held >= held_at_stuck + FLAKY_HELD_WHILE_STUCK,
+                                        timeout=FLAKY_HELD_WHILE_STUCK * FLAKY_EVERY * settings.unanswered_poll_s + 30)
+                    return {"held_at_stuck": held_at_stuck, "held_s": held_s, "until": time.time()}
+
+                # Frozen once this exporter has seen the work owed and moving: a freeze it never saw under way
+                # is the hang drill's; here the question is what the missed reads do to evidence it had.
+                run = frozen_under_load(flaky, drill, engine.freeze_engine, while_stuck, owed_first=True)
+                seen = run.seen
+                while_frozen = [state for _, state in exporter.polled_states(run.fault.t, run.t_thaw)]
+                # From the first stuck sample on (the verdict already stood then) to the end of the wait above.
+                while_held = [state for _, state in exporter.polled_states(run.stuck.t, seen["until"])]
+                errors = {reason: count - errors_before.get(reason, 0.0) for reason, count in exporter.poll_errors().items()}
+        finally:
+            exporter.stop()
+    bound = settings.stuck_after + 2 * settings.unanswered_poll_s + DETECTION_SLACK_S
+    drill.facts |= {
+        "stuck_after": settings.stuck_after,
+        "metrics_timeout": settings.metrics_timeout,
+        "proxy": {"every": FLAKY_EVERY, "held_s": FLAKY_HELD_S, "reads": proxy.reads, "held": proxy.held},
+        "stuck_bound_s": bound,
+        "held_while_stuck": proxy.held - seen["held_at_stuck"] if seen["held_s"] is not None else 0,
+        "polled_while_frozen": dict(Counter(while_frozen)),
+        "polled_while_held_stuck": dict(Counter(while_held)),
+        "poll_errors_delta": {reason: n for reason, n in errors.items() if n},
+    }
+    note_crashes(kit, drill, run.crashed_before, run.crash)
+    assert seen["held_s"] is not None, f"the proxy held no {FLAKY_HELD_WHILE_STUCK} reads while stuck: {drill.facts}"
+    assert run.stuck.reason in (*engine.hang_reasons, "metrics_unanswered"), run.stuck
+    assert drill.facts["stuck_detected_s"] <= bound, drill.facts
+    # A missed read is neither progress nor proof of death: never down, never idle, while the engine owes the work.
+    assert set(while_frozen) <= {"busy", "stuck"}, drill.facts["polled_while_frozen"]
+    assert set(while_held) == {"stuck"}, drill.facts["polled_while_held_stuck"]
+    # The held reads were failed reads, counted as such.
+    assert sum(drill.facts["poll_errors_delta"].values()) >= FLAKY_HELD_WHILE_STUCK, drill.facts
+    assert drill.canaries["sent"] == 0, "canary sent to a hung busy server"
+    assert drill.facts["restarts_total_delta"] == 0, "a freeze is no restart"
+
+
+def replace_settings(engine: Engine, settings: ExporterSettings) -> Engine:
+    """A copy of `engine` judged with other exporter settings (its hooks read them: vLLM's waits a poll)."""
+    copy = copy_module.copy(engine)
+    copy.exporter = settings
+    return copy
+
+
 @dataclass
 class FrozenRun:
     """What a freeze under load saw: the fault, the verdicts around it, the load's outcomes, how it settled."""
@@ -366,7 +447,9 @@ def kill(kit: Kit, drill: Drill) -> None:
     with load:
         # For a moment the server may still answer from the dead engine's state: keep that page.
         kit.save_page("after-kill", timeout=1.0)
-        down = watcher.wait_for(lambda s: s.state == "down", timeout=engine.down_within_s, what="down", after=t_kill)
+        # Refused reads are `down` once no read was good for down_after (the last good one may be the kill's own moment).
+        down = watcher.wait_for(lambda s: s.state == "down", timeout=engine.exporter.down_after + engine.down_within_s,
+                                what="down", after=t_kill)
         drill.detected("SIGKILL to down", detection_seconds(down, t_kill))
         exit_status = server.wait_exit(timeout=engine.down_within_s) if engine.kill_exits else server.returncode
         outcomes = load.wait(timeout=120)

@@ -95,7 +95,7 @@ class Engine:
     frozen_probe: Probe | None = None
     fault_outcomes_ok: bool = False  # the fault load's requests all answer 200 once the fault ends
     # kill
-    down_within_s: float = 30.0
+    down_within_s: float = 30.0  # on top of the exporter's down_after: the engine's own time to stop answering
     kill_reason: str | None = None  # the `down` reason it must be (None: any)
     kill_exits: bool = False  # the main process exits by itself within down_within_s
     kill_exit_status: int | None = None  # ... with this status (None: any)

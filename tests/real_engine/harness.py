@@ -248,6 +248,11 @@ class ExporterProcess:
                     values[key] = values.get(key, 0.0) + s.value
         return values
 
+    def poll_errors(self) -> dict[str, float]:
+        """`llm_vitals_poll_errors_total{target}` by reason, as the exporter's /metrics shows it now."""
+        with httpx.Client(timeout=HTTP_TIMEOUT_S) as client:
+            return self.counter(client, "llm_vitals_poll_errors_total", "reason")
+
     def restarts_total(self) -> float:
         """`llm_vitals_restarts_total{target}` as the exporter's /metrics shows it now."""
         with httpx.Client(timeout=HTTP_TIMEOUT_S) as client:

@@ -2,9 +2,9 @@
 
 The drills are the kit's (tests/real_engine/drills.py), run with this tier's engine (engine.py), in
 file order on one server and one exporter: smoke, idle canaries, saturation, the engine loop frozen
-with ptrace (HTTP alive), the whole process SIGSTOPped, kill, restart on the same port. Loads are
-long generations that run until the drill cancels them; the pages each drill saw are kept in
-`.cache/real-llamacpp/logs/pages/`.
+with ptrace (HTTP alive), the same through a flaky proxy (a second exporter), the whole process
+SIGSTOPped, kill, restart on the same port. Loads are long generations that run until the drill
+cancels them; the pages each drill saw are kept in `.cache/real-llamacpp/logs/pages/`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,11 @@ def test_saturation_stays_busy_and_gets_zero_canaries(kit: Kit, drill: Drill):
 def test_frozen_engine_loop_with_http_alive_is_stuck_then_recovers(kit: Kit, drill: Drill):
     """The engine loop (main thread) ptrace-stopped: /health stays 200, /metrics frozen or unanswered."""
     drills.hang(kit, drill)
+
+
+def test_flaky_reads_one_in_three_timing_out_still_stuck_within_stuck_after_and_two_polls(kit: Kit, drill: Drill):
+    """The frozen loop again, through a proxy that holds every third /metrics read past the timeout (issue 23): stuck, never down."""
+    drills.flaky_reads(kit, drill)
 
 
 def test_sigstop_metrics_accepted_never_answered_is_stuck_metrics_unanswered(kit: Kit, drill: Drill):

@@ -88,7 +88,7 @@ class VllmEngine(Engine):
     key = "vllm"
     name = "vLLM"
     tier = RealTier("vLLM", enable="LLM_VITALS_REAL_VLLM", require="LLM_VITALS_REQUIRE_REAL_VLLM")
-    drills = ("smoke", "saturation", "long_prompts", "hang", "kill_worker", "kill", "restart", "idle")
+    drills = ("smoke", "saturation", "long_prompts", "hang", "flaky_reads", "kill_worker", "kill", "restart", "idle")
     exporter = ExporterSettings(target="real-vllm", engine="vllm", stuck_after=STUCK_AFTER_S)
     families = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:iteration_tokens_total_count",
                 "vllm:generation_tokens_total", "vllm:kv_cache_usage_perc", "process_start_time_seconds")

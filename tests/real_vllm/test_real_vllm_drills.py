@@ -1,7 +1,8 @@
 """Fault drills: the exporter (poll 1 s, stuck_after 6 s) judged against a real vLLM engine.
 
 The drills are the kit's (tests/real_engine/drills.py), run with this tier's engine (engine.py), in
-file order on one server and one exporter: smoke, saturation, long prompts, hang, kill, restart (on
+file order on one server and one exporter: smoke, saturation, long prompts, hang, the hang through a
+flaky proxy (a second exporter), kill, restart (on
 the same port), idle, and this engine's own: kill of the Worker while the API server answers.
 """
 
@@ -37,6 +38,11 @@ def test_long_prompts_near_max_model_len_are_busy_never_stuck(kit: Kit, drill: D
 def test_hang_sigstop_enginecore_is_stuck_then_live_fails_then_recovers(kit: Kit, drill: Drill):
     """SIGSTOP of `VLLM::EngineCore` with work pending on its frozen page: /metrics keeps answering, frozen."""
     drills.hang(kit, drill)
+
+
+def test_flaky_reads_one_in_three_timing_out_still_stuck_within_stuck_after_and_two_polls(kit: Kit, drill: Drill):
+    """The hang again, through a proxy that holds every third /metrics read past the timeout (issue 23): stuck, never down."""
+    drills.flaky_reads(kit, drill)
 
 
 def test_kill_enginecore_is_down_with_a_reason(kit: Kit, drill: Drill):
