@@ -85,13 +85,7 @@ async def test_a_node_watch_that_cannot_work_is_an_error_kept_never_a_fault(aioh
                                                                               kubeconfig, error) -> None:
     path = tmp_path / "kubeconfig"
     if kubeconfig == "unreachable":  # a real port that nothing listens on
-        path.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:{free_port()}", insecure-skip-tls-verify: true}}}}]
-users: [{{name: u, user: {{token: t}}}}]
-contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
-current-context: x
-""")
+        unreachable_kubeconfig(path)
     server = await aiohttp_server(FakeVllm(BUSY_PAGE).app())
     settings = make_settings([busy_target("gpu-a", str(server.make_url("")), node="n1")],
                              gpu_faults={"kubeconfig": str(path)})
