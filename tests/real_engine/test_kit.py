@@ -28,10 +28,11 @@ from real_triton.engine import ENGINE as TRITON
 from real_vllm.engine import ENGINE as VLLM
 
 from llm_vitals.exporter.settings import parse_settings
+from real_engine import drills
 from real_engine.engine import Engine, has_family, sigstopped, wait_until
 from real_engine.harness import Sample, Watcher
 from real_engine.launcher import ServerProcess, free_port
-from real_engine.load import Load, wait_page
+from real_engine.load import Load, Outcome, wait_page
 from real_engine.report import Report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -334,3 +335,13 @@ def test_a_server_is_ready_found_frozen_and_stopped_with_every_process_it_spawne
     finally:
         server.stop()
     assert server.leftovers() == [] and server.returncode is not None
+
+
+@pytest.mark.parametrize(("seconds", "waited"), [
+    ([], 0),
+    ([2.7, 2.7, 2.8, 2.9], 0),  # slots for all: nobody waited
+    ([2.7, 2.7, 5.4, 5.5, 8.1, 8.2], 4),  # 6 at once on 2 slots: 4 waited a turn or two
+    ([1.0, 1.9, 2.0], 1),
+])
+def test_clients_waited_counts_requests_that_took_twice_the_fastest(seconds, waited) -> None:
+    assert drills.clients_waited([Outcome(200, s) for s in seconds] + [Outcome(None, 0.1)]) == waited
