@@ -101,8 +101,8 @@ def test_models_loaded_and_unloaded_under_load_are_no_restart(kit: Kit, drill: D
     load = Load.sustained(server.url, INFER, lambda n: infer_body(LOAD_TOKENS), CONCURRENCY, max_seconds=240)
     with load:
         kit.wait_working(load)
-        watcher.wait_for(lambda s: s.state == "busy" and s.reason == "progress", timeout=60, what="busy with progress",
-                         after=t0)
+        busy = watcher.wait_for(lambda s: s.state == "busy" and s.reason == "progress", timeout=60, what="busy with progress",
+                                after=t0)
         facts["unload_b_s"] = order(signal.SIGUSR2, b, loaded=False)
         kit.save_page("model-unloaded")
         kit.later(3 * kit.engine.exporter.poll_interval)
@@ -110,11 +110,13 @@ def test_models_loaded_and_unloaded_under_load_are_no_restart(kit: Kit, drill: D
         facts["load_d_s"] = order(signal.SIGUSR1, d, loaded=True)
         kit.save_page("models-loaded-again")
         kit.later(3 * kit.engine.exporter.poll_interval)
+        t_stop = time.time()
         load.stop()
         outcomes = kit.engine.finish_load(kit, load)
-    t1 = time.time()
     kit.wait_idle()
-    polled = kit.exporter.polled_states(t0, t1)
+    # From the first busy read to the load's stop: before it the exporter may not have seen the load
+    # yet, and after it the load drains to idle.
+    polled = kit.exporter.polled_states(busy.t, t_stop)
     drill.timeline = watcher.timeline(t0)
     drill.facts = {**facts, "restarts_total_delta": kit.exporter.restarts_total() - restarts_before,
                    "states_polled": sorted({state for _, state in polled}), "polls": len(polled),
