@@ -365,3 +365,17 @@ class SlowLink:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def stop_chain(load: Any, replicas: list[Replica], processes: list[Any], http: httpx.AsyncClient) -> None:
+    """A chain test's teardown: its load, then the remediator replicas and the other processes (last
+    started first), each printing the tail of its log for the test's report, then its HTTP client."""
+    if load is not None:
+        await load.stop()
+    for replica in replicas:
+        await replica.stop()
+        print(replica.tail(40))
+    for process in reversed(processes):
+        await process.stop()
+        print(process.log_tail(20))
+    await http.aclose()

@@ -32,7 +32,7 @@ from stack import RULES_FILE, ManagedProcess, alertmanager_config, start_on_free
 from llm_vitals.demo.ports import free_port
 
 from .control_plane import REPO, ControlPlane
-from .replicas import TOKEN, grant_remediator_rbac, pod_removals, start_replicas
+from .replicas import TOKEN, grant_remediator_rbac, pod_removals, start_replicas, stop_chain
 
 BACKENDS = 2
 EXPORTER = "llm-vitals-exporter"
@@ -179,15 +179,7 @@ async def test_two_clustered_alertmanagers_delivering_to_two_replicas_restart_a_
         # This namespace only: other tests on this control plane delete pods named vllm-1 too.
         assert pod_removals(control_plane, namespace, "vllm-1") == []
     finally:
-        if load is not None:
-            await load.stop()
-        for replica in replicas:
-            await replica.stop()
-            print(replica.tail(40))
-        for process in reversed(processes):
-            await process.stop()
-            print(process.log_tail(20))
-        await http.aclose()
+        await stop_chain(load, replicas, processes, http)
 
 
 async def _all(states, names: set[str], wanted: set[str]) -> bool:

@@ -36,7 +36,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from stack import RULES_FILE, ManagedProcess, RealStack, alertmanager_config, write_rules_with_short_for
 
 from .control_plane import ControlPlane
-from .replicas import AUTH, TOKEN, Replica, grant_remediator_rbac, pod_evictions, pod_removals, start_replicas
+from .replicas import (
+    AUTH,
+    TOKEN,
+    Replica,
+    grant_remediator_rbac,
+    pod_evictions,
+    pod_removals,
+    start_replicas,
+    stop_chain,
+)
 from .test_deployment_pod_by_pod import EXPORTER, manifest, running, start_backends
 from .test_pod_workload import create_deployment
 from .test_workload_safety import shared_state
@@ -189,15 +198,7 @@ async def test_a_deployment_whose_new_pods_keep_hanging_opens_its_circuit_for_th
               f"{refused_at - evicted_at:.1f} s later, the eviction after the reset "
               f"{reset_evicted_at - refused_at:.1f} s after that; {time.monotonic() - began:.1f} s in all")
     finally:
-        if load is not None:
-            await load.stop()
-        if replica is not None:
-            await replica.stop()
-            print(replica.tail(40))
-        for process in reversed(processes):
-            await process.stop()
-            print(process.log_tail(20))
-        await http.aclose()
+        await stop_chain(load, [replica] if replica is not None else [], processes, http)
 
 
 async def _at_least(count: int, rows) -> list[dict[str, Any]] | None:
