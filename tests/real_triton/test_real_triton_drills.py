@@ -108,6 +108,7 @@ def test_models_loaded_and_unloaded_under_load_are_no_restart(kit: Kit, drill: D
         kit.later(3 * kit.engine.exporter.poll_interval)
         facts["load_c_s"] = order(signal.SIGUSR1, c, loaded=True)
         facts["load_d_s"] = order(signal.SIGUSR1, d, loaded=True)
+        t_loaded = time.time()
         kit.save_page("models-loaded-again")
         kit.later(3 * kit.engine.exporter.poll_interval)
         t_stop = time.time()
@@ -120,6 +121,13 @@ def test_models_loaded_and_unloaded_under_load_are_no_restart(kit: Kit, drill: D
     drill.timeline = watcher.timeline(t0)
     drill.facts = {**facts, "restarts_total_delta": kit.exporter.restarts_total() - restarts_before,
                    "states_polled": sorted({state for _, state in polled}), "polls": len(polled),
+                   "idle_polls": sum(state == "idle" for _, state in polled),
+                   "busy_polls_after_last_load": sum(state == "busy" for t, state in polled if t >= t_loaded),
                    "statuses": sorted({str(o.status) for o in outcomes})}
     assert drill.facts["restarts_total_delta"] == 0, "a model loaded or unloaded read as a restart"
-    assert set(drill.facts["states_polled"]) <= {"busy"}, drill.timeline
+    # `idle` is allowed, and only idle: binding a model runs in the PyTriton process that also carries
+    # every response, and on a loaded 2-core box the load's queue drained to 0 for ~8 s while toy_lm_c
+    # was bound (page: running 0, waiting 0, nothing moving: idle by the rule, rightly). What a model
+    # coming or going must never do is read as stuck, down, a restart, or stop the load being read.
+    assert set(drill.facts["states_polled"]) <= {"busy", "idle"}, drill.timeline
+    assert drill.facts["busy_polls_after_last_load"] > 0, drill.timeline

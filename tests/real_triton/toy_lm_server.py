@@ -15,7 +15,8 @@ Processes: this Python process runs the infer functions (the real work) -> child
 Model control, for the drill that loads and unloads models (issue 23, part 7): SIGUSR1 loads the
 next extra model (`toy_lm_b`, then `toy_lm_c`, ...), SIGUSR2 unloads the last one loaded. Both go
 through PyTriton (bind, and its own registry kept in step with an unload), so its monitor never
-reads the unloaded model as a dead server. A second version of one name cannot be loaded:
+reads the unloaded model as a dead server. The extra models have one instance each (EXTRA_INSTANCES:
+PyTriton's second-instance handshake races the first instance's listen() under load). A second version of one name cannot be loaded:
 PyTriton 0.7.0 binds every version of a model to the same data socket ("Address already in use"),
 and a name loaded again after an unload fails its handshake; version changes are table-tested on
 real pages instead (tests/test_engine_triton.py).
@@ -42,6 +43,14 @@ from pytriton.triton import Triton, TritonConfig
 MODEL = "toy_lm"
 EXTRA = ("toy_lm_b", "toy_lm_c", "toy_lm_d")  # loaded in turn on SIGUSR1, the last one unloaded on SIGUSR2
 INSTANCES = 2
+# The extra models, bound on a running (and, in the drill, saturated) server, have one instance each.
+# PyTriton 0.7.0's stub for a model's second instance connects to the first instance's handshake and
+# data sockets as soon as their files exist (proxy/model.py polls `exists()`, then connects), which is
+# between the first instance's bind() and listen(): a Unix socket bound but not yet listening refuses.
+# On a busy 2-core box that window was wide enough to be hit (a cold CI run: `ConnectionRefusedError`
+# in toy_lm_d's initialize, "toy_lm_d never ready"). One instance has no second handshake; the
+# PyTriton side connects only after Triton reports the model loaded, when both sockets listen.
+EXTRA_INSTANCES = 1
 DIM = int(os.environ.get("TOY_DIM", "256"))
 TOKEN_SECONDS = float(os.environ.get("TOY_TOKEN_SECONDS", "0"))
 
@@ -69,12 +78,12 @@ def make_infer():
     return infer
 
 
-def bind_toy(triton: Triton, name: str, version: int = 1) -> None:
-    """Bind (and, on a running server, load) the toy model under `name` and `version`."""
+def bind_toy(triton: Triton, name: str, version: int = 1, instances: int = INSTANCES) -> None:
+    """Bind (and, on a running server, load) the toy model under `name` and `version`, with `instances` instances."""
     triton.bind(
         model_name=name,
         model_version=version,
-        infer_func=[make_infer() for _ in range(INSTANCES)],
+        infer_func=[make_infer() for _ in range(instances)],
         inputs=[Tensor(name="max_tokens", dtype=np.int32, shape=(1,))],
         outputs=[Tensor(name="generated", dtype=np.int32, shape=(1,))],
         config=ModelConfig(max_batch_size=1),
@@ -118,7 +127,7 @@ def control(triton: Triton, http_port: int, orders: queue.Queue[str], settling: 
             order = orders.get()
         settling.add(name)
         try:
-            bind_toy(triton, name)
+            bind_toy(triton, name, instances=EXTRA_INSTANCES)
             loaded.append(name)
             print(f"toy_lm_server: loaded {name}", flush=True)
             deadline = time.monotonic() + 60
