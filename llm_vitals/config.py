@@ -6,6 +6,9 @@ quotes an input value or a secret's contents: config errors end up in logs, CI o
 
 from __future__ import annotations
 
+import difflib
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -77,14 +80,83 @@ def _key_path(loc: tuple[int | str, ...], document: object, missing: bool = Fals
     return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in parts).lstrip(".")
 
 
-def describe_validation_error(exc: ValidationError, source: str, document: object) -> str:
+def _members(annotation: Any) -> list[Any]:
+    """The types an annotation admits: Annotated, Optional and unions unwrapped, None left out."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [member for arg in typing.get_args(annotation) for member in _members(arg)]
+    return [] if annotation is type(None) else [annotation]
+
+
+def _tag_values(model: type[BaseModel]) -> set[str]:
+    """The Literal values of a model's fields: a tagged union's tag, as pydantic's loc names it."""
+    return {value for field in model.model_fields.values() for member in _members(field.annotation)
+            if typing.get_origin(member) is typing.Literal for value in typing.get_args(member)
+            if isinstance(value, str)}
+
+
+def _models_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[type[BaseModel]]:
+    """The config models that can stand at `loc` (the parent of a key a ValidationError names).
+
+    Follows fields, list items and mapping values; a part that is no key (a tagged union's tag, a
+    validator's name) narrows a union to the members it tags, or is passed over.
+    """
+    current: list[Any] = [model]
+    for part in loc:
+        following: list[Any] = []
+        for annotation in current:
+            for member in _members(annotation):
+                origin = typing.get_origin(member)
+                if isinstance(member, type) and issubclass(member, BaseModel):
+                    if isinstance(part, str) and part in member.model_fields:
+                        following.append(member.model_fields[part].annotation)
+                    elif isinstance(part, str) and part in _tag_values(member):
+                        following.append(member)
+                elif origin in (list, tuple, set, frozenset) and isinstance(part, int):
+                    following.extend(typing.get_args(member)[:1])
+                elif origin in (dict, Mapping) and len(typing.get_args(member)) == 2:
+                    following.append(typing.get_args(member)[1])
+        current = following or current
+    return [m for annotation in current for m in _members(annotation)
+            if isinstance(m, type) and issubclass(m, BaseModel)]
+
+
+def _keys_of(models: list[type[BaseModel]]) -> list[str]:
+    return sorted({field.alias or name for model in models for name, field in model.model_fields.items()})
+
+
+def _problem(error: Any, model: type[BaseModel] | None) -> str:
+    """One kind of problem, one wording, whichever tool's config it is: the choices where there are choices."""
+    kind, ctx = error["type"], error.get("ctx") or {}
+    if kind == "extra_forbidden":
+        if model is None:
+            return "unknown key"
+        key = error["loc"][-1]
+        close = difflib.get_close_matches(str(key), _keys_of(_models_at(model, error["loc"][:-1])), n=1, cutoff=0.6)
+        return f"unknown key (did you mean {close[0]}?)" if close else "unknown key"
+    if kind == "union_tag_invalid":
+        choices = ", ".join(tag.strip("'") for tag in str(ctx.get("expected_tags", "")).split(", "))
+        return f"{str(ctx.get('discriminator', 'tag')).strip(chr(39))} {ctx.get('tag')!r} is not one of: {choices}"
+    if kind == "union_tag_not_found":
+        return f"{str(ctx.get('discriminator', 'tag')).strip(chr(39))}: missing (it says which kind this is)"
+    if kind == "missing":
+        below = _keys_of(_models_at(model, error["loc"])) if model is not None else []
+        return f"missing (it takes: {', '.join(below)})" if below else "missing"
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
+def describe_validation_error(exc: ValidationError, source: str, document: object,
+                              model: type[BaseModel] | None = None) -> str:
     """One `source: key.path: problem` line per problem, with input values left out: they may be secrets.
 
     `document` is what was validated: key paths hold only the keys written in it (see _key_path).
+    With the `model` it was validated as, a misspelt key gets a "did you mean" and a missing section
+    the keys it takes.
     """
     lines = []
     for error in exc.errors(include_input=False, include_url=False):
-        problem = "unknown key" if error["type"] == "extra_forbidden" else error["msg"].removeprefix("Value error, ")
+        problem = _problem(error, model)
         key_path = _key_path(error["loc"], document, missing=error["type"] == "missing")
         lines.append(f"{source}: {key_path}: {problem}" if key_path else f"{source}: {problem}")
     return "\n".join(lines)
@@ -97,7 +169,7 @@ def validate_document(model: type[Model], document: object, source: str) -> Mode
     try:
         return model.model_validate(document)
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, source, document)) from None
+        raise ConfigError(describe_validation_error(exc, source, document, model)) from None
 
 
 # Blank secrets are refused, never read as "no secret": an empty bearer token would let a bare

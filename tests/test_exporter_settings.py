@@ -14,8 +14,8 @@ from llm_vitals.exporter.settings import ConfigError, load_settings, parse_setti
 DATA = REPO / "tests" / "data"
 
 INVALID = {
-    "invalid-exporter-unknown-key.yaml": "poll_intervall: unknown key",
-    "invalid-exporter-target-typo.yaml": "targets[0].stuck_afte: unknown key",
+    "invalid-exporter-unknown-key.yaml": "poll_intervall: unknown key (did you mean poll_interval?)",
+    "invalid-exporter-target-typo.yaml": "targets[0].stuck_afte: unknown key (did you mean stuck_after?)",
     "invalid-exporter-bad-duration.yaml": "poll_interval: not a duration: 'five seconds' (use e.g. 30s, 5m, 1h or plain seconds)",
     "invalid-exporter-duplicate-name.yaml": "duplicate target name 'gpu-a'",
     "invalid-exporter-bad-engine.yaml": "targets[0].engine: Input should be 'vllm', 'llamacpp', 'triton', 'sglang', 'tgi' or 'openai'",

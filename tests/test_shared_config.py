@@ -114,7 +114,7 @@ def test_read_yaml_of_an_unreadable_path_gives_the_strerror(tmp_path: Path, name
     [
         ({"colour": "red"}, "cfg.yaml: colour: unknown key"),
         ({"items": [{"name": "a"}, {"name": "b", "shell": True}]}, "cfg.yaml: items[1].shell: unknown key"),
-        ({"items": [{}]}, "cfg.yaml: items[0].name: Field required"),
+        ({"items": [{}]}, "cfg.yaml: items[0].name: missing"),
         # `Value error, ` is pydantic's prefix, and a top-level validator has no key path to name.
         ({"low": 2, "high": 1}, "cfg.yaml: low must not exceed high"),
         # The union's `function-after[...]` loc part names a validator, not a key.
@@ -125,7 +125,7 @@ def test_read_yaml_of_an_unreadable_path_gives_the_strerror(tmp_path: Path, name
         ),
         # A tagged union's tag (`command`) is pydantic's part of the loc, not a key in the file.
         ({"executors": {"a": {"executor": "command", "argv": "ls"}}}, "cfg.yaml: executors.a.argv: Input should be a valid list"),
-        ({"executors": {"a": {"executor": "http"}}}, "cfg.yaml: executors.a.url: Field required"),
+        ({"executors": {"a": {"executor": "http"}}}, "cfg.yaml: executors.a.url: missing"),
         # ... unless the user wrote that key.
         ({"executors": {"http": {"executor": "http", "url": 1}}}, "cfg.yaml: executors.http.url: Input should be a valid string"),
     ],
@@ -134,6 +134,44 @@ def test_read_yaml_of_an_unreadable_path_gives_the_strerror(tmp_path: Path, name
 )
 def test_validation_errors_name_the_file_and_key_path(document: dict, message: str) -> None:
     assert _problem(document) == message
+
+
+@pytest.mark.parametrize(
+    "document, message",
+    [
+        ({"iterms": []}, "cfg.yaml: iterms: unknown key (did you mean items?)"),
+        ({"items": [{"name": "a", "tokn_env": "X"}]}, "cfg.yaml: items[0].tokn_env: unknown key (did you mean token_env?)"),
+        # Under a tag, only the tagged member's keys are offered.
+        ({"executors": {"a": {"executor": "http", "ur": "x"}}},
+         "cfg.yaml: executors.a.url: missing\ncfg.yaml: executors.a.ur: unknown key (did you mean url?)"),
+        ({"colour": "red"}, "cfg.yaml: colour: unknown key"),  # nothing close: no guess
+        ({"executors": {"a": {"executor": "ssh"}}}, "cfg.yaml: executors.a: executor 'ssh' is not one of: command, http"),
+        ({"executors": {"a": {"argv": ["ls"]}}}, "cfg.yaml: executors.a: executor: missing (it says which kind this is)"),
+        ({"items": [{}]}, "cfg.yaml: items[0].name: missing"),
+    ],
+    ids=["did-you-mean", "nested-did-you-mean", "under-a-tag", "no-close-key", "wrong-tag-lists-choices",
+         "tag-missing", "missing-scalar"],
+)
+def test_validate_document_words_each_kind_of_problem_once_with_the_choices(document: dict, message: str) -> None:
+    """The wording the exporter's and the remediator's configs share: a guess for a misspelt key, the choices of a tag."""
+    with pytest.raises(ConfigError) as caught:
+        validate_document(_Doc, document, "cfg.yaml")
+    assert str(caught.value) == message
+
+
+class _Auth(StrictModel):
+    bearer_token_env: str | None = None
+    none: bool = False
+
+
+class _WithAuth(StrictModel):
+    auth: _Auth
+
+
+def test_a_missing_section_lists_the_keys_it_takes() -> None:
+    with pytest.raises(ConfigError) as caught:
+        validate_document(_WithAuth, {}, "cfg.yaml")
+    assert str(caught.value) == "cfg.yaml: auth: missing (it takes: bearer_token_env, none)"
 
 
 def test_validation_message_leaves_out_an_input_that_may_be_a_secret() -> None:
