@@ -205,9 +205,17 @@ def test_servicemonitors_select_their_services_and_name_the_job_the_rules_watch(
         for endpoint in monitor["spec"]["endpoints"]:
             assert set(endpoint) <= {"port", "path", "interval"} and endpoint["path"] == "/metrics"
     exporter_monitor = _one(objects, "ServiceMonitor", "llm-vitals")
-    # LLMVitalsExporterAbsent watches up{job="llm-vitals"}: the job is the Service's name label.
-    job = _one(objects, "Service", "llm-vitals")["metadata"]["labels"][exporter_monitor["spec"]["jobLabel"]]
-    assert job == "llm-vitals" and 'up{job="llm-vitals"}' in (REPO / "alerts" / "llm-vitals.rules.yml").read_text()
+    # The rules' absent-alerts watch these jobs; the job is the Services' llm-vitals.io/job label,
+    # so a release of any name keeps them.
+    rules = (REPO / "alerts" / "llm-vitals.rules.yml").read_text()
+    for release in [RELEASE, "prod"]:
+        rendered = objects if release == RELEASE else render(EVERYTHING_ON, release=release)
+        prefix = "llm-vitals" if release == RELEASE else "prod-llm-vitals"
+        for monitor_name, job in [(prefix, "llm-vitals"), (f"{prefix}-remediator", "llm-vitals-remediator")]:
+            monitor = _one(rendered, "ServiceMonitor", monitor_name)
+            service = _one(rendered, "Service", monitor_name)
+            assert service["metadata"]["labels"][monitor["spec"]["jobLabel"]] == job
+            assert f'up{{job="{job}"}}' in rules
     # Only the fleet exporter is scraped for verdicts: the vLLM pods' shims would duplicate every series.
     vllm_service = _one(objects, "Service", "llm-vitals-vllm")
     assert not exporter_monitor["spec"]["selector"]["matchLabels"].items() <= vllm_service["metadata"]["labels"].items()
