@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo bench bench-cost test-docker test-vllm test-llamacpp test-sglang test-triton test-k8s test-kubelet test-gpu tools clean
+.PHONY: install test lint demo image bench bench-cost test-docker test-vllm test-llamacpp test-sglang test-triton test-k8s test-kubelet test-gpu tools clean
 
 install: $(STAMP)
 
@@ -35,6 +35,14 @@ lint: install
 CONFIG ?= $(wildcard exporter.yaml)
 demo: install
 	$(BIN)/python -m llm_vitals.demo$(if $(CONFIG), --config $(CONFIG))
+
+# The image (Dockerfile): exporter, remediator and simulator; the Helm chart's and the manifests'
+# `image.repository`. A plain `docker build` on your machine, never a `make test` step (it needs a
+# Docker Engine and the base image). Push it where your cluster pulls from:
+#   make image IMAGE=registry.example.com/llm-vitals:0.1.0 && docker push registry.example.com/llm-vitals:0.1.0
+IMAGE ?= llm-vitals:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+image:
+	docker build -t $(IMAGE) .
 
 # The real-Docker tier (tests/real_docker/): its own dockerd (own socket, data root, pid file, no
 # bridge), the image built on a Debian base made locally (cached outside the clone), the compose

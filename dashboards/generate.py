@@ -10,7 +10,7 @@ that is more dependency than help. What the SDK would guarantee (every panel has
 query and a layout slot) this script guarantees by construction, and the tests check it on the JSON
 that ships, including that every query parses (promtool) and names only contract metrics.
 
-Queries use only the metric contract (DESIGN §2, listed in `dashboards/queries.py`) and two
+Queries use only the metric contract (docs/metrics.md, listed in `dashboards/queries.py`) and two
 variables, both multi-select with "All" = `.+`: `$engine` (`label_values(llm_vitals_target_info,
 engine)`) and `$target` (the targets of the chosen engines). Every panel keeps only the targets
 whose `llm_vitals_target_info` has a chosen engine (`and on (target)`), so picking `triton` shows

@@ -18,9 +18,9 @@ from typing import NamedTuple
 
 DASHBOARD = Path(__file__).resolve().parent / "llm-vitals.json"
 
-# The metric names the dashboard may use: the exporter's contract (DESIGN §2) plus the
+# The metric names the dashboard may use: the exporter's contract (docs/metrics.md) plus the
 # remediator's decision counter. A query naming anything else is a bug in the dashboard or a
-# contract change that must be made in DESIGN first.
+# contract change that must be made in docs/metrics.md (and the collector) first.
 CONTRACT_METRICS = frozenset({
     "llm_vitals_target_info",
     "llm_vitals_up",

@@ -25,7 +25,7 @@ from llm_vitals.exporter.app import STORE, create_app
 from llm_vitals.exporter.canary import send_canary
 from llm_vitals.exporter.verdict import CanaryOutcome, PollError, judge, record_canary
 
-# DESIGN §2: the public contract (name -> type, labels besides `target`).
+# docs/metrics.md: the public contract (name -> type, labels besides `target`).
 CONTRACT = {
     "llm_vitals_target_info": ("gauge", {"engine", "role", "url", "namespace", "pod", "node", "workload"}),
     "llm_vitals_up": ("gauge", set()),

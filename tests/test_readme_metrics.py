@@ -1,4 +1,4 @@
-"""README.md's metrics reference is the collector's own list: regenerate it, and it must not change."""
+"""docs/metrics.md, the metrics reference, is the collector's own list: regenerate it, and it must not change."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import metrics_table
 
 
 def test_readme_metrics_table_matches_the_collector() -> None:
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "metrics.md").read_text()
     assert metrics_table.readme_table(readme) == metrics_table.metrics_table(), (
-        "README.md's metrics table is out of date: run `.venv/bin/python tools/metrics_table.py --write`"
+        "docs/metrics.md's metrics table is out of date: run `.venv/bin/python tools/metrics_table.py --write`"
     )
 
 
@@ -27,7 +27,7 @@ def test_every_metric_the_collector_emits_has_a_row_with_help() -> None:
     # What prometheus-client makes of FAMILIES (as a scrape would), not the table the script reads.
     settings = parse_settings({"targets": [{"name": "t", "url": "http://127.0.0.1:9"}]})
     families = list(VitalsCollector(StateStore(settings, 0.0), clock=lambda: 0.0).collect())
-    table = metrics_table.readme_table((REPO / "README.md").read_text())
+    table = metrics_table.readme_table((REPO / "docs" / "metrics.md").read_text())
     for family in families:
         assert family.documentation.strip(), f"{family.name} has no HELP text"
         assert f"`{family.name}" in table

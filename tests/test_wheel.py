@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -86,3 +87,34 @@ def test_the_shipped_example_config_passes_check_config(installed: tuple[Path, P
     env = {**os.environ, "LLM_VITALS_WEBHOOK_TOKEN": "example-token"}
     out = _run([script, "--config", str(example), "--check-config"], cwd=tmp_path, env=env).stdout
     assert "ok" in out.lower()
+
+
+@pytest.mark.xdist_group("wheel")
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_each_console_script_tells_its_version(installed: tuple[Path, Path], script: str, tmp_path: Path) -> None:
+    _, bin_dir = installed
+    out = _run([str(bin_dir / script), "--version"], cwd=tmp_path).stdout
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert out.strip() == f"{script} {version}"
+
+
+@pytest.mark.xdist_group("wheel")
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_names_no_checkout_path(installed: tuple[Path, Path], script: str, tmp_path: Path) -> None:
+    """A pip user has no `llm_vitals/.../example.yaml` to open: the help points at `--example-config`."""
+    _, bin_dir = installed
+    out = _run([str(bin_dir / script), "--help"], cwd=tmp_path).stdout
+    assert "example.yaml" not in out and "llm_vitals/" not in out
+    if script != "llm-vitals-sim":
+        assert "--example-config" in out
+
+
+@pytest.mark.xdist_group("wheel")
+def test_the_metadata_names_the_project_urls(installed: tuple[Path, Path], tmp_path: Path) -> None:
+    _, bin_dir = installed
+    out = _run([str(bin_dir / "python"), "-c",
+                "from importlib.metadata import metadata; print('\\n'.join(metadata('llm-vitals').get_all('Project-URL')))"],
+               cwd=tmp_path).stdout
+    urls = dict(line.split(", ", 1) for line in out.splitlines())
+    assert {"Homepage", "Documentation", "Issues", "Source"} <= set(urls)
+    assert all(url.startswith("https://github.com/llm-vitals/llm-vitals") for url in urls.values())

@@ -1,13 +1,13 @@
-"""Print the README's metrics reference: one markdown row per metric the exporter's collector emits.
+"""Print the metrics reference (docs/metrics.md): one markdown row per metric the exporter's collector emits.
 
 The names, types, labels and HELP texts come from the exposition's own table,
 `llm_vitals.exporter.collector.FAMILIES`, and from `LifecycleCollector` and `LoopLagCollector` (run
-on a one-target store, no polling, no network), so the README cannot drift from the code:
+on a one-target store, no polling, no network), so docs/metrics.md cannot drift from the code:
 
     .venv/bin/python tools/metrics_table.py            # print the table
-    .venv/bin/python tools/metrics_table.py --write    # replace it in README.md, between the markers
+    .venv/bin/python tools/metrics_table.py --write    # replace it in docs/metrics.md, between the markers
 
-`tests/test_readme_metrics.py` fails while README.md's table differs from this output.
+`tests/test_readme_metrics.py` fails while docs/metrics.md's table differs from this output.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-README = REPO / "README.md"
+REFERENCE = REPO / "docs" / "metrics.md"
 START = "<!-- metrics-table:start -->"
 END = "<!-- metrics-table:end -->"
 
@@ -64,9 +64,9 @@ def metrics_table() -> str:
 
 
 def readme_table(text: str) -> str:
-    """The table currently between the markers in README text."""
+    """The table currently between the markers in the reference text."""
     if START not in text or END not in text:
-        raise ValueError(f"README.md has no {START} ... {END} block")
+        raise ValueError(f"docs/metrics.md has no {START} ... {END} block")
     return text.split(START, 1)[1].split(END, 1)[0].strip()
 
 
@@ -78,12 +78,12 @@ def replace_table(text: str, table: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="update README.md between the marker comments")
+    parser.add_argument("--write", action="store_true", help="update docs/metrics.md between the marker comments")
     args = parser.parse_args(argv)
     table = metrics_table()
     if args.write:
-        README.write_text(replace_table(README.read_text(), table))
-        print(f"updated {README}")
+        REFERENCE.write_text(replace_table(REFERENCE.read_text(), table))
+        print(f"updated {REFERENCE}")
     else:
         print(table)
     return 0

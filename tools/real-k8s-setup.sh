@@ -6,7 +6,7 @@
 #    not reachable from here. Go builds with CGO_ENABLED=0 for the baseline amd64 (GOAMD64=v1, the
 #    default) are portable across x86-64 CPUs, so the cache is not keyed on CPU flags.
 #  - etcd-server / etcd-client 3.4.23, openssl, from Debian through apt (the ordinary client).
-# Recipe: DESIGN §8 and the kubernetes fixture recipe (build-kube-apiserver.sh) it came from.
+# Recipe: the kubernetes fixture recipe (build-kube-apiserver.sh) it came from.
 #
 # Exit status: 0 ready (the last line is BIN_DIR=... ETCD=...); 77 skipped (one line says why);
 # 1 failed, or skipped while LLM_VITALS_REQUIRE_REAL_K8S=1 (CI), where a skip is a failure.

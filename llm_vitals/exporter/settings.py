@@ -93,7 +93,7 @@ class TargetSettings(_FrozenStrict):
     stuck_after: PositiveDuration = 60.0
     # Failed reads (timeouts, refused connections, HTTP errors, unreadable pages) make the target
     # `down` only once no good read has come for this long; until then it keeps its state and its
-    # evidence (README "States"). 30 s: longer than the slowest /metrics seen under load (a real vLLM
+    # evidence (docs/states.md). 30 s: longer than the slowest /metrics seen under load (a real vLLM
     # took 9 s) plus a poll, three timed-out reads at the default 5 s poll and 10 s metrics_timeout,
     # and no longer than Kubernetes' default readiness window (3 x 10 s) or a liveness window.
     down_after: PositiveDuration = 30.0
@@ -106,7 +106,7 @@ class TargetSettings(_FrozenStrict):
     # A file a node agent (DCGM health, an Xid log watcher) writes when this target's GPU is faulty:
     # present and non-empty means `gpu_fault`, and a restart will not help. Read once per poll.
     gpu_fault_file: Path | None = None
-    # The target's GPU on a dcgm-exporter page, read once per poll (README "GPU faults").
+    # The target's GPU on a dcgm-exporter page, read once per poll (docs/gpu-faults.md).
     dcgm: DcgmSettings | None = None
     # The target's GPUs on this host, by NVML index or UUID, read through NVML (gpu_faults.nvml).
     gpus: list[int | str] | None = Field(None, min_length=1)
@@ -169,7 +169,7 @@ class TargetSettings(_FrozenStrict):
         """Whether this target gets idle canaries at all: enabled, a backend, and its engine's canary can be built.
 
         Triton's canary is the operator's request: without `canary.request` (and `model`) none is sent,
-        and an idle-looking wedged Triton then stays idle (README "Engines").
+        and an idle-looking wedged Triton then stays idle (docs/engines.md).
         """
         entry = engine_of(self.engine)
         if not self.canary.enabled or self.role != "backend":
@@ -356,7 +356,7 @@ class ExporterSettings(_FrozenStrict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     gpu_faults: GpuFaultSettings = GpuFaultSettings()
     targets: list[TargetSettings] = []
-    # Sources of targets that come and go (DESIGN §7): pods in Kubernetes, file_sd files.
+    # Sources of targets that come and go (docs/states.md): pods in Kubernetes, file_sd files.
     discovery: list[DiscoverySource] = []
     # Split the targets (static and discovered) between `count` replicas by a stable hash of the name.
     shard: ShardSettings | None = None

@@ -5,7 +5,7 @@ monotonic reading (llm_vitals/exporter/clock.py): every time a Verdict holds is 
 measures (stuck seconds, liveness, down_after, the canary's interval) is a difference of two; the
 views turn the instants they show into wall time.
 
-Partial evidence (DESIGN §10):
+Partial evidence (docs/states.md):
 - a failed read is not evidence: the verdict keeps its state, its last good reading and its stuck
   clock, so the next good page is compared with the last good one; only failures that last
   `down_after` (no good read for that long) make the target `down`. The engine's own word that it

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         "the exporter shows to be stuck: re-checked, one at a time, behind a global cooldown, a "
         "budget per workload and a fleet gate, with a durable SQLite journal.",
     )
-    add_config_options(parser, "YAML config file (see llm_vitals/remediator/example.yaml)")
+    add_config_options(parser)
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
     settings = read_config(parser, args, "remediator", load_settings,

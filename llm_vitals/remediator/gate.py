@@ -2,9 +2,9 @@
 
 It takes plain data (the alert, the exporter's view of the fleet, the gate's stored state, the policy
 and the time) and returns `Decision(allowed, reason, detail)`. No I/O, no clock of its own: the
-tests drive it with tables. The checks run in the order of DESIGN §4, and the first refusal wins.
+tests drive it with tables. The checks run in the order docs/remediator.md describes, and the first refusal wins.
 
-What a budget, a circuit and the escalation ladder count is the target's **workload** (DESIGN §10:
+What a budget, a circuit and the escalation ladder count is the target's **workload** (docs/remediator.md:
 `Deployment/<ns>/<name>`, a StatefulSet, a DaemonSet, a LeaderWorkerSet group, a name a template
 or file_sd label gives, or a static target's own name): what the operator owns and a restart does
 not replace. A pod the remediator evicts comes back under a new name; its Deployment does not.
@@ -115,7 +115,7 @@ class TargetStatus:
     pod: str | None = None
     pod_uid: str | None = None
     node: str | None = None
-    # What the operator owns (DESIGN §10); None from an exporter older than the field: the target's name.
+    # What the operator owns (docs/remediator.md); None from an exporter older than the field: the target's name.
     workload: str | None = None
     # Why this target's verdict is not one this remediator knows (a state or reason of a newer
     # exporter); None for a known verdict. Such a target is never restarted.

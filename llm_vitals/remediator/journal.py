@@ -44,7 +44,7 @@ CREATE TABLE IF NOT EXISTS actions (
     evidence TEXT,               -- JSON: the exporter's TARGET object when the decision was made
     pre_restart TEXT,            -- JSON: {argv, result, output, duration_seconds} of pre_restart
     evidence_from TEXT,          -- JSON: the URL of the exporter (shard) that reported the evidence
-    workload TEXT                -- what the budget, the circuit and the ladder counted (DESIGN §10)
+    workload TEXT                -- what the budget, the circuit and the ladder counted (docs/remediator.md)
 );
 CREATE INDEX IF NOT EXISTS actions_decision ON actions(decision, target, time);
 CREATE INDEX IF NOT EXISTS actions_time ON actions(time);

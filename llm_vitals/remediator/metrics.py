@@ -4,7 +4,7 @@ Counters and the duration histogram are updated as things happen. The circuits, 
 used, the in-progress flag, the pause and the escalated nodes are read from the gate's state as its
 store last saw it, the store's health from the store, and the last restart time from the journal,
 at scrape time by a custom collector (no I/O), so they are right after a restart of the remediator
-too. Circuits and budgets are per workload (DESIGN §10): replicas sharing one Lease each show the
+too. Circuits and budgets are per workload (docs/remediator.md): replicas sharing one Lease each show the
 same values (aggregate them with `max by (workload)`).
 """
 

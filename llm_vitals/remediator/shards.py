@@ -1,4 +1,4 @@
-"""One fleet view from n sharded exporters (DESIGN §7: `shard: {index, count}`): the pure rule.
+"""One fleet view from n sharded exporters (docs/configuration.md: `shard: {index, count}`): the pure rule.
 
 Every shard is read and the views are joined, rather than each re-check being routed to the shard
 that owns the alert's target: the fleet gate (`max_unhealthy`) must count the whole fleet anyway,

@@ -10,6 +10,7 @@ import sys
 
 from pydantic import ValidationError
 
+from llm_vitals.config_cli import add_version_option
 from llm_vitals.logs import log_event, setup_logging
 from llm_vitals.sim.config import SimConfig
 from llm_vitals.sim.engines.table import SIM_ENGINES
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Faults: POST /admin/fault {\"fault\": \"hang\"} on a backend, or POST /backends/{i}/fault on the "
                "control server (which also brings a dead backend back with POST /backends/{i}/restart).",
     )
+    add_version_option(parser)
     defaults = SimConfig()
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8101, help="port of backend 0; backend i listens on port + i "

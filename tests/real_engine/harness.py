@@ -1,6 +1,6 @@
 """The real `llm-vitals-exporter` as a child process, seen only through its HTTP API, and its settings.
 
-The drills judge the exporter by its public contract (docs/interfaces.md, DESIGN §2):
+The drills judge the exporter by its public contract (docs/interfaces.md, docs/metrics.md):
 `GET /api/v1/targets/{name}` (and its `/history`), `/probe/{name}/ready|live` and `/metrics`
 (`llm_vitals_canary_requests_total{target,result}`, `llm_vitals_restarts_total{target}`).
 A `Watcher` thread samples that API twice a second while a drill runs, so the drill's own thread
@@ -66,7 +66,7 @@ class ExporterSettings:
         return facts | {"liveness_budget": self.liveness}
 
     def config(self, listen_port: int, url: str, **target_keys: Any) -> str:
-        """The exporter's config file (YAML shape of DESIGN §2): one target at `url`, plus `target_keys`."""
+        """The exporter's config file (YAML shape of docs/configuration.md): one target at `url`, plus `target_keys`."""
         canary: dict[str, Any] = {"interval": _s(self.canary_interval), "timeout": _s(self.canary_timeout)}
         if self.canary_request is not None:
             canary["request"] = self.canary_request

@@ -1,4 +1,4 @@
-"""Targets that come and go (DESIGN §7): pods in Kubernetes, Prometheus file_sd files, and the
+"""Targets that come and go (docs/states.md): pods in Kubernetes, Prometheus file_sd files, and the
 rules that turn them into the poller's targets.
 
 - `targetset`: the pure rules: a discovered target's settings, the shard rule, the desired set and the reconcile step.

@@ -1,6 +1,6 @@
 """The GPU-fault rules: pure functions from what a node and its dcgm-exporter say to one fault, or none.
 
-Three sources can flag a target's GPU (README "GPU faults", DESIGN §9):
+Three sources can flag a target's GPU (docs/gpu-faults.md):
 
 - `file`: the target's `gpu_fault_file` (a node agent writes it); its first line is the detail
   (`file_fault`: an unreadable file keeps the fault it held).
