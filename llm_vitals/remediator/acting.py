@@ -96,7 +96,7 @@ class Actor:
                 cause, taint = f"GPU fault ({detail})", taint_value(detail)
             else:
                 workload = workload_of(target, status)
-                cause, taint = f"{workload} stuck again within escalate_within of its restart", "LadderEscalation"
+                cause, taint = f"{workload} stuck again on this node within escalate_within of its restart here", "LadderEscalation"
             return CordonAndMoveExecutor(self.remover, pod, self.identity, cause, timeout, taint)
         if template is None:
             return self.executors[target]

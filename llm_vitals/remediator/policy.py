@@ -31,6 +31,10 @@ def policy_from(settings: Settings) -> GatePolicy:
         storm_cooldown=settings.storm_cooldown,
         gpu_fault_action=settings.gpu_fault_action,
         escalate_within=settings.escalate_within,
+        max_cordoned_nodes=settings.max_cordoned_nodes,
+        backoff_initial=settings.budget.backoff.initial,
+        backoff_max=settings.budget.backoff.max,
+        backoff_reset=settings.budget.backoff.reset_after,
     )
 
 
