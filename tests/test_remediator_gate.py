@@ -8,6 +8,7 @@ import pytest
 
 from llm_vitals.remediator.gate import (
     AFTER_GATE,
+    HUMAN_REFUSALS,
     REASONS,
     AlertFacts,
     Decision,
@@ -275,6 +276,12 @@ def test_gate_reason(alert, fleet_view, journal, policy, now, reason):
     decision = decide(alert, fleet_view, journal, policy, now)
     assert decision.reason == reason, decision
     assert decision.allowed == (reason in ("allowed", "cordon_and_move"))
+
+
+def test_every_refusal_a_human_must_see_has_an_event_reason():
+    from llm_vitals.remediator.pods import EVENT_REASONS
+
+    assert set(HUMAN_REFUSALS) <= set(EVENT_REASONS)
 
 
 def test_every_reason_has_a_case():

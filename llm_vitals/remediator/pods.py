@@ -57,6 +57,7 @@ EVENT_REASONS = {
     "fleet_gate": "LLMVitalsFleetGate",
     "escalated_to_human": "LLMVitalsEscalated",
     "disruption_budget": "LLMVitalsDisruptionBudget",
+    "cordon_limit": "LLMVitalsCordonLimit",
 }
 # An Event POST's own limit: short, and apart from the restart's (a completed eviction must never
 # be journaled as a timeout because its Event was slow).
