@@ -25,7 +25,7 @@ def test_anything_else_is_refused(value) -> None:
                                    "36501d"], ids=["huge int", "huge negative int", "huge digits", "exponent",
                                                    "huge float", "inf", "nan", "past a century"])
 def test_a_duration_too_large_for_any_clock_is_a_clear_error_not_an_overflow(value) -> None:
-    with pytest.raises(ValueError, match="not a duration|duration too large|negative"):
+    with pytest.raises(ValueError, match=r"not a duration|duration too large"):
         parse_duration(value)
 
 
