@@ -17,6 +17,7 @@ from llm_vitals.remediator.gate import (
     GatePolicy,
     Group,
     JournalState,
+    Plan,
     TargetStatus,
     TemplateMatch,
     backoff_delay,
@@ -330,9 +331,50 @@ def test_a_refused_gpu_fault_says_what_the_fault_is_where_and_what_to_do(status,
 
 
 def test_decision_unpacks_as_allowed_and_reason():
-    allowed, reason, _ = decide(ALERT, FLEET, JOURNAL, POLICY, T0)
-    assert (allowed, reason) == (True, "allowed")
+    allowed, reason, _, plan = decide(ALERT, FLEET, JOURNAL, POLICY, T0)
+    assert (allowed, reason) == (True, "allowed") and plan is not None
     assert isinstance(decide(ALERT, None, JOURNAL, POLICY, T0), Decision)
+
+
+@pytest.mark.parametrize("alert, fleet_view, journal, policy, now, reason", [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_a_decision_carries_a_plan_exactly_when_it_is_allowed(alert, fleet_view, journal, policy, now, reason):
+    decision = decide(alert, fleet_view, journal, policy, now)
+    assert (decision.plan is not None) == decision.allowed
+
+
+TIMED = replace(TEMPLATED, templates=(TemplateMatch(engine="vllm", namespace="llm", timeout=45.0,
+                                                    pre_restart_timeout=10.0),),
+                target_timeouts={"a": 120.0}, pre_restart_timeouts={"a": 20.0})
+GROUPED = fleet(**{f"llm/g{i}": replace(POD, pod=f"g{i}", pod_uid=f"ug{i}", workload=GROUP) for i in range(3)})
+
+
+PLAN_CASES = [
+    ("static target: its own executor", ALERT, FLEET, JOURNAL, TIMED,
+     Plan("a", "a", "restart", 120.0, 140.0)),
+    ("static target, no timeout named", ALERT, FLEET, JOURNAL, POLICY, Plan("a", "a", "restart", 30.0, 30.0)),
+    ("a template's pod, by UID", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}), JOURNAL, TIMED,
+     Plan("llm/p1", DEPLOYMENT, "restart_pod", 45.0, 55.0, "llm", "p1", "u1", "node-a", template=0)),
+    ("a group's pod: the whole group", replace(ALERT, labels=labels(target="llm/g1")), GROUPED, JOURNAL, TIMED,
+     Plan("llm/g1", GROUP, "restart_group", 45.0, 55.0, "llm", "g1", "ug1", "node-a", Group("llm", "big", "0"),
+          template=0)),
+    ("a GPU fault: cordon, tainted with the fault's reason", POD_ALERT,
+     fleet(**{"llm/p1": replace(GPU_POD, gpu_fault_detail="GpuMemWatch: Xid79: GPU has fallen off the bus")}), JOURNAL,
+     replace(TIMED, gpu_fault_action="cordon_and_move"),
+     Plan("llm/p1", "llm/p1", "cordon_and_move", 45.0, 55.0, "llm", "p1", "u1", "node-a",
+          taint="GpuMemWatch", cause="GPU fault (GpuMemWatch: Xid79: GPU has fallen off the bus)", template=0)),
+    ("the ladder's cordon", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}, ladder_nodes={DEPLOYMENT: "node-a"}),
+     replace(TIMED, escalate_within=1800.0),
+     Plan("llm/p1", DEPLOYMENT, "cordon_and_move", 45.0, 55.0, "llm", "p1", "u1", "node-a", taint="LadderEscalation",
+          cause=f"{DEPLOYMENT} stuck again on this node within escalate_within of its restart here", template=0)),
+]
+
+
+@pytest.mark.parametrize("alert, fleet_view, journal, policy, plan", [c[1:] for c in PLAN_CASES],
+                         ids=[c[0] for c in PLAN_CASES])
+def test_the_plan_says_what_is_acted_on_by_uid_and_for_how_long(alert, fleet_view, journal, policy, plan):
+    assert decide(alert, fleet_view, journal, policy, T0).plan == plan
 
 
 def test_a_percentage_limit_is_taken_of_the_fleet_the_templates_make():

@@ -1,8 +1,11 @@
 """The gate: one pure function deciding whether an alert may restart its target, and how.
 
 It takes plain data (the alert, the exporter's view of the fleet, the gate's stored state, the policy
-and the time) and returns `Decision(allowed, reason, detail)`. No I/O, no clock of its own: the
+and the time) and returns `Decision(allowed, reason, detail, plan)`. No I/O, no clock of its own: the
 tests drive it with tables. The checks run in the order of DESIGN §4, and the first refusal wins.
+An allowed decision carries its `Plan`: what to act on (the static target, the pod by UID, the
+LeaderWorkerSet group, the node to cordon with its taint) and how long it may take. The plan is
+worked out here once; acting.py only carries it out.
 
 What a budget, a circuit and the escalation ladder count is the target's **workload** (DESIGN §10:
 `Deployment/<ns>/<name>`, a StatefulSet, a DaemonSet, a LeaderWorkerSet group, a name a template
@@ -12,6 +15,7 @@ not replace. A pod the remediator evicts comes back under a new name; its Deploy
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -73,10 +77,42 @@ LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 
 
+# A pod restart's timeout when neither a template nor a target names one.
+DEFAULT_POD_TIMEOUT = 30.0
+# The taint value of the ladder's cordon (a GPU fault's is the fault's reason: `taint_value`).
+LADDER_TAINT = "LadderEscalation"
+
+Action = Literal["restart", "restart_pod", "restart_group", "cordon_and_move"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What an allowed decision does, decided once: the edge (acting.py) carries it out as it is.
+
+    `restart`: the static target's own executor. `restart_pod`: the target's pod, by its UID.
+    `restart_group`: every pod of its LeaderWorkerSet group, by UID. `cordon_and_move`: cordon and
+    taint `node`, then move the pod by its UID."""
+
+    target: str
+    workload: str
+    action: Action
+    timeout: float  # the executor's
+    claim_for: float  # how long the restart may hold the claim: pre_restart's timeout and the executor's
+    namespace: str | None = None
+    pod: str | None = None
+    pod_uid: str | None = None
+    node: str | None = None
+    group: Group | None = None
+    taint: str | None = None  # cordon_and_move: the node's taint value
+    cause: str | None = None  # cordon_and_move: why, for the node's annotation and Events
+    template: int | None = None  # the target_templates entry taking the target; None for a static target
+
+
 class Decision(NamedTuple):
     allowed: bool
     reason: Reason
     detail: str = ""
+    plan: Plan | None = None  # set exactly when allowed
 
 
 @dataclass(frozen=True)
@@ -224,6 +260,8 @@ class TemplateMatch:
     engine: str | None = None
     namespace: str | None = None
     name: str | None = None  # a glob over the target's name
+    timeout: float = DEFAULT_POD_TIMEOUT  # the pod restart's (the template's `timeout`)
+    pre_restart_timeout: float = 0.0  # its pre_restart command's, when it has one
 
     def matches(self, name: str, status: TargetStatus) -> bool:
         return (
@@ -259,6 +297,9 @@ class GatePolicy:
     backoff_initial: float = 900.0
     backoff_max: float = 4 * 3600.0
     backoff_reset: float = 12 * 3600.0
+    # Static targets' executor timeouts and their pre_restart timeouts (a target not named: 30 s, none).
+    target_timeouts: Mapping[str, float] = field(default_factory=dict)
+    pre_restart_timeouts: Mapping[str, float] = field(default_factory=dict)
 
 
 def template_index(policy: GatePolicy, name: str, status: TargetStatus | None) -> int | None:
@@ -506,13 +547,49 @@ def decide(
     moving = step == "cordon_and_move"
     if policy.dry_run:
         return Decision(False, "dry_run", "would cordon and move" if moving else "would restart")
+    plan = plan_of(target, workload, status, policy, moving)
     if moving:
-        why = "GPU fault" if status.gpu_fault else f"{workload} stuck again within escalate_within (ladder)"
-        return Decision(True, "cordon_and_move", f"{why} on node {status.node}: cordon, taint, move the pod")
+        why = "GPU fault" if status.gpu_fault else f"{workload} stuck again on this node within escalate_within (ladder)"
+        return Decision(True, "cordon_and_move", f"{why} on node {status.node}: cordon, taint, move the pod", plan)
+    if plan.group is not None:
+        return Decision(True, "allowed", f"restart the whole group {workload}", plan)
+    return Decision(True, "allowed", "", plan)
+
+
+def plan_of(target: str, workload: str, status: TargetStatus, policy: GatePolicy, moving: bool) -> Plan:
+    """What an allowed decision acts on, and for how long: worked out once, carried out by acting.py."""
+    static = target in policy.targets
+    index = None if static else template_index(policy, target, status)
+    template = policy.templates[index] if index is not None else None
+    if static:
+        timeout = policy.target_timeouts.get(target, DEFAULT_POD_TIMEOUT)
+        pre = policy.pre_restart_timeouts.get(target, 0.0)
+    else:
+        timeout = template.timeout if template is not None else DEFAULT_POD_TIMEOUT
+        pre = template.pre_restart_timeout if template is not None else 0.0
+    if moving:
+        # A move acts on the pod whatever the target's executor: the template's timeout, else the default.
+        timeout = template.timeout if template is not None else DEFAULT_POD_TIMEOUT
+        if status.gpu_fault:
+            detail = str(status.raw.get("gpu_fault_detail") or status.gpu_fault_detail or "GPU fault")
+            cause, taint = f"GPU fault ({detail})", taint_value(detail)
+        else:
+            cause, taint = f"{workload} stuck again on this node within escalate_within of its restart here", LADDER_TAINT
+        return Plan(target, workload, "cordon_and_move", timeout, pre + timeout, status.namespace, status.pod,
+                    status.pod_uid, status.node, taint=taint, cause=cause, template=index)
+    if static:
+        return Plan(target, workload, "restart", timeout, pre + timeout, status.namespace, status.pod, status.pod_uid,
+                    status.node)
     group = group_of(status)
-    if group is not None:
-        return Decision(True, "allowed", f"restart the whole group {workload}")
-    return Decision(True, "allowed", "")
+    action: Action = "restart_group" if group is not None else "restart_pod"
+    return Plan(target, workload, action, timeout, pre + timeout, status.namespace, status.pod, status.pod_uid,
+                status.node, group, template=index)
+
+
+def taint_value(detail: str) -> str:
+    """The fault's reason as a taint value (a label value: 63 chars of [A-Za-z0-9_.-], alphanumeric ends)."""
+    word = re.sub(r"[^A-Za-z0-9_.-]+", "-", detail.split(":", 1)[0].strip())[:63].strip("-_.")
+    return word or "GpuFault"
 
 
 def page_detail(journal: JournalState, workload: str, status: TargetStatus) -> str:
