@@ -8,6 +8,7 @@ one message, whatever the key (a canary timeout of 0 fails every canary; a refre
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated
 
@@ -16,6 +17,8 @@ from pydantic import BeforeValidator
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # Largest first, in milliseconds: what format_duration tries in turn.
 _WHOLE_UNITS_MS = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000))
+# No duration means more than a century; beyond, a time plus the duration can pass any date (and overflow).
+MAX_SECONDS = 100 * 365 * 86400.0
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 
 
@@ -23,15 +26,20 @@ def parse_duration(value: object) -> float:
     """Return seconds. Raises ValueError with the offending text for anything else."""
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str):
-        match = _PATTERN.match(value)
-        if not match:
-            raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h or plain seconds)")
-        seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
-    else:
-        raise ValueError(f"not a duration: {value!r}")
+    try:
+        if isinstance(value, (int, float)):
+            seconds = float(value)
+        elif isinstance(value, str):
+            match = _PATTERN.match(value)
+            if not match:
+                raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h or plain seconds)")
+            seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+        else:
+            raise ValueError(f"not a duration: {value!r}")
+    except OverflowError:  # an integer past any float: a ValueError, so that a config error says so
+        raise ValueError(f"duration too large: {str(value)[:40]!r}") from None
+    if not math.isfinite(seconds) or seconds > MAX_SECONDS:
+        raise ValueError(f"duration too large: {str(value)[:40]!r} (at most 100 years)")
     if seconds < 0:
         raise ValueError(f"duration must not be negative: {value!r}")
     return seconds

@@ -42,6 +42,9 @@ EXPECTED_ALERTS = {
     "LLMVitalsRemediatorStateUnreachable",
     "LLMVitalsRemediatorAbsent",
     "LLMVitalsRemediatorDisruptionBudget",
+    # Issue 30: a held page, a node llm-vitals cordoned.
+    "LLMVitalsRemediatorWorkloadPaged",
+    "LLMVitalsRemediatorNodeCordoned",
 }
 
 

@@ -37,6 +37,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "Remediator: auth": remediator_settings.AuthSettings,
     "Remediator: auth.basic_auth": remediator_settings.BasicAuth,
     "Remediator: budget": remediator_settings.Budget,
+    "Remediator: budget.backoff": remediator_settings.Backoff,
     "Remediator: targets.NAME, executor command": remediator_settings.CommandTarget,
     "Remediator: targets.NAME, executor http": remediator_settings.HttpTarget,
     "Remediator: targets.NAME, executor docker": remediator_settings.DockerTarget,

@@ -21,6 +21,14 @@ def test_anything_else_is_refused(value) -> None:
         parse_duration(value)
 
 
+@pytest.mark.parametrize("value", [10**400, -(10**400), "9" * 400, "1e999", 1e300, float("inf"), float("nan"),
+                                   "36501d"], ids=["huge int", "huge negative int", "huge digits", "exponent",
+                                                   "huge float", "inf", "nan", "past a century"])
+def test_a_duration_too_large_for_any_clock_is_a_clear_error_not_an_overflow(value) -> None:
+    with pytest.raises(ValueError, match=r"not a duration|duration too large"):
+        parse_duration(value)
+
+
 @pytest.mark.parametrize("seconds, text", [(0, "0s"), (0.25, "250ms"), (1.5, "1500ms"), (30, "30s"), (90, "90s"),
                                            (300, "5m"), (3600, "1h"), (5400, "90m"), (2_592_000, "30d")])
 def test_seconds_are_written_in_their_largest_whole_unit(seconds, text) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from llm_vitals.remediator.gate import (
     AFTER_GATE,
+    HUMAN_REFUSALS,
     REASONS,
     AlertFacts,
     Decision,
@@ -16,8 +17,10 @@ from llm_vitals.remediator.gate import (
     GatePolicy,
     Group,
     JournalState,
+    Plan,
     TargetStatus,
     TemplateMatch,
+    backoff_delay,
     decide,
     effects_of,
     gpu_refusal,
@@ -181,8 +184,52 @@ CASES = [
      JournalState(restart_times={"llm/p1": (T0 - 3000, T0 - 2000, T0 - 1000)}), TEMPLATED, T0, "circuit_open"),
     # The escalation ladder: restart -> cordon_and_move -> page, per workload, within escalate_within.
     ("ladder: first a restart", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}), JOURNAL, LADDERED, T0, "allowed"),
-    ("ladder: stuck again, cordon and move", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 1799)}), LADDERED, T0, "cordon_and_move"),
+    # The ladder's cordon is evidence about a node: the hang came back on the node the restart left it on.
+    ("ladder: stuck again on the restart's node, cordon and move", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 1799)}, ladder_nodes={DEPLOYMENT: "node-a"}), LADDERED, T0,
+     "cordon_and_move"),
+    ("ladder: stuck again, no node on record (an older state): page", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 1799)}), LADDERED, T0, "escalated_to_human"),
+    # p1 of the Deployment was restarted on node-a; p2, on node-b and never restarted, hangs 16 minutes
+    # later: the hang follows the software, not a node. node-b is healthy and is not cordoned.
+    ("ladder: a sibling's hang on another node pages, never cordons", replace(ALERT, labels=labels(target="llm/p2")),
+     fleet(**{"llm/p2": replace(DEPLOYED, pod="p2", pod_uid="u2", node="node-b")}),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 960)}, ladder_nodes={DEPLOYMENT: "node-a"}), LADDERED, T0,
+     "escalated_to_human"),
+    # A page holds until a human releases the workload: past escalate_within, the same alert re-sent by
+    # Alertmanager's repeat_interval, or a new one, is refused again (on main the ladder started over).
+    ("page holds past escalate_within (an older state's page step)", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={DEPLOYMENT: ("page", T0 - 3600)}), LADDERED, T0, "escalated_to_human"),
+    ("page holds for hours", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(pages={DEPLOYMENT: T0 - 14 * 3600}), LADDERED, T0, "escalated_to_human"),
+    ("page holds with the ladder turned off since", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(pages={DEPLOYMENT: T0 - 60}), TEMPLATED, T0, "escalated_to_human"),
+    ("another workload's page is its own", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(pages={"Deployment/llm/other": T0 - 60}), LADDERED, T0, "allowed"),
+    # Cordons are bounded fleet-wide (max_cordoned_nodes, 1 by default).
+    ("gpu fault, a node already cordoned elsewhere: cordon_limit", POD_ALERT, fleet(**{"llm/p1": GPU_POD}),
+     JournalState(gpu_nodes=frozenset({"node-z"})), MOVING, T0, "cordon_limit"),
+    ("gpu fault, room for a second cordon", POD_ALERT, fleet(**{"llm/p1": GPU_POD}),
+     JournalState(gpu_nodes=frozenset({"node-z"})), replace(MOVING, max_cordoned_nodes=2), T0, "cordon_and_move"),
+    ("ladder cordon, limit reached: cordon_limit", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}, ladder_nodes={DEPLOYMENT: "node-a"},
+                  gpu_nodes=frozenset({"node-z"})), LADDERED, T0, "cordon_limit"),
+    ("max_cordoned_nodes 0: never a cordon", POD_ALERT, fleet(**{"llm/p1": GPU_POD}), JOURNAL,
+     replace(MOVING, max_cordoned_nodes=0), T0, "cordon_limit"),
+    # The backoff: 15 min after the first restart of a streak, 30 after the second, 1 h, ... capped at 4 h.
+    ("backoff after the first restart", ALERT, FLEET, JournalState(backoff={"a": (1, T0 - 899)}), POLICY, T0,
+     "backoff"),
+    ("backoff after the first restart, over", ALERT, FLEET, JournalState(backoff={"a": (1, T0 - 900)}), POLICY, T0,
+     "allowed"),
+    ("backoff grows: an hour after the third", ALERT, FLEET, JournalState(backoff={"a": (3, T0 - 3599)}), POLICY, T0,
+     "backoff"),
+    ("backoff capped at max", ALERT, FLEET, JournalState(backoff={"a": (30, T0 - 4 * 3600)}), POLICY, T0, "allowed"),
+    ("backoff: a quiet reset_after ends the streak", ALERT, FLEET,
+     JournalState(backoff={"a": (30, T0 - 12 * 3600)}), replace(POLICY, backoff_max=1e6), T0, "allowed"),
+    ("backoff off", ALERT, FLEET, JournalState(backoff={"a": (3, T0 - 60)}), replace(POLICY, backoff_initial=0), T0,
+     "allowed"),
+    ("another workload's backoff is its own", ALERT, FLEET, JournalState(backoff={"b": (3, T0 - 60)}), POLICY, T0,
+     "allowed"),
     ("ladder: after escalate_within, a restart again", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
      JournalState(ladder={DEPLOYMENT: ("restart", T0 - 1800)}), LADDERED, T0, "allowed"),
     ("ladder: stuck again after the move, page", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
@@ -192,7 +239,8 @@ CASES = [
     ("ladder: no node to move off, page", POD_ALERT, fleet(**{"llm/p1": replace(DEPLOYED, node=None)}),
      JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}), LADDERED, T0, "escalated_to_human"),
     ("ladder: node already cordoned, page", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}, gpu_nodes=frozenset({"node-a"})), LADDERED, T0,
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}, ladder_nodes={DEPLOYMENT: "node-a"},
+                  gpu_nodes=frozenset({"node-a"})), LADDERED, T0,
      "escalated_to_human"),
     ("ladder: a static target has no node, page", ALERT, FLEET, JournalState(ladder={"a": ("restart", T0 - 60)}),
      replace(POLICY, escalate_within=1800.0), T0, "escalated_to_human"),
@@ -201,7 +249,8 @@ CASES = [
     ("ladder off: a step on record changes nothing", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
      JournalState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}), TEMPLATED, T0, "allowed"),
     ("ladder: the move waits for the cooldown", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}, last_restart_started=T0 - 60), LADDERED, T0, "cooldown"),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}, ladder_nodes={DEPLOYMENT: "node-a"},
+                  last_restart_started=T0 - 60), LADDERED, T0, "cooldown"),
     ("ladder: the page comes before the cooldown", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
      JournalState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}, last_restart_started=T0 - 60), LADDERED, T0,
      "escalated_to_human"),
@@ -228,6 +277,12 @@ def test_gate_reason(alert, fleet_view, journal, policy, now, reason):
     decision = decide(alert, fleet_view, journal, policy, now)
     assert decision.reason == reason, decision
     assert decision.allowed == (reason in ("allowed", "cordon_and_move"))
+
+
+def test_every_refusal_a_human_must_see_has_an_event_reason():
+    from llm_vitals.remediator.pods import EVENT_REASONS
+
+    assert set(HUMAN_REFUSALS) <= set(EVENT_REASONS)
 
 
 def test_every_reason_has_a_case():
@@ -276,9 +331,50 @@ def test_a_refused_gpu_fault_says_what_the_fault_is_where_and_what_to_do(status,
 
 
 def test_decision_unpacks_as_allowed_and_reason():
-    allowed, reason, _ = decide(ALERT, FLEET, JOURNAL, POLICY, T0)
-    assert (allowed, reason) == (True, "allowed")
+    allowed, reason, _, plan = decide(ALERT, FLEET, JOURNAL, POLICY, T0)
+    assert (allowed, reason) == (True, "allowed") and plan is not None
     assert isinstance(decide(ALERT, None, JOURNAL, POLICY, T0), Decision)
+
+
+@pytest.mark.parametrize("alert, fleet_view, journal, policy, now, reason", [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_a_decision_carries_a_plan_exactly_when_it_is_allowed(alert, fleet_view, journal, policy, now, reason):
+    decision = decide(alert, fleet_view, journal, policy, now)
+    assert (decision.plan is not None) == decision.allowed
+
+
+TIMED = replace(TEMPLATED, templates=(TemplateMatch(engine="vllm", namespace="llm", timeout=45.0,
+                                                    pre_restart_timeout=10.0),),
+                target_timeouts={"a": 120.0}, pre_restart_timeouts={"a": 20.0})
+GROUPED = fleet(**{f"llm/g{i}": replace(POD, pod=f"g{i}", pod_uid=f"ug{i}", workload=GROUP) for i in range(3)})
+
+
+PLAN_CASES = [
+    ("static target: its own executor", ALERT, FLEET, JOURNAL, TIMED,
+     Plan("a", "a", "restart", 120.0, 140.0)),
+    ("static target, no timeout named", ALERT, FLEET, JOURNAL, POLICY, Plan("a", "a", "restart", 30.0, 30.0)),
+    ("a template's pod, by UID", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}), JOURNAL, TIMED,
+     Plan("llm/p1", DEPLOYMENT, "restart_pod", 45.0, 55.0, "llm", "p1", "u1", "node-a", template=0)),
+    ("a group's pod: the whole group", replace(ALERT, labels=labels(target="llm/g1")), GROUPED, JOURNAL, TIMED,
+     Plan("llm/g1", GROUP, "restart_group", 45.0, 55.0, "llm", "g1", "ug1", "node-a", Group("llm", "big", "0"),
+          template=0)),
+    ("a GPU fault: cordon, tainted with the fault's reason", POD_ALERT,
+     fleet(**{"llm/p1": replace(GPU_POD, gpu_fault_detail="GpuMemWatch: Xid79: GPU has fallen off the bus")}), JOURNAL,
+     replace(TIMED, gpu_fault_action="cordon_and_move"),
+     Plan("llm/p1", "llm/p1", "cordon_and_move", 45.0, 55.0, "llm", "p1", "u1", "node-a",
+          taint="GpuMemWatch", cause="GPU fault (GpuMemWatch: Xid79: GPU has fallen off the bus)", template=0)),
+    ("the ladder's cordon", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}, ladder_nodes={DEPLOYMENT: "node-a"}),
+     replace(TIMED, escalate_within=1800.0),
+     Plan("llm/p1", DEPLOYMENT, "cordon_and_move", 45.0, 55.0, "llm", "p1", "u1", "node-a", taint="LadderEscalation",
+          cause=f"{DEPLOYMENT} stuck again on this node within escalate_within of its restart here", template=0)),
+]
+
+
+@pytest.mark.parametrize("alert, fleet_view, journal, policy, plan", [c[1:] for c in PLAN_CASES],
+                         ids=[c[0] for c in PLAN_CASES])
+def test_the_plan_says_what_is_acted_on_by_uid_and_for_how_long(alert, fleet_view, journal, policy, plan):
+    assert decide(alert, fleet_view, journal, policy, T0).plan == plan
 
 
 def test_a_percentage_limit_is_taken_of_the_fleet_the_templates_make():
@@ -297,9 +393,9 @@ def test_a_percentage_limit_is_taken_of_the_fleet_the_templates_make():
 
 
 EFFECT_CASES = [
-    ("allowed: intent", ALERT, FLEET, JOURNAL, POLICY, Effects(intent=True, workload="a")),
+    ("allowed: intent", ALERT, FLEET, JOURNAL, POLICY, Effects(intent=True, workload="a", backoff=(1, T0))),
     ("last of the budget opens the circuit", ALERT, FLEET, JournalState(restart_times={"a": (T0 - 3000, T0 - 2000)}),
-     POLICY, Effects(intent=True, open_circuit=True, workload="a")),
+     POLICY, Effects(intent=True, open_circuit=True, workload="a", backoff=(1, T0))),
     ("budget used up opens the circuit once", ALERT, FLEET,
      JournalState(restart_times={"a": (T0 - 3000, T0 - 2000, T0 - 1000)}), POLICY,
      Effects(open_circuit=True, workload="a")),
@@ -315,26 +411,42 @@ EFFECT_CASES = [
      JOURNAL, POLICY, Effects(workload="a")),
     # The node is marked only once its cordon succeeded (acting.py), never by the decision.
     ("gpu move: the node is not marked yet", POD_ALERT, fleet(**{"llm/p1": GPU_POD}), JOURNAL, MOVING,
-     Effects(intent=True, workload="llm/p1")),
+     Effects(intent=True, workload="llm/p1", backoff=(1, T0))),
     ("duplicate: nothing", ALERT, FLEET, JournalState(decided_keys=frozenset({ALERT.key})), POLICY,
      Effects(workload="a")),
     # Budgets, circuits and the ladder count the workload, not the pod.
     ("a pod's restart counts against its Deployment", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
      JournalState(restart_times={DEPLOYMENT: (T0 - 3000, T0 - 2000)}), TEMPLATED,
-     Effects(intent=True, open_circuit=True, workload=DEPLOYMENT)),
+     Effects(intent=True, open_circuit=True, workload=DEPLOYMENT, backoff=(1, T0))),
     ("ladder on: the restart is its first step", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}), JOURNAL, LADDERED,
-     Effects(intent=True, workload=DEPLOYMENT, step="restart")),
+     Effects(intent=True, workload=DEPLOYMENT, step="restart", node="node-a", backoff=(1, T0))),
     ("ladder: stuck again, the move is its second step", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}), LADDERED,
-     Effects(intent=True, workload=DEPLOYMENT, step="cordon_and_move")),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}, ladder_nodes={DEPLOYMENT: "node-a"},
+                  backoff={DEPLOYMENT: (1, T0 - 900)}), LADDERED,
+     Effects(intent=True, workload=DEPLOYMENT, step="cordon_and_move", node="node-a", backoff=(2, T0))),
     ("ladder: the page is written once", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
      JournalState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}), LADDERED,
-     Effects(workload=DEPLOYMENT, step="page")),
+     Effects(workload=DEPLOYMENT, step="page", page=True)),
+    ("a page held already: nothing to write", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(pages={DEPLOYMENT: T0 - 7200}), LADDERED, Effects(workload=DEPLOYMENT)),
+    ("a ladder cordon refused by the limit pages (the ladder must not start over)", POD_ALERT,
+     fleet(**{"llm/p1": DEPLOYED}), JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)},
+                                                 ladder_nodes={DEPLOYMENT: "node-a"}, gpu_nodes=frozenset({"node-z"})),
+     LADDERED, Effects(workload=DEPLOYMENT, step="page", page=True)),
+    ("a GPU cordon refused by the limit is no page", POD_ALERT, fleet(**{"llm/p1": GPU_POD}),
+     JournalState(gpu_nodes=frozenset({"node-z"})), replace(MOVING, escalate_within=1800.0),
+     Effects(workload="llm/p1")),
+    ("the backoff streak goes on", ALERT, FLEET, JournalState(backoff={"a": (2, T0 - 1800)}), POLICY,
+     Effects(intent=True, workload="a", backoff=(3, T0))),
+    ("the backoff streak starts again after a quiet reset_after", ALERT, FLEET,
+     JournalState(backoff={"a": (5, T0 - 12 * 3600)}), POLICY, Effects(intent=True, workload="a", backoff=(1, T0))),
+    ("backoff off: no streak kept", ALERT, FLEET, JOURNAL, replace(POLICY, backoff_initial=0),
+     Effects(intent=True, workload="a")),
     ("ladder: paged already, nothing to write", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
      JournalState(ladder={DEPLOYMENT: ("page", T0 - 60)}), LADDERED, Effects(workload=DEPLOYMENT)),
     ("a group's restart counts once, against the group", replace(ALERT, labels=labels(target="llm/g1")),
      fleet(**{f"llm/g{i}": replace(POD, pod=f"g{i}", pod_uid=f"ug{i}", workload=GROUP) for i in range(3)}),
-     JOURNAL, TEMPLATED, Effects(intent=True, workload=GROUP)),
+     JOURNAL, TEMPLATED, Effects(intent=True, workload=GROUP, backoff=(1, T0))),
 ]
 
 
@@ -365,7 +477,7 @@ def test_a_group_is_a_leaderworkerset_workload_of_a_pod_in_its_namespace(status,
 
 @pytest.mark.parametrize("ladder, now, step", [
     ({}, T0, "restart"),
-    ({"w": ("restart", T0 - 10)}, T0, "cordon_and_move"),
+    ({"w": ("restart", T0 - 10)}, T0, "cordon_and_move"),  # on the node the restart left it on (n1)
     ({"w": ("cordon_and_move", T0 - 10)}, T0, "page"),
     ({"w": ("page", T0 - 10)}, T0, "page"),
     ({"w": ("restart", T0 - 600)}, T0, "restart"),  # escalate_within (600 s) has passed: a new cycle
@@ -375,5 +487,23 @@ def test_a_group_is_a_leaderworkerset_workload_of_a_pod_in_its_namespace(status,
 ])
 def test_the_ladder_takes_the_next_step_within_escalate_within(ladder, now, step):
     policy = replace(POLICY, escalate_within=600.0)
-    assert ladder_step(JournalState(ladder=ladder), policy, "w", now) == step
-    assert ladder_step(JournalState(ladder=ladder), POLICY, "w", now) == "restart"  # the ladder off
+    state = JournalState(ladder=ladder, ladder_nodes={w: "n1" for w in ladder})
+    assert ladder_step(state, policy, "w", now, "n1") == step
+    assert ladder_step(state, POLICY, "w", now, "n1") == "restart"  # the ladder off
+
+
+@pytest.mark.parametrize("recorded, node, step", [
+    ("n1", "n1", "cordon_and_move"),
+    ("n1", "n2", "page"),  # the hang followed the software to another node
+    ("n1", None, "page"),  # a static target, or no node known now
+    (None, "n1", "page"),  # a step recorded without a node (an older state) is no evidence
+])
+def test_the_ladder_cordons_only_the_node_the_hang_came_back_on(recorded, node, step):
+    state = JournalState(ladder={"w": ("restart", T0 - 10)}, ladder_nodes={"w": recorded} if recorded else {})
+    assert ladder_step(state, replace(POLICY, escalate_within=600.0), "w", T0, node) == step
+
+
+@pytest.mark.parametrize("restarts, delay", [(0, 0), (1, 900), (2, 1800), (3, 3600), (4, 7200), (5, 14400), (6, 14400),
+                                             (10**6, 14400)])
+def test_the_backoff_doubles_up_to_its_cap(restarts, delay):
+    assert backoff_delay(POLICY, restarts) == delay

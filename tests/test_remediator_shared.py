@@ -59,6 +59,26 @@ def test_json_round_trip_keeps_everything():
     assert shared.from_json(None) == JournalState() == shared.from_json("")
 
 
+def test_pages_ladder_nodes_and_backoff_round_trip_and_a_page_is_never_pruned():
+    state = JournalState(ladder={WORKLOAD: ("page", T0 - 3 * 86400), "w2": ("restart", T0 - 60)},
+                         ladder_nodes={"w2": "n2"}, pages={"w3": T0 - 30 * 86400}, backoff={"w2": (3, T0 - 60)})
+    assert shared.from_json(shared.to_json(state)) == state
+    kept = shared.pruned(state, T0, 3600)
+    assert kept.pages == state.pages and kept.ladder == state.ladder  # a page, old or new, holds until released
+    assert shared.pruned(state, T0 + 8 * 86400, 3600).backoff == {}  # a streak is over after a week
+    released = shared.workload_released(shared.workload_released(state, WORKLOAD), "w3")
+    assert released.pages == {} and WORKLOAD not in released.ladder and released.backoff == state.backoff
+    reset = shared.circuits_reset(state, [WORKLOAD, "w2", "w3"])
+    assert reset.pages == state.pages and reset.ladder == {WORKLOAD: state.ladder[WORKLOAD]}  # a reset is no release
+    assert reset.backoff == {} and reset.ladder_nodes == {}
+
+
+@pytest.mark.parametrize("text", ['{"pages": {"w": "soon"}}', '{"backoff": {"w": [1]}}', '{"ladder_nodes": 3}'])
+def test_new_fields_that_are_not_ours_are_an_error_not_a_crash(text):
+    with pytest.raises(shared.BadState):
+        shared.from_json(text)
+
+
 @pytest.mark.parametrize("text", ["{", "[]", '{"restart_times": 3}', '{"decided": [[1]]}', '{"paused_until": "x"}'])
 def test_a_state_that_is_not_ours_is_an_error_not_a_crash(text):
     with pytest.raises(shared.BadState):
@@ -84,7 +104,9 @@ def intent_on(state: JournalState, step: str | None = None, at: float = T0) -> t
     """`state` after an allowed restart of UNDO_WORKLOAD at `at` (with a ladder step), and its intent."""
     intent = Intent("replica-a/x", "llm/p1", at + 30, UNDO_WORKLOAD, at, shared.undo_of(state, UNDO_WORKLOAD))
     used = len(state.restart_times.get(UNDO_WORKLOAD, ()))
-    effects = Effects(intent=True, open_circuit=used + 1 >= 3, workload=UNDO_WORKLOAD, step=step)
+    streak = (state.backoff.get(UNDO_WORKLOAD) or (0, 0.0))[0]
+    effects = Effects(intent=True, open_circuit=used + 1 >= 3, workload=UNDO_WORKLOAD, step=step,
+                      node="n1" if step else None, backoff=(streak + 1, at))
     return shared.with_effects(state, effects, ALERT, at, intent), intent
 
 
@@ -95,8 +117,10 @@ def intent_on(state: JournalState, step: str | None = None, at: float = T0) -> t
     (JournalState(ladder={UNDO_WORKLOAD: ("restart", T0 - 100)}), "cordon_and_move"),
     (JournalState(), "restart"),
     (JournalState(open_circuits=frozenset({"other"}), storm_seen_at=T0 - 5, gpu_nodes=frozenset({"n1"})), None),
+    (JournalState(ladder={UNDO_WORKLOAD: ("restart", T0 - 100)}, ladder_nodes={UNDO_WORKLOAD: "n0"},
+                  backoff={UNDO_WORKLOAD: (2, T0 - 100)}), "cordon_and_move"),
 ], ids=["fresh", "an earlier restart", "the commit opened the circuit", "a ladder step before", "the first step",
-        "unrelated state"])
+        "unrelated state", "a ladder node and a backoff streak before"])
 def test_a_restart_the_api_server_refused_is_taken_back_entirely(before, step):
     """An eviction a PodDisruptionBudget refused (429) did nothing: the state is as before the commit,
     so Alertmanager's next re-send is judged afresh (not a duplicate, no cooldown, no budget spent)."""

@@ -32,8 +32,8 @@ async def test_a_deployments_budget_is_spent_across_its_new_pod_names_and_its_re
     """Two http targets standing in for the pods a Deployment's restarts make: each restart "replaces"
     the stuck pod by the next. The third stuck pod finds the Deployment's circuit open."""
     targets = {name: {"executor": "http", "url": restarter.url, "timeout": "5s"} for name in ("p1", "p2", "p3", *"bcde")}
-    client = await remediator(targets=targets, budget={"max_restarts": 2, "window": "1h"}, global_cooldown="0s",
-                              exporter_max_age="0s")
+    client = await remediator(targets=targets, global_cooldown="0s", exporter_max_age="0s",
+                              budget={"max_restarts": 2, "window": "1h", "backoff": {"initial": "0s"}})
     for i, pod in enumerate(("p1", "p2"), start=1):
         deployed(exporter, (pod, "stuck"))
         _, body = await post(client, alert_payload(pod, fingerprint=f"fp-{pod}"))

@@ -1,4 +1,8 @@
-"""Acting on a decision: choose the executor, run the restart in the background, finish it.
+"""Acting on a decision: carry out the gate's plan, run the restart in the background, finish it.
+
+The plan (`gate.Plan`) says what to act on (the static target, the pod or the group by UID, the
+node to cordon with its taint) and for how long; it was decided once, by the gate. Here it only
+becomes an executor, a claim and the pre_restart command: nothing is worked out again.
 
 A committed restart runs in a task of its own, one at a time (the restart lock): first the
 target's `pre_restart` command (bounded by its timeout, its output journaled), then the executor.
@@ -28,7 +32,7 @@ from llm_vitals.logs import log_event
 
 from . import shared
 from .executors import ExecResult, Executor, run_argv
-from .gate import AlertFacts, Decision, GatePolicy, JournalState, Reason, TargetStatus, group_of, workload_of
+from .gate import AlertFacts, Decision, GatePolicy, JournalState, Plan, Reason, TargetStatus
 from .journal import Journal
 from .metrics import RemediatorMetrics
 from .pods import (
@@ -39,9 +43,8 @@ from .pods import (
     PodRemover,
     pod_event,
     refusal_event_name,
-    taint_value,
 )
-from .policy import DEFAULT_POD_TIMEOUT, pre_restart_of, restart_timeout, template_of
+from .policy import pre_restart_planned
 from .settings import Settings
 from .shared import Intent
 from .store import GateStore, StateUnavailable, update
@@ -84,63 +87,52 @@ class Actor:
     # -- choosing ---------------------------------------------------------------------------------
 
     def executor_for(self, facts: AlertFacts, decision: Decision, status: TargetStatus | None) -> Executor:
-        """The static target's executor, or one acting on the pod (or the group) the exporter names."""
-        target = facts.target or ""
-        template = template_of(self.settings, self.policy, target, status)
-        pod = pod_of(status)
-        if decision.reason == "cordon_and_move":
-            assert self.remover is not None and pod is not None and status is not None
-            timeout = template.timeout if template else DEFAULT_POD_TIMEOUT
-            if status.gpu_fault:
-                detail = str(status.raw.get("gpu_fault_detail") or status.gpu_fault_detail or "GPU fault")
-                cause, taint = f"GPU fault ({detail})", taint_value(detail)
-            else:
-                workload = workload_of(target, status)
-                cause, taint = f"{workload} stuck again within escalate_within of its restart", "LadderEscalation"
-            return CordonAndMoveExecutor(self.remover, pod, self.identity, cause, timeout, taint)
-        if template is None:
-            return self.executors[target]
+        """The executor that carries out the decision's plan: the static target's own, or one acting
+        on the planned pod (or group, or node) by UID."""
+        plan = decision.plan
+        assert plan is not None, "only an allowed decision is acted on"
+        if plan.action == "restart":
+            return self.executors[plan.target]
+        pod = planned_pod(plan)
         if self.remover is None or pod is None:
-            return Unrunnable(f"target {target}: the exporter names no pod (namespace, pod) for it")
+            return Unrunnable(f"target {plan.target}: the exporter names no pod (namespace, pod) for it")
+        if plan.action == "cordon_and_move":
+            assert plan.cause is not None and plan.taint is not None
+            return CordonAndMoveExecutor(self.remover, pod, self.identity, plan.cause, plan.timeout, plan.taint)
         message = f"{facts.alertname}: restarted by llm-vitals (the exporter says {status.state if status else '?'})"
-        group = group_of(status)
-        if group is not None:
-            return GroupExecutor(self.remover, group, pod, self.identity, message, template.timeout)
-        return PodExecutor(self.remover, pod, self.identity, message, template.timeout)
+        if plan.group is not None:
+            return GroupExecutor(self.remover, plan.group, pod, self.identity, message, plan.timeout)
+        return PodExecutor(self.remover, pod, self.identity, message, plan.timeout)
 
-    def claim(self, facts: AlertFacts, executor: Executor, status: TargetStatus | None, now: float,
-              state: JournalState) -> Intent:
-        """This replica's claim on the restart, with what its commit replaces in `state` (to take it
-        back if the API server refuses the restart outright). Where claims expire, it ends after the
-        restart's pre_restart and executor timeouts: a replica that died mid-restart holds no one back
-        for ever."""
+    def claim(self, facts: AlertFacts, plan: Plan, now: float, state: JournalState) -> Intent:
+        """This replica's claim on the planned restart, with what its commit replaces in `state` (to
+        take it back if the API server refuses the restart outright). Where claims expire, it ends
+        after the plan's pre_restart and executor timeouts: a replica that died mid-restart holds no
+        one back for ever."""
         token = f"{self.identity}/{uuid.uuid4().hex[:12]}"
-        target = facts.target or ""
-        workload = workload_of(target, status)
-        before = shared.undo_of(state, workload)
+        before = shared.undo_of(state, plan.workload)
         if not self.store.claims_expire:
-            return Intent(token, target, None, workload, now, before)
-        pre = pre_restart_of(self.settings, self.policy, target, status)
-        timeout = getattr(executor, "timeout", None) or restart_timeout(self.settings, self.policy, target, status)
-        expires = now + (pre.timeout if pre else 0.0) + float(timeout) + CLAIM_MARGIN_SECONDS
-        return Intent(token, target, expires, workload, now, before)
+            return Intent(token, plan.target, None, plan.workload, now, before)
+        expires = now + plan.claim_for + CLAIM_MARGIN_SECONDS
+        return Intent(token, plan.target, expires, plan.workload, now, before)
 
     # -- restarts ---------------------------------------------------------------------------------
 
     def start(self, action_id: int, facts: AlertFacts, executor: Executor, intent: Intent,
-              status: TargetStatus | None) -> None:
+              status: TargetStatus | None, plan: Plan) -> None:
         """Run the committed restart in the background; returns at once."""
         target = facts.target or ""
-        self._background(self._run(action_id, facts, executor, intent, status), f"restart-{target}")
+        self._background(self._run(action_id, facts, executor, intent, status, plan), f"restart-{target}")
 
     async def _run(
-        self, action_id: int, facts: AlertFacts, executor: Executor, intent: Intent, status: TargetStatus | None
+        self, action_id: int, facts: AlertFacts, executor: Executor, intent: Intent, status: TargetStatus | None,
+        plan: Plan,
     ) -> None:
         target = facts.target or ""
         async with self._restart_lock:
             started = time.monotonic()
             try:
-                await self._pre_restart(action_id, target, status)
+                await self._pre_restart(action_id, plan, status)
                 result = await executor.restart()
             except asyncio.CancelledError:
                 stopped = ExecResult("interrupted", "the remediator shut down during the restart")
@@ -157,12 +149,12 @@ class Actor:
                 ran = (intent.workload or target) if result.result == "ok" else None
                 await self._finish(action_id, target, result, time.monotonic() - started, intent.holder, ran)
 
-    async def _pre_restart(self, action_id: int, target: str, status: TargetStatus | None) -> None:
-        """Run the target's pre_restart command, bounded by its timeout, and journal its output."""
-        pre = pre_restart_of(self.settings, self.policy, target, status)
+    async def _pre_restart(self, action_id: int, plan: Plan, status: TargetStatus | None) -> None:
+        """Run the planned target's pre_restart command, bounded by its timeout, and journal its output."""
+        pre = pre_restart_planned(self.settings, plan)
         if pre is None:
             return
-        argv = fill_argv(pre.argv, target, status)
+        argv = fill_argv(pre.argv, plan.target, status)
         began = time.monotonic()
         result = await run_argv(argv, pre.timeout, pre.output_limit)
         record = {"argv": argv, "result": result.result, "output": result.detail,
@@ -267,6 +259,13 @@ class Actor:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+
+
+def planned_pod(plan: Plan) -> PodRef | None:
+    """The pod the plan acts on (by its UID), or None when the exporter named none."""
+    if not plan.namespace or not plan.pod:
+        return None
+    return PodRef(plan.namespace, plan.pod, plan.pod_uid, plan.node)
 
 
 def pod_of(status: TargetStatus | None) -> PodRef | None:

@@ -63,6 +63,7 @@ def create_app(
     app.router.add_get("/api/v1/actions/{id}", action)
     app.router.add_post("/api/v1/circuit/reset", circuit_reset)
     app.router.add_post("/api/v1/nodes/{node}/release", node_release)
+    app.router.add_post("/api/v1/workloads/release", workload_release)
     app.router.add_get("/api/v1/pause", pause_get)
     app.router.add_post("/api/v1/pause", pause_post)
     app.router.add_delete("/api/v1/pause", pause_delete)
@@ -214,6 +215,8 @@ async def pause_post(request: web.Request) -> web.Response:
     except ValueError as exc:
         return _error(400, f"invalid JSON: {exc}")
     parsed = parse_pause(data, request.app[CLOCK]())
+    if isinstance(parsed, BadRequest):
+        return _error(400, str(parsed))
     if isinstance(parsed, str):
         return _error(422, parsed)
     until, reason = parsed
@@ -235,8 +238,21 @@ async def pause_delete(request: web.Request) -> web.Response:
     return web.json_response(_pause_view(state, request.app[CLOCK]()))
 
 
+# The last second RFC 3339 (and the journal's dates) can write: 9999-12-31T23:59:59Z.
+MAX_UNTIL = 253402300799.0
+
+
+class BadRequest(str):
+    """An error message for a 400: a name that names nothing, a number no time can be (never a 500)."""
+
+
+class WrongShape(str):
+    """An error message for a 422: a body of the wrong shape."""
+
+
 def parse_pause(data: object, now: float) -> tuple[float, str] | str:
-    """`{"until", "reason"}` -> (unix seconds, reason), or the error message for a 422."""
+    """`{"until", "reason"}` -> (unix seconds, reason), or the error message: for a 422, or an
+    `BadRequest` one for a 400."""
     if not isinstance(data, dict) or set(data) - {"until", "reason"}:
         return 'expected {"until": TIME, "reason": TEXT}'
     until, reason = data.get("until"), data.get("reason")
@@ -252,43 +268,105 @@ def parse_pause(data: object, now: float) -> tuple[float, str] | str:
         if stamp.tzinfo is None:
             return "until: give a time zone (Z or +01:00)"
         until = stamp.timestamp()
+    if isinstance(until, int) and abs(until) > MAX_UNTIL:  # before float(): a huge int overflows it
+        return BadRequest(f"until: at most {MAX_UNTIL:.0f} (9999-12-31T23:59:59Z)")
+    if math.isfinite(until) and until > MAX_UNTIL:
+        return BadRequest(f"until: at most {MAX_UNTIL:.0f} (9999-12-31T23:59:59Z)")
     if not math.isfinite(until) or until <= now:
         return "until: must be in the future"
     return float(until), reason.strip()
 
 
 async def circuit_reset(request: web.Request) -> web.Response:
-    """POST /api/v1/circuit/reset [{"workload": NAME} | {"target": NAME}]: close one circuit, or all without a name.
+    """POST /api/v1/circuit/reset {"workload": NAME} | {"target": NAME} | {"all": true} (or the same as a
+    query parameter): close one circuit, or every one when asked by name.
 
     Circuits are per workload; a static target is its own workload, so `target` (the older key)
-    names the same thing for it."""
+    names the same thing for it. A reset names what it touches: an empty or null name, or no name
+    at all, is a 400 (an unset shell variable must not reset every budget)."""
     if not request.app[AUTH].check(request.headers.get("Authorization")):
         return _unauthorized(request.app)
     body = await _read_capped(request, 64 * 1024)
     if body is None:
         return _error(413, "body too large")
-    wanted = request.query.get("workload") or request.query.get("target")
+    data: object = {k: v for k, v in request.query.items() if k in ("workload", "target", "all")}
+    if set(request.query) - {"workload", "target", "all"}:
+        return _error(400, "unknown query parameter: expected workload, target or all")
     if body.strip():
+        if data:
+            return _error(400, "name the workload in the query or in the body, not both")
         try:
             data = json.loads(body)
         except ValueError as exc:
             return _error(400, f"invalid JSON: {exc}")
-        if not isinstance(data, dict) or set(data) - {"target", "workload"} or len(data) > 1:
-            return _error(422, 'expected {"workload": NAME}, {"target": NAME} or an empty body')
-        wanted = data.get("workload", data.get("target", wanted))
+    chosen = reset_choice(data)
+    if isinstance(chosen, (BadRequest, WrongShape)):
+        return _error(422 if isinstance(chosen, WrongShape) else 400, str(chosen))
     service = request.app[SERVICE]
     try:
         known = await service.workloads_known()
-        # Static targets first, then the workloads the state knows.
-        workloads = list(request.app[SETTINGS].targets) + sorted(known - set(request.app[SETTINGS].targets))
-        if wanted is not None:
-            if not isinstance(wanted, str) or wanted not in known:
+        if chosen is None:
+            # Static targets first, then the workloads the state knows.
+            workloads = list(request.app[SETTINGS].targets) + sorted(known - set(request.app[SETTINGS].targets))
+        else:
+            if chosen not in known:
                 return _error(404, "unknown workload")
-            workloads = [wanted]
+            workloads = [chosen]
         was_open = await service.reset_circuits(workloads)
     except StateUnavailable as exc:
         return _error(503, f"cannot write the shared state: {exc}")
     return web.json_response({"reset": workloads, "were_open": was_open})
+
+
+_RESET_SHAPE = 'expected {"workload": NAME}, {"target": NAME} or {"all": true}'
+
+
+def reset_choice(data: object) -> str | BadRequest | WrongShape | None:
+    """What a circuit reset names: a workload, None for every one (`all` true), or the error (400 or 422)."""
+    if not isinstance(data, dict) or len(data) > 1 or set(data) - {"target", "workload", "all"}:
+        return WrongShape(_RESET_SHAPE)
+    if not data:
+        return BadRequest("name what to reset: " + _RESET_SHAPE)
+    if "all" in data:
+        return None if data["all"] in (True, "true") else BadRequest('all: only true resets every circuit')
+    return named_workload(data.get("workload", data.get("target")))
+
+
+def named_workload(name: object) -> str | BadRequest:
+    """A workload an operator named, or the error for a 400: never empty, null or padded."""
+    if not isinstance(name, str) or not name.strip():
+        return BadRequest("name a workload: an empty or null name touches nothing")
+    if len(name) > 512 or name != name.strip():
+        return BadRequest("not a workload name")
+    return name
+
+
+async def workload_release(request: web.Request) -> web.Response:
+    """POST /api/v1/workloads/release {"workload": NAME}: a human has looked at a paged workload; its page
+    ends and its ladder starts again at a restart (its circuit and budget are the circuit reset's)."""
+    if not request.app[AUTH].check(request.headers.get("Authorization")):
+        return _unauthorized(request.app)
+    body = await _read_capped(request, 64 * 1024)
+    if body is None:
+        return _error(413, "body too large")
+    data: object = dict(request.query)
+    if body.strip():
+        if data:
+            return _error(400, "name the workload in the query or in the body, not both")
+        try:
+            data = json.loads(body)
+        except ValueError as exc:
+            return _error(400, f"invalid JSON: {exc}")
+    if not isinstance(data, dict) or set(data) != {"workload"}:
+        return _error(400, 'expected {"workload": NAME}')
+    name = named_workload(data["workload"])
+    if isinstance(name, BadRequest):
+        return _error(400, str(name))
+    try:
+        was_paged = await request.app[SERVICE].release_workload(name)
+    except StateUnavailable as exc:
+        return _error(503, f"cannot write the shared state: {exc}")
+    return web.json_response({"workload": name, "released": True, "was_paged": was_paged})
 
 
 # A Kubernetes node name: a DNS subdomain.

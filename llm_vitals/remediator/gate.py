@@ -1,8 +1,11 @@
 """The gate: one pure function deciding whether an alert may restart its target, and how.
 
 It takes plain data (the alert, the exporter's view of the fleet, the gate's stored state, the policy
-and the time) and returns `Decision(allowed, reason, detail)`. No I/O, no clock of its own: the
+and the time) and returns `Decision(allowed, reason, detail, plan)`. No I/O, no clock of its own: the
 tests drive it with tables. The checks run in the order docs/remediator.md describes, and the first refusal wins.
+An allowed decision carries its `Plan`: what to act on (the static target, the pod by UID, the
+LeaderWorkerSet group, the node to cordon with its taint) and how long it may take. The plan is
+worked out here once; acting.py only carries it out.
 
 What a budget, a circuit and the escalation ladder count is the target's **workload** (docs/remediator.md:
 `Deployment/<ns>/<name>`, a StatefulSet, a DaemonSet, a LeaderWorkerSet group, a name a template
@@ -12,6 +15,7 @@ not replace. A pod the remediator evicts comes back under a new name; its Deploy
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -44,6 +48,10 @@ Reason = Literal[
     "dry_run",
     "allowed",
     "cordon_and_move",
+    # A cordon the ladder or a GPU fault calls for, refused: max_cordoned_nodes are cordoned and unreleased.
+    "cordon_limit",
+    # The workload was restarted lately, and its growing backoff has not passed (slow loops).
+    "backoff",
     # Not the gate's: the API server refused an allowed eviction (a PodDisruptionBudget, 429).
     "disruption_budget",
 ]
@@ -51,10 +59,16 @@ REASONS: tuple[Reason, ...] = get_args(Reason)
 # Reasons that come after the gate allowed, from what acting met (acting.py), never from `decide`.
 AFTER_GATE: frozenset[Reason] = frozenset({"disruption_budget"})
 # Refusals a human must see on the pod itself (as a Kubernetes Event).
-HUMAN_REFUSALS = frozenset({"gpu_fault", "circuit_open", "fleet_gate", "escalated_to_human", "disruption_budget"})
+HUMAN_REFUSALS = frozenset({"gpu_fault", "circuit_open", "fleet_gate", "escalated_to_human", "disruption_budget",
+                            "cordon_limit"})
 
 # The escalation ladder, per workload (NodeHealthCheck's escalating remediations): a workload stuck
-# again within `escalate_within` of its last step takes the next one. `page` is a refusal.
+# again within `escalate_within` of its last step takes the next one. `page` is a refusal, and it
+# holds (`JournalState.pages`) until a human releases the workload: Alertmanager's re-sends of the
+# alert, or a new alert once `escalate_within` has passed, never start the ladder over.
+# The ladder's cordon is evidence about a node: it is taken only when the hang came back on the node
+# the restart left it on (`JournalState.ladder_nodes`). A hang that comes back on another node is the
+# software's, not a node's: it pages.
 Step = Literal["restart", "cordon_and_move", "page"]
 LADDER: tuple[Step, ...] = ("restart", "cordon_and_move", "page")
 
@@ -63,10 +77,42 @@ LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 
 
+# A pod restart's timeout when neither a template nor a target names one.
+DEFAULT_POD_TIMEOUT = 30.0
+# The taint value of the ladder's cordon (a GPU fault's is the fault's reason: `taint_value`).
+LADDER_TAINT = "LadderEscalation"
+
+Action = Literal["restart", "restart_pod", "restart_group", "cordon_and_move"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What an allowed decision does, decided once: the edge (acting.py) carries it out as it is.
+
+    `restart`: the static target's own executor. `restart_pod`: the target's pod, by its UID.
+    `restart_group`: every pod of its LeaderWorkerSet group, by UID. `cordon_and_move`: cordon and
+    taint `node`, then move the pod by its UID."""
+
+    target: str
+    workload: str
+    action: Action
+    timeout: float  # the executor's
+    claim_for: float  # how long the restart may hold the claim: pre_restart's timeout and the executor's
+    namespace: str | None = None
+    pod: str | None = None
+    pod_uid: str | None = None
+    node: str | None = None
+    group: Group | None = None
+    taint: str | None = None  # cordon_and_move: the node's taint value
+    cause: str | None = None  # cordon_and_move: why, for the node's annotation and Events
+    template: int | None = None  # the target_templates entry taking the target; None for a static target
+
+
 class Decision(NamedTuple):
     allowed: bool
     reason: Reason
     detail: str = ""
+    plan: Plan | None = None  # set exactly when allowed
 
 
 @dataclass(frozen=True)
@@ -196,6 +242,15 @@ class JournalState:
     # Restarts a PodDisruptionBudget refused, per workload: (first, last) refusal of the streak, until
     # a restart of the workload runs (LLMVitalsRemediatorDisruptionBudget reads how long it lasts).
     disrupted: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    # The node each workload's last ladder step acted on (its pod's node then): the ladder cordons a
+    # node only when the hang comes back on it. A step recorded without one never cordons.
+    ladder_nodes: Mapping[str, str] = field(default_factory=dict)
+    # Workloads paged (escalated_to_human), and when: held until a human releases them
+    # (POST /api/v1/workloads/release); never pruned.
+    pages: Mapping[str, float] = field(default_factory=dict)
+    # Each workload's restart streak for the backoff: (restarts in the streak, when the last started).
+    # A streak ends after `backoff_reset` without a restart.
+    backoff: Mapping[str, tuple[int, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -205,6 +260,8 @@ class TemplateMatch:
     engine: str | None = None
     namespace: str | None = None
     name: str | None = None  # a glob over the target's name
+    timeout: float = DEFAULT_POD_TIMEOUT  # the pod restart's (the template's `timeout`)
+    pre_restart_timeout: float = 0.0  # its pre_restart command's, when it has one
 
     def matches(self, name: str, status: TargetStatus) -> bool:
         return (
@@ -231,6 +288,18 @@ class GatePolicy:
     gpu_fault_action: str = "refuse"  # refuse | cordon_and_move
     # The ladder: the next step for a workload stuck again within this many seconds; None = off.
     escalate_within: float | None = None
+    # Nodes llm-vitals may hold cordoned at once (unreleased), fleet-wide; a further cordon is refused
+    # `cordon_limit`. 0: never cordon.
+    max_cordoned_nodes: int = 1
+    # The per-workload backoff: after the n-th restart of a streak, the next waits
+    # min(backoff_initial * 2**(n-1), backoff_max); backoff_reset without a restart ends the streak.
+    # backoff_initial 0: off.
+    backoff_initial: float = 900.0
+    backoff_max: float = 4 * 3600.0
+    backoff_reset: float = 12 * 3600.0
+    # Static targets' executor timeouts and their pre_restart timeouts (a target not named: 30 s, none).
+    target_timeouts: Mapping[str, float] = field(default_factory=dict)
+    pre_restart_timeouts: Mapping[str, float] = field(default_factory=dict)
 
 
 def template_index(policy: GatePolicy, name: str, status: TargetStatus | None) -> int | None:
@@ -272,15 +341,54 @@ def restarts_in_window(journal: JournalState, policy: GatePolicy, workload: str,
     return sum(1 for started in journal.restart_times.get(workload, ()) if started > since)
 
 
-def ladder_step(journal: JournalState, policy: GatePolicy, workload: str, now: float) -> Step:
-    """The ladder's next step for `workload`: the one after its last, when that was within
-    `escalate_within`; else (or with the ladder off) `restart`."""
+def ladder_step(journal: JournalState, policy: GatePolicy, workload: str, now: float, node: str | None = None) -> Step:
+    """The ladder's next step for `workload`, whose stuck pod is on `node` now: within `escalate_within`
+    of a restart, `cordon_and_move` when the hang came back on the node the restart left it on, else
+    `page`; after a move, `page`. Outside `escalate_within` (or with the ladder off): `restart`.
+    A held page is not the ladder's to end (`paged`)."""
     last = journal.ladder.get(workload)
     if policy.escalate_within is None or last is None or now - last[1] >= policy.escalate_within:
         return "restart"
-    if last[0] not in LADDER:
-        return "restart"
-    return LADDER[min(LADDER.index(last[0]) + 1, len(LADDER) - 1)]
+    if last[0] == "restart":
+        same_node = node is not None and journal.ladder_nodes.get(workload) == node
+        return "cordon_and_move" if same_node else "page"
+    if last[0] in ("cordon_and_move", "page"):
+        return "page"
+    return "restart"
+
+
+def paged(journal: JournalState, workload: str) -> bool:
+    """The workload was paged and no human has released it (a `page` ladder step of an older state counts)."""
+    return workload in journal.pages or (journal.ladder.get(workload) or ("",))[0] == "page"
+
+
+def backoff_delay(policy: GatePolicy, restarts: int) -> float:
+    """How long after the `restarts`-th restart of a streak the next may start (0 with the backoff off)."""
+    if policy.backoff_initial <= 0 or restarts <= 0:
+        return 0.0
+    # Doubling past 2**32 is past any cap; the exponent is bounded so that the product stays a float.
+    return min(policy.backoff_initial * 2.0 ** min(restarts - 1, 32), policy.backoff_max)
+
+
+def backoff_streak(journal: JournalState, policy: GatePolicy, workload: str, now: float) -> int:
+    """Restarts in the workload's current streak: 0 once `backoff_reset` has passed without one."""
+    entry = journal.backoff.get(workload)
+    if entry is None or now - entry[1] >= policy.backoff_reset:
+        return 0
+    return entry[0]
+
+
+def backoff_left(journal: JournalState, policy: GatePolicy, workload: str, now: float) -> float:
+    """Seconds until the workload's backoff lets its next restart start (0: now)."""
+    streak = backoff_streak(journal, policy, workload, now)
+    if streak == 0:
+        return 0.0
+    return max(0.0, journal.backoff[workload][1] + backoff_delay(policy, streak) - now)
+
+
+def cordoned_count(journal: JournalState) -> int:
+    """Nodes llm-vitals has cordoned and no human has released: what `max_cordoned_nodes` bounds."""
+    return len(journal.gpu_nodes)
 
 
 _UNKNOWN = Decision(False, "unknown_target", "target is not in the remediator's config")
@@ -360,9 +468,14 @@ def decide(
         return Decision(False, "no_pod_uid", f"the exporter names no {what} for this target; a pod is never acted on"
                                              " by name")
 
-    # 5. A GPU fault fails the same way after a restart: refuse, or move the pod off its node
-    #    (once per node, under the same cooldown and fleet gate as a restart).
+    # 5. A page holds until a human releases the workload: nothing it does is the remediator's any more.
     workload = workload_of(target, status)
+    if paged(journal, workload):
+        return Decision(False, "escalated_to_human", f"{workload} was paged and not released yet:"
+                                                     " POST /api/v1/workloads/release once a human has looked")
+
+    # 5a. A GPU fault fails the same way after a restart: refuse, or move the pod off its node
+    #     (once per node, under the same cooldown and fleet gate as a restart).
     step: Step = "restart"
     if status.gpu_fault:
         if policy.gpu_fault_action != "cordon_and_move" or status.node is None or status.pod is None:
@@ -372,13 +485,11 @@ def decide(
         step = "cordon_and_move"
 
     # 5b. The ladder: stuck again within escalate_within of its last step, the workload takes the next.
-    climbed = ladder_step(journal, policy, workload, now)
+    climbed = ladder_step(journal, policy, workload, now, status.node)
     if LADDER.index(climbed) > LADDER.index(step):
         step = climbed
     if step == "page":
-        taken = (journal.ladder.get(workload) or ("",))[0]
-        return Decision(False, "escalated_to_human", f"{workload} is stuck again within escalate_within of its last"
-                                                     f" step ({taken}): a human must look")
+        return Decision(False, "escalated_to_human", page_detail(journal, workload, status))
     if step == "cordon_and_move" and not status.gpu_fault:
         if status.node is None or status.pod is None:
             return Decision(False, "escalated_to_human", f"{workload} is stuck again within escalate_within of its"
@@ -386,6 +497,13 @@ def decide(
         if status.node in journal.gpu_nodes:
             return Decision(False, "escalated_to_human", f"{workload} is stuck again within escalate_within of its"
                                                          f" restart; node {status.node} was already cordoned")
+
+    # 5c. Cordons are bounded fleet-wide: past max_cordoned_nodes unreleased, a human decides.
+    if step == "cordon_and_move" and cordoned_count(journal) >= policy.max_cordoned_nodes:
+        held = ", ".join(sorted(journal.gpu_nodes)) or "none"
+        return Decision(False, "cordon_limit", f"node {status.node} would be cordoned, but {cordoned_count(journal)}"
+                                               f" of max_cordoned_nodes {policy.max_cordoned_nodes} are cordoned and"
+                                               f" not released ({held}): a human must look"[:500])
 
     # 6. One restart at a time, fleet-wide.
     running = in_progress(journal, now)
@@ -406,6 +524,13 @@ def decide(
     used = restarts_in_window(journal, policy, workload, now)
     if used >= policy.max_restarts:
         return Decision(False, "circuit_open", f"{used} restarts of {workload} within the budget window")
+    # 8b. The backoff: each restart of a streak makes the next wait longer (a loop slower than the
+    #     window is still a loop).
+    wait = backoff_left(journal, policy, workload, now)
+    if wait > 0:
+        streak = backoff_streak(journal, policy, workload, now)
+        return Decision(False, "backoff", f"{streak} restarts of {workload} in a row (none quiet for"
+                                          f" {policy.backoff_reset:.0f}s): {wait:.0f}s of backoff left")
 
     # 9. The fleet gate: a mass failure points elsewhere (network, storage, the exporter).
     storm = fleet_storm(fleet, policy)
@@ -422,13 +547,61 @@ def decide(
     moving = step == "cordon_and_move"
     if policy.dry_run:
         return Decision(False, "dry_run", "would cordon and move" if moving else "would restart")
+    plan = plan_of(target, workload, status, policy, moving)
     if moving:
-        why = "GPU fault" if status.gpu_fault else f"{workload} stuck again within escalate_within (ladder)"
-        return Decision(True, "cordon_and_move", f"{why} on node {status.node}: cordon, taint, move the pod")
+        why = "GPU fault" if status.gpu_fault else f"{workload} stuck again on this node within escalate_within (ladder)"
+        return Decision(True, "cordon_and_move", f"{why} on node {status.node}: cordon, taint, move the pod", plan)
+    if plan.group is not None:
+        return Decision(True, "allowed", f"restart the whole group {workload}", plan)
+    return Decision(True, "allowed", "", plan)
+
+
+def plan_of(target: str, workload: str, status: TargetStatus, policy: GatePolicy, moving: bool) -> Plan:
+    """What an allowed decision acts on, and for how long: worked out once, carried out by acting.py."""
+    static = target in policy.targets
+    index = None if static else template_index(policy, target, status)
+    template = policy.templates[index] if index is not None else None
+    if static:
+        timeout = policy.target_timeouts.get(target, DEFAULT_POD_TIMEOUT)
+        pre = policy.pre_restart_timeouts.get(target, 0.0)
+    else:
+        timeout = template.timeout if template is not None else DEFAULT_POD_TIMEOUT
+        pre = template.pre_restart_timeout if template is not None else 0.0
+    if moving:
+        # A move acts on the pod whatever the target's executor: the template's timeout, else the default.
+        timeout = template.timeout if template is not None else DEFAULT_POD_TIMEOUT
+        if status.gpu_fault:
+            detail = str(status.raw.get("gpu_fault_detail") or status.gpu_fault_detail or "GPU fault")
+            cause, taint = f"GPU fault ({detail})", taint_value(detail)
+        else:
+            cause, taint = f"{workload} stuck again on this node within escalate_within of its restart here", LADDER_TAINT
+        return Plan(target, workload, "cordon_and_move", timeout, pre + timeout, status.namespace, status.pod,
+                    status.pod_uid, status.node, taint=taint, cause=cause, template=index)
+    if static:
+        return Plan(target, workload, "restart", timeout, pre + timeout, status.namespace, status.pod, status.pod_uid,
+                    status.node)
     group = group_of(status)
-    if group is not None:
-        return Decision(True, "allowed", f"restart the whole group {workload}")
-    return Decision(True, "allowed", "")
+    action: Action = "restart_group" if group is not None else "restart_pod"
+    return Plan(target, workload, action, timeout, pre + timeout, status.namespace, status.pod, status.pod_uid,
+                status.node, group, template=index)
+
+
+def taint_value(detail: str) -> str:
+    """The fault's reason as a taint value (a label value: 63 chars of [A-Za-z0-9_.-], alphanumeric ends)."""
+    word = re.sub(r"[^A-Za-z0-9_.-]+", "-", detail.split(":", 1)[0].strip())[:63].strip("-_.")
+    return word or "GpuFault"
+
+
+def page_detail(journal: JournalState, workload: str, status: TargetStatus) -> str:
+    """Why the ladder pages: what its last step was, and where the hang came back."""
+    last = (journal.ladder.get(workload) or ("",))[0]
+    if last == "restart":
+        was = journal.ladder_nodes.get(workload)
+        where = f"on node {status.node}" if status.node else "with no node known"
+        before = f"node {was}" if was else "an unknown node"
+        return (f"{workload} is stuck again within escalate_within of its restart on {before}, now {where}: a hang"
+                " that follows the software across nodes is no node's fault; a human must look")[:500]
+    return f"{workload} is stuck again within escalate_within of its last step ({last}): a human must look"[:500]
 
 
 def fleet_storm(fleet: FleetView, policy: GatePolicy) -> str | None:
@@ -464,9 +637,13 @@ class Effects:
     remember: bool = False  # the alert is decided without a restart (dry_run): a copy of it is a duplicate
     workload: str = ""  # what the budget, the circuit and the ladder count (the target's name when empty)
     step: str | None = None  # the ladder step taken now (its time is the decision's)
+    node: str | None = None  # the node of the pod the step acts on (the ladder's evidence), with `step`
+    page: bool = False  # the workload is paged now: held until a human releases it
+    backoff: tuple[int, float] | None = None  # the workload's restart streak after this restart
 
     def __bool__(self) -> bool:
-        return self.intent or self.open_circuit or self.storm_seen_at is not None or self.remember or self.step is not None
+        return (self.intent or self.open_circuit or self.storm_seen_at is not None or self.remember
+                or self.step is not None or self.page or self.backoff is not None)
 
 
 # A storm seen again within this many seconds of the last record is not written again: a storm of
@@ -488,17 +665,21 @@ def effects_of(
         storm_at = now
     if decision.allowed:
         used = restarts_in_window(journal, policy, workload, now)
-        step = None
+        step = node = None
         if policy.escalate_within is not None:
             step = "cordon_and_move" if decision.reason == "cordon_and_move" else "restart"
+            node = status.node if status is not None else None
+        backoff = (backoff_streak(journal, policy, workload, now) + 1, now) if policy.backoff_initial > 0 else None
         return Effects(intent=True, open_circuit=used + 1 >= policy.max_restarts, storm_seen_at=storm_at,
-                       workload=workload, step=step)
+                       workload=workload, step=step, node=node, backoff=backoff)
     opens = decision.reason == "circuit_open" and workload not in journal.open_circuits
-    # The page is written once, when the workload reaches it: its copies change nothing.
-    paged = (decision.reason == "escalated_to_human" and policy.escalate_within is not None
-             and (journal.ladder.get(workload) or ("",))[0] != "page")
+    # The page is written once, when the workload reaches it: its copies change nothing. A ladder
+    # cordon refused by the cordon limit pages too: else the ladder would start over at a restart.
+    page = (policy.escalate_within is not None and not paged(journal, workload)
+            and (decision.reason == "escalated_to_human"
+                 or (decision.reason == "cordon_limit" and status is not None and not status.gpu_fault)))
     return Effects(open_circuit=opens, storm_seen_at=storm_at, remember=decision.reason == "dry_run",
-                   workload=workload, step="page" if paged else None)
+                   workload=workload, step="page" if page else None, page=page)
 
 
 # Decisions made before the fleet was read (or about an alert the gate does not act on).

@@ -293,6 +293,17 @@ class Journal:
 
         await self._run(write)
 
+    async def record_workload_release(self, workload: str, was_paged: bool, now: float) -> None:
+        """An operator released `workload` (POST /api/v1/workloads/release): one `workload_release` row."""
+        detail = f"workload {workload} released by an operator" + ("" if was_paged else " (it was not paged)")
+
+        def write() -> None:
+            with self._tx():
+                self._insert_row(now, AlertFacts("", {"target": workload}, "", 0.0), "workload_release",
+                                 "workload_release", detail, None, None, workload=workload)
+
+        await self._run(write)
+
     # -- reads --------------------------------------------------------------------------------
 
     async def action(self, action_id: int) -> dict[str, Any] | None:

@@ -95,7 +95,8 @@ class GateLoop:
                 # Nothing will run: end the claim (the cooldown and the budget stay spent).
                 await self.actor.release(decided.intent.holder)
                 raise
-            self.actor.start(action_id, facts, decided.executor, decided.intent, status)
+            assert decided.decision.plan is not None
+            self.actor.start(action_id, facts, decided.executor, decided.intent, status, decided.decision.plan)
             return decided.decision
 
     def _decide(
@@ -106,9 +107,10 @@ class GateLoop:
         decision = gate.decide(facts, fleet, state, self.policy, now)
         effects = gate.effects_of(decision, facts, fleet, state, self.policy, now)
         decided = Decided(decision, now)
-        if decision.allowed:
+        if decision.allowed and decision.plan is not None:
+            # The gate's plan, carried out: its executor, and a claim for as long as it may take.
             executor = self.actor.executor_for(facts, decision, status)
-            decided = Decided(decision, now, executor, self.actor.claim(facts, executor, status, now, state))
+            decided = Decided(decision, now, executor, self.actor.claim(facts, decision.plan, now, state))
         return decided, shared.with_effects(state, effects, facts, now, decided.intent)
 
     def _refused(self, facts: AlertFacts, decision: Decision, now: float, status: TargetStatus | None) -> None:

@@ -39,6 +39,7 @@ class RemediatorMetrics:
         clock: Callable[[], float] = time.time,
         health: Callable[[], StoreHealth] | None = None,
         budget_window: float = 3600.0,
+        backoff_reset: float = 12 * 3600.0,
     ):
         self.registry = CollectorRegistry(auto_describe=True)
         self.decisions = Counter(
@@ -62,7 +63,8 @@ class RemediatorMetrics:
             buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
             registry=self.registry,
         )
-        self.registry.register(_JournalCollector(sorted(targets), journal, state, clock, health, budget_window))
+        self.registry.register(_JournalCollector(sorted(targets), journal, state, clock, health, budget_window,
+                                                 backoff_reset))
 
 
 class _JournalCollector(Collector):
@@ -75,13 +77,15 @@ class _JournalCollector(Collector):
     llm_vitals_remediator_paused 0.0
     llm_vitals_remediator_disruption_budget_refused_seconds{workload="Deployment/llm/vllm"} 3600.0
     llm_vitals_remediator_node_escalated{node="gpu-node-7"} 1.0
+    llm_vitals_remediator_workload_paged{workload="Deployment/llm/vllm"} 1.0
+    llm_vitals_remediator_workload_restart_streak{workload="Deployment/llm/vllm"} 4.0
     llm_vitals_remediator_state_up 1.0
     llm_vitals_remediator_state_errors_total{operation="read"} 3.0
     """
 
     def __init__(
         self, targets: list[str], journal: Journal, state: Callable[[], JournalState], clock: Callable[[], float],
-        health: Callable[[], StoreHealth] | None, budget_window: float,
+        health: Callable[[], StoreHealth] | None, budget_window: float, backoff_reset: float = 12 * 3600.0,
     ):
         self.targets = targets
         self.journal = journal
@@ -89,6 +93,7 @@ class _JournalCollector(Collector):
         self.clock = clock
         self.health = health
         self.budget_window = budget_window
+        self.backoff_reset = backoff_reset
 
     def describe(self) -> list:
         return []
@@ -157,6 +162,26 @@ class _JournalCollector(Collector):
         for node in sorted(state.gpu_nodes):
             nodes.add_metric([node], 1.0)
         yield nodes
+        pages = GaugeMetricFamily(
+            "llm_vitals_remediator_workload_paged",
+            "1 for each workload the escalation ladder paged (escalated_to_human) and no human has released: "
+            "its alerts are refused until POST /api/v1/workloads/release {\"workload\": ...}. "
+            "LLMVitalsRemediatorWorkloadPaged fires while it holds.",
+            labels=["workload"],
+        )
+        for workload in sorted(set(state.pages) | {w for w, (step, _) in state.ladder.items() if step == "page"}):
+            pages.add_metric([workload], 1.0)
+        yield pages
+        streak = GaugeMetricFamily(
+            "llm_vitals_remediator_workload_restart_streak",
+            "Restarts (and moves) of the workload in its current streak: none quiet for budget.backoff.reset_after "
+            "in between. Each makes the next wait longer (the backoff); the long horizon of LLMServerRestartLoop reads it.",
+            labels=["workload"],
+        )
+        for workload, (count, at) in sorted(state.backoff.items()):
+            if at > now - self.backoff_reset:
+                streak.add_metric([workload], float(count))
+        yield streak
         if self.health is not None:
             health = self.health()
             yield GaugeMetricFamily(

@@ -25,7 +25,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import re
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -39,7 +38,7 @@ from llm_vitals.kube.times import micro_time
 from llm_vitals.logs import log_event
 
 from .executors import ExecResult
-from .gate import Group
+from .gate import Group, taint_value
 
 log = logging.getLogger("llm_vitals.remediator.kubernetes")
 
@@ -57,6 +56,7 @@ EVENT_REASONS = {
     "fleet_gate": "LLMVitalsFleetGate",
     "escalated_to_human": "LLMVitalsEscalated",
     "disruption_budget": "LLMVitalsDisruptionBudget",
+    "cordon_limit": "LLMVitalsCordonLimit",
 }
 # An Event POST's own limit: short, and apart from the restart's (a completed eviction must never
 # be journaled as a timeout because its Event was slow).
@@ -271,12 +271,6 @@ class GroupExecutor:
             elif "gone already" not in removal.detail and "another UID" not in removal.detail:
                 return ExecResult("error", "; ".join(steps))  # a pod gone or replaced meanwhile is what we wanted
         return ExecResult("ok", "; ".join(steps))
-
-
-def taint_value(detail: str) -> str:
-    """The fault's reason as a taint value (a label value: 63 chars of [A-Za-z0-9_.-], alphanumeric ends)."""
-    word = re.sub(r"[^A-Za-z0-9_.-]+", "-", detail.split(":", 1)[0].strip())[:63].strip("-_.")
-    return word or "GpuFault"
 
 
 class CordonAndMoveExecutor:

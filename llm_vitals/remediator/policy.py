@@ -1,15 +1,16 @@
-"""The remediator's policy, read from its settings: the gate's `GatePolicy`, and which template,
-executor timeout and pre_restart a target gets. Pure: settings and the exporter's view in, values out."""
+"""The remediator's policy, read from its settings: the gate's `GatePolicy` (with every timeout the
+gate's plan needs), and which template and pre_restart a target gets. Pure: settings and the
+exporter's view in, values out."""
 
 from __future__ import annotations
 
 from . import gate
 from .fleet_limit import percent_of
-from .gate import GatePolicy, TargetStatus, TemplateMatch
+from .gate import DEFAULT_POD_TIMEOUT, GatePolicy, Plan, TargetStatus, TemplateMatch
 from .settings import PreRestart, Settings, TargetTemplate
 
-# A pod restart's timeout when neither a template nor a target names one.
-DEFAULT_POD_TIMEOUT = 30.0
+__all__ = ["DEFAULT_POD_TIMEOUT", "policy_from", "pre_restart_of", "pre_restart_planned", "restart_timeout",
+           "template_of"]
 
 
 def policy_from(settings: Settings) -> GatePolicy:
@@ -24,13 +25,20 @@ def policy_from(settings: Settings) -> GatePolicy:
         dry_run=settings.dry_run,
         down_alertnames=frozenset(settings.down_alertnames),
         templates=tuple(
-            TemplateMatch(engine=t.match.engine, namespace=t.match.namespace, name=t.match.name)
+            TemplateMatch(engine=t.match.engine, namespace=t.match.namespace, name=t.match.name,
+                          timeout=float(t.timeout), pre_restart_timeout=t.pre_restart.timeout if t.pre_restart else 0.0)
             for t in settings.target_templates
         ),
         max_unhealthy_percent=percent_of(settings.max_unhealthy),
         storm_cooldown=settings.storm_cooldown,
         gpu_fault_action=settings.gpu_fault_action,
         escalate_within=settings.escalate_within,
+        max_cordoned_nodes=settings.max_cordoned_nodes,
+        backoff_initial=settings.budget.backoff.initial,
+        backoff_max=settings.budget.backoff.max,
+        backoff_reset=settings.budget.backoff.reset_after,
+        target_timeouts={name: float(t.timeout) for name, t in settings.targets.items()},
+        pre_restart_timeouts={name: t.pre_restart.timeout for name, t in settings.targets.items() if t.pre_restart},
     )
 
 
@@ -38,6 +46,14 @@ def template_of(settings: Settings, policy: GatePolicy, target: str, status: Tar
     """The `target_templates:` entry that takes a target the exporter reports; None for a static target."""
     index = gate.template_index(policy, target, status) if target not in policy.targets else None
     return settings.target_templates[index] if index is not None else None
+
+
+def pre_restart_planned(settings: Settings, plan: Plan) -> PreRestart | None:
+    """The command to run (and journal) before the planned restart: the static target's, else its template's."""
+    config = settings.targets.get(plan.target)
+    if config is not None:
+        return config.pre_restart
+    return settings.target_templates[plan.template].pre_restart if plan.template is not None else None
 
 
 def pre_restart_of(settings: Settings, policy: GatePolicy, target: str, status: TargetStatus | None) -> PreRestart | None:

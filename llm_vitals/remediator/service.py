@@ -23,7 +23,7 @@ from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.leases import LeaseTransport
 from llm_vitals.logs import log_event
 
-from . import shared
+from . import gate, shared
 from .acting import Actor
 from .evidence import Evidence, decision_word
 from .executors import Executor, build_executor
@@ -75,7 +75,8 @@ class Remediator:
         self.identity = replica_identity(settings)
         # The gauges read from the shared state judge its times by the store's clock (the API server's, with replicas).
         self.metrics = RemediatorMetrics(settings.targets, journal, lambda: store.last, store.now,
-                                         lambda: store.health, settings.budget.window)
+                                         lambda: store.health, settings.budget.window,
+                                         settings.budget.backoff.reset_after)
         self.actor = Actor(
             settings, self.policy,
             executors or {name: build_executor(config, http_client, settings.pod_action)
@@ -158,11 +159,24 @@ class Remediator:
         log_event(log, "node released", node=node, was_escalated=was_escalated)
         return was_escalated
 
+    async def release_workload(self, workload: str) -> bool:
+        """A human has looked at `workload`: its page ends and its ladder starts again. Returns whether it
+        was paged. Raises StateUnavailable."""
+
+        def step(state: JournalState) -> tuple[bool, JournalState]:
+            return gate.paged(state, workload), shared.workload_released(state, workload)
+
+        was_paged = await transact(self.store, step)
+        await self.journal.record_workload_release(workload, was_paged, self.clock())
+        log_event(log, "workload released", workload=workload, was_paged=was_paged)
+        return was_paged
+
     async def workloads_known(self) -> set[str]:
         """What a circuit reset may name: the static targets and every workload the state has a circuit,
         a budget or a ladder step for (read fresh from the Lease in the replicated mode). Raises StateUnavailable."""
         state, _ = await self.store.read()
-        return set(self.settings.targets) | set(state.open_circuits) | set(state.restart_times) | set(state.ladder)
+        return (set(self.settings.targets) | set(state.open_circuits) | set(state.restart_times) | set(state.ladder)
+                | set(state.backoff) | set(state.pages))
 
     async def set_pause(self, until: float | None, reason: str) -> JournalState:
         """Pause (or, with `until` None, resume) every replica; journaled here. Raises StateUnavailable."""

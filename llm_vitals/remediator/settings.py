@@ -258,9 +258,31 @@ class TargetTemplate(StrictModel):
 # ---------------------------------------------------------------------------------------------
 
 
+class Backoff(StrictModel):
+    """The per-workload backoff: each restart of a streak makes the next wait longer (slow loops)."""
+
+    # After the n-th restart of a streak the next waits min(initial * 2**(n-1), max); 0s: off.
+    initial: Duration = 900.0
+    max: Duration = 4 * 3600.0
+    # This long without a restart ends the streak (the next restart waits nothing).
+    reset_after: Duration = 12 * 3600.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Backoff:
+        # The shared state keeps a streak for 7 days (remediator/shared.py: BACKOFF_MEMORY_SECONDS).
+        if self.reset_after > 7 * 86400:
+            raise ValueError("reset_after must be at most 7d")
+        if self.initial > self.max:
+            raise ValueError("initial must not be more than max")
+        if self.initial > 0 and self.reset_after <= self.max:
+            raise ValueError("reset_after must be more than max (else a loop at the cap never stays capped)")
+        return self
+
+
 class Budget(StrictModel):
     max_restarts: int = Field(default=3, ge=1)
     window: Duration = 3600.0
+    backoff: Backoff = Backoff()
 
 
 class Settings(StrictModel):
@@ -287,6 +309,9 @@ class Settings(StrictModel):
     # The escalation ladder: a workload stuck again within this long of its last step takes the next
     # (restart -> cordon_and_move -> page). None: off (every allowed alert is a restart).
     escalate_within: Duration | None = None
+    # Nodes llm-vitals may hold cordoned (a GPU fault or the ladder), not yet released, fleet-wide;
+    # a further cordon is refused `cordon_limit`. 0: never cordon.
+    max_cordoned_nodes: int = Field(default=1, ge=0, le=10_000)
     dry_run: bool = False
     body_limit: int = Field(default=1024 * 1024, ge=1024)
     # Alerts named here may be acted on in state `down` (when a user labelled them for restart).

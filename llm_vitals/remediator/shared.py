@@ -27,6 +27,8 @@ LADDER_MEMORY_SECONDS = 24 * 3600.0
 # A streak of disruption-budget refusals ends when no refusal came for this long (two of Alertmanager's
 # hourly re-sends of a still-firing alert, as alerts/alertmanager.yml routes them to the remediator).
 DISRUPTION_MEMORY_SECONDS = 2 * 3600.0
+# A backoff streak older than this is over (settings.py caps `budget.backoff.reset_after` at 7d).
+BACKOFF_MEMORY_SECONDS = 7 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -51,11 +53,14 @@ class Undo:
     last_restart_started: float | None
     circuit_was_open: bool
     ladder: tuple[str, float] | None
+    ladder_node: str | None = None
+    backoff: tuple[int, float] | None = None
 
 
 def undo_of(state: JournalState, workload: str) -> Undo:
     """What a commit of an intent for `workload` will replace in `state`."""
-    return Undo(state.last_restart_started, workload in state.open_circuits, state.ladder.get(workload))
+    return Undo(state.last_restart_started, workload in state.open_circuits, state.ladder.get(workload),
+                state.ladder_nodes.get(workload), state.backoff.get(workload))
 
 
 def with_effects(state: JournalState, effects: Effects, alert: AlertFacts, now: float, intent: Intent | None) -> JournalState:
@@ -80,6 +85,12 @@ def with_effects(state: JournalState, effects: Effects, alert: AlertFacts, now: 
         new = replace(new, storm_seen_at=effects.storm_seen_at)
     if effects.step is not None and workload:
         new = replace(new, ladder={**new.ladder, workload: (effects.step, now)})
+        nodes = {w: n for w, n in new.ladder_nodes.items() if w != workload}
+        new = replace(new, ladder_nodes=nodes | ({workload: effects.node} if effects.node else {}))
+    if effects.page and workload:
+        new = replace(new, pages={**new.pages, workload: now})
+    if effects.backoff is not None and workload:
+        new = replace(new, backoff={**new.backoff, workload: effects.backoff})
     return new
 
 
@@ -112,11 +123,21 @@ def undone(state: JournalState, intent: Intent, key: tuple[str, float]) -> Journ
         times.remove(at)
     restart_times = {w: v for w, v in new.restart_times.items() if w != workload} | ({workload: tuple(times)} if times else {})
     ladder = dict(new.ladder)
+    ladder_nodes = dict(new.ladder_nodes)
     if (ladder.get(workload) or ("", None))[1] == at:  # the step this intent took (a later one is kept)
         if before.ladder is None:
             del ladder[workload]
         else:
             ladder[workload] = before.ladder
+        ladder_nodes.pop(workload, None)
+        if before.ladder_node is not None:
+            ladder_nodes[workload] = before.ladder_node
+    backoff = dict(new.backoff)
+    if (backoff.get(workload) or (0, None))[1] == at:  # the streak entry this intent made
+        if before.backoff is None:
+            del backoff[workload]
+        else:
+            backoff[workload] = before.backoff
     decided_at = {k: v for k, v in new.decided_at.items() if k != key}
     return replace(
         new,
@@ -124,6 +145,8 @@ def undone(state: JournalState, intent: Intent, key: tuple[str, float]) -> Journ
         last_restart_started=before.last_restart_started if new.last_restart_started == at else new.last_restart_started,
         open_circuits=new.open_circuits if before.circuit_was_open else new.open_circuits - {workload},
         ladder=ladder,
+        ladder_nodes=ladder_nodes,
+        backoff=backoff,
         decided_keys=new.decided_keys - {key},
         decided_at=decided_at,
     )
@@ -139,17 +162,31 @@ def node_released(state: JournalState, node: str) -> JournalState:
     return replace(state, gpu_nodes=state.gpu_nodes - {node})
 
 
+def workload_released(state: JournalState, workload: str) -> JournalState:
+    """A human released `workload` (POST /api/v1/workloads/release): its page ends and its ladder
+    starts again at a restart (its budget, circuit and backoff are the circuit reset's)."""
+    return replace(
+        state,
+        pages={w: v for w, v in state.pages.items() if w != workload},
+        ladder={w: v for w, v in state.ladder.items() if w != workload},
+        ladder_nodes={w: v for w, v in state.ladder_nodes.items() if w != workload},
+    )
+
+
 def paused_state(state: JournalState, until: float | None, reason: str) -> JournalState:
     return replace(state, paused_until=until, pause_reason=reason if until is not None else "")
 
 
 def circuits_reset(state: JournalState, workloads: list[str]) -> JournalState:
-    """Close the circuits of `workloads`, forgive their budget so far and start their ladder again."""
+    """Close the circuits of `workloads`, forgive their budget and backoff so far and start their
+    ladder again. A page is not the circuit's: it holds until the workload is released."""
     return replace(
         state,
         open_circuits=state.open_circuits - set(workloads),
         restart_times={w: v for w, v in state.restart_times.items() if w not in workloads},
-        ladder={w: v for w, v in state.ladder.items() if w not in workloads},
+        ladder={w: v for w, v in state.ladder.items() if w not in workloads or v[0] == "page"},
+        ladder_nodes={w: v for w, v in state.ladder_nodes.items() if w not in workloads},
+        backoff={w: v for w, v in state.backoff.items() if w not in workloads},
     )
 
 
@@ -166,10 +203,13 @@ def pruned(
     recent = sorted(((at, key) for key, at in state.decided_at.items() if at > now - key_memory), reverse=True)
     keep = dict((key, at) for at, key in recent[:max_keys])
     # A ladder step older than a day is past any escalate_within (settings.py caps it at 24h).
-    ladder = {w: step for w, step in state.ladder.items() if step[1] > now - LADDER_MEMORY_SECONDS}
+    # A `page` step of an older state is its page: kept until released, as `pages` are.
+    ladder = {w: step for w, step in state.ladder.items() if step[1] > now - LADDER_MEMORY_SECONDS or step[0] == "page"}
+    ladder_nodes = {w: n for w, n in state.ladder_nodes.items() if w in ladder}
     disrupted = {w: v for w, v in state.disrupted.items() if v[1] > now - DISRUPTION_MEMORY_SECONDS}
+    backoff = {w: v for w, v in state.backoff.items() if v[1] > now - BACKOFF_MEMORY_SECONDS}
     return replace(state, restart_times=times, decided_at=keep, decided_keys=frozenset(keep), ladder=ladder,
-                   disrupted=disrupted)
+                   disrupted=disrupted, ladder_nodes=ladder_nodes, backoff=backoff)
 
 
 def to_json(state: JournalState) -> str:
@@ -188,6 +228,9 @@ def to_json(state: JournalState) -> str:
         "ladder": {w: [step, at] for w, (step, at) in sorted(state.ladder.items())},
         "disrupted": {w: [first, last] for w, (first, last) in sorted(state.disrupted.items())},
         "decided": [[fp, sa, at] for (fp, sa), at in sorted(state.decided_at.items())],
+        "ladder_nodes": dict(sorted(state.ladder_nodes.items())),
+        "pages": dict(sorted(state.pages.items())),
+        "backoff": {w: [count, at] for w, (count, at) in sorted(state.backoff.items())},
     }
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
@@ -218,6 +261,9 @@ def from_json(text: str | None) -> JournalState:
             gpu_nodes=frozenset(str(n) for n in doc.get("gpu_nodes", [])),
             ladder={str(w): (str(step), float(at)) for w, (step, at) in (doc.get("ladder") or {}).items()},
             disrupted={str(w): (float(a), float(b)) for w, (a, b) in (doc.get("disrupted") or {}).items()},
+            ladder_nodes={str(w): str(n) for w, n in (doc.get("ladder_nodes") or {}).items()},
+            pages={str(w): float(at) for w, at in (doc.get("pages") or {}).items()},
+            backoff={str(w): (int(c), float(at)) for w, (c, at) in (doc.get("backoff") or {}).items()},
         )
     except (ValueError, TypeError, AttributeError) as exc:
         raise BadState(f"the shared state is not readable: {type(exc).__name__}: {exc}") from None

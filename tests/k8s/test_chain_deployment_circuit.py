@@ -130,7 +130,8 @@ async def test_a_deployment_whose_new_pods_keep_hanging_opens_its_circuit_for_th
         })
         processes.append(exporter)
         (replica,) = await start_replicas(cp, ns, exporter_url, tmp_path / "replicas", names=("replica-a",),
-                                          budget={"max_restarts": MAX_RESTARTS, "window": "1h"},
+                                          budget={"max_restarts": MAX_RESTARTS, "window": "1h",
+                                                  "backoff": {"initial": "0s"}},
                                           global_cooldown="0s", max_unhealthy=1)
         rules = write_rules_with_short_for(RULES_FILE, tmp_path / "rules.yml", seconds=1)
         am = alertmanager_config(f"{replica.url}/webhook", TOKEN, tmp_path, repeat_interval="2s")

@@ -401,7 +401,7 @@ async def test_gpu_fault_cordons_taints_and_moves_the_pod_once_and_leaves_a_node
     pod = cp.play_kubelet(namespace, name)
     assert pod["spec"]["nodeName"] == node_a
     target = exporter.put_pod(namespace, pod, "stuck", gpu_fault=True, gpu_fault_detail="GpuMemWatch: Xid79: GPU has fallen off the bus")
-    a, b = await replicas(gpu_fault_action="cordon_and_move", global_cooldown="1s")
+    a, b = await replicas(gpu_fault_action="cordon_and_move", global_cooldown="1s", max_cordoned_nodes=2)
 
     answers = await asyncio.gather(*(r.webhook(alert(target, "fp-gpu")) for r in (a, b) * 5))
     assert sorted(set(reasons(answers))) == ["cordon_and_move", "duplicate"]

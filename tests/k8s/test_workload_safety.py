@@ -181,7 +181,8 @@ async def test_a_deployments_circuit_opens_after_max_restarts_across_new_pod_nam
     node = f"node-{namespace}"
     cp.create_node(node)
     deployment(cp, namespace, "vllm", 2)
-    a, b = await replicas(budget={"max_restarts": 2, "window": "1h"}, global_cooldown="0s", max_unhealthy=1)
+    a, b = await replicas(budget={"max_restarts": 2, "window": "1h", "backoff": {"initial": "0s"}},
+                          global_cooldown="0s", max_unhealthy=1)
     workload = f"Deployment/{namespace}/vllm"
     evicted: list[str] = []
     seen: set[str] = set()
@@ -387,7 +388,9 @@ async def test_the_ladder_restarts_then_cordons_and_moves_then_pages_and_a_faile
     node_a, node_b = f"ladder-a-{namespace}", f"ladder-b-{namespace}"
     cp.create_node(node_a)
     cp.create_node(node_b)
-    a, b = await replicas(escalate_within="10m", global_cooldown="0s", pod_action="delete")
+    # The backoff off and room for two cordons: the steps come seconds apart here, not 15 minutes.
+    a, b = await replicas(escalate_within="10m", global_cooldown="0s", pod_action="delete", max_cordoned_nodes=2,
+                          budget={"max_restarts": 3, "window": "1h", "backoff": {"initial": "0s"}})
     workload = f"Deployment/{namespace}/vllm"
 
     async def stuck_again(name: str, node: str, replica: Replica, fingerprint: str, work: str = workload) -> str:
@@ -410,9 +413,10 @@ async def test_the_ladder_restarts_then_cordons_and_moves_then_pages_and_a_faile
     assert pod_removals(cp, namespace, "vllm-3") == []
     assert shared_state(cp, namespace)["ladder"][workload][0] == "page"
 
-    # Another workload: a restart, then a cordon that fails (its node is gone): nothing marked, nothing moved.
+    # Another workload: a restart, then, stuck again on the same node, a cordon that fails (its node
+    # is gone): nothing marked, nothing moved.
     other = f"StatefulSet/{namespace}/sglang"
-    assert await stuck_again("sglang-0", node_b, b, "fp-4", other) == "allowed"
+    assert await stuck_again("sglang-0", f"gone-{namespace}", b, "fp-4", other) == "allowed"
     assert await stuck_again("sglang-1", f"gone-{namespace}", a, "fp-5", other) == "cordon_and_move"
     rows = await journal([a, b])
     failed = next(r for r in rows if r["target"] == f"{namespace}/sglang-1")

@@ -10,7 +10,7 @@ Three sources can flag a target's GPU (docs/gpu-faults.md):
 
 `combine` makes one fault of them, the first source in that order winning the detail. Every detail
 starts with a reason word and a colon (`GpuMemWatchIsNotHealthy: ...`): the remediator's
-cordon_and_move taints the node with that word (llm_vitals/remediator/pods.py `taint_value`).
+cordon_and_move taints the node with that word (llm_vitals/remediator/gate.py `taint_value`).
 
 No I/O here: the poller and the node watch read, these functions decide.
 """
