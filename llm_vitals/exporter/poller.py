@@ -17,7 +17,7 @@ from pathlib import Path
 import aiohttp
 from yarl import URL
 
-from llm_vitals.exporter.canary import resolve_model, send_canary
+from llm_vitals.exporter.canary import ModelRejected, resolve_model, run_canaries
 from llm_vitals.exporter.clock import Clock, as_clock
 from llm_vitals.exporter.dcgm import SharedPages, fetch_page, select_gpus
 from llm_vitals.exporter.discovery.targetset import Changes
@@ -295,13 +295,18 @@ class Poller:
                     if model is None:
                         model = await resolve_model(self.session, target, self.settings.models_timeout)
                         record.set_model(model)
-                    outcome = await send_canary(self.session, target, model)
+                    run = await run_canaries(self.session, target, model, record.canary_path)
+                    outcome = run.outcome
+                    if run.path != record.canary_path:
+                        record.set_canary_path(run.path)
             except TimeoutError:
                 outcome = CanaryOutcome("timeout", f"no answer within {target.canary.timeout:g}s")
+            except ModelRejected as exc:
+                outcome = CanaryOutcome("rejected", f"model lookup: {exc.detail}")
             except PageError as exc:
                 outcome = CanaryOutcome("error", f"model lookup failed ({exc.reason})")
             if outcome.result != "ok" and not target.model:
-                record.set_model(None)  # the server may have been replaced: look the model up again
+                record.set_model(None)  # the server may have been replaced or renamed its model: look it up again
             before = record.verdict
             record.record_canary(outcome.result, record_canary(before, outcome, self.clock.mono(), target))
             if outcome.result != "ok":

@@ -42,6 +42,9 @@ class CanarySettings(_FrozenStrict):
     # The request body itself, for engines whose canary the operator must describe (Triton: a KServe
     # v2 infer body, `{inputs: [{name, shape, datatype, data}]}`, of the smallest request the model takes).
     request: dict[str, Any] | None = None
+    # Where an OpenAI-compatible server's canary goes. auto: a completion, else (while each is
+    # rejected with a 4xx) a chat completion, else an embedding; the first that answers is kept.
+    endpoint: Literal["auto", "completions", "chat", "embeddings"] = "auto"
 
     @property
     def freshness(self) -> float:
@@ -144,6 +147,9 @@ class TargetSettings(_FrozenStrict):
         if self.canary.request is not None and not takes_request:
             raise ValueError(f"canary.request is for engines whose canary is a request you describe (triton), "
                              f"not {self.engine}: its canary is a 1-token completion")
+        if self.canary.endpoint != "auto" and entry.canary is not None:
+            raise ValueError(f"canary.endpoint is for OpenAI-compatible servers, not {self.engine}: "
+                             f"its canary is the engine's own")
         if self.canary.request is not None and entry.models_path is None and not self.model:
             raise ValueError(f"engine {self.engine} lists no models at /v1/models: set model, which the canary.request is for")
         return self

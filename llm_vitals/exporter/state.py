@@ -18,7 +18,7 @@ log = logging.getLogger("llm_vitals.exporter")
 
 # Poll-error reasons always exposed (at 0), so `increase()` sees the first error of each kind.
 STANDARD_ERROR_REASONS = ("connect", "timeout", "http_status", "bad_metrics", "too_large", "exporter_late")
-CANARY_RESULTS = ("ok", "error", "timeout")
+CANARY_RESULTS = ("ok", "error", "timeout", "rejected")
 
 
 class TargetRecord:
@@ -33,7 +33,7 @@ class TargetRecord:
     counters and the history are handed out as read-only views (Mapping, Sequence) of what it owns.
     """
 
-    __slots__ = ("_canaries", "_canary_task", "_dcgm_fault", "_dcgm_state", "_draining", "_file_fault",
+    __slots__ = ("_canaries", "_canary_path", "_canary_task", "_dcgm_fault", "_dcgm_state", "_draining", "_file_fault",
                  "_gpu_fault_errors", "_history", "_last_canary_sent", "_model", "_node_fault", "_nvml_fault",
                  "_poll_duration", "_poll_errors", "_polls", "_verdict", "_version", "history_seconds", "poll_interval",
                  "settings")
@@ -54,6 +54,7 @@ class TargetRecord:
         self._canary_task: asyncio.Task[None] | None = None
         self._last_canary_sent: float | None = None
         self._model: str | None = None
+        self._canary_path: str | None = None  # the canary endpoint that last answered (canary.endpoint auto)
         # One GPU fault per source (llm_vitals/exporter/gpu_faults/); `fault` is their combination.
         self._file_fault: GpuFault | None = None
         self._node_fault: GpuFault | None = None
@@ -243,6 +244,16 @@ class TargetRecord:
     def set_model(self, model: str | None) -> None:
         """The canary's model as looked up; None to look it up again."""
         self._model = model
+        self._version += 1
+
+    @property
+    def canary_path(self) -> str | None:
+        """The canary endpoint that last answered, tried first next time (exporter/canary.py)."""
+        return self._canary_path
+
+    def set_canary_path(self, path: str | None) -> None:
+        """The canary endpoint that answered; None to try them all again."""
+        self._canary_path = path
         self._version += 1
 
     def set_draining(self, draining: bool) -> bool:
