@@ -275,7 +275,8 @@ def test_a_critical_xid_event_from_the_watcher_thread_is_a_held_fault(make_sourc
     backend.events.put([(GPU0.uuid, 79)])
     wait_until(lambda: source.view().gpus[0].xids, "the Xid event")
     fault, error = nvml_fault(source.view(), [0], RULES)
-    assert fault is not None and fault.detail.startswith(f"Xid79: {GPU0}: NVML critical Xid event at ") and error is None
+    assert fault is not None and error is None
+    assert fault.detail.startswith(f"Xid79: {GPU0}: NVML critical Xid (the node needs a reboot), an event at ")
     time.sleep(0.05)  # several more healthy reads (interval 0.01 s): the event stays held
     assert nvml_fault(source.view(), [0], RULES)[0] == fault
 

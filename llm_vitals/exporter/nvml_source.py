@@ -9,6 +9,11 @@ a call. The threads:
   RETRY_S until it succeeds; then it starts the others and ends;
 - a reader per GPU: its health fields every `interval` (one GPU's hung call stalls no other GPU);
 - the Xid watcher: waits on NVML's event set, EVENT_WAIT_S at a time, so it notices `stop` within that.
+  Every event is counted, one tally per GPU and Xid number (first time, count, last time): bounded
+  by the Xid numbers there are, so no flood of application Xids can crowd out a critical one.
+
+A reader that sees its GPU come back from a recovery (gpu_faults.nvml.came_back) stamps the GPU's
+`reset_at`: Xid events up to then are over.
 
 Before each NVML call a thread names it (`Lane.step`), with the time. `view(now)` reports a call that
 has not returned within its bound as `nvml_timeout` (gpu_faults.nvml.overdue): an error, never a fault.
@@ -26,10 +31,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
-from llm_vitals.exporter.gpu_faults.nvml import FieldValue, GpuId, GpuRead, GpuStatus, NvmlView, XidEvent, overdue
+from llm_vitals.exporter.gpu_faults.nvml import FieldValue, GpuId, GpuRead, GpuStatus, NvmlView, XidEvent, came_back, overdue
 from llm_vitals.logs import log_event
 
 log = logging.getLogger("llm_vitals.exporter")
@@ -40,8 +45,6 @@ EVENT_WAIT_S = 1.0
 # How long after a failed open (no nvidia-ml-py, no driver, no permission) the opener tries again:
 # a driver loaded later is found without a restart, and a host without one pays one try per RETRY_S.
 RETRY_S = 30.0
-# The first events of each GPU are kept (the first listed one is the fault's cause); more add nothing.
-MAX_EVENTS_PER_GPU = 16
 
 
 class Step(Protocol):
@@ -136,7 +139,8 @@ class NvmlSource:
         self._events_error: str | None = None
         self._reads: dict[int, GpuRead] = {}
         self._read_errors: dict[int, str] = {}
-        self._xids: dict[str | None, list[XidEvent]] = {}
+        self._xids: dict[str | None, dict[int, XidEvent]] = {}
+        self._reset_at: dict[int, float] = {}
 
     @property
     def started(self) -> bool:
@@ -168,14 +172,15 @@ class NvmlSource:
         now = self.clock() if now is None else now
         with self._lock:
             opened, open_error, events_error = self._opened, self._open_error, self._events_error
-            reads, read_errors = dict(self._reads), dict(self._read_errors)
-            xids = {uuid: tuple(events) for uuid, events in self._xids.items()}
+            reads, read_errors, reset_at = dict(self._reads), dict(self._read_errors), dict(self._reset_at)
+            xids = {uuid: tuple(events.values()) for uuid, events in self._xids.items()}
         if opened is None:
             return NvmlView(error=self._opener.overdue(now) or open_error)
         anyone = xids.get(None, ())  # an event NVML could not tie to a GPU counts for every GPU
         gpus = tuple(
             GpuStatus(gpu, reads.get(gpu.index), (*xids.get(gpu.uuid, ()), *anyone) if gpu.uuid else anyone,
-                      (lane.overdue(now) if (lane := self._readers.get(gpu.index)) else None) or read_errors.get(gpu.index))
+                      (lane.overdue(now) if (lane := self._readers.get(gpu.index)) else None) or read_errors.get(gpu.index),
+                      reset_at.get(gpu.index))
             for gpu in opened.gpus)  # fmt: skip
         return NvmlView(gpus, error=self._watcher.overdue(now) or events_error, opened=True)
 
@@ -228,7 +233,10 @@ class NvmlSource:
             with self._lock:
                 before = self._read_errors.get(gpu.index)
                 if error is None:
-                    self._reads[gpu.index] = GpuRead(gpu, fields, self.clock())
+                    read = GpuRead(gpu, fields, self.clock())
+                    if came_back(self._reads.get(gpu.index), read):
+                        self._reset_at[gpu.index] = self.wall()
+                    self._reads[gpu.index] = read
                     self._read_errors.pop(gpu.index, None)
                 else:
                     self._read_errors[gpu.index] = error
@@ -254,9 +262,10 @@ class NvmlSource:
             with self._lock:
                 self._events_error = None
                 for uuid, xid in events:
-                    kept = self._xids.setdefault(uuid, [])
-                    if len(kept) < MAX_EVENTS_PER_GPU:
-                        kept.append(XidEvent(uuid, xid, now))
+                    kept = self._xids.setdefault(uuid, {})
+                    seen = kept.get(xid)
+                    kept[xid] = XidEvent(uuid, xid, now) if seen is None else replace(
+                        seen, count=seen.count + 1, last_at=now)
             for uuid, xid in events:
                 log_event(log, "NVML critical Xid event", logging.WARNING, gpu=uuid, xid=xid)
 

@@ -89,7 +89,7 @@ class Poller:
         # The NVML source, made and started when a target first names `gpus` (a reload or discovery
         # may add one); its threads read the GPUs, a poll only copies what they left.
         self.nvml = nvml
-        self._nvml_rules = NvmlRules(frozenset(settings.gpu_faults.nvml.xids))
+        self._nvml_rules = NvmlRules(settings.gpu_faults.nvml_xid_rules)
         self.nodes = nodes  # the node watch's cache, applied to the target on each poll
         self.store = store
         self.session = session
@@ -99,7 +99,7 @@ class Poller:
         self.lag = lag
         self.tasks: dict[str, asyncio.Task[None]] = {}  # one poll loop per watched target, by name
         self._metrics_urls: dict[TargetRecord, tuple[str, URL | None]] = {}  # each record's, worked out at its first poll
-        self._xids = frozenset(settings.gpu_faults.dcgm_xids)
+        self._xids = settings.gpu_faults.dcgm_xid_rules
         self._node_rules = settings.gpu_faults.node_rules
         # Targets on one node share its dcgm-exporter page: one read per URL per poll interval (a
         # tenth less, so that two polls one interval apart never both reuse one read).
@@ -110,10 +110,10 @@ class Poller:
     def reconfigure(self, settings: ExporterSettings) -> None:
         """A reloaded config's poll settings and GPU-fault rules, used from each loop's next poll."""
         self.settings = settings
-        self._xids = frozenset(settings.gpu_faults.dcgm_xids)
+        self._xids = settings.gpu_faults.dcgm_xid_rules
         self._node_rules = settings.gpu_faults.node_rules
         # The NVML source's interval and bounds stay those it was started with; its Xid list follows.
-        self._nvml_rules = NvmlRules(frozenset(settings.gpu_faults.nvml.xids))
+        self._nvml_rules = NvmlRules(settings.gpu_faults.nvml_xid_rules)
 
     def start(self) -> None:
         for record in self.store:
