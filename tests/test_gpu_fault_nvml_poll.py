@@ -19,8 +19,8 @@ from test_exporter_helpers import BUSY_PAGE, IDLE_PAGE, FakeVllm, make_settings,
 from test_gpu_fault_nvml_source import GPU0, HEALTHY, Hang, Scripted
 
 from llm_vitals.exporter.gpu_faults.nvml import REMAPPED_ROWS
+from llm_vitals.exporter.gpu_faults.nvml_source import NvmlSource
 from llm_vitals.exporter.keys import POLLER
-from llm_vitals.exporter.nvml_source import NvmlSource
 from llm_vitals.exporter.settings import ConfigError, load_settings, parse_settings
 from llm_vitals.remediator.exporter_client import status_of
 from llm_vitals.remediator.gate import AlertFacts, FleetView, GatePolicy, JournalState, decide

@@ -1,4 +1,4 @@
-"""The NVML source's threads, bounds and errors (llm_vitals/exporter/nvml_source.py), through its seam.
+"""The NVML source's threads, bounds and errors (llm_vitals/exporter/gpu_faults/nvml_source.py), through its seam.
 
 The backend here is a few plain functions that answer, fail or hang (a `Hang` blocks its thread on an
 Event, as a hung NVML call blocks in C), never a fake NVML library. Time for the bounds is a clock
@@ -26,8 +26,8 @@ from llm_vitals.exporter.gpu_faults.nvml import (
     NvmlRules,
     nvml_fault,
 )
-from llm_vitals.exporter.nvml_pynvml import INSTALL_HINT, PynvmlBackend
-from llm_vitals.exporter.nvml_source import NvmlFailure, NvmlSource, Opened
+from llm_vitals.exporter.gpu_faults.nvml_pynvml import INSTALL_HINT, PynvmlBackend
+from llm_vitals.exporter.gpu_faults.nvml_source import NvmlFailure, NvmlSource, Opened
 
 GPU0 = GpuId(0, "GPU-00000000-1111-2222-3333-444444444444")
 GPU1 = GpuId(1, "GPU-11111111-1111-2222-3333-444444444444")

@@ -82,7 +82,7 @@ def create_app(settings: ExporterSettings, *, clock: Clock | Callable[[], float]
     app.cleanup_ctx.append(_client_session)
     if poll:
         app[NODES] = NodeCache()
-        app[NODE_WATCH] = NodeWatchRunner(app[NODES], lambda: iter(store))
+        app[NODE_WATCH] = NodeWatchRunner(app[NODES])
         app.cleanup_ctx.append(_loop_lag)
         app.cleanup_ctx.append(_node_watch)
         app.cleanup_ctx.append(_pollers)

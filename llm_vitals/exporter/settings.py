@@ -296,7 +296,7 @@ class ShardSettings(_FrozenStrict):
 
 
 class NvmlSettings(_FrozenStrict):
-    """The NVML source (llm_vitals/exporter/nvml_source.py), for targets that name their `gpus`."""
+    """The NVML source (llm_vitals/exporter/gpu_faults/nvml_source.py), for targets that name their `gpus`."""
 
     # Xids taken as `reset_gpu` on this source besides NVIDIA's catalog (gpu_faults.xid_buckets is
     # the one table for both sources; this list is kept for configs written before it).

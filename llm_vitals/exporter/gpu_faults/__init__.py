@@ -1,6 +1,18 @@
-"""The GPU-fault rules: pure functions from what a node and its dcgm-exporter say to one fault, or none.
+"""GPU faults, in one home: the sources that read them, the rules that judge them, and the aggregate the poller calls.
 
-Three sources can flag a target's GPU (README "GPU faults", DESIGN §9):
+Each source implements `FaultSource` (a name, `wants(target)`, and `read(target, before)` giving a
+`SourceRead`: a fault or none, why it could not be read, and what it keeps for its next read). The
+aggregate (`reader.GpuFaultReader`) asks each source a target wants, once per poll, and hands the
+record one `GpuFaultState`, written by one setter (`TargetRecord.set_gpu_faults`).
+
+- `file.py`: the `gpu_fault_file` a node agent writes;
+- `node.py`: the Kubernetes node's conditions and taints, from the cache the node watch fills
+  (llm_vitals/exporter/node_watch.py only feeds the cache: the poller's aggregate is the one writer);
+- `dcgm.py`: the target's GPUs on a dcgm-exporter page;
+- `nvml_source.py` (threads), `nvml_pynvml.py` (the binding) and `nvml.py` (the rules): NVML;
+- `xids.py`: NVIDIA's Xid catalog, shared by dcgm and NVML.
+
+The pure rules below judge the first three sources:
 
 - `file`: the target's `gpu_fault_file` (a node agent writes it); its first line is the detail
   (`file_fault`: an unreadable file keeps the fault it held).
@@ -13,14 +25,14 @@ Three sources can flag a target's GPU (README "GPU faults", DESIGN §9):
 starts with a reason word and a colon (`GpuMemWatchIsNotHealthy: ...`): the remediator's
 cordon_and_move taints the node with that word (llm_vitals/remediator/pods.py `taint_value`).
 
-No I/O here: the poller and the node watch read, these functions decide.
+No I/O in this module: the sources read, these functions decide.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from llm_vitals.exporter.gpu_faults.xids import XidRules
 
@@ -231,3 +243,70 @@ def file_fault(before: GpuFault | None, text: str | None, error: str | None) -> 
 def combine(faults: Iterable[GpuFault | None]) -> GpuFault | None:
     """One fault from several sources: the first one flagged (callers pass file, node, dcgm in that order)."""
     return next((fault for fault in faults if fault is not None), None)
+
+
+# -- the sources' protocol and the one state they leave on a record -----------------------------
+
+SOURCES: tuple[str, ...] = ("file", "node", "dcgm", "nvml")  # the order `combine` gives the detail in
+
+
+@dataclass(frozen=True)
+class SourceRead:
+    """One source's word on one target: its fault (or None), why it could not be read (or None), and
+    what it keeps for its next read (dcgm's DcgmState; None for the others)."""
+
+    fault: GpuFault | None = None
+    error: str | None = None
+    memory: Any = None
+
+
+@dataclass(frozen=True)
+class GpuFaultState:
+    """A target's GPU faults as its last poll read them: one SourceRead per source that was read."""
+
+    reads: Mapping[str, SourceRead] = field(default_factory=dict)
+
+    def of(self, source: str) -> SourceRead:
+        return self.reads.get(source) or SourceRead()
+
+    @property
+    def fault(self) -> GpuFault | None:
+        """The fault of the first source that flags one, in SOURCES order."""
+        return combine(self.of(name).fault for name in SOURCES)
+
+    @property
+    def errors(self) -> dict[str, str]:
+        """Each source that could not be read, and why."""
+        return {name: read.error for name in SOURCES if (read := self.reads.get(name)) and read.error}
+
+    def with_read(self, source: str, read: SourceRead) -> GpuFaultState:
+        return GpuFaultState({**self.reads, source: read})
+
+
+class GpuTarget(Protocol):
+    """What the sources read of a target (exporter/settings.py's TargetSettings)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def gpu_fault_file(self) -> Any: ...
+
+    @property
+    def dcgm(self) -> Any: ...
+
+    @property
+    def gpus(self) -> list[int | str] | None: ...
+
+    @property
+    def node(self) -> str | None: ...
+
+
+class FaultSource(Protocol):
+    """One GPU-fault source: its name (the key in gpu_fault_errors), which targets it reads, and one read."""
+
+    name: str
+
+    def wants(self, target: GpuTarget) -> bool: ...
+
+    def read(self, target: GpuTarget, before: SourceRead) -> Awaitable[SourceRead]: ...

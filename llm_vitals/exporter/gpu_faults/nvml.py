@@ -1,7 +1,7 @@
 """The NVML rules: pure functions from what NVML said about a target's GPUs to one fault, or none.
 
 The fourth GPU-fault source (`nvml`, README "GPU faults"), for hosts with the NVIDIA driver and no
-dcgm-exporter nor node agent. The exporter's NVML source (llm_vitals/exporter/nvml_source.py) reads
+dcgm-exporter nor node agent. The exporter's NVML source (llm_vitals/exporter/gpu_faults/nvml_source.py) reads
 each GPU in threads of its own and hands these rules plain data: the last complete read of each GPU,
 the critical Xid events seen, and why a GPU cannot be read now. A fault is, per GPU, in this order:
 

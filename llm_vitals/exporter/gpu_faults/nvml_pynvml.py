@@ -2,7 +2,7 @@
 
 Imported only when a target names `gpus:`, and `pynvml` itself only inside `open`: without the package
 the exporter runs, and the source shows `nvml_unavailable` in `gpu_fault_errors`. Every NVML call is
-named to the source's Step first (its bound: llm_vitals/exporter/nvml_source.py). An NVMLError from a
+named to the source's Step first (its bound: llm_vitals/exporter/gpu_faults/nvml_source.py). An NVMLError from a
 health read becomes that field's value (gpu_faults.nvml decides what it means); one from `open` or
 from the event wait is an NvmlFailure.
 
@@ -29,7 +29,7 @@ from llm_vitals.exporter.gpu_faults.nvml import (
     GpuId,
     NvmlError,
 )
-from llm_vitals.exporter.nvml_source import NvmlFailure, Opened, Step
+from llm_vitals.exporter.gpu_faults.nvml_source import NvmlFailure, Opened, Step
 
 INSTALL_HINT = "nvidia-ml-py is not installed: pip install 'llm-vitals[gpu]'"
 

@@ -19,14 +19,31 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 import aiohttp
 
 from llm_vitals.exporter.engines import PageError
 from llm_vitals.exporter.engines.scan import Scanner, decode
-from llm_vitals.exporter.gpu_faults import DCGM_HEALTH_FAIL, GpuReading
-from llm_vitals.exporter.settings import DcgmSettings
+from llm_vitals.exporter.gpu_faults import DCGM_HEALTH_FAIL, DcgmState, GpuReading, GpuTarget, SourceRead, dcgm_fault
+from llm_vitals.exporter.gpu_faults.xids import XidRules
 from llm_vitals.exporter.upstream import METRICS_ACCEPT, bounded_get
+
+
+class DcgmSettings(Protocol):
+    """Where a target's GPU is on a dcgm-exporter page (exporter/settings.py's DcgmSettings)."""
+
+    @property
+    def url(self) -> Any: ...
+
+    @property
+    def pod(self) -> str | None: ...
+
+    @property
+    def namespace(self) -> str | None: ...
+
+    @property
+    def uuid(self) -> str | None: ...
 
 XID = "DCGM_FI_DEV_XID_ERRORS"
 HEALTH = "DCGM_EXP_GPU_HEALTH_STATUS"
@@ -135,3 +152,31 @@ class SharedPages:
             future.cancel()
         await asyncio.gather(*reads, return_exceptions=True)
         self._pages.clear()
+
+
+class DcgmSource:
+    """The `dcgm` source (FaultSource): the target's GPUs on its dcgm-exporter page, judged by `dcgm_fault`.
+
+    An unreadable page (or one without the target's GPU) is an error kept beside the fault: it flags
+    nothing new and clears nothing (the state the rule keeps between reads is the read's memory).
+    """
+
+    name = "dcgm"
+
+    def __init__(self, pages: SharedPages, rules: XidRules) -> None:
+        self.pages = pages
+        self.rules = rules
+
+    def wants(self, target: GpuTarget) -> bool:
+        return target.dcgm is not None
+
+    async def read(self, target: GpuTarget, before: SourceRead) -> SourceRead:
+        dcgm = target.dcgm
+        gpus: list[GpuReading] | None = None
+        error = None
+        try:
+            gpus = select_gpus(await self.pages.get(str(dcgm.url)), dcgm)
+        except PageError as exc:
+            error = f"{exc.reason}: {exc.detail}"
+        state, fault = dcgm_fault(before.memory if isinstance(before.memory, DcgmState) else DcgmState(), gpus, self.rules)
+        return SourceRead(fault, error, state)

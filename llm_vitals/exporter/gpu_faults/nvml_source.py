@@ -21,7 +21,7 @@ A call cannot be interrupted, so a hung thread stays hung and makes no more call
 returns, the thread goes on and the error clears. The GPU keeps its last read meanwhile: a hung call
 flags nothing new and clears nothing.
 
-The backend is the seam (NvmlBackend): llm_vitals/exporter/nvml_pynvml.py calls NVML through
+The backend is the seam (NvmlBackend): llm_vitals/exporter/gpu_faults/nvml_pynvml.py calls NVML through
 nvidia-ml-py; the tests give functions that hang, fail or answer (tests/test_gpu_fault_nvml_source.py).
 """
 
@@ -34,7 +34,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from llm_vitals.exporter.gpu_faults.nvml import FieldValue, GpuId, GpuRead, GpuStatus, NvmlView, XidEvent, came_back, overdue
+from llm_vitals.exporter.gpu_faults import GpuTarget, SourceRead
+from llm_vitals.exporter.gpu_faults.nvml import (
+    FieldValue,
+    GpuId,
+    GpuRead,
+    GpuStatus,
+    NvmlRules,
+    NvmlView,
+    XidEvent,
+    came_back,
+    nvml_fault,
+    overdue,
+)
 from llm_vitals.logs import log_event
 
 log = logging.getLogger("llm_vitals.exporter")
@@ -274,3 +286,33 @@ class NvmlSource:
             self.backend.close()
         except Exception as exc:
             log_event(log, "NVML shutdown failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
+
+
+class NvmlFaultSource:
+    """The `nvml` source (FaultSource): the target's `gpus` as the NVML threads last read them.
+
+    The NvmlSource is made (by `make`) and started when a target first names `gpus` (a reload or
+    discovery may add one); a poll only copies what its threads left, never waits on NVML.
+    """
+
+    name = "nvml"
+
+    def __init__(self, make: Callable[[], NvmlSource], rules: NvmlRules, clock: Callable[[], float]) -> None:
+        self.make = make
+        self.rules = rules
+        self.clock = clock
+        self.source: NvmlSource | None = None
+
+    def wants(self, target: GpuTarget) -> bool:
+        return target.gpus is not None
+
+    async def read(self, target: GpuTarget, before: SourceRead) -> SourceRead:
+        if self.source is None:
+            self.source = self.make()
+        self.source.start()
+        return SourceRead(*nvml_fault(self.source.view(self.clock()), target.gpus or [], self.rules))
+
+    def stop(self) -> None:
+        """Stop the threads (blocking: joins them for up to 3 s; call it off the event loop)."""
+        if self.source is not None:
+            self.source.stop()
