@@ -12,11 +12,14 @@ from __future__ import annotations
 import queue
 
 import pytest
+from test_exporter_helpers import wait_for
 from test_gpu_fault_dcgm import GPU1, HEALTHY, dcgm, read_gpus
+from test_gpu_fault_nvml_poll import nvml_exporter
 from test_gpu_fault_nvml_source import GPU0, Scripted, clock, make_source, read_of, wait_until  # noqa: F401  (fixtures)
 from test_gpu_fault_nvml_source import HEALTHY as NVML_HEALTHY
 
-from llm_vitals.exporter.gpu_faults import DcgmState, GpuReading, dcgm_fault
+from llm_vitals.exporter.gpu_faults import DcgmState, GpuReading, SourceRead, dcgm_fault
+from llm_vitals.exporter.gpu_faults.dcgm import DcgmSource, SharedPages
 from llm_vitals.exporter.gpu_faults.nvml import (
     GPU_IS_LOST,
     RECOVERY_ACTION,
@@ -193,3 +196,38 @@ def test_the_per_xid_count_lines_are_read_for_the_targets_gpu() -> None:
     assert gpu.uuid == GPU1 and gpu.xid_counts == {95: 1.0, 43: 1.0}
     (plain,) = read_gpus(HEALTHY, dcgm(pod="vllm-b"))
     assert plain.xid_counts is None
+
+
+# -- a human's release ---------------------------------------------------------------------------
+
+
+async def test_a_human_release_ends_a_held_dcgm_xid_at_the_next_read() -> None:
+    lines = {"now": [("DCGM_FI_DEV_XID_ERRORS", {"gpu": "1", "UUID": GPU1, "pod": "vllm-b"}, 0.0)]}
+
+    async def fetch(url: str):
+        return tuple(lines["now"])
+
+    target = parse_settings({"targets": [{"name": "a", "url": "http://127.0.0.1:8000",
+                                          "dcgm": {"url": "http://127.0.0.1:9400/metrics", "pod": "vllm-b"}}]},
+                            "test").targets[0]
+    source = DcgmSource(SharedPages(fetch, fresh_for=0.0), RULES)
+    read = await source.read(target, SourceRead())
+    lines["now"] = [("DCGM_FI_DEV_XID_ERRORS", {"gpu": "1", "UUID": GPU1, "pod": "vllm-b"}, 79.0)]
+    read = await source.read(target, read)
+    assert read.fault is not None and read.fault.detail.startswith("Xid79:")
+    assert (await source.read(target, read)).fault is not None  # the gauge keeps 79: held
+    source.release(target)
+    released = await source.read(target, read)
+    assert released.fault is None and (await source.read(target, released)).fault is None
+
+
+async def test_a_human_release_through_the_exporter_ends_a_held_nvml_xid(aiohttp_server, aiohttp_client) -> None:
+    backend = Scripted()
+    client, rec, source = await nvml_exporter(aiohttp_server, aiohttp_client, backend)
+    await wait_for(lambda: read_of(source), what="the first NVML read")
+    backend.events.put([(GPU0.uuid, 95)])
+    await wait_for(lambda: rec.gpu_fault and rec.gpu_fault.startswith("Xid95:"), what="the Xid 95 held")
+    answer = await client.post("/api/v1/targets/gpu-a/gpu_fault/release")
+    assert answer.status == 200 and (await answer.json())["released"] == ["nvml"]
+    await wait_for(lambda: rec.gpu_fault is None, what="the release applied at the next poll")
+    assert (await client.post("/api/v1/targets/nope/gpu_fault/release")).status == 404

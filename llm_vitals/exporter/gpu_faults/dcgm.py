@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 import aiohttp
@@ -166,6 +167,7 @@ class DcgmSource:
     def __init__(self, pages: SharedPages, rules: XidRules) -> None:
         self.pages = pages
         self.rules = rules
+        self._released: set[str] = set()  # targets whose held Xids a human released, until their next read
 
     def wants(self, target: GpuTarget) -> bool:
         return target.dcgm is not None
@@ -178,5 +180,13 @@ class DcgmSource:
             gpus = select_gpus(await self.pages.get(str(dcgm.url)), dcgm)
         except PageError as exc:
             error = f"{exc.reason}: {exc.detail}"
-        state, fault = dcgm_fault(before.memory if isinstance(before.memory, DcgmState) else DcgmState(), gpus, self.rules)
+        state = before.memory if isinstance(before.memory, DcgmState) else DcgmState()
+        if target.name in self._released:
+            self._released.discard(target.name)
+            state = replace(state, held={}, held_xid={})
+        state, fault = dcgm_fault(state, gpus, self.rules)
         return SourceRead(fault, error, state)
+
+    def release(self, target: GpuTarget) -> None:
+        """Forget the target's held Xid at its next read (the poll stays the one writer)."""
+        self._released.add(target.name)

@@ -46,3 +46,6 @@ class FileSource:
     async def read(self, target: GpuTarget, before: SourceRead) -> SourceRead:
         read = await asyncio.to_thread(read_fault_file, target.gpu_fault_file)
         return SourceRead(*file_fault(before.fault, read.text, read.error))
+
+    def release(self, target: GpuTarget) -> None:
+        """Nothing held: the agent clears its file."""

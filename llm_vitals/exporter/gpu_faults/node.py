@@ -62,3 +62,6 @@ class NodeSource:
     async def read(self, target: GpuTarget, before: SourceRead) -> SourceRead:
         assert self.cache is not None and target.node is not None  # wants() said so
         return SourceRead(*self.cache.fault_for(target.node, self.rules))
+
+    def release(self, target: GpuTarget) -> None:
+        """Nothing held: a node condition or taint is read as it is."""

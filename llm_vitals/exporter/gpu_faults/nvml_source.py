@@ -46,6 +46,7 @@ from llm_vitals.exporter.gpu_faults.nvml import (
     came_back,
     nvml_fault,
     overdue,
+    select,
 )
 from llm_vitals.logs import log_event
 
@@ -178,6 +179,13 @@ class NvmlSource:
             closer.start()
             closer.join(max(0.1, deadline - time.monotonic()))
         return True
+
+    def release(self, indexes: list[int]) -> None:
+        """A human says these GPUs were reset or replaced: their Xid events so far are over (as `came_back`)."""
+        now = self.wall()
+        with self._lock:
+            for index in indexes:
+                self._reset_at[index] = now
 
     def view(self, now: float | None = None) -> NvmlView:
         """What the threads know now, with any call past its bound as `nvml_timeout`. Never waits on NVML."""
@@ -316,3 +324,9 @@ class NvmlFaultSource:
         """Stop the threads (blocking: joins them for up to 3 s; call it off the event loop)."""
         if self.source is not None:
             self.source.stop()
+
+    def release(self, target: GpuTarget) -> None:
+        """The target's GPUs count as reset now: their Xid events so far are over."""
+        if self.source is not None and target.gpus is not None:
+            gpus, _ = select(self.source.view(self.clock()), target.gpus)
+            self.source.release([status.gpu.index for status in gpus])

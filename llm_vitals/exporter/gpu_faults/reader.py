@@ -42,6 +42,15 @@ class GpuFaultReader:
         return after
 
 
+    def release(self, target: GpuTarget) -> list[str]:
+        """A human's release of the target's held Xid faults, taken by each source it has (from their next read)."""
+        released = [source.name for source in self.sources if source.wants(target)]
+        for source in self.sources:
+            if source.name in released:
+                source.release(target)
+        return released
+
+
 def _log_errors(name: str, before: GpuFaultState, after: GpuFaultState) -> None:
     for source, error in after.errors.items():
         was = before.errors.get(source)
