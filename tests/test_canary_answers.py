@@ -24,6 +24,7 @@ from llm_vitals.exporter.settings import ConfigError, TargetSettings
 from llm_vitals.exporter.verdict import CanaryOutcome, Verdict, initial, is_ready, judge, record_canary
 from llm_vitals.remediator.exporter_client import parse_targets
 from llm_vitals.remediator.gate import AlertFacts, FleetView, GatePolicy, JournalState, decide
+from llm_vitals.sim.fleet import Fleet, SimConfig
 
 CHOICES = json.dumps({"choices": [{"index": 0, "text": " the"}]}).encode()
 EMBEDDED = json.dumps({"data": [{"index": 0, "embedding": [0.1, 0.2]}]}).encode()
@@ -242,3 +243,19 @@ async def test_a_renamed_model_is_rejected_shown_and_never_restarted(aiohttp_ser
                         max_unhealthy=1)
     decision = decide(alert, fleet, JournalState(), policy, 1e9)
     assert (decision.allowed, decision.reason) == (False, "not_stuck")
+
+
+async def test_simulator_drill_a_renamed_model_is_rejected_and_an_unnamed_one_follows_the_server(aiohttp_client) -> None:
+    # The simulated vLLM answers 404 "The model `...` does not exist." for a model it does not serve.
+    canary = {"interval": 0.2, "timeout": 2, "failures_before_unresponsive": 2}
+    async with Fleet(SimConfig(), backends=2) as fleet:
+        client = await start_exporter(aiohttp_client, make_settings(
+            [make_target("pinned", fleet.backend_urls[0], model="renamed-away", canary=canary),
+             make_target("looked-up", fleet.backend_urls[1], canary=canary)], poll_interval=0.2))
+        pinned, looked_up = record(client, "pinned"), record(client, "looked-up")
+        await wait_for(lambda: pinned.canaries["rejected"] >= 3 and looked_up.canaries["ok"] >= 3,
+                       what="three rejected canaries to the pinned model, three answered by the served one")
+        assert (pinned.verdict.state, pinned.verdict.reason) == ("idle", "canary_rejected")
+        assert pinned.canaries["error"] == pinned.canaries["timeout"] == 0
+        assert "HTTP 404" in pinned.verdict.detail
+        assert looked_up.verdict.state == "idle" and looked_up.canaries["rejected"] == 0
