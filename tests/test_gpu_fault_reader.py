@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from conftest import REPO
+
 from llm_vitals.exporter.gpu_faults import SOURCES, GpuFault, GpuFaultState, GpuTarget, SourceRead
 from llm_vitals.exporter.gpu_faults.reader import GpuFaultReader
 from llm_vitals.exporter.settings import parse_settings
@@ -68,3 +70,15 @@ async def test_a_source_error_is_logged_once_per_change_not_per_poll(caplog) -> 
         state = await reader.read(TARGET, state)
     logged = [r for r in caplog.records if r.getMessage().startswith("cannot read a GPU-fault source")]
     assert len(logged) == 2  # the growing timeout once, then the other error
+
+
+def test_one_home_one_writer_one_setter() -> None:
+    """Every GPU-fault module is under gpu_faults/; only the poller writes a target's GPU faults, through one setter."""
+    package = REPO / "llm_vitals"
+    exporter = package / "exporter"
+    assert not [p.name for p in exporter.glob("*.py") if p.stem in ("dcgm", "nvml_source", "nvml_pynvml")]
+    writers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if "set_gpu_faults(" in p.read_text())
+    assert writers == ["exporter/poller.py", "exporter/state.py"]  # the call, and its definition
+    state = (exporter / "state.py").read_text()
+    assert [line.strip() for line in state.splitlines() if "fault(self" in line and line.strip().startswith("def set_")] == []
+    assert "set_gpu_faults" not in (exporter / "node_watch.py").read_text()
