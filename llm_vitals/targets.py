@@ -43,6 +43,7 @@ JudgedReason = Literal[
     "metrics_unanswered",  # work pending and /metrics accepted the connection but never answered (llama.cpp, Triton)
     "restart",  # the read that detected a restart
     "canary_failed",
+    "canary_rejected",  # idle; the canary was answered 4xx (model, key, endpoint): never restartable
     "canary_ok",  # back from unresponsive
     "models_ok",  # `engine: openai`, judged by /v1/models
     "proxy_models_ok",
@@ -61,7 +62,7 @@ class CanaryView(_View):
     consecutive_failures: int = 0
     last_success: float | None = Field(None, description="unix seconds of the last canary that answered")
     in_flight: bool = False
-    results: dict[str, int] = Field(default_factory=dict, description="canaries sent, by result: ok, error, timeout")
+    results: dict[str, int] = Field(default_factory=dict, description="canaries sent, by result: ok, error, timeout, rejected (4xx)")
 
 
 class TargetView(_View):

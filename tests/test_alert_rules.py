@@ -31,6 +31,7 @@ EXPECTED_ALERTS = {
     "LLMServerStuck",
     "LLMServerUnresponsive",
     "LLMServerUnresponsiveLoadUnknown",  # engine openai: a page, never a restart (issue 23)
+    "LLMServerCanaryRejected",  # the canary answered 4xx: the config is wrong, never a restart (issue 29)
     "LLMServerDown",
     "LLMServerRestartLoop",
     "LLMVitalsPollingStale",

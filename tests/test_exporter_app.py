@@ -205,7 +205,7 @@ async def test_hung_canaries_make_an_idle_server_unresponsive_one_at_a_time(aioh
 async def test_no_secret_in_logs_api_errors_or_metrics(aiohttp_server, aiohttp_client, caplog) -> None:
     secret = "sk-very-secret-4242"
     upstream = FakeVllm()
-    upstream.completion_mode = "error"  # 401 whose body echoes the Authorization header
+    upstream.completion_mode = "error"  # 500 whose body echoes the Authorization header
     server = await aiohttp_server(upstream.app())
     settings = make_settings([make_target("gpu-a", str(server.make_url("")), api_key_env="VLLM_KEY",
                                           canary={"interval": 0.1, "timeout": 1})],
@@ -338,7 +338,7 @@ async def test_a_bug_in_the_canary_is_logged_and_not_counted_against_the_server(
     async def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr("llm_vitals.exporter.poller.send_canary", broken)
+    monkeypatch.setattr("llm_vitals.exporter.poller.run_canaries", broken)
     upstream = FakeVllm()
     server = await aiohttp_server(upstream.app())
     caplog.set_level(logging.ERROR, logger="llm_vitals.exporter")

@@ -16,7 +16,7 @@ from whole_page import VitalsCollector, render_families, render_vitals
 
 from llm_vitals.exporter.collector import FAMILIES, read
 from llm_vitals.exporter.engines import Snapshot
-from llm_vitals.exporter.gpu_faults import GpuFault
+from llm_vitals.exporter.gpu_faults import GpuFault, GpuFaultState, SourceRead
 from llm_vitals.exporter.settings import parse_settings
 from llm_vitals.exporter.state import StateStore, TargetRecord
 from llm_vitals.exporter.verdict import CanaryOutcome, record_canary
@@ -38,7 +38,7 @@ def varied_store() -> StateStore:
     for reason in ["timeout"] * 6 + ["connect"]:
         records[3].count_poll_error(reason)
     records[4].set_draining(True)
-    records[4].set_file_fault(GpuFault("file", "Xid 79"))
+    records[4].set_gpu_faults(GpuFaultState({"file": SourceRead(GpuFault("file", "Xid 79"))}))
     for _ in range(3):
         records[5].count_poll_error('we"ird\\reason\n')  # escaping of label values
     for result, count in {"ok": 41, "error": 2, "timeout": 1}.items():

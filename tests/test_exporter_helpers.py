@@ -30,7 +30,7 @@ class FakeVllm:
         self.page = page
         self.metrics_status = 200
         self.health_status = 200
-        self.completion_mode = "ok"  # ok | error | hang
+        self.completion_mode = "ok"  # ok | error (500) | rejected (401) | hang
         self.completions: list[dict[str, Any]] = []  # {"body", "headers"} of each canary received
         self.models_headers: list[dict[str, str]] = []
         self.metrics_reads = 0
@@ -62,10 +62,10 @@ class FakeVllm:
                 await asyncio.wait_for(self.release.wait(), 30)
             except TimeoutError:
                 pass
-        if self.completion_mode == "error":
+        if self.completion_mode in ("error", "rejected"):
             # Echo the Authorization header back, as a careless upstream might: it must not leak further.
             return web.json_response({"error": {"message": f"bad key {request.headers.get('Authorization')}"}},
-                                     status=401)
+                                     status=500 if self.completion_mode == "error" else 401)
         return web.json_response(COMPLETION)
 
 

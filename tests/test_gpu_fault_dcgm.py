@@ -10,9 +10,9 @@ from aiohttp import web
 from conftest import REPO
 from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_settings, make_target, record, start_exporter, target_json, wait_for
 
-from llm_vitals.exporter.dcgm import SharedPages, parse_page, select_gpus
 from llm_vitals.exporter.engines import PageError
 from llm_vitals.exporter.gpu_faults import GpuReading
+from llm_vitals.exporter.gpu_faults.dcgm import SharedPages, parse_page, select_gpus
 from llm_vitals.exporter.keys import POLLER
 from llm_vitals.exporter.settings import ConfigError, DcgmSettings, parse_settings
 
@@ -127,7 +127,8 @@ async def dcgm_exporter(aiohttp_server, aiohttp_client, gpu: dict[str, str]):
                              gpu_faults={"dcgm_timeout": 0.5})
     client = await start_exporter(aiohttp_client, settings)
     rec = record(client, "gpu-b")
-    await wait_for(lambda: rec.verdict.state == "busy" and rec.dcgm_state.xids, what="busy, Xid baseline read")
+    await wait_for(lambda: rec.verdict.state == "busy" and getattr(rec.gpu_faults.of("dcgm").memory, "xids", None),
+                   what="busy, Xid baseline read")
     return client, rec, fake
 
 

@@ -1,4 +1,4 @@
-"""The node watch's cache (pure) and its failures on a live exporter; the real API server is in tests/k8s/."""
+"""The node source over the node watch's cache, and the watch's failures on a live exporter; the real API server is in tests/k8s/."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import pytest
 from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_settings, make_target, record, start_exporter, target_json, wait_for
 
 from llm_vitals.demo.ports import free_port
-from llm_vitals.exporter.gpu_faults import GpuFault, NodeRules, Taint
+from llm_vitals.exporter.gpu_faults import GpuFault, NodeRules, SourceRead, Taint
+from llm_vitals.exporter.gpu_faults.node import NodeSource
+from llm_vitals.exporter.gpu_faults.reader import GpuFaultReader
 from llm_vitals.exporter.node_watch import NodeCache, NodeView, NodeWatchRunner, node_view, node_watch_wanted
 from llm_vitals.exporter.settings import ConfigError, parse_settings
 from llm_vitals.exporter.state import StateStore
@@ -19,6 +21,12 @@ def busy_target(name: str, url: str, **overrides):
 RULES = NodeRules(taints=(Taint.parse("nvidia.com/gpu-xid-error"),))
 BAD = NodeView(({"type": "GpuMemWatch", "status": "True", "reason": "GpuMemWatchIsNotHealthy", "message": "DBE"},))
 GOOD = NodeView(({"type": "GpuMemWatch", "status": "False", "reason": "GpuMemWatchIsHealthy", "message": ""},))
+
+
+async def apply(cache: NodeCache | None, rec, rules: NodeRules | None = None) -> None:
+    """One poll's GPU-fault read of `rec` with only the node source, written as the poller writes it."""
+    reader = GpuFaultReader([NodeSource(cache, rules or RULES)])
+    rec.set_gpu_faults(await reader.read(rec.settings, rec.gpu_faults))
 
 
 def store(*nodes: str | None) -> StateStore:
@@ -38,29 +46,32 @@ def store(*nodes: str | None) -> StateStore:
     (NodeCache({"n1": NodeView(taints=({"key": "nvidia.com/gpu-xid-error", "value": "true", "effect": "NoSchedule"},))}, synced=True),
      "n1", "nvidia.com/gpu-xid-error: node n1 is tainted", None),
 ])
-def test_the_cache_gives_each_target_its_nodes_fault_or_why_not(cache, node, fault, error) -> None:
+async def test_the_cache_gives_each_target_its_nodes_fault_or_why_not(cache, node, fault, error) -> None:
     [rec] = store(node)
-    cache.apply(rec, RULES)
+    await apply(cache, rec)
     assert (rec.gpu_fault or None) is None if fault is None else rec.gpu_fault.startswith(fault)
     assert rec.gpu_fault_errors.get("node") is None if error is None else rec.gpu_fault_errors["node"].startswith(error)
     if fault:
         assert rec.fault is not None and rec.fault.source == "node" and rec.ready(0.0) is False
 
 
-def test_a_target_without_a_node_is_left_alone_and_an_error_clears() -> None:
+async def test_a_target_without_a_node_is_left_alone_and_an_error_clears() -> None:
     plain, on_node = store(None, "n1")
-    NodeCache({"n1": BAD}, synced=True).apply(plain, RULES)
+    await apply(NodeCache({"n1": BAD}, synced=True), plain)
     assert plain.gpu_fault is None and plain.gpu_fault_errors == {}
-    NodeCache().apply(on_node, RULES)
+    await apply(NodeCache(), on_node)
     assert "node" in on_node.gpu_fault_errors
-    NodeCache({"n1": GOOD}, synced=True).apply(on_node, RULES)
+    await apply(NodeCache({"n1": GOOD}, synced=True), on_node)
     assert on_node.gpu_fault_errors == {} and on_node.gpu_fault is None
+    await apply(NodeCache({"n1": BAD}, synced=True), on_node)
+    await apply(None, on_node)  # the node watch stopped: nothing is kept from it
+    assert on_node.gpu_fault is None and on_node.gpu_fault_errors == {}
 
 
-def test_the_file_wins_the_detail_over_the_node() -> None:
+async def test_the_file_wins_the_detail_over_the_node() -> None:
     [rec] = store("n1")
-    NodeCache({"n1": BAD}, synced=True).apply(rec, RULES)
-    rec.set_file_fault(GpuFault("file", "Xid 79 from dmesg"))
+    await apply(NodeCache({"n1": BAD}, synced=True), rec)
+    rec.set_gpu_faults(rec.gpu_faults.with_read("file", SourceRead(GpuFault("file", "Xid 79 from dmesg"))))
     assert rec.gpu_fault == "Xid 79 from dmesg" and rec.fault is not None and rec.fault.source == "file"
 
 
@@ -108,7 +119,7 @@ current-context: x
     return str(path)
 
 
-async def test_the_node_watch_follows_each_config_started_given_new_rules_and_stopped(tmp_path) -> None:
+async def test_the_node_watch_follows_each_config_started_and_stopped_and_the_source_takes_new_rules(tmp_path) -> None:
     kubeconfig = unreachable_kubeconfig(tmp_path / "kubeconfig")
 
     def config(node: str | None, taints: list[str]):
@@ -118,25 +129,35 @@ async def test_the_node_watch_follows_each_config_started_given_new_rules_and_st
 
     without, with_node = config(None, []), config("n1", [])
     assert not node_watch_wanted(without) and node_watch_wanted(with_node)
-    records = store("n1")
-    [rec] = records
+    [rec] = store("n1")
     cache = NodeCache({"n1": NodeView(taints=({"key": "nvidia.com/gpu-xid-error", "effect": "NoSchedule"},))}, synced=True)
-    runner = NodeWatchRunner(cache, lambda: iter(records))
+    runner = NodeWatchRunner(cache)
+    source = NodeSource(cache, with_node.gpu_faults.node_rules)
+    reader = GpuFaultReader([source])
+
+    async def poll() -> None:
+        rec.set_gpu_faults(await reader.read(rec.settings, rec.gpu_faults))
+
     try:
         await runner.follow(without)
         assert not runner.running
         await runner.follow(with_node)
         assert runner.running and runner.watch is not None
         first = runner.watch
-        cache.apply(rec, first.rules)
+        await poll()
         assert rec.gpu_fault is None  # the taint is not listed
-        # A reload lists the taint: the watch's own rules change at once and every target is judged on them.
-        await runner.follow(config("n1", ["nvidia.com/gpu-xid-error"]))
-        assert runner.watch is first and first.rules.taints == (Taint.parse("nvidia.com/gpu-xid-error"),)
+        # A reload lists the taint: the source's rules change (Poller.reconfigure) and the next poll judges on them.
+        relisted = config("n1", ["nvidia.com/gpu-xid-error"])
+        await runner.follow(relisted)
+        source.rules = relisted.gpu_faults.node_rules
+        assert runner.watch is first
+        await poll()
         assert rec.gpu_fault is not None and rec.gpu_fault.startswith("nvidia.com/gpu-xid-error: node n1")
-        # A reload that no target needs it for stops it and forgets its word on every target.
+        # A reload that no target needs it for stops it and empties its cache: the next poll keeps nothing of it.
         await runner.follow(without)
-        assert not runner.running and rec.gpu_fault is None and "node" not in rec.gpu_fault_errors
-        assert cache.nodes == {} and not cache.synced
+        assert not runner.running and cache.nodes == {} and not cache.synced
+        source.cache = None  # what the app hands the poller once the watch stopped
+        await poll()
+        assert rec.gpu_fault is None and "node" not in rec.gpu_fault_errors
     finally:
         await runner.stop()

@@ -19,8 +19,8 @@ from test_exporter_helpers import BUSY_PAGE, IDLE_PAGE, FakeVllm, make_settings,
 from test_gpu_fault_nvml_source import GPU0, HEALTHY, Hang, Scripted
 
 from llm_vitals.exporter.gpu_faults.nvml import REMAPPED_ROWS
+from llm_vitals.exporter.gpu_faults.nvml_source import NvmlSource
 from llm_vitals.exporter.keys import POLLER
-from llm_vitals.exporter.nvml_source import NvmlSource
 from llm_vitals.exporter.settings import ConfigError, load_settings, parse_settings
 from llm_vitals.remediator.exporter_client import status_of
 from llm_vitals.remediator.gate import AlertFacts, FleetView, GatePolicy, JournalState, decide
@@ -53,7 +53,7 @@ def test_a_gpu_named_otherwise_is_a_config_error_naming_the_key(gpus, message):
 
 def test_the_nvml_settings_have_their_defaults_and_refuse_a_zero_bound():
     nvml = settings_with().gpu_faults.nvml
-    assert (nvml.xids, nvml.interval, nvml.call_timeout, nvml.init_timeout) == ([48, 79, 94, 95], 5.0, 1.0, 10.0)
+    assert (nvml.xids, nvml.interval, nvml.call_timeout, nvml.init_timeout) == ([], 5.0, 1.0, 10.0)
     with pytest.raises(ConfigError, match=r"^test: gpu_faults\.nvml\.call_timeout: must be > 0$"):
         parse_settings({"targets": [{"name": "a", "url": "http://127.0.0.1:8000"}],
                         "gpu_faults": {"nvml": {"call_timeout": 0}}}, "test", environ={})  # fmt: skip

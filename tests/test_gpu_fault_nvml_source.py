@@ -1,4 +1,4 @@
-"""The NVML source's threads, bounds and errors (llm_vitals/exporter/nvml_source.py), through its seam.
+"""The NVML source's threads, bounds and errors (llm_vitals/exporter/gpu_faults/nvml_source.py), through its seam.
 
 The backend here is a few plain functions that answer, fail or hang (a `Hang` blocks its thread on an
 Event, as a hung NVML call blocks in C), never a fake NVML library. Time for the bounds is a clock
@@ -26,8 +26,8 @@ from llm_vitals.exporter.gpu_faults.nvml import (
     NvmlRules,
     nvml_fault,
 )
-from llm_vitals.exporter.nvml_pynvml import INSTALL_HINT, PynvmlBackend
-from llm_vitals.exporter.nvml_source import NvmlFailure, NvmlSource, Opened
+from llm_vitals.exporter.gpu_faults.nvml_pynvml import INSTALL_HINT, PynvmlBackend
+from llm_vitals.exporter.gpu_faults.nvml_source import NvmlFailure, NvmlSource, Opened
 
 GPU0 = GpuId(0, "GPU-00000000-1111-2222-3333-444444444444")
 GPU1 = GpuId(1, "GPU-11111111-1111-2222-3333-444444444444")
@@ -275,7 +275,8 @@ def test_a_critical_xid_event_from_the_watcher_thread_is_a_held_fault(make_sourc
     backend.events.put([(GPU0.uuid, 79)])
     wait_until(lambda: source.view().gpus[0].xids, "the Xid event")
     fault, error = nvml_fault(source.view(), [0], RULES)
-    assert fault is not None and fault.detail.startswith(f"Xid79: {GPU0}: NVML critical Xid event at ") and error is None
+    assert fault is not None and error is None
+    assert fault.detail.startswith(f"Xid79: {GPU0}: NVML critical Xid (the node needs a reboot), an event at ")
     time.sleep(0.05)  # several more healthy reads (interval 0.01 s): the event stays held
     assert nvml_fault(source.view(), [0], RULES)[0] == fault
 

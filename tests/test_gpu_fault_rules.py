@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from llm_vitals.exporter.gpu_faults import (
-    DEFAULT_XIDS,
     DcgmState,
     GpuFault,
     GpuReading,
@@ -16,6 +15,7 @@ from llm_vitals.exporter.gpu_faults import (
     file_fault,
     node_fault,
 )
+from llm_vitals.exporter.gpu_faults.xids import XidRules
 
 RULES = NodeRules(taints=(Taint.parse("nvidia.com/gpu-xid-error"), Taint.parse("gpu=bad:NoExecute")))
 READY = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}
@@ -82,7 +82,7 @@ def test_a_taint_pattern_without_a_key_is_refused() -> None:
         Taint.parse("=v:NoSchedule")
 
 
-XIDS = frozenset(DEFAULT_XIDS)
+XIDS = XidRules()
 
 
 def gpu(xid: float | None, *failing: tuple[str, str], uuid: str = "GPU-a") -> GpuReading:
@@ -95,8 +95,10 @@ def gpu(xid: float | None, *failing: tuple[str, str], uuid: str = "GPU-a") -> Gp
     ([79], [False]),  # the first read is a baseline: a 79 from before we started is not known to be current
     ([0, 79, 79, 79], [False, True, True, True]),  # the gauge keeps 79: the fault holds
     ([0, 79, 0], [False, True, False]),  # back to 0 (a GPU reset, a restarted dcgm-exporter) clears it
-    ([0, 79, 13], [False, True, False]),  # another Xid, not listed, clears it
-    ([0, 13, 13], [False, False, False]),  # a listed Xid only
+    ([0, 79, 13], [False, True, True]),  # a milder Xid after it never clears it (issue 29)
+    ([0, 95, 43, 43], [False, True, True, True]),  # nor does an application's 43 clear a held 95
+    ([0, 94, 13], [False, False, False]),  # 94 (contained ECC): the catalog says restart the application
+    ([0, 13, 13], [False, False, False]),  # a fault bucket only
     ([0, 48, 95], [False, True, True]),  # listed to listed: still a fault (the detail follows)
     ([0, 79, None, 79], [False, True, True, True]),  # an unreadable page holds, never clears
     ([0, None, 79], [False, False, True]),  # nor does it lose the baseline
@@ -114,7 +116,8 @@ def test_dcgm_xid_change_table(xids, faults) -> None:
 def test_dcgm_xid_detail_names_the_change_and_the_gpu() -> None:
     state, _ = dcgm_fault(DcgmState(), [gpu(0)], XIDS)
     state, fault = dcgm_fault(state, [gpu(79)], XIDS)
-    assert fault == GpuFault("dcgm", "Xid79: dcgm-exporter DCGM_FI_DEV_XID_ERRORS changed 0 -> 79 on GPU 0 (GPU-a)")
+    assert fault == GpuFault("dcgm", "Xid79: dcgm-exporter DCGM_FI_DEV_XID_ERRORS changed 0 -> 79 on GPU 0 (GPU-a): "
+                                     "the node needs a reboot")
 
 
 def test_dcgm_health_fail_is_a_fault_while_it_reads_so() -> None:
@@ -134,12 +137,14 @@ def test_dcgm_any_of_several_gpus_flags_and_each_gpu_has_its_own_baseline() -> N
     assert fault is None
 
 
-def test_dcgm_xid_list_is_configurable() -> None:
-    state, _ = dcgm_fault(DcgmState(), [gpu(0)], frozenset({13}))
-    _, fault = dcgm_fault(state, [gpu(13)], frozenset({13}))
+def test_dcgm_xid_buckets_are_configurable() -> None:
+    rules = XidRules.of({13: "reset_gpu"})
+    state, _ = dcgm_fault(DcgmState(), [gpu(0)], rules)
+    _, fault = dcgm_fault(state, [gpu(13)], rules)
     assert fault is not None
-    state, _ = dcgm_fault(DcgmState(), [gpu(0)], frozenset({13}))
-    _, fault = dcgm_fault(state, [gpu(79)], frozenset({13}))
+    quiet = XidRules.of({79: "ignore"})
+    state, _ = dcgm_fault(DcgmState(), [gpu(0)], quiet)
+    _, fault = dcgm_fault(state, [gpu(79)], quiet)
     assert fault is None
 
 

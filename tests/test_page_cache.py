@@ -22,7 +22,7 @@ from whole_page import render_vitals
 
 from llm_vitals.exporter.app import create_app
 from llm_vitals.exporter.engines import Snapshot
-from llm_vitals.exporter.gpu_faults import DcgmState, GpuFault
+from llm_vitals.exporter.gpu_faults import DcgmState, GpuFault, SourceRead
 from llm_vitals.exporter.keys import PAGES, STORE
 from llm_vitals.exporter.page import PageCache
 from llm_vitals.exporter.settings import TargetSettings, parse_settings
@@ -53,16 +53,12 @@ def fleet_store() -> StateStore:
 
 
 def set_gpu_fault(record: TargetRecord, source: str, detail: str | None) -> None:
-    """A GPU fault flagged or cleared by one source, as the node watch (between polls) or a poll does."""
+    """A GPU fault flagged or cleared by one source, as a poll's aggregate writes it."""
     fault = GpuFault(source, detail) if detail else None
-    if source == "node":
-        record.set_node_fault(fault, None if fault else "node n1 not found in the API server")
-    elif source == "file":
-        record.set_file_fault(fault)
-    elif source == "nvml":
-        record.set_nvml_fault(fault, None if fault else "NVML not loaded")
-    else:
-        record.set_dcgm(DcgmState(), fault)
+    error = None if fault or source in ("file", "dcgm") else {"node": "node n1 not found in the API server",
+                                                              "nvml": "NVML not loaded"}[source]
+    memory = DcgmState() if source == "dcgm" else None
+    record.set_gpu_faults(record.gpu_faults.with_read(source, SourceRead(fault, error, memory)))
 
 
 def poll(record: TargetRecord, now: float, duration: float = 0.0021, **verdict) -> None:
@@ -128,7 +124,9 @@ def play(seed: int) -> int:
             if rng.random() < 0.7:
                 record.count_poll_error(rng.choice(["internal", "timeout"]))
             else:
-                record.set_dcgm_error(rng.choice([None, "timeout: no answer"]))
+                dcgm = record.gpu_faults.of("dcgm")
+                record.set_gpu_faults(record.gpu_faults.with_read("dcgm", replace(
+                    dcgm, error=rng.choice([None, "timeout: no answer"]))))
         elif step < 0.9:  # a reload gives the target new settings: a fresh record, as discovery's changed set does
             store.add(TargetSettings(name=record.name, url=rng.choice(["http://10.0.2.1:8000", "http://h:1/p"]),
                                      engine=rng.choice(["vllm", "sglang"]), stuck_after=rng.choice([5.0, 60.0])), now)

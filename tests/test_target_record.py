@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 from conftest import REPO
 
-from llm_vitals.exporter.gpu_faults import DcgmState, GpuFault
+from llm_vitals.exporter.gpu_faults import DcgmState, GpuFault, GpuFaultState, SourceRead
 from llm_vitals.exporter.settings import parse_settings
 from llm_vitals.exporter.state import StateStore, TargetRecord
 
@@ -30,6 +30,11 @@ def _poll(record: TargetRecord) -> None:
     record.record_poll(replace(record.verdict, state="down", up=False, error_reason="timeout", last_poll=NOW), NOW, 0.5)
 
 
+def gpu(record: TargetRecord, source: str, fault: GpuFault | None, error: str | None = None, memory: object = None) -> None:
+    """One GPU-fault source's read written through the record's one door, as the poller writes it."""
+    record.set_gpu_faults(record.gpu_faults.with_read(source, SourceRead(fault, error, memory)))
+
+
 # Each writer's change, and what it leaves on the record.
 CHANGES: list[tuple[str, Callable[[TargetRecord], object], Callable[[TargetRecord], bool]]] = [
     ("a poll", _poll, lambda r: r.polls == 1 and r.poll_errors == {"timeout": 1} and r.poll_duration == 0.5
@@ -40,17 +45,18 @@ CHANGES: list[tuple[str, Callable[[TargetRecord], object], Callable[[TargetRecor
     ("a canary task over", lambda r: r.canary_ended(), lambda r: r.canary_task is None),
     ("the canary's model", lambda r: r.set_model("tiny"), lambda r: r.model == "tiny"),
     ("a drain", lambda r: r.set_draining(True), lambda r: r.draining and not r.ready(NOW)),
-    ("a GPU fault file", lambda r: r.set_file_fault(GpuFault("file", "Xid 79")), lambda r: r.gpu_fault == "Xid 79"),
-    ("the node watch's fault", lambda r: r.set_node_fault(GpuFault("node", "GpuXid"), None),
+    ("a GPU fault file", lambda r: gpu(r, "file", GpuFault("file", "Xid 79")), lambda r: r.gpu_fault == "Xid 79"),
+    ("the node source's fault", lambda r: gpu(r, "node", GpuFault("node", "GpuXid")),
      lambda r: r.fault == GpuFault("node", "GpuXid") and r.gpu_fault_errors == {}),
-    ("the node watch's error", lambda r: r.set_node_fault(None, "HTTP 403"),
+    ("the node source's error", lambda r: gpu(r, "node", None, "HTTP 403"),
      lambda r: r.gpu_fault is None and r.gpu_fault_errors == {"node": "HTTP 403"}),
-    ("a dcgm read", lambda r: r.set_dcgm(DcgmState({"GPU-1": 79.0}, {"GPU-1": "Xid 79"}), GpuFault("dcgm", "Xid 79")),
-     lambda r: r.dcgm_fault == GpuFault("dcgm", "Xid 79") and r.dcgm_state.xids == {"GPU-1": 79.0}),
-    ("a dcgm error", lambda r: r.set_dcgm_error("timeout"), lambda r: r.gpu_fault_errors == {"dcgm": "timeout"}),
-    ("the NVML source's fault", lambda r: r.set_nvml_fault(GpuFault("nvml", "Xid 79"), None),
-     lambda r: r.nvml_fault == GpuFault("nvml", "Xid 79") and r.gpu_fault == "Xid 79"),
-    ("the NVML source's error", lambda r: r.set_nvml_fault(None, "NVML not loaded"),
+    ("a dcgm read", lambda r: gpu(r, "dcgm", GpuFault("dcgm", "Xid 79"), None, DcgmState({"GPU-1": 79.0}, {"GPU-1": "Xid 79"})),
+     lambda r: r.gpu_faults.of("dcgm").fault == GpuFault("dcgm", "Xid 79")
+     and r.gpu_faults.of("dcgm").memory.xids == {"GPU-1": 79.0}),
+    ("a dcgm error", lambda r: gpu(r, "dcgm", None, "timeout"), lambda r: r.gpu_fault_errors == {"dcgm": "timeout"}),
+    ("the NVML source's fault", lambda r: gpu(r, "nvml", GpuFault("nvml", "Xid 79")),
+     lambda r: r.gpu_faults.of("nvml").fault == GpuFault("nvml", "Xid 79") and r.gpu_fault == "Xid 79"),
+    ("the NVML source's error", lambda r: gpu(r, "nvml", None, "NVML not loaded"),
      lambda r: r.gpu_fault is None and r.gpu_fault_errors == {"nvml": "NVML not loaded"}),
 ]
 
@@ -66,13 +72,10 @@ def test_every_change_is_a_method_that_bumps_the_version(change, check) -> None:
 
 @pytest.mark.parametrize("change", [
     lambda r: r.set_draining(False),
-    lambda r: r.set_file_fault(None),
-    lambda r: r.set_node_fault(None, None),
-    lambda r: r.set_dcgm_error(None),
-    lambda r: r.set_nvml_fault(None, None),
-], ids=["undrain", "no file fault", "no node fault", "dcgm read", "no nvml fault"])
+    lambda r: r.set_gpu_faults(GpuFaultState()),
+], ids=["undrain", "no GPU-fault source read"])
 def test_a_change_to_what_the_record_already_holds_keeps_the_version(change) -> None:
-    # The node watch applies its cache to every target on each event: most such calls change nothing.
+    # The GPU-fault sources are read at every poll: most polls change nothing.
     record = fresh()
     before = record.version
     change(record)
@@ -95,7 +98,7 @@ def test_undo_is_a_change_too() -> None:
     assert record.set_draining(False) and record.version > drained
 
 
-@pytest.mark.parametrize("field", ["verdict", "draining", "polls", "poll_errors", "canaries", "node_fault", "model",
+@pytest.mark.parametrize("field", ["verdict", "draining", "polls", "poll_errors", "canaries", "gpu_faults", "model",
                                    "canary_task", "gpu_fault_errors", "history", "version"])
 def test_what_the_record_holds_cannot_be_assigned(field: str) -> None:
     with pytest.raises(AttributeError):

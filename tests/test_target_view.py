@@ -30,7 +30,7 @@ def test_what_the_exporter_writes_is_what_the_readers_validate() -> None:
     assert "secret" not in wire
     back = TargetsAnswer.model_validate_json(wire)
     assert back.targets == views
-    assert back.targets[0].state == "starting" and back.targets[0].canary.results == {"ok": 0, "error": 0, "timeout": 0}
+    assert back.targets[0].state == "starting" and back.targets[0].canary.results == {"ok": 0, "error": 0, "timeout": 0, "rejected": 0}
 
 
 def test_an_older_reader_ignores_fields_it_does_not_know() -> None:

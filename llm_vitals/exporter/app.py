@@ -82,7 +82,7 @@ def create_app(settings: ExporterSettings, *, clock: Clock | Callable[[], float]
     app.cleanup_ctx.append(_client_session)
     if poll:
         app[NODES] = NodeCache()
-        app[NODE_WATCH] = NodeWatchRunner(app[NODES], lambda: iter(store))
+        app[NODE_WATCH] = NodeWatchRunner(app[NODES])
         app.cleanup_ctx.append(_loop_lag)
         app.cleanup_ctx.append(_node_watch)
         app.cleanup_ctx.append(_pollers)
@@ -96,6 +96,7 @@ def create_app(settings: ExporterSettings, *, clock: Clock | Callable[[], float]
     app.router.add_get(f"/api/v1/targets/{NAME}", show_target)
     app.router.add_post(f"/probe/{NAME}/drain", drain)
     app.router.add_post(f"/probe/{NAME}/undrain", undrain)
+    app.router.add_post(f"/api/v1/targets/{NAME}/gpu_fault/release", release_gpu_fault)
     app.router.add_get(f"/probe/{NAME}/{{probe}}", probe)
     app.router.add_post("/-/reload", reload)
     setup_status_page(app)  # GET /: the human view of the same cache
@@ -314,3 +315,23 @@ async def drain(request: web.Request) -> web.Response:
 
 async def undrain(request: web.Request) -> web.Response:
     return await _set_draining(request, False)
+
+
+async def release_gpu_fault(request: web.Request) -> web.Response:
+    """A human says the target's GPU was reset or replaced: its held Xid faults end at its next poll.
+
+    Guarded like drain. The poll stays the one writer of the target's GPU faults: the sources take
+    the release and apply it at their next read; a level (a node condition, a failing DCGM health
+    watch, NVML's recovery action, the fault file) is still read as it is.
+    """
+    if not _authorized(request):
+        return web.json_response({"error": "missing or wrong bearer token"}, status=401,
+                                 headers={"WWW-Authenticate": "Bearer"})
+    record = request.app[STORE].get(request.match_info["name"])
+    poller = request.app.get(POLLER)
+    if record is None or poller is None:
+        return _unknown(request.match_info["name"])
+    released = poller.gpu_faults.release(record.settings)
+    log_event(log, "gpu fault released by a human", logging.WARNING, target=record.name, sources=released,
+              held=record.gpu_fault)
+    return web.json_response({"target": record.name, "released": released, "applied": "at the next poll"})

@@ -10,27 +10,26 @@ target with a node shows the 403 in `gpu_fault_errors.node`, and no fault is eve
 What was last seen of a node stays meanwhile (a node condition does not clear because the API
 server is away), and the error is shown next to it.
 
-`NodeCache` holds a small view of each node (conditions, taints) and `apply` turns it into each
-record's `node_fault` through the pure rule `exporter.gpu_faults.node_fault`; the poller applies it
-to its target on every poll, so a target discovered on an already faulty node is flagged within a poll.
+It fills the `NodeCache` (llm_vitals/exporter/gpu_faults/node.py: a small view of each node, its
+conditions and taints) and writes nothing else: the `node` GPU-fault source reads the cache for
+each target at each poll, so the poller's aggregate is the one writer of a target's node fault, and
+a target discovered on an already faulty node is flagged within a poll.
 
 `NodeWatchRunner` follows the config: started when a target names a node or pods are discovered,
-stopped when a reload leaves none, started again on another kubeconfig, and given a reload's new
-rules at once (the poller gets the same rules at the same moment, so the two never disagree).
+stopped when a reload leaves none (its cache emptied, so no target keeps a node fault from it),
+and started again on another kubeconfig. The rules live with the source (a reload gives the
+poller's source the new rules at once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from llm_vitals.exporter.gpu_faults import NodeRules, node_fault
+from llm_vitals.exporter.gpu_faults.node import NodeCache, NodeView, node_view
 from llm_vitals.exporter.settings import ExporterSettings
-from llm_vitals.exporter.state import TargetRecord, log_gpu_fault_change
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.connect import Access
 from llm_vitals.kube.errors import ApiError, KubeError
@@ -43,48 +42,7 @@ log = logging.getLogger("llm_vitals.exporter")
 RBAC_HINT = "the exporter needs a ClusterRole with list and watch on nodes (deploy/kubernetes/base/exporter.yaml)"
 
 
-@dataclass(frozen=True)
-class NodeView:
-    """What the GPU-fault rule reads of a Node: its conditions and taints, as plain dicts."""
-
-    conditions: tuple[Mapping[str, Any], ...] = ()
-    taints: tuple[Mapping[str, Any], ...] = ()
-
-
-def node_view(node: Mapping[str, Any]) -> NodeView:
-    """A Node, as the API server's JSON, as a NodeView."""
-    status, spec = node.get("status") or {}, node.get("spec") or {}
-    return NodeView(tuple(status.get("conditions") or ()), tuple(spec.get("taints") or ()))
-
-
-@dataclass
-class NodeCache:
-    """The nodes as last listed or watched, and why the watch is not working (None when it is)."""
-
-    nodes: dict[str, NodeView] = field(default_factory=dict)
-    synced: bool = False  # a list has succeeded at least once
-    error: str | None = None
-
-    def fault_for(self, name: str, rules: NodeRules):
-        """(fault or None, error or None) for the node `name`; an unknown node is an error, never a fault."""
-        view = self.nodes.get(name)
-        if view is None:
-            if not self.synced:
-                return None, self.error or "the node watch has not listed the nodes yet"
-            return None, self.error or f"node {name} not found in the API server"
-        return node_fault(name, view.conditions, view.taints, rules), self.error
-
-    def apply(self, record: TargetRecord, rules: NodeRules) -> None:
-        """Set the record's node fault and node error from the cache (no I/O)."""
-        name = record.settings.node
-        if name is None:
-            return
-        record.set_node_fault(*self.fault_for(name, rules))
-
-
-def wants_node_watch(records: Iterable[TargetRecord]) -> bool:
-    """Whether any target names a node (only then is the API server asked at all)."""
-    return any(record.settings.node for record in records)
+__all__ = ["NodeCache", "NodeView", "NodeWatch", "NodeWatchRunner", "node_view", "node_watch_wanted"]
 
 
 def node_watch_wanted(settings: ExporterSettings) -> bool:
@@ -99,13 +57,10 @@ def node_watch_kubeconfig(settings: ExporterSettings) -> Path | None:
 
 
 class NodeWatch:
-    """An informer on all Nodes; after each change, the cache is applied to the records on that node (or all)."""
+    """An informer on all Nodes, kept in the cache (the `node` source reads it at each poll)."""
 
-    def __init__(self, cache: NodeCache, rules: NodeRules, records: Callable[[], Iterable[TargetRecord]],
-                 kube: KubeClient) -> None:
+    def __init__(self, cache: NodeCache, kube: KubeClient) -> None:
         self.cache = cache
-        self.rules = rules
-        self.records = records
         self.kube = kube
         self.informer: Informer[NodeView] = Informer(kube, Query("nodes"), node_view, self._changed,
                                                      on_health=self._health)
@@ -114,15 +69,6 @@ class NodeWatch:
     def relists(self) -> int:
         """Lists after the first: after a 410 Gone or a failure."""
         return self.informer.relists
-
-    def apply_all(self, node: str | None = None) -> None:
-        """Apply the cache to every record (or to those on `node` only) and log each fault that changes."""
-        for record in list(self.records()):
-            if node is not None and record.settings.node != node:
-                continue
-            before = record.gpu_fault
-            self.cache.apply(record, self.rules)
-            log_gpu_fault_change(record, before)
 
     async def run(self) -> None:
         """Until cancelled: never raises for API trouble, which is kept in the cache and logged once per change."""
@@ -134,7 +80,6 @@ class NodeWatch:
     def _changed(self, name: str | None) -> None:
         self.cache.nodes = self.informer.objects  # a list replaces the dict; an event changes it in place
         self.cache.synced = self.informer.synced
-        self.apply_all(name)
 
     def _health(self, health: Health) -> None:
         self._set_error(None if health.up or health.error is None else nodes_error(health.error))
@@ -146,7 +91,6 @@ class NodeWatch:
             else:
                 log_event(log, "node watch working", logging.INFO, nodes=len(self.cache.nodes))
             self.cache.error = error
-            self.apply_all()
 
 
 def nodes_error(error: KubeError) -> str:
@@ -161,11 +105,10 @@ def nodes_error(error: KubeError) -> str:
 class NodeWatchRunner:
     """The one node watch, as the current config wants it: `follow(settings)` at start and after each reload."""
 
-    def __init__(self, cache: NodeCache, records: Callable[[], Iterable[TargetRecord]],
+    def __init__(self, cache: NodeCache,
                  client: Callable[[Path | None], KubeClient] = lambda kubeconfig: KubeClient(Access(kubeconfig=kubeconfig))
                  ) -> None:
         self.cache = cache
-        self.records = records
         self.client = client
         self.watch: NodeWatch | None = None
         self._task: asyncio.Task[None] | None = None
@@ -176,32 +119,24 @@ class NodeWatchRunner:
         return self._task is not None
 
     async def follow(self, settings: ExporterSettings) -> None:
-        """Start, stop, restart (another kubeconfig) or re-rule the watch to match `settings`."""
+        """Start, stop or restart (another kubeconfig) the watch to match `settings`."""
         kubeconfig = node_watch_kubeconfig(settings)
         if self._task is not None and (not node_watch_wanted(settings) or kubeconfig != self._kubeconfig):
             await self.stop()
         if not node_watch_wanted(settings):
             return
-        rules = settings.gpu_faults.node_rules
         if self.watch is None or self._task is None:
             self._kubeconfig = kubeconfig
-            self.watch = NodeWatch(self.cache, rules, self.records, self.client(kubeconfig))
+            self.watch = NodeWatch(self.cache, self.client(kubeconfig))
             self._task = asyncio.create_task(self.watch.run(), name="node-watch")
             log_event(log, "node watch started", logging.INFO)
-        elif rules != self.watch.rules:
-            self.watch.rules = rules
-            self.watch.apply_all()  # every target on the new rules now, not at its node's next event
 
     async def stop(self) -> None:
-        """Stop the watch and forget what it saw: no target keeps a node fault (or error) from it."""
+        """Stop the watch and forget what it saw: no target keeps a node fault (or error) from it at its next poll."""
         task, self._task, self.watch = self._task, None, None
         if task is None:
             return
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         self.cache.nodes, self.cache.synced, self.cache.error = {}, False, None
-        for record in list(self.records()):
-            before = record.gpu_fault
-            record.set_node_fault(None, None)
-            log_gpu_fault_change(record, before)
         log_event(log, "node watch stopped", logging.INFO)

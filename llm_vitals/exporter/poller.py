@@ -9,26 +9,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import re
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import aiohttp
 from yarl import URL
 
-from llm_vitals.exporter.canary import resolve_model, send_canary
+from llm_vitals.exporter.canary import ModelRejected, resolve_model, run_canaries
 from llm_vitals.exporter.clock import Clock, as_clock
-from llm_vitals.exporter.dcgm import SharedPages, fetch_page, select_gpus
 from llm_vitals.exporter.discovery.targetset import Changes
 from llm_vitals.exporter.engines import Page, PageError, Snapshot
 from llm_vitals.exporter.engines.table import engine_of, read_page
-from llm_vitals.exporter.gpu_faults import GpuReading, dcgm_fault, file_fault
-from llm_vitals.exporter.gpu_faults.nvml import NvmlRules, nvml_fault
+from llm_vitals.exporter.gpu_faults import GpuFaultState
+from llm_vitals.exporter.gpu_faults.dcgm import DcgmSource, SharedPages, fetch_page
+from llm_vitals.exporter.gpu_faults.file import FileSource
+from llm_vitals.exporter.gpu_faults.node import NodeCache, NodeSource
+from llm_vitals.exporter.gpu_faults.nvml import NvmlRules
+from llm_vitals.exporter.gpu_faults.nvml_pynvml import PynvmlBackend
+from llm_vitals.exporter.gpu_faults.nvml_source import NvmlFaultSource, NvmlSource
+from llm_vitals.exporter.gpu_faults.reader import GpuFaultReader
 from llm_vitals.exporter.loop_lag import LoopLag
-from llm_vitals.exporter.node_watch import NodeCache
-from llm_vitals.exporter.nvml_pynvml import PynvmlBackend
-from llm_vitals.exporter.nvml_source import NvmlSource
 from llm_vitals.exporter.settings import ExporterSettings
 from llm_vitals.exporter.state import StateStore, TargetRecord, log_gpu_fault_change
 from llm_vitals.exporter.upstream import METRICS_HEADERS, bounded_get, bounded_get_with_headers, parsed_url, read_models
@@ -49,27 +48,6 @@ from llm_vitals.logs import log_event
 from llm_vitals.targets import UNHEALTHY_STATES
 
 log = logging.getLogger("llm_vitals.exporter")
-_NUMBERS = re.compile(r"\d+(\.\d+)?")
-FAULT_FILE_BYTES = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class FileRead:
-    """One read of a `gpu_fault_file`: its text ("" when empty or absent), or why it could not be read."""
-
-    text: str = ""
-    error: str | None = None
-
-
-def read_fault_file(path: Path) -> FileRead:
-    """Read a gpu_fault_file (blocking: the poller runs it in a thread, never on the event loop)."""
-    try:
-        with open(path, "rb") as flag:
-            return FileRead(flag.read(FAULT_FILE_BYTES).decode("utf-8", "replace"))
-    except FileNotFoundError:
-        return FileRead("")  # absent: the node agent cleared it
-    except OSError as exc:
-        return FileRead(error=f"cannot read {path}: {exc.strerror or type(exc).__name__}")
 
 
 class Poller:
@@ -86,11 +64,6 @@ class Poller:
         lag: LoopLag | None = None,
     ) -> None:
         self.settings = settings
-        # The NVML source, made and started when a target first names `gpus` (a reload or discovery
-        # may add one); its threads read the GPUs, a poll only copies what they left.
-        self.nvml = nvml
-        self._nvml_rules = NvmlRules(frozenset(settings.gpu_faults.nvml.xids))
-        self.nodes = nodes  # the node watch's cache, applied to the target on each poll
         self.store = store
         self.session = session
         # Monotonic for the verdict and every interval, wall for what is shown (llm_vitals/exporter/clock.py).
@@ -99,21 +72,54 @@ class Poller:
         self.lag = lag
         self.tasks: dict[str, asyncio.Task[None]] = {}  # one poll loop per watched target, by name
         self._metrics_urls: dict[TargetRecord, tuple[str, URL | None]] = {}  # each record's, worked out at its first poll
-        self._xids = frozenset(settings.gpu_faults.dcgm_xids)
-        self._node_rules = settings.gpu_faults.node_rules
+        # The GPU-fault sources (llm_vitals/exporter/gpu_faults/), read through one aggregate per poll.
+        gpu = settings.gpu_faults
+        self._node_source = NodeSource(nodes, gpu.node_rules)  # the node watch's cache
         # Targets on one node share its dcgm-exporter page: one read per URL per poll interval (a
         # tenth less, so that two polls one interval apart never both reuse one read).
-        self.dcgm_pages = SharedPages(
+        self._dcgm_source = DcgmSource(SharedPages(
             lambda url: fetch_page(session, url, self.settings.gpu_faults.dcgm_timeout, self.settings.max_page_bytes),
-            fresh_for=0.9 * settings.poll_interval)
+            fresh_for=0.9 * settings.poll_interval), gpu.dcgm_xid_rules)
+        # The NVML source, made and started when a target first names `gpus` (a reload or discovery
+        # may add one); its threads read the GPUs, a poll only copies what they left.
+        self._nvml_source = NvmlFaultSource(self._new_nvml, NvmlRules(gpu.nvml_xid_rules), self.clock.mono)
+        self._nvml_source.source = nvml
+        self.gpu_faults = GpuFaultReader([FileSource(), self._node_source, self._dcgm_source, self._nvml_source])
 
     def reconfigure(self, settings: ExporterSettings) -> None:
         """A reloaded config's poll settings and GPU-fault rules, used from each loop's next poll."""
         self.settings = settings
-        self._xids = frozenset(settings.gpu_faults.dcgm_xids)
-        self._node_rules = settings.gpu_faults.node_rules
-        # The NVML source's interval and bounds stay those it was started with; its Xid list follows.
-        self._nvml_rules = NvmlRules(frozenset(settings.gpu_faults.nvml.xids))
+        self._dcgm_source.rules = settings.gpu_faults.dcgm_xid_rules
+        self._node_source.rules = settings.gpu_faults.node_rules
+        # The NVML source's interval and bounds stay those it was started with; its Xid rules follow.
+        self._nvml_source.rules = NvmlRules(settings.gpu_faults.nvml_xid_rules)
+
+    def _new_nvml(self) -> NvmlSource:
+        nvml = self.settings.gpu_faults.nvml
+        return NvmlSource(PynvmlBackend(), interval=nvml.interval, call_timeout=nvml.call_timeout,
+                          init_timeout=nvml.init_timeout, clock=self.clock.mono, wall=self.clock.wall)
+
+    @property
+    def nodes(self) -> NodeCache | None:
+        """The node watch's cache while it runs (the `node` source reads it at each poll)."""
+        return self._node_source.cache
+
+    @nodes.setter
+    def nodes(self, cache: NodeCache | None) -> None:
+        self._node_source.cache = cache
+
+    @property
+    def nvml(self) -> NvmlSource | None:
+        """The NVML source's threads, once a target named `gpus`."""
+        return self._nvml_source.source
+
+    @nvml.setter
+    def nvml(self, source: NvmlSource | None) -> None:
+        self._nvml_source.source = source
+
+    @property
+    def dcgm_pages(self) -> SharedPages:
+        return self._dcgm_source.pages
 
     def start(self) -> None:
         for record in self.store:
@@ -131,7 +137,7 @@ class Poller:
         self.tasks.clear()
         await self.dcgm_pages.close()
         if self.nvml is not None:
-            await asyncio.to_thread(self.nvml.stop)  # joins its threads for up to 3 s: not on the loop
+            await asyncio.to_thread(self._nvml_source.stop)  # joins its threads for up to 3 s: not on the loop
 
     def apply(self, changes: Changes) -> None:
         """Follow a change of the target set (llm_vitals/exporter/discovery/targetset.py): stop the loops of the
@@ -186,18 +192,16 @@ class Poller:
         loop = asyncio.get_running_loop()
         started = loop.time()
         before_fault = record.gpu_fault
-        if record.settings.dcgm is None:  # no gather: its two tasks a poll showed at 5,000 targets (bench_scale.py)
-            (observation, health), gpus = await self.observe(record), None
+        if not self.gpu_faults.wants(record.settings):  # no gather: its two tasks a poll showed at 5,000 targets (bench_scale.py)
+            observation, health = await self.observe(record)
+            duration = loop.time() - started
+            if record.gpu_faults.reads:
+                record.set_gpu_faults(GpuFaultState())  # a source it no longer has (the node watch stopped)
         else:
-            (observation, health), gpus = await asyncio.gather(self.observe(record), self._read_dcgm(record))
-        duration = loop.time() - started
-        if record.settings.gpu_fault_file is not None:  # no coroutine per poll for the targets without one
-            await self._read_gpu_fault_file(record, record.settings.gpu_fault_file)
-        self._read_nvml(record)
-        if self.nodes is not None:
-            self.nodes.apply(record, self._node_rules)
-        if record.settings.dcgm is not None:
-            record.set_dcgm(*dcgm_fault(record.dcgm_state, gpus, self._xids))
+            (observation, health), faults = await asyncio.gather(
+                self.observe(record), self.gpu_faults.read(record.settings, record.gpu_faults))
+            duration = loop.time() - started
+            record.set_gpu_faults(faults)  # the one writer of the target's GPU faults
         log_gpu_fault_change(record, before_fault)
         now = self.clock.now()
         before = record.verdict
@@ -295,13 +299,18 @@ class Poller:
                     if model is None:
                         model = await resolve_model(self.session, target, self.settings.models_timeout)
                         record.set_model(model)
-                    outcome = await send_canary(self.session, target, model)
+                    run = await run_canaries(self.session, target, model, record.canary_path)
+                    outcome = run.outcome
+                    if run.path != record.canary_path:
+                        record.set_canary_path(run.path)
             except TimeoutError:
                 outcome = CanaryOutcome("timeout", f"no answer within {target.canary.timeout:g}s")
+            except ModelRejected as exc:
+                outcome = CanaryOutcome("rejected", f"model lookup: {exc.detail}")
             except PageError as exc:
                 outcome = CanaryOutcome("error", f"model lookup failed ({exc.reason})")
             if outcome.result != "ok" and not target.model:
-                record.set_model(None)  # the server may have been replaced: look the model up again
+                record.set_model(None)  # the server may have been replaced or renamed its model: look it up again
             before = record.verdict
             record.record_canary(outcome.result, record_canary(before, outcome, self.clock.mono(), target))
             if outcome.result != "ok":
@@ -312,48 +321,6 @@ class Poller:
             log.exception("canary failed unexpectedly", extra={"fields": {"target": record.name, "error": type(exc).__name__}})
         finally:
             record.canary_ended()
-
-    async def _read_dcgm(self, record: TargetRecord) -> list[GpuReading] | None:
-        """The target's GPUs on its dcgm-exporter page; None (the error kept on the record) when unreadable."""
-        dcgm = record.settings.dcgm
-        if dcgm is None:
-            return None
-        try:
-            gpus = select_gpus(await self.dcgm_pages.get(str(dcgm.url)), dcgm)
-        except PageError as exc:
-            error = f"{exc.reason}: {exc.detail}"
-            if record.gpu_fault_errors.get("dcgm") != error:
-                log_event(log, "cannot read dcgm-exporter", logging.WARNING, target=record.name, url=str(dcgm.url), error=error)
-            record.set_dcgm_error(error)
-            return None
-        record.set_dcgm_error(None)
-        return gpus
-
-    def _read_nvml(self, record: TargetRecord) -> None:
-        """The target's `gpus` as the NVML source last read them: a copy, never a wait on NVML."""
-        gpus = record.settings.gpus
-        if gpus is None:
-            return
-        if self.nvml is None:
-            nvml = self.settings.gpu_faults.nvml
-            self.nvml = NvmlSource(PynvmlBackend(), interval=nvml.interval, call_timeout=nvml.call_timeout,
-                                   init_timeout=nvml.init_timeout, clock=self.clock.mono, wall=self.clock.wall)
-        self.nvml.start()
-        fault, error = nvml_fault(self.nvml.view(self.clock.mono()), gpus, self._nvml_rules)
-        before = record.gpu_fault_errors.get("nvml")
-        record.set_nvml_fault(fault, error)
-        if error is None:
-            return
-        if before is None or _NUMBERS.sub("", before) != _NUMBERS.sub("", error):  # not once per poll as a timeout grows
-            log_event(log, "cannot read the target's GPUs through NVML", logging.WARNING, target=record.name, error=error)
-
-    async def _read_gpu_fault_file(self, record: TargetRecord, path: Path) -> None:
-        """The target's gpu_fault_file, read in a thread; unreadable, it keeps the fault it held and shows why."""
-        read = await asyncio.to_thread(read_fault_file, path)
-        if read.error is not None and record.gpu_fault_errors.get("file") != read.error:
-            log_event(log, "cannot read gpu_fault_file; its last fault is kept", logging.WARNING, target=record.name,
-                      error=read.error, kept=record.file_fault.detail if record.file_fault else None)
-        record.set_file_fault(*file_fault(record.file_fault, read.text, read.error))
 
     def _log_change(self, record: TargetRecord, before) -> None:
         after = record.verdict

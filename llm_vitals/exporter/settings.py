@@ -13,7 +13,8 @@ from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator,
 from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_env_or_file, validate_document
 from llm_vitals.durations import Duration, PositiveDuration
 from llm_vitals.exporter.engines.table import engine_of
-from llm_vitals.exporter.gpu_faults import DEFAULT_XIDS, NVSENTINEL_CONDITIONS, READY_CONDITIONS, NodeRules, Taint
+from llm_vitals.exporter.gpu_faults import NVSENTINEL_CONDITIONS, READY_CONDITIONS, NodeRules, Taint
+from llm_vitals.exporter.gpu_faults.xids import Bucket, XidRules
 from llm_vitals.validators import ListenAddress, ParsedHttpUrl, TargetName, WorkloadName, parse_listen
 
 # The engines of llm_vitals/exporter/engines/table.py; a test keeps the two lists equal.
@@ -42,6 +43,9 @@ class CanarySettings(_FrozenStrict):
     # The request body itself, for engines whose canary the operator must describe (Triton: a KServe
     # v2 infer body, `{inputs: [{name, shape, datatype, data}]}`, of the smallest request the model takes).
     request: dict[str, Any] | None = None
+    # Where an OpenAI-compatible server's canary goes. auto: a completion, else (while each is
+    # rejected with a 4xx) a chat completion, else an embedding; the first that answers is kept.
+    endpoint: Literal["auto", "completions", "chat", "embeddings"] = "auto"
 
     @property
     def freshness(self) -> float:
@@ -144,6 +148,9 @@ class TargetSettings(_FrozenStrict):
         if self.canary.request is not None and not takes_request:
             raise ValueError(f"canary.request is for engines whose canary is a request you describe (triton), "
                              f"not {self.engine}: its canary is a 1-token completion")
+        if self.canary.endpoint != "auto" and entry.canary is not None:
+            raise ValueError(f"canary.endpoint is for OpenAI-compatible servers, not {self.engine}: "
+                             f"its canary is the engine's own")
         if self.canary.request is not None and entry.models_path is None and not self.model:
             raise ValueError(f"engine {self.engine} lists no models at /v1/models: set model, which the canary.request is for")
         return self
@@ -289,10 +296,11 @@ class ShardSettings(_FrozenStrict):
 
 
 class NvmlSettings(_FrozenStrict):
-    """The NVML source (llm_vitals/exporter/nvml_source.py), for targets that name their `gpus`."""
+    """The NVML source (llm_vitals/exporter/gpu_faults/nvml_source.py), for targets that name their `gpus`."""
 
-    # Critical Xid events that flag a fault (held until the exporter restarts).
-    xids: list[int] = list(DEFAULT_XIDS)
+    # Xids taken as `reset_gpu` on this source besides NVIDIA's catalog (gpu_faults.xid_buckets is
+    # the one table for both sources; this list is kept for configs written before it).
+    xids: list[int] = []
     # Each GPU's health fields are read this often, in a thread of the GPU's own.
     interval: PositiveDuration = 5.0
     # An NVML call that has not returned within this is `nvml_timeout` in gpu_fault_errors, never a fault.
@@ -310,8 +318,11 @@ class GpuFaultSettings(_FrozenStrict):
     node_ready_conditions: list[str] = list(READY_CONDITIONS)
     # Taints that are a GPU fault: `key`, `key=value`, `key:Effect` or `key=value:Effect`.
     node_taints: list[str] = []
-    # Xids that flag a fault when dcgm-exporter's DCGM_FI_DEV_XID_ERRORS changes to one of them.
-    dcgm_xids: list[int] = list(DEFAULT_XIDS)
+    # Xid number -> bucket (ignore, restart_app, reset_gpu, reboot_node), over NVIDIA's Xid catalog
+    # (llm_vitals/exporter/gpu_faults/xids.py): reset_gpu and reboot_node are a fault.
+    xid_buckets: dict[int, Bucket] = {}
+    # Xids taken as `reset_gpu` on the dcgm source besides the catalog (kept for older configs).
+    dcgm_xids: list[int] = []
     # A dcgm-exporter that does not answer within this is an error kept, never a fault.
     dcgm_timeout: PositiveDuration = 2.0
     # The API server for the node watch; default: the in-cluster service account.
@@ -325,6 +336,14 @@ class GpuFaultSettings(_FrozenStrict):
         for text in value:
             Taint.parse(text)
         return value
+
+    @property
+    def dcgm_xid_rules(self) -> XidRules:
+        return XidRules.of(self.xid_buckets, self.dcgm_xids)
+
+    @property
+    def nvml_xid_rules(self) -> XidRules:
+        return XidRules.of(self.xid_buckets, self.nvml.xids)
 
     @property
     def node_rules(self) -> NodeRules:

@@ -8,7 +8,7 @@ from collections import Counter, deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Final
 
-from llm_vitals.exporter.gpu_faults import DcgmState, GpuFault, combine
+from llm_vitals.exporter.gpu_faults import GpuFault, GpuFaultState
 from llm_vitals.exporter.settings import ExporterSettings, TargetSettings
 from llm_vitals.exporter.verdict import Verdict, initial, is_live, is_ready, is_started, recently_unhealthy
 from llm_vitals.logs import log_event
@@ -18,23 +18,23 @@ log = logging.getLogger("llm_vitals.exporter")
 
 # Poll-error reasons always exposed (at 0), so `increase()` sees the first error of each kind.
 STANDARD_ERROR_REASONS = ("connect", "timeout", "http_status", "bad_metrics", "too_large", "exporter_late")
-CANARY_RESULTS = ("ok", "error", "timeout")
+CANARY_RESULTS = ("ok", "error", "timeout", "rejected")
 
 
 class TargetRecord:
     """One target's cache: its verdict and all that is kept beside it. Only the event loop touches
     it, so no lock is needed.
 
-    Four tasks change a target: its poll loop (its reading, and the GPU-fault sources it reads), its
-    canary task, the node watch and the drain route.
+    Three tasks change a target: its poll loop (its reading, and the GPU-fault sources it reads,
+    written at once through `set_gpu_faults`), its canary task and the drain route.
     Each change goes through one of the methods below, and each bumps `version`: whatever keeps a
     rendering of the record (llm_vitals/exporter/page.py) compares versions, never fields, so no
     writer can forget to tell it. What the record holds is read through properties only; the
     counters and the history are handed out as read-only views (Mapping, Sequence) of what it owns.
     """
 
-    __slots__ = ("_canaries", "_canary_task", "_dcgm_fault", "_dcgm_state", "_draining", "_file_fault",
-                 "_gpu_fault_errors", "_history", "_last_canary_sent", "_model", "_node_fault", "_nvml_fault",
+    __slots__ = ("_canaries", "_canary_path", "_canary_task", "_draining", "_gpu_faults",
+                 "_history", "_last_canary_sent", "_model",
                  "_poll_duration", "_poll_errors", "_polls", "_verdict", "_version", "history_seconds", "poll_interval",
                  "settings")
 
@@ -54,13 +54,9 @@ class TargetRecord:
         self._canary_task: asyncio.Task[None] | None = None
         self._last_canary_sent: float | None = None
         self._model: str | None = None
-        # One GPU fault per source (llm_vitals/exporter/gpu_faults/); `fault` is their combination.
-        self._file_fault: GpuFault | None = None
-        self._node_fault: GpuFault | None = None
-        self._dcgm_fault: GpuFault | None = None
-        self._dcgm_state = DcgmState()
-        self._nvml_fault: GpuFault | None = None
-        self._gpu_fault_errors: dict[str, str] = {}
+        self._canary_path: str | None = None  # the canary endpoint that last answered (canary.endpoint auto)
+        # Each GPU-fault source's last read (llm_vitals/exporter/gpu_faults/); `fault` is their combination.
+        self._gpu_faults = GpuFaultState()
         self._history: deque[tuple[float, float, str]] = deque()
 
     # What it holds, read-only.
@@ -117,33 +113,14 @@ class TargetRecord:
         return self._model
 
     @property
-    def file_fault(self) -> GpuFault | None:
-        """The gpu_fault_file's first line, read each poll."""
-        return self._file_fault
-
-    @property
-    def node_fault(self) -> GpuFault | None:
-        """The node's conditions and taints, from the node watch."""
-        return self._node_fault
-
-    @property
-    def dcgm_fault(self) -> GpuFault | None:
-        """The dcgm-exporter page, read each poll."""
-        return self._dcgm_fault
-
-    @property
-    def dcgm_state(self) -> DcgmState:
-        return self._dcgm_state
-
-    @property
-    def nvml_fault(self) -> GpuFault | None:
-        """The target's `gpus` as the NVML source read them, each poll."""
-        return self._nvml_fault
+    def gpu_faults(self) -> GpuFaultState:
+        """Each GPU-fault source's last read of the target (file, node, dcgm, nvml)."""
+        return self._gpu_faults
 
     @property
     def gpu_fault_errors(self) -> Mapping[str, str]:
         """Why a GPU-fault source could not be read (source -> error): kept and shown, never a fault."""
-        return self._gpu_fault_errors
+        return self._gpu_faults.errors
 
     @property
     def history(self) -> Sequence[tuple[float, float, str]]:
@@ -153,7 +130,7 @@ class TargetRecord:
     @property
     def fault(self) -> GpuFault | None:
         """The GPU fault of the first source that flags one: file, node, dcgm, nvml."""
-        return combine([self._file_fault, self._node_fault, self._dcgm_fault, self._nvml_fault])
+        return self._gpu_faults.fault
 
     @property
     def gpu_fault(self) -> str | None:
@@ -193,36 +170,10 @@ class TargetRecord:
         self._poll_errors[reason] += 1
         self._version += 1
 
-    def set_file_fault(self, fault: GpuFault | None, error: str | None = None) -> None:
-        """The gpu_fault_file's word: a fault or none, and why it could not be read (None when it could)."""
-        if fault != self._file_fault or error != self._gpu_fault_errors.get("file"):
-            self._file_fault = fault
-            self._set_error("file", error)
-            self._version += 1
-
-    def set_node_fault(self, fault: GpuFault | None, error: str | None) -> None:
-        """The node watch's word on the target's node: a fault or none, and why it cannot tell (None when it can)."""
-        if fault != self._node_fault or error != self._gpu_fault_errors.get("node"):
-            self._node_fault = fault
-            self._set_error("node", error)
-            self._version += 1
-
-    def set_dcgm(self, state: DcgmState, fault: GpuFault | None) -> None:
-        """What the dcgm rule keeps between reads, and the fault it flags now."""
-        self._dcgm_state, self._dcgm_fault = state, fault
-        self._version += 1
-
-    def set_dcgm_error(self, error: str | None) -> None:
-        """Why the dcgm-exporter page could not be read (None: it was read)."""
-        if error != self._gpu_fault_errors.get("dcgm"):
-            self._set_error("dcgm", error)
-            self._version += 1
-
-    def set_nvml_fault(self, fault: GpuFault | None, error: str | None) -> None:
-        """The NVML source's word on the target's GPUs: a fault or none, and why it cannot tell (None when it can)."""
-        if fault != self._nvml_fault or error != self._gpu_fault_errors.get("nvml"):
-            self._nvml_fault = fault
-            self._set_error("nvml", error)
+    def set_gpu_faults(self, faults: GpuFaultState) -> None:
+        """The GPU-fault sources' reads of this poll (gpu_faults/reader.py): the one door for GPU faults."""
+        if faults != self._gpu_faults:
+            self._gpu_faults = faults
             self._version += 1
 
     def canary_sent(self, task: asyncio.Task[None], now: float) -> None:
@@ -245,6 +196,16 @@ class TargetRecord:
         self._model = model
         self._version += 1
 
+    @property
+    def canary_path(self) -> str | None:
+        """The canary endpoint that last answered, tried first next time (exporter/canary.py)."""
+        return self._canary_path
+
+    def set_canary_path(self, path: str | None) -> None:
+        """The canary endpoint that answered; None to try them all again."""
+        self._canary_path = path
+        self._version += 1
+
     def set_draining(self, draining: bool) -> bool:
         """Drain (readiness 0 whatever the verdict) or undrain; whether that changed anything."""
         if draining == self._draining:
@@ -252,12 +213,6 @@ class TargetRecord:
         self._draining = draining
         self._version += 1
         return True
-
-    def _set_error(self, source: str, error: str | None) -> None:
-        if error is None:
-            self._gpu_fault_errors.pop(source, None)
-        else:
-            self._gpu_fault_errors[source] = error
 
 
 class StateStore:

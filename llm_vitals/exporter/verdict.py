@@ -51,7 +51,10 @@ class ModelsOk:
 
 @dataclass(frozen=True, slots=True)
 class CanaryOutcome:
-    result: Literal["ok", "error", "timeout"]
+    """What one canary's answer means (exporter/canary.py `judge_answer`): `error` and `timeout` are
+    failed canaries; `rejected` is a server that answered and refused the request (a 4xx)."""
+
+    result: Literal["ok", "error", "timeout", "rejected"]
     detail: str = ""
 
 
@@ -83,6 +86,8 @@ class Verdict:
     last_restart_at: float | None = None
     last_unhealthy_at: float | None = None  # last verdict in an UNHEALTHY_STATES state
     canary_failures: int = 0  # consecutive
+    # The last canary answered and was refused (4xx): what it said, until a canary answers or fails.
+    canary_rejected: str | None = None
     last_canary_ok: float | None = None
     steps_per_second: float | None = None
     generation_tokens_per_second: float | None = None
@@ -332,6 +337,8 @@ def _on_models(previous: Verdict, seen: ModelsOk, now: float, target: TargetSett
     if previous.canary_failures >= target.canary.failures_before_unresponsive:
         return _move(previous, now, "unresponsive", "canary_failed",
                      f"{previous.canary_failures} canaries in a row failed", **common)
+    if previous.canary_rejected is not None:
+        return _move(previous, now, "idle", "canary_rejected", _rejected_detail(previous.canary_rejected), **common)
     return _move(previous, now, "idle", "models_ok", f"/v1/models lists {len(seen.models)} model(s)", **common)
 
 
@@ -402,7 +409,7 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
     if restarted:
         # Canary failures and served evidence were about the old process, not this one: an idle
         # restarted server is ready once its own canary answers (sent once a second read shows it idle).
-        changes.update(canary_failures=0, last_served=None)
+        changes.update(canary_failures=0, last_served=None, canary_rejected=None)
         detail = f"process restarted (restart #{restarts}); {load}"
         return _move(previous, now, "busy" if snap.pending else "starting", "restart", detail, **changes)
 
@@ -426,6 +433,8 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
         if failures >= target.canary.failures_before_unresponsive:
             return _move(previous, now, "unresponsive", "canary_failed",
                          f"idle-looking, but {failures} canaries in a row failed", **changes)
+        if previous.canary_rejected is not None:
+            return _move(previous, now, "idle", "canary_rejected", _rejected_detail(previous.canary_rejected), **changes)
         return _move(previous, now, "idle", "idle", "nothing running or waiting, and nothing moved since the last read",
                      **changes)
 
@@ -443,15 +452,37 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
                  f"{load}; nothing moved for {stuck_for:.1f}s ({reads} read(s))", **changes)
 
 
+def _rejected_detail(rejected: str) -> str:
+    return (f"idle; the canary was rejected ({rejected}): a restart cannot fix this, "
+            f"check the target's model, API key and canary.endpoint")
+
+
 def record_canary(previous: Verdict, outcome: CanaryOutcome, now: float, target: TargetSettings) -> Verdict:
-    """Fold one canary result into the verdict: repeated failures on an idle-looking server are `unresponsive`."""
+    """Fold one canary result into the verdict: repeated failures on an idle-looking server are `unresponsive`.
+
+    A rejected canary (the server answered 4xx) is no failure: the server answered at once, and
+    what it refused a restart cannot fix. It is shown as reason `canary_rejected` on an idle
+    server (a reason, not a state: it says nothing about the engine's progress, and a state would
+    count toward the fleet gate and the restartable states), ends a run of failures, and lifts an
+    `unresponsive` built of earlier failures back to idle: the canary can no longer tell.
+    """
     if outcome.result == "ok":
-        verdict = replace(previous, canary_failures=0, last_canary_ok=now, last_served=now)
-        if verdict.state == "unresponsive":
-            return replace(verdict, state="idle", reason="canary_ok", detail="canary answered again", since=now)
+        verdict = replace(previous, canary_failures=0, last_canary_ok=now, last_served=now, canary_rejected=None)
+        if verdict.state == "unresponsive" or verdict.reason == "canary_rejected":
+            return replace(verdict, state="idle", reason="canary_ok", detail="canary answered again",
+                           since=now if verdict.state != "idle" else verdict.since)
+        return verdict
+    if outcome.result == "rejected":
+        verdict = replace(previous, canary_failures=0, canary_rejected=outcome.detail)
+        if previous.state in ("idle", "unresponsive"):
+            return replace(verdict, state="idle", reason="canary_rejected", detail=_rejected_detail(outcome.detail),
+                           since=now if previous.state != "idle" else previous.since)
         return verdict
     failures = previous.canary_failures + 1
-    verdict = replace(previous, canary_failures=failures)
+    verdict = replace(previous, canary_failures=failures, canary_rejected=None)
+    if previous.reason == "canary_rejected":
+        detail = f"idle-looking; the last canary failed ({outcome.result} {outcome.detail})".strip()
+        verdict = replace(verdict, reason="idle", detail=detail)
     if failures >= target.canary.failures_before_unresponsive and previous.state == "idle":
         return replace(verdict, state="unresponsive", reason="canary_failed", since=now, last_unhealthy_at=now,
                        detail=f"idle-looking, but {failures} canaries in a row failed (last: {outcome.result} {outcome.detail})".strip())
@@ -467,7 +498,10 @@ def is_ready(verdict: Verdict, target: TargetSettings, now: float, draining: boo
     """Readiness: started, not down/stuck/unresponsive, fresh evidence when idle, not draining, no GPU fault. Never load."""
     if draining or gpu_fault or not verdict.started or verdict.state in NOT_READY_STATES:
         return False
-    if verdict.state == "idle" and target.sends_canary:
+    if verdict.state == "idle" and target.sends_canary and verdict.canary_rejected is None:
+        # A rejected canary (our model name, key or endpoint is wrong) can vouch neither way: it is
+        # alerted for a human, and not held against the server, or one rotated key would take every
+        # replica out of its Service at once.
         return verdict.last_served is not None and now - verdict.last_served <= target.canary.freshness
     return True
 

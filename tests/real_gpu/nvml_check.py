@@ -2,7 +2,7 @@
 
 usage: python tests/real_gpu/nvml_check.py OUTDIR [--no-gpu]
 
-Through the project's own backend (llm_vitals/exporter/nvml_pynvml.py), not a capture script:
+Through the project's own backend (llm_vitals/exporter/gpu_faults/nvml_pynvml.py), not a capture script:
 - `open` (nvmlInit, the GPUs, Xid registration) timed once, each NVML call in it timed by its Step;
 - one GPU's read (the 3 health calls) timed 1,000 times after the first;
 - one Xid wait of 200 ms (a healthy GPU: no event);
@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from llm_vitals.exporter.gpu_faults.nvml import GpuRead, NvmlRules, nvml_fault, read_to_capture
-from llm_vitals.exporter.nvml_pynvml import PynvmlBackend
-from llm_vitals.exporter.nvml_source import NvmlFailure, NvmlSource
+from llm_vitals.exporter.gpu_faults.nvml_pynvml import PynvmlBackend
+from llm_vitals.exporter.gpu_faults.nvml_source import NvmlFailure, NvmlSource
 
 READS = 1000
 SOURCE_WINDOW_S = 5.0

@@ -1,25 +1,41 @@
-"""The GPU-fault rules: pure functions from what a node and its dcgm-exporter say to one fault, or none.
+"""GPU faults, in one home: the sources that read them, the rules that judge them, and the aggregate the poller calls.
 
-Three sources can flag a target's GPU (docs/gpu-faults.md):
+Each source implements `FaultSource` (a name, `wants(target)`, and `read(target, before)` giving a
+`SourceRead`: a fault or none, why it could not be read, and what it keeps for its next read). The
+aggregate (`reader.GpuFaultReader`) asks each source a target wants, once per poll, and hands the
+record one `GpuFaultState`, written by one setter (`TargetRecord.set_gpu_faults`). docs/gpu-faults.md
+is the user's view.
+
+- `file.py`: the `gpu_fault_file` a node agent writes;
+- `node.py`: the Kubernetes node's conditions and taints, from the cache the node watch fills
+  (llm_vitals/exporter/node_watch.py only feeds the cache: the poller's aggregate is the one writer);
+- `dcgm.py`: the target's GPUs on a dcgm-exporter page;
+- `nvml_source.py` (threads), `nvml_pynvml.py` (the binding) and `nvml.py` (the rules): NVML;
+- `xids.py`: NVIDIA's Xid catalog, shared by dcgm and NVML.
+
+The pure rules below judge the first three sources:
 
 - `file`: the target's `gpu_fault_file` (a node agent writes it); its first line is the detail
   (`file_fault`: an unreadable file keeps the fault it held).
 - `node`: the Kubernetes node's conditions and taints (`node_fault`).
-- `dcgm`: the target's GPU on a dcgm-exporter page (`dcgm_fault`): a *change* of the Xid gauge to a
-  listed Xid, held until it clears, or a failing DCGM health watch.
+- `dcgm`: the target's GPU on a dcgm-exporter page (`dcgm_fault`): an Xid event in a GPU-reset or
+  node-reboot bucket of NVIDIA's catalog (gpu_faults/xids.py), held until the GPU is seen reset, or a
+  failing DCGM health watch.
 
 `combine` makes one fault of them, the first source in that order winning the detail. Every detail
 starts with a reason word and a colon (`GpuMemWatchIsNotHealthy: ...`): the remediator's
 cordon_and_move taints the node with that word (llm_vitals/remediator/gate.py `taint_value`).
 
-No I/O here: the poller and the node watch read, these functions decide.
+No I/O in this module: the sources read, these functions decide.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+from llm_vitals.exporter.gpu_faults.xids import XidRules
 
 # NVSentinel's node conditions (True = unhealthy). Its gpu-health-monitor names one condition per
 # DCGM health watch (`GpuMemWatch`, reason `GpuMemWatchIsNotHealthy`, message `... Recommended
@@ -35,9 +51,6 @@ NVSENTINEL_CONDITIONS: tuple[str, ...] = (
 # Conditions whose *False* is the fault: the EKS node monitoring agent's accelerated-hardware check
 # (AcceleratedHardwareReady=False, reasons such as `NvidiaXID79Error`, `DCGMError`).
 READY_CONDITIONS: tuple[str, ...] = ("AcceleratedHardwareReady",)
-# Xids a restart cannot fix: 48 double-bit ECC, 79 fallen off the bus, 94 contained and 95
-# uncontained ECC error (NVIDIA's Xid catalogue).
-DEFAULT_XIDS: tuple[int, ...] = (48, 79, 94, 95)
 # DCGM_EXP_GPU_HEALTH_STATUS values: dcgmHealthWatchResult PASS 0, WARN 10, FAIL 20. A warning
 # (a clock throttle, a PCIe replay rate) is not a fault a restart cannot fix: only FAIL counts.
 DCGM_HEALTH_FAIL = 20.0
@@ -124,52 +137,86 @@ class GpuReading:
     gpu: str  # the index as dcgm-exporter labels it ("0")
     xid: float | None  # DCGM_FI_DEV_XID_ERRORS; None when the page has no such line
     failing: tuple[tuple[str, str], ...] = ()  # (health_watch, health_error_code) at FAIL
+    # Xid -> DCGM_EXP_XID_ERRORS_TOTAL (else _COUNT) when the page has them; None when it has neither.
+    xid_counts: Mapping[int, float] | None = None
 
 
 @dataclass(frozen=True)
 class DcgmState:
-    """What the dcgm rule remembers between reads: the last Xid seen per GPU, and the Xid faults it holds."""
+    """What the dcgm rule remembers between reads: the last Xid gauge and per-Xid counts seen per GPU,
+    and the Xid fault it holds per GPU (the Xid, and its detail)."""
 
     xids: Mapping[str, float] = field(default_factory=dict)  # uuid -> last Xid read
     held: Mapping[str, str] = field(default_factory=dict)  # uuid -> detail of an Xid fault not cleared yet
+    counts: Mapping[str, Mapping[int, float]] = field(default_factory=dict)  # uuid -> Xid -> count last read
+    held_xid: Mapping[str, int] = field(default_factory=dict)  # uuid -> the Xid of the held fault
 
 
 def _xid_text(value: float) -> str:
     return str(int(value)) if value == int(value) else f"{value:g}"
 
 
-def dcgm_fault(before: DcgmState, readings: Sequence[GpuReading] | None, xids: frozenset[int]) -> tuple[DcgmState, GpuFault | None]:
+def _events(gpu: GpuReading, before: DcgmState) -> tuple[list[tuple[int, str]], bool]:
+    """The Xid events this read shows for one GPU since the last: (Xid, how it showed), and whether the
+    gauge fell back to 0 (a GPU reset, or a restarted dcgm-exporter). The first read is a baseline."""
+    events: list[tuple[int, str]] = []
+    reset = False
+    last = before.xids.get(gpu.uuid)
+    if gpu.xid is not None and last is not None and gpu.xid != last:
+        if gpu.xid == 0:
+            reset = True
+        elif gpu.xid == int(gpu.xid):
+            events.append((int(gpu.xid), f"DCGM_FI_DEV_XID_ERRORS changed {_xid_text(last)} -> {_xid_text(gpu.xid)}"))
+    counted = before.counts.get(gpu.uuid)
+    if gpu.xid_counts is not None and counted is not None:
+        for xid, count in gpu.xid_counts.items():
+            if count > counted.get(xid, 0.0):
+                events.append((xid, f"DCGM_EXP_XID_ERRORS count for Xid {xid} rose to {count:g}"))
+    return events, reset
+
+
+def dcgm_fault(before: DcgmState, readings: Sequence[GpuReading] | None,
+               xids: XidRules | None = None) -> tuple[DcgmState, GpuFault | None]:
     """The target's GPUs on this read, against what the last read left: (state to keep, fault or None).
 
-    - Xid: `DCGM_FI_DEV_XID_ERRORS` is the *last* Xid the GPU had and keeps it, so only a change is an
-      event. A change to a listed Xid flags a fault that is held until the gauge changes again to a
-      value not listed (0 included: what a dcgm-exporter or a GPU reset starts from). The first read
-      of a GPU is a baseline, never a fault: a 79 from before the exporter started is not known to be
-      current, and a GPU still broken also fails its DCGM health watch, which is read as a level.
+    - Xid events: a change of `DCGM_FI_DEV_XID_ERRORS` (it keeps only the *last* Xid the GPU had, so
+      only a change is an event), and any per-Xid count that rose (`DCGM_EXP_XID_ERRORS_TOTAL` or
+      `_COUNT`, which keep every Xid: a 95 followed by a 43 within one read is still a 95). The most
+      severe event NVIDIA's catalog puts in a fault bucket (`xids`) is held, and only a worse one
+      replaces it: a later milder Xid never clears it. The gauge falling back to 0 (what a GPU reset
+      or a restarted dcgm-exporter starts from) clears it. The first read of a GPU is a baseline,
+      never a fault: a 79 from before the exporter started is not known to be current, and a GPU
+      still broken also fails its DCGM health watch, which is read as a level.
     - Health: any `DCGM_EXP_GPU_HEALTH_STATUS` watch at FAIL (20) is a fault while it reads so.
     - No reading (`None`: the page could not be read, or the GPU is not on it) changes nothing and
       flags nothing new; an Xid fault already held stays held until a reading clears it.
     """
+    rules = xids if xids is not None else XidRules()
     if readings is None:
         return before, _first_held(before, ())
-    xid_seen, held = dict(before.xids), dict(before.held)
+    xid_seen, held, held_xid, counts = dict(before.xids), dict(before.held), dict(before.held_xid), dict(before.counts)
     health: GpuFault | None = None
     for gpu in readings:
+        events, reset = _events(gpu, before)
+        if reset:
+            held.pop(gpu.uuid, None)
+            held_xid.pop(gpu.uuid, None)
+        for xid, how in events:
+            kept = held_xid.get(gpu.uuid)
+            if rules.is_fault(xid) and (kept is None or rules.rank(xid) > rules.rank(kept)):
+                held_xid[gpu.uuid] = xid
+                held[gpu.uuid] = _clip(f"Xid{xid}: dcgm-exporter {how} on GPU {gpu.gpu} ({gpu.uuid}): "
+                                       f"{rules.words(xid)}")
         if gpu.xid is not None:
-            last = xid_seen.get(gpu.uuid)
-            if last is not None and gpu.xid != last:
-                if int(gpu.xid) in xids and gpu.xid == int(gpu.xid):
-                    held[gpu.uuid] = _clip(f"Xid{_xid_text(gpu.xid)}: dcgm-exporter DCGM_FI_DEV_XID_ERRORS changed "
-                                           f"{_xid_text(last)} -> {_xid_text(gpu.xid)} on GPU {gpu.gpu} ({gpu.uuid})")
-                else:
-                    held.pop(gpu.uuid, None)
             xid_seen[gpu.uuid] = gpu.xid
+        if gpu.xid_counts is not None:
+            counts[gpu.uuid] = dict(gpu.xid_counts)
         if gpu.failing and health is None:
             watches = ", ".join(f"{watch} {code}" for watch, code in gpu.failing)
             code = next((c for _, c in gpu.failing if c and c != "DCGM_FR_OK"), f"DcgmHealth{gpu.failing[0][0]}")
             health = GpuFault("dcgm", _clip(f"{code}: dcgm-exporter DCGM_EXP_GPU_HEALTH_STATUS FAIL on GPU {gpu.gpu} "
                                             f"({gpu.uuid}): {watches}"))
-    after = DcgmState(xid_seen, held)
+    after = DcgmState(xid_seen, held, counts, held_xid)
     return after, _first_held(after, [g.uuid for g in readings]) or health
 
 
@@ -197,3 +244,75 @@ def file_fault(before: GpuFault | None, text: str | None, error: str | None) -> 
 def combine(faults: Iterable[GpuFault | None]) -> GpuFault | None:
     """One fault from several sources: the first one flagged (callers pass file, node, dcgm in that order)."""
     return next((fault for fault in faults if fault is not None), None)
+
+
+# -- the sources' protocol and the one state they leave on a record -----------------------------
+
+SOURCES: tuple[str, ...] = ("file", "node", "dcgm", "nvml")  # the order `combine` gives the detail in
+
+
+@dataclass(frozen=True)
+class SourceRead:
+    """One source's word on one target: its fault (or None), why it could not be read (or None), and
+    what it keeps for its next read (dcgm's DcgmState; None for the others)."""
+
+    fault: GpuFault | None = None
+    error: str | None = None
+    memory: Any = None
+
+
+@dataclass(frozen=True)
+class GpuFaultState:
+    """A target's GPU faults as its last poll read them: one SourceRead per source that was read."""
+
+    reads: Mapping[str, SourceRead] = field(default_factory=dict)
+
+    def of(self, source: str) -> SourceRead:
+        return self.reads.get(source) or SourceRead()
+
+    @property
+    def fault(self) -> GpuFault | None:
+        """The fault of the first source that flags one, in SOURCES order."""
+        return combine(self.of(name).fault for name in SOURCES)
+
+    @property
+    def errors(self) -> dict[str, str]:
+        """Each source that could not be read, and why."""
+        return {name: read.error for name in SOURCES if (read := self.reads.get(name)) and read.error}
+
+    def with_read(self, source: str, read: SourceRead) -> GpuFaultState:
+        return GpuFaultState({**self.reads, source: read})
+
+
+class GpuTarget(Protocol):
+    """What the sources read of a target (exporter/settings.py's TargetSettings)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def gpu_fault_file(self) -> Any: ...
+
+    @property
+    def dcgm(self) -> Any: ...
+
+    @property
+    def gpus(self) -> list[int | str] | None: ...
+
+    @property
+    def node(self) -> str | None: ...
+
+
+class FaultSource(Protocol):
+    """One GPU-fault source: its name (the key in gpu_fault_errors), which targets it reads, and one read."""
+
+    name: str
+
+    def wants(self, target: GpuTarget) -> bool: ...
+
+    def read(self, target: GpuTarget, before: SourceRead) -> Awaitable[SourceRead]: ...
+
+    def release(self, target: GpuTarget) -> None:
+        """A human says the target's GPU was reset or replaced: what the source holds for it (an Xid
+        event, which cannot be read again) is over from its next read. Levels are read as they are."""
+        ...

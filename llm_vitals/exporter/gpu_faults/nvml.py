@@ -1,14 +1,20 @@
 """The NVML rules: pure functions from what NVML said about a target's GPUs to one fault, or none.
 
 The fourth GPU-fault source (`nvml`, docs/gpu-faults.md), for hosts with the NVIDIA driver and no
-dcgm-exporter nor node agent. The exporter's NVML source (llm_vitals/exporter/nvml_source.py) reads
+dcgm-exporter nor node agent. The exporter's NVML source (llm_vitals/exporter/gpu_faults/nvml_source.py) reads
 each GPU in threads of its own and hands these rules plain data: the last complete read of each GPU,
 the critical Xid events seen, and why a GPU cannot be read now. A fault is, per GPU, in this order:
 
-- `Xid<n>`: a critical Xid event (NVML's event set) of a listed Xid; held until the exporter restarts,
-  as an event cannot be read again and the GPU is not known to be well after it;
+- `Xid<n>`: the most severe critical Xid event (NVML's event set) that NVIDIA's Xid catalog puts in a
+  GPU-reset or node-reboot bucket (gpu_faults/xids.py). Every event is counted, however many
+  application Xids came first, and a later milder one never replaces it. An event cannot be read
+  again, so it is held until the GPU is seen reset (`came_back`: the driver asked for a recovery
+  action, or the GPU answered lost or reset-required, and then a complete read shows it well) or
+  the exporter restarts;
 - `gpu_lost`: NVML answers NVML_ERROR_GPU_IS_LOST (fallen off the bus); `gpu_reset_required`: it answers
-  NVML_ERROR_RESET_REQUIRED;
+  NVML_ERROR_RESET_REQUIRED; `gpu_recovery_action`: NVML's GPU recovery action field
+  (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, what `nvidia-smi -q` shows as "GPU Recovery Action") asks for
+  a GPU reset, a node reboot or a P2P drain;
 - `row_remap_failure`: a row remap failed (replace the GPU); `ecc_uncorrectable`: volatile uncorrectable
   ECC errors above 0; `row_remap_pending`: a remap waits for a GPU reset; `retired_pages_pending`: pages
   wait to be retired (GPUs before Ampere; H100/H200 remap rows instead);
@@ -27,7 +33,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llm_vitals.exporter.gpu_faults import DEFAULT_XIDS, GpuFault, _clip
+from llm_vitals.exporter.gpu_faults import GpuFault, _clip
+from llm_vitals.exporter.gpu_faults.xids import XidRules
 
 # The health fields a read takes, named as in tests/fixtures/gpu/nvml-h200-healthy.json (the recipe's capture):
 # nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE), nvmlDeviceGetRemappedRows (corrected,
@@ -35,17 +42,17 @@ from llm_vitals.exporter.gpu_faults import DEFAULT_XIDS, GpuFault, _clip
 ECC_VOLATILE_UNCORRECTED = "ecc_volatile_uncorrected"
 REMAPPED_ROWS = "remapped_rows"
 RETIRED_PAGES_PENDING = "retired_pages_pending"
-HEALTH_FIELDS: tuple[str, ...] = (ECC_VOLATILE_UNCORRECTED, REMAPPED_ROWS, RETIRED_PAGES_PENDING)
+# nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): nvmlDeviceGpuRecoveryAction_t (0 none).
+RECOVERY_ACTION = "recovery_action"
+HEALTH_FIELDS: tuple[str, ...] = (ECC_VOLATILE_UNCORRECTED, REMAPPED_ROWS, RETIRED_PAGES_PENDING, RECOVERY_ACTION)
+RECOVERY_ACTIONS = {1: "a GPU reset", 2: "a node reboot", 3: "a P2P drain", 4: "a P2P drain and a GPU reset",
+                    5: "an IMEX domain recovery", 6: "a PCIe bus reset", 7: "a system reboot"}
 
 # NVML's error names (pynvml's NVMLError_<name> classes) that decide something here.
 NOT_SUPPORTED = "NotSupported"
 GPU_IS_LOST = "GpuIsLost"
 RESET_REQUIRED = "ResetRequired"
 UNKNOWN = "Unknown"
-# The default Xids are the dcgm source's (48 double-bit ECC, 79 fallen off the bus, 94/95 contained and
-# uncontained ECC): those a restart of the server cannot fix. NVIDIA's device plugin counts every Xid
-# but the application errors (13, 31, 43, 45, 68, 109); add others with gpu_faults.nvml.xids.
-NVML_XIDS: tuple[int, ...] = DEFAULT_XIDS
 
 
 @dataclass(frozen=True)
@@ -91,11 +98,18 @@ class GpuRead:
 
 @dataclass(frozen=True)
 class XidEvent:
-    """A critical Xid event from NVML's event set: which GPU (by UUID; None if NVML could not say) and the Xid."""
+    """Critical Xid events of one number from NVML's event set: which GPU (by UUID; None if NVML could
+    not say), the Xid, when it first came (wall time), how many came, and when the last did."""
 
     uuid: str | None
     xid: int
     at: float
+    count: int = 1
+    last_at: float | None = None
+
+    @property
+    def latest(self) -> float:
+        return self.at if self.last_at is None else self.last_at
 
 
 @dataclass(frozen=True)
@@ -104,8 +118,9 @@ class GpuStatus:
 
     gpu: GpuId
     read: GpuRead | None = None  # None before the first read completed
-    xids: tuple[XidEvent, ...] = ()  # critical Xid events seen since the source started
+    xids: tuple[XidEvent, ...] = ()  # critical Xid events seen since the source started, one per number
     error: str | None = None  # e.g. `nvml_timeout: ...`: kept and shown, never a fault
+    reset_at: float | None = None  # wall time a read last showed the GPU back from a recovery (`came_back`)
 
 
 @dataclass(frozen=True)
@@ -119,9 +134,9 @@ class NvmlView:
 
 @dataclass(frozen=True)
 class NvmlRules:
-    """Which critical Xids are a fault (the rest of the rules are fixed)."""
+    """Which critical Xids are a fault: NVIDIA's catalog and its overrides (the rest of the rules are fixed)."""
 
-    xids: frozenset[int] = field(default_factory=lambda: frozenset(NVML_XIDS))
+    xids: XidRules = field(default_factory=XidRules)
 
 
 def _stamp(at: float) -> str:
@@ -149,6 +164,10 @@ def read_fault(read: GpuRead) -> str | None:
     remap = rows if isinstance(rows, tuple) and len(rows) == 4 else None
     counts = (f"NVML remapped rows: correctable {remap[0]}, uncorrectable {remap[1]}, pending {remap[2]}, "
               f"failure {remap[3]}") if remap else ""
+    action = _count(fields.get(RECOVERY_ACTION))
+    if action:
+        what = RECOVERY_ACTIONS.get(action, f"recovery action {action}")
+        return _clip(f"gpu_recovery_action: {gpu}: NVML's GPU recovery action asks for {what}")
     if remap and remap[3] > 0:
         return _clip(f"row_remap_failure: {gpu}: {counts}: a row remap failed, replace the GPU")
     ecc = _count(fields.get(ECC_VOLATILE_UNCORRECTED))
@@ -172,18 +191,38 @@ def read_errors(read: GpuRead) -> list[str]:
             if error.code not in deciding]
 
 
-def xid_fault(gpu: GpuId, events: Iterable[XidEvent], rules: NvmlRules) -> str | None:
-    """The first listed critical Xid this GPU had, as a detail; None when it had none."""
-    for event in events:
-        if event.xid in rules.xids:
-            return _clip(f"Xid{event.xid}: {gpu}: NVML critical Xid event at {_stamp(event.at)}; "
-                         "held until the exporter restarts")
-    return None
+def xid_fault(gpu: GpuId, events: Iterable[XidEvent], rules: NvmlRules, reset_at: float | None = None) -> str | None:
+    """The most severe faulty Xid this GPU had since it was last seen reset, as a detail; None when none."""
+    current = {event.xid: event for event in events if reset_at is None or event.latest > reset_at}
+    worst = rules.xids.worst(current)
+    if worst is None:
+        return None
+    event = current[worst]
+    times = f"{event.count} events, the first" if event.count > 1 else "an event"
+    return _clip(f"Xid{event.xid}: {gpu}: NVML critical Xid ({rules.xids.words(event.xid)}), {times} at "
+                 f"{_stamp(event.at)}; held until the GPU is seen reset or the exporter restarts")
 
 
 def gpu_fault(status: GpuStatus, rules: NvmlRules) -> str | None:
-    """One GPU's fault: a listed Xid first (the cause), then what its last read shows."""
-    return xid_fault(status.gpu, status.xids, rules) or (read_fault(status.read) if status.read else None)
+    """One GPU's fault: its worst Xid first (the cause), then what its last read shows."""
+    return (xid_fault(status.gpu, status.xids, rules, status.reset_at)
+            or (read_fault(status.read) if status.read else None))
+
+
+def _in_recovery(read: GpuRead) -> bool:
+    errors = _errors(read.fields)
+    return bool(_count(read.fields.get(RECOVERY_ACTION))) or any(
+        error.code in (GPU_IS_LOST, RESET_REQUIRED) for error in errors.values())
+
+
+def came_back(before: GpuRead | None, after: GpuRead) -> bool:
+    """Whether `after` shows the GPU reset since `before`: `before` in a recovery (the driver's recovery
+    action asked for one, or NVML answered GPU_IS_LOST or RESET_REQUIRED) and `after` out of it.
+
+    What NVML offers: no reset counter, but the recovery action the driver sets with Xid 154 and
+    clears once the GPU was reset, and the lost / reset-required answers that a reset ends.
+    """
+    return before is not None and _in_recovery(before) and not _in_recovery(after)
 
 
 GpuRef = int | str  # a target's `gpus:` entry: an index, or a UUID (`GPU-...`)

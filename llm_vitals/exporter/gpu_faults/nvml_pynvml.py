@@ -2,7 +2,7 @@
 
 Imported only when a target names `gpus:`, and `pynvml` itself only inside `open`: without the package
 the exporter runs, and the source shows `nvml_unavailable` in `gpu_fault_errors`. Every NVML call is
-named to the source's Step first (its bound: llm_vitals/exporter/nvml_source.py). An NVMLError from a
+named to the source's Step first (its bound: llm_vitals/exporter/gpu_faults/nvml_source.py). An NVMLError from a
 health read becomes that field's value (gpu_faults.nvml decides what it means); one from `open` or
 from the event wait is an NvmlFailure.
 
@@ -22,13 +22,14 @@ from llm_vitals.exporter.gpu_faults.nvml import (
     ECC_VOLATILE_UNCORRECTED,
     HEALTH_FIELDS,
     NOT_SUPPORTED,
+    RECOVERY_ACTION,
     REMAPPED_ROWS,
     RETIRED_PAGES_PENDING,
     FieldValue,
     GpuId,
     NvmlError,
 )
-from llm_vitals.exporter.nvml_source import NvmlFailure, Opened, Step
+from llm_vitals.exporter.gpu_faults.nvml_source import NvmlFailure, Opened, Step
 
 INSTALL_HINT = "nvidia-ml-py is not installed: pip install 'llm-vitals[gpu]'"
 
@@ -122,6 +123,7 @@ class PynvmlBackend:
             REMAPPED_ROWS: ("nvmlDeviceGetRemappedRows", lambda: tuple(int(v) for v in nvml.nvmlDeviceGetRemappedRows(handle))),
             RETIRED_PAGES_PENDING: ("nvmlDeviceGetRetiredPagesPendingStatus",
                                     lambda: int(nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle))),
+            RECOVERY_ACTION: ("nvmlDeviceGetFieldValues", lambda: self._recovery_action(nvml, handle)),
         }
         fields: dict[str, FieldValue] = {}
         for name, (call, fn) in calls.items():
@@ -136,6 +138,18 @@ class PynvmlBackend:
                 if error.code == NOT_SUPPORTED:
                     self._unsupported.add((gpu.index, name))
         return fields
+
+    @staticmethod
+    def _recovery_action(nvml: Any, handle: Any) -> FieldValue:
+        # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: answered on the H200 of tests/fixtures/gpu (driver 580);
+        # a binding or driver without it is NOT_SUPPORTED, skipped like any field the GPU lacks.
+        field_id = getattr(nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if field_id is None:
+            return NvmlError(NOT_SUPPORTED, "this nvidia-ml-py has no NVML_FI_DEV_GET_GPU_RECOVERY_ACTION")
+        (value,) = nvml.nvmlDeviceGetFieldValues(handle, [field_id])
+        if value.nvmlReturn != nvml.NVML_SUCCESS:
+            raise nvml.NVMLError(value.nvmlReturn)
+        return int(value.value.uiVal)
 
     def wait_xids(self, timeout: float, step: Step) -> list[tuple[str | None, int]]:
         nvml = self._nvml

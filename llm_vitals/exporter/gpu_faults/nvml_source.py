@@ -9,6 +9,11 @@ a call. The threads:
   RETRY_S until it succeeds; then it starts the others and ends;
 - a reader per GPU: its health fields every `interval` (one GPU's hung call stalls no other GPU);
 - the Xid watcher: waits on NVML's event set, EVENT_WAIT_S at a time, so it notices `stop` within that.
+  Every event is counted, one tally per GPU and Xid number (first time, count, last time): bounded
+  by the Xid numbers there are, so no flood of application Xids can crowd out a critical one.
+
+A reader that sees its GPU come back from a recovery (gpu_faults.nvml.came_back) stamps the GPU's
+`reset_at`: Xid events up to then are over.
 
 Before each NVML call a thread names it (`Lane.step`), with the time. `view(now)` reports a call that
 has not returned within its bound as `nvml_timeout` (gpu_faults.nvml.overdue): an error, never a fault.
@@ -16,7 +21,7 @@ A call cannot be interrupted, so a hung thread stays hung and makes no more call
 returns, the thread goes on and the error clears. The GPU keeps its last read meanwhile: a hung call
 flags nothing new and clears nothing.
 
-The backend is the seam (NvmlBackend): llm_vitals/exporter/nvml_pynvml.py calls NVML through
+The backend is the seam (NvmlBackend): llm_vitals/exporter/gpu_faults/nvml_pynvml.py calls NVML through
 nvidia-ml-py; the tests give functions that hang, fail or answer (tests/test_gpu_fault_nvml_source.py).
 """
 
@@ -26,10 +31,23 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
-from llm_vitals.exporter.gpu_faults.nvml import FieldValue, GpuId, GpuRead, GpuStatus, NvmlView, XidEvent, overdue
+from llm_vitals.exporter.gpu_faults import GpuTarget, SourceRead
+from llm_vitals.exporter.gpu_faults.nvml import (
+    FieldValue,
+    GpuId,
+    GpuRead,
+    GpuStatus,
+    NvmlRules,
+    NvmlView,
+    XidEvent,
+    came_back,
+    nvml_fault,
+    overdue,
+    select,
+)
 from llm_vitals.logs import log_event
 
 log = logging.getLogger("llm_vitals.exporter")
@@ -40,8 +58,6 @@ EVENT_WAIT_S = 1.0
 # How long after a failed open (no nvidia-ml-py, no driver, no permission) the opener tries again:
 # a driver loaded later is found without a restart, and a host without one pays one try per RETRY_S.
 RETRY_S = 30.0
-# The first events of each GPU are kept (the first listed one is the fault's cause); more add nothing.
-MAX_EVENTS_PER_GPU = 16
 
 
 class Step(Protocol):
@@ -136,7 +152,8 @@ class NvmlSource:
         self._events_error: str | None = None
         self._reads: dict[int, GpuRead] = {}
         self._read_errors: dict[int, str] = {}
-        self._xids: dict[str | None, list[XidEvent]] = {}
+        self._xids: dict[str | None, dict[int, XidEvent]] = {}
+        self._reset_at: dict[int, float] = {}
 
     @property
     def started(self) -> bool:
@@ -163,19 +180,27 @@ class NvmlSource:
             closer.join(max(0.1, deadline - time.monotonic()))
         return True
 
+    def release(self, indexes: list[int]) -> None:
+        """A human says these GPUs were reset or replaced: their Xid events so far are over (as `came_back`)."""
+        now = self.wall()
+        with self._lock:
+            for index in indexes:
+                self._reset_at[index] = now
+
     def view(self, now: float | None = None) -> NvmlView:
         """What the threads know now, with any call past its bound as `nvml_timeout`. Never waits on NVML."""
         now = self.clock() if now is None else now
         with self._lock:
             opened, open_error, events_error = self._opened, self._open_error, self._events_error
-            reads, read_errors = dict(self._reads), dict(self._read_errors)
-            xids = {uuid: tuple(events) for uuid, events in self._xids.items()}
+            reads, read_errors, reset_at = dict(self._reads), dict(self._read_errors), dict(self._reset_at)
+            xids = {uuid: tuple(events.values()) for uuid, events in self._xids.items()}
         if opened is None:
             return NvmlView(error=self._opener.overdue(now) or open_error)
         anyone = xids.get(None, ())  # an event NVML could not tie to a GPU counts for every GPU
         gpus = tuple(
             GpuStatus(gpu, reads.get(gpu.index), (*xids.get(gpu.uuid, ()), *anyone) if gpu.uuid else anyone,
-                      (lane.overdue(now) if (lane := self._readers.get(gpu.index)) else None) or read_errors.get(gpu.index))
+                      (lane.overdue(now) if (lane := self._readers.get(gpu.index)) else None) or read_errors.get(gpu.index),
+                      reset_at.get(gpu.index))
             for gpu in opened.gpus)  # fmt: skip
         return NvmlView(gpus, error=self._watcher.overdue(now) or events_error, opened=True)
 
@@ -228,7 +253,10 @@ class NvmlSource:
             with self._lock:
                 before = self._read_errors.get(gpu.index)
                 if error is None:
-                    self._reads[gpu.index] = GpuRead(gpu, fields, self.clock())
+                    read = GpuRead(gpu, fields, self.clock())
+                    if came_back(self._reads.get(gpu.index), read):
+                        self._reset_at[gpu.index] = self.wall()
+                    self._reads[gpu.index] = read
                     self._read_errors.pop(gpu.index, None)
                 else:
                     self._read_errors[gpu.index] = error
@@ -254,9 +282,10 @@ class NvmlSource:
             with self._lock:
                 self._events_error = None
                 for uuid, xid in events:
-                    kept = self._xids.setdefault(uuid, [])
-                    if len(kept) < MAX_EVENTS_PER_GPU:
-                        kept.append(XidEvent(uuid, xid, now))
+                    kept = self._xids.setdefault(uuid, {})
+                    seen = kept.get(xid)
+                    kept[xid] = XidEvent(uuid, xid, now) if seen is None else replace(
+                        seen, count=seen.count + 1, last_at=now)
             for uuid, xid in events:
                 log_event(log, "NVML critical Xid event", logging.WARNING, gpu=uuid, xid=xid)
 
@@ -265,3 +294,39 @@ class NvmlSource:
             self.backend.close()
         except Exception as exc:
             log_event(log, "NVML shutdown failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
+
+
+class NvmlFaultSource:
+    """The `nvml` source (FaultSource): the target's `gpus` as the NVML threads last read them.
+
+    The NvmlSource is made (by `make`) and started when a target first names `gpus` (a reload or
+    discovery may add one); a poll only copies what its threads left, never waits on NVML.
+    """
+
+    name = "nvml"
+
+    def __init__(self, make: Callable[[], NvmlSource], rules: NvmlRules, clock: Callable[[], float]) -> None:
+        self.make = make
+        self.rules = rules
+        self.clock = clock
+        self.source: NvmlSource | None = None
+
+    def wants(self, target: GpuTarget) -> bool:
+        return target.gpus is not None
+
+    async def read(self, target: GpuTarget, before: SourceRead) -> SourceRead:
+        if self.source is None:
+            self.source = self.make()
+        self.source.start()
+        return SourceRead(*nvml_fault(self.source.view(self.clock()), target.gpus or [], self.rules))
+
+    def stop(self) -> None:
+        """Stop the threads (blocking: joins them for up to 3 s; call it off the event loop)."""
+        if self.source is not None:
+            self.source.stop()
+
+    def release(self, target: GpuTarget) -> None:
+        """The target's GPUs count as reset now: their Xid events so far are over."""
+        if self.source is not None and target.gpus is not None:
+            gpus, _ = select(self.source.view(self.clock()), target.gpus)
+            self.source.release([status.gpu.index for status in gpus])

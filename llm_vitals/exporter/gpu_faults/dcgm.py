@@ -19,18 +19,42 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+from typing import Any, Protocol
 
 import aiohttp
 
 from llm_vitals.exporter.engines import PageError
 from llm_vitals.exporter.engines.scan import Scanner, decode
-from llm_vitals.exporter.gpu_faults import DCGM_HEALTH_FAIL, GpuReading
-from llm_vitals.exporter.settings import DcgmSettings
+from llm_vitals.exporter.gpu_faults import DCGM_HEALTH_FAIL, DcgmState, GpuReading, GpuTarget, SourceRead, dcgm_fault
+from llm_vitals.exporter.gpu_faults.xids import XidRules
 from llm_vitals.exporter.upstream import METRICS_ACCEPT, bounded_get
+
+
+class DcgmSettings(Protocol):
+    """Where a target's GPU is on a dcgm-exporter page (exporter/settings.py's DcgmSettings)."""
+
+    @property
+    def url(self) -> Any: ...
+
+    @property
+    def pod(self) -> str | None: ...
+
+    @property
+    def namespace(self) -> str | None: ...
+
+    @property
+    def uuid(self) -> str | None: ...
 
 XID = "DCGM_FI_DEV_XID_ERRORS"
 HEALTH = "DCGM_EXP_GPU_HEALTH_STATUS"
-_SCANNER = Scanner([XID, HEALTH])
+# dcgm-exporter's own per-Xid families (label `xid`), when its collectors list them: a count within
+# its window (`--xid-count-window-size`), and a total since it started. The gauge above keeps only
+# the last Xid; these keep every one, so a 95 followed by a 43 within one poll is still seen.
+XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
+XID_TOTAL = "DCGM_EXP_XID_ERRORS_TOTAL"
+_FAMILIES = (XID, HEALTH, XID_COUNT, XID_TOTAL)
+_SCANNER = Scanner(list(_FAMILIES))
 
 
 def _label(labels: Mapping[str, str], *names: str) -> str | None:
@@ -57,7 +81,7 @@ def parse_page(body: bytes) -> tuple[Line, ...]:
     found = _SCANNER.scan(decode(body))
     if not found:
         raise PageError("bad_metrics", f"not a dcgm-exporter page: no {XID} nor {HEALTH} line")
-    return tuple((name, sample.labels(), sample.value) for name in (XID, HEALTH) for sample in found.get(name, []))
+    return tuple((name, sample.labels(), sample.value) for name in _FAMILIES for sample in found.get(name, []))
 
 
 def select_gpus(lines: tuple[Line, ...], dcgm: DcgmSettings) -> list[GpuReading]:
@@ -65,21 +89,25 @@ def select_gpus(lines: tuple[Line, ...], dcgm: DcgmSettings) -> list[GpuReading]
     # The GPUs are chosen by pod (or UUID) on any line, then joined by UUID: a health line without
     # the pod labels still counts for the pod's GPU.
     ours = {uuid for _, labels, _ in lines if (uuid := _label(labels, "UUID", "uuid")) and _is_ours(labels, dcgm)}
-    gpus: dict[str, tuple[str, list[float], list[tuple[str, str]]]] = {}  # uuid -> (index, xids, failing)
+    # uuid -> (index, xids, failing, per-Xid counts by family)
+    gpus: dict[str, tuple[str, list[float], list[tuple[str, str]], dict[str, dict[int, float]]]] = {}
     for name, labels, value in lines:
         uuid = _label(labels, "UUID", "uuid")
         if uuid is None or uuid not in ours:
             continue
-        _, xids, failing = gpus.setdefault(uuid, (labels.get("gpu", "?"), [], []))
+        _, xids, failing, counts = gpus.setdefault(uuid, (labels.get("gpu", "?"), [], [], {}))
         if name == XID and value == value:  # a NaN Xid is no reading
             xids.append(value)
         elif name == HEALTH and value >= DCGM_HEALTH_FAIL:
             failing.append((labels.get("health_watch", "?"), labels.get("health_error_code", "")))
+        elif name in (XID_COUNT, XID_TOTAL) and value == value and labels.get("xid", "").isdigit():
+            counts.setdefault(name, {})[int(labels["xid"])] = value
     if not gpus:
         wanted = f"UUID {dcgm.uuid}" if dcgm.uuid else f"pod {dcgm.pod}" + (f" in namespace {dcgm.namespace}" if dcgm.namespace else "")
         raise PageError("bad_metrics", f"no GPU of {wanted} on the dcgm-exporter page")
-    return [GpuReading(uuid, index, xids[-1] if xids else None, tuple(failing))
-            for uuid, (index, xids, failing) in gpus.items()]
+    # The total is the better witness (it never falls within dcgm-exporter's life); the windowed count otherwise.
+    return [GpuReading(uuid, index, xids[-1] if xids else None, tuple(failing), counts.get(XID_TOTAL) or counts.get(XID_COUNT))
+            for uuid, (index, xids, failing, counts) in gpus.items()]
 
 
 async def fetch_page(session: aiohttp.ClientSession, url: str, timeout: float, max_bytes: int) -> tuple[Line, ...]:
@@ -125,3 +153,40 @@ class SharedPages:
             future.cancel()
         await asyncio.gather(*reads, return_exceptions=True)
         self._pages.clear()
+
+
+class DcgmSource:
+    """The `dcgm` source (FaultSource): the target's GPUs on its dcgm-exporter page, judged by `dcgm_fault`.
+
+    An unreadable page (or one without the target's GPU) is an error kept beside the fault: it flags
+    nothing new and clears nothing (the state the rule keeps between reads is the read's memory).
+    """
+
+    name = "dcgm"
+
+    def __init__(self, pages: SharedPages, rules: XidRules) -> None:
+        self.pages = pages
+        self.rules = rules
+        self._released: set[str] = set()  # targets whose held Xids a human released, until their next read
+
+    def wants(self, target: GpuTarget) -> bool:
+        return target.dcgm is not None
+
+    async def read(self, target: GpuTarget, before: SourceRead) -> SourceRead:
+        dcgm = target.dcgm
+        gpus: list[GpuReading] | None = None
+        error = None
+        try:
+            gpus = select_gpus(await self.pages.get(str(dcgm.url)), dcgm)
+        except PageError as exc:
+            error = f"{exc.reason}: {exc.detail}"
+        state = before.memory if isinstance(before.memory, DcgmState) else DcgmState()
+        if target.name in self._released:
+            self._released.discard(target.name)
+            state = replace(state, held={}, held_xid={})
+        state, fault = dcgm_fault(state, gpus, self.rules)
+        return SourceRead(fault, error, state)
+
+    def release(self, target: GpuTarget) -> None:
+        """Forget the target's held Xid at its next read (the poll stays the one writer)."""
+        self._released.add(target.name)
