@@ -551,8 +551,9 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
                              f"and {snap.deferred:g} request(s) the engine deferred (KV transfer, a peer): "
                              f"a restart of this server does not fix its peer", **changes)
             changes.update(unit=worst[1].name if worst else None)
+            longest = f"; stuck longest: unit {worst[1].name}" if worst else ""
             return _move(previous, now, "stuck", "no_progress",
-                         f"{load}; no engine signal moved for {stuck_for:.1f}s over {reads} reads", **changes)
+                         f"{load}; no engine signal moved for {stuck_for:.1f}s over {reads} reads{longest}", **changes)
         state, reason = "busy", "waiting_for_progress"
         detail = f"{load}; nothing moved for {stuck_for:.1f}s ({reads} read(s))"
 
