@@ -447,3 +447,29 @@ def test_a_wake_up_that_hangs_with_work_pending_is_stuck_not_asleep() -> None:
     assert "asleep" in verdicts[-1].detail and verdicts[-1].stuck_seconds == 70
     # Asleep with nothing owed stays asleep, however long.
     assert run("vllm", [(0, asleep(VLLM_IDLE, 0)), (3600, asleep(VLLM_IDLE, 0))])[-1].state == "asleep"
+
+
+# -- The whole exporter on loopback: the API names the unit -----------------------------------------
+
+async def test_the_exporter_polling_a_two_model_triton_names_the_stuck_model(aiohttp_server, aiohttp_client) -> None:
+    """toy_lm holds 16 queued and completes nothing; toy_lm_stream completes one more at every read."""
+    from aiohttp import web
+    from test_exporter_helpers import make_settings, make_target, record, start_exporter, wait_for
+
+    reads = 0
+
+    async def metrics(request: web.Request) -> web.Response:
+        nonlocal reads
+        reads += 1
+        return web.Response(text=queued_on_toy_lm(reads), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server = await aiohttp_server(app)
+    settings = make_settings([make_target("tr", str(server.make_url("")), engine="triton", canary={"enabled": False},
+                                          metrics_url=str(server.make_url("/metrics")), stuck_after=1.0)])
+    client = await start_exporter(aiohttp_client, settings)
+    await wait_for(lambda: record(client, "tr").verdict.state == "stuck", timeout=10, what="stuck")
+    view = await (await client.get("/api/v1/targets/tr")).json()
+    assert (view["state"], view["reason"], view["unit"]) == ("stuck", "no_progress", TOY_LM)
+    assert f"unit {TOY_LM}" in view["detail"] and view["waiting"] == 16
