@@ -134,7 +134,8 @@ def python_stubs(tritonserver: psutil.Process, model: str) -> list[psutil.Proces
     stubs = []
     for child in tritonserver.children(recursive=True):
         try:
-            if "triton_python_backend_stub" in child.name() and any(f"/{model}/" in arg for arg in child.cmdline()):
+            argv = child.cmdline()  # (its name, 15 characters in /proc, is cut short)
+            if argv and "triton_python_backend_stub" in argv[0] and any(f"/{model}/" in arg for arg in argv[1:]):
                 stubs.append(child)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
