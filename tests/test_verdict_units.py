@@ -473,3 +473,32 @@ async def test_the_exporter_polling_a_two_model_triton_names_the_stuck_model(aio
     view = await (await client.get("/api/v1/targets/tr")).json()
     assert (view["state"], view["reason"], view["unit"]) == ("stuck", "no_progress", TOY_LM)
     assert f"unit {TOY_LM}" in view["detail"] and view["waiting"] == 16
+
+
+# -- The simulator: a decode server whose prefill peer is gone ----------------------------------------
+
+async def test_a_decode_server_whose_peer_is_gone_waits_on_it_and_is_never_stuck(aiohttp_client) -> None:
+    """The simulator's `peer` fault: its waiting requests are deferred (vLLM 0.32's waiting_by_reason) and
+    nothing moves: `waiting_on_peer`, ready and live, never stuck; back to work once the peer is back."""
+    from test_exporter_helpers import make_settings, make_target, record, requests_in_flight, start_exporter, target_json
+    from test_exporter_helpers import wait_for as wait_until_true
+
+    from llm_vitals.sim.fleet import Fleet, SimConfig
+
+    async with Fleet(SimConfig(max_num_seqs=2, tokens_per_second=100), backends=1) as fleet:
+        url = fleet.backend_urls[0]
+        client = await start_exporter(aiohttp_client, make_settings(
+            [make_target("decode-a", url, stuck_after=1.0, canary={"enabled": False})], poll_interval=0.25))
+        rec = record(client, "decode-a")
+        await wait_until_true(lambda: rec.verdict.state == "idle", what="idle")
+        fleet.backends[0].set_fault("peer")
+        body = {"model": "tiny", "prompt": "def main():", "max_tokens": 20, "ignore_eos": True}
+        async with requests_in_flight(url + "/v1/completions", body, 3):
+            await wait_until_true(lambda: rec.verdict.state == "waiting_on_peer", timeout=10, what="waiting_on_peer")
+            view = await target_json(client, "decode-a")
+            assert (view["reason"], view["deferred"], view["ready"], view["live"]) == ("waiting_on_peer", 3, True, True)
+            assert "3 deferred" in view["detail"]
+            states = {state for _, _, state in list(rec.history)}
+            assert "stuck" not in states and rec.verdict.restarts == 0
+            fleet.backends[0].set_fault("none")
+            await wait_until_true(lambda: rec.verdict.state == "busy", timeout=10, what="busy once the peer is back")
