@@ -41,7 +41,7 @@ def of_engine(expr: str) -> str:
     """
     return f"({expr})\nand on (target) {ENGINE_INFO}"
 
-# The exporter's states, in the order the state timeline numbers them (1..7) and with the colour
+# The exporter's states, in the order the state timeline numbers them (1..8) and with the colour
 # each gets. `idle` and `busy` are both healthy; only stuck/unresponsive lead to a restart; `asleep`
 # (vLLM's sleep mode, on purpose) is neither.
 STATES = [
@@ -52,11 +52,12 @@ STATES = [
     ("unresponsive", "orange"),
     ("down", "purple"),
     ("asleep", "text"),
+    ("waiting_on_peer", "light-blue"),
 ]
 
 
 def state_number_expr() -> str:
-    """One number per target naming its current state (1..7), from the one-hot `llm_vitals_state`.
+    """One number per target naming its current state (1..8), from the one-hot `llm_vitals_state`.
 
     Each state's series is kept only where it is 1 and multiplied by its number; `or` keeps them
     apart (their `state` labels differ) and `max by (target)` leaves the one current number. Unlike
@@ -130,7 +131,8 @@ def state_timeline() -> dict:
         "pending and progressing (healthy, maybe full); stuck = work pending and no engine progress "
         "for stuck_after; unresponsive = idle-looking but the canary keeps failing; down = "
         "unreachable or engine dead; asleep = put to sleep on purpose (vLLM sleep mode: no canary, "
-        "not ready). Only stuck and unresponsive are restarted.",
+        "not ready); waiting_on_peer = only work the engine deferred (a KV transfer from a peer) is pending, "
+        "and nothing moves: the peer's fault, never restarted. Only stuck and unresponsive are restarted.",
         "datasource": DATASOURCE,
         "targets": [target(state_number_expr(), "{{target}}")],
         "fieldConfig": {

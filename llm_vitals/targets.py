@@ -16,7 +16,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-State = Literal["starting", "idle", "busy", "stuck", "unresponsive", "down", "asleep"]
+State = Literal["starting", "idle", "busy", "stuck", "unresponsive", "down", "asleep", "waiting_on_peer"]
 STATES: tuple[State, ...] = get_args(State)
 # The states the remediator's fleet gate counts as unhealthy.
 UNHEALTHY_STATES: frozenset[State] = frozenset({"stuck", "unresponsive", "down"})
@@ -24,6 +24,8 @@ UNHEALTHY_STATES: frozenset[State] = frozenset({"stuck", "unresponsive", "down"}
 RESTARTABLE_STATES: frozenset[State] = frozenset({"stuck", "unresponsive"})
 # `asleep` (put to sleep on purpose, vLLM's sleep mode): not ready, yet live, never unhealthy nor restartable.
 NOT_READY_STATES: frozenset[State] = frozenset({"starting", "down", "stuck", "unresponsive", "asleep"})
+# `waiting_on_peer` (work the engine itself deferred, e.g. a remote KV transfer, with nothing moving):
+# the fault is the peer's, so it is neither unhealthy nor restartable, and it stays ready and live.
 
 # A poll that gave no usable reading: the `reason` of a `down` verdict and the `poll_errors_total` label.
 PollErrorReason = Literal[
@@ -48,6 +50,7 @@ JudgedReason = Literal[
     "models_ok",  # `engine: openai`, judged by /v1/models
     "proxy_models_ok",
     "asleep",  # the engine says it sleeps (vLLM's sleep mode); the detail names the level
+    "waiting_on_peer",  # only work the engine deferred (a KV transfer) is pending, and nothing moves
 ]
 Reason = Literal[PollErrorReason, JudgedReason]
 REASONS: tuple[Reason, ...] = get_args(Reason)
@@ -109,6 +112,12 @@ class TargetView(_View):
         False, description="unhealthy now or within the last two poll intervals: what the remediator's fleet gate counts")
     running: float | None = Field(None, description="as read by the last poll; null without a fresh reading")
     waiting: float | None = None
+    deferred: float | None = Field(None, description=(
+        "requests the engine itself deferred, waiting on a peer (vLLM's waiting_by_reason deferred, SGLang's "
+        "disaggregation transfer queues), as last read; null without a fresh reading"))
+    unit: str | None = Field(None, description=(
+        "the unit a stuck or waiting_on_peer verdict rests on, as its labels read (engine=\"1\", "
+        "model=\"m\",version=\"1\", dp_rank=\"0\"); null when the whole server is judged"))
     steps_per_second: float | None = None
     generation_tokens_per_second: float | None = None
     counters: dict[str, float | None] = Field(

@@ -37,6 +37,7 @@ EXPECTED_ALERTS = {
     "LLMVitalsPollingStale",
     "LLMVitalsExporterAbsent",
     "LLMServerSaturated",
+    "LLMServerWaitingOnPeer",  # deferred work, nothing moving: the peer's fault, remediation none (issue 29)
     # The remediator's own (issue 22).
     "LLMVitalsRemediatorCircuitOpen",
     "LLMVitalsRemediatorExecutorErrors",

@@ -6,7 +6,7 @@ import pytest
 from conftest import VLLM_FIXTURES
 from prometheus_client.parser import text_string_to_metric_families
 
-from llm_vitals.exporter.engines import PageError, Snapshot
+from llm_vitals.exporter.engines import PageError, Snapshot, Unit
 from llm_vitals.exporter.engines.vllm import parse_page, parse_text
 from llm_vitals.exporter.verdict import progressed
 
@@ -16,14 +16,30 @@ PAGES = sorted(p.name for p in VLLM_FIXTURES.glob("vllm-*-metrics-*.txt") if not
 def reference_snapshot(text: str) -> Snapshot:
     """The same Snapshot, built with prometheus-client's full parser (samples looked up by full name)."""
     samples: dict[str, list[float]] = {}
+    per_engine: dict[str, dict[str, float]] = {}
+    deferred: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             samples.setdefault(sample.name, []).append(sample.value)
+            engine = sample.labels.get("engine", "")
+            by_engine = per_engine.setdefault(sample.name, {})
+            by_engine[engine] = by_engine.get(engine, 0.0) + sample.value
+            if sample.name == "vllm:num_requests_waiting_by_reason" and sample.labels.get("reason") == "deferred":
+                deferred[engine] = deferred.get(engine, 0.0) + sample.value
 
     def total(name: str) -> float | None:
         return sum(samples[name]) if name in samples else None
 
-    kv = samples.get("vllm:kv_cache_usage_perc") or samples.get("vllm:gpu_cache_usage_perc")
+    kv_name = "vllm:kv_cache_usage_perc" if "vllm:kv_cache_usage_perc" in samples else "vllm:gpu_cache_usage_perc"
+    kv = samples.get(kv_name)
+    engines = list(per_engine.get("vllm:num_requests_running", {}))
+    counters = ("vllm:iteration_tokens_total_count", "vllm:generation_tokens_total", "vllm:prompt_tokens_total",
+                "vllm:request_success_total")
+    units = tuple(
+        Unit(f'engine="{engine}"', per_engine["vllm:num_requests_running"][engine],
+             per_engine.get("vllm:num_requests_waiting", {}).get(engine, 0.0), deferred.get(engine, 0.0),
+             tuple(per_engine.get(name, {}).get(engine) for name in counters), (per_engine.get(kv_name, {}).get(engine),))
+        for engine in engines) if len(engines) > 1 else ()
     return Snapshot(
         running=total("vllm:num_requests_running"),
         waiting=total("vllm:num_requests_waiting"),
@@ -33,6 +49,8 @@ def reference_snapshot(text: str) -> Snapshot:
         finished=total("vllm:request_success_total"),
         kv_usage=sum(kv) / len(kv) if kv else None,
         process_start_time=samples["process_start_time_seconds"][0] if "process_start_time_seconds" in samples else None,
+        deferred=sum(deferred.values()),
+        units=units,
     )
 
 
@@ -101,6 +119,9 @@ def test_data_parallel_engines_are_summed() -> None:
     snap = parse_text(text)
     assert (snap.running, snap.waiting, snap.steps) == (5.0, 1.0, 15.0)
     assert snap.kv_usage == pytest.approx(0.3)  # a fraction: the mean, not the sum
+    # Each engine is a unit of its own, judged on its own signals (issue 29).
+    assert [(u.name, u.running, u.waiting, u.counters[0], u.gauges) for u in snap.units] == [
+        ('engine="0"', 2.0, 1.0, 10.0, (0.2,)), ('engine="1"', 3.0, 0.0, 5.0, (0.4,))]
     assert snap == reference_snapshot(text)
 
 

@@ -107,9 +107,14 @@ CASES = [
     Case("a_restarted_process_is_idle_after_a_quiet_interval_of_its_own",
          [(0, snap(running=2, steps=900, gen=9000)), (5, snap(steps=0, gen=0, pst=PST + 100)),
           (10, snap(steps=0, gen=0, pst=PST + 100))], "idle", "idle", checks={"restarts": 1}),
-    Case("restart_with_work_pending_is_busy_not_stuck_nor_negative",
+    # A restarted process is `starting` until a read of its own shows it servable, work pending or not.
+    Case("restart_with_work_pending_is_starting_not_stuck_nor_negative",
          [(0, snap(running=2, steps=900)), (70, snap(running=2, steps=900)), (140, snap(running=1, steps=3, pst=PST + 1))],
-         "busy", "restart", checks={"restarts": 1, "steps_per_second": None, "stuck_seconds": 0.0}),
+         "starting", "restart", checks={"restarts": 1, "steps_per_second": None, "stuck_seconds": 0.0, "started": False}),
+    Case("a_restarted_process_serving_on_its_second_read_is_busy_and_started",
+         [(0, snap(running=2, steps=900)), (140, snap(running=1, steps=3, pst=PST + 1)),
+          (145, snap(running=1, steps=9, pst=PST + 1))],
+         "busy", "progress", checks={"restarts": 1, "started": True}),
     Case("counter_down_without_start_time_is_a_restart",
          [(0, snap(steps=900, gen=50, pst=None)), (5, snap(steps=3, gen=1, pst=None))], "starting", "restart",
          checks={"restarts": 1}),
@@ -423,12 +428,19 @@ def _asleep(level: int = 1, **kw: float) -> Snapshot:
 @pytest.mark.parametrize(("rows", "state", "reason", "detail"), [
     ([(0, _asleep(1))], "asleep", "asleep", "engine asleep at level 1 (weights offloaded to CPU memory); running 0, waiting 0"),
     ([(0, _asleep(2))], "asleep", "asleep", "engine asleep at level 2 (weights discarded); running 0, waiting 0"),
-    # Requests queued at a sleeping engine go nowhere: that is sleep, not a hang, however long.
-    ([(0, _asleep(1, waiting=3)), (70, _asleep(1, waiting=3)), (140, _asleep(1, waiting=3))], "asleep", "asleep",
-     "engine asleep at level 1 (weights offloaded to CPU memory); running 0, waiting 3"),
-    # Woken: judged afresh, the stuck clock starting at the wake.
+    # Requests queued at a sleeping engine are owed: a wake-up that hangs with them pending (the page
+    # still says asleep) and nothing moving for stuck_after is stuck, never asleep forever.
+    ([(0, _asleep(1, waiting=3)), (70, _asleep(1, waiting=3)), (140, _asleep(1, waiting=3))], "stuck", "no_progress",
+     "running 0, waiting 3; engine asleep at level 1 (weights offloaded to CPU memory); "
+     "no engine signal moved for 140.0s over 2 reads"),
+    # ... within stuck_after it is pending work waiting for progress, not asleep.
+    ([(0, _asleep(1, waiting=3)), (30, _asleep(1, waiting=3))], "busy", "waiting_for_progress", None),
+    # Woken with the queue still pending and nothing moving: the clock ran from the first pending read.
     ([(0, _asleep(1, waiting=3)), (140, _asleep(1, waiting=3)), (145, snap(waiting=3, steps=5, gen=9))],
-     "busy", "waiting_for_progress", None),
+     "stuck", "no_progress", None),
+    # Woken and stepping: busy.
+    ([(0, _asleep(1, waiting=3)), (140, _asleep(1, waiting=3)), (145, snap(waiting=3, steps=6, gen=9))],
+     "busy", "progress", None),
     ([(0, snap(steps=5, gen=9)), (5, _asleep(1)), (10, snap(steps=5, gen=9))], "idle", "idle", None),
 ])
 def test_a_sleeping_engine_is_asleep_never_stuck(rows, state: str, reason: str, detail: str | None) -> None:

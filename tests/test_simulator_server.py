@@ -152,7 +152,7 @@ async def test_bad_completion_input_gets_a_vllm_style_4xx(client, path, body, st
 
 
 @pytest.mark.parametrize(("body", "fragment"), [
-    ({"fault": "explode"}, "unknown fault 'explode': use one of hang, freeze, die, restart, slow, none"),
+    ({"fault": "explode"}, "unknown fault 'explode': use one of hang, freeze, die, restart, slow, none, peer"),
     (b"{nope", "not valid JSON"),
     (b"", "empty body"),
     (["hang"], "JSON object"),

@@ -66,7 +66,7 @@ CASES = [
          "busy", "progress"),
     Case("token_wins_over_a_start_time",
          [(0, snap(1, 0, 500, token="a", start=100.0)), (5, snap(1, 0, 600, token="b", start=100.0))],
-         "busy", "restart", 1),
+         "starting", "restart", 1),
     # -- restart without start time or token: a counter reset --------------------------------------
     Case("no_start_time_counter_reset_is_one_restart",
          [(0, snap(2, 1, 700)), (5, snap(0, 0, 0)), (10, snap(0, 0, 0))], "idle", "idle", 1),

@@ -48,6 +48,7 @@ STATE_COLOURS = {
     "asleep": "#6d28d9",
     "down": "#7f1d1d",
     "starting": "#a16207",
+    "waiting_on_peer": "#0e7490",
 }
 
 

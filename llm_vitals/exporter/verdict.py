@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from llm_vitals.exporter.engines import EngineFacts, Snapshot
+from llm_vitals.exporter.engines import EngineFacts, Snapshot, Unit
 from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.targets import NOT_READY_STATES, STATES, UNHEALTHY_STATES, PollErrorReason, Reason, State
@@ -92,6 +92,11 @@ class Verdict:
     steps_per_second: float | None = None
     generation_tokens_per_second: float | None = None
     models: tuple[str, ...] = ()
+    # The unit (a vLLM engine, a Triton model, an SGLang rank) a `stuck` or `waiting_on_peer` verdict
+    # rests on, as its labels read; None when the whole server is judged, or nothing is wrong.
+    unit: str | None = None
+    # Per unit of the last read (when it has several): (name, last progress, reads without progress).
+    unit_clocks: tuple[tuple[str, float, int], ...] = ()
 
     @property
     def process_start_time(self) -> float | None:
@@ -129,27 +134,50 @@ def progressed(before: Snapshot, after: Snapshot) -> bool:
     return False
 
 
-def went_backwards(before: Snapshot, after: Snapshot) -> str | None:
-    """Name of a monotone counter that decreased, or None (a counter only one read has is no reset).
+def went_backwards(before: Snapshot, after: Snapshot, *, gap: bool = False) -> str | None:
+    """Name of a monotone counter that shows the process started again, or None.
 
-    Per series (Snapshot.series), one series falling is its model reloaded between the two reads; a
-    restart is every series both reads carry that had counted anything falling together.
+    A counter that fell, or a fresh page: every counter the earlier read had is gone (TGI shows a
+    family only once it is first touched, so its new process has none). A counter only one read has
+    is no reset by itself. `gap`: reads failed between the two (the server was away).
+
+    Per series (Snapshot.series, named `unit|family`), a series falling is its unit (a Triton model)
+    started again, and the process restarted only when every unit both reads carry did (a failure
+    counter growing meanwhile is no series, so it hides nothing). A unit that had counted nothing
+    cannot show a reset: with one on both pages and no gap, the fall is a reload, not a restart.
     """
+    if before.series and after.series:
+        return _series_reset(before.series, after.series, gap)
     old_counters = before.monotone()
-    fell, counted = [], []
-    for name, new in after.monotone().items():
+    new_counters = after.monotone()
+    for name, new in new_counters.items():
         old = old_counters.get(name)
-        if old is None or new is None:
+        if old is not None and new is not None and new < old:
+            return name
+    had = [name for name, value in old_counters.items() if value is not None]
+    if had and all(new_counters.get(name) is None for name in had):
+        return f"{had[0]} (gone from the page)"
+    return None
+
+
+def _series_reset(before: tuple[tuple[str, float], ...], after: tuple[tuple[str, float], ...], gap: bool) -> str | None:
+    old_series = dict(before)
+    fell: dict[str, str] = {}
+    shared: set[str] = set()
+    counted: set[str] = set()
+    for name, new in after:
+        old = old_series.get(name)
+        if old is None:
             continue
-        if new < old:
-            fell.append(name)
+        unit = name.rpartition("|")[0]
+        shared.add(unit)
         if old > 0:
-            counted.append(name)
-    if not fell:
+            counted.add(unit)
+        if new < old:
+            fell.setdefault(unit, name)
+    if not fell or not counted <= fell.keys() or (not gap and shared - counted):
         return None
-    if before.series and after.series and not set(counted) <= set(fell):
-        return None
-    return fell[0]
+    return next(iter(fell.values()))
 
 
 def same_lifetime(before: Snapshot, after: Snapshot) -> bool | None:
@@ -197,7 +225,12 @@ def health_check_due(previous: Verdict, snap: Snapshot) -> bool:
     if not snap.pending:
         return previous.canary_failures > 0
     base = previous.snapshot
-    return base is not None and not progressed(base, snap)
+    if base is None:
+        return False
+    # One unit with work and nothing of its own moving asks too: a dead data-parallel engine is 503.
+    return not progressed(base, snap) or (bool(snap.units) and any(
+        unit.pending and old is not None and not _unit_moved(old, unit)
+        for unit, old in _unit_pairs(base, snap)))
 
 
 # How much of a read's timeout the exporter's own loop lag must reach for the timeout to be blamed
@@ -349,6 +382,69 @@ def _rate(before: float | None, after: float | None, seconds: float) -> float | 
     return (after - before) / seconds
 
 
+def _unit_pairs(base: Snapshot, snap: Snapshot) -> list[tuple[Unit, Unit | None]]:
+    """Each unit of `snap` with the same unit in `base` (None where `base` did not have it)."""
+    before = {unit.name: unit for unit in base.units}
+    return [(unit, before.get(unit.name)) for unit in snap.units]
+
+
+def _unit_moved(before: Unit, after: Unit) -> bool:
+    """Any of the unit's own counters grew, or a gauge of its own changed."""
+    return (any(old is not None and new is not None and new > old for old, new in zip(before.counters, after.counters, strict=False))
+            or any(old is not None and new is not None and new != old for old, new in zip(before.gauges, after.gauges, strict=False)))
+
+
+def _unit_restarted(before: Unit, after: Unit) -> bool:
+    # A counter of the unit fell: it started again (a Triton model reloaded), a lifetime of its own.
+    return any(old is not None and new is not None and new < old for old, new in zip(before.counters, after.counters, strict=False))
+
+
+def unit_clocks(previous: Verdict, base: Snapshot | None, snap: Snapshot, now: float) -> tuple[tuple[str, float, int], ...]:
+    """Each unit's stuck clock after this read: (name, its last progress, its reads without progress).
+
+    A unit's clock runs while it has work pending and none of its own signals moves, as the
+    target's does over the sums; `base` is the last read of this process lifetime (None: none).
+    """
+    if not snap.units:
+        return ()
+    clocks = {name: (since, reads) for name, since, reads in previous.unit_clocks}
+    start = previous.snapshot_at if previous.snapshot_at is not None else now
+    out = []
+    for unit, old in (_unit_pairs(base, snap) if base is not None else [(unit, None) for unit in snap.units]):
+        if old is None or not unit.pending or _unit_moved(old, unit) or _unit_restarted(old, unit):
+            out.append((unit.name, now, 0))
+        else:
+            since, reads = clocks.get(unit.name, (start, 0))
+            out.append((unit.name, since, reads + 1))
+    return tuple(out)
+
+
+def _worst_unit(snap: Snapshot, clocks: tuple[tuple[str, float, int], ...], now: float,
+                target: TargetSettings) -> tuple[State, Unit, float, int] | None:
+    """The unit that makes the target `stuck` (first) or `waiting_on_peer`, with its clock; None: none does."""
+    worst: tuple[State, Unit, float, int] | None = None
+    for unit, (_, since, reads) in zip(snap.units, clocks, strict=True):
+        if reads < 2 or now - since < target.stuck_after:
+            continue
+        state: State = "waiting_on_peer" if _on_peer(unit.running, unit.deferred) else "stuck"
+        rank = (state == "stuck", now - since)
+        if worst is None or rank > (worst[0] == "stuck", now - worst[2]):
+            worst = (state, unit, since, reads)
+    return worst
+
+
+def _on_peer(running: float, deferred: float) -> bool:
+    # Nothing running and work the engine itself deferred (a remote KV transfer, a prefill peer's
+    # handshake): what holds it up is outside this server, and a restart of it fixes nothing. The
+    # capacity-waiting requests beside them may be held back by the deferred ones' KV blocks.
+    return running == 0 and deferred > 0
+
+
+def _unit_load(unit: Unit) -> str:
+    text = f"running {unit.running:g}, waiting {unit.waiting:g}"
+    return text + (f" ({unit.deferred:g} deferred by the engine)" if unit.deferred else "")
+
+
 def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSettings,
                  canary_overlap: bool = False) -> Verdict:
     base = previous.snapshot
@@ -367,9 +463,10 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
                     now, target, snapshot=snap, snapshot_at=now,
                 )
         else:
-            # No start time nor token (e.g. --api-server-count > 1, SGLang, Triton): a monotone
-            # counter that fell is a restart.
-            restarted = went_backwards(base, snap) is not None
+            # No start time nor token (e.g. --api-server-count > 1, SGLang, Triton, TGI): a monotone
+            # counter that fell, or a fresh page, is a restart; reads that failed in between (the
+            # server was away) let a model that counted nothing show no reset (Triton).
+            restarted = went_backwards(base, snap, gap=previous.failed_reads > 0) is not None
 
     # Counters are compared only within one lifetime; the first read of a lifetime compares nothing.
     same_life = base if not restarted else None
@@ -377,6 +474,7 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
     moved = same_life is not None and progressed(same_life, snap)
     elapsed = now - previous.snapshot_at if comparable and previous.snapshot_at is not None else 0.0
     restarts = previous.restarts + (1 if restarted else 0)
+    clocks = unit_clocks(previous, same_life, snap, now)
     changes: dict[str, Any] = dict(
         up=True, started=True, error_reason=None, snapshot=snap, snapshot_at=now, last_good_read=now, failed_reads=0,
         restarts=restarts,
@@ -385,19 +483,19 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
         generation_tokens_per_second=(
             _rate(same_life.generation_tokens, snap.generation_tokens, elapsed) if same_life else None
         ),
+        unit=None, unit_clocks=clocks,
     )
     load = snap.load()
 
-    if snap.sleep_level:
-        # Put to sleep on purpose (RL frameworks, model-swapping gateways): nothing is owed while it
-        # sleeps, so it is never stuck and never a restart candidate, and it gets no canary (on a
-        # GPU a request to a sleeping vLLM has crashed it: vLLM issue #15483). Not ready, still live.
-        changes.update(last_progress=now, reads_without_progress=0, stuck_seconds=0.0, canary_failures=0)
-        if restarted:
-            changes.update(last_served=None)
-        level = SLEEP_LEVEL_WORDS.get(snap.sleep_level, "")
-        detail = f"engine asleep at level {snap.sleep_level}{f' ({level})' if level else ''}; {load}"
-        return _move(previous, now, "asleep", "asleep", detail, **changes)
+    if restarted:
+        # A new process: `starting` until a read of its own shows it servable. `started` is the
+        # process's, not the target's (a restarted container's startup probe waits for it again).
+        # Canary failures and served evidence were about the old process, not this one: an idle
+        # restarted server is ready once its own canary answers (sent once a second read shows it idle).
+        changes.update(started=False, canary_failures=0, last_served=None, canary_rejected=None, last_progress=now,
+                       reads_without_progress=0, stuck_seconds=0.0)
+        detail = f"process restarted (restart #{restarts}); {load}; judged from the next read of this process"
+        return _move(previous, now, "starting", "restart", detail, **changes)
 
     if moved:
         changes.update(last_progress=now, last_served=now, reads_without_progress=0, stuck_seconds=0.0,
@@ -406,12 +504,18 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
         # Nothing owed (or nothing to compare with yet): the stuck clock starts from here.
         changes.update(last_progress=now, reads_without_progress=0, stuck_seconds=0.0)
 
-    if restarted:
-        # Canary failures and served evidence were about the old process, not this one: an idle
-        # restarted server is ready once its own canary answers (sent once a second read shows it idle).
-        changes.update(canary_failures=0, last_served=None, canary_rejected=None)
-        detail = f"process restarted (restart #{restarts}); {load}"
-        return _move(previous, now, "busy" if snap.pending else "starting", "restart", detail, **changes)
+    if snap.sleep_level:
+        level = SLEEP_LEVEL_WORDS.get(snap.sleep_level, "")
+        asleep = f"engine asleep at level {snap.sleep_level}{f' ({level})' if level else ''}"
+        if not snap.pending:
+            # Put to sleep on purpose (RL frameworks, model-swapping gateways): nothing is owed while it
+            # sleeps, so it is never stuck and never a restart candidate, and it gets no canary (on a
+            # GPU a request to a sleeping vLLM has crashed it: vLLM issue #15483). Not ready, still live.
+            changes.update(canary_failures=0)
+            return _move(previous, now, "asleep", "asleep", f"{asleep}; {load}", **changes)
+        # Work pending on a sleeping engine is owed (a wake-up that hangs with requests queued): it
+        # is judged as any pending work, so nothing moving for stuck_after is `stuck`, never `asleep`.
+        load = f"{load}; {asleep}"
 
     if not snap.pending:
         if same_life is None:
@@ -438,18 +542,44 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
         return _move(previous, now, "idle", "idle", "nothing running or waiting, and nothing moved since the last read",
                      **changes)
 
+    worst = _worst_unit(snap, clocks, now, target) if clocks else None
     if moved or not comparable:
-        return _move(previous, now, "busy", "progress", f"{load}; engine signals moving", **changes)
+        state: State = "busy"
+        reason: Reason = "progress"
+        detail = f"{load}; engine signals moving"
+    else:
+        reads = previous.reads_without_progress + 1
+        last_progress = previous.last_progress if previous.last_progress is not None else now
+        stuck_for = now - last_progress
+        changes.update(reads_without_progress=reads, last_progress=last_progress, stuck_seconds=stuck_for)
+        if reads >= 2 and stuck_for >= target.stuck_after:
+            if _on_peer(snap.running, snap.deferred) and (worst is None or worst[0] != "stuck"):
+                changes.update(unit=worst[1].name if worst else None)
+                return _move(previous, now, "waiting_on_peer", "waiting_on_peer",
+                             f"{load}; nothing moved for {stuck_for:.1f}s over {reads} reads, with nothing running "
+                             f"and {snap.deferred:g} request(s) the engine deferred (KV transfer, a peer): "
+                             f"a restart of this server does not fix its peer", **changes)
+            changes.update(unit=worst[1].name if worst else None)
+            longest = f"; stuck longest: unit {worst[1].name}" if worst else ""
+            return _move(previous, now, "stuck", "no_progress",
+                         f"{load}; no engine signal moved for {stuck_for:.1f}s over {reads} reads{longest}", **changes)
+        state, reason = "busy", "waiting_for_progress"
+        detail = f"{load}; nothing moved for {stuck_for:.1f}s ({reads} read(s))"
 
-    reads = previous.reads_without_progress + 1
-    last_progress = previous.last_progress if previous.last_progress is not None else now
-    stuck_for = now - last_progress
-    changes.update(reads_without_progress=reads, last_progress=last_progress, stuck_seconds=stuck_for)
-    if reads >= 2 and stuck_for >= target.stuck_after:
-        return _move(previous, now, "stuck", "no_progress",
-                     f"{load}; no engine signal moved for {stuck_for:.1f}s over {reads} reads", **changes)
-    return _move(previous, now, "busy", "waiting_for_progress",
-                 f"{load}; nothing moved for {stuck_for:.1f}s ({reads} read(s))", **changes)
+    if worst is not None:
+        # One unit hung beside others that move: the target is as bad as its worst unit, on that
+        # unit's own clock (liveness and stuck_seconds count from its last progress).
+        unit_state, unit, since, reads = worst
+        stuck_for = now - since
+        changes.update(unit=unit.name, last_progress=since, reads_without_progress=reads, stuck_seconds=stuck_for)
+        if unit_state == "stuck":
+            return _move(previous, now, "stuck", "no_progress",
+                         f"unit {unit.name} stuck: {_unit_load(unit)}, and none of its own signals moved for "
+                         f"{stuck_for:.1f}s over {reads} reads (the whole server: {load})", **changes)
+        return _move(previous, now, "waiting_on_peer", "waiting_on_peer",
+                     f"unit {unit.name} waiting on a peer: {_unit_load(unit)}, nothing running and nothing of its "
+                     f"own moved for {stuck_for:.1f}s over {reads} reads (the whole server: {load})", **changes)
+    return _move(previous, now, state, reason, detail, **changes)
 
 
 def _rejected_detail(rejected: str) -> str:

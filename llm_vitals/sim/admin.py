@@ -30,7 +30,7 @@ class Faultable(Protocol):
 
 BACKEND_KEY: web.AppKey[Faultable] = web.AppKey("backend")
 
-FAULTS = ("hang", "freeze", "die", "restart", "slow", "none")
+FAULTS = ("hang", "freeze", "die", "restart", "slow", "none", "peer")
 MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
@@ -39,7 +39,7 @@ class FaultRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    fault: Literal["hang", "freeze", "die", "restart", "slow", "none"]
+    fault: Literal["hang", "freeze", "die", "restart", "slow", "none", "peer"]
     factor: float = Field(4.0, gt=1.0, le=1000.0, description="slow: divide the token rates by this")
     startup_seconds: float | None = Field(None, ge=0, le=3600, description="restart: loading period override")
 

@@ -147,10 +147,15 @@ class Backend:
             self.fault, self.slow_factor = "slow", float(factor or 4.0)
             driver.set_hung(False)
             driver.set_slow(self.slow_factor)
+        elif fault == "peer":
+            # A disaggregated decode server whose prefill peer died: what waits is deferred on it.
+            self.fault = "peer"
+            driver.set_peer_down(True)
         elif fault == "none":
             self.fault, self.slow_factor = "none", 1.0
             driver.set_hung(False)
             driver.set_slow(1.0)
+            driver.set_peer_down(False)
         else:
             raise ValueError(f"unknown fault {fault!r}")
         log_event(log, "fault applied", backend=self.index, fault=fault, slow_factor=self.slow_factor)

@@ -110,6 +110,11 @@ class EngineDriver:
                 operation()
             self._wake.set()
 
+    def set_peer_down(self, down: bool) -> None:
+        """The prefill peer gone (True) or back (False): see Engine.peer_down."""
+        self.engine.peer_down = down
+        self._wake.set()
+
     def set_slow(self, factor: float) -> None:
         self.slow_factor = max(1.0, factor)
 

@@ -165,6 +165,10 @@ class Engine:
         self.running: list[SimRequest] = []
         self.stats = EngineStats(max_model_len=config.max_model_len)
         self.steps = 0  # every step taken, with or without output
+        # A disaggregated decode engine whose prefill peer is gone (the `peer` fault): a waiting
+        # request's KV never arrives, so none is admitted, and vLLM 0.32 counts them as deferred
+        # (`num_requests_waiting_by_reason{reason="deferred"}`). Running ones finish as usual.
+        self.peer_down = False
 
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, request: SimRequest, now: float) -> None:
@@ -196,8 +200,14 @@ class Engine:
         return len(self.waiting)
 
     @property
+    def num_deferred(self) -> int:
+        """Waiting requests the engine defers on its peer (all of them while the peer is down)."""
+        return len(self.waiting) if self.peer_down else 0
+
+    @property
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        # Deferred requests are no work the engine can step: it waits, steps nothing, moves nothing.
+        return bool(self.running or (self.waiting and not self.peer_down))
 
     @property
     def kv_cache_usage(self) -> float:
@@ -229,7 +239,7 @@ class Engine:
                 budget -= 1
 
         # Then admit waiting requests, FIFO, while there is a free slot and token budget.
-        while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
+        while self.waiting and not self.peer_down and len(self.running) < self.config.max_num_seqs and budget > 0:
             request = self.waiting.popleft()
             request.scheduled_at = now
             self.running.append(request)

@@ -218,7 +218,8 @@ class VllmCollector:
         yield self._gauge("num_requests_running", [(base, engine.num_running)])
         yield self._gauge("num_requests_waiting", [(base, engine.num_waiting)])
         yield self._gauge("num_requests_waiting_by_reason",
-                          [({**base, "reason": "capacity"}, engine.num_waiting), ({**base, "reason": "deferred"}, 0)])
+                          [({**base, "reason": "capacity"}, engine.num_waiting - engine.num_deferred),
+                           ({**base, "reason": "deferred"}, engine.num_deferred)])
         level = self.sleep_level()
         yield self._gauge("engine_sleep_state", [({**base, "sleep_state": "awake"}, level == 0),
                                                  ({**base, "sleep_state": "weights_offloaded"}, level == 1),

@@ -114,6 +114,7 @@ class Sample:
     last_poll: float | None = None  # the exporter's own: how fresh its verdict was
     took: float = 0.0  # seconds the four reads took together
     canary_last_success: float | None = None  # the exporter's own: when its last canary answered
+    unit: str | None = None  # the API's "unit": what a stuck verdict rests on (a Triton model, a vLLM engine)
 
     @property
     def canaries_total(self) -> float:
@@ -235,6 +236,7 @@ class ExporterProcess:
             live=live,
             canaries=canaries,
             canary_last_success=(target.get("canary") or {}).get("last_success"),
+            unit=target.get("unit"),
         )
 
     def counter(self, client: httpx.Client, sample_name: str, by: str | None = None) -> dict[str, float]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from pydantic import AnyHttpUrl
 
@@ -38,9 +38,30 @@ def signals(**values: float | None) -> Signals:
     return tuple((name, value) for name, value in values.items() if value is not None)
 
 
+class Unit(NamedTuple):
+    """One part of a server that can hang alone (a vLLM engine, a Triton model and version, an SGLang
+    data-parallel rank), as one read shows it: its own load and its own progress signals.
+
+    `counters` and `gauges` are in an order fixed by the adapter, so two reads of one unit compare
+    position by position (None: the page lacks that signal for this unit). Only successes, steps and
+    tokens are progress: failure counters are never in a unit.
+    """
+
+    name: str  # its labels as the page writes them: `engine="1"`, `model="m",version="1"`, `dp_rank="0"`
+    running: float
+    waiting: float
+    deferred: float  # waiting on a peer (a remote KV transfer), as the engine itself marks it
+    counters: tuple[float | None, ...]  # grow with work; a fall is the unit started again
+    gauges: tuple[float | None, ...] = ()  # move with work (KV usage during a long prefill)
+
+    @property
+    def pending(self) -> bool:
+        return self.running > 0 or self.waiting > 0 or self.deferred > 0
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """One read of an engine's own counters, summed over its engines (data parallel ranks).
+    """One read of an engine's own counters, summed over its units (data parallel engines, models).
 
     Counters are None when the page does not carry them; gauges running/waiting are always present.
     The last three fields carry what only some engines have, named by the adapter.
@@ -73,6 +94,14 @@ class Snapshot:
     # compared only with itself, so a model loaded, unloaded or given a new version is neither
     # progress nor a counter reset. The sums stay for the rates and the API.
     series: Signals = ()
+    # Requests the engine itself marks deferred, waiting on a peer (vLLM's
+    # `num_requests_waiting_by_reason{reason="deferred"}`: a KV transfer, the LoRA budget; SGLang's
+    # disaggregation transfer queues). Pending work; with nothing moving and nothing running it is
+    # `waiting_on_peer`, which no restart of this server fixes.
+    deferred: float = 0.0
+    # The page's units, when it has more than one (a single unit is the sums above): each is judged
+    # on its own signals, so one hung unit is not hidden by a busy one.
+    units: tuple[Unit, ...] = ()
 
     # The counters that only ever grow within one process lifetime.
     MONOTONE = ("steps", "generation_tokens", "prompt_tokens", "finished")
@@ -81,7 +110,8 @@ class Snapshot:
 
     @property
     def pending(self) -> bool:
-        return self.running > 0 or self.waiting > 0 or any(value > 0 for _, value in self.busy_signs)
+        return (self.running > 0 or self.waiting > 0 or self.deferred > 0
+                or any(value > 0 for _, value in self.busy_signs))
 
     # Each poll compares two reads' signals three times: written out, not looked up name by name by
     # getattr (a third of the time); tests/test_engine_table.py holds them to PROGRESS and MONOTONE.
@@ -120,6 +150,8 @@ class Snapshot:
     def load(self) -> str:
         """Running and waiting, plus any busy sign above 0: the words a verdict's detail starts with."""
         text = f"running {self.running:g}, waiting {self.waiting:g}"
+        if self.deferred:
+            text += f" ({self.deferred:g} deferred by the engine)"
         signs = [f"{name} {value:g}" for name, value in self.busy_signs if value > 0]
         return text + (f" ({', '.join(signs)})" if signs else "")
 

@@ -221,6 +221,21 @@ def finite_sum(name: str, samples: Iterable[Sample]) -> float:
     return summed
 
 
+def by_label(samples: Iterable[Sample], label: str) -> dict[str, float]:
+    """The finite values of `samples` summed per value of `label` ('' where a sample lacks it).
+
+    For an engine's units (llm_vitals/exporter/engines/__init__.py's `Unit`): a NaN or ±Inf sample is
+    left out of its unit's sum, as `finite` does for optional signals; the page-wide sums keep the
+    stricter `finite_sum` rule.
+    """
+    summed: dict[str, float] = {}
+    for sample in samples:
+        if math.isfinite(sample.value):
+            key = sample.labels().get(label, "")
+            summed[key] = summed.get(key, 0.0) + sample.value
+    return summed
+
+
 def total(found: dict[str, list[Sample]], name: str) -> float | None:
     """The finite sum of `name`'s samples (`finite_sum`), None when the page has none."""
     samples = found.get(name)

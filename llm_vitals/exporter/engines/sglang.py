@@ -38,14 +38,24 @@ scheduler series carry `engine_type,model_name,moe_ep_rank,pp_rank,tp_rank`):
   far past `health_timeout`; the frozen counters already read `stuck` then (HTTP alive, engine hung),
   which a 503 read as `down` would only blur. A killed scheduler takes the whole server down within
   ~6 s (connection refused): `down`.
+- Deferred work (prefill/decode disaggregation): requests in the transfer queues wait on the peer
+  server, not on this one: `num_prefill_bootstrap_queue_reqs` (the handshake with a decode peer),
+  `num_prefill_inflight_queue_reqs` (KV on its way to it), `num_decode_prealloc_queue_reqs` (the
+  handshake with a prefill peer, and room for its KV) and `num_decode_transfer_queue_reqs` (KV on
+  its way from it). They are pending work, apart from `num_queue_reqs`; with nothing running and
+  nothing moving they read `waiting_on_peer`, which no restart of this server fixes. 0 on a server
+  that is not disaggregated (the real pages).
+- Units: with `--dp-size` > 1 the scheduler series carry a `dp_rank` label, one scheduler each.
+  Each rank can hang alone, so each is a `Unit` judged on its own steps and tokens; a page
+  without `dp_rank` (or with one) skips that work.
 - Loading: `/metrics` already answers 200 (24 static families) before the scheduler reports; no
   `num_running_reqs` yet reads `down` with a detail saying so.
 """
 
 from __future__ import annotations
 
-from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot, signals
-from llm_vitals.exporter.engines.scan import Scanner, decode, finite_sum, total
+from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot, Unit, signals
+from llm_vitals.exporter.engines.scan import Sample, Scanner, by_label, decode, finite_sum, total
 
 RUNNING = "sglang:num_running_reqs"
 QUEUED = "sglang:num_queue_reqs"
@@ -56,6 +66,9 @@ GENERATION_TOKENS = "sglang:generation_tokens_total"
 PROMPT_TOKENS = "sglang:prompt_tokens_total"
 FINISHED = "sglang:num_requests_total"
 HTTP_ACTIVE = "sglang:http_requests_active"
+# Disaggregation's queues of requests waiting on the peer server (see "Deferred work").
+DEFERRED = ("sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_inflight_queue_reqs",
+            "sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs")
 
 # Routes whose requests are engine work (HTTP_ACTIVE also counts /metrics itself, /health, ...).
 # An active request on any other route says nothing about the engine: counting it could make an
@@ -67,7 +80,7 @@ WORK_ROUTES = frozenset({
 })
 
 _SCANNER = Scanner((RUNNING, QUEUED, USED_TOKENS, REALTIME_TOKENS, STEPS, GENERATION_TOKENS, PROMPT_TOKENS,
-                    FINISHED, HTTP_ACTIVE))
+                    FINISHED, HTTP_ACTIVE, *DEFERRED))
 
 
 def parse_text(text: str) -> Snapshot:
@@ -82,6 +95,7 @@ def parse_text(text: str) -> Snapshot:
     active = finite_sum(HTTP_ACTIVE, (s for s in found.get(HTTP_ACTIVE, ()) if s.labels().get("endpoint") in WORK_ROUTES))
     used = total(found, USED_TOKENS)
     realtime = total(found, REALTIME_TOKENS)
+    deferred = [sample for name in DEFERRED for sample in found.get(name, ())]
     return Snapshot(
         running=total(found, RUNNING) or 0.0,
         waiting=total(found, QUEUED) or 0.0,
@@ -92,6 +106,25 @@ def parse_text(text: str) -> Snapshot:
         more_counters=signals(realtime_tokens=realtime),
         more_gauges=signals(used_tokens=used),
         busy_signs=(("requests_active", active),),
+        deferred=finite_sum("transfer queues", deferred),
+        # One scheduler writes one running line: the per-rank work only where several do (searching
+        # the whole page for a dp_rank label instead cost a fifth of its parse).
+        units=_units(found, deferred) if len(found[RUNNING]) > 1 else (),
+    )
+
+
+def _units(found: dict[str, list[Sample]], deferred: list[Sample]) -> tuple[Unit, ...]:
+    """Each data-parallel rank's own load and its own steps and tokens, by its `dp_rank` label."""
+    running = by_label(found[RUNNING], "dp_rank")
+    if len(running) < 2:
+        return ()
+    queued, held = by_label(found[QUEUED], "dp_rank"), by_label(deferred, "dp_rank")
+    counters = [by_label(found.get(name, ()), "dp_rank") for name in (STEPS, REALTIME_TOKENS)]
+    used = by_label(found.get(USED_TOKENS, ()), "dp_rank")
+    return tuple(
+        Unit(f'dp_rank="{rank}"', value, queued.get(rank, 0.0), held.get(rank, 0.0),
+             tuple(values.get(rank) for values in counters), (used.get(rank),))
+        for rank, value in running.items()
     )
 
 

@@ -18,11 +18,16 @@ models. A sample of a real page (Triton 2.51 via nvidia-pytriton 0.7.0; tests/fi
   counts requests that are executing, so `running` reads 0 (2 running + 1 queued reads 1; exactly
   2 running would read 0 and look idle: a canary then queues behind them, so `canary.timeout` must
   exceed the longest request too).
-- **Progress** is `nv_inference_exec_count`, `nv_inference_request_success`,
-  `nv_inference_request_failure` and `nv_inference_compute_infer_duration_us`. They move only when
-  an execution completes, never while a request runs. So `stuck` for Triton means requests queued
-  and nothing completing for `stuck_after`, **which must exceed the longest request** the server
-  takes (a long generation with another request queued behind it otherwise reads stuck).
+- **Progress** is `nv_inference_exec_count`, `nv_inference_request_success` and
+  `nv_inference_compute_infer_duration_us`. They move only when an execution completes, never while
+  a request runs. So `stuck` for Triton means requests queued and nothing completing for
+  `stuck_after`, **which must exceed the longest request** the server takes (a long generation with
+  another request queued behind it otherwise reads stuck). `nv_inference_request_failure` is read
+  (the API shows it) and is never progress: a hung model whose queue policy REJECTs, or whose
+  clients CANCEL, moves it while completing nothing.
+- **Units**: each model and version is a unit (`Unit`, named `model="m",version="1"`): one model
+  with requests queued and nothing of its own completing for `stuck_after` is `stuck`, however busy
+  the other models are.
 - **TensorRT-LLM**: its backend adds `nv_trt_llm_*` gauges (names from
   triton-inference-server/tensorrtllm_backend, inflight_batcher_llm/src/custom_metrics_reporter/
   custom_metrics_reporter.cc at commit 7f9aa4680aafaebce2d7576b5a40d5ddc7c3cbaa). When the page has
@@ -36,12 +41,16 @@ models. A sample of a real page (Triton 2.51 via nvidia-pytriton 0.7.0; tests/fi
   requests were last seen queued, is `stuck` (`metrics_unanswered`), not `down`, which no restart
   would follow. Frozen with requests executing and none queued it was idle-looking: `down`.
 - **Restart**: there is no start-time metric; every counter starts again from 0, so a restart is a
-  counter reset (the verdict's rule for any monotone counter that went down).
+  counter reset, judged per model (a fall of any of a model's counters is that model started again).
 - **Models come and go**: a model unloaded takes its series off the page, one loaded (or a new
   version) brings series starting at 0, so the sums fall or stand still while nothing restarted.
-  The snapshot carries each model's counters as series of their own (`Snapshot.series`), and the
-  verdict compares a series only with itself: an unload or a version change is neither a restart
-  nor progress.
+  The snapshot carries each model's counters as series of their own (`Snapshot.series`, named
+  `model="m",version="1"|family`), and the verdict compares a series only with itself: an unload
+  or a version change is neither a restart nor progress. The server restarted when every model both
+  reads carry started again; a model that had counted nothing cannot show a reset, so with one on
+  both pages, a model started again is read as reloaded (not a restart), unless reads failed in
+  between (the server was away). A server with a single model cannot tell the two apart: its
+  reload is counted as a restart.
 - **Health** lives on the HTTP endpoint: `/v2/health/live`, `/v2/health/ready` and
   `/v2/models/<model>/ready`. There is no `/v1/models`. The idle canary is a KServe v2 `infer` of the
   request the operator configures (`canary: {request: {...}}`), to `/v2/models/<model>/infer`.
@@ -49,7 +58,7 @@ models. A sample of a real page (Triton 2.51 via nvidia-pytriton 0.7.0; tests/fi
 
 from __future__ import annotations
 
-from llm_vitals.exporter.engines import Canary, Engine, EngineFacts, Page, PageError, Snapshot, WatchedTarget
+from llm_vitals.exporter.engines import Canary, Engine, EngineFacts, Page, PageError, Snapshot, Unit, WatchedTarget
 from llm_vitals.exporter.engines.scan import Sample, Scanner, decode, finite, finite_sum
 
 PENDING = "nv_inference_pending_request_count"
@@ -101,17 +110,51 @@ def parse_text(text: str) -> Snapshot:
         kv_usage=used / most if used is not None and most else None,
         more_counters=tuple(more),
         series=_series(found, trt),
+        # One model writes one pending line: the per-model work only where several are loaded.
+        units=_units(found, trt) if len(found[PENDING]) > 1 else (),
     )
 
 
+def _unit(sample: Sample) -> str:
+    """The unit a per-model sample belongs to: its model and version, as the page labels them."""
+    labels = sample.labels()
+    return f'model="{labels.get("model", "")}",version="{labels.get("version", "")}"'
+
+
+# The per-model counters that are progress (never the failures), in the order units carry them.
+_PROGRESS = (EXEC_COUNT, SUCCESS, COMPUTE_INFER)
+
+
 def _series(found: dict[str, list[Sample]], trt: list[Sample]) -> tuple[tuple[str, float], ...]:
-    """Each model's (and version's) counters as series of their own: `family{labels}` -> value."""
-    named = [(f"{name}{sample.label_text}", sample.value)
-             for name in (EXEC_COUNT, SUCCESS, FAILURE, COMPUTE_INFER) for sample in found.get(name, [])
-             if finite(sample.value) is not None]
-    named += [(f"{TRT_GENERAL}{sample.label_text}", sample.value) for sample in trt
+    """Each model's (and version's) progress counters as series of their own: `unit|family` -> value."""
+    named = [(f"{_unit(sample)}|{name}", sample.value)
+             for name in _PROGRESS for sample in found.get(name, []) if finite(sample.value) is not None]
+    named += [(f"{_unit(sample)}|{TRT_GENERAL}", sample.value) for sample in trt
               if sample.labels().get("general_type") == "iteration_counter" and finite(sample.value) is not None]
     return tuple(named)
+
+
+def _per_unit(samples: list[Sample], label: str | None = None, value: str | None = None) -> dict[str, float]:
+    """Finite values summed per model and version (only those whose `label` is `value`, when given)."""
+    summed: dict[str, float] = {}
+    for sample in samples:
+        if finite(sample.value) is None or (label is not None and sample.labels().get(label) != value):
+            continue
+        key = _unit(sample)
+        summed[key] = summed.get(key, 0.0) + sample.value
+    return summed
+
+
+def _units(found: dict[str, list[Sample]], trt: list[Sample]) -> tuple[Unit, ...]:
+    """Each loaded model (and version) with its own queue and its own completions."""
+    pending = _per_unit(found[PENDING])
+    if len(pending) < 2:
+        return ()
+    counters = [_per_unit(found.get(name, [])) for name in _PROGRESS]
+    counters.append(_per_unit(trt, "general_type", "iteration_counter"))
+    active = _per_unit(found.get(TRT_REQUESTS, []), "request_type", "active")
+    return tuple(Unit(key, active.get(key, 0.0), queued, 0.0, tuple(values.get(key) for values in counters))
+                 for key, queued in pending.items())
 
 
 def parse(page: Page) -> Snapshot:

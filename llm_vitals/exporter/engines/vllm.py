@@ -16,17 +16,26 @@ which is held to prometheus-client's values by a property test. A sample of the 
 Pending: running + waiting. Progress: steps, tokens, finished requests, KV usage. Restart: the
 start time, else a counter reset (it is absent with --api-server-count > 1). Sleep mode:
 `vllm:engine_sleep_state{sleep_state="awake|weights_offloaded|discard_all"}`, 1 for the state now.
+
+Deferred work (0.32): `vllm:num_requests_waiting_by_reason{reason="capacity|deferred"}` splits the
+waiting requests; `deferred` ones wait on something outside this engine (a remote KV transfer, the
+LoRA budget, a blocked status), so with nothing moving they read `waiting_on_peer`, not `stuck`.
+
+Units: a page with data-parallel engines (`--data-parallel-size`) carries every family once per
+`engine` label. Each engine can hang alone, so each is a `Unit` judged on its own signals; a page
+with one engine (the common case) skips that work.
 """
 
 from __future__ import annotations
 
 import functools
 
-from llm_vitals.exporter.engines import Engine, PageError, Snapshot
-from llm_vitals.exporter.engines.scan import Sample, Scanner, decode, finite, finite_sum, total
+from llm_vitals.exporter.engines import Engine, PageError, Snapshot, Unit
+from llm_vitals.exporter.engines.scan import Sample, Scanner, by_label, decode, finite, finite_sum, total
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"  # reason="capacity" | "deferred" (0.32)
 STEPS = "vllm:iteration_tokens_total_count"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
@@ -39,7 +48,7 @@ SLEEP_STATE = "vllm:engine_sleep_state"
 SLEEP_LEVELS = {"awake": 0, "weights_offloaded": 1, "discard_all": 2}
 
 
-SCANNER = Scanner((RUNNING, WAITING, STEPS, GENERATION_TOKENS, PROMPT_TOKENS, FINISHED, KV_USAGE,
+SCANNER = Scanner((RUNNING, WAITING, WAITING_BY_REASON, STEPS, GENERATION_TOKENS, PROMPT_TOKENS, FINISHED, KV_USAGE,
                    KV_USAGE_BEFORE_0_10, START_TIME, SLEEP_STATE))
 
 
@@ -77,8 +86,11 @@ def parse_text(text: str) -> Snapshot:
     # An optional gauge that reads NaN or ±Inf is absent, not a reason to reject the page.
     kv_values = [v for s in found.get(KV_USAGE) or found.get(KV_USAGE_BEFORE_0_10) or [] if (v := finite(s.value)) is not None]
     start_times = [v for s in found.get(START_TIME, []) if (v := finite(s.value)) is not None]
+    by_reason = found.get(WAITING_BY_REASON)
+    deferred = [s for s in by_reason if s.labels().get("reason") == "deferred"] if by_reason else []
+    running = found[RUNNING]
     return Snapshot(
-        running=finite_sum(RUNNING, found[RUNNING]),
+        running=finite_sum(RUNNING, running),
         waiting=finite_sum(WAITING, found[WAITING]),
         steps=total(found, STEPS),
         generation_tokens=total(found, GENERATION_TOKENS),
@@ -88,6 +100,25 @@ def parse_text(text: str) -> Snapshot:
         kv_usage=sum(kv_values) / len(kv_values) if kv_values else None,
         process_start_time=start_times[0] if start_times else None,
         sleep_level=sleep_level(found.get(SLEEP_STATE, [])),
+        deferred=finite_sum(WAITING_BY_REASON, deferred) if deferred else 0.0,
+        # One engine writes one running line: the per-engine work only for a data-parallel page.
+        units=_units(found, deferred) if len(running) > 1 else (),
+    )
+
+
+def _units(found: dict[str, list[Sample]], deferred: list[Sample]) -> tuple[Unit, ...]:
+    """Each data-parallel engine's own load and signals, by its `engine` label."""
+    running = by_label(found[RUNNING], "engine")
+    if len(running) < 2:
+        return ()
+    waiting = by_label(found[WAITING], "engine")
+    held = by_label(deferred, "engine")
+    counters = [by_label(found.get(name, ()), "engine") for name in (STEPS, GENERATION_TOKENS, PROMPT_TOKENS, FINISHED)]
+    kv = by_label(found.get(KV_USAGE) or found.get(KV_USAGE_BEFORE_0_10) or (), "engine")
+    return tuple(
+        Unit(f'engine="{engine}"', running[engine], waiting.get(engine, 0.0), held.get(engine, 0.0),
+             tuple(values.get(engine) for values in counters), (kv.get(engine),))
+        for engine in running
     )
 
 
