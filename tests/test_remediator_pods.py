@@ -43,10 +43,16 @@ class ApiServer:
         self.event_status = 201
         self.events: list[dict[str, Any]] = []
         self.nodes: dict[str, dict[str, Any]] = {}
+        self.replica_sets: dict[str, dict[str, Any]] = {}
+        self.reads_fail = 0  # answer this status to pod and ReplicaSet reads (0: answer them)
 
-    def add_pod(self, name: str, labels: dict[str, str] | None = None, node: str = "n1") -> PodRef:
-        self.pods[name] = {"metadata": {"name": name, "namespace": "llm", "uid": f"uid-{name}", "labels": labels or {}},
-                           "spec": {"nodeName": node}}
+    def add_pod(self, name: str, labels: dict[str, str] | None = None, node: str = "n1", ip: str = "10.0.0.1",
+                owners: list[dict[str, Any]] | None = None) -> PodRef:
+        metadata: dict[str, Any] = {"name": name, "namespace": "llm", "uid": f"uid-{name}", "labels": labels or {}}
+        if owners is not None:
+            metadata["ownerReferences"] = owners
+        self.pods[name] = {"metadata": metadata, "spec": {"nodeName": node},
+                           "status": {"podIP": ip, "podIPs": [{"ip": ip}]}}
         return PodRef("llm", name, f"uid-{name}", node)
 
     def app(self) -> web.Application:
@@ -56,6 +62,8 @@ class ApiServer:
         app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", self.evict)
         app.router.add_delete("/api/v1/namespaces/{ns}/pods/{name}", self.delete)
         app.router.add_post("/api/v1/namespaces/{ns}/events", self.event)
+        app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self.get_pod)
+        app.router.add_get("/apis/apps/v1/namespaces/{ns}/replicasets/{name}", self.get_replica_set)
         app.router.add_get("/api/v1/nodes/{name}", self.get_node)
         app.router.add_patch("/api/v1/nodes/{name}", self.patch_node)
         return app
@@ -111,6 +119,20 @@ class ApiServer:
             return status(self.event_status, "etcdserver: request timed out", "InternalError")
         self.events.append(body)
         return web.json_response(body, status=201)
+
+    async def get_pod(self, request: web.Request) -> web.Response:
+        return self._read("GET_POD", self.pods, request.match_info["name"], "pods")
+
+    async def get_replica_set(self, request: web.Request) -> web.Response:
+        return self._read("GET_RS", self.replica_sets, request.match_info["name"], "replicasets.apps")
+
+    def _read(self, call: str, objects: dict[str, dict[str, Any]], name: str, resource: str) -> web.Response:
+        self.calls.append((call, name))
+        if self.reads_fail:
+            return status(self.reads_fail, "forbidden", "Forbidden")
+        if name not in objects:
+            return status(404, f'{resource} "{name}" not found', "NotFound")
+        return web.json_response(objects[name])
 
     async def get_node(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]

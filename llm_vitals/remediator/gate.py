@@ -29,7 +29,15 @@ Reason = Literal[
     "duplicate",
     "paused",
     "state_unreachable",
+    # The shared state is gone or unreadable (a Lease deleted, an annotation not ours): nothing is
+    # restarted until a human re-initialises it (POST /api/v1/state/reinit).
+    "state_lost",
     "exporter_unreachable",
+    # The pod the exporter names is not the target's at the API server (identity.py), or its owner
+    # cannot be read now, or the API server could not be asked.
+    "identity_mismatch",
+    "owner_pending",
+    "identity_unverified",
     "unknown_verdict",
     "not_stuck",
     "restarted_since_alert",
@@ -46,10 +54,15 @@ Reason = Literal[
     "cordon_and_move",
     # Not the gate's: the API server refused an allowed eviction (a PodDisruptionBudget, 429).
     "disruption_budget",
+    # Not the gate's: the API server throttled an allowed eviction (429 without a disruption budget).
+    "api_throttled",
 ]
 REASONS: tuple[Reason, ...] = get_args(Reason)
 # Reasons that come after the gate allowed, from what acting met (acting.py), never from `decide`.
-AFTER_GATE: frozenset[Reason] = frozenset({"disruption_budget"})
+AFTER_GATE: frozenset[Reason] = frozenset({"disruption_budget", "api_throttled"})
+# Reasons the loop gives from what its edges met before the gate could decide (loop.py: the state is
+# lost, the pod the exporter names is not confirmed by the API server), never from `decide`.
+AT_EDGE: frozenset[Reason] = frozenset({"state_lost", "identity_mismatch", "owner_pending", "identity_unverified"})
 # Refusals a human must see on the pod itself (as a Kubernetes Event).
 HUMAN_REFUSALS = frozenset({"gpu_fault", "circuit_open", "fleet_gate", "escalated_to_human", "disruption_budget"})
 
@@ -120,6 +133,8 @@ class TargetStatus:
     # Why this target's verdict is not one this remediator knows (a state or reason of a newer
     # exporter); None for a known verdict. Such a target is never restarted.
     unknown_verdict: str | None = None
+    # The target's address (the exporter's `url`): the pod's IP must be its host (identity.py).
+    url: str | None = None
     # The exporter's whole TARGET object, kept as evidence in the journal; never decided on.
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     # The exporter (its URL, without userinfo) that reported this object: journaled beside the evidence.
@@ -504,5 +519,6 @@ def effects_of(
 # Decisions made before the fleet was read (or about an alert the gate does not act on).
 _BEFORE_FLEET = frozenset(
     {"not_firing", "no_restart_label", "unknown_target", "duplicate", "paused", "state_unreachable",
-     "exporter_unreachable", "unknown_verdict"}
+     "exporter_unreachable", "unknown_verdict", "state_lost", "identity_mismatch", "owner_pending",
+     "identity_unverified"}
 )

@@ -33,13 +33,14 @@ from typing import Any, Literal
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.errors import ApiError, KubeError
 from llm_vitals.kube.evictions import Evictions
-from llm_vitals.kube.objects import create_event, get_node, list_pods, merge_patch_node
+from llm_vitals.kube.objects import create_event, get_node, get_pod, get_replica_set, list_pods, merge_patch_node
 from llm_vitals.kube.objects import delete_pod as delete_pod_object
 from llm_vitals.kube.times import micro_time
 from llm_vitals.logs import log_event
 
+from . import identity
 from .executors import ExecResult
-from .gate import Group
+from .gate import Decision, Group, TargetStatus
 
 log = logging.getLogger("llm_vitals.remediator.kubernetes")
 
@@ -370,3 +371,35 @@ class CordonAndMoveExecutor:
             cordoned.append(self.node)
             return None
         return f"node {self.node}: still conflicting after 5 tries; not cordoned, nothing moved"
+
+
+class IdentityReader:
+    """The edge of the identity check (identity.py decides): the pod the exporter names, read by
+    namespace and name, and its ReplicaSet when the workload needs one."""
+
+    def __init__(self, client: KubeClient):
+        self.client = client
+
+    async def check(self, status: TargetStatus) -> identity.Checked:
+        """The status as the API server confirms it, or the refusal (never raises for its answers)."""
+        if not status.namespace or not status.pod:
+            return identity.Checked(None, Decision(False, "identity_mismatch", "the exporter names part of a pod"
+                                                   f" (namespace {status.namespace!r}, pod {status.pod!r}): never acted on"))
+        where = f"pod {status.namespace}/{status.pod}"
+        try:
+            pod: dict[str, Any] | None = await get_pod(self.client, status.namespace, status.pod)
+        except ApiError as exc:
+            if exc.status != 404:
+                return identity.Checked(None, Decision(False, "identity_unverified", f"read {where}: {exc}"))
+            pod = None
+        except KubeError as exc:
+            return identity.Checked(None, Decision(False, "identity_unverified", f"read {where}: {exc}"))
+        owner: dict[str, Any] | None = None
+        wanted = identity.owner_to_read(pod) if pod is not None else None
+        if wanted is not None:
+            try:
+                owner = await get_replica_set(self.client, status.namespace, wanted.name)
+            except KubeError as exc:  # the rule refuses `owner_pending` without it; say why in the log
+                log_event(log, "cannot read a pod's owner", level=logging.WARNING, pod=where, owner=wanted.name,
+                          error=str(exc))
+        return identity.verified(status, pod, owner)

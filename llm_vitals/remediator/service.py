@@ -33,6 +33,7 @@ from .journal import Journal
 from .loop import GateLoop
 from .metrics import RemediatorMetrics
 from .payload import Alert, WebhookPayload
+from .pods import IdentityReader
 from .policy import policy_from
 from .settings import Settings
 from .sqlite_store import SqliteStore
@@ -41,7 +42,8 @@ from .store import GateStore, LeaseStore, transact, update
 log = logging.getLogger("llm_vitals.remediator")
 
 # Reasons for which nothing was decided for good and a redelivery is safe (503).
-RETRY_SAFE_REASONS = frozenset({"exporter_unreachable", "state_unreachable"})
+# `owner_pending` and `identity_unverified` pass too: the API server can answer on the next try.
+RETRY_SAFE_REASONS = frozenset({"exporter_unreachable", "state_unreachable", "owner_pending", "identity_unverified"})
 
 
 def facts_of(alert: Alert) -> AlertFacts:
@@ -85,7 +87,7 @@ class Remediator:
         # Every exporter shard, read at once: the fleet gate needs the whole fleet in one view.
         exporter = FleetReader.of(settings.exporters(), http_client, settings.exporter_timeout, settings.exporter_max_age)
         self.loop = GateLoop(self.policy, store, exporter, self.actor, Evidence(journal, self.metrics, self.policy),
-                             clock)
+                             clock, IdentityReader(kube) if kube is not None else None)
 
     def gate_state_now(self) -> JournalState:
         """The state as last seen, without I/O (for the metrics and /healthz)."""
