@@ -32,7 +32,7 @@ from .evidence import Evidence
 from .executors import Executor
 from .gate import AlertFacts, Decision, FleetView, GatePolicy, JournalState, TargetStatus
 from .shared import Intent
-from .store import GateStore, StateUnavailable, transact
+from .store import GateStore, StateLost, StateUnavailable, transact
 
 log = logging.getLogger("llm_vitals.remediator")
 
@@ -100,7 +100,8 @@ class GateLoop:
                 try:
                     decided = await transact(self.store, partial(self._decide, facts, fleet, status, checked))
                 except StateUnavailable as exc:
-                    decision = Decision(False, "state_unreachable", str(exc)[:500])
+                    lost = isinstance(exc, StateLost)
+                    decision = Decision(False, "state_lost" if lost else "state_unreachable", str(exc)[:500])
                     self._refused(facts, decision, self.store.now(), status)
                     return decision
                 if not decided.needs_identity:

@@ -76,6 +76,7 @@ class _JournalCollector(Collector):
     llm_vitals_remediator_disruption_budget_refused_seconds{workload="Deployment/llm/vllm"} 3600.0
     llm_vitals_remediator_node_escalated{node="gpu-node-7"} 1.0
     llm_vitals_remediator_state_up 1.0
+    llm_vitals_remediator_state_lost 0.0
     llm_vitals_remediator_state_errors_total{operation="read"} 3.0
     """
 
@@ -164,6 +165,13 @@ class _JournalCollector(Collector):
                 "1 when the last read or write of the gate's state (the replicas' Lease, or this replica's "
                 "SQLite row) worked; 0 while it fails: no restart can be decided, webhooks answer 503.",
                 value=1.0 if health.up else 0.0,
+            )
+            yield GaugeMetricFamily(
+                "llm_vitals_remediator_state_lost",
+                "1 while the gate's shared state is lost (its Lease deleted, its annotation unreadable, or "
+                "created again by another replica): nothing is restarted, paused or reset until a human "
+                "re-initialises it (POST /api/v1/state/reinit, see the runbook); 0 otherwise.",
+                value=1.0 if health.lost else 0.0,
             )
             errors = CounterMetricFamily(
                 "llm_vitals_remediator_state_errors",

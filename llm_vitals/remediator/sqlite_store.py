@@ -177,3 +177,25 @@ def state_from_journal(conn: sqlite3.Connection) -> JournalState:
         storm_seen_at=kept.get("storm_seen_at"),
         gpu_nodes=frozenset(kept.get("gpu_nodes", ())),
     )
+
+
+def read_local_state(path: Path | str) -> JournalState | None:
+    """This replica's own state as its SQLite file holds it (the gate_state row, else what an older
+    journal's rows say), or None when the file holds neither: what a first Lease, or a human's
+    re-initialisation `from: journal`, starts from (switching from one replica to replicas keeps
+    its open circuits, budgets, pause and cordoned nodes). Raises BadState on a row not ours."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "gate_state" in tables:
+            row = conn.execute("SELECT state FROM gate_state WHERE id=1").fetchone()
+            if row is not None:
+                return shared.from_json(row[0])
+        if {"actions", "circuits", "shared"} <= tables:
+            return state_from_journal(conn)
+        return None
+    finally:
+        conn.close()

@@ -328,7 +328,7 @@ async def test_pause_set_on_one_replica_holds_both_and_resuming_on_the_other_let
         paused = await client.post(f"{a.url}/api/v1/pause", json={"until": time.time() + 600, "reason": "upgrade"},
                                    headers=auth)
         assert paused.status_code == 200 and paused.json()["paused"] is True
-        assert (await client.get(f"{b.url}/api/v1/pause")).json() == {
+        assert (await client.get(f"{b.url}/api/v1/pause", headers=auth)).json() == {
             "paused": True, "until": paused.json()["until"], "reason": "upgrade"}
         held = [await r.webhook(alert(target, f"fp-paused-{r.name}")) for r in (a, b)]
         assert reasons(held) == ["paused", "paused"]
