@@ -38,6 +38,7 @@ class ApiServer:
     def __init__(self) -> None:
         self.pods: dict[str, dict[str, Any]] = {}
         self.blocked: set[str] = set()  # pods a PodDisruptionBudget protects
+        self.throttled: set[str] = set()  # pods whose eviction API Priority and Fairness answers 429
         self.calls: list[tuple[str, str]] = []
         self.event_delay = 0.0
         self.event_status = 201
@@ -94,6 +95,11 @@ class ApiServer:
         refused = self._precondition(name, body["deleteOptions"]["preconditions"]["uid"])
         if refused is not None:
             return refused
+        if name in self.throttled:  # as APF answers: TooManyRequests, no causes, a Retry-After
+            response = status(429, "Too many requests, please try again later (the eviction may violate the"
+                                   " pod's disruption budget, or not).", "TooManyRequests")
+            response.headers["Retry-After"] = "1"
+            return response
         if name in self.blocked:
             return status(429, "Cannot evict pod as it would violate the pod's disruption budget.", "TooManyRequests",
                           [{"reason": "DisruptionBudget", "message": "The disruption budget vllm needs 2 healthy pods"
@@ -260,3 +266,17 @@ async def test_a_cordon_that_fails_names_no_node_and_moves_nothing(api):
                                         "GPU fault (Xid79)", 5, "Xid79").restart()
     assert (moved.result, moved.cordoned) == ("ok", "n2") and server.nodes["n2"]["spec"]["unschedulable"] is True
     assert "vllm-1" not in server.pods
+
+
+async def test_a_throttled_api_server_is_api_throttled_never_a_disruption_budget(api):
+    """APF's 429 names no budget (its message even mentions one here: the message is never read)."""
+    server, kube = api
+    pod = server.add_pod("vllm-0")
+    server.throttled.add("vllm-0")
+    result = await PodExecutor(PodRemover(kube, "evict"), pod, "replica-a", "restarted", 5).restart()
+    assert (result.result, result.refused) == ("error", "api_throttled")
+    assert "vllm-0" in server.pods and not server.events
+    leader = server.add_pod("big-0", GROUP_LABELS)
+    server.throttled.add("big-0")
+    group = await GroupExecutor(PodRemover(kube, "evict"), Group("llm", "big", "0"), leader, "r", "m", 5).restart()
+    assert group.refused == "api_throttled" and "big-0" in server.pods

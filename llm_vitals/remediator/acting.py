@@ -7,10 +7,11 @@ The webhook answer never waits for any of it. A refusal a human must see (`gate.
 becomes an Event on the target's pod, also in the background.
 
 Two outcomes change the gate's state after the fact:
-- a restart the API server refused outright (an eviction a PodDisruptionBudget forbids, 429) did
-  nothing: its commit is taken back (`shared.undone`: budget, cooldown, alert key, circuit, ladder
-  step), its journal row becomes the refusal `disruption_budget`, and the pod gets an Event, so that
-  Alertmanager's next re-send of the alert is judged afresh;
+- a restart the API server refused outright did nothing: its commit is taken back
+  (`shared.undone`: budget, cooldown, alert key, circuit, ladder step) and its journal row becomes
+  the refusal, so that Alertmanager's next re-send of the alert is judged afresh. An eviction a
+  PodDisruptionBudget forbids (429 naming it) is `disruption_budget`, with an Event on the pod and
+  the streak its alert reads; any other 429 (a throttled API server) is `api_throttled`, no more;
 - a cordon that succeeded marks its node (`shared.node_marked`); one that failed marks nothing.
 """
 
@@ -28,7 +29,17 @@ from llm_vitals.logs import log_event
 
 from . import shared
 from .executors import ExecResult, Executor, run_argv
-from .gate import AlertFacts, Decision, GatePolicy, JournalState, Reason, TargetStatus, group_of, workload_of
+from .gate import (
+    HUMAN_REFUSALS,
+    AlertFacts,
+    Decision,
+    GatePolicy,
+    JournalState,
+    Reason,
+    TargetStatus,
+    group_of,
+    workload_of,
+)
 from .journal import Journal
 from .metrics import RemediatorMetrics
 from .pods import (
@@ -206,15 +217,21 @@ class Actor:
         except Exception:
             log.exception("cannot journal a refused restart")
         workload = intent.workload or target
+
+        def taken_back(state: JournalState) -> JournalState:
+            state = shared.undone(state, intent, facts.key)
+            # Only a disruption budget starts or extends the streak its alert reads; a throttled API server does not.
+            return shared.disruption_refused(state, workload, self.store.now()) if reason == "disruption_budget" else state
+
         try:
-            await update(self.store, lambda state: shared.disruption_refused(
-                shared.undone(state, intent, facts.key), workload, self.store.now()))
+            await update(self.store, taken_back)
         except Exception as exc:
             # The claim expires (replicas) or ends at the next start (one replica); the budget and the
             # cooldown stay spent: the safe side.
             log_event(log, "cannot take back a refused restart in the gate's state", level=logging.WARNING,
                       error=str(exc))
-        self.tell_refusal(facts, Decision(False, cast(Reason, reason), result.detail), status)
+        if reason in HUMAN_REFUSALS:
+            self.tell_refusal(facts, Decision(False, cast(Reason, reason), result.detail), status)
 
     async def release(self, holder: str, ran: str | None = None) -> None:
         """End this replica's claim on the restart (the cooldown and the budget stay spent); `ran`:

@@ -32,9 +32,8 @@ from typing import Any, Literal
 
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.errors import ApiError, KubeError
-from llm_vitals.kube.evictions import Evictions
+from llm_vitals.kube.evictions import Evictions, Removal, remove_pod
 from llm_vitals.kube.objects import create_event, get_node, get_pod, get_replica_set, list_pods, merge_patch_node
-from llm_vitals.kube.objects import delete_pod as delete_pod_object
 from llm_vitals.kube.times import micro_time
 from llm_vitals.logs import log_event
 
@@ -146,17 +145,9 @@ async def pod_event(
                               identity, name)
 
 
-@dataclass(frozen=True)
-class Removal:
-    """What one eviction or delete of a pod came to."""
-
-    done: bool
-    detail: str
-    blocked: bool = False  # a PodDisruptionBudget forbade the eviction (429): nothing was deleted
-
-
 class PodRemover:
-    """Evicts (the default) or deletes pods by UID, through the shared client."""
+    """Evicts (the default) or deletes pods by UID, through the shared client (llm_vitals/kube/evictions.py
+    decides what each answer means)."""
 
     def __init__(self, client: KubeClient, action: PodAction, evictions: Evictions | None = None):
         self.client = client
@@ -165,28 +156,14 @@ class PodRemover:
 
     async def remove(self, pod: PodRef) -> Removal:
         """Evict or delete one pod by UID; never raises for the API server's answers."""
-        where = f"pod {pod.namespace}/{pod.name}"
-        verb = "evicted" if self.action == "evict" else "deleted"
         if not pod.uid:  # the gate refuses these (no_pod_uid); this is the last line
-            return Removal(False, f"{where} has no UID: never acted on by name; nothing {verb}")
+            verb = "evicted" if self.action == "evict" else "deleted"
+            return Removal("failed", f"pod {pod.namespace}/{pod.name} has no UID: never acted on by name; nothing {verb}")
+        evictions = self.evictions if self.action == "evict" else None
         try:
-            if self.action == "evict":
-                await self.evictions.evict(pod.namespace, pod.name, pod.uid)
-            else:
-                await delete_pod_object(self.client, pod.namespace, pod.name, pod.uid)
-        except ApiError as exc:
-            if exc.status == 429 and self.action == "evict":
-                return Removal(False, f"the eviction of {where} was refused: {exc.message or exc}; nothing deleted",
-                               blocked=True)
-            if exc.status == 404:
-                return Removal(False, f"{where} is gone already; nothing {verb}")
-            if exc.status == 409:
-                # The precondition failed: the name now belongs to a newer pod, which the alert is not about.
-                return Removal(False, f"{where} has another UID than {pod.uid} now (recreated); nothing {verb}")
-            return Removal(False, f"{'evict' if self.action == 'evict' else 'delete'} {where}: {exc}")
-        except KubeError as exc:
-            return Removal(False, f"{'evict' if self.action == 'evict' else 'delete'} {where}: {exc}")
-        return Removal(True, f"{verb} {where} (uid {pod.uid})")
+            return await remove_pod(self.client, evictions, pod.namespace, pod.name, pod.uid)
+        except KubeError as exc:  # no answer (or no usable config): nothing is known to be done
+            return Removal("failed", f"{'evict' if evictions else 'delete'} pod {pod.namespace}/{pod.name}: {exc}")
 
 
 class PodExecutor:
@@ -207,8 +184,8 @@ class PodExecutor:
                 removal = await self.remover.remove(self.pod)
         except TimeoutError:
             return ExecResult("timeout", f"pod {self.pod.namespace}/{self.pod.name}: not done within {self.timeout:g}s")
-        if removal.blocked:
-            return ExecResult("error", removal.detail, refused="disruption_budget")
+        if removal.refused is not None:
+            return ExecResult("error", removal.detail, refused=removal.refused)
         if not removal.done:
             return ExecResult("error", removal.detail)
         # After the outcome is settled: the Event is a note on it, never a cause of another outcome.
@@ -264,12 +241,12 @@ class GroupExecutor:
         steps.append(f"{where}: {len(pods)} pods")
         for pod in pods:
             removal = await self.remover.remove(pod)
-            if removal.blocked and not done:
-                return ExecResult("error", "; ".join([*steps, removal.detail]), refused="disruption_budget")
+            if removal.refused is not None and not done:
+                return ExecResult("error", "; ".join([*steps, removal.detail]), refused=removal.refused)
             steps.append(removal.detail)
             if removal.done:
                 done.append(pod)
-            elif "gone already" not in removal.detail and "another UID" not in removal.detail:
+            elif not removal.absent:
                 return ExecResult("error", "; ".join(steps))  # a pod gone or replaced meanwhile is what we wanted
         return ExecResult("ok", "; ".join(steps))
 
