@@ -48,6 +48,7 @@ from .pods import (
     PodExecutor,
     PodRef,
     PodRemover,
+    notes_seconds,
     pod_event,
     refusal_event_name,
     taint_value,
@@ -63,6 +64,16 @@ log = logging.getLogger("llm_vitals.remediator")
 SHUTDOWN_GRACE_SECONDS = 10.0
 # A restart's claim outlives its timeouts by this much (a slow journal write, the clock).
 CLAIM_MARGIN_SECONDS = 5.0
+# How long a committed restart may wait for this replica's restart lock (another of its restarts
+# finishing): past it, it does not run. The claim covers the wait.
+LOCK_WAIT_SECONDS = 10.0
+
+
+def claim_seconds(pre_restart: float, executor: float) -> float:
+    """How long a restart's claim holds: the wait for the restart lock, the pre_restart command, the
+    executor, its Events (pods.notes_seconds) and a margin: every part is bounded by its own limit,
+    so the holder is done before the claim ends and no other replica starts meanwhile."""
+    return LOCK_WAIT_SECONDS + pre_restart + executor + notes_seconds() + CLAIM_MARGIN_SECONDS
 
 
 class Actor:
@@ -133,7 +144,7 @@ class Actor:
             return Intent(token, target, None, workload, now, before)
         pre = pre_restart_of(self.settings, self.policy, target, status)
         timeout = getattr(executor, "timeout", None) or restart_timeout(self.settings, self.policy, target, status)
-        expires = now + (pre.timeout if pre else 0.0) + float(timeout) + CLAIM_MARGIN_SECONDS
+        expires = now + claim_seconds(pre.timeout if pre else 0.0, float(timeout))
         return Intent(token, target, expires, workload, now, before)
 
     # -- restarts ---------------------------------------------------------------------------------
@@ -148,7 +159,15 @@ class Actor:
         self, action_id: int, facts: AlertFacts, executor: Executor, intent: Intent, status: TargetStatus | None
     ) -> None:
         target = facts.target or ""
-        async with self._restart_lock:
+        try:
+            async with asyncio.timeout(LOCK_WAIT_SECONDS):
+                await self._restart_lock.acquire()
+        except TimeoutError:
+            late = ExecResult("error", f"another restart of this replica still held the restart lock after"
+                                       f" {LOCK_WAIT_SECONDS:g}s; not run (the claim covers only that long a wait)")
+            await self._finish(action_id, target, late, 0.0, intent.holder)
+            return
+        try:
             started = time.monotonic()
             try:
                 await self._pre_restart(action_id, target, status)
@@ -167,6 +186,8 @@ class Actor:
             else:
                 ran = (intent.workload or target) if result.result == "ok" else None
                 await self._finish(action_id, target, result, time.monotonic() - started, intent.holder, ran)
+        finally:
+            self._restart_lock.release()
 
     async def _pre_restart(self, action_id: int, target: str, status: TargetStatus | None) -> None:
         """Run the target's pre_restart command, bounded by its timeout, and journal its output."""

@@ -27,6 +27,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -61,6 +62,29 @@ EVENT_REASONS = {
 # An Event POST's own limit: short, and apart from the restart's (a completed eviction must never
 # be journaled as a timeout because its Event was slow).
 EVENT_TIMEOUT_SECONDS = 5.0
+
+
+def notes_seconds() -> float:
+    """How long all the Events of one action may take together, after its outcome (a group's one per
+    pod, a move's two): the restart's claim covers this too (acting.Actor.claim)."""
+    return 2 * (EVENT_TIMEOUT_SECONDS + 1.0)
+
+
+async def within_notes(*events: Coroutine[Any, Any, bool]) -> list[bool]:
+    """Send `events` one after another within `notes_seconds()`; those left when it is over are dropped
+    (logged). Returns which were recorded."""
+    recorded: list[bool] = []
+    pending = list(events)
+    try:
+        async with asyncio.timeout(notes_seconds()):
+            while pending:
+                recorded.append(await pending.pop(0))
+    except TimeoutError:
+        log_event(log, "Events not recorded: the action's time for its notes is over", level=logging.WARNING,
+                  dropped=len(pending) + 1)
+    for event in pending:
+        event.close()
+    return recorded + [False] * (len(events) - len(recorded))
 
 PodAction = Literal["evict", "delete"]
 
@@ -219,8 +243,9 @@ class GroupExecutor:
                 result = await self._restart(done, steps)
         except TimeoutError:
             result = ExecResult("timeout", "; ".join([*steps, f"not done within {self.timeout:g}s"]))
-        for pod in done:  # after the outcome: an Event never changes it
-            await pod_event(self.remover.client, pod, "allowed", self.message, self.identity)
+        # After the outcome: an Event never changes it; all of them within the notes' time.
+        await within_notes(*(pod_event(self.remover.client, pod, "allowed", self.message, self.identity)
+                             for pod in done))
         return result
 
     async def _restart(self, done: list[PodRef], steps: list[str]) -> ExecResult:
@@ -297,15 +322,18 @@ class CordonAndMoveExecutor:
         # After the outcome is settled: the Events are notes on it.
         node = {"apiVersion": "v1", "kind": "Node", "name": self.node}
         message = f"{self.cause}: moving pod {self.pod.namespace}/{self.pod.name} off this node"
-        if cordoned and await record_event(self.client, node, "default", EVENT_REASONS["cordon_and_move"], message,
-                                           "Warning", self.identity):
-            steps.append("Event on the node")
+        notes: list[tuple[str, Coroutine[Any, Any, bool]]] = []
+        if cordoned:
+            notes.append(("Event on the node", record_event(self.client, node, "default",
+                                                            EVENT_REASONS["cordon_and_move"], message, "Warning",
+                                                            self.identity)))
         if removal.done:
             note = f"{self.cause} on node {self.node}: node cordoned, pod moved off it"
-            if await pod_event(self.client, self.pod, "cordon_and_move", note, self.identity):
-                steps.append("Event on the pod")
+            notes.append(("Event on the pod", pod_event(self.client, self.pod, "cordon_and_move", note, self.identity)))
         elif removal.blocked:
-            await pod_event(self.client, self.pod, "disruption_budget", removal.detail, self.identity)
+            notes.append(("", pod_event(self.client, self.pod, "disruption_budget", removal.detail, self.identity)))
+        recorded = await within_notes(*(event for _, event in notes))
+        steps.extend(said for (said, _), ok in zip(notes, recorded, strict=True) if ok and said)
         return ExecResult("ok" if removal.done else "error", "; ".join(steps),
                           cordoned=cordoned[0] if cordoned else None)
 
