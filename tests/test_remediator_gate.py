@@ -80,6 +80,11 @@ CASES = [
     ("restarted since", ALERT, fleet(a=TargetStatus("stuck", STARTS + 10)), JOURNAL, POLICY, T0, "restarted_since_alert"),
     ("restart seen by counters", ALERT, fleet(a=TargetStatus("stuck", None, last_restart_time=STARTS + 1)),
      JOURNAL, POLICY, T0, "restarted_since_alert"),
+    # The server's clock 10 minutes behind: its start time says before the alert, the exporter saw
+    # the restart after it (its own clock, the alert's readings'). Before: allowed, a second restart.
+    ("restart seen by the exporter, start time from a clock behind", ALERT,
+     fleet(a=TargetStatus("stuck", STARTS - 590, last_restart_time=STARTS + 10)), JOURNAL, POLICY, T0,
+     "restarted_since_alert"),
     ("gpu fault", ALERT, fleet(a=TargetStatus("stuck", OLD, gpu_fault=True)), JOURNAL, POLICY, T0, "gpu_fault"),
     ("in progress", ALERT, FLEET, JournalState(in_progress="c"), POLICY, T0, "restart_in_progress"),
     ("cooldown", ALERT, FLEET, JournalState(last_restart_started=T0 - 899), POLICY, T0, "cooldown"),
@@ -378,3 +383,11 @@ def test_the_ladder_takes_the_next_step_within_escalate_within(ladder, now, step
     policy = replace(POLICY, escalate_within=600.0)
     assert ladder_step(JournalState(ladder=ladder), policy, "w", now) == step
     assert ladder_step(JournalState(ladder=ladder), POLICY, "w", now) == "restart"  # the ladder off
+
+
+def test_an_allowed_restart_says_when_nothing_could_show_a_restart_since_the_alert():
+    """Before: no process start time and no restart seen skipped the check in silence."""
+    blind = decide(ALERT, fleet(a=TargetStatus("stuck", None)), JOURNAL, POLICY, T0)
+    assert blind.allowed and "no process start time" in blind.detail
+    seen = decide(ALERT, fleet(a=TargetStatus("stuck", STARTS - 3600)), JOURNAL, POLICY, T0)
+    assert seen.allowed and seen.detail == ""

@@ -365,9 +365,9 @@ def decide(
     acceptable = RESTARTABLE_STATES | ({"down"} if alert.alertname in policy.down_alertnames else frozenset())
     if status.state not in acceptable:
         return Decision(False, "not_stuck", f"the exporter says {status.state} now")
-    started = status.process_start_time if status.process_start_time is not None else status.last_restart_time
-    if started is not None and started >= alert.starts_at:
-        return Decision(False, "restarted_since_alert", "the server process started after the alert did")
+    since = restarted_since(status, alert.starts_at)
+    if since is not None:
+        return Decision(False, "restarted_since_alert", since)
     # A template's target is acted on as its own pod, by UID only: a pod is never deleted by name
     # (a file_sd writer could name any pod; a name may belong to a newer pod by now).
     if not static and not status.pod_uid:
@@ -440,10 +440,34 @@ def decide(
     if moving:
         why = "GPU fault" if status.gpu_fault else f"{workload} stuck again within escalate_within (ladder)"
         return Decision(True, "cordon_and_move", f"{why} on node {status.node}: cordon, taint, move the pod")
+    # Said, never skipped in silence: nothing from the exporter could show a restart since the alert.
+    unchecked = "" if has_start_evidence(status) else (
+        "the exporter gives no process start time and saw no restart: a restart since the alert is not ruled out")
     group = group_of(status)
     if group is not None:
-        return Decision(True, "allowed", f"restart the whole group {workload}")
-    return Decision(True, "allowed", "")
+        return Decision(True, "allowed", "; ".join(filter(None, [f"restart the whole group {workload}", unchecked])))
+    return Decision(True, "allowed", unchecked)
+
+
+def restarted_since(status: TargetStatus, alert_start: float) -> str | None:
+    """Why the target already restarted after the alert began, or None.
+
+    The exporter's own detection (`last_restart_time`: a new start time, a counter that fell, a
+    fresh page) is stamped by the exporter's clock, the one whose readings the alert fired on: it
+    wins. The page's `process_start_time` is the server host's clock, which may be off: it counts
+    only when the exporter saw no restart (it started after the server did)."""
+    if status.last_restart_time is not None:
+        if status.last_restart_time >= alert_start:
+            return "the exporter saw the server restart after the alert began"
+        return None
+    if status.process_start_time is not None and status.process_start_time >= alert_start:
+        return "the server process started after the alert did"
+    return None
+
+
+def has_start_evidence(status: TargetStatus) -> bool:
+    """Whether the exporter gives anything a restart since the alert would show in."""
+    return status.process_start_time is not None or status.last_restart_time is not None
 
 
 def fleet_storm(fleet: FleetView, policy: GatePolicy) -> str | None:
