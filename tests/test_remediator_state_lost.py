@@ -206,3 +206,29 @@ async def test_the_api_server_away_is_unreachable_not_lost(tmp_path):
     with pytest.raises(StateUnavailable) as caught:
         await a.read()
     assert not isinstance(caught.value, StateLost) and not a.health.lost
+
+
+async def test_one_replicas_sqlite_row_keeps_the_fields_a_newer_version_wrote(tmp_path):
+    """A downgrade, then the upgrade again: the newer version's fields are still in the row."""
+    from llm_vitals.remediator.sqlite_store import SqliteStore
+
+    db = tmp_path / "journal.db"
+    newer = {**json.loads(shared.to_json(CIRCUIT)), "pages_held": {"Deployment/llm/vllm": [T0, "oncall"]}}
+    conn = sqlite3.connect(db)
+    conn.executescript("CREATE TABLE gate_state (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL,"
+                       " state TEXT NOT NULL);")
+    conn.execute("INSERT INTO gate_state VALUES (1, 4, ?)", (json.dumps(newer),))
+    conn.commit()
+    conn.close()
+    older = SqliteStore(db, 3600.0, Clock(T0))
+    await older.open()
+    try:
+        await update(older, lambda s: shared.paused_state(s, T0 + 60, "x"))
+    finally:
+        await older.close()
+    conn = sqlite3.connect(db)
+    (text,) = conn.execute("SELECT state FROM gate_state").fetchone()
+    conn.close()
+    kept = json.loads(text)
+    assert kept["pages_held"] == {"Deployment/llm/vllm": [T0, "oncall"]} and kept["pause_reason"] == "x"
+    assert kept["open_circuits"] == ["a"]
