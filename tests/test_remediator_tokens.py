@@ -117,3 +117,31 @@ async def test_basic_auth_is_the_act_token_and_a_read_token_reads_beside_it(reme
     assert (await client.delete("/api/v1/pause", headers=READ)).status == 403
     assert (await client.delete("/api/v1/pause", headers=basic)).status == 200
     assert TOKEN not in (await (await client.get("/api/v1/state", headers=READ)).text())
+
+
+async def test_a_lost_state_is_answered_by_one_middleware_and_refuses_the_webhook(remediator, restarter):  # noqa: F811
+    from llm_vitals.remediator.store import StateLost
+
+    client = await remediator()
+
+    async def lost():
+        raise StateLost("Lease llm/llm-vitals-remediator is gone (it held epoch e1)")
+
+    client.service.store.read = lost
+    for method, path, body in [("POST", "/api/v1/pause", {"until": client.clock.now + 60, "reason": "r"}),
+                               ("DELETE", "/api/v1/pause", None), ("POST", "/api/v1/circuit/reset", None),
+                               ("POST", "/api/v1/nodes/n1/release", None)]:
+        answer = await client.request(method, path, json=body, headers=AUTH)
+        assert answer.status == 503 and (await answer.json())["state_lost"] is True, path
+    answer = await client.post("/webhook", json=alert_payload("a"), headers=AUTH)
+    assert answer.status == 503 and (await answer.json())["decisions"][0]["reason"] == "state_lost"
+    await client.service.wait_idle()
+    assert restarter.calls == 0
+
+
+async def test_reinit_says_where_from_and_why_and_one_replica_has_nothing_to_reinitialise(remediator):  # noqa: F811
+    client = await remediator()
+    for body in ({}, {"from": "empty"}, {"from": "elsewhere", "reason": "x"}, {"from": "empty", "reason": " "}):
+        assert (await client.post("/api/v1/state/reinit", json=body, headers=AUTH)).status == 422, body
+    alone = await client.post("/api/v1/state/reinit", json={"from": "empty", "reason": "drill"}, headers=AUTH)
+    assert alone.status == 409 and "own SQLite file" in (await alone.json())["error"]
