@@ -232,3 +232,16 @@ async def test_one_replicas_sqlite_row_keeps_the_fields_a_newer_version_wrote(tm
     kept = json.loads(text)
     assert kept["pages_held"] == {"Deployment/llm/vllm": [T0, "oncall"]} and kept["pause_reason"] == "x"
     assert kept["open_circuits"] == ["a"]
+
+
+async def test_an_older_versions_write_during_a_rolling_upgrade_is_not_a_loss(tmp_path):
+    """The version before this one drops the fields it does not know, the epoch among them."""
+    clock = Clock(T0)
+    leases = ServerLeases(clock)
+    new = store(leases, clock, tmp_path / "new.epoch")
+    await update(new, lambda s: shared.node_marked(s, "gpu-7"))
+    assert leases.lease is not None
+    older = {k: v for k, v in annotation(leases).items() if k not in shared.STORE_KEYS}
+    leases.lease["metadata"]["annotations"][STATE_ANNOTATION] = json.dumps(older)
+    state, _ = await new.read()
+    assert state.gpu_nodes == frozenset({"gpu-7"}) and not new.health.lost

@@ -212,8 +212,13 @@ class EpochMemory:
 
 def accepts(seen: str | None, stored: shared.Stored) -> bool:
     """Whether a replica that has seen epoch `seen` may use `stored` (pure): the same initialisation,
-    the first it sees, an upgrade giving a legacy state its epoch, or a human's re-initialisation."""
+    the first it sees, an older version's write (no epoch), an upgrade giving a legacy state its
+    epoch, or a human's re-initialisation. Anything else is another initialisation: the state it saw
+    was lost."""
     if seen is None or stored.epoch == seen:
+        return True
+    if stored.epoch is None:
+        # An older version's write (it knows no epoch and drops it): a rolling upgrade, not a loss.
         return True
     if seen == LEGACY_EPOCH and stored.epoch is not None:
         return True
