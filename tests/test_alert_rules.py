@@ -47,6 +47,7 @@ EXPECTED_ALERTS = {
     # Issue 30: a held page, a node llm-vitals cordoned.
     "LLMVitalsRemediatorWorkloadPaged",
     "LLMVitalsRemediatorNodeCordoned",
+    "LLMVitalsRemediatorStateLost",  # the shared state gone: nothing runs until a human re-initialises it (issue 30)
 }
 
 

@@ -166,6 +166,9 @@ def test_demo_configs_pass_the_real_config_checks(tmp_path, fast) -> None:
     remediator = load_remediator_settings(files["remediator"], environ={TOKEN_ENV: "t0ken"})
     assert exporter.port == ports.exporter and remediator.exporter_url == f"http://127.0.0.1:{ports.exporter}"
     assert set(remediator.targets) <= {t.name for t in exporter.targets}
+    # The status page holds the remediator's read token, never the act token (the webhook's).
+    assert exporter.remediator_token is not None and remediator.auth.read_token is not None
+    assert exporter.remediator_token.get_secret_value() == remediator.auth.read_token.get_secret_value() != "t0ken"
     promtool, amtool = require_binary("promtool"), require_binary("amtool")
     for argv in ([promtool, "check", "config", str(files["prometheus"])],  # also checks the rules it loads
                  [amtool, "check-config", str(files["alertmanager"])]):

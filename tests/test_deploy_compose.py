@@ -177,6 +177,9 @@ def test_exporter_and_remediator_configs_are_valid_and_agree(variant):
     assert exporter.port == 9471 and remediator.host_port == ("0.0.0.0", 9472)
     assert remediator.exporter_url == "http://exporter:9471"
     assert remediator.auth.bearer_token_env == "LLM_VITALS_WEBHOOK_TOKEN"
+    # The status page holds the read token only: it can never restart, pause or reset.
+    assert exporter.remediator_token_env == remediator.auth.read_token_env == "LLM_VITALS_READ_TOKEN"
+    assert "LLM_VITALS_WEBHOOK_TOKEN" not in SERVICES["exporter"]["environment"]
     assert str(remediator.state_path).startswith("/var/lib/llm-vitals/")
     assert {t.name for t in exporter.targets} == set(remediator.targets)
     containers = {s["container_name"]: name for name, s in SERVICES.items()}
@@ -205,7 +208,7 @@ def test_dockerignore_keeps_the_build_context_to_the_package():
 @pytest.mark.parametrize("program", ["exporter", "remediator"])
 def test_the_real_cli_accepts_the_mounted_configs(program):
     """What the container runs: `llm-vitals-<program> --check-config` on the same files."""
-    env = {**os.environ, "LLM_VITALS_WEBHOOK_TOKEN": "test-token-not-a-secret"}
+    env = {**os.environ, "LLM_VITALS_WEBHOOK_TOKEN": "test-token-not-a-secret", "LLM_VITALS_READ_TOKEN": "read-not-a-secret"}
     # One interpreter for both files: importing the app is most of the cost.
     code = (f"import sys; from llm_vitals.{program}.cli import main\n"
             "sys.exit(max(main(['--check-config', '--config', path]) for path in sys.argv[1:]))")

@@ -213,12 +213,14 @@ def test_remediator_is_two_replicas_each_with_its_journal_on_a_pvc():
 
 
 def test_remediator_rbac_is_exactly_the_verbs_it_uses():
-    """Pods: evict (pods/eviction create), delete (pod_action: delete), list (a group's pods). Its
-    Lease: get, update (by name), create. Events: create. Nodes: get, patch. tests/k8s/ runs the
-    remediator on the real API server with exactly these rules."""
+    """Pods: get (its own check of the pod the exporter names), evict (pods/eviction create), delete
+    (pod_action: delete), list (a group's pods); ReplicaSets: get (a pod's workload). Its Lease: get,
+    update (by name), create. Events: create. Nodes: get, patch. tests/k8s/ runs the remediator on
+    the real API server with exactly these rules."""
     role = _one("Role", "llm-vitals-remediator")
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete", "list"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "delete", "list"]},
+        {"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["llm-vitals-remediator"],
          "verbs": ["get", "update"]},

@@ -88,13 +88,16 @@ def test_a_leaderworkerset_group_needs_both_labels(labels, group) -> None:
     # Only the managing owner counts: another owner (a garbage-collection parent) is not the controller.
     ([{"kind": "ConfigMap", "name": "c", "uid": "u1"},
       {"kind": "StatefulSet", "name": "vllm", "uid": "u2", "controller": True}], Controller("StatefulSet", "vllm")),
-    ([{"kind": "ReplicaSet", "name": "r", "uid": "u", "controller": False}], None),
+    # No reference marked controller: the first owner, never none (which made the pod its own workload).
+    ([{"kind": "ReplicaSet", "name": "r", "uid": "u", "controller": False}], Controller("ReplicaSet", "r")),
+    ([{"kind": "StatefulSet", "name": "s", "uid": "u"}, {"kind": "ConfigMap", "name": "c", "uid": "u1"}],
+     Controller("StatefulSet", "s")),
     ([{"kind": "ReplicaSet", "uid": "u", "controller": True}], None),  # no name: nothing to name it by
     (["not a mapping"], None),
     ([], None),
     (None, None),
 ])
-def test_the_controller_is_the_owner_reference_marked_controller(references, controller) -> None:
+def test_the_owner_is_the_reference_marked_controller_else_the_first(references, controller) -> None:
     assert controller_of({"ownerReferences": references}) == controller
 
 

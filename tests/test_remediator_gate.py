@@ -8,6 +8,7 @@ import pytest
 
 from llm_vitals.remediator.gate import (
     AFTER_GATE,
+    AT_EDGE,
     HUMAN_REFUSALS,
     REASONS,
     AlertFacts,
@@ -82,6 +83,11 @@ CASES = [
     ("restarted since", ALERT, fleet(a=TargetStatus("stuck", STARTS + 10)), JOURNAL, POLICY, T0, "restarted_since_alert"),
     ("restart seen by counters", ALERT, fleet(a=TargetStatus("stuck", None, last_restart_time=STARTS + 1)),
      JOURNAL, POLICY, T0, "restarted_since_alert"),
+    # The server's clock 10 minutes behind: its start time says before the alert, the exporter saw
+    # the restart after it (its own clock, the alert's readings'). Before: allowed, a second restart.
+    ("restart seen by the exporter, start time from a clock behind", ALERT,
+     fleet(a=TargetStatus("stuck", STARTS - 590, last_restart_time=STARTS + 10)), JOURNAL, POLICY, T0,
+     "restarted_since_alert"),
     ("gpu fault", ALERT, fleet(a=TargetStatus("stuck", OLD, gpu_fault=True)), JOURNAL, POLICY, T0, "gpu_fault"),
     ("in progress", ALERT, FLEET, JournalState(in_progress="c"), POLICY, T0, "restart_in_progress"),
     ("cooldown", ALERT, FLEET, JournalState(last_restart_started=T0 - 899), POLICY, T0, "cooldown"),
@@ -286,7 +292,7 @@ def test_every_refusal_a_human_must_see_has_an_event_reason():
 
 
 def test_every_reason_has_a_case():
-    assert {c[-1] for c in CASES} == set(REASONS) - AFTER_GATE
+    assert {c[-1] for c in CASES} == set(REASONS) - AFTER_GATE - AT_EDGE
 
 
 def test_checks_run_in_the_documented_order():
@@ -507,3 +513,11 @@ def test_the_ladder_cordons_only_the_node_the_hang_came_back_on(recorded, node, 
                                              (10**6, 14400)])
 def test_the_backoff_doubles_up_to_its_cap(restarts, delay):
     assert backoff_delay(POLICY, restarts) == delay
+
+
+def test_an_allowed_restart_says_when_nothing_could_show_a_restart_since_the_alert():
+    """Before: no process start time and no restart seen skipped the check in silence."""
+    blind = decide(ALERT, fleet(a=TargetStatus("stuck", None)), JOURNAL, POLICY, T0)
+    assert blind.allowed and "no process start time" in blind.detail
+    seen = decide(ALERT, fleet(a=TargetStatus("stuck", STARTS - 3600)), JOURNAL, POLICY, T0)
+    assert seen.allowed and seen.detail == ""

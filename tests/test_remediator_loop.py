@@ -19,7 +19,7 @@ from conftest import REPO
 from test_remediator_helpers import Clock, make_settings
 
 from llm_vitals.remediator import shared
-from llm_vitals.remediator.acting import Actor
+from llm_vitals.remediator.acting import Actor, claim_seconds
 from llm_vitals.remediator.evidence import Evidence
 from llm_vitals.remediator.executors import ExecResult
 from llm_vitals.remediator.gate import AlertFacts, Effects, FleetView, JournalState, TargetStatus, decide, effects_of
@@ -281,7 +281,8 @@ async def test_a_crash_between_commit_and_act_leaves_an_intent_the_next_process_
     store.crash_after_commit = False
     assert first.executor.calls == 0 and await first.rows() == []  # died before its journal row
     expires = store.state.in_progress_expires
-    assert store.state.in_progress == "a" and expires == T0 + 5 + 5  # the executor's timeout and the margin
+    # The executor's timeout, and the lock wait, the Events and the margin (acting.claim_seconds).
+    assert store.state.in_progress == "a" and expires == T0 + claim_seconds(0.0, 5.0)
 
     second = await replicas(store, clock, global_cooldown="60s")  # another process, the same state
     assert await second.decide(alert("a")) == "duplicate"

@@ -48,7 +48,7 @@ async def test_a_pause_ends_by_itself_at_its_until(remediator, restarter):  # no
     assert response.status == 200 and (await response.json())["until"] == 1796223600.0
     assert (await post(client, alert_payload("a")))[1]["decisions"][0]["reason"] == "paused"
     client.clock.now = 1796223600.0
-    assert (await (await client.get("/api/v1/pause")).json())["paused"] is False
+    assert (await (await client.get("/api/v1/pause", headers=AUTH)).json())["paused"] is False
     assert (await post(client, alert_payload("a")))[1]["decisions"][0]["reason"] == "allowed"
 
 
@@ -73,7 +73,7 @@ async def test_pause_survives_a_restart_of_the_remediator(remediator, tmp_path):
     await client.post("/api/v1/pause", json={"until": client.clock.now + 60, "reason": "r"}, headers=AUTH)
     await client.close()
     again = await remediator()
-    assert (await (await again.get("/api/v1/pause")).json())["reason"] == "r"
+    assert (await (await again.get("/api/v1/pause", headers=AUTH)).json())["reason"] == "r"
 
 
 async def test_after_a_storm_no_restart_until_the_fleet_was_healthy_for_storm_cooldown(

@@ -38,15 +38,22 @@ class ApiServer:
     def __init__(self) -> None:
         self.pods: dict[str, dict[str, Any]] = {}
         self.blocked: set[str] = set()  # pods a PodDisruptionBudget protects
+        self.throttled: set[str] = set()  # pods whose eviction API Priority and Fairness answers 429
         self.calls: list[tuple[str, str]] = []
         self.event_delay = 0.0
         self.event_status = 201
         self.events: list[dict[str, Any]] = []
         self.nodes: dict[str, dict[str, Any]] = {}
+        self.replica_sets: dict[str, dict[str, Any]] = {}
+        self.reads_fail = 0  # answer this status to pod and ReplicaSet reads (0: answer them)
 
-    def add_pod(self, name: str, labels: dict[str, str] | None = None, node: str = "n1") -> PodRef:
-        self.pods[name] = {"metadata": {"name": name, "namespace": "llm", "uid": f"uid-{name}", "labels": labels or {}},
-                           "spec": {"nodeName": node}}
+    def add_pod(self, name: str, labels: dict[str, str] | None = None, node: str = "n1", ip: str = "10.0.0.1",
+                owners: list[dict[str, Any]] | None = None) -> PodRef:
+        metadata: dict[str, Any] = {"name": name, "namespace": "llm", "uid": f"uid-{name}", "labels": labels or {}}
+        if owners is not None:
+            metadata["ownerReferences"] = owners
+        self.pods[name] = {"metadata": metadata, "spec": {"nodeName": node},
+                           "status": {"podIP": ip, "podIPs": [{"ip": ip}]}}
         return PodRef("llm", name, f"uid-{name}", node)
 
     def app(self) -> web.Application:
@@ -56,6 +63,8 @@ class ApiServer:
         app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", self.evict)
         app.router.add_delete("/api/v1/namespaces/{ns}/pods/{name}", self.delete)
         app.router.add_post("/api/v1/namespaces/{ns}/events", self.event)
+        app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self.get_pod)
+        app.router.add_get("/apis/apps/v1/namespaces/{ns}/replicasets/{name}", self.get_replica_set)
         app.router.add_get("/api/v1/nodes/{name}", self.get_node)
         app.router.add_patch("/api/v1/nodes/{name}", self.patch_node)
         return app
@@ -86,6 +95,11 @@ class ApiServer:
         refused = self._precondition(name, body["deleteOptions"]["preconditions"]["uid"])
         if refused is not None:
             return refused
+        if name in self.throttled:  # as APF answers: TooManyRequests, no causes, a Retry-After
+            response = status(429, "Too many requests, please try again later (the eviction may violate the"
+                                   " pod's disruption budget, or not).", "TooManyRequests")
+            response.headers["Retry-After"] = "1"
+            return response
         if name in self.blocked:
             return status(429, "Cannot evict pod as it would violate the pod's disruption budget.", "TooManyRequests",
                           [{"reason": "DisruptionBudget", "message": "The disruption budget vllm needs 2 healthy pods"
@@ -111,6 +125,20 @@ class ApiServer:
             return status(self.event_status, "etcdserver: request timed out", "InternalError")
         self.events.append(body)
         return web.json_response(body, status=201)
+
+    async def get_pod(self, request: web.Request) -> web.Response:
+        return self._read("GET_POD", self.pods, request.match_info["name"], "pods")
+
+    async def get_replica_set(self, request: web.Request) -> web.Response:
+        return self._read("GET_RS", self.replica_sets, request.match_info["name"], "replicasets.apps")
+
+    def _read(self, call: str, objects: dict[str, dict[str, Any]], name: str, resource: str) -> web.Response:
+        self.calls.append((call, name))
+        if self.reads_fail:
+            return status(self.reads_fail, "forbidden", "Forbidden")
+        if name not in objects:
+            return status(404, f'{resource} "{name}" not found', "NotFound")
+        return web.json_response(objects[name])
 
     async def get_node(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -238,3 +266,17 @@ async def test_a_cordon_that_fails_names_no_node_and_moves_nothing(api):
                                         "GPU fault (Xid79)", 5, "Xid79").restart()
     assert (moved.result, moved.cordoned) == ("ok", "n2") and server.nodes["n2"]["spec"]["unschedulable"] is True
     assert "vllm-1" not in server.pods
+
+
+async def test_a_throttled_api_server_is_api_throttled_never_a_disruption_budget(api):
+    """APF's 429 names no budget (its message even mentions one here: the message is never read)."""
+    server, kube = api
+    pod = server.add_pod("vllm-0")
+    server.throttled.add("vllm-0")
+    result = await PodExecutor(PodRemover(kube, "evict"), pod, "replica-a", "restarted", 5).restart()
+    assert (result.result, result.refused) == ("error", "api_throttled")
+    assert "vllm-0" in server.pods and not server.events
+    leader = server.add_pod("big-0", GROUP_LABELS)
+    server.throttled.add("big-0")
+    group = await GroupExecutor(PodRemover(kube, "evict"), Group("llm", "big", "0"), leader, "r", "m", 5).restart()
+    assert group.refused == "api_throttled" and "big-0" in server.pods

@@ -210,7 +210,8 @@ class Demo:
                     f"says stuck ({why})")
         self.alert_path = path
 
-        observer = Observer(session, exporter_url, remediator_url, self.event, token)
+        # The observer reads the journal as the status page does: with the read token only.
+        observer = Observer(session, exporter_url, remediator_url, self.event, files["read_token"].read_text().strip())
         tasks.append(asyncio.create_task(observer.run(max(0.25, t.poll_interval / 2))))
         self.header = [
             "llm-vitals demo: a simulated vLLM fleet, the exporter, the remediator" + (" (fast timings)" if self.args.fast else ""),

@@ -9,6 +9,7 @@ pointed at the demo's remediator.
 from __future__ import annotations
 
 import copy
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -137,15 +138,25 @@ def alertmanager_config(ports: Ports, timings: Timings, token_file: Path) -> dic
     return config
 
 
-def write_all(run_dir: Path, ports: Ports, timings: Timings, token: str) -> dict[str, Path]:
-    """Write every config file; returns their paths by name."""
+def write_all(run_dir: Path, ports: Ports, timings: Timings, token: str, read_token: str | None = None) -> dict[str, Path]:
+    """Write every config file; returns their paths by name.
+
+    `token` is the remediator's act token (Alertmanager's webhook); `read_token` (made here when not
+    given) its read token, the only one the exporter's status page holds: it can never restart."""
     token_file = run_dir / "webhook.token"
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
+    read_file = run_dir / "read.token"
+    read_file.write_text((read_token or secrets.token_urlsafe(24)) + "\n")
+    read_file.chmod(0o600)
     rules = write_rules(run_dir / "rules.yml", timings.rule_for)
+    exporter = {**exporter_config(ports, timings), "remediator_token_file": str(read_file)}
+    remediator = remediator_config(ports, timings, run_dir)
+    remediator["auth"] = {**remediator["auth"], "read_token_file": str(read_file)}
     return {
-        "exporter": _write(run_dir / "exporter.yaml", exporter_config(ports, timings)),
-        "remediator": _write(run_dir / "remediator.yaml", remediator_config(ports, timings, run_dir)),
+        "exporter": _write(run_dir / "exporter.yaml", exporter),
+        "remediator": _write(run_dir / "remediator.yaml", remediator),
+        "read_token": read_file,
         "rules": rules,
         "prometheus": _write(run_dir / "prometheus.yml", prometheus_config(ports, timings, rules)),
         "alertmanager": _write(run_dir / "alertmanager.yml", alertmanager_config(ports, timings, token_file)),

@@ -369,7 +369,8 @@ class ExporterSettings(_FrozenStrict):
     drain_token_file: Path | None = None
     # Not used by the exporter itself: the status page reads the remediator's decisions from it.
     remediator_url: ParsedHttpUrl | None = None
-    # The remediator's journal takes its webhook's auth: the bearer token the status page sends.
+    # The remediator's read token (its auth.read_token_env), the bearer token the status page sends:
+    # it reads the journal and can never restart (the remediator's act token still works, but holds too much).
     remediator_token_env: str | None = None
     remediator_token_file: Path | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -238,7 +238,7 @@ def render_page(
 
 async def fetch_decisions(session: aiohttp.ClientSession, base_url: str, token: SecretStr | None = None,
                           timeout: float = REMEDIATOR_TIMEOUT_SECONDS) -> Decisions:
-    """Read the remediator's `/api/v1/actions` (with the bearer `token` its auth asks for); any failure
+    """Read the remediator's `/api/v1/actions` (with the bearer `token`: its read token); any failure
     becomes a note, never an exception."""
     url = f"{base_url.rstrip('/')}/api/v1/actions"
     headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token is not None else {}
@@ -246,8 +246,9 @@ async def fetch_decisions(session: aiohttp.ClientSession, base_url: str, token: 
         async with session.get(url, params={"limit": str(ACTIONS_LIMIT)}, headers=headers,
                                timeout=aiohttp.ClientTimeout(total=timeout)) as response:
             if response.status == 401:
-                return Decisions(note="the remediator asks for its webhook's auth: set remediator_token_env or "
-                                      "remediator_token_file in the exporter config", url=base_url)
+                return Decisions(note="the remediator asks for a token: set remediator_token_env or "
+                                      "remediator_token_file in the exporter config to its read token "
+                                      "(the remediator's auth.read_token_env)", url=base_url)
             if response.status != 200:
                 return Decisions(note=f"the remediator answered HTTP {response.status}", url=base_url)
             body = await response.json(content_type=None)

@@ -6,7 +6,8 @@ or the journal:
 - `KubeConfigError`: the kubeconfig, the service account or an exec plugin cannot give credentials;
 - `KubeUnavailable`: no answer (refused, reset, TLS; `KubeTimeout`: not in time);
 - `ApiError`: the API server answered with an error status; `status`, `reason` (`Forbidden`,
-  `Expired`, ...) and `message` come from its `Status` object (`api_error`).
+  `Expired`, ...), `message` and the reasons of its `causes` come from its `Status` object
+  (`api_error`). Callers decide by `status`, `reason` and `causes`, never by the message text.
 
 No other module reads an API error body: they look at `ApiError.status` and show `str(error)`.
 """
@@ -39,10 +40,12 @@ class KubeTimeout(KubeUnavailable):
 class ApiError(KubeError):
     """The API server answered with an error status (or a watch ERROR event)."""
 
-    def __init__(self, status: int, reason: str = "", message: str = ""):
+    def __init__(self, status: int, reason: str = "", message: str = "", causes: tuple[str, ...] = ()):
         self.status = status
         self.reason = reason
         self.message = message
+        # The `reason` of each of the Status's `details.causes` (an eviction's 429 names `DisruptionBudget`).
+        self.causes = causes
         super().__init__(f"HTTP {status}: {message or reason or 'no message'}")
 
 
@@ -66,8 +69,10 @@ def api_error(status: int, body: bytes | str | Mapping[str, Any] | None) -> ApiE
     # A Status may say why in its causes too (an eviction's 429 names the PodDisruptionBudget there).
     details = document.get("details")
     causes = details.get("causes") if isinstance(details, Mapping) else None
+    reasons: tuple[str, ...] = ()
     if isinstance(causes, list):
         said = [str(c.get("message")) for c in causes if isinstance(c, Mapping) and c.get("message")]
         message = " ".join([message, *said]).strip()
+        reasons = tuple(str(c["reason"]) for c in causes if isinstance(c, Mapping) and c.get("reason"))
     return ApiError(code if isinstance(code, int) and code >= 400 else status, str(document.get("reason") or ""),
-                    message[:MESSAGE_LIMIT])
+                    message[:MESSAGE_LIMIT], reasons)

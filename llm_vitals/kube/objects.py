@@ -114,3 +114,13 @@ async def merge_patch_node(kube: KubeClient, name: str, patch: dict[str, Any]) -
     """A JSON merge patch of one Node (a `metadata.resourceVersion` in it makes it conditional: 409 if stale)."""
     merge: dict[str, Any] = {"_content_type": "application/merge-patch+json"}  # the generated call would send a JSON patch
     return await kube.call(lambda api, options: CoreV1Api(api).patch_node(name, as_json(patch), **options, **merge))
+
+
+async def get_pod(kube: KubeClient, namespace: str, name: str) -> dict[str, Any]:
+    """GET one Pod (the remediator's own read of what the exporter names)."""
+    return await kube.call(lambda api, options: CoreV1Api(api).read_namespaced_pod(name, namespace, **options))
+
+
+async def get_replica_set(kube: KubeClient, namespace: str, name: str) -> dict[str, Any]:
+    """GET one ReplicaSet (its owner names a pod's Deployment)."""
+    return await kube.call(lambda api, options: AppsV1Api(api).read_namespaced_replica_set(name, namespace, **options))

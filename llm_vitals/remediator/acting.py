@@ -11,10 +11,11 @@ The webhook answer never waits for any of it. A refusal a human must see (`gate.
 becomes an Event on the target's pod, also in the background.
 
 Two outcomes change the gate's state after the fact:
-- a restart the API server refused outright (an eviction a PodDisruptionBudget forbids, 429) did
-  nothing: its commit is taken back (`shared.undone`: budget, cooldown, alert key, circuit, ladder
-  step), its journal row becomes the refusal `disruption_budget`, and the pod gets an Event, so that
-  Alertmanager's next re-send of the alert is judged afresh;
+- a restart the API server refused outright did nothing: its commit is taken back
+  (`shared.undone`: budget, cooldown, alert key, circuit, ladder step) and its journal row becomes
+  the refusal, so that Alertmanager's next re-send of the alert is judged afresh. An eviction a
+  PodDisruptionBudget forbids (429 naming it) is `disruption_budget`, with an Event on the pod and
+  the streak its alert reads; any other 429 (a throttled API server) is `api_throttled`, no more;
 - a cordon that succeeded marks its node (`shared.node_marked`); one that failed marks nothing.
 """
 
@@ -32,7 +33,7 @@ from llm_vitals.logs import log_event
 
 from . import shared
 from .executors import ExecResult, Executor, run_argv
-from .gate import AlertFacts, Decision, GatePolicy, JournalState, Plan, Reason, TargetStatus
+from .gate import HUMAN_REFUSALS, AlertFacts, Decision, GatePolicy, JournalState, Plan, Reason, TargetStatus
 from .journal import Journal
 from .metrics import RemediatorMetrics
 from .pods import (
@@ -41,6 +42,7 @@ from .pods import (
     PodExecutor,
     PodRef,
     PodRemover,
+    notes_seconds,
     pod_event,
     refusal_event_name,
 )
@@ -55,6 +57,16 @@ log = logging.getLogger("llm_vitals.remediator")
 SHUTDOWN_GRACE_SECONDS = 10.0
 # A restart's claim outlives its timeouts by this much (a slow journal write, the clock).
 CLAIM_MARGIN_SECONDS = 5.0
+# How long a committed restart may wait for this replica's restart lock (another of its restarts
+# finishing): past it, it does not run. The claim covers the wait.
+LOCK_WAIT_SECONDS = 10.0
+
+
+def claim_seconds(pre_restart: float, executor: float) -> float:
+    """How long a restart's claim holds: the wait for the restart lock, the pre_restart command, the
+    executor, its Events (pods.notes_seconds) and a margin: every part is bounded by its own limit,
+    so the holder is done before the claim ends and no other replica starts meanwhile."""
+    return LOCK_WAIT_SECONDS + pre_restart + executor + notes_seconds() + CLAIM_MARGIN_SECONDS
 
 
 class Actor:
@@ -113,7 +125,9 @@ class Actor:
         before = shared.undo_of(state, plan.workload)
         if not self.store.claims_expire:
             return Intent(token, plan.target, None, plan.workload, now, before)
-        expires = now + plan.claim_for + CLAIM_MARGIN_SECONDS
+        # plan.claim_for is the pre_restart command's and the executor's timeouts; the claim also
+        # covers the restart lock's wait and the Events (claim_seconds).
+        expires = now + claim_seconds(0.0, plan.claim_for)
         return Intent(token, plan.target, expires, plan.workload, now, before)
 
     # -- restarts ---------------------------------------------------------------------------------
@@ -129,7 +143,15 @@ class Actor:
         plan: Plan,
     ) -> None:
         target = facts.target or ""
-        async with self._restart_lock:
+        try:
+            async with asyncio.timeout(LOCK_WAIT_SECONDS):
+                await self._restart_lock.acquire()
+        except TimeoutError:
+            late = ExecResult("error", f"another restart of this replica still held the restart lock after"
+                                       f" {LOCK_WAIT_SECONDS:g}s; not run (the claim covers only that long a wait)")
+            await self._finish(action_id, target, late, 0.0, intent.holder)
+            return
+        try:
             started = time.monotonic()
             try:
                 await self._pre_restart(action_id, plan, status)
@@ -148,6 +170,8 @@ class Actor:
             else:
                 ran = (intent.workload or target) if result.result == "ok" else None
                 await self._finish(action_id, target, result, time.monotonic() - started, intent.holder, ran)
+        finally:
+            self._restart_lock.release()
 
     async def _pre_restart(self, action_id: int, plan: Plan, status: TargetStatus | None) -> None:
         """Run the planned target's pre_restart command, bounded by its timeout, and journal its output."""
@@ -198,15 +222,21 @@ class Actor:
         except Exception:
             log.exception("cannot journal a refused restart")
         workload = intent.workload or target
+
+        def taken_back(state: JournalState) -> JournalState:
+            state = shared.undone(state, intent, facts.key)
+            # Only a disruption budget starts or extends the streak its alert reads; a throttled API server does not.
+            return shared.disruption_refused(state, workload, self.store.now()) if reason == "disruption_budget" else state
+
         try:
-            await update(self.store, lambda state: shared.disruption_refused(
-                shared.undone(state, intent, facts.key), workload, self.store.now()))
+            await update(self.store, taken_back)
         except Exception as exc:
             # The claim expires (replicas) or ends at the next start (one replica); the budget and the
             # cooldown stay spent: the safe side.
             log_event(log, "cannot take back a refused restart in the gate's state", level=logging.WARNING,
                       error=str(exc))
-        self.tell_refusal(facts, Decision(False, cast(Reason, reason), result.detail), status)
+        if reason in HUMAN_REFUSALS:
+            self.tell_refusal(facts, Decision(False, cast(Reason, reason), result.detail), status)
 
     async def release(self, holder: str, ran: str | None = None) -> None:
         """End this replica's claim on the restart (the cooldown and the budget stay spent); `ran`:

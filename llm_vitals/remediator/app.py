@@ -1,9 +1,14 @@
 """The remediator's HTTP routes: thin handlers that parse, call the service and format the answer.
 
+Two middlewares do what every route does, once: `guard` answers 401 unless the caller's token
+grants what the route needs (`needs`: `act` by default, so a route cannot forget it; `read` for
+the reads; None only for /healthz and /metrics), and `state_errors` answers 503 when the shared
+state cannot be reached, or is lost (`state_lost`: nothing is done until it is re-initialised).
+
 Status codes follow Alertmanager's retry rule (5xx is retried, 4xx is dropped): 401 without valid
-auth, 413 over the body cap, 400 for invalid JSON, 422 for a payload of the wrong shape (naming
-the field), 200 for anything handled or deliberately refused, and 503 only when nothing was started
-and a retry is safe (see `Remediator.handle_payload`).
+auth, 403 with the read token on a route that acts, 413 over the body cap, 400 for invalid JSON,
+422 for a payload of the wrong shape (naming the field), 200 for anything handled or deliberately
+refused, and 503 only when nothing was started and a retry is safe (see `Remediator.handle_payload`).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import json
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 
 import httpx
@@ -26,7 +31,7 @@ from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.connect import Access
 from llm_vitals.logs import log_event
 
-from .auth import Authenticator
+from .auth import Authenticator, Grant
 from .executors import Executor
 from .follow import follow
 from .gate import JournalState
@@ -34,7 +39,7 @@ from .journal import Journal
 from .payload import WebhookPayload, describe_errors
 from .service import Remediator, log, store_for
 from .settings import KubernetesSettings, Settings
-from .store import StateUnavailable
+from .store import StateLost, StateUnavailable
 
 SETTINGS = web.AppKey("settings", Settings)
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
@@ -52,7 +57,7 @@ def create_app(
     executors: dict[str, Executor] | None = None,
 ) -> web.Application:
     """The remediator as an aiohttp application; the journal and HTTP client live in cleanup_ctx."""
-    app = web.Application(client_max_size=settings.body_limit)
+    app = web.Application(client_max_size=settings.body_limit, middlewares=[guard, state_errors])
     app[SETTINGS] = settings
     app[CLOCK] = clock
     app[AUTH] = Authenticator(settings.auth)
@@ -67,6 +72,8 @@ def create_app(
     app.router.add_get("/api/v1/pause", pause_get)
     app.router.add_post("/api/v1/pause", pause_post)
     app.router.add_delete("/api/v1/pause", pause_delete)
+    app.router.add_get("/api/v1/state", state_get)
+    app.router.add_post("/api/v1/state/reinit", state_reinit)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     return app
@@ -119,6 +126,47 @@ def _unauthorized(app: web.Application) -> web.Response:
     return response
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def needs(grant: Grant | None) -> Callable[[Handler], Handler]:
+    """Mark what a route's caller must be granted (`guard` reads it); unmarked routes need `act`."""
+
+    def mark(handler: Handler) -> Handler:
+        handler.needs = grant  # type: ignore[attr-defined]
+        return handler
+
+    return mark
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """401 unless the Authorization header grants what the route needs; 403 for the read token on a route that acts."""
+    if request.match_info.http_exception is not None:  # no such route (404, 405): nothing to guard
+        return await handler(request)
+    wanted: Grant | None = getattr(request.match_info.handler, "needs", "act")
+    if wanted is None:
+        return await handler(request)
+    auth = request.app[AUTH]
+    header = request.headers.get("Authorization")
+    if auth.allows(header, wanted):
+        return await handler(request)
+    if auth.grant(header) == "read":
+        return _error(403, "the read token cannot act: this route needs the act token")
+    return _unauthorized(request.app)
+
+
+@web.middleware
+async def state_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """503 when the shared state cannot be read or written (retry-safe), saying when it is lost."""
+    try:
+        return await handler(request)
+    except StateLost as exc:
+        return _error(503, f"the shared state is lost: {exc}", state_lost=True)
+    except StateUnavailable as exc:
+        return _error(503, f"cannot reach the shared state: {exc}")
+
+
 async def _read_capped(request: web.Request, limit: int) -> bytes | None:
     """The body, or None as soon as it passes `limit` (the rest is never read)."""
     if request.content_length is not None and request.content_length > limit:
@@ -134,8 +182,6 @@ async def _read_capped(request: web.Request, limit: int) -> bytes | None:
 
 async def webhook(request: web.Request) -> web.Response:
     """POST /webhook: one Alertmanager v4 payload."""
-    if not request.app[AUTH].check(request.headers.get("Authorization")):
-        return _unauthorized(request.app)
     limit = request.app[SETTINGS].body_limit
     body = await _read_capped(request, limit)
     if body is None:
@@ -157,10 +203,9 @@ async def webhook(request: web.Request) -> web.Response:
     )
 
 
+@needs("read")
 async def actions(request: web.Request) -> web.Response:
-    """GET /api/v1/actions?limit=N: the journal, newest first (auth as the webhook: it names pods, nodes, alerts)."""
-    if not request.app[AUTH].check(request.headers.get("Authorization")):
-        return _unauthorized(request.app)
+    """GET /api/v1/actions?limit=N: the journal, newest first (the read token: it names pods, nodes, alerts)."""
     raw = request.query.get("limit", "100")
     try:
         limit = int(raw)
@@ -175,10 +220,9 @@ async def actions(request: web.Request) -> web.Response:
     return web.json_response({"actions": rows, "pause": _pause_view(state, now)})
 
 
+@needs("read")
 async def action(request: web.Request) -> web.Response:
     """GET /api/v1/actions/{id}: one decision with its evidence (the exporter's TARGET, pre_restart output)."""
-    if not request.app[AUTH].check(request.headers.get("Authorization")):
-        return _unauthorized(request.app)
     try:
         action_id = int(request.match_info["id"])
     except ValueError:
@@ -194,19 +238,42 @@ def _pause_view(state: JournalState, now: float) -> dict[str, object]:
     return {"paused": paused, "until": state.paused_until if paused else None, "reason": state.pause_reason if paused else ""}
 
 
+@needs("read")
 async def pause_get(request: web.Request) -> web.Response:
-    """GET /api/v1/pause: the pause as stored (shared by every replica)."""
+    """GET /api/v1/pause: the pause as stored, read at most a second ago (never one Lease read per request)."""
+    return web.json_response(_pause_view(await request.app[SERVICE].recent_state(), request.app[CLOCK]()))
+
+
+@needs("read")
+async def state_get(request: web.Request) -> web.Response:
+    """GET /api/v1/state: whether the shared state is lost, and its circuits, nodes, pause and ladder as last seen."""
+    return web.json_response(request.app[SERVICE].state_view())
+
+
+async def state_reinit(request: web.Request) -> web.Response:
+    """POST /api/v1/state/reinit {"from": "empty" | "journal", "reason": TEXT}: a human re-initialises
+    the replicas' shared state (lost, or on purpose). The answer says what it discarded."""
+    body = await _read_capped(request, 64 * 1024)
+    if body is None:
+        return _error(413, "body too large")
     try:
-        state = await request.app[SERVICE].pause_state()
-    except StateUnavailable as exc:
-        return _error(503, f"cannot read the shared state: {exc}")
-    return web.json_response(_pause_view(state, request.app[CLOCK]()))
+        data = json.loads(body or b"null")
+    except ValueError as exc:
+        return _error(400, f"invalid JSON: {exc}")
+    if not isinstance(data, dict) or set(data) != {"from", "reason"} or data["from"] not in ("empty", "journal") \
+            or not isinstance(data["reason"], str) or not data["reason"].strip() or len(data["reason"]) > 500:
+        return _error(422, 'expected {"from": "empty" | "journal", "reason": TEXT}: say where the new state comes'
+                           " from and why; what the old one held is discarded")
+    by = request.headers.get("X-Remote-User") or request.remote or "unknown"
+    try:
+        answer = await request.app[SERVICE].reinitialise(data["from"], data["reason"].strip(), by)
+    except ValueError as exc:
+        return _error(409, str(exc))
+    return web.json_response(answer)
 
 
 async def pause_post(request: web.Request) -> web.Response:
     """POST /api/v1/pause {"until": RFC 3339 or unix seconds, "reason": TEXT}: restart nothing until then."""
-    if not request.app[AUTH].check(request.headers.get("Authorization")):
-        return _unauthorized(request.app)
     body = await _read_capped(request, 64 * 1024)
     if body is None:
         return _error(413, "body too large")
@@ -220,21 +287,13 @@ async def pause_post(request: web.Request) -> web.Response:
     if isinstance(parsed, str):
         return _error(422, parsed)
     until, reason = parsed
-    try:
-        state = await request.app[SERVICE].set_pause(until, reason)
-    except StateUnavailable as exc:
-        return _error(503, f"cannot write the shared state: {exc}")
+    state = await request.app[SERVICE].set_pause(until, reason)
     return web.json_response(_pause_view(state, request.app[CLOCK]()))
 
 
 async def pause_delete(request: web.Request) -> web.Response:
     """DELETE /api/v1/pause: resume now."""
-    if not request.app[AUTH].check(request.headers.get("Authorization")):
-        return _unauthorized(request.app)
-    try:
-        state = await request.app[SERVICE].set_pause(None, "")
-    except StateUnavailable as exc:
-        return _error(503, f"cannot write the shared state: {exc}")
+    state = await request.app[SERVICE].set_pause(None, "")
     return web.json_response(_pause_view(state, request.app[CLOCK]()))
 
 
@@ -284,8 +343,6 @@ async def circuit_reset(request: web.Request) -> web.Response:
     Circuits are per workload; a static target is its own workload, so `target` (the older key)
     names the same thing for it. A reset names what it touches: an empty or null name, or no name
     at all, is a 400 (an unset shell variable must not reset every budget)."""
-    if not request.app[AUTH].check(request.headers.get("Authorization")):
-        return _unauthorized(request.app)
     body = await _read_capped(request, 64 * 1024)
     if body is None:
         return _error(413, "body too large")
@@ -303,18 +360,15 @@ async def circuit_reset(request: web.Request) -> web.Response:
     if isinstance(chosen, (BadRequest, WrongShape)):
         return _error(422 if isinstance(chosen, WrongShape) else 400, str(chosen))
     service = request.app[SERVICE]
-    try:
-        known = await service.workloads_known()
-        if chosen is None:
-            # Static targets first, then the workloads the state knows.
-            workloads = list(request.app[SETTINGS].targets) + sorted(known - set(request.app[SETTINGS].targets))
-        else:
-            if chosen not in known:
-                return _error(404, "unknown workload")
-            workloads = [chosen]
-        was_open = await service.reset_circuits(workloads)
-    except StateUnavailable as exc:
-        return _error(503, f"cannot write the shared state: {exc}")
+    known = await service.workloads_known()
+    if chosen is None:
+        # Static targets first, then the workloads the state knows.
+        workloads = list(request.app[SETTINGS].targets) + sorted(known - set(request.app[SETTINGS].targets))
+    else:
+        if chosen not in known:
+            return _error(404, "unknown workload")
+        workloads = [chosen]
+    was_open = await service.reset_circuits(workloads)
     return web.json_response({"reset": workloads, "were_open": was_open})
 
 
@@ -344,8 +398,6 @@ def named_workload(name: object) -> str | BadRequest:
 async def workload_release(request: web.Request) -> web.Response:
     """POST /api/v1/workloads/release {"workload": NAME}: a human has looked at a paged workload; its page
     ends and its ladder starts again at a restart (its circuit and budget are the circuit reset's)."""
-    if not request.app[AUTH].check(request.headers.get("Authorization")):
-        return _unauthorized(request.app)
     body = await _read_capped(request, 64 * 1024)
     if body is None:
         return _error(413, "body too large")
@@ -362,10 +414,7 @@ async def workload_release(request: web.Request) -> web.Response:
     name = named_workload(data["workload"])
     if isinstance(name, BadRequest):
         return _error(400, str(name))
-    try:
-        was_paged = await request.app[SERVICE].release_workload(name)
-    except StateUnavailable as exc:
-        return _error(503, f"cannot write the shared state: {exc}")
+    was_paged = await request.app[SERVICE].release_workload(name)
     return web.json_response({"workload": name, "released": True, "was_paged": was_paged})
 
 
@@ -375,23 +424,20 @@ _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 async def node_release(request: web.Request) -> web.Response:
     """POST /api/v1/nodes/{node}/release: forget that llm-vitals cordoned the node (a human uncordons it)."""
-    if not request.app[AUTH].check(request.headers.get("Authorization")):
-        return _unauthorized(request.app)
     node = request.match_info["node"]
     if len(node) > 253 or not _NODE_NAME.match(node):
         return _error(400, "not a Kubernetes node name")
-    try:
-        was_escalated = await request.app[SERVICE].release_node(node)
-    except StateUnavailable as exc:
-        return _error(503, f"cannot write the shared state: {exc}")
+    was_escalated = await request.app[SERVICE].release_node(node)
     return web.json_response({"node": node, "released": True, "was_escalated": was_escalated})
 
 
+@needs(None)
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[SERVICE].metrics.registry)
     return web.Response(body=body, headers={"Content-Type": TEXT_CONTENT_TYPE})
 
 
+@needs(None)
 async def healthz(request: web.Request) -> web.Response:
     state = request.app[SERVICE].gate_state_now()
     return web.json_response({"status": "ok", "restart_in_progress": state.in_progress})

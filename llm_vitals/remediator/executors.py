@@ -20,8 +20,8 @@ import httpx
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.connect import Access
 from llm_vitals.kube.errors import ApiError, KubeConfigError, KubeTimeout, KubeUnavailable
-from llm_vitals.kube.evictions import Evictions
-from llm_vitals.kube.objects import delete_pod, list_pods
+from llm_vitals.kube.evictions import Evictions, remove_pod
+from llm_vitals.kube.objects import list_pods
 
 from .settings import CommandTarget, DockerTarget, HttpTarget, KubernetesTarget, TargetConfig
 
@@ -282,19 +282,14 @@ class KubernetesExecutor:
         done: list[str] = []
         for name, uid in pods:
             before = f" ({verb} before: {', '.join(done)})" if done else ""
-            try:
-                if evictions is not None:
-                    await evictions.evict(cfg.namespace, name, uid)
-                else:
-                    await delete_pod(kube, cfg.namespace, name, uid)
-            except ApiError as exc:
-                if exc.status == 429 and evictions is not None:
-                    detail = f"the eviction of pod {name} was refused: {exc.message or exc}; nothing deleted{before}"
-                    return ExecResult("error", detail, refused=None if done else "disruption_budget")
-                # 404: gone already; 409: the UID precondition failed, a new pod has the name. Either way the
-                # pod that was listed is gone, which is what we wanted.
-                if exc.status not in (404, 409):
-                    return ExecResult("error", f"{'evict' if evictions else 'delete'} pod {name}: {exc}{before}")
+            # One set of rules for what the API server answers (llm_vitals/kube/evictions.py).
+            removal = await remove_pod(kube, evictions, cfg.namespace, name, uid)
+            if removal.refused is not None:
+                return ExecResult("error", removal.detail + before, refused=None if done else removal.refused)
+            # Gone already, or the UID precondition failed (a new pod has the name): either way the pod
+            # that was listed is gone, which is what we wanted.
+            if not removal.done and not removal.absent:
+                return ExecResult("error", f"{removal.detail}{before}")
             done.append(name)
         return ExecResult("ok", f"{verb} pod(s) {', '.join(done)} in {cfg.namespace}")
 

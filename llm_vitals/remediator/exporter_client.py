@@ -180,6 +180,7 @@ def status_of(target: TargetView, whole: dict[str, Any], source: str | None = No
         pod_uid=target.pod_uid,
         node=target.node,
         workload=target.workload,
+        url=target.url,
         raw=whole,
         source=source,
     )

@@ -33,7 +33,15 @@ Reason = Literal[
     "duplicate",
     "paused",
     "state_unreachable",
+    # The shared state is gone or unreadable (a Lease deleted, an annotation not ours): nothing is
+    # restarted until a human re-initialises it (POST /api/v1/state/reinit).
+    "state_lost",
     "exporter_unreachable",
+    # The pod the exporter names is not the target's at the API server (identity.py), or its owner
+    # cannot be read now, or the API server could not be asked.
+    "identity_mismatch",
+    "owner_pending",
+    "identity_unverified",
     "unknown_verdict",
     "not_stuck",
     "restarted_since_alert",
@@ -54,10 +62,15 @@ Reason = Literal[
     "backoff",
     # Not the gate's: the API server refused an allowed eviction (a PodDisruptionBudget, 429).
     "disruption_budget",
+    # Not the gate's: the API server throttled an allowed eviction (429 without a disruption budget).
+    "api_throttled",
 ]
 REASONS: tuple[Reason, ...] = get_args(Reason)
 # Reasons that come after the gate allowed, from what acting met (acting.py), never from `decide`.
-AFTER_GATE: frozenset[Reason] = frozenset({"disruption_budget"})
+AFTER_GATE: frozenset[Reason] = frozenset({"disruption_budget", "api_throttled"})
+# Reasons the loop gives from what its edges met before the gate could decide (loop.py: the state is
+# lost, the pod the exporter names is not confirmed by the API server), never from `decide`.
+AT_EDGE: frozenset[Reason] = frozenset({"state_lost", "identity_mismatch", "owner_pending", "identity_unverified"})
 # Refusals a human must see on the pod itself (as a Kubernetes Event).
 HUMAN_REFUSALS = frozenset({"gpu_fault", "circuit_open", "fleet_gate", "escalated_to_human", "disruption_budget",
                             "cordon_limit"})
@@ -166,6 +179,8 @@ class TargetStatus:
     # Why this target's verdict is not one this remediator knows (a state or reason of a newer
     # exporter); None for a known verdict. Such a target is never restarted.
     unknown_verdict: str | None = None
+    # The target's address (the exporter's `url`): the pod's IP must be its host (identity.py).
+    url: str | None = None
     # The exporter's whole TARGET object, kept as evidence in the journal; never decided on.
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     # The exporter (its URL, without userinfo) that reported this object: journaled beside the evidence.
@@ -458,9 +473,9 @@ def decide(
     acceptable = RESTARTABLE_STATES | ({"down"} if alert.alertname in policy.down_alertnames else frozenset())
     if status.state not in acceptable:
         return Decision(False, "not_stuck", f"the exporter says {status.state} now")
-    started = status.process_start_time if status.process_start_time is not None else status.last_restart_time
-    if started is not None and started >= alert.starts_at:
-        return Decision(False, "restarted_since_alert", "the server process started after the alert did")
+    since = restarted_since(status, alert.starts_at)
+    if since is not None:
+        return Decision(False, "restarted_since_alert", since)
     # A template's target is acted on as its own pod, by UID only: a pod is never deleted by name
     # (a file_sd writer could name any pod; a name may belong to a newer pod by now).
     if not static and not status.pod_uid:
@@ -551,9 +566,12 @@ def decide(
     if moving:
         why = "GPU fault" if status.gpu_fault else f"{workload} stuck again on this node within escalate_within (ladder)"
         return Decision(True, "cordon_and_move", f"{why} on node {status.node}: cordon, taint, move the pod", plan)
+    # Said, never skipped in silence: nothing from the exporter could show a restart since the alert.
+    unchecked = "" if has_start_evidence(status) else (
+        "the exporter gives no process start time and saw no restart: a restart since the alert is not ruled out")
     if plan.group is not None:
-        return Decision(True, "allowed", f"restart the whole group {workload}", plan)
-    return Decision(True, "allowed", "", plan)
+        return Decision(True, "allowed", "; ".join(filter(None, [f"restart the whole group {workload}", unchecked])), plan)
+    return Decision(True, "allowed", unchecked, plan)
 
 
 def plan_of(target: str, workload: str, status: TargetStatus, policy: GatePolicy, moving: bool) -> Plan:
@@ -602,6 +620,26 @@ def page_detail(journal: JournalState, workload: str, status: TargetStatus) -> s
         return (f"{workload} is stuck again within escalate_within of its restart on {before}, now {where}: a hang"
                 " that follows the software across nodes is no node's fault; a human must look")[:500]
     return f"{workload} is stuck again within escalate_within of its last step ({last}): a human must look"[:500]
+
+def restarted_since(status: TargetStatus, alert_start: float) -> str | None:
+    """Why the target already restarted after the alert began, or None.
+
+    The exporter's own detection (`last_restart_time`: a new start time, a counter that fell, a
+    fresh page) is stamped by the exporter's clock, the one whose readings the alert fired on: it
+    wins. The page's `process_start_time` is the server host's clock, which may be off: it counts
+    only when the exporter saw no restart (it started after the server did)."""
+    if status.last_restart_time is not None:
+        if status.last_restart_time >= alert_start:
+            return "the exporter saw the server restart after the alert began"
+        return None
+    if status.process_start_time is not None and status.process_start_time >= alert_start:
+        return "the server process started after the alert did"
+    return None
+
+
+def has_start_evidence(status: TargetStatus) -> bool:
+    """Whether the exporter gives anything a restart since the alert would show in."""
+    return status.process_start_time is not None or status.last_restart_time is not None
 
 
 def fleet_storm(fleet: FleetView, policy: GatePolicy) -> str | None:
@@ -685,5 +723,6 @@ def effects_of(
 # Decisions made before the fleet was read (or about an alert the gate does not act on).
 _BEFORE_FLEET = frozenset(
     {"not_firing", "no_restart_label", "unknown_target", "duplicate", "paused", "state_unreachable",
-     "exporter_unreachable", "unknown_verdict"}
+     "exporter_unreachable", "unknown_verdict", "state_lost", "identity_mismatch", "owner_pending",
+     "identity_unverified"}
 )

@@ -304,6 +304,17 @@ class Journal:
 
         await self._run(write)
 
+    async def record_state_reinit(self, now: float, detail: str, discarded: Mapping[str, Any]) -> None:
+        """A human re-initialised the shared state (POST /api/v1/state/reinit): one `state_reinit` row,
+        with what it discarded as its evidence."""
+
+        def write() -> None:
+            with self._tx():
+                self._insert_row(now, AlertFacts("", {}, "", 0.0), "state_reinit", "state_reinit", detail[:1000],
+                                 None, None, evidence=_json(discarded))
+
+        await self._run(write)
+
     # -- reads --------------------------------------------------------------------------------
 
     async def action(self, action_id: int) -> dict[str, Any] | None:

@@ -8,6 +8,10 @@ For one alert:
   3. under this replica's decision lock: read the state and its version, decide (the pure gate),
      and commit the state the decision's effects make, at that version. A conflict (another
      replica, or another task of this one, committed first) reads again and decides again;
+  3b. a restart of a pod the exporter names commits nothing yet: the pod is read from the API
+     server (identity.py: its UID, IP and node must match, its workload is read from its owners),
+     and step 3 runs again on what the API server says, or the alert is refused `identity_mismatch`
+     / `owner_pending` / `identity_unverified`;
   4. a committed restart gets its journal row, then runs in the background (`acting.Actor`): its
      intent was durable before, so a crash from here on still counts against the cooldown and the
      budget. A refusal is queued for the journal; the answer waits for neither.
@@ -18,16 +22,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Protocol
 
-from . import gate, shared
+from . import gate, identity, shared
 from .acting import Actor
 from .evidence import Evidence
 from .executors import Executor
 from .gate import AlertFacts, Decision, FleetView, GatePolicy, JournalState, TargetStatus
 from .shared import Intent
-from .store import GateStore, StateUnavailable, transact
+from .store import GateStore, StateLost, StateUnavailable, transact
 
 log = logging.getLogger("llm_vitals.remediator")
 
@@ -47,6 +52,13 @@ class Decided:
     now: float
     executor: Executor | None = None
     intent: Intent | None = None
+    needs_identity: bool = False  # it would act on a pod the API server has not confirmed yet
+
+
+class IdentitySource(Protocol):
+    async def check(self, status: TargetStatus) -> identity.Checked:
+        """The status as the API server confirms it, or the refusal (pods.IdentityReader)."""
+        ...
 
 
 class GateLoop:
@@ -60,8 +72,10 @@ class GateLoop:
         actor: Actor,
         evidence: Evidence,
         clock: Callable[[], float],
+        identities: IdentitySource | None = None,
     ):
         self.policy = policy
+        self.identities = identities
         self.store = store
         self.exporter = exporter
         self.actor = actor
@@ -78,33 +92,66 @@ class GateLoop:
             return refused
         fleet = await self.exporter.fleet()
         status = fleet.targets.get(facts.target or "") if fleet is not None else None
-        async with self._decision_lock:
-            try:
-                decided = await transact(self.store, lambda state: self._decide(facts, fleet, status, state))
-            except StateUnavailable as exc:
-                decision = Decision(False, "state_unreachable", str(exc)[:500])
-                self._refused(facts, decision, self.store.now(), status)
-                return decision
-            if decided.executor is None or decided.intent is None:
-                self._refused(facts, decided.decision, decided.now, status)
-                return decided.decision
-            try:
-                action_id = await self.evidence.restart(facts, decided.decision, decided.now,
-                                                        decided.executor.kind, status)
-            except Exception:
-                # Nothing will run: end the claim (the cooldown and the budget stay spent).
-                await self.actor.release(decided.intent.holder)
-                raise
-            assert decided.decision.plan is not None
-            self.actor.start(action_id, facts, decided.executor, decided.intent, status, decided.decision.plan)
+        # A pod the exporter names is acted on only as the API server says it is (identity.py): the
+        # first pass that would act asks for the check instead, and the gate decides again on what it says.
+        checked = not (identity.names_a_pod(status) and self._checks(facts.target or ""))
+        while True:
+            async with self._decision_lock:
+                try:
+                    decided = await transact(self.store, partial(self._decide, facts, fleet, status, checked))
+                except StateUnavailable as exc:
+                    lost = isinstance(exc, StateLost)
+                    decision = Decision(False, "state_lost" if lost else "state_unreachable", str(exc)[:500])
+                    self._refused(facts, decision, self.store.now(), status)
+                    return decision
+                if not decided.needs_identity:
+                    return await self._carry_out(facts, decided, status)
+            assert status is not None and fleet is not None
+            verdict = await self._checked(status)
+            if verdict.status is None:
+                refusal = verdict.refusal or Decision(False, "identity_mismatch", "no pod")
+                self._refused(facts, refusal, self.store.now(), status)
+                return refusal
+            status, checked = verdict.status, True
+            fleet = replace(fleet, targets={**fleet.targets, facts.target or "": status})
+
+    async def _carry_out(self, facts: AlertFacts, decided: Decided, status: TargetStatus | None) -> Decision:
+        """Journal the decision; start the restart it committed (under the decision lock)."""
+        if decided.executor is None or decided.intent is None:
+            self._refused(facts, decided.decision, decided.now, status)
             return decided.decision
+        try:
+            action_id = await self.evidence.restart(facts, decided.decision, decided.now, decided.executor.kind, status)
+        except Exception:
+            # Nothing will run: end the claim (the cooldown and the budget stay spent).
+            await self.actor.release(decided.intent.holder)
+            raise
+        assert decided.decision.plan is not None
+        self.actor.start(action_id, facts, decided.executor, decided.intent, status, decided.decision.plan)
+        return decided.decision
+
+    def _checks(self, target: str) -> bool:
+        """Whether a pod the exporter names for `target` must be checked: always where this remediator
+        can act on pods; without Kubernetes access a static target is restarted only by its own executor."""
+        return self.identities is not None or target not in self.policy.targets
+
+    async def _checked(self, status: TargetStatus) -> identity.Checked:
+        if self.identities is None:
+            return identity.Checked(None, gate.Decision(
+                False, "identity_unverified", "the exporter names a pod and this remediator has no Kubernetes access"
+                                              " to check it: never acted on"))
+        return await self.identities.check(status)
 
     def _decide(
-        self, facts: AlertFacts, fleet: FleetView | None, status: TargetStatus | None, state: JournalState
+        self, facts: AlertFacts, fleet: FleetView | None, status: TargetStatus | None, checked: bool,
+        state: JournalState,
     ) -> tuple[Decided, JournalState]:
-        """One pass of the pure gate over `state`: the decision, and the state its effects make."""
+        """One pass of the pure gate over `state`: the decision, and the state its effects make.
+        A restart of a pod not `checked` yet commits nothing: it asks for the identity check first."""
         now = self.store.now()
         decision = gate.decide(facts, fleet, state, self.policy, now)
+        if decision.allowed and not checked:
+            return Decided(decision, now, needs_identity=True), state
         effects = gate.effects_of(decision, facts, fleet, state, self.policy, now)
         decided = Decided(decision, now)
         if decision.allowed and decision.plan is not None:

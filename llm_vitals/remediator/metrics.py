@@ -80,6 +80,7 @@ class _JournalCollector(Collector):
     llm_vitals_remediator_workload_paged{workload="Deployment/llm/vllm"} 1.0
     llm_vitals_remediator_workload_restart_streak{workload="Deployment/llm/vllm"} 4.0
     llm_vitals_remediator_state_up 1.0
+    llm_vitals_remediator_state_lost 0.0
     llm_vitals_remediator_state_errors_total{operation="read"} 3.0
     """
 
@@ -189,6 +190,13 @@ class _JournalCollector(Collector):
                 "1 when the last read or write of the gate's state (the replicas' Lease, or this replica's "
                 "SQLite row) worked; 0 while it fails: no restart can be decided, webhooks answer 503.",
                 value=1.0 if health.up else 0.0,
+            )
+            yield GaugeMetricFamily(
+                "llm_vitals_remediator_state_lost",
+                "1 while the gate's shared state is lost (its Lease deleted, its annotation unreadable, or "
+                "created again by another replica): nothing is restarted, paused or reset until a human "
+                "re-initialises it (POST /api/v1/state/reinit, see the runbook); 0 otherwise.",
+                value=1.0 if health.lost else 0.0,
             )
             errors = CounterMetricFamily(
                 "llm_vitals_remediator_state_errors",

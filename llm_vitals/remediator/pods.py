@@ -26,19 +26,20 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.errors import ApiError, KubeError
-from llm_vitals.kube.evictions import Evictions
-from llm_vitals.kube.objects import create_event, get_node, list_pods, merge_patch_node
-from llm_vitals.kube.objects import delete_pod as delete_pod_object
+from llm_vitals.kube.evictions import Evictions, Removal, remove_pod
+from llm_vitals.kube.objects import create_event, get_node, get_pod, get_replica_set, list_pods, merge_patch_node
 from llm_vitals.kube.times import micro_time
 from llm_vitals.logs import log_event
 
+from . import identity
 from .executors import ExecResult
-from .gate import Group, taint_value
+from .gate import Decision, Group, TargetStatus, taint_value
 
 log = logging.getLogger("llm_vitals.remediator.kubernetes")
 
@@ -61,6 +62,29 @@ EVENT_REASONS = {
 # An Event POST's own limit: short, and apart from the restart's (a completed eviction must never
 # be journaled as a timeout because its Event was slow).
 EVENT_TIMEOUT_SECONDS = 5.0
+
+
+def notes_seconds() -> float:
+    """How long all the Events of one action may take together, after its outcome (a group's one per
+    pod, a move's two): the restart's claim covers this too (acting.Actor.claim)."""
+    return 2 * (EVENT_TIMEOUT_SECONDS + 1.0)
+
+
+async def within_notes(*events: Coroutine[Any, Any, bool]) -> list[bool]:
+    """Send `events` one after another within `notes_seconds()`; those left when it is over are dropped
+    (logged). Returns which were recorded."""
+    recorded: list[bool] = []
+    pending = list(events)
+    try:
+        async with asyncio.timeout(notes_seconds()):
+            while pending:
+                recorded.append(await pending.pop(0))
+    except TimeoutError:
+        log_event(log, "Events not recorded: the action's time for its notes is over", level=logging.WARNING,
+                  dropped=len(pending) + 1)
+    for event in pending:
+        event.close()
+    return recorded + [False] * (len(events) - len(recorded))
 
 PodAction = Literal["evict", "delete"]
 
@@ -145,17 +169,9 @@ async def pod_event(
                               identity, name)
 
 
-@dataclass(frozen=True)
-class Removal:
-    """What one eviction or delete of a pod came to."""
-
-    done: bool
-    detail: str
-    blocked: bool = False  # a PodDisruptionBudget forbade the eviction (429): nothing was deleted
-
-
 class PodRemover:
-    """Evicts (the default) or deletes pods by UID, through the shared client."""
+    """Evicts (the default) or deletes pods by UID, through the shared client (llm_vitals/kube/evictions.py
+    decides what each answer means)."""
 
     def __init__(self, client: KubeClient, action: PodAction, evictions: Evictions | None = None):
         self.client = client
@@ -164,28 +180,14 @@ class PodRemover:
 
     async def remove(self, pod: PodRef) -> Removal:
         """Evict or delete one pod by UID; never raises for the API server's answers."""
-        where = f"pod {pod.namespace}/{pod.name}"
-        verb = "evicted" if self.action == "evict" else "deleted"
         if not pod.uid:  # the gate refuses these (no_pod_uid); this is the last line
-            return Removal(False, f"{where} has no UID: never acted on by name; nothing {verb}")
+            verb = "evicted" if self.action == "evict" else "deleted"
+            return Removal("failed", f"pod {pod.namespace}/{pod.name} has no UID: never acted on by name; nothing {verb}")
+        evictions = self.evictions if self.action == "evict" else None
         try:
-            if self.action == "evict":
-                await self.evictions.evict(pod.namespace, pod.name, pod.uid)
-            else:
-                await delete_pod_object(self.client, pod.namespace, pod.name, pod.uid)
-        except ApiError as exc:
-            if exc.status == 429 and self.action == "evict":
-                return Removal(False, f"the eviction of {where} was refused: {exc.message or exc}; nothing deleted",
-                               blocked=True)
-            if exc.status == 404:
-                return Removal(False, f"{where} is gone already; nothing {verb}")
-            if exc.status == 409:
-                # The precondition failed: the name now belongs to a newer pod, which the alert is not about.
-                return Removal(False, f"{where} has another UID than {pod.uid} now (recreated); nothing {verb}")
-            return Removal(False, f"{'evict' if self.action == 'evict' else 'delete'} {where}: {exc}")
-        except KubeError as exc:
-            return Removal(False, f"{'evict' if self.action == 'evict' else 'delete'} {where}: {exc}")
-        return Removal(True, f"{verb} {where} (uid {pod.uid})")
+            return await remove_pod(self.client, evictions, pod.namespace, pod.name, pod.uid)
+        except KubeError as exc:  # no answer (or no usable config): nothing is known to be done
+            return Removal("failed", f"{'evict' if evictions else 'delete'} pod {pod.namespace}/{pod.name}: {exc}")
 
 
 class PodExecutor:
@@ -206,8 +208,8 @@ class PodExecutor:
                 removal = await self.remover.remove(self.pod)
         except TimeoutError:
             return ExecResult("timeout", f"pod {self.pod.namespace}/{self.pod.name}: not done within {self.timeout:g}s")
-        if removal.blocked:
-            return ExecResult("error", removal.detail, refused="disruption_budget")
+        if removal.refused is not None:
+            return ExecResult("error", removal.detail, refused=removal.refused)
         if not removal.done:
             return ExecResult("error", removal.detail)
         # After the outcome is settled: the Event is a note on it, never a cause of another outcome.
@@ -241,8 +243,9 @@ class GroupExecutor:
                 result = await self._restart(done, steps)
         except TimeoutError:
             result = ExecResult("timeout", "; ".join([*steps, f"not done within {self.timeout:g}s"]))
-        for pod in done:  # after the outcome: an Event never changes it
-            await pod_event(self.remover.client, pod, "allowed", self.message, self.identity)
+        # After the outcome: an Event never changes it; all of them within the notes' time.
+        await within_notes(*(pod_event(self.remover.client, pod, "allowed", self.message, self.identity)
+                             for pod in done))
         return result
 
     async def _restart(self, done: list[PodRef], steps: list[str]) -> ExecResult:
@@ -263,12 +266,12 @@ class GroupExecutor:
         steps.append(f"{where}: {len(pods)} pods")
         for pod in pods:
             removal = await self.remover.remove(pod)
-            if removal.blocked and not done:
-                return ExecResult("error", "; ".join([*steps, removal.detail]), refused="disruption_budget")
+            if removal.refused is not None and not done:
+                return ExecResult("error", "; ".join([*steps, removal.detail]), refused=removal.refused)
             steps.append(removal.detail)
             if removal.done:
                 done.append(pod)
-            elif "gone already" not in removal.detail and "another UID" not in removal.detail:
+            elif not removal.absent:
                 return ExecResult("error", "; ".join(steps))  # a pod gone or replaced meanwhile is what we wanted
         return ExecResult("ok", "; ".join(steps))
 
@@ -313,15 +316,18 @@ class CordonAndMoveExecutor:
         # After the outcome is settled: the Events are notes on it.
         node = {"apiVersion": "v1", "kind": "Node", "name": self.node}
         message = f"{self.cause}: moving pod {self.pod.namespace}/{self.pod.name} off this node"
-        if cordoned and await record_event(self.client, node, "default", EVENT_REASONS["cordon_and_move"], message,
-                                           "Warning", self.identity):
-            steps.append("Event on the node")
+        notes: list[tuple[str, Coroutine[Any, Any, bool]]] = []
+        if cordoned:
+            notes.append(("Event on the node", record_event(self.client, node, "default",
+                                                            EVENT_REASONS["cordon_and_move"], message, "Warning",
+                                                            self.identity)))
         if removal.done:
             note = f"{self.cause} on node {self.node}: node cordoned, pod moved off it"
-            if await pod_event(self.client, self.pod, "cordon_and_move", note, self.identity):
-                steps.append("Event on the pod")
+            notes.append(("Event on the pod", pod_event(self.client, self.pod, "cordon_and_move", note, self.identity)))
         elif removal.blocked:
-            await pod_event(self.client, self.pod, "disruption_budget", removal.detail, self.identity)
+            notes.append(("", pod_event(self.client, self.pod, "disruption_budget", removal.detail, self.identity)))
+        recorded = await within_notes(*(event for _, event in notes))
+        steps.extend(said for (said, _), ok in zip(notes, recorded, strict=True) if ok and said)
         return ExecResult("ok" if removal.done else "error", "; ".join(steps),
                           cordoned=cordoned[0] if cordoned else None)
 
@@ -364,3 +370,35 @@ class CordonAndMoveExecutor:
             cordoned.append(self.node)
             return None
         return f"node {self.node}: still conflicting after 5 tries; not cordoned, nothing moved"
+
+
+class IdentityReader:
+    """The edge of the identity check (identity.py decides): the pod the exporter names, read by
+    namespace and name, and its ReplicaSet when the workload needs one."""
+
+    def __init__(self, client: KubeClient):
+        self.client = client
+
+    async def check(self, status: TargetStatus) -> identity.Checked:
+        """The status as the API server confirms it, or the refusal (never raises for its answers)."""
+        if not status.namespace or not status.pod:
+            return identity.Checked(None, Decision(False, "identity_mismatch", "the exporter names part of a pod"
+                                                   f" (namespace {status.namespace!r}, pod {status.pod!r}): never acted on"))
+        where = f"pod {status.namespace}/{status.pod}"
+        try:
+            pod: dict[str, Any] | None = await get_pod(self.client, status.namespace, status.pod)
+        except ApiError as exc:
+            if exc.status != 404:
+                return identity.Checked(None, Decision(False, "identity_unverified", f"read {where}: {exc}"))
+            pod = None
+        except KubeError as exc:
+            return identity.Checked(None, Decision(False, "identity_unverified", f"read {where}: {exc}"))
+        owner: dict[str, Any] | None = None
+        wanted = identity.owner_to_read(pod) if pod is not None else None
+        if wanted is not None:
+            try:
+                owner = await get_replica_set(self.client, status.namespace, wanted.name)
+            except KubeError as exc:  # the rule refuses `owner_pending` without it; say why in the log
+                log_event(log, "cannot read a pod's owner", level=logging.WARNING, pod=where, owner=wanted.name,
+                          error=str(exc))
+        return identity.verified(status, pod, owner)

@@ -8,13 +8,16 @@ replica's view of the Lease fresh. See each module for its part.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import os
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,15 +36,22 @@ from .journal import Journal
 from .loop import GateLoop
 from .metrics import RemediatorMetrics
 from .payload import Alert, WebhookPayload
+from .pods import IdentityReader
 from .policy import policy_from
 from .settings import Settings
-from .sqlite_store import SqliteStore
-from .store import GateStore, LeaseStore, transact, update
+from .sqlite_store import SqliteStore, read_local_state
+from .store import EpochMemory, GateStore, LeaseStore, transact, update
 
 log = logging.getLogger("llm_vitals.remediator")
 
+# GET /api/v1/pause answers from a read of the shared state no older than this.
+STATE_MAX_AGE = 1.0
+
 # Reasons for which nothing was decided for good and a redelivery is safe (503).
-RETRY_SAFE_REASONS = frozenset({"exporter_unreachable", "state_unreachable"})
+# `owner_pending` and `identity_unverified` pass too: the API server can answer on the next try.
+# `state_lost` too: nothing is done until a human re-initialises the state, and then the re-send is judged.
+RETRY_SAFE_REASONS = frozenset({"exporter_unreachable", "state_unreachable", "state_lost", "owner_pending",
+                                "identity_unverified"})
 
 
 def facts_of(alert: Alert) -> AlertFacts:
@@ -86,7 +96,9 @@ class Remediator:
         # Every exporter shard, read at once: the fleet gate needs the whole fleet in one view.
         exporter = FleetReader.of(settings.exporters(), http_client, settings.exporter_timeout, settings.exporter_max_age)
         self.loop = GateLoop(self.policy, store, exporter, self.actor, Evidence(journal, self.metrics, self.policy),
-                             clock)
+                             clock, IdentityReader(kube) if kube is not None else None)
+        self._read_lock = asyncio.Lock()  # GET /api/v1/pause: one read of the shared state at a time
+        self._read_at = -math.inf
 
     def gate_state_now(self) -> JournalState:
         """The state as last seen, without I/O (for the metrics and /healthz)."""
@@ -185,10 +197,43 @@ class Remediator:
         log_event(log, "paused" if until is not None else "resumed", until=until, reason=reason)
         return state
 
-    async def pause_state(self) -> JournalState:
-        """The pause as stored now (read fresh from the Lease in the replicated mode)."""
-        state, _ = await self.store.read()
-        return state
+    async def recent_state(self) -> JournalState:
+        """The state read at most STATE_MAX_AGE ago (one read at a time, shared by the callers meanwhile):
+        the pause a human just set on another replica shows here at once, and a flood of GETs costs the
+        API server one read a second. Raises StateUnavailable."""
+        if self.store.last_is_current:
+            return self.store.last
+        async with self._read_lock:
+            if time.monotonic() - self._read_at >= STATE_MAX_AGE:
+                await self.store.read()
+                self._read_at = time.monotonic()
+        return self.store.last
+
+    def state_view(self) -> dict[str, Any]:
+        """What the state holds as last seen (no I/O: the follower keeps a replica's view fresh), and
+        whether it is lost: for GET /api/v1/state."""
+        state, health = self.store.last, self.store.health
+        return {"lost": health.lost or None, "up": health.up, **shared.summary(state)}
+
+    async def reinitialise(self, origin: str, reason: str, by: str) -> dict[str, Any]:
+        """A human re-initialises the replicas' shared state (`origin`: `empty`, or `journal`: this
+        replica's own SQLite state). Returns what it discarded and what it holds now. Raises
+        StateUnavailable; ValueError when there is nothing to re-initialise or to import."""
+        if not isinstance(self.store, LeaseStore):
+            raise ValueError("this remediator keeps its state in its own SQLite file: it is never lost to"
+                             " others, and there is no shared state to re-initialise")
+        source = JournalState()
+        if origin == "journal":
+            found = read_local_state(self.settings.state_path)
+            if found is None:
+                raise ValueError(f"{self.settings.state_path} holds no state to import")
+            source = found
+        discarded = await self.store.reinitialise(source, by, reason, origin)
+        await self.journal.record_state_reinit(self.clock(), f"shared state re-initialised from {origin} by {by}:"
+                                               f" {reason}", discarded)
+        log_event(log, "shared state re-initialised", level=logging.WARNING, origin=origin, reason=reason,
+                  by=by, discarded=discarded)
+        return {"discarded": discarded, "now": shared.summary(self.store.last), "from": origin}
 
 
 @asynccontextmanager
@@ -199,7 +244,11 @@ async def store_for(
     the journal's file: open the journal first, it holds the file's lock)."""
     lease = settings.kubernetes.lease if settings.kubernetes else None
     if kube is not None and lease is not None:
-        yield LeaseStore(LeaseTransport(kube), lease, replica_identity(settings), settings.budget.window, clock)
+        # Which state this replica has seen is kept beside its journal: a Lease deleted meanwhile is
+        # then a lost state, never a fresh one (store.EpochMemory).
+        memory = EpochMemory(Path(f"{settings.state_path}.lease-epoch.json"))
+        yield LeaseStore(LeaseTransport(kube), lease, replica_identity(settings), settings.budget.window, clock,
+                         memory, lambda: read_local_state(settings.state_path))
         return
     store = SqliteStore(settings.state_path, settings.budget.window, clock)
     await store.open()

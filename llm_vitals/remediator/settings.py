@@ -37,16 +37,22 @@ class BasicAuth(StrictModel):
 
 
 class AuthSettings(StrictModel):
-    """How the webhook and the circuit reset authenticate callers. Exactly one method, or `none: true`."""
+    """How callers authenticate. Exactly one method for the act token (the webhook, pause, reset,
+    release, re-initialise; it reads too), or `none: true`. An optional read token (bearer) reads
+    only: the status, the journal, the pause, circuits and nodes. Give the exporter's status page
+    the read token, never the act token. A config without one keeps working: the act token reads."""
 
     bearer_token_env: str | None = None
     bearer_token_file: Path | None = None
     basic_auth: BasicAuth | None = None
     none: bool = False
+    read_token_env: str | None = None
+    read_token_file: Path | None = None
 
     # Resolved at load time so that --check-config catches a missing env var or file.
     _bearer: SecretStr | None = PrivateAttr(default=None)
     _password: SecretStr | None = PrivateAttr(default=None)
+    _read: SecretStr | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> AuthSettings:
@@ -61,6 +67,10 @@ class AuthSettings(StrictModel):
         ]
         if self.none and chosen:
             raise ValueError(f"`none: true` contradicts {chosen[0]}")
+        if self.read_token_env and self.read_token_file:
+            raise ValueError("set at most one of read_token_env and read_token_file")
+        if self.none and (self.read_token_env or self.read_token_file):
+            raise ValueError("`none: true` contradicts a read token: without auth every route is open")
         if not self.none and len(chosen) != 1:
             if not chosen:
                 raise ValueError(
@@ -80,6 +90,11 @@ class AuthSettings(StrictModel):
             self._password = secret_from_env_or_file(
                 "auth.basic_auth.password", basic.password_env, basic.password_file, environ
             )
+        self._read = secret_from_env_or_file("auth.read_token", self.read_token_env, self.read_token_file, environ)
+        if self._read is not None and self._bearer is not None \
+                and self._read.get_secret_value() == self._bearer.get_secret_value():
+            raise ConfigError("auth.read_token: the read token must differ from the act token (bearer_token),"
+                              " else whoever reads may also restart")
 
     @property
     def bearer_token(self) -> SecretStr | None:
@@ -88,6 +103,10 @@ class AuthSettings(StrictModel):
     @property
     def basic_password(self) -> SecretStr | None:
         return self._password
+
+    @property
+    def read_token(self) -> SecretStr | None:
+        return self._read
 
 
 # ---------------------------------------------------------------------------------------------

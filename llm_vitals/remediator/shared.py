@@ -12,8 +12,11 @@ wins). Nothing here does I/O.
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .gate import AlertFacts, Effects, JournalState, dedupe_key
@@ -266,6 +269,120 @@ def from_json(text: str | None) -> JournalState:
             backoff={str(w): (int(c), float(at)) for w, (c, at) in (doc.get("backoff") or {}).items()},
         )
     except (ValueError, TypeError, AttributeError) as exc:
+        raise BadState(f"the shared state is not readable: {type(exc).__name__}: {exc}") from None
+
+
+# -- the stored document: the state, the store's own fields, and fields this version does not know ---
+
+# The store's own keys beside the state's: which initialisation the state belongs to (`epoch`), the
+# budget window its restart times were kept for, and the last re-initialisation by a human.
+STORE_KEYS = frozenset({"epoch", "budget_window", "reinitialised"})
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One stored document as read: the state, the store's fields, and what this version does not know.
+
+    `carried` holds the keys a newer version wrote (a ladder, marks this version has no field for):
+    they are written back as they were, so an older replica's write during a rolling upgrade never
+    drops a newer one's state."""
+
+    state: JournalState
+    epoch: str | None = None
+    budget_window: float | None = None
+    reinitialised: Mapping[str, Any] | None = None
+    carried: Mapping[str, Any] = field(default_factory=dict)
+
+
+def known_keys() -> frozenset[str]:
+    """Every key this version writes (the state's, whatever fields it has, and the store's)."""
+    return frozenset(json.loads(to_json(JournalState()))) | STORE_KEYS
+
+
+def load(text: str) -> Stored:
+    """Parse a stored document (the state, the store's fields, the rest kept). Raises BadState."""
+    state = from_json(text)
+    doc = json.loads(text) if text else {}
+    if not isinstance(doc, dict):
+        raise BadState("the shared state is not readable: not a JSON object")
+    known = known_keys()
+    epoch, window, reinit = doc.get("epoch"), doc.get("budget_window"), doc.get("reinitialised")
+    if epoch is not None and not isinstance(epoch, str):
+        raise BadState("the shared state is not readable: epoch is not a string")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, (int, float))):
+        raise BadState("the shared state is not readable: budget_window is not a number")
+    return Stored(state, epoch, None if window is None else float(window),
+                  reinit if isinstance(reinit, dict) else None,
+                  {k: v for k, v in doc.items() if k not in known})
+
+
+def dump(stored: Stored) -> str:
+    """The document to store: the fields carried from a newer version, then this version's own."""
+    doc: dict[str, Any] = {**stored.carried, **json.loads(to_json(stored.state))}
+    if stored.epoch is not None:
+        doc["epoch"] = stored.epoch
+    if stored.budget_window is not None:
+        doc["budget_window"] = stored.budget_window
+    if stored.reinitialised is not None:
+        doc["reinitialised"] = dict(stored.reinitialised)
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def prune_window(own: float, stored: float | None) -> float:
+    """The window to prune restart times by: the longest of this replica's and the one stored with
+    them, so that a replica with a shorter `budget.window` (a rolling change of it) never drops
+    restarts another still counts. The stored one is replaced by the writer's at each write."""
+    return max(own, stored or 0.0)
+
+
+def summary(state: JournalState) -> dict[str, Any]:
+    """What a state holds, in a few words for a human (what a re-initialisation discards)."""
+    return {
+        "open_circuits": sorted(state.open_circuits),
+        "workloads_with_restarts": len(state.restart_times),
+        "paused_until": state.paused_until,
+        "pause_reason": state.pause_reason,
+        "cordoned_nodes": sorted(state.gpu_nodes),
+        "ladder": {w: step for w, (step, _) in sorted(state.ladder.items())},
+        "restart_in_progress": state.in_progress,
+        "decided_alerts": len(state.decided_at),
+    }
+
+
+# -- the Lease annotation: plain JSON while small, gzip past that ---------------------------------------
+
+# A Lease's annotations together must stay under 256 KiB (the API server's limit). A document up to
+# this size is stored as plain JSON (`kubectl get lease -o yaml` shows it); a larger one (thousands
+# of open circuits, hundreds of cordoned nodes) is stored gzipped and base64-encoded behind GZIP_MARK.
+# Measured (tests/test_remediator_state_lost.py): 5,000 workloads' open circuits and 500 cordoned
+# nodes are 273 KB as JSON, which would not fit, and about 20 KB gzipped.
+PLAIN_LIMIT = 64 * 1024
+# What the state may take of the 256 KiB, leaving room for others' annotations (kubectl's last-applied).
+ANNOTATION_BUDGET = 192 * 1024
+GZIP_MARK = "gzip+base64:"
+
+
+class TooLarge(ValueError):
+    """The state does not fit its annotation's budget even gzipped."""
+
+
+def encode_annotation(text: str) -> str:
+    """The annotation's value for a document: itself while small, else gzipped. Raises TooLarge."""
+    if len(text.encode()) <= PLAIN_LIMIT:
+        return text
+    packed = GZIP_MARK + base64.b64encode(gzip.compress(text.encode(), mtime=0)).decode()
+    if len(packed) > ANNOTATION_BUDGET:
+        raise TooLarge(f"the shared state is {len(packed)} bytes gzipped, over its budget of {ANNOTATION_BUDGET}")
+    return packed
+
+
+def decode_annotation(value: str) -> str:
+    """The document an annotation holds (plain or gzipped). Raises BadState."""
+    if not value.startswith(GZIP_MARK):
+        return value
+    try:
+        return gzip.decompress(base64.b64decode(value[len(GZIP_MARK):], validate=True)).decode()
+    except (ValueError, OSError, EOFError) as exc:
         raise BadState(f"the shared state is not readable: {type(exc).__name__}: {exc}") from None
 
 

@@ -60,6 +60,8 @@ class SqliteStore:
         self._conn: sqlite3.Connection | None = None
         self._state = JournalState()
         self._version = 0
+        # Fields a newer version wrote into the row (a downgrade): written back as they were.
+        self._carried: dict[str, Any] = {}
         self._lock = asyncio.Lock()  # one commit at a time: compare, write, then remember
         self.health = StoreHealth()
 
@@ -89,7 +91,7 @@ class SqliteStore:
                 return False
             new = self._pruned(state, self.clock())
             try:
-                await self._run(self._write, version, version + 1, shared.to_json(new))
+                await self._run(self._write, version, version + 1, self._text(new))
             except Exception as exc:
                 self.health.failed("write", f"{type(exc).__name__}: {exc}")
                 raise
@@ -110,13 +112,14 @@ class SqliteStore:
             state, version = state_from_journal(conn), 0
         else:
             try:
-                state, version = shared.from_json(row[1]), int(row[0])
+                stored, version = shared.load(row[1]), int(row[0])
             except shared.BadState as exc:
                 raise shared.BadState(f"{self.path}: table gate_state: {exc}") from None
+            state, self._carried = stored.state, dict(stored.carried)
         # A restart in progress here was this replica's own, and it stopped with it.
         opened = self._pruned(replace(state, in_progress=None, in_progress_expires=None, in_progress_by=None), now)
         if row is None or opened != state:
-            self._write(version, version + 1, shared.to_json(opened))
+            self._write(version, version + 1, self._text(opened))
             version += 1
         return opened, version
 
@@ -136,6 +139,9 @@ class SqliteStore:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+
+    def _text(self, state: JournalState) -> str:
+        return shared.dump(shared.Stored(state, carried=self._carried))
 
     def _pruned(self, state: JournalState, now: float) -> JournalState:
         return shared.pruned(state, now, self.budget_window, key_memory=LOCAL_KEY_MEMORY_SECONDS, max_keys=None)
@@ -177,3 +183,25 @@ def state_from_journal(conn: sqlite3.Connection) -> JournalState:
         storm_seen_at=kept.get("storm_seen_at"),
         gpu_nodes=frozenset(kept.get("gpu_nodes", ())),
     )
+
+
+def read_local_state(path: Path | str) -> JournalState | None:
+    """This replica's own state as its SQLite file holds it (the gate_state row, else what an older
+    journal's rows say), or None when the file holds neither: what a first Lease, or a human's
+    re-initialisation `from: journal`, starts from (switching from one replica to replicas keeps
+    its open circuits, budgets, pause and cordoned nodes). Raises BadState on a row not ours."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "gate_state" in tables:
+            row = conn.execute("SELECT state FROM gate_state WHERE id=1").fetchone()
+            if row is not None:
+                return shared.from_json(row[0])
+        if {"actions", "circuits", "shared"} <= tables:
+            return state_from_journal(conn)
+        return None
+    finally:
+        conn.close()

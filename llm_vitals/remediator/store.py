@@ -27,9 +27,13 @@ failures by operation, for `llm_vitals_remediator_state_up` and `..._state_error
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from llm_vitals.kube.errors import KubeError
@@ -52,6 +56,13 @@ class StateUnavailable(Exception):
     """The gate's state cannot be read or written now: nothing may be restarted (503, retry-safe)."""
 
 
+class StateLost(StateUnavailable):
+    """The shared state is gone or not ours (a Lease deleted, an annotation unparseable, another
+    initialisation's state): nothing is restarted, nor paused or reset, until a human
+    re-initialises it (`reinitialise`, POST /api/v1/state/reinit). Never a fresh state in silence:
+    that would forget open circuits, spent budgets, the pause, the ladder and cordoned nodes."""
+
+
 class Conflicted(StateUnavailable):
     """Every try met a conflict: other writers keep committing first (retry-safe, as unavailable)."""
 
@@ -63,9 +74,11 @@ class StoreHealth:
     up: bool = True  # the last read or write worked
     errors: dict[str, int] = field(default_factory=dict)  # failures by operation: read, write, follow
     last_error: str = ""
+    lost: str = ""  # why the state is lost (StateLost) until a human re-initialises it; "" when it is not
 
     def ok(self) -> None:
         self.up = True
+        self.lost = ""
 
     def failed(self, operation: str, error: str) -> None:
         self.up = False
@@ -159,10 +172,57 @@ async def update(store: GateStore[Any], change: Callable[[JournalState], Journal
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The version of a Lease as read: its resourceVersion (None: no Lease yet) and the object itself."""
+    """The version of a Lease as read: its resourceVersion (None: no Lease yet), the object itself,
+    and its document as read (the fields a newer version wrote are written back with it)."""
 
     version: str | None
     lease: dict[str, Any] = field(default_factory=dict, compare=False)
+    stored: shared.Stored | None = field(default=None, compare=False)
+
+
+# What a replica remembers of a Lease written before states had an epoch (an upgrade adds one).
+LEGACY_EPOCH = ""
+
+
+class EpochMemory:
+    """Which initialisation of the shared state this replica has seen (its `epoch`), kept in a small
+    file beside its journal, so that a replica restarted after the Lease was deleted still knows a
+    state existed. A replica that never saw one (the first start of all) creates it."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.epoch: str | None = None
+        if path is not None and path.exists():
+            try:
+                epoch = json.loads(path.read_text()).get("epoch")
+            except (OSError, ValueError, AttributeError) as exc:
+                raise shared.BadState(f"{path}: not readable ({type(exc).__name__}); remove it only if the"
+                                      " shared state is known to be new") from None
+            self.epoch = epoch if isinstance(epoch, str) else None
+
+    def remember(self, epoch: str) -> None:
+        if epoch == self.epoch:
+            return
+        self.epoch = epoch
+        if self.path is not None:
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text(json.dumps({"epoch": epoch}))
+            os.replace(tmp, self.path)
+
+
+def accepts(seen: str | None, stored: shared.Stored) -> bool:
+    """Whether a replica that has seen epoch `seen` may use `stored` (pure): the same initialisation,
+    the first it sees, an older version's write (no epoch), an upgrade giving a legacy state its
+    epoch, or a human's re-initialisation. Anything else is another initialisation: the state it saw
+    was lost."""
+    if seen is None or stored.epoch == seen:
+        return True
+    if stored.epoch is None:
+        # An older version's write (it knows no epoch and drops it): a rolling upgrade, not a loss.
+        return True
+    if seen == LEGACY_EPOCH and stored.epoch is not None:
+        return True
+    return stored.epoch is not None and (stored.reinitialised or {}).get("epoch") == stored.epoch
 
 
 class LeaseStore:
@@ -172,13 +232,17 @@ class LeaseStore:
     claims_expire = True
 
     def __init__(
-        self, leases: LeaseTransport, ref: LeaseRef, identity: str, budget_window: float, clock: Callable[[], float]
+        self, leases: LeaseTransport, ref: LeaseRef, identity: str, budget_window: float, clock: Callable[[], float],
+        memory: EpochMemory | None = None, local_state: Callable[[], JournalState | None] | None = None,
     ):
         self.leases = leases
         self.ref = ref
         self.identity = identity
         self.budget_window = budget_window
         self.clock = clock
+        self.memory = memory or EpochMemory(None)
+        # This replica's own SQLite state (it ran alone before): what a first Lease starts from.
+        self.local_state = local_state or (lambda: None)
         self.health = StoreHealth()
         # The API server's clock against this replica's, from its dated answers.
         self.server_clock = ServerClock()
@@ -192,7 +256,7 @@ class LeaseStore:
         if server_time is not None:
             self.server_clock = self.server_clock.observed(server_time, sent, self.clock())
 
-    async def read(self) -> tuple[JournalState, Snapshot]:
+    async def _get(self) -> dict[str, Any] | None:
         sent = self.clock()
         try:
             answer = await self.leases.get_lease(self.ref.namespace, self.ref.name)
@@ -200,25 +264,63 @@ class LeaseStore:
             self.health.failed("read", str(exc))
             raise StateUnavailable(f"read Lease {self.ref.name}: {exc}") from None
         self._observe(answer.server_time, sent)
-        lease = answer.value
-        if lease is None:
+        return answer.value
+
+    def _lost(self, why: str) -> StateLost:
+        self.health.failed("read", why)
+        self.health.lost = why[:500]
+        return StateLost(f"{why}; nothing is restarted until it is re-initialised (POST /api/v1/state/reinit)")
+
+    def _first(self) -> JournalState:
+        """The state a first Lease starts from: this replica's own SQLite state, else empty."""
+        local = self.local_state()
+        if local is None:
+            return JournalState()
+        return replace(local, in_progress=None, in_progress_expires=None, in_progress_by=None)
+
+    async def read(self) -> tuple[JournalState, Snapshot]:
+        lease = await self._get()
+        where = f"Lease {self.ref.namespace}/{self.ref.name}"
+        seen = self.memory.epoch
+        text = ((lease or {}).get("metadata", {}).get("annotations") or {}).get(STATE_ANNOTATION)
+        if not text:
+            if seen is not None:
+                held = f"epoch {seen}" if seen else "a state"
+                raise self._lost(f"{where} is gone" if lease is None else f"{where} lost its state annotation"
+                                 f" (it held {held})")
+            # Nothing was ever seen here: the first start of all (the first commit creates it).
             self.health.ok()
-            return JournalState(), Snapshot(None)
-        text = (lease.get("metadata", {}).get("annotations") or {}).get(STATE_ANNOTATION)
+            first = self._first()
+            version = None if lease is None else lease["metadata"]["resourceVersion"]
+            return first, Snapshot(version, lease or {}, shared.Stored(first))
         try:
-            state = shared.from_json(text)
+            stored = shared.load(shared.decode_annotation(text))
         except shared.BadState as exc:
-            self.health.failed("read", str(exc))
-            raise StateUnavailable(f"Lease {self.ref.name}: {exc}") from None
+            raise self._lost(f"{where}: {exc}") from None
+        if not accepts(seen, stored):
+            raise self._lost(f"{where} holds epoch {stored.epoch!r}, not {seen!r} that this replica saw: it was"
+                             " deleted and created again")
+        assert lease is not None  # it has a state annotation
+        self.memory.remember(stored.epoch if stored.epoch is not None else LEGACY_EPOCH)
         self.health.ok()
-        self.last = state
-        return state, Snapshot(lease["metadata"]["resourceVersion"], lease)
+        self.last = stored.state
+        return stored.state, Snapshot(lease["metadata"]["resourceVersion"], lease, stored)
 
     async def commit(self, snap: Snapshot, new: JournalState) -> bool:
         """Write `new` if the Lease is still at `snap`'s version. False on a conflict (someone else wrote)."""
+        old = snap.stored or shared.Stored(JournalState())
+        window = shared.prune_window(self.budget_window, old.budget_window)
+        stored = shared.Stored(shared.pruned(new, self.now(), window), old.epoch or uuid.uuid4().hex, window,
+                               old.reinitialised, old.carried)
+        return await self._write(snap, stored)
+
+    async def _write(self, snap: Snapshot, stored: shared.Stored) -> bool:
         now = self.now()
-        new = shared.pruned(new, now, self.budget_window)
-        body = self._lease_body(snap, new, now)
+        try:
+            body = self._lease_body(snap, stored, now)
+        except shared.TooLarge as exc:
+            self.health.failed("write", str(exc))
+            raise StateUnavailable(f"write Lease {self.ref.name}: {exc}") from None
         sent = self.clock()
         try:
             if snap.version is None:
@@ -232,10 +334,41 @@ class LeaseStore:
         self._observe(written.server_time, sent)
         if not written.value:  # stale resourceVersion, or created by another replica meanwhile
             return False
-        self.last = new
+        assert stored.epoch is not None
+        self.memory.remember(stored.epoch)
+        self.last = stored.state
         return True
 
-    def _lease_body(self, snap: Snapshot, new: JournalState, now: float) -> dict[str, Any]:
+    async def reinitialise(self, source: JournalState, by: str, reason: str, origin: str) -> dict[str, Any]:
+        """A human's re-initialisation: a new epoch holding `source` (empty, or this replica's own
+        journal), whatever the Lease holds now. Returns what it discarded. Raises StateUnavailable."""
+        for _ in range(CONFLICT_RETRIES):
+            lease = await self._get()
+            text = ((lease or {}).get("metadata", {}).get("annotations") or {}).get(STATE_ANNOTATION)
+            discarded: dict[str, Any]
+            if lease is None:
+                discarded = {"lease": "absent"}
+            elif not text:
+                discarded = {"lease": "present, with no state"}
+            else:
+                try:
+                    old = shared.load(shared.decode_annotation(text))
+                    discarded = {"lease": "present", "epoch": old.epoch, **shared.summary(old.state),
+                                 "fields_of_a_newer_version": sorted(old.carried)}
+                except shared.BadState as exc:
+                    discarded = {"lease": "present, unreadable", "error": str(exc)[:300], "characters": len(text)}
+            epoch = uuid.uuid4().hex
+            record = {"epoch": epoch, "at": self.now(), "by": by[:200], "reason": reason[:500], "from": origin}
+            fresh = replace(source, in_progress=None, in_progress_expires=None, in_progress_by=None)
+            version = None if lease is None else lease["metadata"]["resourceVersion"]
+            stored = shared.Stored(shared.pruned(fresh, self.now(), self.budget_window), epoch, self.budget_window,
+                                   record)
+            if await self._write(Snapshot(version, lease or {}), stored):
+                return discarded
+        raise Conflicted(f"the Lease kept changing ({CONFLICT_RETRIES} conflicts)")
+
+    def _lease_body(self, snap: Snapshot, stored: shared.Stored, now: float) -> dict[str, Any]:
+        new = stored.state
         old_spec = snap.lease.get("spec") or {}
         holder = new.in_progress_by.split("/", 1)[0] if new.in_progress_by else ""
         spec: dict[str, Any] = {
@@ -256,7 +389,7 @@ class LeaseStore:
             **old_meta,
             "name": self.ref.name,
             "namespace": self.ref.namespace,
-            "annotations": {**(old_meta.get("annotations") or {}), STATE_ANNOTATION: shared.to_json(new)},
+            "annotations": {**(old_meta.get("annotations") or {}), STATE_ANNOTATION: shared.encode_annotation(shared.dump(stored))},
             "labels": {**(old_meta.get("labels") or {}), "app.kubernetes.io/name": "llm-vitals-remediator"},
         }
         if snap.version is not None:

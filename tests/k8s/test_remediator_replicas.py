@@ -150,7 +150,8 @@ async def test_a_replica_killed_after_its_intent_leaves_a_claim_the_other_honour
     marker = tmp_path / "pre-restart.pids"
     first = exporter.put_pod(namespace, running_pod(control_plane, namespace, "vllm-0"), "stuck")
     second = exporter.put_pod(namespace, running_pod(control_plane, namespace, "vllm-1"), "stuck")
-    # The claim lasts pre_restart timeout + executor timeout + 5 s margin = 10 + 3 + 5 = 18 s. A 1 s
+    # The claim lasts the lock wait + pre_restart timeout + executor timeout + the Events + 5 s margin
+    # = 10 + 10 + 3 + 12 + 5 = 40 s (acting.claim_seconds). A 1 s
     # cooldown, so that what holds the other replica back below is the claim, not the cooldown.
     a, b = await replicas(global_cooldown="1s", template={
         "timeout": "3s", "pre_restart": {"argv": [sys.executable, "-c", HOLD, str(marker), "{pod}"], "timeout": "10s"}})
@@ -182,7 +183,7 @@ async def test_a_replica_killed_after_its_intent_leaves_a_claim_the_other_honour
         assert word == "restart_in_progress", seen
         assert time.time() < expires + 30, f"never allowed after the claim expired: {seen}"
         await asyncio.sleep(1.0)
-    assert seen.count("restart_in_progress") >= 3, seen  # held for most of the 18 s claim
+    assert seen.count("restart_in_progress") >= 3, seen  # held for most of the 40 s claim
 
     await wait_until(lambda: finished_restarts([b]), 60, "replica-b's restart to finish")
     assert pod_removals(control_plane, namespace, "vllm-0") == []  # the dead replica's restart was not redone
@@ -328,7 +329,7 @@ async def test_pause_set_on_one_replica_holds_both_and_resuming_on_the_other_let
         paused = await client.post(f"{a.url}/api/v1/pause", json={"until": time.time() + 600, "reason": "upgrade"},
                                    headers=auth)
         assert paused.status_code == 200 and paused.json()["paused"] is True
-        assert (await client.get(f"{b.url}/api/v1/pause")).json() == {
+        assert (await client.get(f"{b.url}/api/v1/pause", headers=auth)).json() == {
             "paused": True, "until": paused.json()["until"], "reason": "upgrade"}
         held = [await r.webhook(alert(target, f"fp-paused-{r.name}")) for r in (a, b)]
         assert reasons(held) == ["paused", "paused"]

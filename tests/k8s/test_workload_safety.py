@@ -326,7 +326,7 @@ async def test_a_group_is_restarted_together_once_and_counted_once(
     assert ("list", "pods") in rights_used(control_plane, (namespace,))
 
 
-# Holds replica-a's restart of vllm-0 in its pre_restart for 8 s (its claim: 10 + 3 + 5 = 18 s).
+# Holds replica-a's restart of vllm-0 in its pre_restart for 8 s (its claim: 10 + 10 + 3 + 12 + 5 = 40 s).
 HOLD = "import sys, time\nif sys.argv[1] == 'vllm-0':\n    time.sleep(8)"
 
 

@@ -8,8 +8,9 @@ The rule, first match wins (`pod_workload`, pure; tests/test_discovery_workload.
    `LeaderWorkerSet/<ns>/<name>/<group-index>`. A group (its leader and workers) is one workload,
    as LeaderWorkerSet restarts it as one unit; these labels win over the owners (each group's pods
    are owned by StatefulSets of their own).
-2. No controller among the pod's ownerReferences (a bare pod): `Pod/<ns>/<pod>`, its own workload.
-   Nothing recreates it, so its name is as stable as anything it has.
+2. No ownerReferences (a bare pod): `Pod/<ns>/<pod>`, its own workload. Nothing recreates it, so
+   its name is as stable as anything it has. References without `controller: true` name the
+   owner by the first of them (llm_vitals/kube/owners.py), never the pod.
 3. A ReplicaSet: its own controller, read from the ReplicaSets of the namespace (an informer):
    `Deployment/<ns>/<name>` (or another controller of ReplicaSets, e.g. `Rollout/<ns>/<name>`),
    and `ReplicaSet/<ns>/<name>` for one that no controller owns. A ReplicaSet that cannot be
@@ -29,34 +30,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
-LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+# The owner rule is shared with the remediator, which reads the workload itself (llm_vitals/kube/owners.py).
+from llm_vitals.kube.owners import LWS_GROUP_INDEX_LABEL, LWS_NAME_LABEL, Controller, controller_of, group_of
 
-
-@dataclass(frozen=True)
-class Controller:
-    """The ownerReference with `controller: true`: the one object that manages this one."""
-
-    kind: str
-    name: str
-
-
-def controller_of(metadata: Mapping[str, Any]) -> Controller | None:
-    """The managing controller among an object's `ownerReferences` (Kubernetes allows one), or None."""
-    for reference in metadata.get("ownerReferences") or ():
-        if isinstance(reference, Mapping) and reference.get("controller") is True \
-                and reference.get("kind") and reference.get("name"):
-            return Controller(str(reference["kind"]), str(reference["name"]))
-    return None
-
-
-def group_of(labels: Mapping[str, Any] | None) -> tuple[str, str] | None:
-    """(the LeaderWorkerSet's name, the group index) from a pod's labels, or None when they are not both there."""
-    labels = labels or {}
-    name, index = labels.get(LWS_NAME_LABEL), labels.get(LWS_GROUP_INDEX_LABEL)
-    if not isinstance(name, str) or not name or not isinstance(index, str) or not index.isdigit():
-        return None
-    return name, index
+__all__ = ["LWS_GROUP_INDEX_LABEL", "LWS_NAME_LABEL", "Controller", "ReplicaSets", "controller_of", "group_of",
+           "pod_workload", "replica_set_controller"]
 
 
 @dataclass(frozen=True)
