@@ -72,7 +72,7 @@ async def test_a_pause_until_no_time_can_be_is_a_400(remediator, until):  # noqa
     client = await remediator()
     response = await client.post("/api/v1/pause", json={"until": until, "reason": "upgrade"}, headers=AUTH)
     assert response.status == 400 and (await response.json())["error"].startswith("until: at most")
-    assert (await (await client.get("/api/v1/pause")).json())["paused"] is False
+    assert (await (await client.get("/api/v1/pause", headers=AUTH)).json())["paused"] is False
 
 
 async def test_a_pause_until_the_last_rfc3339_second_is_taken(remediator):  # noqa: F811

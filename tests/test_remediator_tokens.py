@@ -130,8 +130,9 @@ async def test_a_lost_state_is_answered_by_one_middleware_and_refuses_the_webhoo
 
     client.service.store.read = lost
     for method, path, body in [("POST", "/api/v1/pause", {"until": client.clock.now + 60, "reason": "r"}),
-                               ("DELETE", "/api/v1/pause", None), ("POST", "/api/v1/circuit/reset", None),
-                               ("POST", "/api/v1/nodes/n1/release", None)]:
+                               ("DELETE", "/api/v1/pause", None), ("POST", "/api/v1/circuit/reset", {"all": True}),
+                               ("POST", "/api/v1/nodes/n1/release", None),
+                               ("POST", "/api/v1/workloads/release", {"workload": "a"})]:
         answer = await client.request(method, path, json=body, headers=AUTH)
         assert answer.status == 503 and (await answer.json())["state_lost"] is True, path
     answer = await client.post("/webhook", json=alert_payload("a"), headers=AUTH)
