@@ -453,7 +453,8 @@ def kill(kit: Kit, drill: Drill) -> None:
     with load:
         # For a moment the server may still answer from the dead engine's state: keep that page.
         kit.save_page("after-kill", timeout=1.0)
-        # Refused reads are `down` once no read was good for down_after (the last good one may be the kill's own moment).
+        # A refused read is `down` at once; an engine whose port still accepts for a while (its
+        # children exiting) is `down` once no read was good for down_after: the bound covers both.
         down = watcher.wait_for(lambda s: s.state == "down", timeout=engine.exporter.down_after + engine.down_within_s,
                                 what="down", after=t_kill)
         drill.detected("SIGKILL to down", detection_seconds(down, t_kill))
