@@ -250,14 +250,18 @@ class Poller:
         """`error` (a /metrics read that connected and got no answer) with what one more request saw.
 
         The engine's first health route (vLLM's /health is answered by its API server, which stays
-        quick while a saturated engine makes /metrics slow), else its metrics page again, within
-        `health_timeout`. Any answer is `answered`; a health route's 503 is the engine's word that it
+        quick while a saturated engine makes /metrics slow), else its model list (SGLang's HTTP
+        server answers it without its scheduler; its /health submits a generation), else its
+        metrics page again, within `health_timeout`. Any answer is `answered`; a health route's 503 is the engine's word that it
         is dead, and a refused connection that it is gone; no answer is `unanswered` (frozen whole),
         unless the exporter's own loop was too late to tell.
         """
         entry = engine_of(record.settings.engine)
         health = bool(entry.health_paths)
-        url = record.settings.base_url + entry.health_paths[0] if health else self._metrics_urls[record][0]
+        if health or entry.models_path is not None:
+            url = record.settings.base_url + (entry.health_paths[0] if health else entry.models_path or "")
+        else:
+            url = self._metrics_urls[record][0]
         timeout = self.settings.health_timeout
         started = asyncio.get_running_loop().time()
         try:

@@ -287,10 +287,13 @@ def judge(previous: Verdict | None, observation: Observation, now: float, target
         if observation.reason == "exporter_late":
             return _on_late(previous, observation, now)
         if observation.reason == "timeout":
-            # An engine whose own loop answers /metrics (llama.cpp, Triton's metrics threads) is
-            # never slow because of load: its unanswered page is frozen evidence by itself.
-            pending = facts.metrics_unanswered_is_stuck and _unanswered_while_pending(previous, observation)
-            unanswered = observation.probe == "unanswered" or facts.metrics_unanswered_is_stuck
+            # An engine whose own loop answers /metrics (llama.cpp, Triton's metrics threads) is not
+            # slow because of load, and its health route may answer while that loop is wedged: its
+            # unanswered page is frozen evidence by itself, once it has had the longer deadline
+            # when a second probe answered (a page that arrives late still arrives).
+            unanswered = observation.probe == "unanswered" or (
+                facts.metrics_unanswered_is_stuck and (observation.probe is None or previous.slow))
+            pending = unanswered and facts.metrics_unanswered_is_stuck and _unanswered_while_pending(previous, observation)
             if pending or (unanswered and _frozen_chain(previous)):
                 return _on_unanswered(previous, observation, now, target, pending=pending)
             if observation.probe == "answered" and _slow_but_reading(previous, now, target):
