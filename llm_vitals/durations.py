@@ -4,10 +4,14 @@
 a default and the way Prometheus and Alertmanager read a duration (`for:`, `scrape_interval`).
 `PositiveDuration` is the field type of every timeout and interval: zero or less is refused with
 one message, whatever the key (a canary timeout of 0 fails every canary; a refresh interval of 0 spins).
+NaN and the infinities (YAML's `.nan`, `.inf`, or more digits than a float holds) are refused by
+both, with one message: every comparison with NaN is false, so `stuck_after: .nan` would never be
+reached and the target never read stuck.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated
 
@@ -19,12 +23,18 @@ _WHOLE_UNITS_MS = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 100
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 
 
+FINITE_MESSAGE = "must be a finite duration, not NaN or infinity"
+
+
 def parse_duration(value: object) -> float:
-    """Return seconds. Raises ValueError with the offending text for anything else."""
+    """Return seconds. Raises ValueError with the offending text for anything else, NaN and infinity included."""
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int past float's range
+            raise ValueError(FINITE_MESSAGE) from None
     elif isinstance(value, str):
         match = _PATTERN.match(value)
         if not match:
@@ -32,6 +42,8 @@ def parse_duration(value: object) -> float:
         seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
     else:
         raise ValueError(f"not a duration: {value!r}")
+    if not math.isfinite(seconds):
+        raise ValueError(FINITE_MESSAGE)
     if seconds < 0:
         raise ValueError(f"duration must not be negative: {value!r}")
     return seconds
@@ -58,7 +70,7 @@ POSITIVE_MESSAGE = "must be > 0"
 
 def parse_positive_duration(value: object) -> float:
     """Seconds above 0; ValueError(POSITIVE_MESSAGE) for zero or a negative duration, one message for both."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0 and not math.isinf(value):
         raise ValueError(POSITIVE_MESSAGE)
     if isinstance(value, str) and value.strip().startswith("-"):
         raise ValueError(POSITIVE_MESSAGE)

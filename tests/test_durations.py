@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llm_vitals.durations import format_duration, parse_duration
+from llm_vitals.durations import format_duration, parse_duration, parse_positive_duration
 
 
 @pytest.mark.parametrize("text, seconds", [("250ms", 0.25), ("30s", 30.0), ("5m", 300.0), ("1h", 3600.0),
@@ -19,6 +19,13 @@ def test_a_duration_reads_as_seconds(text, seconds) -> None:
 def test_anything_else_is_refused(value) -> None:
     with pytest.raises(ValueError):
         parse_duration(value)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), 10**400, "9" * 400, "9" * 308 + "d"])
+@pytest.mark.parametrize("parse", [parse_duration, parse_positive_duration])
+def test_nan_and_infinity_are_refused_with_one_message(parse, value) -> None:
+    with pytest.raises(ValueError, match=r"^must be a finite duration, not NaN or infinity$"):
+        parse(value)
 
 
 @pytest.mark.parametrize("seconds, text", [(0, "0s"), (0.25, "250ms"), (1.5, "1500ms"), (30, "30s"), (90, "90s"),
