@@ -36,8 +36,8 @@ DOWN_AFTER = 1.0
 LIVENESS = 2.0
 SLOW_PAGE = 1.2 * METRICS_TIMEOUT
 SLACK = 1.5  # a late poll on a loaded 2-core box
-# A poll that finds the server frozen lasts its read's timeout and the second probe's.
-FROZEN_POLL = POLL * 1.1 + METRICS_TIMEOUT + HEALTH_TIMEOUT
+# A poll that finds the server frozen lasts its read's timeout and the second probe's (as long).
+FROZEN_POLL = POLL * 1.1 + 2 * METRICS_TIMEOUT
 
 
 def watched(engine: str, url: str, proxy: FlakyProxy) -> dict:

@@ -156,7 +156,7 @@ async def test_a_vllm_stopped_whole_is_restartable_and_unlive_and_never_down(aio
         await wait_for(lambda: rec.verdict.reason == "progress", what="busy with progress")
         server.frozen = True
         frozen_at = time.monotonic()
-        await wait_for(lambda: rec.verdict.state == "stuck", timeout=DOWN_AFTER + 2 * (POLL + 0.5) + SLACK,
+        await wait_for(lambda: rec.verdict.state == "stuck", timeout=DOWN_AFTER + 2 * (POLL + 2 * 0.3) + SLACK,
                        what="stuck (frozen whole)")
         assert rec.verdict.reason == "metrics_unanswered", rec.verdict.detail
         assert (await client.get("/probe/a/ready")).status == 503
@@ -164,7 +164,7 @@ async def test_a_vllm_stopped_whole_is_restartable_and_unlive_and_never_down(aio
                        (time.monotonic() - frozen_at) > 0 and _unlive(rec), timeout=LIVENESS + 2 * POLL + SLACK,
                        what="liveness failing")
         assert (await client.get("/probe/a/live")).status == 503
-        assert time.monotonic() - frozen_at <= DOWN_AFTER + LIVENESS + 2 * (POLL + 0.5) + SLACK
+        assert time.monotonic() - frozen_at <= DOWN_AFTER + LIVENESS + 2 * (POLL + 2 * 0.3) + SLACK
         assert "down" not in {state for _, _, state in rec.history}
     finally:
         server.release.set()

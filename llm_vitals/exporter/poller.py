@@ -243,18 +243,20 @@ class Poller:
             if self.lag is not None:
                 error = exporter_late(error, self.lag.worst_since(started), timeout)
             if reading_metrics and second_probe_due(error):
-                error = await self._second_probe(record, error)
+                error = await self._second_probe(record, error, timeout)
             return error, None
 
-    async def _second_probe(self, record: TargetRecord, error: PollError) -> PollError:
+    async def _second_probe(self, record: TargetRecord, error: PollError, timeout: float) -> PollError:
         """`error` (a /metrics read that connected and got no answer) with what one more request saw.
 
         The engine's first health route (vLLM's /health is answered by its API server, which stays
         quick while a saturated engine makes /metrics slow), else its model list (SGLang's HTTP
         server answers it without its scheduler; its /health submits a generation), else its
-        metrics page again, within `health_timeout`. Any answer is `answered`; a health route's 503 is the engine's word that it
-        is dead, and a refused connection that it is gone; no answer is `unanswered` (frozen whole),
-        unless the exporter's own loop was too late to tell.
+        metrics page again, within the read's own deadline `timeout`: an API server starved by load
+        answers every route late, and must not be read as frozen. Any answer is `answered`; a
+        health route's 503 is the engine's word that it is dead, and a refused connection that it
+        is gone; no answer is `unanswered` (frozen whole), unless the exporter's own loop was too
+        late to tell.
         """
         entry = engine_of(record.settings.engine)
         health = bool(entry.health_paths)
@@ -262,7 +264,6 @@ class Poller:
             url = record.settings.base_url + (entry.health_paths[0] if health else entry.models_path or "")
         else:
             url = self._metrics_urls[record][0]
-        timeout = self.settings.health_timeout
         started = asyncio.get_running_loop().time()
         try:
             status, _ = await bounded_get(self.session, url, timeout=timeout, max_bytes=64 * 1024)

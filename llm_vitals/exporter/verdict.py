@@ -296,8 +296,12 @@ def judge(previous: Verdict | None, observation: Observation, now: float, target
             pending = unanswered and facts.metrics_unanswered_is_stuck and _unanswered_while_pending(previous, observation)
             if pending or (unanswered and _frozen_chain(previous)):
                 return _on_unanswered(previous, observation, now, target, pending=pending)
-            if observation.probe == "answered" and _slow_but_reading(previous, now, target):
-                return _on_slow(previous, observation, now)
+            if observation.probe == "answered":
+                if _slow_but_reading(previous):
+                    return _on_slow(previous, observation, now)
+                # Not (or no longer) a slow page but a failed read; the server answers elsewhere,
+                # so its next read still gets the longer deadline.
+                return replace(_on_error(previous, observation, now, target), slow=True)
         return _unslowed(_on_error(previous, observation, now, target))
     if isinstance(observation, ModelsOk):
         return _unslowed(_on_models(previous, observation, now, target))
@@ -359,13 +363,16 @@ def _on_late(previous: Verdict, error: PollError, now: float) -> Verdict:
                  last_poll=previous.last_poll)
 
 
-def _slow_but_reading(previous: Verdict, now: float, target: TargetSettings) -> bool:
-    # Slow is a server once read whose pages still come, if late. One never read, or whose page has
-    # not come for the longer of down_after and the liveness budget though it answers elsewhere,
-    # has a broken /metrics, not a slow one: that goes the way of any failed read (`down`, a page).
-    if not previous.started or previous.last_good_read is None:
-        return False
-    return now - previous.last_good_read < max(target.down_after, target.liveness)
+# Reads in a row that may miss their deadline while the server answers elsewhere and still be a
+# slow page: one at the configured timeout, then two at SLOW_READ_FACTOR times it. A page that has
+# not come in all of them is not slow but not coming: those reads count toward `down` as any failure.
+SLOW_READS_HELD = 3
+
+
+def _slow_but_reading(previous: Verdict) -> bool:
+    # Slow is a server once read whose pages still come, if late: counted in reads, not seconds, so
+    # that the rule holds whatever the timeouts (a read after a slow one lasts 3 times longer).
+    return previous.started and previous.last_good_read is not None and previous.failed_reads < SLOW_READS_HELD
 
 
 def _on_slow(previous: Verdict, error: PollError, now: float) -> Verdict:
