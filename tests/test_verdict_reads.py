@@ -25,6 +25,7 @@ from llm_vitals.exporter.verdict import (
     judge,
     read_deadline,
     second_probe_due,
+    with_second_probe,
 )
 from llm_vitals.targets import RESTARTABLE_STATES
 
@@ -218,3 +219,20 @@ def test_late_reads_do_not_count_as_polls() -> None:
 @pytest.mark.parametrize("failure", [REFUSED, NO_CONNECT, FROZEN, SLOW, NO_PROBE])
 def test_a_failed_read_of_the_server_is_still_a_poll(failure: PollError) -> None:
     assert run([*BUSY, (10, failure)])[-1].last_poll == T0 + 10
+
+
+@pytest.mark.parametrize(("answer", "health_route", "reason", "probe"), [
+    (200, True, "timeout", "answered"),
+    (401, False, "timeout", "answered"),  # /v1/models behind a key still answers: the process is alive
+    (500, True, "timeout", "answered"),
+    (503, True, "health_503", None),  # the engine's own word that it is dead
+    (503, False, "timeout", "answered"),  # a 503 from a route that is not a health route is only an answer
+    (PollError("timeout", "/health took longer than 10s"), True, "timeout", "unanswered"),
+    (PollError("refused", "/health: connection refused"), True, "refused", None),
+    (PollError("connect", "/health: no connection within the connect timeout"), True, "timeout", None),
+    (PollError("exporter_late", "late"), True, "timeout", None),  # the exporter could not listen: no evidence
+    (PollError("http_status", "/health: malformed HTTP answer (400)"), True, "timeout", None),
+])
+def test_the_second_probe_says_slow_frozen_dead_or_gone(answer, health_route: bool, reason: str, probe) -> None:
+    judged = with_second_probe(NO_PROBE, "/health", answer, health_route=health_route)
+    assert (judged.reason, judged.probe) == (reason, probe)

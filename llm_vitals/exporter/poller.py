@@ -46,6 +46,7 @@ from llm_vitals.exporter.verdict import (
     read_deadline,
     record_canary,
     second_probe_due,
+    with_second_probe,
 )
 from llm_vitals.logs import log_event
 from llm_vitals.targets import UNHEALTHY_STATES
@@ -264,21 +265,16 @@ class Poller:
             url = record.settings.base_url + (entry.health_paths[0] if health else entry.models_path or "")
         else:
             url = self._metrics_urls[record][0]
+        path = "/" + url.split("//", 1)[-1].partition("/")[2]
         started = asyncio.get_running_loop().time()
+        answer: int | PollError
         try:
-            status, _ = await bounded_get(self.session, url, timeout=timeout, max_bytes=64 * 1024)
+            answer, _ = await bounded_get(self.session, url, timeout=timeout, max_bytes=64 * 1024)
         except PageError as exc:
-            if exc.reason == "refused":
-                return PollError("refused", f"{error.detail}; then {exc.detail}")
-            late = self.lag is not None and exporter_late(
-                PollError(exc.reason, exc.detail), self.lag.worst_since(started), timeout).reason == "exporter_late"
-            if exc.reason != "timeout" or late:
-                return error  # no evidence either way
-            return PollError(error.reason, f"{error.detail}, and {exc.detail} too", probe="unanswered")
-        if health and status == 503:
-            return PollError("health_503", f"{entry.health_paths[0]} answered 503: the engine is dead")
-        return PollError(error.reason, f"{error.detail}; {url.split('//', 1)[-1].partition('/')[2] or '/'} "
-                                       f"answered HTTP {status}", probe="answered")
+            answer = PollError(exc.reason, exc.detail)
+            if self.lag is not None:
+                answer = exporter_late(answer, self.lag.worst_since(started), timeout)
+        return with_second_probe(error, path, answer, health_route=health)
 
     async def _read_metrics(self, record: TargetRecord, timeout: float) -> Snapshot:
         entry = engine_of(record.settings.engine)

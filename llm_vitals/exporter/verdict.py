@@ -257,6 +257,26 @@ def second_probe_due(error: PollError) -> bool:
     return error.reason == "timeout" and error.probe is None
 
 
+def with_second_probe(error: PollError, path: str, answer: int | PollError, *, health_route: bool) -> PollError:
+    """`error` (a /metrics read that connected and got no answer) judged with what the second probe at `path` got.
+
+    `answer` is the probe's HTTP status, or its own failure (already judged by `exporter_late`).
+    Any status is `answered` (the process answers: the page is slow), but a health route's 503,
+    the engine's word that it is dead; a refused connection is the process gone; a probe that
+    connected and got no answer is `unanswered` (frozen whole); any other failure, or one the
+    exporter was too late for, is no evidence either way, and `error` stays as it was.
+    """
+    if isinstance(answer, int):
+        if health_route and answer == 503:
+            return PollError("health_503", f"{path} answered 503: the engine is dead")
+        return PollError(error.reason, f"{error.detail}; {path} answered HTTP {answer}", probe="answered")
+    if answer.reason == "refused":
+        return PollError("refused", f"{error.detail}; then {answer.detail}")
+    if answer.reason == "timeout":
+        return PollError(error.reason, f"{error.detail}, and {answer.detail} too", probe="unanswered")
+    return error
+
+
 def canary_overlapped(last_sent: float | None, in_flight: bool, since: float | None) -> bool:
     """Whether the exporter's own canary may have moved the counters since the read at `since`.
 
