@@ -21,13 +21,6 @@ def test_anything_else_is_refused(value) -> None:
         parse_duration(value)
 
 
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), 10**400, "9" * 400, "9" * 308 + "d"])
-@pytest.mark.parametrize("parse", [parse_duration, parse_positive_duration])
-def test_nan_and_infinity_are_refused_with_one_message(parse, value) -> None:
-    with pytest.raises(ValueError, match=r"^must be a finite duration, not NaN or infinity$"):
-        parse(value)
-
-
 @pytest.mark.parametrize("seconds, text", [(0, "0s"), (0.25, "250ms"), (1.5, "1500ms"), (30, "30s"), (90, "90s"),
                                            (300, "5m"), (3600, "1h"), (5400, "90m"), (2_592_000, "30d")])
 def test_seconds_are_written_in_their_largest_whole_unit(seconds, text) -> None:
@@ -42,3 +35,16 @@ def test_a_negative_duration_is_not_written() -> None:
 @given(st.integers(min_value=0, max_value=10**12))
 def test_what_is_written_reads_back_to_the_millisecond(millis) -> None:
     assert round(parse_duration(format_duration(millis / 1000)) * 1000) == millis
+
+
+@pytest.mark.parametrize("parse", [parse_duration, parse_positive_duration])
+def test_nan_is_refused_with_a_message_of_its_own(parse) -> None:
+    # NaN compares false with everything: `stuck_after: .nan` would never be reached (issue 29).
+    with pytest.raises(ValueError, match=r"^not a duration: NaN \(a duration must be a number of seconds\)$"):
+        parse(float("nan"))
+
+
+@pytest.mark.parametrize("value", [float("inf"), 10**400, "9" * 400, "9" * 308 + "d"])
+def test_infinity_and_past_a_float_are_refused(value) -> None:
+    with pytest.raises(ValueError, match=r"^duration too large"):
+        parse_duration(value)

@@ -17,7 +17,7 @@ from llm_vitals.targets import CanaryView, TargetView
 log = logging.getLogger("llm_vitals.exporter")
 
 # Poll-error reasons always exposed (at 0), so `increase()` sees the first error of each kind.
-STANDARD_ERROR_REASONS = ("connect", "timeout", "http_status", "bad_metrics", "too_large", "exporter_late", "refused")
+STANDARD_ERROR_REASONS = ("connect", "timeout", "http_status", "bad_metrics", "too_large", "exporter_late")
 CANARY_RESULTS = ("ok", "error", "timeout")
 
 

@@ -91,6 +91,9 @@ class Verdict:
     last_served: float | None = None  # last evidence the server serves: progress or a good canary
     last_good_read: float | None = None  # last poll with a usable reading (a page, or the model list)
     failed_reads: int = 0  # consecutive polls without one (exporter_late not counted)
+    # The last read timed out while a second probe answered: a live server with a slow page, whose
+    # next read gets SLOW_READ_FACTOR times the deadline (`read_deadline`). Cleared by a good read.
+    slow: bool = False
     reads_without_progress: int = 0  # consecutive reads with work pending and nothing moving
     stuck_seconds: float = 0.0
     restarts: int = 0
@@ -101,9 +104,6 @@ class Verdict:
     steps_per_second: float | None = None
     generation_tokens_per_second: float | None = None
     models: tuple[str, ...] = ()
-    # The last read timed out while a second probe answered: a live server with a slow page, whose
-    # next read gets SLOW_READ_FACTOR times the deadline (`read_deadline`). Cleared by a good read.
-    slow: bool = False
 
     @property
     def process_start_time(self) -> float | None:
