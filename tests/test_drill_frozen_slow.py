@@ -10,15 +10,18 @@ The exporter reads the server through tests/flaky_proxy.py; the load goes to the
   against its 10 s timeout, scaled down); everything else answers at once. The target must never
   be unready, never restartable and never `down`.
 
-Times are scaled: poll 0.25 s, metrics timeout 0.3 s, down_after 1 s, liveness budget 2 s.
+Times are scaled: poll 0.25 s, metrics timeout 0.3 s, down_after 1 s, liveness budget 2 s. The
+times to stuck and to /live failing are written to .cache/drill-frozen-slow.json.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
+from conftest import REPO
 from flaky_proxy import FlakyProxy
 from test_drill_flaky_metrics import load
 from test_exporter_helpers import make_settings, make_target, record, start_exporter, wait_for
@@ -36,8 +39,16 @@ DOWN_AFTER = 1.0
 LIVENESS = 2.0
 SLOW_PAGE = 1.2 * METRICS_TIMEOUT
 SLACK = 1.5  # a late poll on a loaded 2-core box
+REPORT = REPO / ".cache" / "drill-frozen-slow.json"
 # A poll that finds the server frozen lasts its read's timeout and the second probe's (as long).
 FROZEN_POLL = POLL * 1.1 + 2 * METRICS_TIMEOUT
+
+
+def report(key: str, figures: dict) -> None:
+    REPORT.parent.mkdir(exist_ok=True)
+    kept = json.loads(REPORT.read_text()) if REPORT.exists() else {}
+    kept[key] = figures
+    REPORT.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
 
 
 def watched(engine: str, url: str, proxy: FlakyProxy) -> dict:
@@ -76,6 +87,7 @@ async def test_frozen_whole_is_restartable_within_down_after_liveness_and_two_po
                 try:
                     await wait_for(lambda: rec.verdict.state == "stuck", timeout=DOWN_AFTER + 2 * FROZEN_POLL + SLACK,
                                    what=f"stuck ({engine}, frozen while {last_seen})")
+                    stuck_s = time.monotonic() - frozen_at
                     assert rec.verdict.reason == "metrics_unanswered", rec.verdict.detail
                     assert (await client.get("/probe/t/ready")).status == 503
                     await wait_for(lambda: not is_live(rec.verdict, rec.settings, time.monotonic()),
@@ -86,6 +98,8 @@ async def test_frozen_whole_is_restartable_within_down_after_liveness_and_two_po
                     since = [state for _, _, state in list(rec.history)[-(rec.polls - polls):]]
                     assert "down" not in since, since
                     assert rec.verdict.state in RESTARTABLE_STATES
+                    report(f"frozen-{engine}-{last_seen}", {"stuck_s": round(stuck_s, 2), "unlive_s": round(unlive_s, 2),
+                                                            "bound_s": round(DOWN_AFTER + LIVENESS + 2 * FROZEN_POLL, 2)})
                 finally:
                     proxy.thaw()
 
@@ -113,3 +127,5 @@ async def test_a_slow_metrics_page_is_never_unready_nor_restartable(aiohttp_clie
                 assert rec.polls - polls >= 4
                 assert rec.poll_errors.get("timeout", 0) > timeouts  # the short deadline was missed
                 assert rec.verdict.snapshot is not None and seen == {"busy"}, seen
+                report(f"slow-{engine}", {"polls": rec.polls - polls, "timeouts": rec.poll_errors.get("timeout", 0) - timeouts,
+                                          "page_s": SLOW_PAGE, "metrics_timeout_s": METRICS_TIMEOUT})
