@@ -4,6 +4,8 @@
 a default and the way Prometheus and Alertmanager read a duration (`for:`, `scrape_interval`).
 `PositiveDuration` is the field type of every timeout and interval: zero or less is refused with
 one message, whatever the key (a canary timeout of 0 fails every canary; a refresh interval of 0 spins).
+NaN is refused by both with a message of its own (YAML's `.nan`): every comparison with NaN is
+false, so `stuck_after: .nan` would never be reached and the target never read stuck.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ MAX_SECONDS = 100 * 365 * 86400.0
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 
 
+NAN_MESSAGE = "not a duration: NaN (a duration must be a number of seconds)"
+
+
 def parse_duration(value: object) -> float:
     """Return seconds. Raises ValueError with the offending text for anything else."""
     if isinstance(value, bool):
@@ -31,6 +36,9 @@ def parse_duration(value: object) -> float:
             seconds = float(value)
         elif isinstance(value, str):
             match = _PATTERN.match(value)
+            if not match and _PATTERN.match(value.strip().removeprefix("-")):
+                # `-1m` is a duration, a negative one: said as a negative number is (one wording for both).
+                raise ValueError(f"duration must not be negative: {value!r}")
             if not match:
                 raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h or plain seconds)")
             seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
@@ -38,6 +46,8 @@ def parse_duration(value: object) -> float:
             raise ValueError(f"not a duration: {value!r}")
     except OverflowError:  # an integer past any float: a ValueError, so that a config error says so
         raise ValueError(f"duration too large: {str(value)[:40]!r}") from None
+    if math.isnan(seconds):
+        raise ValueError(NAN_MESSAGE)
     if not math.isfinite(seconds) or seconds > MAX_SECONDS:
         raise ValueError(f"duration too large: {str(value)[:40]!r} (at most 100 years)")
     if seconds < 0:

@@ -33,6 +33,7 @@ PollErrorReason = Literal[
     "wrong_engine",  # the page is another engine's than the target declares
     "no_model",  # no model to send a canary to (a canary failure's word; never a poll's)
     "exporter_late",  # the read timed out while the exporter's own event loop lagged: evidence of nothing
+    "refused",  # the connection was refused: no process listens (`connect` is one that never connected in time)
 ]
 POLL_ERROR_REASONS: tuple[PollErrorReason, ...] = get_args(PollErrorReason)
 # Every other reason a verdict gives.
@@ -42,7 +43,8 @@ JudgedReason = Literal[
     "progress",  # work pending and engine signals moving
     "waiting_for_progress",  # work pending, nothing moved yet, not stuck yet
     "no_progress",  # stuck
-    "metrics_unanswered",  # work pending and /metrics accepted the connection but never answered (llama.cpp, Triton)
+    "metrics_unanswered",  # /metrics accepted the connection but never answered: work pending on an engine whose
+    # loop answers it (llama.cpp, Triton), or frozen whole (a second probe unanswered too) for down_after
     "restart",  # the read that detected a restart
     "canary_failed",
     "canary_rejected",  # idle; the canary was answered 4xx (model, key, endpoint): never restartable

@@ -7,7 +7,10 @@ engine's /metrics can, whatever the engine. Run it in the test's own event loop:
     async with FlakyProxy(upstream, every=3, delay=2.0) as proxy:   # proxy.url, proxy.reads, proxy.held
         ...                                                          # point the exporter at proxy.url
 
-or, from a test that has no event loop of its own (the real-engine tiers), in a thread::
+`proxy.freeze()` makes it a server stopped whole (SIGSTOP, a deadlocked loop): every request on
+every path is accepted and never answered until `proxy.thaw()`.
+
+Or, from a test that has no event loop of its own (the real-engine tiers), in a thread::
 
     with FlakyProxy(upstream, every=3, delay=12.0).in_thread() as proxy:
         ...
@@ -49,6 +52,8 @@ class FlakyProxy:
         self.reads = 0  # reads of `path` seen
         self.held = 0  # of which held for `delay`
         self.url = ""
+        self.frozen = False
+        self._thawed = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -82,11 +87,22 @@ class FlakyProxy:
                         tb: TracebackType | None) -> None:
         await self.stop()
 
+    def freeze(self) -> None:
+        """From now on accept every request and answer none (until `thaw`), on every path."""
+        self.frozen = True
+        self._thawed.clear()
+
+    def thaw(self) -> None:
+        self.frozen = False
+        self._thawed.set()
+
     def held_now(self, read: int) -> bool:
         """Whether the `read`-th read of `path` (1-based) is held: every `every`-th one."""
         return read % self.every == 0
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
+        if self.frozen:
+            await self._thawed.wait()
         if request.path == self.path and request.method == "GET":
             self.reads += 1
             if self.held_now(self.reads):

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llm_vitals.durations import format_duration, parse_duration
+from llm_vitals.durations import format_duration, parse_duration, parse_positive_duration
 
 
 @pytest.mark.parametrize("text, seconds", [("250ms", 0.25), ("30s", 30.0), ("5m", 300.0), ("1h", 3600.0),
@@ -43,3 +43,23 @@ def test_a_negative_duration_is_not_written() -> None:
 @given(st.integers(min_value=0, max_value=10**12))
 def test_what_is_written_reads_back_to_the_millisecond(millis) -> None:
     assert round(parse_duration(format_duration(millis / 1000)) * 1000) == millis
+
+
+@pytest.mark.parametrize("parse", [parse_duration, parse_positive_duration])
+def test_nan_is_refused_with_a_message_of_its_own(parse) -> None:
+    # NaN compares false with everything: `stuck_after: .nan` would never be reached (issue 29).
+    with pytest.raises(ValueError, match=r"^not a duration: NaN \(a duration must be a number of seconds\)$"):
+        parse(float("nan"))
+
+
+@pytest.mark.parametrize("value", [float("inf"), 10**400, "9" * 400, "9" * 308 + "d"])
+def test_infinity_and_past_a_float_are_refused(value) -> None:
+    with pytest.raises(ValueError, match=r"^duration too large"):
+        parse_duration(value)
+
+
+@pytest.mark.parametrize("value", ["-1m", " -30s", "-5", -60, -0.5])
+def test_a_negative_duration_is_worded_the_same_written_or_numeric(value):
+    """Issue 31: `-1m` read `not a duration` where -60 read `must not be negative`."""
+    with pytest.raises(ValueError, match="^duration must not be negative: "):
+        parse_duration(value)

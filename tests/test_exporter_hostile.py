@@ -106,7 +106,7 @@ async def test_hostile_upstreams_are_down_with_the_right_reason_and_polling_surv
     targets.append(make_target("refused", f"http://127.0.0.1:{free_port()}", canary={"enabled": False}))
     settings = make_settings(targets, metrics_timeout=0.6, max_page_bytes=1024 * 1024)
     client = await start_exporter(aiohttp_client, settings)
-    expected = {**SCENARIOS, "refused": "connect"}
+    expected = {**SCENARIOS, "refused": "refused"}
     try:
         def all_down() -> bool:
             return all(

@@ -31,6 +31,15 @@ INVALID = {
     "invalid-exporter-zero-metrics-timeout.yaml": "metrics_timeout: must be > 0",
     "invalid-exporter-zero-refresh-interval.yaml": "discovery[0].file.refresh_interval: must be > 0",
     "invalid-exporter-negative-down-after.yaml": "targets[0].down_after: must be > 0",
+    # NaN and the infinities (issue 29): NaN compares false with everything, so it has a message of its own.
+    "invalid-exporter-nan-stuck-after.yaml": "targets[0].stuck_after: not a duration: NaN (a duration must be a number of seconds)",
+    "invalid-exporter-nan-startup-grace.yaml":
+        "targets[0].startup_grace: not a duration: NaN (a duration must be a number of seconds)",
+    "invalid-exporter-inf-metrics-timeout.yaml": "metrics_timeout: duration too large: 'inf' (at most 100 years)",
+    "invalid-exporter-minus-inf-canary-interval.yaml": "targets[0].canary.interval: must be > 0",
+    "invalid-exporter-overflowing-down-after.yaml":
+        "targets[0].down_after: duration too large: '9999999999999999999999999999999999999999' (at most 100 years)",
+    "invalid-exporter-nan-poll-jitter.yaml": "poll_jitter: Input should be a finite number",
     "invalid-exporter-restart-risk-not-openai.yaml": (
         "targets[0]: restart_risking_busy_server is for engine openai, whose load cannot be read; "
         "a vllm target's canary never goes to a busy server"),
@@ -190,3 +199,41 @@ def test_down_after_defaults_to_30s_and_openai_targets_restart_only_when_they_ac
     vllm, openai, risk = settings.targets
     assert vllm.down_after == 30.0
     assert vllm.restart_on_unresponsive and not openai.restart_on_unresponsive and risk.restart_on_unresponsive
+
+
+# -- floors an engine's own refresh imposes (issue 29): facts of the engine table, said at load ----
+
+FLOOR_WARNING = ("stuck_after: 10s is below the 30s that engine sglang needs (SGLang refreshes sglang:num_running_reqs "
+                 "and sglang:num_queue_reqs only every 40 decode steps (decode_log_interval), or every 30s when idle, "
+                 "so they can show work pending for that long after it ended): it may read stuck after its work has "
+                 "ended; use 30s or more")
+
+
+@pytest.mark.parametrize(("engine", "stuck_after", "warned"), [
+    ("sglang", "10s", True), ("sglang", "29.5s", True), ("sglang", "30s", False), ("sglang", "2m", False),
+    ("vllm", "10s", False), ("llamacpp", "1s", False),
+])
+def test_a_stuck_after_below_the_engines_floor_is_warned_about_with_the_reason(engine, stuck_after, warned) -> None:
+    settings = parse_settings({"targets": [{"name": "a", "url": "http://127.0.0.1:1", "engine": engine,
+                                            "stuck_after": stuck_after}]}, environ={})
+    warnings = settings.warnings()
+    assert bool(warnings) is warned
+    if warned:
+        assert warnings[0].startswith(f"targets[0].stuck_after: {stuck_after.removesuffix('s')}s is below the 30s")
+
+
+def test_the_floor_is_the_engine_tables_fact_and_discovery_templates_are_checked_too() -> None:
+    from llm_vitals.exporter.engines.table import ENGINES
+    assert ENGINES["sglang"].facts.stuck_after_floor == 30.0
+    assert all(entry.facts.stuck_after_floor == 0.0 for name, entry in ENGINES.items() if name != "sglang")
+    settings = parse_settings({"discovery": [{"file": {"paths": ["/etc/t/*.json"],
+                                                       "template": {"engine": "sglang", "stuck_after": "10s"}}}]},
+                              environ={})
+    assert settings.warnings() == [f"discovery[0].file.template.{FLOOR_WARNING}"]
+
+
+def test_check_config_says_the_warning_and_still_passes(capsys) -> None:
+    from llm_vitals.exporter.cli import main
+    assert main(["--config", str(DATA / "warn-exporter-sglang-stuck-after-below-floor.yaml"), "--check-config"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1:] == [f"warning: targets[0].{FLOOR_WARNING}"]

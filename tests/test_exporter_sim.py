@@ -112,7 +112,7 @@ async def test_die_becomes_down(aiohttp_client) -> None:
         await wait_for(lambda: rec.verdict.state == "idle", what="idle")
         await fleet.backends[0].die()
         await wait_for(lambda: rec.verdict.state == "down", timeout=5, what="down")
-        assert rec.verdict.reason in ("connect", "health_503")
+        assert rec.verdict.reason in ("refused", "health_503")
         view = await target_json(client, "gpu-a")
         assert view["up"] is False and view["ready"] is False
         metrics = await (await client.get("/metrics")).text()

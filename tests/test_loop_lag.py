@@ -79,6 +79,8 @@ async def test_a_read_that_timed_out_while_the_exporters_loop_was_blocked_is_exp
     blocking["on"] = False
     # Shown, and evidence of nothing: the state and its reason held, the read not counted against it.
     assert (late_verdict.state, late_verdict.up, late_verdict.failed_reads) == ("busy", False, 0)
+    # Nor a poll (issue 29): the poll timestamp LLMVitalsPollingStale reads stays at the last read that was not late.
+    assert late_verdict.last_poll == late_verdict.last_good_read
     assert "/metrics took longer than 0.5s, while the exporter's own event loop ran up to" in late_verdict.detail
     view = await target_json(client, "a")
     assert view["poll_errors"].get("exporter_late", 0) >= 1

@@ -15,7 +15,8 @@ T0 = 1_796_000_000.0
 LLAMA = EngineFacts(metrics_unanswered_is_stuck=True)
 VLLM = EngineFacts()
 TIMEOUT = PollError("timeout", "/metrics took longer than 10s")
-REFUSED = PollError("connect", "/metrics: ClientConnectorError: refused")
+REFUSED = PollError("refused", "/metrics: connection refused")
+NO_CONNECT = PollError("connect", "/metrics: no connection within the connect timeout")
 
 
 def target(**overrides: object) -> TargetSettings:
@@ -95,20 +96,29 @@ CASES = [
          "idle", "idle"),
     # -- /metrics accepted and never answered -----------------------------------------------------
     Case("unanswered_while_pending_is_busy_until_stuck_after",
-         [(0, snap(2, 1, 700)), (5, TIMEOUT), (30, TIMEOUT)], "busy", "metrics_unanswered", facts=LLAMA),
+         [(0, snap(2, 1, 700)), (5, TIMEOUT), (30, TIMEOUT)], "busy", "metrics_unanswered", facts=LLAMA,
+         settings={"down_after": 300}),
+    Case("unanswered_while_pending_for_down_after_is_stuck_before_stuck_after",
+         [(0, snap(2, 1, 700)), (5, TIMEOUT), (30, TIMEOUT)], "stuck", "metrics_unanswered", facts=LLAMA),
     Case("unanswered_while_pending_for_stuck_after_is_stuck",
          [(0, snap(2, 1, 700)), (5, TIMEOUT), (30, TIMEOUT), (61, TIMEOUT)], "stuck", "metrics_unanswered", facts=LLAMA),
     Case("unanswered_after_frozen_counters_keeps_the_stuck_clock",
          [(0, snap(2, 1, 700)), (20, snap(2, 1, 700)), (40, TIMEOUT), (61, TIMEOUT)], "stuck", "metrics_unanswered",
          facts=LLAMA),
-    Case("one_unanswered_read_past_stuck_after_is_not_enough",
+    Case("one_unanswered_read_past_stuck_after_and_down_after_is_not_enough",
          [(0, snap(2, 1, 700)), (100, TIMEOUT)], "busy", "metrics_unanswered", facts=LLAMA),
     Case("unanswered_on_vllm_is_down_its_metrics_only_get_slow",
          [(0, snap(2, 1, 700)), (5, TIMEOUT), (30, TIMEOUT), (61, TIMEOUT)], "down", "timeout", facts=VLLM),
-    Case("unanswered_while_idle_is_down",
-         [(0, snap(0, 0, 700)), (5, TIMEOUT), (30, TIMEOUT), (61, TIMEOUT)], "down", "timeout", facts=LLAMA),
+    Case("unanswered_while_idle_for_down_after_is_stuck_frozen_not_down",
+         [(0, snap(0, 0, 700)), (5, TIMEOUT), (30, TIMEOUT), (61, TIMEOUT)], "stuck", "metrics_unanswered", facts=LLAMA),
+    Case("unanswered_while_idle_short_of_down_after_keeps_idle",
+         [(0, snap(0, 0, 700)), (5, snap(0, 0, 700)), (10, TIMEOUT), (30, TIMEOUT)], "idle", "idle", facts=LLAMA),
     Case("refused_while_pending_is_down_not_stuck",
-         [(0, snap(2, 1, 700)), (5, REFUSED), (30, REFUSED), (61, REFUSED)], "down", "connect", facts=LLAMA),
+         [(0, snap(2, 1, 700)), (5, REFUSED), (30, REFUSED), (61, REFUSED)], "down", "refused", facts=LLAMA),
+    Case("refused_once_is_down_at_once",
+         [(0, snap(2, 1, 700)), (5, REFUSED)], "down", "refused", facts=LLAMA),
+    Case("a_connect_that_timed_out_is_no_evidence_of_a_frozen_server",
+         [(0, snap(0, 0, 700)), (5, NO_CONNECT), (30, NO_CONNECT), (61, NO_CONNECT)], "down", "connect", facts=LLAMA),
     Case("a_down_read_breaks_the_unanswered_chain",
          [(0, snap(2, 1, 700)), (5, REFUSED), (30, TIMEOUT), (61, TIMEOUT)], "down", "timeout", facts=LLAMA),
     Case("answered_again_and_moving_is_busy",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import sys
 from pathlib import Path
 
@@ -22,8 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", help="override the config's log_level")
     args = parser.parse_args(argv)
     settings = read_config(parser, args, "exporter", load_settings,
-                           lambda s: f"config OK: {len(s.targets)} target(s), {len(s.discovery)} discovery source(s), "
-                                     f"listening on {s.listen}")
+                           lambda s: "".join([f"config OK: {len(s.targets)} target(s), {len(s.discovery)} discovery "
+                                              f"source(s), listening on {s.listen}",
+                                              *(f"\nwarning: {warning}" for warning in s.warnings())]))
     if isinstance(settings, int):
         return settings
 
@@ -34,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     from llm_vitals.logs import setup_logging
 
     setup_logging(args.log_level or settings.log_level)
+    for warning in settings.warnings():
+        logging.getLogger("llm_vitals.exporter").warning("config: %s", warning)
     # SIGHUP and POST /-/reload re-read this file (llm_vitals/exporter/reload.py).
     app = create_app(settings, config_path=Path(args.config), sighup=True)
     # Everything built so far (modules, settings, one record per target) lives as long as the

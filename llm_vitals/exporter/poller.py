@@ -42,7 +42,10 @@ from llm_vitals.exporter.verdict import (
     exporter_late,
     health_check_due,
     judge,
+    read_deadline,
     record_canary,
+    second_probe_due,
+    with_second_probe,
 )
 from llm_vitals.logs import log_event
 from llm_vitals.targets import UNHEALTHY_STATES
@@ -221,16 +224,20 @@ class Poller:
         """What one poll sees (a Snapshot, the model list, or a PollError) and `/health`'s status when asked.
 
         Never raises for upstream trouble. A read that timed out while the exporter's own loop
-        lagged comes back as `exporter_late` (verdict.exporter_late).
+        lagged comes back as `exporter_late` (verdict.exporter_late); one that connected and got no
+        answer carries what a second probe saw (`_second_probe`).
         """
         target = record.settings
         started = asyncio.get_running_loop().time()
-        timeout = self.settings.metrics_timeout
+        timeout = read_deadline(record.verdict, self.settings.metrics_timeout)
+        reading_metrics = False  # a second probe follows only a /metrics read that got no answer
         try:
             if target.role == "proxy" or engine_of(target.engine).parse is None:
                 timeout = self.settings.models_timeout
                 return ModelsOk(tuple(await read_models(self.session, target, timeout))), None
-            snapshot = await self._read_metrics(record)
+            reading_metrics = True
+            snapshot = await self._read_metrics(record, timeout)
+            reading_metrics = False
             health = await self._read_health(record) if health_check_due(record.verdict, snapshot) else None
             if not snapshot.pending:
                 timeout = self.settings.health_timeout
@@ -240,9 +247,40 @@ class Poller:
             error = PollError(exc.reason, exc.detail)
             if self.lag is not None:
                 error = exporter_late(error, self.lag.worst_since(started), timeout)
+            if reading_metrics and second_probe_due(error):
+                error = await self._second_probe(record, error, timeout)
             return error, None
 
-    async def _read_metrics(self, record: TargetRecord) -> Snapshot:
+    async def _second_probe(self, record: TargetRecord, error: PollError, timeout: float) -> PollError:
+        """`error` (a /metrics read that connected and got no answer) with what one more request saw.
+
+        The engine's first health route (vLLM's /health is answered by its API server, which stays
+        quick while a saturated engine makes /metrics slow), else its model list (SGLang's HTTP
+        server answers it without its scheduler; its /health submits a generation), else its
+        metrics page again, within the read's own deadline `timeout`: an API server starved by load
+        answers every route late, and must not be read as frozen. Any answer is `answered`; a
+        health route's 503 is the engine's word that it is dead, and a refused connection that it
+        is gone; no answer is `unanswered` (frozen whole), unless the exporter's own loop was too
+        late to tell.
+        """
+        entry = engine_of(record.settings.engine)
+        health = bool(entry.health_paths)
+        if health or entry.models_path is not None:
+            url = record.settings.base_url + (entry.health_paths[0] if health else entry.models_path or "")
+        else:
+            url = self._metrics_urls[record][0]
+        path = "/" + url.split("//", 1)[-1].partition("/")[2]
+        started = asyncio.get_running_loop().time()
+        answer: int | PollError
+        try:
+            answer, _ = await bounded_get(self.session, url, timeout=timeout, max_bytes=64 * 1024)
+        except PageError as exc:
+            answer = PollError(exc.reason, exc.detail)
+            if self.lag is not None:
+                answer = exporter_late(answer, self.lag.worst_since(started), timeout)
+        return with_second_probe(error, path, answer, health_route=health)
+
+    async def _read_metrics(self, record: TargetRecord, timeout: float) -> Snapshot:
         entry = engine_of(record.settings.engine)
         # Worked out once per record (its settings never change): a poll only reads it.
         known = self._metrics_urls.get(record)
@@ -251,7 +289,7 @@ class Poller:
             known = self._metrics_urls[record] = (url, parsed_url(url))
         status, body, headers = await bounded_get_with_headers(
             self.session, known[0], parsed=known[1], headers=METRICS_HEADERS,
-            timeout=self.settings.metrics_timeout, max_bytes=self.settings.max_page_bytes,
+            timeout=timeout, max_bytes=self.settings.max_page_bytes,
         )
         if status != 200:
             raise PageError("http_status", f"{entry.metrics_path} answered HTTP {status}")

@@ -186,6 +186,17 @@ class TargetSettings(_FrozenStrict):
         return entry.models_path is not None or bool(self.model)
 
     @property
+    def stuck_after_warning(self) -> str | None:
+        """Why `stuck_after` is below the floor its engine's own refresh imposes (the engine table's
+        facts), or None: such a target may read stuck after its work has ended."""
+        facts = engine_of(self.engine).facts
+        if self.stuck_after >= facts.stuck_after_floor:
+            return None
+        return (f"stuck_after: {self.stuck_after:g}s is below the {facts.stuck_after_floor:g}s that engine {self.engine} "
+                f"needs ({facts.stuck_after_floor_reason}): it may read stuck after its work has ended; "
+                f"use {facts.stuck_after_floor:g}s or more")
+
+    @property
     def effective_workload(self) -> str:
         """The workload as given or discovered, else the target's own name: never empty."""
         return self.workload or self.name
@@ -357,7 +368,7 @@ class ExporterSettings(_FrozenStrict):
     listen: ListenAddress = "127.0.0.1:9471"
     poll_interval: PositiveDuration = 5.0
     # Fraction of poll_interval added at random to each wait, so 1,000 targets do not poll in lockstep.
-    poll_jitter: float = Field(0.1, ge=0.0, le=1.0)
+    poll_jitter: float = Field(0.1, ge=0.0, le=1.0, allow_inf_nan=False)
     connect_timeout: PositiveDuration = 3.0
     # A real vLLM on a saturated CPU once took 9 s to answer /metrics: be patient by default.
     metrics_timeout: PositiveDuration = 10.0
@@ -415,6 +426,22 @@ class ExporterSettings(_FrozenStrict):
     def remediator_token(self) -> SecretStr | None:
         """The bearer token for the remediator's `/api/v1/actions`; None sends no auth."""
         return self._remediator_token
+
+    def warnings(self) -> list[str]:
+        """What loads but is likely wrong, each naming its key: a `stuck_after` below its engine's floor,
+        in a target or a discovery template. Said at `--check-config` and logged at start."""
+        found = []
+        for index, target in enumerate(self.targets):
+            if (warning := target.stuck_after_warning) is not None:
+                found.append(f"targets[{index}].{warning}")
+        for index, source in enumerate(self.discovery):
+            kind, spec = ("kubernetes", source.kubernetes) if source.kubernetes is not None else ("file", source.file)
+            if spec is None or not spec.template:
+                continue
+            template = TargetSettings.model_validate({**spec.template, "name": "template", "url": "http://template.invalid"})
+            if (warning := template.stuck_after_warning) is not None:
+                found.append(f"discovery[{index}].{kind}.template.{warning}")
+        return found
 
     def target(self, name: str) -> TargetSettings | None:
         for target in self.targets:

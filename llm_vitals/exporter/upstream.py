@@ -46,7 +46,9 @@ async def bounded_get(
 ) -> tuple[int, bytes]:
     """GET `url`, streamed and aborted past `max_bytes` or `timeout` (total, headers to last byte).
 
-    Raises PageError with a poll-error reason: timeout, connect, too_large. The status is returned,
+    Raises PageError with a poll-error reason: `refused` (no process listens), `connect` (no
+    connection within the connect timeout, or any other connection failure), `timeout` (connected,
+    and no whole answer within `timeout`), `too_large`. The status is returned,
     not judged: the caller knows what a 503 means for its route.
     """
     status, body, _ = await bounded_get_with_headers(session, url, timeout=timeout, max_bytes=max_bytes,
@@ -69,11 +71,13 @@ async def bounded_get_with_headers(
     parses it again at each request (2.7 us: yarl keeps only the last 128 it parsed).
     """
     path = url.split("//", 1)[-1].partition("/")[2]
+    deadlines = _connect_within(session, timeout)
     try:
         # One deadline for the whole exchange: a server that trickles a byte a second never trips
         # a per-read timeout, but does trip this one.
         async with asyncio.timeout(timeout):
-            async with session.get(parsed if parsed is not None else url, headers=headers, allow_redirects=False) as response:
+            async with session.get(parsed if parsed is not None else url, headers=headers, allow_redirects=False,
+                                   timeout=deadlines) as response:
                 body = await read_capped(response, max_bytes, f"/{path}")
                 return response.status, body, response.headers
     except aiohttp.ConnectionTimeoutError:
@@ -85,8 +89,27 @@ async def bounded_get_with_headers(
         raise PageError("connect", f"/{path}: body cut short ({type(exc).__name__})") from None
     except aiohttp.ClientResponseError as exc:
         raise PageError("http_status", f"/{path}: malformed HTTP answer ({exc.status})") from None
+    except aiohttp.ClientConnectorError as exc:
+        if isinstance(exc.os_error, ConnectionRefusedError):
+            # Nothing listens: the process is gone (a frozen one still accepts). The verdict reads
+            # it `down` at once; bringing it back is its supervisor's job.
+            raise PageError("refused", f"/{path}: connection refused") from None
+        raise PageError("connect", f"/{path}: {type(exc).__name__}: {_os_reason(exc)}") from None
     except (aiohttp.ClientError, OSError) as exc:
         raise PageError("connect", f"/{path}: {type(exc).__name__}: {_os_reason(exc)}") from None
+
+
+def _connect_within(session: aiohttp.ClientSession, timeout: float) -> aiohttp.ClientTimeout:
+    """The request's aiohttp timeouts: a connect ends before the whole read's deadline does.
+
+    `timeout` must mean "connected, and no answer": a frozen process accepts, a partitioned host
+    does not, and only the first may be restarted. So a connect still pending at half the deadline
+    is `connect`; the session's own timeouts are kept where its connect timeout is already shorter.
+    """
+    within = session.timeout.sock_connect
+    if within is not None and within < timeout:
+        return session.timeout
+    return aiohttp.ClientTimeout(total=None, sock_connect=timeout / 2)
 
 
 async def read_capped(response: aiohttp.ClientResponse, max_bytes: int, what: str) -> bytes:

@@ -11,7 +11,15 @@ Partial evidence (docs/states.md):
   `down_after` (no good read for that long) make the target `down`. The engine's own word that it
   is dead (a health route's 503) is `down` at once;
 - a read that timed out while the exporter's own event loop lagged is `exporter_late`
-  (`exporter_late()`): counted and shown, and evidence of nothing, not even toward `down`;
+  (`exporter_late()`): counted and shown, and evidence of nothing, not even toward `down`, and
+  not a poll either (`last_poll` stays, so LLMVitalsPollingStale sees a starved exporter);
+- refused, frozen and slow are told apart by evidence, not by one timeout (DESIGN §11):
+  a refused connection (no process listens) is `down` at once; a read that connected and got no
+  answer, while a second probe on a fresh connection got none either, is a frozen process: held
+  until no good read came for `down_after`, then `stuck` (`metrics_unanswered`), which liveness and
+  the remediator act on, whether it was last seen busy or idle; a read that timed out while the
+  second probe answered is a slow page from a live server: held, never toward `down`, and the next
+  read gets a longer deadline (`read_deadline`) so that a page that arrives late arrives;
 - idle means nothing pending *and* nothing moved: work counters that moved since the last read are
   `busy` even when running and waiting read 0 at the instant of the read, and idle (with it the
   canary) needs one whole interval between two reads of one lifetime with nothing pending and
@@ -36,10 +44,16 @@ SLEEP_LEVEL_WORDS = {1: "weights offloaded to CPU memory", 2: "weights discarded
 
 @dataclass(frozen=True, slots=True)
 class PollError:
-    """A poll that produced no usable reading. `reason` is the `poll_errors_total` label."""
+    """A poll that produced no usable reading. `reason` is the `poll_errors_total` label.
+
+    `probe` is set on a `timeout` (connected, no answer) when the poller asked a second route on a
+    fresh connection (`second_probe_due`): `answered` (the process answers: the page is slow) or
+    `unanswered` (accepted, nothing answered either: frozen whole). None: not asked, or no evidence.
+    """
 
     reason: PollErrorReason
     detail: str
+    probe: Literal["answered", "unanswered"] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +94,9 @@ class Verdict:
     last_served: float | None = None  # last evidence the server serves: progress or a good canary
     last_good_read: float | None = None  # last poll with a usable reading (a page, or the model list)
     failed_reads: int = 0  # consecutive polls without one (exporter_late not counted)
+    # The last read timed out while a second probe answered: a live server with a slow page, whose
+    # next read gets SLOW_READ_FACTOR times the deadline (`read_deadline`). Cleared by a good read.
+    slow: bool = False
     reads_without_progress: int = 0  # consecutive reads with work pending and nothing moving
     stuck_seconds: float = 0.0
     restarts: int = 0
@@ -196,7 +213,8 @@ def same_lifetime(before: Snapshot, after: Snapshot) -> bool | None:
 def _move(previous: Verdict, now: float, state: State, reason: Reason, detail: str, **changes: Any) -> Verdict:
     since = previous.since if state == previous.state else now
     last_unhealthy_at = now if state in UNHEALTHY_STATES else previous.last_unhealthy_at
-    return replace(previous, state=state, reason=reason, detail=detail, since=since, last_poll=now,
+    changes.setdefault("last_poll", now)
+    return replace(previous, state=state, reason=reason, detail=detail, since=since,
                    last_unhealthy_at=last_unhealthy_at, **changes)
 
 
@@ -253,6 +271,50 @@ def exporter_late(error: PollError, loop_lag: float, timeout: float) -> PollErro
                                       f"late: not evidence about the server")
 
 
+# How much longer than the configured metrics timeout the read after a slow one may take. A real
+# saturated vLLM answered /metrics in 9-12 s against a 10 s timeout: three times the timeout lets
+# that page arrive, and stays well inside a poll loop that re-anchors after an overrun.
+SLOW_READ_FACTOR = 3.0
+
+
+def read_deadline(previous: Verdict, timeout: float) -> float:
+    """The deadline of this poll's `/metrics` read: `timeout`, or SLOW_READ_FACTOR times it after a slow read.
+
+    Only a read the second probe showed slow (the server answered elsewhere) earns the longer
+    deadline: a frozen server's reads keep the short one, so it is found frozen no later.
+    """
+    return SLOW_READ_FACTOR * timeout if previous.slow else timeout
+
+
+def second_probe_due(error: PollError) -> bool:
+    """Whether a failed `/metrics` read calls for a second probe: only a read that connected and got no answer.
+
+    Refused, never connected, an HTTP error or a bad page are already their own evidence, and a
+    read the exporter was too late for (`exporter_late`) is evidence of nothing.
+    """
+    return error.reason == "timeout" and error.probe is None
+
+
+def with_second_probe(error: PollError, path: str, answer: int | PollError, *, health_route: bool) -> PollError:
+    """`error` (a /metrics read that connected and got no answer) judged with what the second probe at `path` got.
+
+    `answer` is the probe's HTTP status, or its own failure (already judged by `exporter_late`).
+    Any status is `answered` (the process answers: the page is slow), but a health route's 503,
+    the engine's word that it is dead; a refused connection is the process gone; a probe that
+    connected and got no answer is `unanswered` (frozen whole); any other failure, or one the
+    exporter was too late for, is no evidence either way, and `error` stays as it was.
+    """
+    if isinstance(answer, int):
+        if health_route and answer == 503:
+            return PollError("health_503", f"{path} answered 503: the engine is dead")
+        return PollError(error.reason, f"{error.detail}; {path} answered HTTP {answer}", probe="answered")
+    if answer.reason == "refused":
+        return PollError("refused", f"{error.detail}; then {answer.detail}")
+    if answer.reason == "timeout":
+        return PollError(error.reason, f"{error.detail}, and {answer.detail} too", probe="unanswered")
+    return error
+
+
 def canary_overlapped(last_sent: float | None, in_flight: bool, since: float | None) -> bool:
     """Whether the exporter's own canary may have moved the counters since the read at `since`.
 
@@ -282,16 +344,36 @@ def judge(previous: Verdict | None, observation: Observation, now: float, target
     if isinstance(observation, PollError):
         if observation.reason == "exporter_late":
             return _on_late(previous, observation, now)
-        if facts.metrics_unanswered_is_stuck and _unanswered_while_pending(previous, observation):
-            return _on_unanswered(previous, observation, now, target)
-        return _on_error(previous, observation, now, target)
+        if observation.reason == "timeout":
+            # An engine whose own loop answers /metrics (llama.cpp, Triton's metrics threads) is not
+            # slow because of load, and its health route may answer while that loop is wedged: its
+            # unanswered page is frozen evidence by itself, once it has had the longer deadline
+            # when a second probe answered (a page that arrives late still arrives).
+            unanswered = observation.probe == "unanswered" or (
+                facts.metrics_unanswered_is_stuck and (observation.probe is None or previous.slow))
+            pending = unanswered and facts.metrics_unanswered_is_stuck and _unanswered_while_pending(previous, observation)
+            if pending or (unanswered and _frozen_chain(previous)):
+                return _on_unanswered(previous, observation, now, target, pending=pending)
+            if observation.probe == "answered":
+                if _slow_but_reading(previous):
+                    return _on_slow(previous, observation, now)
+                # Not (or no longer) a slow page but a failed read; the server answers elsewhere,
+                # so its next read still gets the longer deadline.
+                return replace(_on_error(previous, observation, now, target), slow=True)
+        return _unslowed(_on_error(previous, observation, now, target))
     if isinstance(observation, ModelsOk):
-        return _on_models(previous, observation, now, target)
-    return _on_snapshot(previous, observation, now, target, canary_overlap)
+        return _unslowed(_on_models(previous, observation, now, target))
+    return _unslowed(_on_snapshot(previous, observation, now, target, canary_overlap))
+
+
+def _unslowed(verdict: Verdict) -> Verdict:
+    # Slow is what the last read showed: any other answer (a page, or another failure) ends it.
+    return replace(verdict, slow=False) if verdict.slow else verdict
 
 
 # Errors that are the server's own word, not a read that went missing: `down` at once.
-DOWN_AT_ONCE: frozenset[str] = frozenset({"health_503"})
+# A refused connection is the kernel's word that no process listens (a frozen one still accepts).
+DOWN_AT_ONCE: frozenset[str] = frozenset({"health_503", "refused"})
 
 
 def _on_error(previous: Verdict, error: PollError, now: float, target: TargetSettings, **changes: Any) -> Verdict:
@@ -331,32 +413,87 @@ def _still(previous: Verdict, now: float) -> str:
 
 def _on_late(previous: Verdict, error: PollError, now: float) -> Verdict:
     # The exporter's own lateness: counted (poll_errors_total{reason="exporter_late"}) and shown,
-    # and nothing else: neither progress, nor a read without progress, nor a failure toward `down`.
+    # and nothing else: neither progress, nor a read without progress, nor a failure toward `down`,
+    # nor a poll: `last_poll` stays where the last read that was not late left it, so a starved
+    # exporter's timestamps go stale and LLMVitalsPollingStale says it is blind.
     return _move(previous, now, previous.state, previous.reason, f"{_still(previous, now)}; {error.detail}",
-                 up=False, error_reason=error.reason, steps_per_second=None, generation_tokens_per_second=None)
+                 up=False, error_reason=error.reason, steps_per_second=None, generation_tokens_per_second=None,
+                 last_poll=previous.last_poll)
+
+
+# Reads in a row that may miss their deadline while the server answers elsewhere and still be a
+# slow page: one at the configured timeout, then two at SLOW_READ_FACTOR times it. A page that has
+# not come in all of them is not slow but not coming: those reads count toward `down` as any failure.
+SLOW_READS_HELD = 3
+
+
+def _slow_but_reading(previous: Verdict) -> bool:
+    # Slow is a server once read whose pages still come, if late: counted in reads, not seconds, so
+    # that the rule holds whatever the timeouts (a read after a slow one lasts 3 times longer).
+    return previous.started and previous.last_good_read is not None and previous.failed_reads < SLOW_READS_HELD
+
+
+def _on_slow(previous: Verdict, error: PollError, now: float) -> Verdict:
+    # The page did not come in time, but the server answered a second probe: it is alive and slow
+    # (a saturated vLLM's API server). Load is never a reason to be unready or restarted, so the
+    # state, the stuck clock and the last good reading stay, this read counts toward nothing, and
+    # the next read waits longer (`read_deadline`).
+    last_good = previous.last_good_read if previous.last_good_read is not None else previous.first_seen
+    detail = (f"{_still(previous, now)}; slow: {error.detail}, while a second probe answered "
+              f"(no good read for {now - last_good:.1f}s; the next read waits {SLOW_READ_FACTOR:g} times longer)")
+    return _move(previous, now, previous.state, previous.reason, detail, up=False, error_reason=error.reason,
+                 failed_reads=previous.failed_reads + 1, steps_per_second=None, generation_tokens_per_second=None,
+                 slow=True)
 
 
 def _unanswered_while_pending(previous: Verdict, error: PollError) -> bool:
-    # `timeout` is a /metrics read that connected and got no answer in time (a refused or timed-out
-    # connect is `connect`); "pending" is what the last good read showed, as long as every poll
-    # since then was pending or unanswered: a `down` in between breaks the chain, and so does a
-    # refused connection or any other failure just before (a frozen process still accepts).
+    # `timeout` is a /metrics read that connected and got no answer in time (a refused connection
+    # is `refused`, a connect that timed out `connect`); "pending" is what the last good read
+    # showed, as long as every poll since then was pending or unanswered: a `down` in between
+    # breaks the chain, and so does a refused connection or any other failure just before.
     return (error.reason == "timeout" and previous.snapshot is not None and previous.snapshot.pending
-            and previous.state in ("busy", "stuck") and previous.error_reason in (None, "timeout", "exporter_late"))
+            and previous.state in ("busy", "stuck") and _frozen_chain(previous))
 
 
-def _on_unanswered(previous: Verdict, error: PollError, now: float, target: TargetSettings) -> Verdict:
-    # An engine whose own loop answers /metrics (llama.cpp) and that accepts the connection but
-    # never answers, while work was owed, is as stuck as one whose counters froze: the stuck clock
-    # keeps running from the last progress, across reads, and nothing is re-based.
+def _frozen_chain(previous: Verdict) -> bool:
+    # Every read since the last good one connected and got no answer (or was the exporter's own
+    # lateness): a server once servable, not `down` since, and not refusing (a frozen process accepts).
+    return previous.started and previous.state != "down" and previous.error_reason in (None, "timeout", "exporter_late")
+
+
+def _on_unanswered(previous: Verdict, error: PollError, now: float, target: TargetSettings, *,
+                   pending: bool) -> Verdict:
+    # A server that accepts the connection and never answers is frozen, not gone: a restart may fix
+    # it, so it must never end as `down`, which liveness and the remediator leave alone. Frozen whole
+    # (a second probe unanswered too, or an engine whose own loop answers /metrics) for `down_after`
+    # since the last good read is `stuck`, whether it was last seen busy or idle; with work owed, on
+    # an engine whose loop answers /metrics (llama.cpp), it is stuck once `stuck_after` has passed
+    # over two reads, as one whose counters froze. The stuck clock keeps running from the last
+    # progress, across reads, and nothing is re-based.
+    last_good = previous.last_good_read if previous.last_good_read is not None else previous.first_seen
+    unread_for = now - last_good
+    failed = previous.failed_reads + 1  # all unanswered: the chain (_frozen_chain) admits nothing else
     reads = previous.reads_without_progress + 1
     last_progress = previous.last_progress if previous.last_progress is not None else now
     stuck_for = now - last_progress
-    state: State = "stuck" if reads >= 2 and stuck_for >= target.stuck_after else "busy"
-    detail = (f"/metrics accepted the connection and never answered ({error.detail}) while work was pending; "
-              f"no progress seen for {stuck_for:.1f}s over {reads} read(s)")
+    # Over two reads at least, as `stuck` always is: one lost read after a long gap proves nothing.
+    frozen = unread_for >= target.down_after and failed >= 2
+    if frozen or (pending and reads >= 2 and stuck_for >= target.stuck_after):
+        state: State = "stuck"
+    elif pending:
+        state = "busy"
+    else:
+        detail = (f"{_still(previous, now)}; /metrics accepted the connection and never answered ({error.detail}), "
+                  f"nor did a second probe: frozen if it lasts {target.down_after:g}s "
+                  f"(no good read for {unread_for:.1f}s)")
+        return _move(previous, now, previous.state, previous.reason, detail, up=False, error_reason=error.reason,
+                     failed_reads=failed, steps_per_second=None, generation_tokens_per_second=None)
+    owed = "while work was pending" if previous.snapshot is not None and previous.snapshot.pending else (
+        "after an idle read")
+    detail = (f"/metrics accepted the connection and never answered ({error.detail}) {owed}; "
+              f"no good read for {unread_for:.1f}s over {failed} read(s), no progress seen for {stuck_for:.1f}s")
     return _move(previous, now, state, "metrics_unanswered", detail, up=False, error_reason=error.reason,
-                 failed_reads=previous.failed_reads + 1, reads_without_progress=reads, last_progress=last_progress,
+                 failed_reads=failed, reads_without_progress=reads, last_progress=last_progress,
                  stuck_seconds=stuck_for, steps_per_second=None, generation_tokens_per_second=None)
 
 

@@ -43,6 +43,15 @@ FLAKY_METRICS_TIMEOUT_S = 2.0
 FLAKY_HELD_S = FLAKY_METRICS_TIMEOUT_S + 2.0
 FLAKY_HELD_WHILE_STUCK = 2  # held reads the stuck episode must outlast
 FLAKY_DOWN_AFTER_S = 30.0  # the exporter's default
+# The slow-metrics drill (issue 29): its own exporter reads through tests/flaky_proxy.py, which holds
+# every /metrics read SLOW_HELD_S before forwarding it, at the exporter's default 10 s timeout: the
+# page comes in 11 s plus the server's own time, the 9-12 s a saturated vLLM's /metrics took. Its
+# other routes (the second probe) pass at once. The issue's window is 3 minutes; 90 s keeps the tier
+# within its time budget and still spans down_after and the liveness budget several times, with a
+# read at the timeout missed every other poll.
+SLOW_METRICS_TIMEOUT_S = 10.0
+SLOW_HELD_S = 11.0
+SLOW_WINDOW_S = 90.0
 
 
 def smoke(kit: Kit, drill: Drill) -> None:
@@ -365,6 +374,106 @@ def flaky_reads(kit: Kit, drill: Drill) -> None:
     assert drill.facts["restarts_total_delta"] == 0, "a freeze is no restart"
 
 
+def frozen_whole(kit: Kit, drill: Drill) -> None:
+    """The whole server stopped under load (issue 29: SIGSTOP of the process that answers HTTP; a deadlocked
+    event loop or a blocked stdout pipe look the same): every read accepted and never answered, and the second
+    probe too. Restartable (`stuck`, `metrics_unanswered`) and /live failing within down_after + the liveness
+    budget + 2 polls (a poll of a frozen server lasts its read's timeout and the probe's), never `down` (which
+    nothing restarts), whether or not the engine's own page would have said so; recovered once SIGCONTed."""
+    engine, settings = kit.engine, kit.engine.exporter
+    poll = settings.unanswered_poll_s
+
+    def while_stuck(fault: Fault) -> dict:
+        return {"live_fail": kit.watcher.wait_for(lambda s: s.live != 200, timeout=settings.liveness + 2 * poll + 30,
+                                                  what="live 503", after=fault.t)}
+
+    run = frozen_under_load(kit, drill, engine.freeze_server, while_stuck, owed_first=True)
+    live_fail = run.seen["live_fail"]
+    while_frozen = [state for _, state in kit.exporter.polled_states(run.fault.t, run.t_thaw)]
+    stuck_bound_s = settings.down_after + 2 * poll + DETECTION_SLACK_S
+    restartable_bound_s = settings.down_after + settings.liveness + 2 * poll + DETECTION_SLACK_S
+    drill.facts |= {
+        "down_after": settings.down_after,
+        "liveness_budget": settings.liveness,
+        "unanswered_poll_s": poll,
+        "stuck_bound_s": stuck_bound_s,
+        "live_false_s": round(live_fail.t - run.fault.t, 1),
+        "restartable_bound_s": restartable_bound_s,
+        "polled_while_frozen": dict(Counter(while_frozen)),
+        "ready_while_stuck": sorted({s.ready for s in run.window(kit) if s.state == "stuck"}, key=str),
+    }
+    note_crashes(kit, drill, run.crashed_before, run.crash)
+    assert run.stuck.reason == "metrics_unanswered", run.stuck
+    assert drill.facts["stuck_detected_s"] <= stuck_bound_s, drill.facts
+    assert drill.facts["live_false_s"] <= restartable_bound_s, drill.facts
+    # Frozen, not gone: never `down`, and never idle while it owes the work.
+    assert set(while_frozen) <= {"busy", "stuck"}, drill.facts["polled_while_frozen"]
+    assert drill.facts["ready_while_stuck"] in ([], [503]), drill.facts
+    assert drill.canaries["sent"] == 0, "canary sent to a frozen busy server"
+    assert drill.facts["restarts_total_delta"] == 0, "SIGSTOP/SIGCONT is no restart"
+    if run.crash is None:
+        assert run.after.state == "idle" and run.after.live == 200, run.after
+
+
+def slow_metrics(kit: Kit, drill: Drill) -> None:
+    """A saturated server's slow /metrics page (issue 29): an exporter that reads it through a proxy adding
+    SLOW_HELD_S to every /metrics read, at its default 10 s timeout, while the fault load runs, for SLOW_WINDOW_S.
+    The reads at the timeout are missed, the server answers the second probe, the next read waits three times
+    as long and gets the page: never unready, never live failing, never stuck, unresponsive or down.
+
+    The tier's own exporter reads the engine directly and keeps doing so; this drill's exporter is a second one,
+    started here, at the proxy.
+    """
+    engine, server = kit.engine, kit.server
+    keys = engine.target_keys(server)
+    assert "metrics_url" not in keys, f"{engine.name}'s /metrics is on a port of its own: the proxy stands before server.url only"
+    settings = replace(engine.exporter, metrics_timeout=SLOW_METRICS_TIMEOUT_S)
+    kit.wait_idle()
+    with FlakyProxy(server.url, every=1, delay=SLOW_HELD_S).in_thread() as proxy:
+        exporter = ExporterProcess(settings, proxy.url, engine.log_dir, target_keys=keys)
+        exporter.start(deadline_s=3 * SLOW_METRICS_TIMEOUT_S + 60)
+        try:
+            with Watcher(exporter) as watcher:
+                t0 = time.time()
+                errors_before = exporter.poll_errors()
+                with engine.fault_load(server) as load:
+                    kit.wait_working(load)
+                    first = watcher.wait_for(lambda s: s.state == "busy", timeout=3 * (3 * SLOW_METRICS_TIMEOUT_S + 2),
+                                             what="busy through the slow proxy", after=t0)
+                    end = watcher.wait_for(lambda s: True, timeout=SLOW_WINDOW_S + 60, what="the end of the window",
+                                           after=first.t + SLOW_WINDOW_S)
+                    assert not load.done(), "the load ended before the window did"
+                    outcomes = engine.finish_load(kit, load)
+                polls = exporter.polled_states(first.t, end.t)
+                window = [s for s in watcher.since(first.t) if s.t <= end.t]
+                errors = {reason: count - errors_before.get(reason, 0.0) for reason, count in exporter.poll_errors().items()}
+                drill.timeline = watcher.timeline(t0)
+                drill.canaries = canaries(window[0], window[-1]) if window else {}
+        finally:
+            exporter.stop()
+    states = [state for _, state in polls]
+    drill.detected("load to busy through the slow proxy", first.t - t0)
+    drill.facts = {
+        "metrics_timeout": settings.metrics_timeout,
+        "proxy": {"held_s": SLOW_HELD_S, "reads": proxy.reads, "held": proxy.held},
+        "window_s": round(end.t - first.t, 1),
+        "polled_states": dict(Counter(states)),
+        "poll_errors_delta": {reason: n for reason, n in errors.items() if n},
+        "ready_statuses": dict(Counter(str(s.ready) for s in window)),
+        "live_statuses": dict(Counter(str(s.live) for s in window)),
+        "statuses": dict(Counter(str(o.status) for o in outcomes)),
+    }
+    assert len(polls) >= 3, drill.facts
+    # The reads at the timeout were missed (the proxy saw to that), and that was all they were.
+    assert drill.facts["poll_errors_delta"].get("timeout", 0) >= 1, drill.facts
+    assert set(states) <= {"busy", "idle"}, drill.facts["polled_states"]
+    assert {s.state for s in window} <= {"busy", "idle"}, drill.timeline
+    # Never unready for the slow page. (An idle read between requests is ready on the evidence of
+    # its last progress or canary, a matter of canary freshness, not of this drill: it is shown.)
+    assert all(s.ready == 200 for s in window if s.state == "busy"), drill.timeline
+    assert all(s.live == 200 for s in window), drill.timeline
+
+
 def replace_settings(engine: Engine, settings: ExporterSettings) -> Engine:
     """A copy of `engine` judged with other exporter settings (its hooks read them: vLLM's waits a poll)."""
     copy = copy_module.copy(engine)
@@ -453,7 +562,8 @@ def kill(kit: Kit, drill: Drill) -> None:
     with load:
         # For a moment the server may still answer from the dead engine's state: keep that page.
         kit.save_page("after-kill", timeout=1.0)
-        # Refused reads are `down` once no read was good for down_after (the last good one may be the kill's own moment).
+        # A refused read is `down` at once; an engine whose port still accepts for a while (its
+        # children exiting) is `down` once no read was good for down_after: the bound covers both.
         down = watcher.wait_for(lambda s: s.state == "down", timeout=engine.exporter.down_after + engine.down_within_s,
                                 what="down", after=t_kill)
         drill.detected("SIGKILL to down", detection_seconds(down, t_kill))

@@ -57,8 +57,9 @@ class ExporterSettings:
 
     @property
     def unanswered_poll_s(self) -> float:
-        """How long a poll lasts while /metrics accepts and never answers: its timeout, not one interval."""
-        return self.poll_interval + self.metrics_timeout
+        """How long a poll lasts while /metrics accepts and never answers: not one interval, but its read's
+        timeout and the second probe's after it (as long: the exporter waits for either as long)."""
+        return self.poll_interval + 2 * self.metrics_timeout
 
     def facts(self) -> dict:
         """The report's "exporter" facts."""

@@ -381,7 +381,7 @@ def drills(run: Run) -> None:
         ok = run.wait_for(lambda s: s.state == "idle" and s.canaries.get("ok", 0) > down.canaries.get("ok", 0),
                           60, "idle with a good canary after the restart", after=t_up)  # fmt: skip
         facts.update(counted_s=round(max(0.0, counted.t - t_up), 2), restarts_added=ok.restarts - restarts)
-        assert facts["reason"] == "connect", facts
+        assert facts["reason"] == "refused", facts  # no process listens: down at the first refused read
         assert facts["restarts_added"] == 1, facts
 
     with run.step("nvml_during_drills") as facts:

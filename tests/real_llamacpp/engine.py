@@ -63,7 +63,7 @@ class LlamacppEngine(Engine):
     hang_when_owed = True  # frozen between decodes, its /metrics is never answered
     recovered_states = ("busy",)  # the load is still in flight when the freeze ends
     frozen_probe = Probe(("/health",), 200, timeout=EXPORTER.metrics_timeout)  # /health stays 200, loop frozen
-    kill_reason = "connect"  # refused at once
+    kill_reason = "refused"  # refused at once: `down` at the first refused read
     kill_exits = True
     kill_exit_status = -9
     kill_failed = frozenset({None})  # in-flight requests lose their connection

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import psutil
@@ -88,7 +88,8 @@ class VllmEngine(Engine):
     key = "vllm"
     name = "vLLM"
     tier = RealTier("vLLM", enable="LLM_VITALS_REAL_VLLM", require="LLM_VITALS_REQUIRE_REAL_VLLM")
-    drills = ("smoke", "saturation", "long_prompts", "hang", "flaky_reads", "kill_worker", "kill", "restart", "idle")
+    drills = ("smoke", "saturation", "long_prompts", "hang", "flaky_reads", "frozen_whole", "slow_metrics", "kill_worker",
+              "kill", "restart", "idle")
     exporter = ExporterSettings(target="real-vllm", engine="vllm", stuck_after=STUCK_AFTER_S)
     families = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:iteration_tokens_total_count",
                 "vllm:generation_tokens_total", "vllm:kv_cache_usage_perc", "process_start_time_seconds")
@@ -179,6 +180,11 @@ class VllmEngine(Engine):
                     yield fault
                     return
         raise AssertionError(f"no SIGSTOP in {SIGSTOP_ATTEMPTS} found work pending on the engine's page and no canary out")
+
+    def freeze_server(self, kit: Kit, load: Load) -> AbstractContextManager[Fault]:
+        """SIGSTOP of the API server (the process that answers /metrics, /health and the requests): the kernel
+        still accepts connections into its backlog, and nothing answers them; EngineCore runs on, unfed."""
+        return sigstopped(kit.server.main_process())
 
     def kill_target(self, server: ServerProcess) -> psutil.Process:
         return server.find("VLLM::EngineCore")

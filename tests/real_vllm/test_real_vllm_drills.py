@@ -2,7 +2,8 @@
 
 The drills are the kit's (tests/real_engine/drills.py), run with this tier's engine (engine.py), in
 file order on one server and one exporter: smoke, saturation, long prompts, hang, the hang through a
-flaky proxy (a second exporter), kill, restart (on
+flaky proxy (a second exporter), the API server stopped whole, a slow /metrics through a proxy (a
+second exporter), kill, restart (on
 the same port), idle, and this engine's own: kill of the Worker while the API server answers.
 """
 
@@ -43,6 +44,19 @@ def test_hang_sigstop_enginecore_is_stuck_then_live_fails_then_recovers(kit: Kit
 def test_flaky_reads_one_in_three_timing_out_still_stuck_within_stuck_after_and_two_polls(kit: Kit, drill: Drill):
     """The hang again, through a proxy that holds every third /metrics read past the timeout (issue 23): stuck, never down."""
     drills.flaky_reads(kit, drill)
+
+
+def test_frozen_whole_api_server_sigstopped_under_load_is_restartable_and_unlive_never_down(kit: Kit, drill: Drill):
+    """SIGSTOP of the API server under load (issue 29): /metrics and /health accepted and never answered.
+    `stuck` / `metrics_unanswered` within down_after + 2 polls, /live failing within down_after + the
+    liveness budget + 2 polls; never `down`. SIGCONT: busy or idle again, no restart counted."""
+    drills.frozen_whole(kit, drill)
+
+
+def test_slow_metrics_through_the_proxy_is_never_unready_nor_restartable(kit: Kit, drill: Drill):
+    """Every /metrics read 11 s and more through a proxy, at the default 10 s timeout, under load, for 90 s
+    (issue 29's 3 minutes, shortened for the tier's time budget): busy and ready throughout, never restartable."""
+    drills.slow_metrics(kit, drill)
 
 
 def test_kill_enginecore_is_down_with_a_reason(kit: Kit, drill: Drill):

@@ -182,6 +182,12 @@ class EngineFacts:
     # loaded: llama.cpp (its engine loop serves /metrics) and Triton (its own metrics threads, apart
     # from inference, answer in ms under load); false where /metrics only gets slow under load (vLLM).
     metrics_unanswered_is_stuck: bool = False
+    # The least `stuck_after` this engine's own refresh allows, and why (empty: no floor). An engine
+    # whose pending gauges lag the work (SGLang refreshes them at its log points) can read work
+    # pending with nothing moving for that long after the work ended: a shorter stuck_after reads
+    # such a server stuck. Settings validation warns about a target below it at load.
+    stuck_after_floor: float = 0.0
+    stuck_after_floor_reason: str = ""
 
 
 class CanaryInput(Protocol):

@@ -54,7 +54,7 @@ scheduler series carry `engine_type,model_name,moe_ep_rank,pp_rank,tp_rank`):
 
 from __future__ import annotations
 
-from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot, Unit, signals
+from llm_vitals.exporter.engines import Engine, EngineFacts, Page, PageError, Snapshot, Unit, signals
 from llm_vitals.exporter.engines.scan import Sample, Scanner, by_label, decode, finite_sum, total
 
 RUNNING = "sglang:num_running_reqs"
@@ -139,4 +139,13 @@ ENGINE = Engine(
     signature="sglang:",
     # None on purpose: see the module docstring ("Health").
     health_paths=(),
+    # The scheduler sets num_running_reqs and num_queue_reqs at its log points: every 40 decode
+    # steps (decode_log_interval), or every 30 s when idle. For that long after work ends they can
+    # still show it pending while nothing moves.
+    facts=EngineFacts(
+        stuck_after_floor=30.0,
+        stuck_after_floor_reason="SGLang refreshes sglang:num_running_reqs and sglang:num_queue_reqs only every "
+                                 "40 decode steps (decode_log_interval), or every 30s when idle, so they can show "
+                                 "work pending for that long after it ended",
+    ),
 )

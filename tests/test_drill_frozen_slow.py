@@ -1,0 +1,131 @@
+"""Frozen whole against slow, on the simulator, for every engine (issue 29).
+
+The exporter reads the server through tests/flaky_proxy.py; the load goes to the server directly.
+
+- Frozen whole: the proxy accepts every request on every path and answers none (a server stopped
+  by SIGSTOP, a deadlocked event loop, a blocked stdout pipe). The target must be restartable
+  (`stuck`, `metrics_unanswered`) and `/live` must fail within down_after + liveness_budget + 2
+  polls, whether it was last seen busy or idle, and it must never read `down` (never restarted).
+- Slow: every `/metrics` answer takes 1.2 times the metrics timeout (a saturated vLLM's 12 s page
+  against its 10 s timeout, scaled down); everything else answers at once. The target must never
+  be unready, never restartable and never `down`.
+
+Times are scaled: poll 0.25 s, metrics timeout 0.3 s, down_after 1 s, liveness budget 2 s. The
+times to stuck and to /live failing are written to .cache/drill-frozen-slow.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from conftest import REPO
+from flaky_proxy import FlakyProxy
+from test_drill_flaky_metrics import load
+from test_exporter_helpers import make_settings, make_target, record, start_exporter, wait_for
+
+from llm_vitals.exporter.verdict import is_live
+from llm_vitals.sim.config import SimConfig
+from llm_vitals.sim.engines.table import SIM_ENGINES
+from llm_vitals.sim.fleet import Fleet
+from llm_vitals.targets import RESTARTABLE_STATES
+
+POLL = 0.25
+METRICS_TIMEOUT = 0.3
+HEALTH_TIMEOUT = 0.2
+DOWN_AFTER = 1.0
+LIVENESS = 2.0
+SLOW_PAGE = 1.2 * METRICS_TIMEOUT
+SLACK = 1.5  # a late poll on a loaded 2-core box
+REPORT = REPO / ".cache" / "drill-frozen-slow.json"
+# A poll that finds the server frozen lasts its read's timeout and the second probe's (as long).
+FROZEN_POLL = POLL * 1.1 + 2 * METRICS_TIMEOUT
+
+
+def report(key: str, figures: dict) -> None:
+    REPORT.parent.mkdir(exist_ok=True)
+    kept = json.loads(REPORT.read_text()) if REPORT.exists() else {}
+    kept[key] = figures
+    REPORT.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+
+
+def watched(engine: str, url: str, proxy: FlakyProxy) -> dict:
+    """The target as the exporter sees it: everything through the proxy."""
+    sim = SIM_ENGINES[engine]
+    keys = {**sim.target(url, "tiny"), "engine": engine, "metrics_url": proxy.url + sim.metrics_path}
+    # stuck_after far above the drill: what is found here is found by the frozen rule alone.
+    return make_target("t", proxy.url, **{**keys, "stuck_after": 30, "down_after": DOWN_AFTER,
+                                          "liveness_budget": LIVENESS, "canary": {"enabled": False}})
+
+
+def settings(target: dict):
+    return make_settings([target], poll_interval=POLL, metrics_timeout=METRICS_TIMEOUT, health_timeout=HEALTH_TIMEOUT)
+
+
+DRILLS = [(engine, "busy") for engine in sorted(SIM_ENGINES)] + [("vllm", "idle"), ("llamacpp", "idle")]
+
+
+@pytest.mark.parametrize(("engine", "last_seen"), DRILLS, ids=[f"{e}-{s}" for e, s in DRILLS])
+async def test_frozen_whole_is_restartable_within_down_after_liveness_and_two_polls(aiohttp_client, engine: str,
+                                                                                   last_seen: str) -> None:
+    sim = SIM_ENGINES[engine]
+    async with Fleet(SimConfig(engine=engine, max_num_seqs=2, tokens_per_second=100), backends=1, control=False) as fleet:
+        url = fleet.backend_urls[0]
+        async with FlakyProxy(url, path=sim.metrics_path, every=1_000_000, delay=0) as proxy:
+            client = await start_exporter(aiohttp_client, settings(watched(engine, url, proxy)))
+            rec = record(client, "t")
+            async with load(url, engine, workers=6 if last_seen == "busy" else 0):
+                if last_seen == "busy":
+                    await wait_for(lambda: rec.verdict.reason == "progress" and rec.verdict.snapshot.pending,
+                                   timeout=20, what=f"busy with progress ({engine})")
+                else:
+                    await wait_for(lambda: rec.verdict.state == "idle", timeout=20, what=f"idle ({engine})")
+                proxy.freeze()
+                frozen_at, polls = time.monotonic(), rec.polls
+                try:
+                    await wait_for(lambda: rec.verdict.state == "stuck", timeout=DOWN_AFTER + 2 * FROZEN_POLL + SLACK,
+                                   what=f"stuck ({engine}, frozen while {last_seen})")
+                    stuck_s = time.monotonic() - frozen_at
+                    assert rec.verdict.reason == "metrics_unanswered", rec.verdict.detail
+                    assert (await client.get("/probe/t/ready")).status == 503
+                    await wait_for(lambda: not is_live(rec.verdict, rec.settings, time.monotonic()),
+                                   timeout=LIVENESS + 2 * FROZEN_POLL + SLACK, what="liveness failing")
+                    unlive_s = time.monotonic() - frozen_at
+                    assert (await client.get("/probe/t/live")).status == 503
+                    assert unlive_s <= DOWN_AFTER + LIVENESS + 2 * FROZEN_POLL + SLACK, unlive_s
+                    since = [state for _, _, state in list(rec.history)[-(rec.polls - polls):]]
+                    assert "down" not in since, since
+                    assert rec.verdict.state in RESTARTABLE_STATES
+                    report(f"frozen-{engine}-{last_seen}", {"stuck_s": round(stuck_s, 2), "unlive_s": round(unlive_s, 2),
+                                                            "bound_s": round(DOWN_AFTER + LIVENESS + 2 * FROZEN_POLL, 2)})
+                finally:
+                    proxy.thaw()
+
+
+@pytest.mark.parametrize("engine", sorted(SIM_ENGINES))
+async def test_a_slow_metrics_page_is_never_unready_nor_restartable(aiohttp_client, engine: str) -> None:
+    sim = SIM_ENGINES[engine]
+    async with Fleet(SimConfig(engine=engine, max_num_seqs=2, tokens_per_second=100), backends=1, control=False) as fleet:
+        url = fleet.backend_urls[0]
+        async with FlakyProxy(url, path=sim.metrics_path, every=1, delay=0) as proxy:
+            client = await start_exporter(aiohttp_client, settings(watched(engine, url, proxy)))
+            rec = record(client, "t")
+            async with load(url, engine, workers=6):
+                await wait_for(lambda: rec.verdict.reason == "progress" and rec.verdict.snapshot.pending,
+                               timeout=20, what=f"busy with progress ({engine})")
+                proxy.delay = SLOW_PAGE
+                slowed_at, polls, timeouts = time.monotonic(), rec.polls, rec.poll_errors.get("timeout", 0)
+                seen = set()
+                while time.monotonic() - slowed_at < DOWN_AFTER + LIVENESS + 2:
+                    seen.add(rec.verdict.state)
+                    assert rec.verdict.state not in RESTARTABLE_STATES and rec.verdict.state != "down", rec.verdict.detail
+                    assert (await client.get("/probe/t/ready")).status == 200, rec.verdict.detail
+                    assert (await client.get("/probe/t/live")).status == 200
+                    await asyncio.sleep(0.05)
+                assert rec.polls - polls >= 4
+                assert rec.poll_errors.get("timeout", 0) > timeouts  # the short deadline was missed
+                assert rec.verdict.snapshot is not None and seen == {"busy"}, seen
+                report(f"slow-{engine}", {"polls": rec.polls - polls, "timeouts": rec.poll_errors.get("timeout", 0) - timeouts,
+                                          "page_s": SLOW_PAGE, "metrics_timeout_s": METRICS_TIMEOUT})
