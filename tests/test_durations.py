@@ -61,5 +61,5 @@ def test_infinity_and_past_a_float_are_refused(value) -> None:
 @pytest.mark.parametrize("value", ["-1m", " -30s", "-5", -60, -0.5])
 def test_a_negative_duration_is_worded_the_same_written_or_numeric(value):
     """Issue 31: `-1m` read `not a duration` where -60 read `must not be negative`."""
-    with pytest.raises(ValueError, match="^duration must not be negative: "):
+    with pytest.raises(ValueError, match=r"^duration must not be negative: "):
         parse_duration(value)
