@@ -209,7 +209,7 @@ class SimActor(Actor):
 
     soak: Soak
 
-    def executor_for(self, facts: AlertFacts, decision: Decision, status: TargetStatus | None) -> SimExecutor:  # type: ignore[override]
+    def executor_for(self, facts: AlertFacts, decision: Decision, status: TargetStatus | None) -> SimExecutor:
         kind = ("cordon_and_move" if decision.reason == "cordon_and_move"
                 else "group_restart" if group_of(status) is not None else "restart")
         return SimExecutor(self.soak, kind, facts, status, self.identity)
@@ -236,7 +236,7 @@ class Replica:
         self.journal = Journal(path)
         await self.journal.open(soak.clock())
         if soak.leases is not None:
-            self.store = LeaseStore(soak.leases, LeaseRef(namespace="llm"), self.identity,  # type: ignore[arg-type]
+            self.store = LeaseStore(soak.leases, LeaseRef(namespace="llm"), self.identity,  # the transport's shape
                                     settings.budget.window, soak.clock)
         else:
             store = SqliteStore(path, settings.budget.window, soak.clock)

@@ -101,9 +101,10 @@ def test_a_page_that_does_not_hold_is_caught(monkeypatch):
     def change(decision, alert, fleet, state):
         if decision.reason != "escalated_to_human":
             return None
-        if alert.target in paged:  # the page is off: the workload's next alert restarts it
+        workload = fleet.targets[alert.target].workload
+        if workload in paged:  # the page is off: the workload's next alert restarts it
             return Decision(True, "allowed")
-        paged.add(alert.target)
+        paged.add(workload)
         return None
 
     decide_with(monkeypatch, change)
@@ -148,6 +149,8 @@ def test_a_lost_state_that_does_not_refuse_is_caught(monkeypatch):
             return JournalState(), Snapshot(None)
 
     monkeypatch.setattr(LeaseStore, "read", read)
+    # ... or, where the gate refuses a lost state itself, that refusal is turned into a restart.
+    decide_with(monkeypatch, lambda d, *_: Decision(True, "allowed") if d.reason == "state_lost" else None)
     assert soak_count("lost_state_refuses", replace(SHORT, rates=rates(hang=0.5, lost_lease=2.0))) > 0
 
 
