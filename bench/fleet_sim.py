@@ -106,7 +106,11 @@ INCIDENT_KINDS = (
     "replica_crash",  # a remediator replica dies and starts again
     "lost_lease",  # the shared state's Lease is deleted (replicas only)
     "newer_field",  # a newer replica writes a field this version does not know (replicas only)
+    "stale_write",  # a replica writes over a version another replaced since it read (replicas only)
 )
+
+# Incidents of the remediator itself, played by the soak (all but the first need replicas on a Lease).
+REMEDIATOR_KINDS = ("replica_crash", "lost_lease", "newer_field", "stale_write")
 
 
 @dataclass(frozen=True)
@@ -119,9 +123,12 @@ class FleetConfig:
     rates: tuple[tuple[str, float], ...] = (
         ("hang", 0.05), ("recurring_hang", 0.004), ("replica_wide_hang", 0.004), ("flaky_node", 0.004),
         ("gpu_fault", 0.008), ("rollout", 0.05), ("replica_crash", 0.5), ("lost_lease", 0.1), ("newer_field", 0.1),
+        ("stale_write", 1.0),
     )
     # Rollouts that land while one of the workload's pods hangs (the rest fall at random).
     rollout_mid_incident: float = 0.3
+    # Alertmanager's repeat_interval on the remediator's route.
+    repeat_interval: float = REPEAT_INTERVAL
 
 
 def schedule(config: FleetConfig, t0: float, nodes: list[str], workloads: list[str], replicated: bool) -> list[Incident]:
@@ -131,16 +138,16 @@ def schedule(config: FleetConfig, t0: float, nodes: list[str], workloads: list[s
     span = config.days * 86400.0
     out: list[Incident] = []
     for kind, rate in config.rates:
-        if kind in ("lost_lease", "newer_field") and not replicated:
+        if kind in REMEDIATOR_KINDS[1:] and not replicated:
             continue
         units = len(nodes) if kind in ("flaky_node", "gpu_fault") else len(workloads)
-        per_day = rate * (1 if kind in ("replica_crash", "lost_lease", "newer_field") else units)
+        per_day = rate * (1 if kind in REMEDIATOR_KINDS else units)
         count = max(1, _poisson(rng, per_day * config.days))
         for _ in range(count):
             # Nothing in the first hour: the fleet settles; nothing in the last three: hangs have their bound.
             at = t0 + round(rng.uniform(3600.0, max(3600.0, span - 3 * 3600.0)) / 60.0) * 60.0
             subject = rng.choice(nodes) if kind in ("flaky_node", "gpu_fault") else (
-                "" if kind in ("replica_crash", "lost_lease", "newer_field") else rng.choice(workloads))
+                "" if kind in REMEDIATOR_KINDS else rng.choice(workloads))
             until = at + rng.uniform(2 * 3600.0, 12 * 3600.0) if kind in ("recurring_hang", "replica_wide_hang",
                                                                            "flaky_node") else 0.0
             out.append(Incident(at, kind, subject, until))
@@ -173,6 +180,7 @@ class Fleet:
         self.episodes: list[Episode] = []
         self.rules: dict[str, RuleState] = {}
         self.rollouts: list[tuple[float, str]] = []  # (when, workload): rollouts that land mid-incident
+        self.rollouts_mid_incident = 0
         self.version = 0  # moves with every change the exporter would show
         count = config.workloads
         kinds = ["deployment", "statefulset", "lws"]
@@ -241,6 +249,7 @@ class Fleet:
         if due:
             self.rollouts = [r for r in self.rollouts if r[0] > now]
             for _, key in due:
+                self.rollouts_mid_incident += 1
                 self.rollout(key, now)
         for workload in self.workloads.values():
             if workload.bug_until and workload.bug_until <= now:
@@ -389,7 +398,7 @@ class Fleet:
 
     def notifications(self, stuck: dict[str, str], now: float) -> list[dict]:
         """Evaluate LLMServerStuck on the exporter's stuck targets (name -> workload) and return the
-        payloads Alertmanager sends now: firing after `for:`, re-sent every REPEAT_INTERVAL, resolved
+        payloads Alertmanager sends now: firing after `for:`, re-sent every `repeat_interval`, resolved
         once; each sent by both Alertmanagers of an HA pair."""
         out = []
         for name in sorted(set(stuck) - set(self.rules)):
@@ -403,7 +412,7 @@ class Fleet:
                 continue
             if rule.fired_at is None and now - rule.active_since >= RULE_FOR:
                 rule.fired_at = now
-            if rule.fired_at is not None and (rule.sent_at is None or now - rule.sent_at >= REPEAT_INTERVAL):
+            if rule.fired_at is not None and (rule.sent_at is None or now - rule.sent_at >= self.config.repeat_interval):
                 rule.sent_at = now
                 out.append(alert(name, rule.workload, rule.fired_at, "firing", now))
         return [payload for a in out for payload in [webhook(a)] * HA_ALERTMANAGERS]

@@ -125,6 +125,8 @@ class MemoryLeases:
         self.clock = clock
         self.lease: dict[str, Any] | None = None
         self.version = 0
+        self.meddle = False  # another replica writes first, between the next writer's read and its write
+        self.conflicts = 0
 
     def _date(self) -> float:
         return float(math.floor(self.clock()))
@@ -138,7 +140,11 @@ class MemoryLeases:
         return self._store(body)
 
     async def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> Dated[bool]:
+        if self.meddle and self.lease is not None:
+            self.meddle = False
+            self._store(self.lease)  # the same state, written by another replica: a new resourceVersion
         if self.lease is None or body["metadata"].get("resourceVersion") != str(self.version):
+            self.conflicts += 1
             return Dated(False, None)
         return self._store(body)
 
@@ -431,8 +437,10 @@ class Soak:
             "simulated_days": self.config.fleet.days, "workloads": len(self.fleet.workloads),
             "targets": sum(len(w.pods) for w in self.fleet.workloads.values()), "nodes": len(self.fleet.nodes),
             "store": self.config.store, "replicas": len(self.replicas), "steps": int((end - T0) / STEP),
-            "hang_episodes": len(self.fleet.episodes), "wall_seconds": round(time.monotonic() - started, 1),
+            "hang_episodes": len(self.fleet.episodes), "rollouts_mid_incident": self.fleet.rollouts_mid_incident,
+            "wall_seconds": round(time.monotonic() - started, 1),
             "cpu_seconds": round(time.process_time() - cpu, 1),
+            "lease_conflicts": self.leases.conflicts if self.leases is not None else 0,
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             **dict(sorted(self.tallies.items())),
         }
@@ -461,6 +469,10 @@ class Soak:
             assert self.leases is not None
             self.leases.delete()
             self.history.record_loss(now)
+            return
+        if incident.kind == "stale_write":
+            assert self.leases is not None
+            self.leases.meddle = True
             return
         if incident.kind == "newer_field":
             assert self.leases is not None
@@ -565,9 +577,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--store", choices=("lease", "sqlite"), default="lease")
+    parser.add_argument("--repeat-interval", type=float, default=FleetConfig().repeat_interval,
+                        help="Alertmanager's repeat_interval on the remediator's route, in seconds")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
-    config = SoakConfig(replace(FleetConfig(), days=args.days, workloads=args.workloads, seed=args.seed), args.store)
+    fleet = replace(FleetConfig(), days=args.days, workloads=args.workloads, seed=args.seed, repeat_interval=args.repeat_interval)
+    config = SoakConfig(fleet, args.store)
     report = run(config)
     if args.json:
         print(json.dumps({"violations": report.violations, "examples": report.examples, "figures": report.figures},

@@ -65,6 +65,8 @@ def test_the_short_soak_meets_every_incident_and_is_deterministic(reports):
     for kind in fleet_sim.INCIDENT_KINDS:
         assert figures.get(f"incident {kind}", 0) >= 1, kind
     assert figures["decision duplicate"] > 0  # Alertmanager's HA copies reached the replicas
+    assert figures["rollouts_mid_incident"] > 0
+    assert figures["lease_conflicts"] > 0  # a replica's stale write was refused, and it decided again
     assert figures["action restart"] > 0 and figures["action cordon_and_move"] > 0
     again = soak_module.run(soak_module.SoakConfig(SHORT, "lease"))
     assert again.violations == reports["lease"].violations
