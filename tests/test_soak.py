@@ -12,6 +12,7 @@ Two kinds of test:
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -237,3 +238,82 @@ def test_an_action_between_a_loss_and_the_humans_reinitialisation_is_a_violation
 
 def test_a_page_is_held_where_the_ladders_last_step_is_page():
     assert soak_module.held_pages(JournalState(ladder={"w": ("page", 1.0), "v": ("restart", 1.0)})) == {"w"}
+
+
+# -- no false alarms: with the intended rules emulated, the short soak is clean -------------------
+
+
+def test_with_the_intended_rules_emulated_no_invariant_is_violated(monkeypatch):
+    """The soak's own guard: where the gate and the stores behave as issue 30 intends (emulated here
+    by monkeypatches, as crudely as will do: a page held until a human's reset, a ladder's cordon
+    without node evidence paged instead, at most MAX_CORDONED_NODES cordons, pages and unknown
+    fields kept, a lost Lease refused until a human re-initialises it), every invariant reports 0:
+    what the soak reports on main is main's, not the simulation's. After the merge the real rules
+    make this emulation redundant; the coordinator may drop it."""
+    paged: set[str] = set()
+
+    def change(decision, alert, fleet, state):
+        status = fleet.targets.get(alert.target) if fleet is not None else None
+        workload = status.workload if status is not None else None
+        if workload in paged and decision.reason not in ("duplicate", "not_firing", "paused", "state_unreachable"):
+            return Decision(False, "escalated_to_human", "the page holds")
+        if decision.reason == "escalated_to_human" and workload:
+            paged.add(workload)
+        if decision.reason == "cordon_and_move" and status is not None and not status.gpu_fault:
+            paged.add(workload)
+            return Decision(False, "escalated_to_human", "no node evidence: paged")
+        if decision.reason == "cordon_and_move" and len(state.gpu_nodes) >= invariants.MAX_CORDONED_NODES:
+            return Decision(False, "cordon_limit", "max_cordoned_nodes")
+        return None
+
+    decide_with(monkeypatch, change)
+    real_reset, real_pruned, real_to_json, real_from_json = (
+        shared.circuits_reset, shared.pruned, shared.to_json, shared.from_json)
+
+    def circuits_reset(state, workloads):
+        paged.difference_update(workloads)
+        return real_reset(state, workloads)
+
+    def pruned(state, *args, **kwargs):
+        new = real_pruned(state, *args, **kwargs)
+        return replace(new, ladder={**new.ladder, **{w: s for w, s in state.ladder.items() if s[0] == "page"}})
+
+    unknown: dict = {}
+
+    def from_json(text):
+        if text:
+            unknown.update({k: v for k, v in json.loads(text).items() if k.startswith("x_newer")})
+        return real_from_json(text)
+
+    def to_json(state):
+        return json.dumps({**json.loads(real_to_json(state)), **unknown}, sort_keys=True)
+
+    lost = {"now": False}
+    real_read, real_delete = LeaseStore.read, soak_module.MemoryLeases.delete
+
+    async def read(self):
+        if lost["now"] and self.leases.lease is None:
+            raise StateUnavailable("state_lost: the Lease is gone")
+        return await real_read(self)
+
+    def delete(self):
+        lost["now"] = True
+        real_delete(self)
+
+    async def reinitialise(self):
+        lost["now"] = False
+        unknown.clear()
+
+    monkeypatch.setattr(shared, "circuits_reset", circuits_reset)
+    monkeypatch.setattr(shared, "pruned", pruned)
+    monkeypatch.setattr(shared, "from_json", from_json)
+    monkeypatch.setattr(shared, "to_json", to_json)
+    monkeypatch.setattr(LeaseStore, "read", read)
+    monkeypatch.setattr(soak_module.MemoryLeases, "delete", delete)
+    monkeypatch.setattr(soak_module.Operator, "reinitialise", reinitialise)
+    monkeypatch.setattr(soak_module, "held_pages", lambda state: frozenset(paged))
+    for store in ("lease", "sqlite"):
+        paged.clear()
+        report = soak_module.run(soak_module.SoakConfig(SHORT, store))
+        assert not any(report.violations.values()), soak_module.format_report(report)
+        assert report.figures["action restart"] > 0 and report.figures["decision escalated_to_human"] > 0
