@@ -83,7 +83,7 @@ SETTINGS: dict[str, Any] = {
     "listen": "127.0.0.1:0",
     "exporter_url": "http://127.0.0.1:9",  # never read: the loop's exporter is the simulated fleet
     "auth": {"none": True},
-    "global_cooldown": "5m",
+    "global_cooldown": "15m",  # as deploy/kubernetes/base/remediator.yaml ships it
     "budget": {"max_restarts": 3, "window": "1h"},
     "max_unhealthy": "40%",
     "storm_cooldown": "10m",
@@ -579,10 +579,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", choices=("lease", "sqlite"), default="lease")
     parser.add_argument("--repeat-interval", type=float, default=FleetConfig().repeat_interval,
                         help="Alertmanager's repeat_interval on the remediator's route, in seconds")
+    parser.add_argument("--global-cooldown", default=SETTINGS["global_cooldown"],
+                        help="the remediator's global_cooldown (a duration: 5m, 900s)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
     fleet = replace(FleetConfig(), days=args.days, workloads=args.workloads, seed=args.seed, repeat_interval=args.repeat_interval)
-    config = SoakConfig(fleet, args.store)
+    config = SoakConfig(fleet, args.store, {"global_cooldown": args.global_cooldown})
     report = run(config)
     if args.json:
         print(json.dumps({"violations": report.violations, "examples": report.examples, "figures": report.figures},
