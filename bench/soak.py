@@ -363,6 +363,8 @@ class SoakConfig:
 
 @dataclass
 class Report:
+    """Each invariant's count of violations (each counted once), a few of them described, and the run's figures."""
+
     config: SoakConfig
     violations: dict[str, int]
     examples: dict[str, list[str]]
@@ -382,6 +384,8 @@ def stored(state: JournalState, fields: frozenset[str]) -> StoredState:
 
 
 class Soak:
+    """One soak: the fleet, the replicas, the people, the schedule, and the invariants' running counts."""
+
     def __init__(self, config: SoakConfig, directory: Path):
         self.config = config
         self.directory = directory
@@ -393,6 +397,8 @@ class Soak:
         self.rng = random.Random(f"deliveries-{config.fleet.seed}")
         self.history = History(self.settings.budget.window, self.settings.budget.max_restarts)
         self.operator = Operator(self)
+        # Who else acts on the fleet each step, after the remediator: the people; the kubelet's liveness
+        # backstop (issue 33) joins here as another SoakActor.
         self.actors: list[SoakActor] = [Humans(config.fleet.seed)]
         self.incidents = deque(schedule(config.fleet, T0, sorted(self.fleet.nodes), sorted(self.fleet.workloads),
                                         self.leases is not None))
@@ -425,6 +431,7 @@ class Soak:
         started, cpu = time.monotonic(), time.process_time()
         for replica in self.replicas:
             await replica.start()
+        await self.operator.reinitialise()  # the state is set up as a deployment would (main: nothing to do)
         end = T0 + self.config.fleet.days * 86400.0
         try:
             while self.clock.now < end:

@@ -22,6 +22,9 @@ from llm_vitals.remediator import gate, shared
 from llm_vitals.remediator.gate import Decision, JournalState
 from llm_vitals.remediator.store import LeaseStore, Snapshot, StateUnavailable
 
+# One worker runs the module (under `pytest -n 2`, a module fixture is made once per worker).
+pytestmark = pytest.mark.xdist_group("soak")
+
 soak_module = load_script(REPO / "bench" / "soak.py")
 # The soak's own helper modules (it imports them from bench/), so that their classes are the ones it uses.
 invariants = soak_module.soak_invariants
