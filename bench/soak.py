@@ -380,7 +380,8 @@ def held_pages(state: JournalState) -> frozenset[str]:
 
 
 def stored(state: JournalState, fields: frozenset[str]) -> StoredState:
-    return StoredState(held_pages(state), frozenset(state.open_circuits), frozenset(state.gpu_nodes), fields)
+    return StoredState(held_pages(state), frozenset(state.open_circuits), frozenset(state.gpu_nodes), fields,
+                       state.restart_times)
 
 
 class Soak:

@@ -15,8 +15,8 @@ Each invariant states the issue's *intended* rule (issue 30), not what a given v
 - `hangs_handled_within_bound`: every hang is restarted, moved or told to a human (a refusal a human
   sees) within HANG_BOUND of its start, unless it ended by itself first;
 - `nothing_forgotten`: what holds until a human releases it (a page, an open circuit, a node
-  llm-vitals cordoned) and the fields a newer replica wrote stay in the stored state, across
-  crashes, writes and pruning;
+  llm-vitals cordoned), the budget spent within the window and the fields a newer replica wrote
+  stay in the stored state, across crashes, writes and pruning;
 - `lost_state_refuses`: nothing is acted on from the loss of the shared state until a human
   re-initialises it.
 
@@ -27,7 +27,7 @@ since the last one (`Marks`) and looks the rest up by workload, target or node.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -101,6 +101,8 @@ class StoredState:
     open_circuits: frozenset[str]
     marked_nodes: frozenset[str]
     fields: frozenset[str]  # the top-level keys of its JSON
+    # When each workload's restarts (and moves) counted against its budget started.
+    restart_times: Mapping[str, Sequence[float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -128,6 +130,7 @@ class History:
     lost: list[Interval] = field(default_factory=list)
     # What holds until a human releases it, as the stored state was seen to hold it: item -> seq since.
     held: dict[tuple[str, str], int] = field(default_factory=dict)
+    fresh_since: int = 0  # a human's last re-initialisation of the state
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -162,6 +165,7 @@ class History:
         elif act.kind == "release_node":
             self.held.pop(("node", act.subject), None)
         elif act.kind == "reinitialise":
+            self.fresh_since = act.seq
             if self.lost and self.lost[-1].end is None:
                 self.lost[-1].end = act.seq
             # The human starts the state afresh: what it held is theirs to carry over.
@@ -281,11 +285,22 @@ def hangs_handled_within_bound(c: Check) -> Iterable[Hashable]:
 def nothing_forgotten(c: Check) -> Iterable[Hashable]:
     if c.state is None:
         return
-    for (kind, name), since in c.history.held.items():
+    h = c.history
+    for (kind, name), since in h.held.items():
         kept = {"page": c.state.pages, "circuit": c.state.open_circuits, "node": c.state.marked_nodes,
                 "field": c.state.fields}[kind]
         if name not in kept:
             yield (kind, name, since)
+    # The budget spent stays spent: every action within the window (since a human's reset) is counted.
+    recent: dict[str, list[int]] = {}
+    for a in reversed(h.actions):
+        if a.at <= c.now - h.window:
+            break
+        if a.seq > max(h.last_reset(a.workload, h.seq + 1), h.fresh_since):
+            recent.setdefault(a.workload, []).append(a.seq)
+    for workload, seqs in recent.items():
+        if len(seqs) > sum(1 for t in c.state.restart_times.get(workload, ()) if t > c.now - h.window):
+            yield ("budget", workload, max(seqs))
 
 
 def lost_state_refuses(c: Check) -> Iterable[Hashable]:

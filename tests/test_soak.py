@@ -212,10 +212,12 @@ def test_what_a_human_must_release_is_forgotten_when_the_state_drops_it():
     h = history()
     act(h, 10.0, "cordon_and_move", node="n1", cordoned=1)
     h.record_field("x_newer")
-    kept = invariants.StoredState(frozenset(), frozenset(), frozenset({"n1"}), frozenset({"x_newer"}))
+    kept = invariants.StoredState(frozenset(), frozenset(), frozenset({"n1"}), frozenset({"x_newer"}),
+                                  {"Deployment/llm/a": (10.0,)})
     assert check(h, kept)["nothing_forgotten"] == []
     dropped = invariants.StoredState(frozenset(), frozenset(), frozenset(), frozenset())
-    assert sorted(check(h, dropped)["nothing_forgotten"]) == [("field", "x_newer", 2), ("node", "n1", 1)]
+    assert sorted(check(h, dropped)["nothing_forgotten"]) == [
+        ("budget", "Deployment/llm/a", 1), ("field", "x_newer", 2), ("node", "n1", 1)]
     assert check(h, None)["nothing_forgotten"] == []  # unreadable: judged when it can be read
 
 
@@ -320,3 +322,17 @@ def test_with_the_intended_rules_emulated_no_invariant_is_violated(monkeypatch):
         report = soak_module.run(soak_module.SoakConfig(SHORT, store))
         assert not any(report.violations.values()), soak_module.format_report(report)
         assert report.figures["action restart"] > 0 and report.figures["decision escalated_to_human"] > 0
+
+
+def test_the_budget_spent_within_the_window_is_forgotten_when_the_state_drops_a_restart():
+    h = history()
+    act(h, 100.0)
+    act(h, 1000.0)
+    both = invariants.StoredState(frozenset(), frozenset(), frozenset(), frozenset(),
+                                  {"Deployment/llm/a": (100.0, 1000.0)})
+    one = replace(both, restart_times={"Deployment/llm/a": (1000.0,)})
+    assert check(h, both, now=1200.0)["nothing_forgotten"] == []
+    assert check(h, one, now=1200.0)["nothing_forgotten"] == [("budget", "Deployment/llm/a", 2)]
+    assert check(h, one, now=3700.0)["nothing_forgotten"] == []  # the first is out of the window by now
+    h.record_human(invariants.HumanAct(h.next_seq(), 1100.0, "reset_circuit", "Deployment/llm/a"))
+    assert check(h, replace(both, restart_times={}), now=1200.0)["nothing_forgotten"] == []  # a human forgave it
