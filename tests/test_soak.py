@@ -131,7 +131,7 @@ def test_cordons_past_the_limit_are_caught(monkeypatch):
 def test_restarts_past_the_budget_or_the_backoff_are_caught(monkeypatch):
     holds = {"circuit_open", "cooldown", "escalated_to_human", "backoff", "restart_in_progress", "storm_cooldown"}
     decide_with(monkeypatch, lambda d, *_: Decision(True, "allowed") if d.reason in holds else None)
-    assert soak_count("restarts_within_budget_and_backoff", replace(SHORT, rates=rates(recurring_hang=0.05))) > 0
+    assert soak_count("restarts_within_budget_and_backoff", replace(SHORT, days=1.0, rates=rates(recurring_hang=0.05))) > 0
 
 
 def test_a_hang_nobody_handles_is_caught(monkeypatch):
