@@ -324,9 +324,6 @@ class Fleet:
         self._rearm(workload, now)
         self.version += 1
 
-    def hung_workloads(self, now: float) -> list[str]:
-        return sorted({w.key for w, p in self.pods() if self.hung(p, now)})
-
     # -- what the remediator's actions do ---------------------------------------------------------
 
     def restart(self, uid: str | None, now: float) -> str | None:
