@@ -220,6 +220,13 @@ class Fleet:
                 return workload, pod
         return None
 
+    def node_at_fault(self, uid: str | None) -> bool:
+        """Whether the pod's hang now is its node's doing (a GPU fault, a flaky node), not its workload's."""
+        found = self.find(uid)
+        if found is None or found[1].episode is None:
+            return False
+        return self.episodes[found[1].episode].cause in ("gpu_fault", "flaky_node")
+
     # -- the exporter's view ----------------------------------------------------------------------
 
     def hung(self, pod: Pod, now: float) -> bool:

@@ -51,7 +51,9 @@ import httpx  # noqa: E402
 import soak_invariants  # noqa: E402, F401
 from fleet_sim import Fleet, FleetConfig, Incident, schedule  # noqa: E402
 from soak_invariants import (  # noqa: E402
+    BACKOFF_BASE,
     INVARIANTS,
+    MAX_CORDONED_NODES,
     Action,
     Check,
     History,
@@ -93,14 +95,14 @@ SETTINGS: dict[str, Any] = {
 }
 
 # What the merge with the "ladder" and "identity" branches must connect (each is a named seam below):
+# Where this remediator has the setting or the call, the soak uses it; before, it falls back (see each).
 INTENDED = {
-    "max_cordoned_nodes": "soak_invariants.MAX_CORDONED_NODES: set the remediator's `max_cordoned_nodes` to it in SETTINGS",
-    "backoff": "soak_invariants.BACKOFF_BASE: align with the ladder's per-workload backoff (or its setting in SETTINGS)",
-    "page release": "Operator.release_page: the human's release of a page (main: a circuit reset, which restarts the ladder)",
-    "reset scope": "Operator.reset_circuit: the explicit scope of a circuit reset",
-    "re-initialisation": "Operator.reinitialise: the authenticated re-initialisation of a lost state (main has none)",
-    "held pages": "held_pages: where the stored state holds a page (main: a `page` step of the ladder)",
-    "pod identity": "SimActor / SimExecutor: answer the identity check against the API server from the fleet",
+    "max_cordoned_nodes": "`limits`: the remediator's max_cordoned_nodes set to soak_invariants.MAX_CORDONED_NODES",
+    "backoff": "`backoff_base`: the per-workload backoff's first wait, as the invariant's base",
+    "page release": "Operator.release_page: the workload release (before it: a circuit reset)",
+    "held pages": "held_pages: the state's pages (before them: a `page` step of the ladder)",
+    "re-initialisation": "Operator.reinitialise: the authenticated re-initialisation of a lost state (main has none yet)",
+    "pod identity": "SimActor / SimExecutor: answer an identity check against the API server from the fleet",
 }
 
 
@@ -196,13 +198,14 @@ class SimExecutor:
         soak, status = self.soak, self.status
         now = soak.clock()
         uid, node = (status.pod_uid, status.node) if status is not None else (None, None)
+        at_fault = soak.fleet.node_at_fault(uid)
         cordoned = None
         if self.kind == "cordon_and_move" and node is not None:
             done = soak.fleet.cordon_and_move(uid, node, now)
             cordoned = node
         else:
             done = soak.fleet.restart(uid, now) is not None
-        soak.record_action(self.kind, self.facts, status, self.replica, done)
+        soak.record_action(self.kind, self.facts, status, self.replica, done, at_fault)
         if not done:
             return ExecResult("error", f"pod {uid} is gone already; nothing done", cordoned=cordoned)
         return ExecResult("ok", f"{self.kind} of {self.facts.target}", cordoned=cordoned)
@@ -276,9 +279,16 @@ class Operator:
         assert service is not None
         return service
 
-    async def release_page(self, workload: str) -> None:
-        # main has no release of a page: a circuit reset forgives the budget and starts the ladder again.
-        await self._service().reset_circuits([workload])
+    async def release_page(self, workload: str) -> list[str]:
+        """End the workload's page; returns what the human's call did (the History's words for it)."""
+        service = self._service()
+        release = getattr(service, "release_workload", None)
+        if release is not None:  # POST /api/v1/workloads/release: the page ends, the ladder starts again
+            await release(workload)
+            return ["release_page"]
+        # Before the ladder's release: a circuit reset, which also forgives the budget and restarts the ladder.
+        await service.reset_circuits([workload])
+        return ["release_page", "reset_circuit"]
 
     async def reset_circuit(self, workload: str) -> None:
         await self._service().reset_circuits([workload])
@@ -331,21 +341,23 @@ class Humans:
 
     async def _act(self, soak: Soak, key: tuple[str, str], now: float) -> bool:
         what, subject = key
+        done = [what]
         try:
             if what == "release_page":
-                await soak.operator.release_page(subject)
+                done = await soak.operator.release_page(subject)
             elif what == "reset_circuit":
                 await soak.operator.reset_circuit(subject)
             elif what == "repair":
                 soak.fleet.repair(subject, now)
                 soak.history.record_evidence(subject, False, now)
                 await soak.operator.release_node(subject)
-                what = "release_node"
+                done = ["release_node"]
             elif what == "reinitialise":
                 await soak.operator.reinitialise()
         except StateUnavailable:
             return False  # the state cannot be written now: the human tries again at the next step
-        soak.history.record_human(HumanAct(soak.history.next_seq(), now, what, subject))
+        for act in done:
+            soak.history.record_human(HumanAct(soak.history.next_seq(), now, act, subject))
         return True
 
 
@@ -375,8 +387,21 @@ class Report:
 
 
 def held_pages(state: JournalState) -> frozenset[str]:
-    """The workloads the stored state holds a page for (main: the ladder's last step is `page`)."""
-    return frozenset(w for w, (step, _) in state.ladder.items() if step == "page")
+    """The workloads the stored state holds a page for: its `pages` (the ladder's release), or a ladder
+    whose last step is `page` (before it)."""
+    pages = getattr(state, "pages", None) or {}
+    return frozenset(pages) | {w for w, (step, _) in state.ladder.items() if step == "page"}
+
+
+def limits() -> dict[str, Any]:
+    """The settings the invariants' intended limits name, where this remediator has them."""
+    return {"max_cordoned_nodes": MAX_CORDONED_NODES} if "max_cordoned_nodes" in Settings.model_fields else {}
+
+
+def backoff_base(settings: Settings) -> float:
+    """The per-workload backoff's first wait as configured, where this remediator has one; else BACKOFF_BASE."""
+    backoff = getattr(settings.budget, "backoff", None)
+    return float(backoff.initial) if backoff is not None else BACKOFF_BASE
 
 
 def stored(state: JournalState, fields: frozenset[str]) -> StoredState:
@@ -391,12 +416,14 @@ class Soak:
         self.config = config
         self.directory = directory
         self.clock = Clock(T0)
-        self.settings: Settings = build_settings({**SETTINGS, **config.settings, "state_path": str(directory / "x.db")}, {})
+        self.settings: Settings = build_settings({**SETTINGS, **limits(), **config.settings,
+                                                  "state_path": str(directory / "x.db")}, {})
         self.fleet = Fleet(config.fleet, T0)
         self.leases = MemoryLeases(self.clock) if config.store == "lease" else None
         self.replicas = [Replica(self, name) for name in (REPLICAS if self.leases is not None else REPLICAS[:1])]
         self.rng = random.Random(f"deliveries-{config.fleet.seed}")
-        self.history = History(self.settings.budget.window, self.settings.budget.max_restarts)
+        self.history = History(self.settings.budget.window, self.settings.budget.max_restarts,
+                               backoff_base=backoff_base(self.settings))
         self.operator = Operator(self)
         # Who else acts on the fleet each step, after the remediator: the people; the kubelet's liveness
         # backstop (issue 33) joins here as another SoakActor.
@@ -419,11 +446,13 @@ class Soak:
             self._view = (key, self.fleet.view(self.clock()))
         return self._view[1]
 
-    def record_action(self, kind: str, facts: AlertFacts, status: TargetStatus | None, replica: str, done: bool) -> None:
+    def record_action(self, kind: str, facts: AlertFacts, status: TargetStatus | None, replica: str, done: bool,
+                      node_at_fault: bool) -> None:
         cordoned = sum(1 for n in self.fleet.nodes.values() if n.cordoned_by_vitals)
         workload = (status.workload if status is not None else None) or facts.labels.get("workload", facts.target or "")
         self.history.record_action(Action(self.history.next_seq(), self.clock(), kind, workload, facts.target or "",
-                                          status.node if status is not None else None, replica, done, cordoned))
+                                          status.node if status is not None else None, replica, done, cordoned,
+                                          node_at_fault))
         self.tallies[f"action {kind}"] += 1
 
     # -- the run ----------------------------------------------------------------------------------

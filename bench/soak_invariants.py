@@ -7,7 +7,9 @@ Each invariant states the issue's *intended* rule (issue 30), not what a given v
 - `no_restart_while_paged`: no restart or cordon of a workload while a page holds for it, from the
   page (an `escalated_to_human` refusal) until a human releases it;
 - `no_cordon_without_node_evidence`: a node is cordoned only while the exporter flags a GPU fault on
-  it (node evidence); a workload hanging again and again is no evidence against its node;
+  it, or for a hang that was the node's doing (its pods keep hanging there, whatever runs on it);
+  a workload's own hang, which follows its pod from node to node or stays with a pinned pod, is no
+  evidence against the node;
 - `cordons_within_limit`: at most MAX_CORDONED_NODES nodes cordoned by llm-vitals at once;
 - `restarts_within_budget_and_backoff`: per workload, at most `max_restarts` actions in the budget
   window since a human's last reset, each further one at least BACKOFF_BASE * 2^(k-1) after the
@@ -35,8 +37,8 @@ from typing import Protocol
 # `max_cordoned_nodes` (issue 30, the ladder's work) ...
 MAX_CORDONED_NODES = 2
 # ... the per-workload backoff: the action after k actions of the workload within the budget window waits this
-# times 2^(k-1) after the last one ...
-BACKOFF_BASE = 300.0
+# times 2^(k-1) after the last one (the remediator's own `budget.backoff.initial` where it has one) ...
+BACKOFF_BASE = 900.0
 # ... and the bound on a hang: detection (STUCK_AFTER + for:), then up to two of Alertmanager's hourly
 # re-sends (a refusal for the cooldown or a backoff is judged afresh at the next), and a margin.
 HANG_BOUND = 3 * 3600.0
@@ -61,6 +63,9 @@ class Action:
     replica: str
     done: bool  # False: the pod was gone already (nothing happened)
     cordoned_after: int = 0  # nodes cordoned by llm-vitals right after it (truth)
+    # The hang it acted on was the node's doing (a GPU fault, a node whose pods keep hanging), as the
+    # fleet's truth says; False for a workload's own hang, which follows its pod to any node.
+    node_at_fault: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,7 @@ class History:
 
     window: float  # the budget window
     max_restarts: int
+    backoff_base: float = 0.0  # the first wait of the per-workload backoff (BACKOFF_BASE, or the remediator's own)
     seq: int = 0
     actions: list[Action] = field(default_factory=list)
     decisions: list[Seen] = field(default_factory=list)
@@ -154,7 +160,7 @@ class History:
 
     def record_human(self, act: HumanAct) -> None:
         self.humans.append(act)
-        if act.kind in ("release_page", "reset_circuit"):
+        if act.kind == "reset_circuit":  # the budget is forgiven (and the backoff's streak ends)
             self.resets.setdefault(act.subject, []).append(act.seq)
             self.held.pop(("circuit", act.subject), None)
         if act.kind == "release_page":
@@ -246,7 +252,7 @@ def no_restart_while_paged(c: Check) -> Iterable[Hashable]:
 
 def no_cordon_without_node_evidence(c: Check) -> Iterable[Hashable]:
     for a in c.new_actions:
-        if a.kind == "cordon_and_move" and not c.history.flagged_at(a.node, a.seq):
+        if a.kind == "cordon_and_move" and not a.node_at_fault and not c.history.flagged_at(a.node, a.seq):
             yield a.seq
 
 
@@ -263,7 +269,7 @@ def restarts_within_budget_and_backoff(c: Check) -> Iterable[Hashable]:
         before = [b for b in h.by_workload.get(a.workload, ()) if since < b.seq < a.seq and b.at > a.at - h.window]
         if len(before) + 1 > h.max_restarts:
             yield ("budget", a.seq)
-        elif before and a.at - before[-1].at < BACKOFF_BASE * 2 ** (len(before) - 1):
+        elif before and a.at - before[-1].at < (h.backoff_base or BACKOFF_BASE) * 2 ** (len(before) - 1):
             yield ("backoff", a.seq)
 
 

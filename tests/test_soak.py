@@ -82,14 +82,34 @@ def test_the_short_soak_meets_every_incident_and_is_deterministic(reports):
 
 
 def decide_with(monkeypatch, change):
-    """Monkeypatch the gate: `change(decision, alert, fleet, state)` may replace each decision."""
+    """Monkeypatch the gate: `change(decision, alert, fleet, state)` may replace each decision; a
+    replacement `allow(...)` makes is carried out as the gate's own would be."""
     real = gate.decide
 
-    def decide(alert, fleet, journal, policy, now):
-        decision = real(alert, fleet, journal, policy, now)
-        return change(decision, alert, fleet, journal) or decision
+    def decide(alert, fleet, journal, policy, now, *args, **kwargs):
+        decision = real(alert, fleet, journal, policy, now, *args, **kwargs)
+        replaced = change(decision, alert, fleet, journal)
+        if isinstance(replaced, Allow):
+            return replaced.decision(alert, fleet, policy)
+        return replaced or decision
 
     monkeypatch.setattr(gate, "decide", decide)
+
+
+class Allow:
+    """A switched-off rule's refusal turned into the action: a restart, or a cordon-and-move."""
+
+    def __init__(self, moving: bool = False):
+        self.moving = moving
+
+    def decision(self, alert, fleet, policy) -> Decision:
+        reason = "cordon_and_move" if self.moving else "allowed"
+        plan_of = getattr(gate, "plan_of", None)
+        if plan_of is None:  # a gate whose decisions carry no plan (before "one plan carried out once")
+            return Decision(True, reason, "switched off")
+        status = fleet.targets[alert.target]
+        plan = plan_of(alert.target, gate.workload_of(alert.target, status), status, policy, self.moving)
+        return Decision(True, reason, "switched off", plan)
 
 
 def soak_count(name: str, fleet=SHORT, store: str = "lease") -> int:
@@ -109,7 +129,7 @@ def test_a_page_that_does_not_hold_is_caught(monkeypatch):
             return None
         workload = fleet.targets[alert.target].workload
         if workload in paged:  # the page is off: the workload's next alert restarts it
-            return Decision(True, "allowed")
+            return Allow()
         paged.add(workload)
         return None
 
@@ -118,19 +138,19 @@ def test_a_page_that_does_not_hold_is_caught(monkeypatch):
 
 
 def test_a_cordon_without_node_evidence_is_caught(monkeypatch):
-    decide_with(monkeypatch, lambda d, *_: Decision(True, "cordon_and_move") if d.reason == "allowed" else None)
+    decide_with(monkeypatch, lambda d, *_: Allow(moving=True) if d.reason == "allowed" else None)
     assert soak_count("no_cordon_without_node_evidence") > 0
 
 
 def test_cordons_past_the_limit_are_caught(monkeypatch):
     # Many GPU faults at once; a refusal for the limit (the merge's `cordon_limit`) is turned into a move.
-    decide_with(monkeypatch, lambda d, *_: Decision(True, "cordon_and_move") if d.reason == "cordon_limit" else None)
+    decide_with(monkeypatch, lambda d, *_: Allow(moving=True) if d.reason == "cordon_limit" else None)
     assert soak_count("cordons_within_limit", replace(SHORT, rates=rates(gpu_fault=0.3))) > 0
 
 
 def test_restarts_past_the_budget_or_the_backoff_are_caught(monkeypatch):
     holds = {"circuit_open", "cooldown", "escalated_to_human", "backoff", "restart_in_progress", "storm_cooldown"}
-    decide_with(monkeypatch, lambda d, *_: Decision(True, "allowed") if d.reason in holds else None)
+    decide_with(monkeypatch, lambda d, *_: Allow() if d.reason in holds else None)
     assert soak_count("restarts_within_budget_and_backoff", replace(SHORT, days=1.0, rates=rates(recurring_hang=0.05))) > 0
 
 
@@ -156,7 +176,7 @@ def test_a_lost_state_that_does_not_refuse_is_caught(monkeypatch):
 
     monkeypatch.setattr(LeaseStore, "read", read)
     # ... or, where the gate refuses a lost state itself, that refusal is turned into a restart.
-    decide_with(monkeypatch, lambda d, *_: Decision(True, "allowed") if d.reason == "state_lost" else None)
+    decide_with(monkeypatch, lambda d, *_: Allow() if d.reason == "state_lost" else None)
     assert soak_count("lost_state_refuses", replace(SHORT, rates=rates(hang=0.5, lost_lease=2.0))) > 0
 
 
@@ -310,6 +330,14 @@ def test_with_the_intended_rules_emulated_no_invariant_is_violated(monkeypatch):
         unknown.clear()
 
     monkeypatch.setattr(shared, "circuits_reset", circuits_reset)
+    if hasattr(shared, "workload_released"):  # the page's own release, where the remediator has one
+        real_released = shared.workload_released
+
+        def workload_released(state, workload):
+            paged.discard(workload)
+            return real_released(state, workload)
+
+        monkeypatch.setattr(shared, "workload_released", workload_released)
     monkeypatch.setattr(shared, "pruned", pruned)
     monkeypatch.setattr(shared, "from_json", from_json)
     monkeypatch.setattr(shared, "to_json", to_json)
