@@ -4,12 +4,11 @@ gate, stores and journal, with the issue's invariants checked after every step.
 A seeded schedule of incidents (bench/fleet_sim.py: one hang, a workload hanging again and again on
 different nodes, a node whose pods keep hanging with no fault flagged, a GPU fault, a software hang
 across replicas, rollouts mid-incident, replica crashes, a lost Lease, a newer replica's field, a
-stale write) plays
-on a virtual clock over Deployments, StatefulSets and LeaderWorkerSet groups on many nodes. Each
-step (one minute): incidents due happen, Prometheus evaluates LLMServerStuck (`for: 1m`), both
-Alertmanagers of an HA pair send what is due (firing, re-sent every hour, resolved), and each copy
-goes to a remediator replica through the service's own entry (`Remediator.handle_payload`, the
-webhook handler's call). The humans then act (release a page, reset a circuit, repair a node,
+stale write) plays on a virtual clock over Deployments, StatefulSets and LeaderWorkerSet groups on
+many nodes. Each step (one minute): incidents due happen, Prometheus evaluates LLMServerStuck
+(`for: 1m`), both Alertmanagers of an HA pair send what is due (firing, re-sent every hour,
+resolved), and each copy goes to a remediator replica through the service's own entry
+(`Remediator.handle_payload`, the webhook handler's call). The humans then act (release a page, reset a circuit, repair a node,
 re-initialise a lost state) and the invariants (bench/soak_invariants.py) judge what happened.
 
 Real parts: `Remediator` (the service) with its `GateLoop`, the pure gate, `Actor`, `Evidence`, the
