@@ -1,0 +1,636 @@
+"""The fleet soak (issue 30): days of a simulated fleet, time-compressed, through the remediator's real
+gate, stores and journal, with the issue's invariants checked after every step.
+
+A seeded schedule of incidents (bench/fleet_sim.py: one hang, a workload hanging again and again on
+different nodes, a node whose pods keep hanging with no fault flagged, a GPU fault, a software hang
+across replicas, rollouts mid-incident, replica crashes, a lost Lease, a newer replica's field, a
+stale write) plays on a virtual clock over Deployments, StatefulSets and LeaderWorkerSet groups on
+many nodes. Each step (one minute): incidents due happen, Prometheus evaluates LLMServerStuck
+(`for: 1m`), both Alertmanagers of an HA pair send what is due (firing, re-sent every hour,
+resolved), and each copy goes to a remediator replica through the service's own entry
+(`Remediator.handle_payload`, the webhook handler's call). The humans then act (release a page, reset a circuit, repair a node,
+re-initialise a lost state) and the invariants (bench/soak_invariants.py) judge what happened.
+
+Real parts: `Remediator` (the service) with its `GateLoop`, the pure gate, `Actor`, `Evidence`, the
+SQLite `Journal` of each replica, and the gate's store: the replicas' `LeaseStore` over an in-memory
+API server's Lease (resourceVersion preconditions, dated answers), or the one replica's
+`SqliteStore` in its journal's file. Swapped at the two edges: the exporter's answer comes from the
+simulated fleet (`SimExporter`, the loop's `FleetSource`), and the executors act on it (`SimActor`
+hands out `SimExecutor`s, the in-memory fakes behind the `Executor` protocol).
+
+    .venv/bin/python bench/soak.py [--days 30] [--workloads 200] [--seed 1] [--store lease|sqlite] [--json]
+
+Exit status 1 when any invariant was violated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import logging
+import math
+import random
+import resource
+import sys
+import tempfile
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+REPO = Path(__file__).resolve().parent.parent
+for path in (REPO, REPO / "bench"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import fleet_sim  # noqa: E402, F401 -- the tests reach the soak's own helper modules through it
+import httpx  # noqa: E402
+import soak_invariants  # noqa: E402, F401
+from fleet_sim import Fleet, FleetConfig, Incident, schedule  # noqa: E402
+from soak_invariants import (  # noqa: E402
+    BACKOFF_BASE,
+    INVARIANTS,
+    MAX_CORDONED_NODES,
+    Action,
+    Check,
+    History,
+    HumanAct,
+    Marks,
+    Seen,
+    StoredState,
+    first_due,
+)
+
+from llm_vitals.kube.client import Dated  # noqa: E402
+from llm_vitals.remediator import shared  # noqa: E402
+from llm_vitals.remediator.acting import Actor  # noqa: E402
+from llm_vitals.remediator.executors import ExecResult  # noqa: E402
+from llm_vitals.remediator.gate import AlertFacts, Decision, FleetView, JournalState, TargetStatus, group_of  # noqa: E402
+from llm_vitals.remediator.journal import Journal  # noqa: E402
+from llm_vitals.remediator.payload import WebhookPayload  # noqa: E402
+from llm_vitals.remediator.service import Remediator  # noqa: E402
+from llm_vitals.remediator.settings import LeaseRef, Settings, build_settings  # noqa: E402
+from llm_vitals.remediator.sqlite_store import SqliteStore  # noqa: E402
+from llm_vitals.remediator.store import STATE_ANNOTATION, GateStore, LeaseStore, StateUnavailable  # noqa: E402
+
+T0 = 1_800_000_000.0
+STEP = 60.0  # one rule evaluation, one exporter poll that matters
+REPLICAS = ("replica-a", "replica-b")
+
+# The remediator's config in the soak: production-like, the ladder and GPU moves on.
+SETTINGS: dict[str, Any] = {
+    "listen": "127.0.0.1:0",
+    "exporter_url": "http://127.0.0.1:9",  # never read: the loop's exporter is the simulated fleet
+    "auth": {"none": True},
+    "global_cooldown": "15m",  # as deploy/kubernetes/base/remediator.yaml ships it
+    "budget": {"max_restarts": 3, "window": "1h"},
+    "max_unhealthy": "40%",
+    "storm_cooldown": "10m",
+    "gpu_fault_action": "cordon_and_move",
+    "escalate_within": "1h",
+    "target_templates": [{"match": {"namespace": "llm"}, "executor": "kubernetes", "timeout": "30s"}],
+}
+
+# What the merge with the "ladder" and "identity" branches must connect (each is a named seam below):
+# Where this remediator has the setting or the call, the soak uses it; before, it falls back (see each).
+INTENDED = {
+    "max_cordoned_nodes": "`limits`: the remediator's max_cordoned_nodes set to soak_invariants.MAX_CORDONED_NODES",
+    "backoff": "`backoff_base`: the per-workload backoff's first wait, as the invariant's base",
+    "page release": "Operator.release_page: the workload release (before it: a circuit reset)",
+    "held pages": "held_pages: the state's pages (before them: a `page` step of the ladder)",
+    "re-initialisation": "Operator.reinitialise: the authenticated re-initialisation of a lost state (main has none yet)",
+    "pod identity": "SimActor / SimExecutor: answer an identity check against the API server from the fleet",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# The edges: the API server's Lease, the exporter, the executors
+# ---------------------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class MemoryLeases:
+    """One Lease as the API server keeps it: a write must carry the resourceVersion it read (else
+    False, a 409), and every answer is dated in whole seconds (an HTTP Date)."""
+
+    def __init__(self, clock: Clock):
+        self.clock = clock
+        self.lease: dict[str, Any] | None = None
+        self.version = 0
+        self.meddle = False  # another replica writes first, between the next writer's read and its write
+        self.conflicts = 0
+
+    def _date(self) -> float:
+        return float(math.floor(self.clock()))
+
+    async def get_lease(self, namespace: str, name: str) -> Dated[dict[str, Any] | None]:
+        return Dated(copy.deepcopy(self.lease), self._date())
+
+    async def create_lease(self, namespace: str, body: dict[str, Any]) -> Dated[bool]:
+        if self.lease is not None:
+            return Dated(False, None)
+        return self._store(body)
+
+    async def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> Dated[bool]:
+        if self.meddle and self.lease is not None:
+            self.meddle = False
+            self._store(self.lease)  # the same state, written by another replica: a new resourceVersion
+        if self.lease is None or body["metadata"].get("resourceVersion") != str(self.version):
+            self.conflicts += 1
+            return Dated(False, None)
+        return self._store(body)
+
+    def _store(self, body: dict[str, Any]) -> Dated[bool]:
+        self.version += 1
+        self.lease = copy.deepcopy(body)
+        self.lease["metadata"]["resourceVersion"] = str(self.version)
+        return Dated(True, self._date())
+
+    # -- what happens to it from outside ---------------------------------------------------------
+
+    def delete(self) -> None:
+        """The Lease is gone (deleted by hand, its namespace recreated): the shared state is lost."""
+        self.lease = None
+
+    def write_field(self, name: str, value: Any) -> bool:
+        """A newer replica commits a field this version does not know; False when there is no Lease."""
+        if self.lease is None:
+            return False
+        doc = json.loads(self.lease["metadata"]["annotations"][STATE_ANNOTATION])
+        self.lease["metadata"]["annotations"][STATE_ANNOTATION] = json.dumps({**doc, name: value}, sort_keys=True)
+        self.version += 1
+        self.lease["metadata"]["resourceVersion"] = str(self.version)
+        return True
+
+    def state_text(self) -> str | None:
+        return None if self.lease is None else (self.lease["metadata"].get("annotations") or {}).get(STATE_ANNOTATION)
+
+
+class SimExporter:
+    """The exporter's answer (`loop.FleetSource`), from the simulated fleet as it is now."""
+
+    def __init__(self, soak: Soak):
+        self.soak = soak
+
+    async def fleet(self) -> FleetView | None:
+        return self.soak.view()
+
+
+class SimExecutor:
+    """An in-memory executor (the `Executor` protocol): acts on the simulated fleet and records what it was handed."""
+
+    timeout = 30.0
+
+    def __init__(self, soak: Soak, kind: str, facts: AlertFacts, status: TargetStatus | None, replica: str):
+        self.soak, self.kind, self.facts, self.status, self.replica = soak, kind, facts, status, replica
+
+    async def restart(self) -> ExecResult:
+        soak, status = self.soak, self.status
+        now = soak.clock()
+        uid, node = (status.pod_uid, status.node) if status is not None else (None, None)
+        at_fault = soak.fleet.node_at_fault(uid)
+        cordoned = None
+        if self.kind == "cordon_and_move" and node is not None:
+            done = soak.fleet.cordon_and_move(uid, node, now)
+            cordoned = node
+        else:
+            done = soak.fleet.restart(uid, now) is not None
+        soak.record_action(self.kind, self.facts, status, self.replica, done, at_fault)
+        if not done:
+            return ExecResult("error", f"pod {uid} is gone already; nothing done", cordoned=cordoned)
+        return ExecResult("ok", f"{self.kind} of {self.facts.target}", cordoned=cordoned)
+
+
+class SimActor(Actor):
+    """The real Actor (claims, the restart lock, journaling, releases, marking a cordoned node), handing
+    out in-memory executors: the choice mirrors `Actor.executor_for` (a move for `cordon_and_move`, the
+    whole group for a LeaderWorkerSet pod, else the pod), from the gate's decision."""
+
+    soak: Soak
+
+    def executor_for(self, facts: AlertFacts, decision: Decision, status: TargetStatus | None) -> SimExecutor:
+        kind = ("cordon_and_move" if decision.reason == "cordon_and_move"
+                else "group_restart" if group_of(status) is not None else "restart")
+        return SimExecutor(self.soak, kind, facts, status, self.identity)
+
+
+# ---------------------------------------------------------------------------------------------
+# Replicas and the people around them
+# ---------------------------------------------------------------------------------------------
+
+
+class Replica:
+    """One remediator process: the service with its own journal, over the shared store (or its own file)."""
+
+    def __init__(self, soak: Soak, identity: str):
+        self.soak, self.identity = soak, identity
+        self.journal: Journal | None = None
+        self.store: GateStore[Any] | None = None
+        self.service: Remediator | None = None
+
+    async def start(self) -> None:
+        soak = self.soak
+        path = soak.directory / f"journal-{self.identity}.db"
+        settings = soak.settings.model_copy(update={"state_path": path})
+        self.journal = Journal(path)
+        await self.journal.open(soak.clock())
+        if soak.leases is not None:
+            self.store = LeaseStore(soak.leases, LeaseRef(namespace="llm"), self.identity,  # the transport's shape
+                                    settings.budget.window, soak.clock)
+        else:
+            store = SqliteStore(path, settings.budget.window, soak.clock)
+            await store.open()
+            self.store = store
+        service = Remediator(settings, self.journal, self.store, cast(httpx.AsyncClient, None), soak.clock, {}, None)
+        actor = SimActor(settings, service.policy, {}, None, self.identity, self.store, self.journal, service.metrics)
+        actor.soak = soak
+        service.actor = service.loop.actor = actor
+        service.loop.exporter = SimExporter(soak)
+        self.service = service
+
+    async def stop(self) -> None:
+        """A crash between two steps: what was committed stays, the process's memory goes."""
+        assert self.service is not None and self.journal is not None
+        await self.service.shutdown()
+        await self.journal.close()
+        if isinstance(self.store, SqliteStore):
+            await self.store.close()
+        self.service = self.journal = self.store = None
+
+
+class Operator:
+    """What a human does through the remediator's API: the routes' service calls. The merge's seams."""
+
+    def __init__(self, soak: Soak):
+        self.soak = soak
+
+    def _service(self) -> Remediator:
+        service = self.soak.replicas[0].service
+        assert service is not None
+        return service
+
+    async def release_page(self, workload: str) -> list[str]:
+        """End the workload's page; returns what the human's call did (the History's words for it)."""
+        service = self._service()
+        release = getattr(service, "release_workload", None)
+        if release is not None:  # POST /api/v1/workloads/release: the page ends, the ladder starts again
+            await release(workload)
+            return ["release_page"]
+        # Before the ladder's release: a circuit reset, which also forgives the budget and restarts the ladder.
+        await service.reset_circuits([workload])
+        return ["release_page", "reset_circuit"]
+
+    async def reset_circuit(self, workload: str) -> None:
+        await self._service().reset_circuits([workload])
+
+    async def release_node(self, node: str) -> None:
+        await self._service().release_node(node)
+
+    async def reinitialise(self) -> None:
+        # main has no re-initialisation: its next write creates a fresh Lease by itself.
+        return None
+
+
+class SoakActor(Protocol):
+    """Something besides the remediator that acts on the fleet each step (the humans; later the kubelet's
+    liveness backstop, issue 33)."""
+
+    async def step(self, soak: Soak, now: float) -> None: ...
+
+
+class Humans:
+    """The people on call: each page, open circuit, faulty or cordoned node and lost state gets its
+    human, after a seeded delay (a night, a weekend: up to a day and more)."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(f"humans-{seed}")
+        self.due: dict[tuple[str, str], float] = {}  # (what, subject) -> when the human acts
+
+    def _plan(self, key: tuple[str, str], now: float, low: float, high: float) -> None:
+        if key not in self.due:
+            self.due[key] = now + self.rng.uniform(low, high)
+
+    async def step(self, soak: Soak, now: float) -> None:
+        h = soak.history
+        for workload, spans in h.pages.items():
+            if spans[-1].end is None:
+                self._plan(("release_page", workload), now, 3600.0, 30 * 3600.0)
+        for kind, subject in list(h.held):
+            if kind == "circuit":
+                self._plan(("reset_circuit", subject), now, 3600.0, 12 * 3600.0)
+        for name, node in soak.fleet.nodes.items():
+            if node.gpu_fault_since is not None:
+                self._plan(("repair", name), now, 2 * 3600.0, 36 * 3600.0)
+            elif node.cordoned_by_vitals:
+                self._plan(("repair", name), now, 3600.0, 12 * 3600.0)
+        if h.lost and h.lost[-1].end is None:
+            self._plan(("reinitialise", ""), now, 1800.0, 2 * 3600.0)
+        for key, at in sorted(self.due.items(), key=lambda kv: (kv[1], kv[0])):
+            if at <= now and await self._act(soak, key, now):
+                del self.due[key]
+
+    async def _act(self, soak: Soak, key: tuple[str, str], now: float) -> bool:
+        what, subject = key
+        done = [what]
+        try:
+            if what == "release_page":
+                done = await soak.operator.release_page(subject)
+            elif what == "reset_circuit":
+                await soak.operator.reset_circuit(subject)
+            elif what == "repair":
+                soak.fleet.repair(subject, now)
+                soak.history.record_evidence(subject, False, now)
+                await soak.operator.release_node(subject)
+                done = ["release_node"]
+            elif what == "reinitialise":
+                await soak.operator.reinitialise()
+        except StateUnavailable:
+            return False  # the state cannot be written now: the human tries again at the next step
+        for act in done:
+            soak.history.record_human(HumanAct(soak.history.next_seq(), now, act, subject))
+        return True
+
+
+# ---------------------------------------------------------------------------------------------
+# The soak
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SoakConfig:
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    store: str = "lease"  # lease (two replicas share a Lease) | sqlite (one replica, its file)
+    settings: dict[str, Any] = field(default_factory=dict)  # overrides of SETTINGS
+
+
+@dataclass
+class Report:
+    """Each invariant's count of violations (each counted once), a few of them described, and the run's figures."""
+
+    config: SoakConfig
+    violations: dict[str, int]
+    examples: dict[str, list[str]]
+    figures: dict[str, Any]
+
+    def ok(self) -> bool:
+        return not any(self.violations.values())
+
+
+def held_pages(state: JournalState) -> frozenset[str]:
+    """The workloads the stored state holds a page for: its `pages` (the ladder's release), or a ladder
+    whose last step is `page` (before it)."""
+    pages = getattr(state, "pages", None) or {}
+    return frozenset(pages) | {w for w, (step, _) in state.ladder.items() if step == "page"}
+
+
+def limits() -> dict[str, Any]:
+    """The settings the invariants' intended limits name, where this remediator has them."""
+    return {"max_cordoned_nodes": MAX_CORDONED_NODES} if "max_cordoned_nodes" in Settings.model_fields else {}
+
+
+def backoff_base(settings: Settings) -> float:
+    """The per-workload backoff's first wait as configured, where this remediator has one; else BACKOFF_BASE."""
+    backoff = getattr(settings.budget, "backoff", None)
+    return float(backoff.initial) if backoff is not None else BACKOFF_BASE
+
+
+def stored(state: JournalState, fields: frozenset[str]) -> StoredState:
+    return StoredState(held_pages(state), frozenset(state.open_circuits), frozenset(state.gpu_nodes), fields,
+                       state.restart_times)
+
+
+class Soak:
+    """One soak: the fleet, the replicas, the people, the schedule, and the invariants' running counts."""
+
+    def __init__(self, config: SoakConfig, directory: Path):
+        self.config = config
+        self.directory = directory
+        self.clock = Clock(T0)
+        self.settings: Settings = build_settings({**SETTINGS, **limits(), **config.settings,
+                                                  "state_path": str(directory / "x.db")}, {})
+        self.fleet = Fleet(config.fleet, T0)
+        self.leases = MemoryLeases(self.clock) if config.store == "lease" else None
+        self.replicas = [Replica(self, name) for name in (REPLICAS if self.leases is not None else REPLICAS[:1])]
+        self.rng = random.Random(f"deliveries-{config.fleet.seed}")
+        self.history = History(self.settings.budget.window, self.settings.budget.max_restarts,
+                               backoff_base=backoff_base(self.settings))
+        self.operator = Operator(self)
+        # Who else acts on the fleet each step, after the remediator: the people; the kubelet's liveness
+        # backstop (issue 33) joins here as another SoakActor.
+        self.actors: list[SoakActor] = [Humans(config.fleet.seed)]
+        self.incidents = deque(schedule(config.fleet, T0, sorted(self.fleet.nodes), sorted(self.fleet.workloads),
+                                        self.leases is not None))
+        self.counts: dict[str, int] = {name: 0 for name in INVARIANTS}
+        self.seen: dict[str, set[Any]] = {name: set() for name in INVARIANTS}
+        self.examples: dict[str, list[str]] = {name: [] for name in INVARIANTS}
+        self.marks = Marks()
+        self.tallies: Counter[str] = Counter()
+        self._view: tuple[tuple[int, float], FleetView] | None = None
+        self._state: tuple[Any, StoredState | None] | None = None
+
+    # -- what the remediator sees and does --------------------------------------------------------
+
+    def view(self) -> FleetView:
+        key = (self.fleet.version, self.clock())
+        if self._view is None or self._view[0] != key:
+            self._view = (key, self.fleet.view(self.clock()))
+        return self._view[1]
+
+    def record_action(self, kind: str, facts: AlertFacts, status: TargetStatus | None, replica: str, done: bool,
+                      node_at_fault: bool) -> None:
+        cordoned = sum(1 for n in self.fleet.nodes.values() if n.cordoned_by_vitals)
+        workload = (status.workload if status is not None else None) or facts.labels.get("workload", facts.target or "")
+        self.history.record_action(Action(self.history.next_seq(), self.clock(), kind, workload, facts.target or "",
+                                          status.node if status is not None else None, replica, done, cordoned,
+                                          node_at_fault))
+        self.tallies[f"action {kind}"] += 1
+
+    # -- the run ----------------------------------------------------------------------------------
+
+    async def run(self) -> Report:
+        started, cpu = time.monotonic(), time.process_time()
+        for replica in self.replicas:
+            await replica.start()
+        await self.operator.reinitialise()  # the state is set up as a deployment would (main: nothing to do)
+        end = T0 + self.config.fleet.days * 86400.0
+        try:
+            while self.clock.now < end:
+                await self.step()
+        finally:
+            for replica in self.replicas:
+                if replica.service is not None:
+                    await replica.stop()
+        figures = {
+            "simulated_days": self.config.fleet.days, "workloads": len(self.fleet.workloads),
+            "targets": sum(len(w.pods) for w in self.fleet.workloads.values()), "nodes": len(self.fleet.nodes),
+            "store": self.config.store, "replicas": len(self.replicas), "steps": int((end - T0) / STEP),
+            "hang_episodes": len(self.fleet.episodes), "rollouts_mid_incident": self.fleet.rollouts_mid_incident,
+            "wall_seconds": round(time.monotonic() - started, 1),
+            "cpu_seconds": round(time.process_time() - cpu, 1),
+            "lease_conflicts": self.leases.conflicts if self.leases is not None else 0,
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            **dict(sorted(self.tallies.items())),
+        }
+        return Report(self.config, dict(self.counts), self.examples, figures)
+
+    async def step(self) -> None:
+        self.clock.now += STEP
+        now = self.clock.now
+        while self.incidents and self.incidents[0].at <= now:
+            await self.incident(self.incidents.popleft(), now)
+        stuck = self.fleet.tick(now)
+        for payload in self.fleet.notifications(stuck, now):
+            await self.deliver(payload)
+        for actor in self.actors:
+            await actor.step(self, now)
+        self.check(now)
+
+    async def incident(self, incident: Incident, now: float) -> None:
+        self.tallies[f"incident {incident.kind}"] += 1
+        if incident.kind == "replica_crash":
+            replica = self.rng.choice(self.replicas)
+            await replica.stop()
+            await replica.start()
+            return
+        if incident.kind == "lost_lease":
+            assert self.leases is not None
+            self.leases.delete()
+            self.history.record_loss(now)
+            return
+        if incident.kind == "stale_write":
+            assert self.leases is not None
+            self.leases.meddle = True
+            return
+        if incident.kind == "newer_field":
+            assert self.leases is not None
+            name = f"x_newer_{int(now)}"
+            if self.leases.write_field(name, {"written_by": "a newer replica"}):
+                self.history.record_field(name)
+            return
+        faulty = {n for n, v in self.fleet.nodes.items() if v.gpu_fault_since is not None}
+        self.fleet.apply(incident, now)
+        for name, node in self.fleet.nodes.items():
+            if node.gpu_fault_since is not None and name not in faulty:
+                self.history.record_evidence(name, True, now)
+
+    async def deliver(self, payload: dict[str, Any]) -> None:
+        """One Alertmanager's copy of a notification, to whichever replica the Service picks."""
+        replica = self.rng.choice(self.replicas)
+        assert replica.service is not None
+        outcome = await replica.service.handle_payload(WebhookPayload.model_validate(payload))
+        await replica.service.wait_idle()
+        self.tallies[f"webhook {outcome.status}"] += 1
+        alert = payload["alerts"][0]
+        for entry in outcome.decisions:
+            self.tallies[f"decision {entry['reason']}"] += 1
+            self.history.record_decision(Seen(self.history.next_seq(), self.clock(), alert["labels"]["target"],
+                                              alert["labels"].get("workload"), entry["reason"], replica.identity))
+
+    # -- the invariants ---------------------------------------------------------------------------
+
+    def stored_state(self) -> StoredState | None:
+        """The shared state as stored now (None: gone or unreadable); re-read only when it changed."""
+        if self.leases is not None:
+            text = self.leases.state_text()
+            if self._state is None or self._state[0] != text:
+                if text is None:
+                    view = None
+                else:
+                    try:
+                        view = stored(shared.from_json(text), frozenset(json.loads(text)))
+                    except (shared.BadState, ValueError):
+                        view = None
+                self._state = (text, view)
+            return self._state[1]
+        store = self.replicas[0].store
+        if store is None:
+            return None
+        if self._state is None or self._state[0] is not store.last:
+            self._state = (store.last, stored(store.last, frozenset(json.loads(shared.to_json(store.last)))))
+        return self._state[1]
+
+    def check(self, now: float) -> None:
+        state = self.stored_state()
+        self.history.observe(state)
+        c = Check(self.history, self.marks, now, state, self.fleet.episodes)
+        for name, invariant in INVARIANTS.items():
+            for key in invariant(c):
+                if key not in self.seen[name]:
+                    self.seen[name].add(key)
+                    self.counts[name] += 1
+                    if len(self.examples[name]) < 3:
+                        self.examples[name].append(self.describe(name, key))
+        self.marks = Marks(len(self.history.actions), len(self.history.decisions),
+                           first_due(self.fleet.episodes, self.marks.episodes, now))
+
+    def describe(self, name: str, key: Any) -> str:
+        """A violation for a human: when, what, which workload."""
+        seq = key if isinstance(key, int) else key[1] if isinstance(key, tuple) and isinstance(key[1], int) else None
+        action = next((a for a in self.history.actions if a.seq == seq), None)
+        if name == "hangs_handled_within_bound":
+            e = self.fleet.episodes[key]
+            return f"day {(e.start - T0) / 86400:.2f}: {e.cause} hang of {e.target} ({e.workload}) not handled"
+        if action is not None:
+            return (f"day {(action.at - T0) / 86400:.2f}: {action.kind} of {action.target} ({action.workload}, node"
+                    f" {action.node}) by {action.replica}")
+        return f"day {(self.clock() - T0) / 86400:.2f}: {key}"
+
+
+async def soak(config: SoakConfig) -> Report:
+    """One seeded soak in a temporary directory (the journals and the SQLite state)."""
+    with tempfile.TemporaryDirectory(prefix="llm-vitals-soak-") as directory:
+        return await Soak(config, Path(directory)).run()
+
+
+def run(config: SoakConfig) -> Report:
+    logging.getLogger("llm_vitals").setLevel(logging.ERROR)  # a day of decisions is a lot of log lines
+    return asyncio.run(soak(config))
+
+
+def format_report(report: Report) -> str:
+    lines = [f"{'invariant':<38} {'violations':>10}"]
+    for name, count in report.violations.items():
+        lines.append(f"{name:<38} {count:>10}")
+        for example in report.examples[name]:
+            lines.append(f"    e.g. {example}")
+    lines.append("")
+    lines += [f"{k}: {v}" for k, v in report.figures.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--days", type=float, default=30.0)
+    parser.add_argument("--workloads", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--store", choices=("lease", "sqlite"), default="lease")
+    parser.add_argument("--repeat-interval", type=float, default=FleetConfig().repeat_interval,
+                        help="Alertmanager's repeat_interval on the remediator's route, in seconds")
+    parser.add_argument("--global-cooldown", default=SETTINGS["global_cooldown"],
+                        help="the remediator's global_cooldown (a duration: 5m, 900s)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    fleet = replace(FleetConfig(), days=args.days, workloads=args.workloads, seed=args.seed, repeat_interval=args.repeat_interval)
+    config = SoakConfig(fleet, args.store, {"global_cooldown": args.global_cooldown})
+    report = run(config)
+    if args.json:
+        print(json.dumps({"violations": report.violations, "examples": report.examples, "figures": report.figures},
+                         indent=2))
+    else:
+        print(format_report(report))
+    return 0 if report.ok() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,370 @@
+"""The fleet soak (bench/soak.py), short: two simulated days of 20 workloads through the remediator's
+real gate, stores and journals, seeded, on a virtual clock (a second or two of CPU per run).
+
+Two kinds of test:
+- the soak itself, once per store (two replicas on a Lease; one replica on its SQLite file): every
+  invariant reports 0 violations. Main violates some of them (the issue's safety bugs): those are
+  marked xfail(strict=False) until the "ladder" and "identity" branches are merged (MAIN_VIOLATES);
+- one test per invariant: its rule switched off (the gate's or the store's function monkeypatched),
+  a short soak shows that invariant's count above 0. An invariant that could not see its violation
+  would be no guard.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from conftest import REPO, load_script
+
+from llm_vitals.remediator import gate, shared
+from llm_vitals.remediator.gate import Decision, JournalState
+from llm_vitals.remediator.store import LeaseStore, Snapshot, StateUnavailable
+
+# One worker runs the module (under `pytest -n 2`, a module fixture is made once per worker).
+pytestmark = pytest.mark.xdist_group("soak")
+
+soak_module = load_script(REPO / "bench" / "soak.py")
+# The soak's own helper modules (it imports them from bench/), so that their classes are the ones it uses.
+invariants = soak_module.soak_invariants
+fleet_sim = soak_module.fleet_sim
+
+# Seed 15 meets every kind of incident and, before the "ladder" and "identity" merges, shows each safety
+# bug the soak can see; with the ladder merged, the two of the identity work (lost_state_refuses, and
+# nothing_forgotten on the Lease: a newer replica's field dropped); with the rules emulated, none.
+SHORT = fleet_sim.FleetConfig(days=2.0, workloads=20, seed=15)
+
+# What main violates (the coordinator removes these marks after the merges): before the ladder's ...
+MAIN_VIOLATES = {
+    "no_restart_while_paged": "the page does not hold: after escalate_within the ladder starts again at restart",
+    "no_cordon_without_node_evidence": "the ladder's second step cordons the node of any workload stuck again",
+    "cordons_within_limit": "no max_cordoned_nodes",
+    "restarts_within_budget_and_backoff": "no per-workload backoff",
+    # ... and before the identity work's:
+    "nothing_forgotten": "a page is overwritten and pruned (ladder); a newer replica's field is dropped (identity)",
+    "lost_state_refuses": "a deleted Lease reads as a fresh state, and restarts go on",
+}
+NOT_ON_SQLITE = {"lost_state_refuses"}  # one replica has no Lease to lose
+
+
+def _xfail(name: str, store: str):
+    if name in MAIN_VIOLATES and not (store == "sqlite" and name in NOT_ON_SQLITE):
+        return pytest.mark.xfail(strict=False, reason=f"main: {MAIN_VIOLATES[name]}")
+    return ()
+
+
+@pytest.fixture(scope="module")
+def reports():
+    return {store: soak_module.run(soak_module.SoakConfig(SHORT, store)) for store in ("lease", "sqlite")}
+
+
+@pytest.mark.parametrize("store, name", [
+    pytest.param(store, name, marks=_xfail(name, store), id=f"{store}-{name}")
+    for store in ("lease", "sqlite") for name in invariants.INVARIANTS
+])
+def test_two_simulated_days_break_no_invariant(reports, store, name):
+    report = reports[store]
+    assert report.violations[name] == 0, soak_module.format_report(report)
+
+
+def test_the_short_soak_meets_every_incident_and_is_deterministic(reports):
+    figures = reports["lease"].figures
+    for kind in fleet_sim.INCIDENT_KINDS:
+        assert figures.get(f"incident {kind}", 0) >= 1, kind
+    assert figures["decision duplicate"] > 0  # Alertmanager's HA copies reached the replicas
+    assert figures["rollouts_mid_incident"] > 0
+    assert figures["lease_conflicts"] > 0  # a replica's stale write was refused, and it decided again
+    assert figures["action restart"] > 0 and figures["action cordon_and_move"] > 0
+    again = soak_module.run(soak_module.SoakConfig(SHORT, "lease"))
+    assert again.violations == reports["lease"].violations
+    assert {k: v for k, v in again.figures.items() if not k.endswith(("seconds", "mib"))} == {
+        k: v for k, v in reports["lease"].figures.items() if not k.endswith(("seconds", "mib"))}
+
+
+# -- each invariant catches its violation when the rule it guards is off -------------------------
+
+
+def decide_with(monkeypatch, change):
+    """Monkeypatch the gate: `change(decision, alert, fleet, state)` may replace each decision; a
+    replacement `allow(...)` makes is carried out as the gate's own would be."""
+    real = gate.decide
+
+    def decide(alert, fleet, journal, policy, now, *args, **kwargs):
+        decision = real(alert, fleet, journal, policy, now, *args, **kwargs)
+        replaced = change(decision, alert, fleet, journal)
+        if isinstance(replaced, Allow):
+            return replaced.decision(alert, fleet, policy)
+        return replaced or decision
+
+    monkeypatch.setattr(gate, "decide", decide)
+
+
+class Allow:
+    """A switched-off rule's refusal turned into the action: a restart, or a cordon-and-move."""
+
+    def __init__(self, moving: bool = False):
+        self.moving = moving
+
+    def decision(self, alert, fleet, policy) -> Decision:
+        reason = "cordon_and_move" if self.moving else "allowed"
+        plan_of = getattr(gate, "plan_of", None)
+        if plan_of is None:  # a gate whose decisions carry no plan (before "one plan carried out once")
+            return Decision(True, reason, "switched off")
+        status = fleet.targets[alert.target]
+        plan = plan_of(alert.target, gate.workload_of(alert.target, status), status, policy, self.moving)
+        return Decision(True, reason, "switched off", plan)
+
+
+def soak_count(name: str, fleet=SHORT, store: str = "lease") -> int:
+    report = soak_module.run(soak_module.SoakConfig(fleet, store))
+    return report.violations[name]
+
+
+def rates(**over: float) -> tuple[tuple[str, float], ...]:
+    return tuple((kind, over.get(kind, rate)) for kind, rate in fleet_sim.FleetConfig().rates)
+
+
+def test_a_page_that_does_not_hold_is_caught(monkeypatch):
+    paged: set[str] = set()
+
+    def change(decision, alert, fleet, state):
+        if decision.reason != "escalated_to_human":
+            return None
+        workload = fleet.targets[alert.target].workload
+        if workload in paged:  # the page is off: the workload's next alert restarts it
+            return Allow()
+        paged.add(workload)
+        return None
+
+    decide_with(monkeypatch, change)
+    assert soak_count("no_restart_while_paged") > 0
+
+
+def test_a_cordon_without_node_evidence_is_caught(monkeypatch):
+    decide_with(monkeypatch, lambda d, *_: Allow(moving=True) if d.reason == "allowed" else None)
+    assert soak_count("no_cordon_without_node_evidence") > 0
+
+
+def test_cordons_past_the_limit_are_caught(monkeypatch):
+    # Many GPU faults at once; a refusal for the limit (the merge's `cordon_limit`) is turned into a move.
+    decide_with(monkeypatch, lambda d, *_: Allow(moving=True) if d.reason == "cordon_limit" else None)
+    assert soak_count("cordons_within_limit", replace(SHORT, rates=rates(gpu_fault=0.3))) > 0
+
+
+def test_restarts_past_the_budget_or_the_backoff_are_caught(monkeypatch):
+    holds = {"circuit_open", "cooldown", "escalated_to_human", "backoff", "restart_in_progress", "storm_cooldown"}
+    decide_with(monkeypatch, lambda d, *_: Allow() if d.reason in holds else None)
+    assert soak_count("restarts_within_budget_and_backoff", replace(SHORT, days=1.0, rates=rates(recurring_hang=0.05))) > 0
+
+
+def test_a_hang_nobody_handles_is_caught(monkeypatch):
+    decide_with(monkeypatch, lambda d, *_: Decision(False, "not_stuck", "switched off"))
+    assert soak_count("hangs_handled_within_bound") > 0
+
+
+def test_a_state_that_forgets_is_caught(monkeypatch):
+    monkeypatch.setattr(shared, "pruned", lambda state, *args, **kwargs: JournalState())
+    assert soak_count("nothing_forgotten") > 0
+    assert soak_count("nothing_forgotten", store="sqlite") > 0
+
+
+def test_a_lost_state_that_does_not_refuse_is_caught(monkeypatch):
+    real = LeaseStore.read
+
+    async def read(self):
+        try:
+            return await real(self)
+        except StateUnavailable:  # the merge's `state_lost`: switched off, a lost Lease reads as a fresh one
+            return JournalState(), Snapshot(None)
+
+    monkeypatch.setattr(LeaseStore, "read", read)
+    # ... or, where the gate refuses a lost state itself, that refusal is turned into a restart.
+    decide_with(monkeypatch, lambda d, *_: Allow() if d.reason == "state_lost" else None)
+    assert soak_count("lost_state_refuses", replace(SHORT, rates=rates(hang=0.5, lost_lease=2.0))) > 0
+
+
+# -- the invariants on their own: pure functions over a hand-made history ------------------------
+
+
+def history() -> invariants.History:
+    return invariants.History(window=3600.0, max_restarts=3)
+
+
+def act(h, at: float, kind: str = "restart", workload: str = "Deployment/llm/a", node: str = "n1", cordoned: int = 0):
+    h.record_action(invariants.Action(h.next_seq(), at, kind, workload, "a-1", node, "r", True, cordoned))
+
+
+def check(h, state=None, now: float = 0.0, episodes=()):
+    c = invariants.Check(h, invariants.Marks(), now, state, list(episodes))
+    return {name: list(fn(c)) for name, fn in invariants.INVARIANTS.items()}
+
+
+def test_a_restart_after_the_page_and_before_its_release_is_a_violation_and_after_it_none():
+    h = history()
+    h.record_decision(invariants.Seen(h.next_seq(), 10.0, "a-1", "Deployment/llm/a", "escalated_to_human", "r"))
+    act(h, 20.0)
+    h.record_human(invariants.HumanAct(h.next_seq(), 30.0, "release_page", "Deployment/llm/a"))
+    act(h, 4000.0)
+    assert check(h)["no_restart_while_paged"] == [2]
+
+
+def test_budget_and_backoff_count_per_workload_since_a_human_reset():
+    h = history()
+    act(h, 0.0)
+    act(h, invariants.BACKOFF_BASE - 1)  # too soon after the first
+    act(h, 3 * invariants.BACKOFF_BASE)
+    act(h, 3500.0)  # the fourth within the hour
+    act(h, 3500.0, workload="Deployment/llm/b")  # another workload's own budget
+    assert check(h)["restarts_within_budget_and_backoff"] == [("backoff", 2), ("budget", 4)]
+    h.record_human(invariants.HumanAct(h.next_seq(), 3550.0, "reset_circuit", "Deployment/llm/a"))
+    act(h, 3600.0)
+    assert ("budget", 7) not in check(h)["restarts_within_budget_and_backoff"]
+
+
+def test_a_cordon_needs_the_nodes_flag_and_room_under_the_limit():
+    h = history()
+    h.record_evidence("n1", True, 0.0)
+    act(h, 10.0, "cordon_and_move", node="n1", cordoned=1)
+    act(h, 20.0, "cordon_and_move", node="n2", cordoned=invariants.MAX_CORDONED_NODES + 1)
+    result = check(h)
+    assert result["no_cordon_without_node_evidence"] == [3]
+    assert result["cordons_within_limit"] == [3]
+
+
+def test_what_a_human_must_release_is_forgotten_when_the_state_drops_it():
+    h = history()
+    act(h, 10.0, "cordon_and_move", node="n1", cordoned=1)
+    h.record_field("x_newer")
+    kept = invariants.StoredState(frozenset(), frozenset(), frozenset({"n1"}), frozenset({"x_newer"}),
+                                  {"Deployment/llm/a": (10.0,)})
+    assert check(h, kept)["nothing_forgotten"] == []
+    dropped = invariants.StoredState(frozenset(), frozenset(), frozenset(), frozenset())
+    assert sorted(check(h, dropped)["nothing_forgotten"]) == [
+        ("budget", "Deployment/llm/a", 1), ("field", "x_newer", 2), ("node", "n1", 1)]
+    assert check(h, None)["nothing_forgotten"] == []  # unreadable: judged when it can be read
+
+
+def test_a_hang_past_its_bound_with_nothing_done_is_a_violation():
+    bound = invariants.HANG_BOUND
+    h = history()
+    h.record_decision(invariants.Seen(h.next_seq(), 500.0, "b-1", "Deployment/llm/b", "circuit_open", "r"))
+    episodes = [fleet_sim.Episode(0, "a-1", "Deployment/llm/a", "u", "n1", "hang", 0.0),
+                fleet_sim.Episode(1, "b-1", "Deployment/llm/b", "u", "n1", "hang", 0.0),  # told to a human
+                fleet_sim.Episode(2, "c-1", "Deployment/llm/c", "u", "n1", "hang", 0.0, end=100.0)]  # ended
+    assert check(h, now=bound - 1, episodes=episodes)["hangs_handled_within_bound"] == []
+    assert check(h, now=bound, episodes=episodes)["hangs_handled_within_bound"] == [0]
+
+
+def test_an_action_between_a_loss_and_the_humans_reinitialisation_is_a_violation():
+    h = history()
+    h.record_loss(0.0)
+    act(h, 10.0)
+    h.record_human(invariants.HumanAct(h.next_seq(), 20.0, "reinitialise", ""))
+    act(h, 30.0)
+    assert check(h)["lost_state_refuses"] == [2]
+
+
+def test_a_page_is_held_where_the_ladders_last_step_is_page():
+    assert soak_module.held_pages(JournalState(ladder={"w": ("page", 1.0), "v": ("restart", 1.0)})) == {"w"}
+
+
+# -- no false alarms: with the intended rules emulated, the short soak is clean -------------------
+
+
+def test_with_the_intended_rules_emulated_no_invariant_is_violated(monkeypatch):
+    """The soak's own guard: where the gate and the stores behave as issue 30 intends (emulated here
+    by monkeypatches, as crudely as will do: a page held until a human's reset, a ladder's cordon
+    without node evidence paged instead, at most MAX_CORDONED_NODES cordons, pages and unknown
+    fields kept, a lost Lease refused until a human re-initialises it), every invariant reports 0:
+    what the soak reports on main is main's, not the simulation's. After the merge the real rules
+    make this emulation redundant; the coordinator may drop it."""
+    paged: set[str] = set()
+
+    def change(decision, alert, fleet, state):
+        status = fleet.targets.get(alert.target) if fleet is not None else None
+        workload = status.workload if status is not None else None
+        if workload in paged and decision.reason not in ("duplicate", "not_firing", "paused", "state_unreachable"):
+            return Decision(False, "escalated_to_human", "the page holds")
+        if decision.reason == "escalated_to_human" and workload:
+            paged.add(workload)
+        if decision.reason == "cordon_and_move" and status is not None and not status.gpu_fault:
+            paged.add(workload)
+            return Decision(False, "escalated_to_human", "no node evidence: paged")
+        if decision.reason == "cordon_and_move" and len(state.gpu_nodes) >= invariants.MAX_CORDONED_NODES:
+            return Decision(False, "cordon_limit", "max_cordoned_nodes")
+        return None
+
+    decide_with(monkeypatch, change)
+    real_reset, real_pruned, real_to_json, real_from_json = (
+        shared.circuits_reset, shared.pruned, shared.to_json, shared.from_json)
+
+    def circuits_reset(state, workloads):
+        paged.difference_update(workloads)
+        return real_reset(state, workloads)
+
+    def pruned(state, *args, **kwargs):
+        new = real_pruned(state, *args, **kwargs)
+        return replace(new, ladder={**new.ladder, **{w: s for w, s in state.ladder.items() if s[0] == "page"}})
+
+    unknown: dict = {}
+
+    def from_json(text):
+        if text:
+            unknown.update({k: v for k, v in json.loads(text).items() if k.startswith("x_newer")})
+        return real_from_json(text)
+
+    def to_json(state):
+        return json.dumps({**json.loads(real_to_json(state)), **unknown}, sort_keys=True)
+
+    lost = {"now": False}
+    real_read, real_delete = LeaseStore.read, soak_module.MemoryLeases.delete
+
+    async def read(self):
+        if lost["now"] and self.leases.lease is None:
+            raise StateUnavailable("state_lost: the Lease is gone")
+        return await real_read(self)
+
+    def delete(self):
+        lost["now"] = True
+        real_delete(self)
+
+    async def reinitialise(self):
+        lost["now"] = False
+        unknown.clear()
+
+    monkeypatch.setattr(shared, "circuits_reset", circuits_reset)
+    if hasattr(shared, "workload_released"):  # the page's own release, where the remediator has one
+        real_released = shared.workload_released
+
+        def workload_released(state, workload):
+            paged.discard(workload)
+            return real_released(state, workload)
+
+        monkeypatch.setattr(shared, "workload_released", workload_released)
+    monkeypatch.setattr(shared, "pruned", pruned)
+    monkeypatch.setattr(shared, "from_json", from_json)
+    monkeypatch.setattr(shared, "to_json", to_json)
+    monkeypatch.setattr(LeaseStore, "read", read)
+    monkeypatch.setattr(soak_module.MemoryLeases, "delete", delete)
+    monkeypatch.setattr(soak_module.Operator, "reinitialise", reinitialise)
+    monkeypatch.setattr(soak_module, "held_pages", lambda state: frozenset(paged))
+    for store in ("lease", "sqlite"):
+        paged.clear()
+        report = soak_module.run(soak_module.SoakConfig(SHORT, store))
+        assert not any(report.violations.values()), soak_module.format_report(report)
+        assert report.figures["action restart"] > 0 and report.figures["decision escalated_to_human"] > 0
+
+
+def test_the_budget_spent_within_the_window_is_forgotten_when_the_state_drops_a_restart():
+    h = history()
+    act(h, 100.0)
+    act(h, 1000.0)
+    both = invariants.StoredState(frozenset(), frozenset(), frozenset(), frozenset(),
+                                  {"Deployment/llm/a": (100.0, 1000.0)})
+    one = replace(both, restart_times={"Deployment/llm/a": (1000.0,)})
+    assert check(h, both, now=1200.0)["nothing_forgotten"] == []
+    assert check(h, one, now=1200.0)["nothing_forgotten"] == [("budget", "Deployment/llm/a", 2)]
+    assert check(h, one, now=3700.0)["nothing_forgotten"] == []  # the first is out of the window by now
+    h.record_human(invariants.HumanAct(h.next_seq(), 1100.0, "reset_circuit", "Deployment/llm/a"))
+    assert check(h, replace(both, restart_times={}), now=1200.0)["nothing_forgotten"] == []  # a human forgave it
