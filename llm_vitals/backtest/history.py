@@ -1,0 +1,115 @@
+"""Raw samples of one target, as Prometheus holds them, turned into the reads the exporter would have made. Pure.
+
+A read happens at each point of a grid `step` apart. It sees the target's latest scrape within
+`(at - step, at]`: every series of that scrape, written back as the lines of a `/metrics` page, so
+the engine's own adapter (exporter/engines/) parses it into its Snapshot, exactly as the exporter
+would have. No scrape within the window is a missed read (the exporter's rule for a read that
+failed: evidence of nothing, `down` only after `down_after`).
+
+What Prometheus adds to a series (the target labels: job, instance, pod, ...) is not on the page;
+two series that differ only in those, seen at one scrape, are the same page line twice (a relabel
+that duplicated them): the first is kept and the duplicate is reported, never summed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+# Labels Prometheus (service discovery, relabelling, federation) puts on a series, never the engine.
+TARGET_LABELS = frozenset({
+    "__name__", "instance", "job", "namespace", "pod", "service", "endpoint", "container", "node",
+    "prometheus", "prometheus_replica", "workload",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One series of one family over one chunk of the window: its labels (no `__name__`) and raw samples."""
+
+    name: str
+    labels: Mapping[str, str]
+    times: Sequence[float]
+    values: Sequence[float]
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """One read the exporter would have made at `at`: a page, or None when no scrape fell in its window."""
+
+    at: float
+    page: str | None
+    scraped_at: float | None = None
+
+
+def escape(value: str) -> str:
+    """A label value as the text format writes it."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def line_prefix(series: Series) -> str:
+    """`name{labels}` of the page line a series is, target labels left out (sorted, escaped)."""
+    labels = sorted((k, v) for k, v in series.labels.items() if k not in TARGET_LABELS)
+    if not labels:
+        return series.name
+    return series.name + "{" + ",".join(f'{k}="{escape(v)}"' for k, v in labels) + "}"
+
+
+def format_value(value: float) -> str:
+    """A sample value as the text format writes it (NaN and ±Inf included: the adapter decides on them)."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
+
+
+@dataclass
+class Scrapes:
+    """One target's scrapes over one chunk: scrape time -> the page lines of that scrape, in order."""
+
+    times: list[float] = field(default_factory=list)
+    lines: list[dict[str, str]] = field(default_factory=list)
+    duplicates: set[str] = field(default_factory=set)  # page lines two series wrote at one scrape
+
+    @classmethod
+    def of(cls, series: Iterable[Series]) -> Scrapes:
+        """Gather the series of one target by scrape time (every series of one scrape shares its timestamp)."""
+        rows: dict[float, dict[str, str]] = {}
+        duplicates: set[str] = set()
+        for one in series:
+            prefix = line_prefix(one)
+            for at, value in zip(one.times, one.values, strict=True):
+                row = rows.get(at)
+                if row is None:
+                    row = rows[at] = {}
+                if prefix in row:
+                    duplicates.add(prefix)
+                    continue
+                row[prefix] = format_value(value)
+        times = sorted(rows)
+        return cls(times, [rows[at] for at in times], duplicates)
+
+    def read_at(self, at: float, step: float) -> Read:
+        """The read at `at`: the latest scrape within `(at - step, at]`, as a page; or a missed read."""
+        index = bisect.bisect_right(self.times, at) - 1
+        if index < 0 or self.times[index] <= at - step:
+            return Read(at, None)
+        row = self.lines[index]
+        return Read(at, "".join(f"{prefix} {value}\n" for prefix, value in row.items()), self.times[index])
+
+
+def grid(start: float, end: float, step: float) -> Iterator[float]:
+    """The read times from `start` to `end` inclusive, `step` apart (computed, not summed: no drift)."""
+    count = math.floor((end - start) / step + 1e-9)
+    for k in range(count + 1):
+        yield start + k * step
+
+
+def scrape_interval(times: Sequence[float]) -> float | None:
+    """The median gap between a target's scrapes, or None with fewer than two."""
+    gaps = sorted(b - a for a, b in itertools.pairwise(times) if b > a)
+    return gaps[len(gaps) // 2] if gaps else None
