@@ -206,12 +206,14 @@ class TargetReplay:
     """One target's replay, fed its reads in time order (across chunks), then `finish`ed at the window's end."""
 
     def __init__(self, name: str, engine: Engine, settings: TargetSettings, rules: Sequence[AlertRule], *,
-                 watchdog_timeout: float, step: float, workload: str | None = None, trace: bool = False) -> None:
+                 watchdog_timeout: float, step: float, workload: str | None = None, trace: bool = False,
+                 record_from: float = -math.inf) -> None:
         self.name = name
         self.engine = engine
         self.settings = settings
         self.rules = tuple(rules)
         self.step = step
+        self.record_from = record_from
         self.workload = workload or name
         self.verdict: Verdict | None = None
         self.episodes: list[Episode] = []
@@ -284,9 +286,12 @@ class TargetReplay:
         self.state_changes.append((at, verdict.state))
 
     def _close(self, at: float) -> None:
-        if self._open is not None and self._open[0] not in ORDINARY_STATES:
+        # The warm-up read before the window (`record_from`) only gives the first read of the window
+        # a read to compare with: a server already running is not `starting` because the window begins.
+        if self._open is not None and self._open[0] not in ORDINARY_STATES and at > self.record_from:
             state, since, reason, detail = self._open
-            self.episodes.append(Episode(state, since, at, reason, detail))
+            if since >= self.record_from:
+                self.episodes.append(Episode(state, since, at, reason, detail))
         self._open = None
 
     def _evaluate(self, verdict: Verdict, at: float) -> None:

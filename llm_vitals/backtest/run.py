@@ -130,7 +130,7 @@ def discover(source: Source, window: Window, options: Options) -> tuple[dict[str
     notes: list[Note] = []
     wanted = {name: families(entry) for name, entry in ENGINES.items() if families(entry)}
     all_names = sorted({f for names in wanted.values() for f in names} | {QUEUE_TIME_BUCKET})
-    label_sets = source.series(name_selector(all_names, options.matchers), window.start - window.step, window.end)
+    label_sets = source.series(name_selector(all_names, options.matchers), window.start - 2 * window.step, window.end)
     by_instance: dict[str, set[str]] = defaultdict(set)
     first_labels: dict[str, dict[str, str]] = {}
     buckets: set[str] = set()
@@ -158,7 +158,7 @@ def discover(source: Source, window: Window, options: Options) -> tuple[dict[str
         targets[instance] = TargetReplay(
             instance, ENGINES[engine], settings, options.rules, watchdog_timeout=options.watchdog_timeout,
             step=window.step, workload=workload_of(first_labels.get(instance, {}), instance)
-            if settings.workload is None else settings.workload, trace=options.trace)
+            if settings.workload is None else settings.workload, trace=options.trace, record_from=window.start)
     for name in sorted(set(configured) - set(targets)):
         notes.append(Note(None, f"{name}: in the config, but no series with instance=\"{name}\" in the window"))
     le = _bound_at_or_above(buckets, options.watchdog_timeout)
@@ -192,7 +192,8 @@ def backtest(source: Source, window: Window, options: Options) -> Result:
         queries += [(name, ()) for name in families(ENGINES[engine])]
     if le is not None and "vllm" in engines:
         queries += [(QUEUE_TIME_COUNT, ()), (QUEUE_TIME_BUCKET, (f'le="{le}"',))]
-    times = list(grid(window.start, window.end, window.step))
+    # One warm-up read a step before the window: the window's first read has one to compare with.
+    times = list(grid(window.start - window.step, window.end, window.step))
     chunks = max(1, -(-len(times) // options.chunk_points))
     result.chunks = chunks
     checked_interval = False
