@@ -291,7 +291,7 @@ async def test_a_422_says_what_prometheus_said_and_is_not_retried(aiohttp_server
     url, calls = await serve(aiohttp_server, [(422, {"status": "error", "errorType": "execution",
                                                       "error": "query processing would load too many samples"})])
     client = Prometheus(url, timeout=5, sleep=lambda _: None)
-    with pytest.raises(PrometheusError, match="HTTP 422 .*too many samples"):
+    with pytest.raises(PrometheusError, match=r"HTTP 422 .*too many samples"):
         await asyncio.to_thread(client.samples, '{__name__="m"}', 0.0, 20.0)
     assert len(calls) == 1
 
