@@ -57,6 +57,8 @@ def chart(result: Result, replay: TargetReplay) -> str:
             hours = [(t - start) / 3600 for t in _thin(trace.at)]
             pending.plot(hours, _thin(trace.pending), color="#37474f", linewidth=0.8, drawstyle="steps-post")
             rate.plot(hours, _thin(trace.steps_rate), color="#2e7d32", linewidth=0.8)
+        pending.set_ylim(bottom=0)
+        rate.set_ylim(bottom=0)
         pending.set_ylabel("pending")
         rate.set_ylabel("steps/s")
         rate.set_xlabel(f"hours since {_when(start)} UTC")
