@@ -109,3 +109,72 @@ async def test_the_backtest_reads_the_truth_of_each_backfilled_history_and_draws
     await chromium(binary, tmp_path / "chromium-profile", f"--screenshot={shot}", "--window-size=1300,900",
                    page.as_uri())
     assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
+
+
+# ----------------------------------------------------------------------------------------------
+# The compressed day of the incident (README "Why"), through Prometheus
+
+
+def incident_history(replay_module, config, t0: float) -> tuple[list[Series], list]:
+    """The baseline world of bench/incident_replay.py (the watchdogs restarting the server), scraped every 15 s.
+
+    Each scrape is the server's counters as its vLLM page carries them (the replay's own snapshot,
+    the vLLM adapter's fields); while its weights load after a restart it is not listening: no scrape.
+    """
+    episodes = replay_module.batch_schedule(config)
+    clock = replay_module.Clock()
+    server = replay_module.Server(clock, config)
+    replay_module.BatchJob(clock, server, config, episodes)
+    replay_module.ChatWatchdog(clock, server, config)
+    replay_module.ErrorWatchdog(clock, server, config)
+    clock.at(config.hang_at, server.hang)
+    rows: list[tuple[float, list[tuple[str, dict[str, str], float]]]] = []
+    base = {"engine": "0", "model_name": "tiny"}
+
+    def scrape() -> None:
+        snap = server.observe()
+        if not isinstance(snap, replay_module.Snapshot):
+            return
+        rows.append((t0 + clock.now, [
+            ("vllm:num_requests_running", base, snap.running), ("vllm:num_requests_waiting", base, snap.waiting),
+            ("vllm:iteration_tokens_total_count", base, snap.steps),
+            ("vllm:generation_tokens_total", base, snap.generation_tokens),
+            ("vllm:prompt_tokens_total", base, snap.prompt_tokens),
+            ("vllm:request_success_total", {**base, "finished_reason": "length"}, snap.finished),
+            ("vllm:kv_cache_usage_perc", base, snap.kv_usage),
+            ("process_start_time_seconds", {}, t0 + snap.process_start_time),
+        ]))
+
+    clock.every(STEP, scrape, first=0.0)
+    clock.run_until(config.duration)
+    return as_series("gpu-a:8000", rows), server.restarts
+
+
+async def test_the_incident_day_through_prometheus_the_watchdog_restarts_a_healthy_server_and_llm_vitals_does_not(
+        tmp_path: Path) -> None:
+    from conftest import REPO, load_script
+
+    replay_module = load_script(REPO / "bench" / "incident_replay.py")
+    config = replay_module.ReplayConfig(hours=6, seed=5)  # tests/test_incident_replay.py's short day
+    t0 = float(int(time.time()) // 3600 * 3600 - 8 * 3600)
+    series, restarts = incident_history(replay_module, config, t0)
+    hang = t0 + config.hang_at
+    async with backfilled_prometheus(tmp_path, series) as url:
+        done = await backtest("--prometheus", url, "--start", f"{t0 + STEP:.0f}", "--end",
+                              f"{t0 + config.duration:.0f}", "--json",
+                              "--watchdog-timeout", f"{config.chat_timeout:g}s")
+    assert done.returncode == 0, done.stderr
+    (target,) = json.loads(done.stdout)["targets"]
+    before_hang = [r for r in restarts if t0 + r.time < hang]
+    assert len(before_hang) >= 2  # the baseline's: the chat watchdog, then the 500s watchdog, on a healthy server
+    # llm-vitals on the same history: no restart at all. Not of the healthy server, and not at the
+    # hang either: in this history the baseline's chat watchdog restarted it within a minute of the
+    # hang (its probes had been failing behind the batch load already), before stuck_after.
+    assert target["would_restart"] == 0 and target["gate"] == []
+    assert not [e for e in target["episodes"] if e["state"] == "stuck"]
+    # What the history shows of the baseline's restarts: each new process (a restart within another's
+    # weight loading is one new process), and the watchdog column counts restarts before the hang.
+    lifetimes = [r for i, r in enumerate(restarts) if i + 1 == len(restarts)
+                 or restarts[i + 1].time - r.time >= config.load_seconds]
+    assert target["restarts_seen"] == len(lifetimes)
+    assert sum(1 for p in target["watchdog_periods"] if p["start"] < hang) >= 1

@@ -38,11 +38,16 @@ class Series:
 
 @dataclass(frozen=True, slots=True)
 class Read:
-    """One read the exporter would have made at `at`: a page, or None when no scrape fell in its window."""
+    """One read the exporter would have made at `at`: a page, or None when no scrape fell in its window.
+
+    `extra` holds the scrape's lines of families the engine's adapter does not read (the watchdog's
+    queue-time histogram), by page line prefix: kept off the page the adapter scans.
+    """
 
     at: float
     page: str | None
     scraped_at: float | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)
 
 
 def escape(value: str) -> str:
@@ -74,9 +79,10 @@ class Scrapes:
     times: list[float] = field(default_factory=list)
     lines: list[dict[str, str]] = field(default_factory=list)
     duplicates: set[str] = field(default_factory=set)  # page lines two series wrote at one scrape
+    extra_names: frozenset[str] = frozenset()  # families kept off the page (Read.extra)
 
     @classmethod
-    def of(cls, series: Iterable[Series]) -> Scrapes:
+    def of(cls, series: Iterable[Series], extra_names: Iterable[str] = ()) -> Scrapes:
         """Gather the series of one target by scrape time (every series of one scrape shares its timestamp)."""
         rows: dict[float, dict[str, str]] = {}
         duplicates: set[str] = set()
@@ -91,7 +97,7 @@ class Scrapes:
                     continue
                 row[prefix] = format_value(value)
         times = sorted(rows)
-        return cls(times, [rows[at] for at in times], duplicates)
+        return cls(times, [rows[at] for at in times], duplicates, frozenset(extra_names))
 
     def read_at(self, at: float, step: float) -> Read:
         """The read at `at`: the latest scrape within `(at - step, at]`, as a page; or a missed read."""
@@ -99,7 +105,15 @@ class Scrapes:
         if index < 0 or self.times[index] <= at - step:
             return Read(at, None)
         row = self.lines[index]
-        return Read(at, "".join(f"{prefix} {value}\n" for prefix, value in row.items()), self.times[index])
+        if not self.extra_names:
+            return Read(at, "".join(f"{prefix} {value}\n" for prefix, value in row.items()), self.times[index])
+        page, extra = [], {}
+        for prefix, value in row.items():
+            if prefix.partition("{")[0] in self.extra_names:
+                extra[prefix] = value
+            else:
+                page.append(f"{prefix} {value}\n")
+        return Read(at, "".join(page), self.times[index], extra)
 
 
 def grid(start: float, end: float, step: float) -> Iterator[float]:

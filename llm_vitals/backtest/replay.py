@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
+from collections import deque
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +33,6 @@ from dataclasses import dataclass, field
 from llm_vitals.backtest.history import Read
 from llm_vitals.backtest.rules import AlertRule
 from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot
-from llm_vitals.exporter.engines.scan import Scanner
 from llm_vitals.exporter.engines.table import read_page
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict import PollError, Verdict, judge
@@ -45,11 +46,12 @@ REPEAT_INTERVAL = 3600.0
 # The remediator's executors' default timeout: how long a would-be restart holds "in progress".
 RESTART_TIMEOUT = 30.0
 
+# How far back the watchdog's finish rate looks (at least 4 timeouts).
+BACKLOG_HORIZON = 300.0
 # vLLM's queue-time histogram (seconds a request waited before it was scheduled).
 QUEUE_TIME_BUCKET = "vllm:request_queue_time_seconds_bucket"
 QUEUE_TIME_COUNT = "vllm:request_queue_time_seconds_count"
 QUEUE_TIME_FAMILIES = (QUEUE_TIME_BUCKET, QUEUE_TIME_COUNT)
-_QUEUE_SCANNER = Scanner(QUEUE_TIME_FAMILIES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +109,7 @@ class Watchdog:
     From vLLM's queue-time histogram where the history has it (a request scheduled since the last
     read after waiting longer than the smallest bucket bound >= timeout), and from the load: work
     pending with no engine step or finished request for `timeout` or longer, or more waiting than
-    the finish rate clears within `timeout`. Each period a probe would have failed is one restart: a
+    the finish rate of the last BACKLOG_HORIZON clears within `timeout`. Each period a probe would have failed is one restart: a
     lower bound (a real watchdog whose restart does not clear the load restarts again).
     """
 
@@ -119,13 +121,14 @@ class Watchdog:
     _last_at: float | None = None
     _queue: tuple[float, float] | None = None  # (count, bucket at the bound) at the last read
     _slow_queue: bool = False  # the last requests scheduled waited longer than the bound
+    _finishes: deque[tuple[float, float]] = field(default_factory=deque)  # (time, finished) over the horizon
 
-    def feed(self, at: float, snap: Snapshot | None, page: str | None, restarted: bool) -> None:
+    def feed(self, at: float, snap: Snapshot | None, lines: Mapping[str, str], restarted: bool) -> None:
         """Fold one read in; a missed read (`snap` None) changes nothing: it shows nothing either way."""
         if snap is None:
             return
         last, last_at = (None, None) if restarted else (self._last, self._last_at)
-        queue = _queue_counts(page, self.timeout) if page is not None else None
+        queue = _queue_counts(lines, self.timeout) if lines else None
         if restarted or not snap.pending:
             self._slow_queue = False
         elif queue is not None and self._queue is not None:
@@ -141,11 +144,7 @@ class Watchdog:
             # Pending and nothing moved since the last read: frozen since then (since now on a lifetime's first read).
             self._frozen_since = last_at if last_at is not None else at
         frozen = self._frozen_since is not None and at - self._frozen_since >= self.timeout
-        backlog = False
-        if (last is not None and last_at is not None and snap.waiting > 0 and snap.finished is not None
-                and last.finished is not None and at > last_at):
-            rate = (snap.finished - last.finished) / (at - last_at)
-            backlog = rate > 0 and snap.waiting / rate > self.timeout
+        backlog = self._backlog(at, snap, restarted)
         failing = self._slow_queue or frozen or backlog
         if failing and not self.failing:
             self.periods.append((at, None))
@@ -153,6 +152,23 @@ class Watchdog:
             self.periods[-1] = (self.periods[-1][0], at)
         self.failing = failing
         self._last, self._last_at, self._queue = snap, at, queue
+
+    def _backlog(self, at: float, snap: Snapshot, restarted: bool) -> bool:
+        """More waiting than the recent finish rate clears within `timeout`: a probe joins the queue's tail
+        and waits for every request ahead of it to be scheduled, one per finished request."""
+        if restarted or snap.finished is None:
+            self._finishes.clear()
+            return False
+        self._finishes.append((at, snap.finished))
+        horizon = max(4 * self.timeout, BACKLOG_HORIZON)
+        while len(self._finishes) > 2 and at - self._finishes[1][0] >= horizon:
+            self._finishes.popleft()
+        first_at, first = self._finishes[0]
+        span = at - first_at
+        if snap.waiting <= 0 or span < self.timeout:
+            return False
+        rate = (snap.finished - first) / span
+        return rate <= 0 or (snap.waiting + 1) / rate > self.timeout
 
     @property
     def restarts(self) -> int:
@@ -166,27 +182,31 @@ def _moved(before: Snapshot, after: Snapshot) -> bool:
     return steps or done
 
 
-def _queue_counts(page: str, timeout: float) -> tuple[float, float] | None:
-    """(requests scheduled, those that waited <= the smallest bucket bound >= timeout) on a page, or None."""
-    try:
-        found = _QUEUE_SCANNER.scan(page)
-    except PageError:
-        return None
-    counts, buckets = found.get(QUEUE_TIME_COUNT), found.get(QUEUE_TIME_BUCKET)
-    if not counts or not buckets:
-        return None
+def _queue_counts(lines: Mapping[str, str], timeout: float) -> tuple[float, float] | None:
+    """(requests scheduled, those that waited <= the smallest bucket bound >= timeout) in a read's lines, or None."""
+    count: float | None = None
     bounds: dict[float, float] = {}
-    for sample in buckets:
+    for prefix, text in lines.items():
         try:
-            le = float(sample.labels().get("le", "nan"))
-        except (ValueError, PageError):
+            value = float(text)
+        except ValueError:
             continue
-        if le >= timeout and math.isfinite(sample.value):
-            bounds[le] = bounds.get(le, 0.0) + sample.value
-    if not bounds:
+        if not math.isfinite(value):
+            continue
+        name = prefix.partition("{")[0]
+        if name == QUEUE_TIME_COUNT:
+            count = (count or 0.0) + value
+        elif name == QUEUE_TIME_BUCKET:
+            match = _LE.search(prefix)
+            le = float(match.group(1)) if match else math.nan
+            if le >= timeout:
+                bounds[le] = bounds.get(le, 0.0) + value
+    if count is None or not bounds:
         return None
-    count = sum(s.value for s in counts if math.isfinite(s.value))
     return count, bounds[min(bounds)]
+
+
+_LE = re.compile(r'[{,]le="([^"]*)"')
 
 
 STATE_INDEX = {state: i for i, state in enumerate(STATES)}
@@ -233,6 +253,8 @@ class TargetReplay:
         self._open: tuple[str, float, str, str] | None = None  # state, since, reason, detail
         self._rules: dict[str, tuple[float, float | None, float | None]] = {}  # name -> (active_at, firing_at, last_sent)
         self._page_errors: dict[str, int] = {}
+        self._last_page: str | None = None
+        self._last_snap: Snapshot | None = None
 
     def feed(self, read: Read) -> None:
         """Judge one read, as the exporter's poll would have."""
@@ -244,7 +266,11 @@ class TargetReplay:
             observation = PollError("connect", f"no scrape in the history within the {self.step:g}s before this read")
         else:
             try:
-                snap = read_page(self.engine, Page(read.page.encode()))
+                # The adapter is pure: the same page (a quiet or hung server's) is the same snapshot.
+                if read.page != self._last_page or self._last_snap is None:
+                    self._last_snap, self._last_page = None, read.page
+                    self._last_snap = read_page(self.engine, Page(read.page.encode()))
+                snap = self._last_snap
                 observation = snap
             except PageError as exc:
                 observation = PollError(exc.reason, exc.detail)
@@ -269,7 +295,7 @@ class TargetReplay:
             self.start_times.append((read.at, snap.process_start_time))
         self._episode(verdict, read.at)
         self._evaluate(verdict, read.at)
-        self.watchdog.feed(read.at, snap, read.page, restarted)
+        self.watchdog.feed(read.at, snap, read.extra, restarted)
         if self.trace is not None:
             self.trace.at.append(read.at)
             self.trace.state.append(STATE_INDEX.get(verdict.state, -1))

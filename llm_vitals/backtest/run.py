@@ -24,6 +24,7 @@ from llm_vitals.backtest.prometheus import CHUNK_POINTS, PrometheusError, name_s
 from llm_vitals.backtest.replay import (
     QUEUE_TIME_BUCKET,
     QUEUE_TIME_COUNT,
+    QUEUE_TIME_FAMILIES,
     GateDecision,
     Note,
     TargetReplay,
@@ -213,7 +214,7 @@ def backtest(source: Source, window: Window, options: Options) -> Result:
             say(f"chunk {index + 1}/{chunks}: {exc}")
             continue
         result.chunks_read += 1
-        scrapes = {name: Scrapes.of(series) for name, series in by_target.items()}
+        scrapes = {name: Scrapes.of(series, QUEUE_TIME_FAMILIES) for name, series in by_target.items()}
         if not checked_interval and scrapes:
             checked_interval = True
             _check_interval(scrapes, window, result)
