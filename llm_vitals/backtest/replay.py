@@ -25,8 +25,8 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from collections import deque
 from array import array
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
