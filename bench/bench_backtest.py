@@ -3,23 +3,25 @@
 The history is synthetic and made on demand, chunk by chunk, by an in-memory `Source` (below the
 HTTP layer: the same pass, the same adapter, verdict, rules and gate as against Prometheus), so the
 bench measures the backtest and not a store. Each target scrapes vLLM's families every 15 s (17
-series, the queue-time histogram's bucket at the watchdog's bound included). One in ten hangs on
-day 3 for 10 minutes, its scrapes stop for 90 s and it restarts; half are saturated throughout;
+series, the queue-time histogram's bucket at the watchdog's bound included). One in ten hangs
+(from day 3 on, an hour apart) for 10 minutes, its scrapes stop for 90 s and it restarts; half are saturated throughout;
 the rest alternate an hour busy, an hour idle.
 
-Reported: wall time, CPU time, the time spent making the samples (the source's, not the backtest's),
-reads per second, and the peak resident memory (ru_maxrss) of the whole process. The pass checks
+Reported: wall time, CPU time (with --jobs, of every process), the time spent making the samples
+(the source's, not the backtest's; with one job), reads per CPU second, and the peak resident
+memory (ru_maxrss) of the main process and of the largest reading process. The pass checks
 its own result: one stuck episode and one would-be restart per hung target (gated: at most one
 restart per cooldown fleet-wide), none on the others.
 
 Targets: a week at 15 s for 200 targets under a minute and under 500 MB.
 
-    .venv/bin/python bench/bench_backtest.py [--targets 200] [--days 7] [--step 15]
+    .venv/bin/python bench/bench_backtest.py [--targets 200] [--days 7] [--step 15] [--jobs N]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import resource
 import sys
@@ -42,6 +44,7 @@ ALTERNATE = 240  # scrapes busy, then as many idle
 REASONS = ("stop", "length", "abort", "error", "repetition")
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 _NAMES = re.compile(r'__name__(=~?)"([^"]*)"')
+_INSTANCES = re.compile(r'instance=~"([^"]*)"')
 
 
 class FleetHistory:
@@ -55,14 +58,15 @@ class FleetHistory:
     def kind(self, index: int) -> str:
         return "hang" if index % 10 == 0 else "saturated" if index % 2 else "alternating"
 
-    def _hang_k(self) -> int:
-        return int(HANG_DAY * 86400 / self.step)
+    def _hang_k(self, index: int) -> int:
+        # The hung targets (every tenth) hang an hour apart from day 3 on, each past the last's cooldown.
+        return int((HANG_DAY * 86400 + (index // 10) * 3600) / self.step)
 
     def _state(self, index: int, k: int) -> tuple[bool, int, int, float] | None:
         """(busy, work done in this lifetime in scrapes, lifetime's first scrape, its start time); None: no scrape."""
         kind = self.kind(index)
         if kind == "hang":
-            hang = self._hang_k()
+            hang = self._hang_k(index)
             gap_from, gap_to = hang + int(HANG_SECONDS / self.step), hang + int((HANG_SECONDS + GAP_SECONDS) / self.step)
             if gap_from <= k < gap_to:
                 return None
@@ -80,7 +84,7 @@ class FleetHistory:
         if state is None:
             return None
         busy, done, _, started = state
-        hung = self.kind(index) == "hang" and self._hang_k() <= k < self._hang_k() + HANG_SECONDS / self.step
+        hung = self.kind(index) == "hang" and self._hang_k(index) <= k < self._hang_k(index) + HANG_SECONDS / self.step
         if name == "vllm:num_requests_running":
             return 2.0 if busy else 0.0
         if name == "vllm:num_requests_waiting":
@@ -127,6 +131,11 @@ class SyntheticSource:
         self.fleet = fleet
         self.queries = 0
 
+    def _targets(self, selector: str) -> list[tuple[int, str]]:
+        match = _INSTANCES.search(selector)
+        wanted = set(match.group(1).replace("\\\\", "\\").replace("\\", "").split("|")) if match else None
+        return [(i, t) for i, t in enumerate(self.fleet.targets) if wanted is None or t in wanted]
+
     def _names(self, selector: str) -> list[str]:
         match = _NAMES.search(selector)
         assert match is not None
@@ -145,7 +154,7 @@ class SyntheticSource:
         first, last = int((start - T0) // step) + 1, int((end - T0) // step)
         found = []
         for name in self._names(selector):
-            for index, target in enumerate(self.fleet.targets):
+            for index, target in self._targets(selector):
                 for labels in self.fleet.label_sets(name):
                     times, values = array("d"), array("d")
                     for k in range(max(0, first), last + 1):
@@ -163,25 +172,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", type=int, default=200)
     parser.add_argument("--days", type=float, default=7.0)
     parser.add_argument("--step", type=float, default=15.0)
+    parser.add_argument("--jobs", type=int, default=1, help="processes (llm-vitals-backtest --jobs)")
     args = parser.parse_args(argv)
     fleet = FleetHistory(args.targets, args.step)
     source = SyntheticSource(fleet)
     window = Window(T0 + args.step, T0 + args.days * 86400, args.step)
-    wall, cpu = time.perf_counter(), time.process_time()
-    result = backtest(source, window, Options(rules=load_rules(), watchdog_timeout=10.0,
+    wall = time.perf_counter()
+    result = backtest(source, window, Options(rules=load_rules(), watchdog_timeout=10.0, jobs=args.jobs,
+                                              source_factory=functools.partial(SyntheticSource, fleet),
                                               progress=lambda line: print(line, file=sys.stderr, flush=True)))
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    wall = time.perf_counter() - wall
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    peak_mb, child_peak_mb = own.ru_maxrss / 1024, children.ru_maxrss / 1024
     reads = sum(t.reads for t in result.targets.values())
     hung = [name for i, name in enumerate(fleet.targets) if fleet.kind(i) == "hang"]
     stuck = {name: sum(1 for e in t.episodes if e.state == "stuck") for name, t in result.targets.items()}
     wrong = [name for name, count in stuck.items() if count != (1 if name in hung else 0)]
     allowed = sum(1 for d in result.decisions if d.allowed)
     print(f"{args.targets} targets, {args.days:g} days at {args.step:g}s: {reads:,} reads in {result.chunks} chunks, "
-          f"{source.queries} queries")
-    print(f"wall {wall:.1f}s, CPU {cpu:.1f}s (making the samples: {fleet.made_seconds:.1f}s; the backtest: "
-          f"{cpu - fleet.made_seconds:.1f}s, {reads / max(cpu - fleet.made_seconds, 1e-9):,.0f} reads/s); "
-          f"peak RSS {peak_mb:.0f} MB")
+          + (f"{source.queries} queries" if args.jobs == 1 else f"{args.jobs} processes"))
+    made = f"making the samples: {fleet.made_seconds:.1f}s, " if args.jobs == 1 else ""
+    print(f"wall {wall:.1f}s, CPU {cpu:.1f}s in all ({made}{reads / max(cpu, 1e-9):,.0f} reads per CPU second); "
+          f"peak RSS {peak_mb:.0f} MB" + (f", {child_peak_mb:.0f} MB in the largest of {args.jobs} reading processes"
+                                           if args.jobs > 1 else ""))
     print(f"stuck episodes as each history says: {'yes' if not wrong else f'NO: {wrong[:5]}'}; "
           f"would-be restarts {allowed} of {len(hung)} hangs (the rest refused: "
           f"{sorted({d.reason for d in result.decisions if not d.allowed})})")

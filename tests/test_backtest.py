@@ -5,6 +5,7 @@ The real Prometheus, backfilled with the same histories, is tests/test_backtest_
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import replace
@@ -17,7 +18,7 @@ from llm_vitals.backtest import cli, report
 from llm_vitals.backtest.history import Scrapes, Series, line_prefix
 from llm_vitals.backtest.prometheus import Prometheus, PrometheusError, selector_matchers
 from llm_vitals.backtest.rules import RulesError, load_rules, parse_rules, shipped_rules_text
-from llm_vitals.backtest.run import Options, Window, backtest, workload_of
+from llm_vitals.backtest.run import Options, Window, backtest, instance_matcher, workload_of
 
 T0 = 1_790_000_000.0  # a history's first scrape
 STEP = 15.0
@@ -335,3 +336,19 @@ def test_the_json_lists_every_non_busy_non_idle_episode_with_the_issue_s_fields(
     assert all({"state", "start", "end", "reason"} <= set(e) for e in target["episodes"])
     text = report.as_text(result)
     assert text.count("\n") >= 3 and "gpu-a:8000 (vllm): stuck" in text and text.splitlines()[-1].startswith("totals")
+
+
+def test_jobs_split_the_targets_over_processes_and_give_the_same_result() -> None:
+    series = (as_series("gpu-a:8000", scrapes(T0, HANG_AND_RESTART))
+              + as_series("gpu-b:8000", scrapes(T0, [Phase("saturated", LENGTH)]))
+              + as_series("gpu-c:8000", scrapes(T0, HANG_AND_RESTART)))
+    window = Window(T0 + STEP, T0 + LENGTH - STEP, STEP)
+    alone = backtest(MemorySource(series), window, Options(rules=RULES))
+    split = backtest(MemorySource(series), window,
+                     Options(rules=RULES, jobs=2, source_factory=functools.partial(MemorySource, series)))
+    assert report.as_json(split) == report.as_json(alone)
+    assert list(split.targets) == ["gpu-a:8000", "gpu-b:8000", "gpu-c:8000"]
+
+
+def test_a_group_of_targets_is_matched_literally() -> None:
+    assert instance_matcher(["gpu.a:8000", "b"]) == 'instance=~"b|gpu\\\\.a:8000"'

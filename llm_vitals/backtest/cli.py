@@ -2,6 +2,7 @@
 
     llm-vitals-backtest --prometheus http://prometheus:9090 --start 2026-11-28T00:00:00Z --end 2026-12-05T00:00:00Z \\
         [--step 15s] [--selector '{job="vllm"}'] [--config exporter.yaml] [--json] [--html FILE] [--watchdog-timeout 10s]
+        [--rules FILE] [--jobs N]
 
 Exit codes: 0 when anything could be read (what could not is said on its own line), 1 when nothing
 could (Prometheus unreachable, no engine series in the window, a bad config or rules file), 2 for
@@ -11,6 +12,7 @@ a bad command line.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -73,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the request-based watchdog's probe timeout to compare with (default 10s)")
     parser.add_argument("--timeout", type=_duration, default=60.0, metavar="DURATION",
                         help="per Prometheus query (default 60s)")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="read and replay the targets in N processes (default 1; the gate runs once, over all)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of text")
     parser.add_argument("--html", type=Path, default=None, metavar="FILE",
                         help="also write a self-contained HTML page (needs the `html` extra: matplotlib)")
@@ -107,8 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     def progress(line: str) -> None:
         print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
+    if args.jobs < 1:
+        print(f"{PROG}: --jobs must be at least 1", file=sys.stderr)
+        return exits.USAGE
     options = Options(rules=rules, matchers=matchers, watchdog_timeout=args.watchdog_timeout, config=config,
-                      trace=args.html is not None, progress=progress)
+                      trace=args.html is not None, progress=progress, jobs=args.jobs,
+                      source_factory=functools.partial(Prometheus, args.prometheus, timeout=args.timeout))
     source = Prometheus(args.prometheus, timeout=args.timeout)
     try:
         result = backtest(source, Window(args.start, args.end, args.step), options)

@@ -304,6 +304,19 @@ class TargetReplay:
             rate = verdict.steps_per_second
             self.trace.steps_rate.append(rate if rate is not None else math.nan)
 
+    def __getstate__(self) -> dict[str, object]:
+        # Sent to and from a reading process (run.py's jobs): an engine entry holds functions, so
+        # it travels as its name and is looked up again in the table.
+        state = dict(self.__dict__)
+        state["engine"] = self.engine.name
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        from llm_vitals.exporter.engines.table import ENGINES
+
+        state["engine"] = ENGINES[str(state["engine"])]
+        self.__dict__.update(state)
+
     def _episode(self, verdict: Verdict, at: float) -> None:
         if self._open is not None and self._open[0] == verdict.state:
             return

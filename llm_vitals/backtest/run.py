@@ -16,7 +16,8 @@ import re
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from llm_vitals.backtest.history import Read, Scrapes, Series, grid, scrape_interval
@@ -62,6 +63,9 @@ class Options:
     trace: bool = False  # keep every read's state and load (the HTML page)
     chunk_points: int = CHUNK_POINTS
     progress: Callable[[str], None] | None = None
+    # Processes reading and replaying groups of targets, each from its own source_factory() (picklable).
+    jobs: int = 1
+    source_factory: Callable[[], Source] | None = None
 
 
 @dataclass
@@ -179,57 +183,32 @@ def _bound_at_or_above(bounds: Iterable[str], timeout: float) -> str | None:
 
 
 def backtest(source: Source, window: Window, options: Options) -> Result:
-    """The whole pass; PrometheusError only when not even the list of series could be read."""
-    say = options.progress or (lambda _: None)
+    """The whole pass; PrometheusError only when not even the list of series could be read.
+
+    With `options.jobs` > 1 the targets are split into that many groups, each read and replayed in
+    a process of its own from `options.source_factory()` (a target's replay needs no other's); the
+    gate then runs over all of them, in this process, in time order.
+    """
     targets, notes, le = discover(source, window, options)
     result = Result(window, targets, notes=notes)
     if not targets:
         result.notes.append(Note(None, "no engine series in the window (check --selector, --start/--end, and that "
                                        "Prometheus scrapes the engines' /metrics)"))
         return result
-    queries: list[tuple[str, Sequence[str]]] = []
+    queries: list[tuple[str, tuple[str, ...]]] = []
     engines = sorted({t.engine.name for t in targets.values()})
     for engine in engines:
         queries += [(name, ()) for name in families(ENGINES[engine])]
     if le is not None and "vllm" in engines:
         queries += [(QUEUE_TIME_COUNT, ()), (QUEUE_TIME_BUCKET, (f'le="{le}"',))]
-    # One warm-up read a step before the window: the window's first read has one to compare with.
-    times = list(grid(window.start - window.step, window.end, window.step))
-    chunks = max(1, -(-len(times) // options.chunk_points))
-    result.chunks = chunks
-    checked_interval = False
-    for index in range(chunks):
-        reads_at = times[index * options.chunk_points:(index + 1) * options.chunk_points]
-        low, high = reads_at[0] - window.step, reads_at[-1]
-        by_target: dict[str, list[Series]] = defaultdict(list)
-        try:
-            for name, extra in queries:
-                matchers = ",".join(m for m in (options.matchers, *extra) if m)
-                for series in source.samples(name_selector([name], matchers), low, high):
-                    instance = series.labels.get("instance", "")
-                    if instance in targets:
-                        by_target[instance].append(series)
-        except PrometheusError as exc:
-            result.notes.append(Note(low, f"reads from {_iso(reads_at[0])} to {_iso(high)} not judged: {exc}"))
-            say(f"chunk {index + 1}/{chunks}: {exc}")
-            continue
-        result.chunks_read += 1
-        scrapes = {name: Scrapes.of(series, QUEUE_TIME_FAMILIES) for name, series in by_target.items()}
-        if not checked_interval and scrapes:
-            checked_interval = True
-            _check_interval(scrapes, window, result)
-        for name, gathered in scrapes.items():
-            for prefix in sorted(gathered.duplicates):
-                result.notes.append(Note(low, f"{name}: two series wrote {prefix} at one scrape (a relabel duplicated "
-                                              f"them?): the first is read, the other ignored"))
-        for at in reads_at:
-            for name, replay in targets.items():
-                found = scrapes.get(name)
-                if replay.first_read is None and (found is None or not found.times or found.times[0] > at):
-                    continue  # not in the history yet (a target that appears mid-window)
-                replay.feed(found.read_at(at, window.step) if found is not None else _missed(at))
-        if chunks > 4:
-            say(f"chunk {index + 1}/{chunks} read ({_iso(high)})")
+    jobs = min(options.jobs, len(targets))
+    if jobs <= 1 or options.source_factory is None:
+        read = read_history(source, window, options, targets, queries)
+    else:
+        read = _read_in_processes(options.source_factory, window, options, targets, queries, jobs)
+        result.targets = targets = read.targets
+    result.chunks, result.chunks_read = read.chunks, read.chunks_read
+    result.notes += read.notes
     for replay in targets.values():
         replay.finish(window.end)
     policy = default_policy(targets)
@@ -237,19 +216,121 @@ def backtest(source: Source, window: Window, options: Options) -> Result:
     return result
 
 
+@dataclass
+class HistoryRead:
+    """What reading the history for a group of targets gave: their replays, fed; chunk counts; notes."""
+
+    targets: dict[str, TargetReplay]
+    chunks: int = 0
+    chunks_read: int = 0
+    notes: list[Note] = field(default_factory=list)
+
+
+def instance_matcher(names: Iterable[str]) -> str:
+    """`instance=~"a|b"`, each name matched literally (RE2 takes a backslash before any punctuation)."""
+    alternatives = "|".join(re.escape(name) for name in sorted(names))
+    return 'instance=~"' + alternatives.replace("\\", "\\\\") + '"'
+
+
+def read_history(source: Source, window: Window, options: Options, targets: dict[str, TargetReplay],
+                 queries: Sequence[tuple[str, tuple[str, ...]]], narrow: bool = False) -> HistoryRead:
+    """Read the window chunk by chunk and feed every target's replay its reads, in time order."""
+    say = options.progress or (lambda _: None)
+    read = HistoryRead(targets)
+    # One warm-up read a step before the window: the window's first read has one to compare with.
+    times = list(grid(window.start - window.step, window.end, window.step))
+    chunks = max(1, -(-len(times) // options.chunk_points))
+    read.chunks = chunks
+    group = (instance_matcher(targets),) if narrow else ()
+    checked_interval = False
+    for index in range(chunks):
+        reads_at = times[index * options.chunk_points:(index + 1) * options.chunk_points]
+        low, high = reads_at[0] - window.step, reads_at[-1]
+        by_target: dict[str, list[Series]] = defaultdict(list)
+        try:
+            for name, extra in queries:
+                matchers = ",".join(m for m in (options.matchers, *group, *extra) if m)
+                for series in source.samples(name_selector([name], matchers), low, high):
+                    instance = series.labels.get("instance", "")
+                    if instance in targets:
+                        by_target[instance].append(series)
+        except PrometheusError as exc:
+            read.notes.append(Note(low, f"reads from {_iso(reads_at[0])} to {_iso(high)} not judged: {exc}"))
+            say(f"chunk {index + 1}/{chunks}: {exc}")
+            continue
+        read.chunks_read += 1
+        # Target by target: each replay needs only its own reads in time order (the gate, which
+        # needs the fleet, runs afterwards), so one target's scrapes at a time are held as pages.
+        intervals: list[float] = []
+        for name, replay in targets.items():
+            of_target = by_target.pop(name, None)
+            found = Scrapes.of(of_target, QUEUE_TIME_FAMILIES) if of_target else None
+            if found is not None:
+                if not checked_interval and (interval := scrape_interval(found.times)) is not None:
+                    intervals.append(interval)
+                read.notes += [Note(low, f"{name}: two series wrote {prefix} at one scrape (a relabel duplicated "
+                                         f"them?): the first is read, the other ignored")
+                               for prefix in sorted(found.duplicates)]
+            for at in reads_at:
+                if replay.first_read is None and (found is None or not found.times or found.times[0] > at):
+                    continue  # not in the history yet (a target that appears mid-window)
+                replay.feed(found.read_at(at, window.step) if found is not None else _missed(at))
+        if not checked_interval and intervals:
+            checked_interval = True
+            read.notes += _check_interval(intervals, window)
+        if chunks > 4:
+            say(f"chunk {index + 1}/{chunks} read ({_iso(high)})")
+    return read
+
+
+def _read_group(source_factory: Callable[[], Source], window: Window, options: Options,
+                targets: dict[str, TargetReplay], queries: Sequence[tuple[str, tuple[str, ...]]]) -> HistoryRead:
+    source = source_factory()
+    try:
+        return read_history(source, window, options, targets, queries, narrow=True)
+    finally:
+        close = getattr(source, "close", None)
+        if callable(close):
+            close()
+
+
+def _read_in_processes(source_factory: Callable[[], Source], window: Window, options: Options,
+                       targets: dict[str, TargetReplay], queries: Sequence[tuple[str, tuple[str, ...]]],
+                       jobs: int) -> HistoryRead:
+    say = options.progress or (lambda _: None)
+    names = sorted(targets)
+    groups = [{name: targets[name] for name in names[i::jobs]} for i in range(jobs)]
+    quiet = replace(options, progress=None, source_factory=None)
+    merged = HistoryRead({})
+    notes: dict[tuple[float | None, str], Note] = {}
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(_read_group, source_factory, window, quiet, group, queries) for group in groups]
+        for done, future in enumerate(as_completed(futures), 1):
+            part = future.result()
+            merged.targets.update(part.targets)
+            merged.chunks = max(merged.chunks, part.chunks)
+            # A chunk counts as read when every group read it (a group's failure is its own note).
+            merged.chunks_read = part.chunks_read if done == 1 else min(merged.chunks_read, part.chunks_read)
+            for note in part.notes:
+                notes.setdefault((note.at, note.text), note)
+            say(f"group {done}/{jobs} read ({len(part.targets)} targets)")
+    merged.targets = {name: merged.targets[name] for name in names}
+    merged.notes = list(notes.values())
+    return merged
+
+
 def _missed(at: float) -> Read:
     return Read(at, None)
 
 
-def _check_interval(scrapes: Mapping[str, Scrapes], window: Window, result: Result) -> None:
-    intervals = [i for s in scrapes.values() if (i := scrape_interval(s.times)) is not None]
+def _check_interval(intervals: Sequence[float], window: Window) -> list[Note]:
     if not intervals:
-        return
+        return []
     typical = statistics.median(intervals)
     if typical > 1.5 * window.step:
-        result.notes.append(Note(None, f"the engines were scraped every {typical:g}s, more than --step "
-                                       f"{window.step:g}s: reads between two scrapes find none and count as "
-                                       f"missed; use --step {typical:g}s"))
+        return [Note(None, f"the engines were scraped every {typical:g}s, more than --step {window.step:g}s: reads "
+                           f"between two scrapes find none and count as missed; use --step {typical:g}s")]
+    return []
 
 
 def _iso(seconds: float) -> str:
