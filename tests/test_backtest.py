@@ -352,3 +352,42 @@ def test_jobs_split_the_targets_over_processes_and_give_the_same_result() -> Non
 
 def test_a_group_of_targets_is_matched_literally() -> None:
     assert instance_matcher(["gpu.a:8000", "b"]) == 'instance=~"b|gpu\\\\.a:8000"'
+
+
+def up_series(instance: str, times: list[float], value: float) -> Series:
+    return Series("up", {"instance": instance, "job": "vllm"}, times, [value] * len(times))
+
+
+def test_a_target_whose_scrapes_stop_for_good_is_gone_not_down_and_leaves_the_fleet() -> None:
+    series = (as_series("gpu-a:8000", scrapes(T0, [Phase("saturated", 1800)]))
+              + as_series("gpu-b:8000", scrapes(T0, [Phase("saturated", 3600)])))
+    result = run(series, end=T0 + 3600 - STEP)
+    gone = by_target(result)["gpu-a:8000"]
+    assert gone["episodes"] == []
+    assert [a["alert"] for a in gone["alerts"]] == ["LLMServerSaturated"]  # while it was there; no LLMServerDown
+    assert any("gone from Prometheus's targets" in n["text"] for n in gone["notes"])
+    assert result.targets["gpu-a:8000"].gone_at == pytest.approx(T0 + 1800, abs=STEP)
+
+
+def test_scrapes_that_failed_with_up_0_are_missed_reads_and_down_after_down_after() -> None:
+    series = as_series("gpu-a:8000", scrapes(T0, [Phase("saturated", 1800), Phase("gap", 120),
+                                                  Phase("saturated", 1800)]))
+    failed = [T0 + 1800 + 15 * i for i in range(8)]
+    result = run([*series, up_series("gpu-a:8000", failed, 0.0)], end=T0 + 3700)
+    target = by_target(result)["gpu-a:8000"]
+    (down,) = target["episodes"]
+    assert down["state"] == "down" and "up 0" in down["detail"]
+    assert not result.targets["gpu-a:8000"].gone_at
+
+
+def test_the_config_s_settings_are_matched_to_series_by_instance() -> None:
+    from llm_vitals.exporter.settings import parse_settings
+
+    config = parse_settings({"targets": [{"name": "gpu-a:8000", "url": "http://gpu-a:8000", "stuck_after": "15m"}]})
+    series = (as_series("gpu-a:8000", scrapes(T0, HANG_AND_RESTART))
+              + as_series("gpu-b:8000", scrapes(T0, HANG_AND_RESTART)))
+    result = run(series, config=config)
+    targets = by_target(result)
+    assert [e["state"] for e in targets["gpu-a:8000"]["episodes"]] == ["down"]  # a 10 min hang < stuck_after 15m
+    assert [e["state"] for e in targets["gpu-b:8000"]["episodes"]] == ["stuck", "down"]  # the defaults
+    assert any("gpu-b:8000: not in the config" in n.text for n in result.notes)

@@ -113,7 +113,8 @@ class Scrapes:
                 extra[prefix] = value
             else:
                 page.append(f"{prefix} {value}\n")
-        return Read(at, "".join(page), self.times[index], extra)
+        # A scrape with nothing of the engine's (only `up`, at 0: Prometheus's scrape failed) is no page.
+        return Read(at, "".join(page) if page else None, self.times[index], extra)
 
 
 def grid(start: float, end: float, step: float) -> Iterator[float]:

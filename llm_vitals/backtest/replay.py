@@ -46,6 +46,8 @@ REPEAT_INTERVAL = 3600.0
 # The remediator's executors' default timeout: how long a would-be restart holds "in progress".
 RESTART_TIMEOUT = 30.0
 
+# Prometheus's own series per scrape: 1 when the scrape worked, 0 when it failed.
+UP = "up"
 # How far back the watchdog's finish rate looks (at least 4 timeouts).
 BACKLOG_HORIZON = 300.0
 # vLLM's queue-time histogram (seconds a request waited before it was scheduled).
@@ -254,6 +256,8 @@ class TargetReplay:
         self._rules: dict[str, tuple[float, float | None, float | None]] = {}  # name -> (active_at, firing_at, last_sent)
         self._page_errors: dict[str, int] = {}
         self._last_page: str | None = None
+        self._unscraped_since: float | None = None  # first of the reads since which nothing at all was scraped
+        self.gone_at: float | None = None  # set by finish(): its scrapes stopped for good here
         self._last_snap: Snapshot | None = None
 
     def feed(self, read: Read) -> None:
@@ -263,8 +267,15 @@ class TargetReplay:
         self.reads += 1
         if read.page is None:
             self.missed_reads += 1
-            observation = PollError("connect", f"no scrape in the history within the {self.step:g}s before this read")
-        else:
+            if read.extra.get(UP) == "0.0":
+                observation = PollError("connect", "Prometheus's scrape of it failed (up 0)")
+            else:
+                observation = PollError("connect", f"no scrape in the history within the {self.step:g}s before this read")
+            if not read.extra and self._unscraped_since is None:
+                self._unscraped_since = read.at
+        if read.page is not None or read.extra:
+            self._unscraped_since = None
+        if read.page is not None:
             try:
                 # The adapter is pure: the same page (a quiet or hung server's) is the same snapshot.
                 if read.page != self._last_page or self._last_snap is None:
@@ -352,7 +363,23 @@ class TargetReplay:
             self._rules[rule.name] = (active_at, firing_at, last_sent)
 
     def finish(self, end: float) -> None:
-        """Close what is still open at the window's end."""
+        """Close what is still open at the window's end.
+
+        A target Prometheus stopped scraping altogether (no sample at all, not even `up`, from some
+        time to the window's end) left its service discovery: a deleted pod, a removed target. The
+        exporter stops watching such a target too, so nothing after its last scrape is judged; a
+        target whose scrapes failed (`up` 0) is judged, and goes `down` as the exporter's would.
+        """
+        gone = self._unscraped_since
+        if gone is not None and self.first_read is not None:
+            self.gone_at = gone
+            if self._open is not None and self._open[1] >= gone:
+                self._open = None
+            self.state_changes = [(at, state) for at, state in self.state_changes if at < gone]
+            self._rules = {name: rule for name, rule in self._rules.items() if rule[0] < gone}
+            self.notes.append(Note(gone, "no scrape at all (not even `up`) from here to the window's end: gone from "
+                                         "Prometheus's targets; nothing judged after its last scrape"))
+            end = gone
         self._close(end)
         for rule in self.rules:
             if rule.name in self._rules:
@@ -413,7 +440,8 @@ def gate_replay(targets: Mapping[str, TargetReplay], policy: gate.GatePolicy,
     for note in queue:
         now = note.at
         fleet = gate.FleetView({name: _status(t, now) for name, t in targets.items()
-                                if t.first_read is not None and t.first_read <= now})
+                                if t.first_read is not None and t.first_read <= now
+                                and (t.gone_at is None or now < t.gone_at)})
         alert = gate.AlertFacts(status="firing",
                                 labels={"alertname": note.alert, "target": note.target, "remediation": "restart"},
                                 fingerprint=f"{note.alert}:{note.target}", starts_at=note.active_at)

@@ -26,6 +26,7 @@ from llm_vitals.backtest.replay import (
     QUEUE_TIME_BUCKET,
     QUEUE_TIME_COUNT,
     QUEUE_TIME_FAMILIES,
+    UP,
     GateDecision,
     Note,
     TargetReplay,
@@ -201,6 +202,8 @@ def backtest(source: Source, window: Window, options: Options) -> Result:
         queries += [(name, ()) for name in families(ENGINES[engine])]
     if le is not None and "vllm" in engines:
         queries += [(QUEUE_TIME_COUNT, ()), (QUEUE_TIME_BUCKET, (f'le="{le}"',))]
+    # Prometheus's own `up`: a scrape that failed (0) is a missed read; no sample at all, a target gone.
+    queries.append((UP, ()))
     jobs = min(options.jobs, len(targets))
     if jobs <= 1 or options.source_factory is None:
         read = read_history(source, window, options, targets, queries)
@@ -264,7 +267,7 @@ def read_history(source: Source, window: Window, options: Options, targets: dict
         intervals: list[float] = []
         for name, replay in targets.items():
             of_target = by_target.pop(name, None)
-            found = Scrapes.of(of_target, QUEUE_TIME_FAMILIES) if of_target else None
+            found = Scrapes.of(of_target, (*QUEUE_TIME_FAMILIES, UP)) if of_target else None
             if found is not None:
                 if not checked_interval and (interval := scrape_interval(found.times)) is not None:
                     intervals.append(interval)
