@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-SCRIPTS = ("llm-vitals-exporter", "llm-vitals-remediator", "llm-vitals-sim")
+SCRIPTS = ("llm-vitals-exporter", "llm-vitals-remediator", "llm-vitals-sim", "llm-vitals-backtest")
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -86,3 +86,12 @@ def test_the_shipped_example_config_passes_check_config(installed: tuple[Path, P
     env = {**os.environ, "LLM_VITALS_WEBHOOK_TOKEN": "example-token"}
     out = _run([script, "--config", str(example), "--check-config"], cwd=tmp_path, env=env).stdout
     assert "ok" in out.lower()
+
+
+@pytest.mark.xdist_group("wheel")
+def test_the_backtest_replays_the_alert_rules_shipped_in_the_wheel(installed: tuple[Path, Path], tmp_path: Path) -> None:
+    _, bin_dir = installed
+    code = "from llm_vitals.backtest.rules import load_rules; print(sorted(r.name for r in load_rules()))"
+    out = _run([str(bin_dir / "python"), "-c", code], cwd=tmp_path).stdout
+    assert "LLMServerStuck" in out
+
