@@ -186,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     cpu = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
     peak_mb, child_peak_mb = own.ru_maxrss / 1024, children.ru_maxrss / 1024
     reads = sum(t.reads for t in result.targets.values())
-    hung = [name for i, name in enumerate(fleet.targets) if fleet.kind(i) == "hang"]
+    # The hung targets whose hang (and the 60 s + for: 1m after it) falls within the window.
+    hung = [name for i, name in enumerate(fleet.targets) if fleet.kind(i) == "hang"
+            and T0 + fleet._hang_k(i) * args.step + HANG_SECONDS <= window.end]
     stuck = {name: sum(1 for e in t.episodes if e.state == "stuck") for name, t in result.targets.items()}
     wrong = [name for name, count in stuck.items() if count != (1 if name in hung else 0)]
     allowed = sum(1 for d in result.decisions if d.allowed)

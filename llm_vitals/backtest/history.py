@@ -63,13 +63,13 @@ def line_prefix(series: Series) -> str:
     return series.name + "{" + ",".join(f'{k}="{escape(v)}"' for k, v in labels) + "}"
 
 
+_SPECIAL = {"nan": "NaN", "inf": "+Inf", "-inf": "-Inf"}
+
+
 def format_value(value: float) -> str:
     """A sample value as the text format writes it (NaN and ±Inf included: the adapter decides on them)."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(value)
+    text = repr(value)
+    return _SPECIAL.get(text, text)
 
 
 @dataclass
@@ -77,44 +77,41 @@ class Scrapes:
     """One target's scrapes over one chunk: scrape time -> the page lines of that scrape, in order."""
 
     times: list[float] = field(default_factory=list)
+    # Per scrape: its page lines (prefix -> the whole line) and the lines kept off the page (prefix -> value).
     lines: list[dict[str, str]] = field(default_factory=list)
+    extras: list[dict[str, str]] = field(default_factory=list)
     duplicates: set[str] = field(default_factory=set)  # page lines two series wrote at one scrape
-    extra_names: frozenset[str] = frozenset()  # families kept off the page (Read.extra)
 
     @classmethod
     def of(cls, series: Iterable[Series], extra_names: Iterable[str] = ()) -> Scrapes:
-        """Gather the series of one target by scrape time (every series of one scrape shares its timestamp)."""
-        rows: dict[float, dict[str, str]] = {}
+        """Gather the series of one target by scrape time (every series of one scrape shares its timestamp);
+        series of `extra_names` are kept off the page (Read.extra)."""
+        off_page = frozenset(extra_names)
+        rows: dict[float, tuple[dict[str, str], dict[str, str]]] = {}
         duplicates: set[str] = set()
         for one in series:
             prefix = line_prefix(one)
+            extra = one.name in off_page
             for at, value in zip(one.times, one.values, strict=True):
                 row = rows.get(at)
                 if row is None:
-                    row = rows[at] = {}
-                if prefix in row:
+                    row = rows[at] = ({}, {})
+                kept = row[1] if extra else row[0]
+                if prefix in kept:
                     duplicates.add(prefix)
                     continue
-                row[prefix] = format_value(value)
+                kept[prefix] = format_value(value) if extra else f"{prefix} {format_value(value)}\n"
         times = sorted(rows)
-        return cls(times, [rows[at] for at in times], duplicates, frozenset(extra_names))
+        return cls(times, [rows[at][0] for at in times], [rows[at][1] for at in times], duplicates)
 
     def read_at(self, at: float, step: float) -> Read:
         """The read at `at`: the latest scrape within `(at - step, at]`, as a page; or a missed read."""
         index = bisect.bisect_right(self.times, at) - 1
         if index < 0 or self.times[index] <= at - step:
             return Read(at, None)
-        row = self.lines[index]
-        if not self.extra_names:
-            return Read(at, "".join(f"{prefix} {value}\n" for prefix, value in row.items()), self.times[index])
-        page, extra = [], {}
-        for prefix, value in row.items():
-            if prefix.partition("{")[0] in self.extra_names:
-                extra[prefix] = value
-            else:
-                page.append(f"{prefix} {value}\n")
+        page = self.lines[index]
         # A scrape with nothing of the engine's (only `up`, at 0: Prometheus's scrape failed) is no page.
-        return Read(at, "".join(page) if page else None, self.times[index], extra)
+        return Read(at, "".join(page.values()) if page else None, self.times[index], self.extras[index])
 
 
 def grid(start: float, end: float, step: float) -> Iterator[float]:
