@@ -18,10 +18,11 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+import httpx
 import pytest
 from backtest_histories import Phase, as_series, openmetrics, scrapes
 from conftest import require_binary
-from stack import start_on_free_port
+from stack import start_on_free_port, wait_for
 from test_status_page import chromium
 
 from llm_vitals.backtest.history import Series
@@ -178,3 +179,63 @@ async def test_the_incident_day_through_prometheus_the_watchdog_restarts_a_healt
                  or restarts[i + 1].time - r.time >= config.load_seconds]
     assert target["restarts_seen"] == len(lifetimes)
     assert sum(1 for p in target["watchdog_periods"] if p["start"] < hang) >= 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Stale markers: a real Prometheus scraping a server that then fails
+
+
+async def test_stale_markers_of_a_failing_scrape_are_no_nan_page_and_up_0_is_down(aiohttp_server, tmp_path: Path) -> None:
+    from aiohttp import web
+
+    page = (Path(__file__).parent / "fixtures" / "vllm" / "vllm-0.32.0-cpu-metrics-busy.txt").read_text()
+    serving = {"ok": True}
+
+    async def metrics(request: web.Request) -> web.Response:
+        if not serving["ok"]:
+            return web.Response(status=500, text="engine gone")
+        return web.Response(text=page, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    instance = f"127.0.0.1:{server.port}"
+    prometheus = require_binary("prometheus")
+    config = tmp_path / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: vllm\n"
+                      f"    static_configs:\n      - targets: ['{instance}']\n")
+    (tmp_path / "data").mkdir()
+
+    def build(port: int) -> tuple[list[str], str]:
+        return [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}"], f"http://127.0.0.1:{port}/-/ready"
+
+    process, port = await start_on_free_port("prometheus", build, tmp_path / "prometheus.log")
+    try:
+        started = time.time()
+        url = f"http://127.0.0.1:{port}"
+
+        async def scrapes_with_up(value: int, at_least: int) -> bool:
+            async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
+                answer = (await client.get(f"{url}/api/v1/query", params={
+                    "query": f"count_over_time((up == {value})[1m:1s])"})).json()
+            result = answer["data"]["result"]
+            return bool(result) and float(result[0]["value"][1]) >= at_least
+
+        # The real Prometheus scrapes on its own clock: wait for its good scrapes, then fail them.
+        await wait_for(lambda: scrapes_with_up(1, 5), timeout=30, what="five good scrapes")
+        serving["ok"] = False  # the scrape fails: Prometheus writes stale markers for every series of the page
+        await wait_for(lambda: scrapes_with_up(0, 5), timeout=30, what="five failed scrapes")
+        ended = time.time()
+        exporter = tmp_path / "exporter.yaml"
+        exporter.write_text(f"targets:\n  - name: '{instance}'\n    url: http://{instance}\n    down_after: 2s\n")
+        done = await backtest("--prometheus", f"http://127.0.0.1:{port}", "--start", f"{started:.0f}",
+                              "--end", f"{ended:.0f}", "--step", "1s", "--config", str(exporter), "--json")
+    finally:
+        await process.stop()
+    assert done.returncode == 0, done.stderr
+    (target,) = json.loads(done.stdout)["targets"]
+    assert not [n for n in target["notes"] if "adapter refused" in n["text"]]  # no stale NaN read as a value
+    assert [e["state"] for e in target["episodes"]] == ["down"]
+    assert "up 0" in target["episodes"][0]["detail"]
+    assert target["restarts_seen"] == 0 and target["would_restart"] == 0
