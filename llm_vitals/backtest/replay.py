@@ -111,8 +111,10 @@ class Watchdog:
     From vLLM's queue-time histogram where the history has it (a request scheduled since the last
     read after waiting longer than the smallest bucket bound >= timeout), and from the load: work
     pending with no engine step or finished request for `timeout` or longer, or more waiting than
-    the finish rate of the last BACKLOG_HORIZON clears within `timeout`. Each period a probe would have failed is one restart: a
-    lower bound (a real watchdog whose restart does not clear the load restarts again).
+    the finish rate clears within `timeout` (over the last BACKLOG_HORIZON, while it had work
+    throughout). A period ends once no read has failed for `timeout`. Each period is one restart of a
+    watchdog that restarts on its first failed probe: one that waits for several failures in a row
+    restarts less often, one whose restart does not clear the load restarts again within a period.
     """
 
     timeout: float
@@ -123,6 +125,8 @@ class Watchdog:
     _last_at: float | None = None
     _queue: tuple[float, float] | None = None  # (count, bucket at the bound) at the last read
     _slow_queue: bool = False  # the last requests scheduled waited longer than the bound
+    _last_failing: float | None = None
+    _waiting_since: float | None = None  # first of the reads since which requests have been waiting
     _finishes: deque[tuple[float, float]] = field(default_factory=deque)  # (time, finished) over the horizon
 
     def feed(self, at: float, snap: Snapshot | None, lines: Mapping[str, str], restarted: bool) -> None:
@@ -148,20 +152,31 @@ class Watchdog:
         frozen = self._frozen_since is not None and at - self._frozen_since >= self.timeout
         backlog = self._backlog(at, snap, restarted)
         failing = self._slow_queue or frozen or backlog
-        if failing and not self.failing:
-            self.periods.append((at, None))
-        elif not failing and self.failing:
+        if failing:
+            if not self.failing:
+                self.periods.append((at, None))
+            self.failing, self._last_failing = True, at
+        elif self.failing and self._last_failing is not None and at - self._last_failing >= self.timeout:
+            # Over once a probe sent after the last failing read would have been answered in time: a
+            # queue that empties between two requests of a batch job is one period, not one per request.
             self.periods[-1] = (self.periods[-1][0], at)
-        self.failing = failing
+            self.failing = False
         self._last, self._last_at, self._queue = snap, at, queue
 
     def _backlog(self, at: float, snap: Snapshot, restarted: bool) -> bool:
         """More waiting than the recent finish rate clears within `timeout`: a probe joins the queue's tail
         and waits for every request ahead of it to be scheduled, one per finished request."""
-        if restarted or snap.finished is None:
+        if restarted or snap.finished is None or not snap.pending:
+            # The finish rate measures the server's pace only while it has work throughout: an idle
+            # spell's few finishes would make a request that just arrived look stuck behind a slow queue.
             self._finishes.clear()
+            self._waiting_since = None
             return False
         self._finishes.append((at, snap.finished))
+        if snap.waiting <= 0:
+            self._waiting_since = None
+        elif self._waiting_since is None:
+            self._waiting_since = at
         horizon = max(4 * self.timeout, BACKLOG_HORIZON)
         while len(self._finishes) > 2 and at - self._finishes[1][0] >= horizon:
             self._finishes.popleft()
@@ -170,7 +185,10 @@ class Watchdog:
         if snap.waiting <= 0 or span < self.timeout:
             return False
         rate = (snap.finished - first) / span
-        return rate <= 0 or (snap.waiting + 1) / rate > self.timeout
+        if rate <= 0:
+            # Nothing finished over the horizon: the queue has not moved since requests began waiting.
+            return self._waiting_since is not None and at - self._waiting_since >= self.timeout
+        return (snap.waiting + 1) / rate > self.timeout
 
     @property
     def restarts(self) -> int:
