@@ -389,7 +389,8 @@ class TargetReplay:
         target whose scrapes failed (`up` 0) is judged, and goes `down` as the exporter's would.
         """
         gone = self._unscraped_since
-        if gone is not None and self.first_read is not None:
+        # Shorter than down_after, the last reads were only missed reads: nothing was invented of them.
+        if gone is not None and self.first_read is not None and end - gone >= self.settings.down_after:
             self.gone_at = gone
             if self._open is not None and self._open[1] >= gone:
                 self._open = None
