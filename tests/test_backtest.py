@@ -391,3 +391,14 @@ def test_the_config_s_settings_are_matched_to_series_by_instance() -> None:
     assert [e["state"] for e in targets["gpu-a:8000"]["episodes"]] == ["down"]  # a 10 min hang < stuck_after 15m
     assert [e["state"] for e in targets["gpu-b:8000"]["episodes"]] == ["stuck", "down"]  # the defaults
     assert any("gpu-b:8000: not in the config" in n.text for n in result.notes)
+
+
+def test_the_cli_tells_its_version_and_prints_the_exporter_s_example_config(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out.startswith("llm-vitals-backtest ")
+    assert cli.main(["--example-config"]) == 0
+    assert "targets:" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--start", "1790000000"])
+    assert exited.value.code == 2 and "--prometheus, --end" in capsys.readouterr().err

@@ -65,6 +65,14 @@ def test_each_console_script_answers_help_outside_the_checkout(installed: tuple[
 
 
 @pytest.mark.xdist_group("wheel")
+def test_the_backtest_replays_the_alert_rules_shipped_in_the_wheel(installed: tuple[Path, Path], tmp_path: Path) -> None:
+    _, bin_dir = installed
+    code = "from llm_vitals.backtest.rules import load_rules; print(sorted(r.name for r in load_rules()))"
+    out = _run([str(bin_dir / "python"), "-c", code], cwd=tmp_path).stdout
+    assert "LLMServerStuck" in out
+
+
+@pytest.mark.xdist_group("wheel")
 def test_the_installed_package_is_not_the_checkout(installed: tuple[Path, Path], tmp_path: Path) -> None:
     _, bin_dir = installed
     out = _run([str(bin_dir / "python"), "-c", "import llm_vitals; print(llm_vitals.__file__)"], cwd=tmp_path).stdout
@@ -86,12 +94,3 @@ def test_the_shipped_example_config_passes_check_config(installed: tuple[Path, P
     env = {**os.environ, "LLM_VITALS_WEBHOOK_TOKEN": "example-token"}
     out = _run([script, "--config", str(example), "--check-config"], cwd=tmp_path, env=env).stdout
     assert "ok" in out.lower()
-
-
-@pytest.mark.xdist_group("wheel")
-def test_the_backtest_replays_the_alert_rules_shipped_in_the_wheel(installed: tuple[Path, Path], tmp_path: Path) -> None:
-    _, bin_dir = installed
-    code = "from llm_vitals.backtest.rules import load_rules; print(sorted(r.name for r in load_rules()))"
-    out = _run([str(bin_dir / "python"), "-c", code], cwd=tmp_path).stdout
-    assert "LLMServerStuck" in out
-

@@ -15,6 +15,7 @@ import argparse
 import functools
 import sys
 from datetime import datetime
+from importlib import metadata
 from pathlib import Path
 
 from llm_vitals import exits
@@ -24,6 +25,7 @@ from llm_vitals.backtest.rules import RulesError, load_rules
 from llm_vitals.backtest.run import Options, Window, backtest
 from llm_vitals.config import ConfigError
 from llm_vitals.durations import parse_positive_duration
+from llm_vitals.examples import example_config
 from llm_vitals.exporter.settings import load_settings
 
 PROG = "llm-vitals-backtest"
@@ -57,9 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="What llm-vitals would have said and done over your own Prometheus history (the engines' "
                     "counters as Prometheus scraped them), next to what a request-based watchdog would have done.",
     )
-    parser.add_argument("--prometheus", required=True, metavar="URL", help="the Prometheus that scrapes the engines")
-    parser.add_argument("--start", required=True, type=parse_time, metavar="T", help="Unix seconds or RFC 3339")
-    parser.add_argument("--end", required=True, type=parse_time, metavar="T", help="Unix seconds or RFC 3339")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    parser.add_argument("--prometheus", metavar="URL", help="the Prometheus that scrapes the engines (required)")
+    parser.add_argument("--start", type=parse_time, metavar="T", help="Unix seconds or RFC 3339 (required)")
+    parser.add_argument("--end", type=parse_time, metavar="T", help="Unix seconds or RFC 3339 (required)")
     parser.add_argument("--step", type=_duration, default=15.0, metavar="DURATION",
                         help="one read every STEP, each seeing the latest scrape within it (default 15s: use the "
                              "scrape interval)")
@@ -67,7 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="label matchers added to every query")
     parser.add_argument("--config", type=Path, default=None, metavar="FILE",
                         help="the exporter's config: its targets' settings, matched to series by instance "
-                             "(default: the exporter's defaults, the engine read from the families present)")
+                             "(default: the exporter's defaults, the engine read from the families present; "
+                             "`--example-config` prints a commented one)")
+    parser.add_argument("--example-config", action="store_true",
+                        help="print the exporter's example config shipped with the package (the --config this "
+                             "takes), and exit")
     parser.add_argument("--rules", type=Path, default=None, metavar="FILE",
                         help="the alert rules whose for: durations are replayed (default: the shipped "
                              "alerts/llm-vitals.rules.yml)")
@@ -83,8 +90,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def package_version() -> str:
+    """The installed llm-vitals distribution's version; `unknown` when run from a checkout not installed."""
+    try:
+        return metadata.version("llm-vitals")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.example_config:
+        sys.stdout.write(example_config("exporter"))
+        return exits.OK
+    missing = [flag for flag, value in (("--prometheus", args.prometheus), ("--start", args.start),
+                                        ("--end", args.end)) if value is None]
+    if missing:
+        parser.error(f"the following arguments are required: {', '.join(missing)}")
     if args.end <= args.start:
         print(f"{PROG}: --end must be after --start", file=sys.stderr)
         return exits.USAGE
