@@ -25,6 +25,7 @@ from llm_vitals.backtest.history import Series
 from llm_vitals.backtest.replay import QUEUE_TIME_FAMILIES
 from llm_vitals.exporter.engines import vllm
 from llm_vitals.exporter.engines.scan import Scanner
+from llm_vitals.targets import UNHEALTHY_STATES
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vllm" / "vllm-0.32.0-cpu-metrics-busy.txt"
 WANTED = (*vllm.SCANNER.names, *QUEUE_TIME_FAMILIES)
@@ -159,3 +160,9 @@ class MemorySource:
             if high > low:
                 out.append(Series(one.name, one.labels, one.times[low:high], one.values[low:high]))
         return out
+
+
+def unhealthy(episodes: Iterable[dict]) -> list[str]:
+    """The states of the episodes that are unhealthy (stuck, unresponsive, down), in order: what a test
+    asserts exactly, whatever the verdict calls the first read after a restart (busy or starting)."""
+    return [e["state"] for e in episodes if e["state"] in UNHEALTHY_STATES]

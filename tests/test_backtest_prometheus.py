@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from backtest_histories import Phase, as_series, openmetrics, scrapes
+from backtest_histories import Phase, as_series, openmetrics, scrapes, unhealthy
 from conftest import require_binary
 from stack import start_on_free_port, wait_for
 from test_status_page import chromium
@@ -89,7 +89,7 @@ async def test_the_backtest_reads_the_truth_of_each_backfilled_history_and_draws
     assert len(stuck) == 1
     assert t0 + 3600 <= stuck[0]["start"] <= t0 + 3600 + 60 + 2 * STEP
     assert hung["would_restart"] == 1 and hung["restarts_seen"] == 1
-    assert [e["state"] for e in hung["episodes"]] == ["stuck", "down"]  # the restart's scrape gap: 90 s > down_after
+    assert unhealthy(hung["episodes"]) == ["stuck", "down"]  # the restart's scrape gap: 90 s > down_after
 
     for healthy in (targets["gpu-b:8000"], targets["gpu-c:8000"]):
         assert healthy["episodes"] == [] and healthy["would_restart"] == 0 and healthy["restarts_seen"] == 0
