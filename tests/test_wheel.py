@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-SCRIPTS = ("llm-vitals-exporter", "llm-vitals-remediator", "llm-vitals-sim")
+SCRIPTS = ("llm-vitals-exporter", "llm-vitals-remediator", "llm-vitals-sim", "llm-vitals-backtest")
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -63,6 +63,14 @@ def test_each_console_script_answers_help_outside_the_checkout(installed: tuple[
     _, bin_dir = installed
     out = _run([str(bin_dir / script), "--help"], cwd=tmp_path).stdout
     assert out.startswith(f"usage: {script}")
+
+
+@pytest.mark.xdist_group("wheel")
+def test_the_backtest_replays_the_alert_rules_shipped_in_the_wheel(installed: tuple[Path, Path], tmp_path: Path) -> None:
+    _, bin_dir = installed
+    code = "from llm_vitals.backtest.rules import load_rules; print(sorted(r.name for r in load_rules()))"
+    out = _run([str(bin_dir / "python"), "-c", code], cwd=tmp_path).stdout
+    assert "LLMServerStuck" in out
 
 
 @pytest.mark.xdist_group("wheel")

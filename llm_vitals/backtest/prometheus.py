@@ -1,0 +1,139 @@
+"""The backtest's only I/O: Prometheus's HTTP API, read in chunks that stay within its limits.
+
+Raw samples, not `query_range`: a range selector (`family{...}[3600000ms]`, an instant query at the
+chunk's end) returns every sample as scraped, with its own timestamp, and no stale markers, so a
+gap in the scrapes stays a gap (query_range would fill it with the last value for 5 minutes and
+hide it). A chunk holds at most CHUNK_POINTS reads per series, far under Prometheus's 11,000 points
+per series and its sample limit, and one family is read at a time, so memory stays bounded by one
+chunk of one family whatever the window's length.
+
+Every failure is a `PrometheusError` whose message is a line a person can act on: what was asked,
+what came back (HTTP status and Prometheus's own `error`), and what the backtest does about it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+
+from llm_vitals.backtest.history import Series
+
+# Reads per series in one chunk: a week at 15 s is 56 chunks of 3 h.
+CHUNK_POINTS = 720
+# Prometheus's own bound on a query_range answer, per series: a chunk never comes near it.
+PROMETHEUS_MAX_POINTS = 11_000
+RETRIES = 2  # on 503, 429 and timeouts: Prometheus busy or restarting
+
+
+class PrometheusError(Exception):
+    """A question Prometheus did not answer; the message says what was asked and what came back."""
+
+
+def selector_matchers(selector: str | None) -> str:
+    """The matchers inside `{...}` of a `--selector`, '' for none; ValueError for anything else."""
+    if selector is None or not selector.strip():
+        return ""
+    text = selector.strip()
+    if not (text.startswith("{") and text.endswith("}")):
+        raise ValueError(f"--selector must be a label matcher list in braces, like '{{job=\"vllm\"}}': {selector!r}")
+    return text[1:-1].strip().rstrip(",")
+
+
+def name_selector(names: Sequence[str], matchers: str) -> str:
+    """`{__name__="a",job="x"}` for one name, `{__name__=~"a|b",job="x"}` for several."""
+    # Metric names hold no regex metacharacters: an alternation of them needs no escaping.
+    head = f'__name__="{names[0]}"' if len(names) == 1 else '__name__=~"' + "|".join(names) + '"'
+    return "{" + head + (f",{matchers}" if matchers else "") + "}"
+
+
+class Prometheus:
+    """A synchronous client of one Prometheus (the backtest is one sequential pass)."""
+
+    def __init__(self, url: str, *, timeout: float = 60.0, client: httpx.Client | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self._client = client or httpx.Client(timeout=timeout, trust_env=False)
+        self._sleep = sleep
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _get(self, path: str, params: list[tuple[str, str | int | float | bool | None]], what: str) -> Any:
+        last = ""
+        for attempt in range(RETRIES + 1):
+            if attempt:
+                self._sleep(min(2.0 ** attempt, 10.0))
+            try:
+                response = self._client.get(f"{self.url}{path}", params=params, timeout=self.timeout)
+            except httpx.TimeoutException:
+                last = f"no answer within {self.timeout:g}s"
+                continue
+            except httpx.HTTPError as exc:
+                raise PrometheusError(f"{what}: cannot reach Prometheus at {self.url}: {exc}") from None
+            if response.status_code in (429, 502, 503, 504):
+                last = f"HTTP {response.status_code} {_error_of(response)}".strip()
+                continue
+            if response.status_code != 200:
+                raise PrometheusError(f"{what}: Prometheus answered HTTP {response.status_code} "
+                                      f"{_error_of(response)}".rstrip())
+            try:
+                body = response.json()
+            except ValueError:
+                raise PrometheusError(f"{what}: Prometheus's answer is not JSON") from None
+            if not isinstance(body, dict) or body.get("status") != "success":
+                raise PrometheusError(f"{what}: Prometheus answered {str(body)[:300]}")
+            return body.get("data")
+        raise PrometheusError(f"{what}: {last} (after {RETRIES + 1} tries)")
+
+    def series(self, selector: str, start: float, end: float) -> list[dict[str, str]]:
+        """The label sets of the series matching `selector` within [start, end] (no samples)."""
+        data = self._get("/api/v1/series", [("match[]", selector), ("start", _ts(start)), ("end", _ts(end))],
+                         f"listing the series {selector}")
+        if not isinstance(data, list):
+            raise PrometheusError(f"listing the series {selector}: unexpected answer {str(data)[:200]}")
+        return [labels for labels in data if isinstance(labels, dict)]
+
+    def samples(self, selector: str, start: float, end: float) -> list[Series]:
+        """Every raw sample of the series matching `selector` within (start, end]."""
+        millis = max(1, round((end - start) * 1000))
+        query = f"{selector}[{millis}ms]"
+        data = self._get("/api/v1/query", [("query", query), ("time", _ts(end))], f"reading {query} at {_ts(end)}")
+        if not isinstance(data, dict) or data.get("resultType") != "matrix":
+            raise PrometheusError(f"reading {query}: expected a matrix, got {str(data)[:200]}")
+        found: list[Series] = []
+        for item in data.get("result") or []:
+            labels = dict(item.get("metric") or {})
+            name = labels.pop("__name__", "")
+            times, values = array("d"), array("d")
+            for at, value in item.get("values") or []:
+                times.append(float(at))
+                values.append(_float(value))
+            found.append(Series(name, labels, times, values))
+        return found
+
+
+def _float(value: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _ts(seconds: float) -> str:
+    return f"{seconds:.3f}"
+
+
+def _error_of(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200]
+    if isinstance(body, dict) and body.get("error"):
+        return f"({body.get('errorType', 'error')}: {str(body['error'])[:300]})"
+    return ""

@@ -1,0 +1,505 @@
+"""The replay: reads of one target -> what llm-vitals would have said; all targets' alerts -> what its gate would have done. Pure.
+
+Per target (`TargetReplay`, fed reads in time order, chunk after chunk):
+- each read goes through the engine's adapter (`engines.table.read_page`) and the exporter's
+  verdict (`verdict.judge`), the very functions the exporter polls with; a missed read is a
+  PollError, as a failed poll is;
+- restarts seen are the verdict's own (a new process start time, counters that fell);
+- the alert rules on the target's state (rules.py) are evaluated at each read, Prometheus's `for:`
+  counted from the first read that matched, and Alertmanager's notifications to the remediator
+  re-sent every `repeat_interval` while firing;
+- the watchdog column: where a 1-token request would have waited longer than the watchdog's
+  timeout (`Watchdog`), each such period one restart by a timeout-and-restart watchdog.
+
+The fleet (`gate_replay`): every firing notification of a restart rule, in time order, through the
+remediator's own gate (`gate.decide`, its effects applied by `shared.with_effects`), with the fleet
+as the verdicts stood at that time. What the gate allowed is a would-be restart. The history goes on
+as it was recorded: a would-be restart changes nothing that follows but the gate's own state.
+
+The canary's results are not in the engine's history: `unresponsive` (an idle-looking server whose
+canary fails) cannot be replayed, and is never reported.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from array import array
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from llm_vitals.backtest.history import Read
+from llm_vitals.backtest.rules import AlertRule
+from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot
+from llm_vitals.exporter.engines.table import read_page
+from llm_vitals.exporter.settings import TargetSettings
+from llm_vitals.exporter.verdict import PollError, Verdict, judge
+from llm_vitals.remediator import gate, shared
+from llm_vitals.targets import STATES, UNHEALTHY_STATES
+
+# States that are the server working as it should: not listed as episodes.
+ORDINARY_STATES = frozenset({"busy", "idle"})
+# alerts/alertmanager.yml's route to the remediator re-sends a still-firing alert every hour.
+REPEAT_INTERVAL = 3600.0
+# The remediator's executors' default timeout: how long a would-be restart holds "in progress".
+RESTART_TIMEOUT = 30.0
+
+# Prometheus's own series per scrape: 1 when the scrape worked, 0 when it failed.
+UP = "up"
+# How far back the watchdog's finish rate looks (at least 4 timeouts).
+BACKLOG_HORIZON = 300.0
+# vLLM's queue-time histogram (seconds a request waited before it was scheduled).
+QUEUE_TIME_BUCKET = "vllm:request_queue_time_seconds_bucket"
+QUEUE_TIME_COUNT = "vllm:request_queue_time_seconds_count"
+QUEUE_TIME_FAMILIES = (QUEUE_TIME_BUCKET, QUEUE_TIME_COUNT)
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    """One stretch of one state, from the read that entered it to the read that left it (or the window's end)."""
+
+    state: str
+    start: float
+    end: float
+    reason: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AlertEpisode:
+    """One alert that fired: from `start` (its `for:` elapsed) to `end` (resolved, or the window's end)."""
+
+    alert: str
+    active_at: float  # its expression first held (Alertmanager's startsAt)
+    start: float
+    end: float
+    restart: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """A firing restart alert as Alertmanager sends it to the remediator."""
+
+    at: float
+    target: str
+    alert: str
+    active_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """A restart seen in the history, or one the gate or the watchdog would have made."""
+
+    at: float
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """Something about the history a reader must know (a gap, a duplicate, a page the adapter refused)."""
+
+    at: float | None
+    text: str
+
+
+@dataclass
+class Watchdog:
+    """A request-based watchdog's view of one target: would a 1-token probe have waited over `timeout`?
+
+    From vLLM's queue-time histogram where the history has it (a request scheduled since the last
+    read after waiting longer than the smallest bucket bound >= timeout), and from the load: work
+    pending with no engine step or finished request for `timeout` or longer, or more waiting than
+    the finish rate clears within `timeout` (over the last BACKLOG_HORIZON, while it had work
+    throughout). A period ends once no read has failed for `timeout`. Each period is one restart of a
+    watchdog that restarts on its first failed probe: one that waits for several failures in a row
+    restarts less often, one whose restart does not clear the load restarts again within a period.
+    """
+
+    timeout: float
+    failing: bool = False
+    periods: list[tuple[float, float | None]] = field(default_factory=list)
+    _frozen_since: float | None = None
+    _last: Snapshot | None = None
+    _last_at: float | None = None
+    _queue: tuple[float, float] | None = None  # (count, bucket at the bound) at the last read
+    _slow_queue: bool = False  # the last requests scheduled waited longer than the bound
+    _last_failing: float | None = None
+    _waiting_since: float | None = None  # first of the reads since which requests have been waiting
+    _finishes: deque[tuple[float, float]] = field(default_factory=deque)  # (time, finished) over the horizon
+
+    def feed(self, at: float, snap: Snapshot | None, lines: Mapping[str, str], restarted: bool) -> None:
+        """Fold one read in; a missed read (`snap` None) changes nothing: it shows nothing either way."""
+        if snap is None:
+            return
+        last, last_at = (None, None) if restarted else (self._last, self._last_at)
+        queue = _queue_counts(lines, self.timeout) if lines else None
+        if restarted or not snap.pending:
+            self._slow_queue = False
+        elif queue is not None and self._queue is not None:
+            scheduled, fast = queue[0] - self._queue[0], queue[1] - self._queue[1]
+            if scheduled > 0 and fast >= 0:
+                # Requests scheduled since the last read: did any wait past the bound? With none
+                # scheduled, the last evidence stands (a probe would queue behind the same backlog).
+                self._slow_queue = scheduled > fast
+        moved = last is not None and _moved(last, snap)
+        if not snap.pending or moved:
+            self._frozen_since = None
+        elif self._frozen_since is None:
+            # Pending and nothing moved since the last read: frozen since then (since now on a lifetime's first read).
+            self._frozen_since = last_at if last_at is not None else at
+        frozen = self._frozen_since is not None and at - self._frozen_since >= self.timeout
+        backlog = self._backlog(at, snap, restarted)
+        failing = self._slow_queue or frozen or backlog
+        if failing:
+            if not self.failing:
+                self.periods.append((at, None))
+            self.failing, self._last_failing = True, at
+        elif self.failing and self._last_failing is not None and at - self._last_failing >= self.timeout:
+            # Over once a probe sent after the last failing read would have been answered in time: a
+            # queue that empties between two requests of a batch job is one period, not one per request.
+            self.periods[-1] = (self.periods[-1][0], at)
+            self.failing = False
+        self._last, self._last_at, self._queue = snap, at, queue
+
+    def _backlog(self, at: float, snap: Snapshot, restarted: bool) -> bool:
+        """More waiting than the recent finish rate clears within `timeout`: a probe joins the queue's tail
+        and waits for every request ahead of it to be scheduled, one per finished request."""
+        if restarted or snap.finished is None or not snap.pending:
+            # The finish rate measures the server's pace only while it has work throughout: an idle
+            # spell's few finishes would make a request that just arrived look stuck behind a slow queue.
+            self._finishes.clear()
+            self._waiting_since = None
+            return False
+        self._finishes.append((at, snap.finished))
+        if snap.waiting <= 0:
+            self._waiting_since = None
+        elif self._waiting_since is None:
+            self._waiting_since = at
+        horizon = max(4 * self.timeout, BACKLOG_HORIZON)
+        while len(self._finishes) > 2 and at - self._finishes[1][0] >= horizon:
+            self._finishes.popleft()
+        first_at, first = self._finishes[0]
+        span = at - first_at
+        if snap.waiting <= 0 or span < self.timeout:
+            return False
+        rate = (snap.finished - first) / span
+        if rate <= 0:
+            # Nothing finished over the horizon: the queue has not moved since requests began waiting.
+            return self._waiting_since is not None and at - self._waiting_since >= self.timeout
+        return (snap.waiting + 1) / rate > self.timeout
+
+    @property
+    def restarts(self) -> int:
+        return len(self.periods)
+
+
+def _moved(before: Snapshot, after: Snapshot) -> bool:
+    """An engine step or a finished request between two reads (what moves a request-based probe along)."""
+    steps = before.steps is not None and after.steps is not None and after.steps > before.steps
+    done = before.finished is not None and after.finished is not None and after.finished > before.finished
+    return steps or done
+
+
+def _queue_counts(lines: Mapping[str, str], timeout: float) -> tuple[float, float] | None:
+    """(requests scheduled, those that waited <= the smallest bucket bound >= timeout) in a read's lines, or None."""
+    count: float | None = None
+    bounds: dict[float, float] = {}
+    for prefix, text in lines.items():
+        try:
+            value = float(text)
+        except ValueError:
+            continue
+        if not math.isfinite(value):
+            continue
+        name = prefix.partition("{")[0]
+        if name == QUEUE_TIME_COUNT:
+            count = (count or 0.0) + value
+        elif name == QUEUE_TIME_BUCKET:
+            match = _LE.search(prefix)
+            le = float(match.group(1)) if match else math.nan
+            if le >= timeout:
+                bounds[le] = bounds.get(le, 0.0) + value
+    if count is None or not bounds:
+        return None
+    return count, bounds[min(bounds)]
+
+
+_LE = re.compile(r'[{,]le="([^"]*)"')
+
+
+STATE_INDEX = {state: i for i, state in enumerate(STATES)}
+
+
+@dataclass
+class Trace:
+    """Per read, for the HTML page: time, state (index in STATES), pending requests, engine steps per second."""
+
+    at: array = field(default_factory=lambda: array("d"))
+    state: array = field(default_factory=lambda: array("b"))
+    pending: array = field(default_factory=lambda: array("d"))
+    steps_rate: array = field(default_factory=lambda: array("d"))
+
+
+class TargetReplay:
+    """One target's replay, fed its reads in time order (across chunks), then `finish`ed at the window's end."""
+
+    def __init__(self, name: str, engine: Engine, settings: TargetSettings, rules: Sequence[AlertRule], *,
+                 watchdog_timeout: float, step: float, workload: str | None = None, trace: bool = False,
+                 record_from: float = -math.inf) -> None:
+        self.name = name
+        self.engine = engine
+        self.settings = settings
+        self.rules = tuple(rules)
+        self.step = step
+        self.record_from = record_from
+        self.workload = workload or name
+        self.verdict: Verdict | None = None
+        self.episodes: list[Episode] = []
+        self.alerts: list[AlertEpisode] = []
+        self.notifications: list[Notification] = []
+        self.restarts_seen: list[Restart] = []
+        self.notes: list[Note] = []
+        self.watchdog = Watchdog(watchdog_timeout)
+        self.trace = Trace() if trace else None
+        self.first_read: float | None = None
+        self.last_read: float | None = None
+        self.reads = 0
+        self.missed_reads = 0
+        # (time, state) at each change, and (time, process start) at each: what the gate's fleet view reads.
+        self.state_changes: list[tuple[float, str]] = []
+        self.start_times: list[tuple[float, float | None]] = []
+        self._open: tuple[str, float, str, str] | None = None  # state, since, reason, detail
+        self._rules: dict[str, tuple[float, float | None, float | None]] = {}  # name -> (active_at, firing_at, last_sent)
+        self._page_errors: dict[str, int] = {}
+        self._last_page: str | None = None
+        self._unscraped_since: float | None = None  # first of the reads since which nothing at all was scraped
+        self.gone_at: float | None = None  # set by finish(): its scrapes stopped for good here
+        self._last_snap: Snapshot | None = None
+
+    def feed(self, read: Read) -> None:
+        """Judge one read, as the exporter's poll would have."""
+        observation: Snapshot | PollError
+        snap: Snapshot | None = None
+        self.reads += 1
+        if read.page is None:
+            self.missed_reads += 1
+            if read.extra.get(UP) == "0.0":
+                observation = PollError("connect", "Prometheus's scrape of it failed (up 0)")
+            else:
+                observation = PollError("connect", f"no scrape in the history within the {self.step:g}s before this read")
+            if not read.extra and self._unscraped_since is None:
+                self._unscraped_since = read.at
+        if read.page is not None or read.extra:
+            self._unscraped_since = None
+        if read.page is not None:
+            try:
+                # The adapter is pure: the same page (a quiet or hung server's) is the same snapshot.
+                if read.page != self._last_page or self._last_snap is None:
+                    self._last_snap, self._last_page = None, read.page
+                    self._last_snap = read_page(self.engine, Page(read.page.encode()))
+                snap = self._last_snap
+                observation = snap
+            except PageError as exc:
+                observation = PollError(exc.reason, exc.detail)
+                if exc.reason not in self._page_errors:
+                    self.notes.append(Note(read.at, f"the {self.engine.name} adapter refused the page rebuilt from "
+                                                    f"the scrape at {read.scraped_at}: {exc.reason}: {exc.detail}"))
+                self._page_errors[exc.reason] = self._page_errors.get(exc.reason, 0) + 1
+        before = self.verdict
+        verdict = judge(before, observation, read.at, self.settings, self.engine.facts)
+        self.verdict = verdict
+        if self.first_read is None:
+            self.first_read = read.at
+        self.last_read = read.at
+        restarted = before is not None and verdict.restarts > before.restarts
+        if restarted:
+            old = before.snapshot.process_start_time if before is not None and before.snapshot else None
+            new = snap.process_start_time if snap is not None else None
+            how = ("a new process start time" if old is not None and new is not None and old != new
+                   else "counters fell")
+            self.restarts_seen.append(Restart(read.at, how))
+        if snap is not None and (not self.start_times or self.start_times[-1][1] != snap.process_start_time):
+            self.start_times.append((read.at, snap.process_start_time))
+        self._episode(verdict, read.at)
+        self._evaluate(verdict, read.at)
+        self.watchdog.feed(read.at, snap, read.extra, restarted)
+        if self.trace is not None:
+            self.trace.at.append(read.at)
+            self.trace.state.append(STATE_INDEX.get(verdict.state, -1))
+            last = verdict.snapshot
+            self.trace.pending.append(last.running + last.waiting if last is not None and snap is not None else math.nan)
+            rate = verdict.steps_per_second
+            self.trace.steps_rate.append(rate if rate is not None else math.nan)
+
+    def __getstate__(self) -> dict[str, object]:
+        # Sent to and from a reading process (run.py's jobs): an engine entry holds functions, so
+        # it travels as its name and is looked up again in the table.
+        state = dict(self.__dict__)
+        state["engine"] = self.engine.name
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        from llm_vitals.exporter.engines.table import ENGINES
+
+        state["engine"] = ENGINES[str(state["engine"])]
+        self.__dict__.update(state)
+
+    def _episode(self, verdict: Verdict, at: float) -> None:
+        if self._open is not None and self._open[0] == verdict.state:
+            return
+        self._close(at)
+        self._open = (verdict.state, at, verdict.reason, verdict.detail)
+        self.state_changes.append((at, verdict.state))
+
+    def _close(self, at: float) -> None:
+        # The warm-up read before the window (`record_from`) only gives the first read of the window
+        # a read to compare with: a server already running is not `starting` because the window begins.
+        if self._open is not None and self._open[0] not in ORDINARY_STATES and at > self.record_from:
+            state, since, reason, detail = self._open
+            if since >= self.record_from:
+                self.episodes.append(Episode(state, since, at, reason, detail))
+        self._open = None
+
+    def _evaluate(self, verdict: Verdict, at: float) -> None:
+        waiting = verdict.snapshot.waiting if verdict.snapshot is not None else 0.0
+        for rule in self.rules:
+            holds = verdict.state == rule.state and (not rule.needs_waiting or waiting > 0)
+            active_at, firing_at, last_sent = self._rules.get(rule.name, (at, None, None))
+            if not holds:
+                if rule.name in self._rules:
+                    if firing_at is not None:
+                        self.alerts.append(AlertEpisode(rule.name, active_at, firing_at, at, rule.restart))
+                    del self._rules[rule.name]
+                continue
+            if firing_at is None and at - active_at >= rule.for_seconds:
+                firing_at = at
+            if firing_at is not None and rule.restart and (last_sent is None or at - last_sent >= REPEAT_INTERVAL):
+                self.notifications.append(Notification(at, self.name, rule.name, active_at))
+                last_sent = at
+            self._rules[rule.name] = (active_at, firing_at, last_sent)
+
+    def finish(self, end: float) -> None:
+        """Close what is still open at the window's end.
+
+        A target Prometheus stopped scraping altogether (no sample at all, not even `up`, from some
+        time to the window's end) left its service discovery: a deleted pod, a removed target. The
+        exporter stops watching such a target too, so nothing after its last scrape is judged; a
+        target whose scrapes failed (`up` 0) is judged, and goes `down` as the exporter's would.
+        """
+        gone = self._unscraped_since
+        # Shorter than down_after, the last reads were only missed reads: nothing was invented of them.
+        if gone is not None and self.first_read is not None and end - gone >= self.settings.down_after:
+            self.gone_at = gone
+            if self._open is not None and self._open[1] >= gone:
+                self._open = None
+            self.state_changes = [(at, state) for at, state in self.state_changes if at < gone]
+            self._rules = {name: rule for name, rule in self._rules.items() if rule[0] < gone}
+            self.notes.append(Note(gone, "no scrape at all (not even `up`) from here to the window's end: gone from "
+                                         "Prometheus's targets; nothing judged after its last scrape"))
+            end = gone
+        self._close(end)
+        for rule in self.rules:
+            if rule.name in self._rules:
+                active_at, firing_at, _ = self._rules.pop(rule.name)
+                if firing_at is not None:
+                    self.alerts.append(AlertEpisode(rule.name, active_at, firing_at, end, rule.restart))
+        self.alerts.sort(key=lambda a: a.start)
+        if self.watchdog.periods and self.watchdog.periods[-1][1] is None:
+            self.watchdog.periods[-1] = (self.watchdog.periods[-1][0], end)
+        for reason, count in self._page_errors.items():
+            if count > 1:
+                self.notes.append(Note(None, f"{count} reads in all were refused by the adapter ({reason})"))
+        if self.missed_reads:
+            self.notes.append(Note(None, f"{self.missed_reads} of {self.reads} reads found no scrape (missed reads: "
+                                         f"evidence of nothing; down after {self.settings.down_after:g}s without one)"))
+
+    # -- what the gate's fleet view reads, at any time --------------------------------------------
+    def state_at(self, at: float) -> str | None:
+        index = bisect.bisect_right(self.state_changes, (at, "\uffff")) - 1
+        return self.state_changes[index][1] if index >= 0 else None
+
+    def unhealthy_within(self, since: float, until: float) -> bool:
+        """Unhealthy at some time in [since, until]: the fleet gate's `recently_unhealthy`."""
+        index = max(0, bisect.bisect_right(self.state_changes, (since, "\uffff")) - 1)
+        for at, state in self.state_changes[index:]:
+            if at > until:
+                break
+            if state in UNHEALTHY_STATES:
+                return True
+        return False
+
+    def process_start_at(self, at: float) -> float | None:
+        index = bisect.bisect_right(self.start_times, (at, math.inf)) - 1
+        return self.start_times[index][1] if index >= 0 else None
+
+    def last_restart_before(self, at: float) -> float | None:
+        times = [r.at for r in self.restarts_seen if r.at <= at]
+        return times[-1] if times else None
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    at: float
+    target: str
+    alert: str
+    allowed: bool
+    reason: str
+    detail: str
+
+
+def gate_replay(targets: Mapping[str, TargetReplay], policy: gate.GatePolicy,
+                notifications: Iterable[Notification] | None = None) -> list[GateDecision]:
+    """Every firing restart notification, in time order, through the remediator's gate; its state carried over."""
+    queue = sorted(notifications if notifications is not None else
+                   (n for t in targets.values() for n in t.notifications), key=lambda n: (n.at, n.target, n.alert))
+    journal = gate.JournalState()
+    decisions: list[GateDecision] = []
+    for note in queue:
+        now = note.at
+        fleet = gate.FleetView({name: _status(t, now) for name, t in targets.items()
+                                if t.first_read is not None and t.first_read <= now
+                                and (t.gone_at is None or now < t.gone_at)})
+        alert = gate.AlertFacts(status="firing",
+                                labels={"alertname": note.alert, "target": note.target, "remediation": "restart"},
+                                fingerprint=f"{note.alert}:{note.target}", starts_at=note.active_at)
+        decision = gate.decide(alert, fleet, journal, policy, now)
+        effects = gate.effects_of(decision, alert, fleet, journal, policy, now)
+        intent = shared.Intent("backtest", note.target, now + RESTART_TIMEOUT) if effects.intent else None
+        journal = shared.with_effects(journal, effects, alert, now, intent)
+        decisions.append(GateDecision(now, note.target, note.alert, decision.allowed, decision.reason, decision.detail))
+    return decisions
+
+
+def _status(replay: TargetReplay, now: float) -> gate.TargetStatus:
+    # The exporter's fleet gate window: unhealthy within its last two polls (verdict.recently_unhealthy).
+    return gate.TargetStatus(
+        state=replay.state_at(now) or "starting",
+        process_start_time=replay.process_start_at(now),
+        last_restart_time=replay.last_restart_before(now),
+        recently_unhealthy=replay.unhealthy_within(now - 2 * replay.step, now),
+        engine=replay.engine.name,
+        workload=replay.workload,
+    )
+
+
+def default_policy(targets: Iterable[str]) -> gate.GatePolicy:
+    """The gate's policy with the remediator's defaults (its settings' own), over these targets."""
+    from llm_vitals.remediator.fleet_limit import percent_of
+    from llm_vitals.remediator.settings import Budget, Settings
+
+    fields = Settings.model_fields
+    budget = Budget()
+    max_unhealthy = fields["max_unhealthy"].default
+    names = frozenset(targets)
+    percent = percent_of(max_unhealthy)
+    return gate.GatePolicy(
+        targets=names,
+        global_cooldown=float(fields["global_cooldown"].default),
+        max_restarts=budget.max_restarts,
+        budget_window=budget.window,
+        max_unhealthy=max_unhealthy if isinstance(max_unhealthy, int) else 0,
+        max_unhealthy_percent=percent,
+        storm_cooldown=float(fields["storm_cooldown"].default),
+    )

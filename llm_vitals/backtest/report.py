@@ -1,0 +1,114 @@
+"""The backtest's result as text (one line per target, then totals) and as JSON. Pure: a Result in, a string out."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from llm_vitals.backtest.replay import TargetReplay
+from llm_vitals.backtest.run import Result
+from llm_vitals.durations import format_duration
+
+
+def iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _clock(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%m-%d %H:%M:%S")
+
+
+def length(seconds: float) -> str:
+    """A span as `1h02m`, `2m15s`, `45s`."""
+    whole = max(0, round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def as_json(result: Result) -> dict[str, Any]:
+    """The `--json` document."""
+    targets = [_target_json(result, replay) for replay in result.targets.values()]
+    return {
+        "window": {"start": result.window.start, "end": result.window.end, "step": result.window.step,
+                   "chunks": result.chunks, "chunks_read": result.chunks_read},
+        "targets": targets,
+        "totals": {
+            "targets": len(targets),
+            "episodes": {state: sum(1 for t in targets for e in t["episodes"] if e["state"] == state)
+                         for state in sorted({e["state"] for t in targets for e in t["episodes"]})},
+            "alerts": sum(len(t["alerts"]) for t in targets),
+            "would_restart": sum(t["would_restart"] for t in targets),
+            "restarts_seen": sum(t["restarts_seen"] for t in targets),
+            "watchdog_restarts": sum(t["watchdog_restarts"] for t in targets),
+        },
+        "notes": [{"at": n.at, "text": n.text} for n in result.notes],
+    }
+
+
+def _target_json(result: Result, replay: TargetReplay) -> dict[str, Any]:
+    return {
+        "target": replay.name,
+        "engine": replay.engine.name,
+        "workload": replay.workload,
+        "first_read": replay.first_read,
+        "last_read": replay.last_read,
+        "reads": replay.reads,
+        "missed_reads": replay.missed_reads,
+        "episodes": [{"state": e.state, "start": e.start, "end": e.end, "reason": e.reason, "detail": e.detail}
+                     for e in replay.episodes],
+        "alerts": [{"alert": a.alert, "active_at": a.active_at, "start": a.start, "end": a.end, "restart": a.restart}
+                   for a in replay.alerts],
+        "gate": [{"at": d.at, "alert": d.alert, "allowed": d.allowed, "reason": d.reason, "detail": d.detail}
+                 for d in result.decisions if d.target == replay.name],
+        "would_restart": len(result.would_restart(replay.name)),
+        "restarts_seen": len(replay.restarts_seen),
+        "restarts_seen_at": [{"at": r.at, "why": r.why} for r in replay.restarts_seen],
+        "watchdog_restarts": replay.watchdog.restarts,
+        "watchdog_periods": [{"start": s, "end": e} for s, e in replay.watchdog.periods],
+        "notes": [{"at": n.at, "text": n.text} for n in replay.notes],
+    }
+
+
+def as_text(result: Result) -> str:
+    """One line per target, its notes indented below it, then the totals and the notes on the whole history."""
+    window = result.window
+    lines = [f"backtest {iso(window.start)} to {iso(window.end)}, a read every {window.step:g}s "
+             f"({result.chunks_read} of {result.chunks} chunk(s) read)"]
+    for replay in result.targets.values():
+        lines.append(_target_line(result, replay))
+        lines += [f"    note{f' {_clock(n.at)}' if n.at is not None else ''}: {n.text}" for n in replay.notes]
+    data = as_json(result)["totals"]
+    episodes = ", ".join(f"{count} {state}" for state, count in data["episodes"].items()) or "none"
+    lines.append(f"totals: {data['targets']} target(s); episodes: {episodes}; {data['alerts']} alert(s); "
+                 f"llm-vitals would have restarted {data['would_restart']}; restarts seen {data['restarts_seen']}; "
+                 f"a watchdog with a {_watchdog_timeout(result)} timeout would have restarted {data['watchdog_restarts']}")
+    lines += [f"note{f' {_clock(n.at)}' if n.at is not None else ''}: {n.text}" for n in result.notes]
+    return "\n".join(lines) + "\n"
+
+
+def _watchdog_timeout(result: Result) -> str:
+    first = next(iter(result.targets.values()), None)
+    return format_duration(first.watchdog.timeout) if first is not None else "?"
+
+
+def _target_line(result: Result, replay: TargetReplay) -> str:
+    episodes = ", ".join(f"{e.state} {_clock(e.start)} for {length(e.end - e.start)}"
+                         for e in replay.episodes) or "busy/idle throughout"
+    alerts = ", ".join(f"{a.alert} {_clock(a.start)}" for a in replay.alerts) or "none"
+    restarts = result.would_restart(replay.name)
+    would = f"{len(restarts)}" + (f" ({', '.join(_clock(d.at) for d in restarts)})" if restarts else "")
+    refused = sorted({d.reason for d in result.decisions if d.target == replay.name and not d.allowed})
+    if refused:
+        would += f", refused: {', '.join(refused)}"
+    seen = f"{len(replay.restarts_seen)}" + (
+        f" ({', '.join(f'{_clock(r.at)} {r.why}' for r in replay.restarts_seen)})" if replay.restarts_seen else "")
+    return (f"{replay.name} ({replay.engine.name}): {episodes}; alerts: {alerts}; would restart: {would}; "
+            f"restarts seen: {seen}; watchdog restarts: {replay.watchdog.restarts}")
+
+
+def dumps(result: Result) -> str:
+    return json.dumps(as_json(result), indent=2) + "\n"
