@@ -44,7 +44,7 @@ class Pod:
 
 @dataclass
 class Workload:
-    key: str  # what the operator owns (DESIGN §10): Deployment/llm/x, StatefulSet/..., LeaderWorkerSet/llm/x/0
+    key: str  # what the operator owns (docs/remediator.md): Deployment/llm/x, StatefulSet/..., LeaderWorkerSet/llm/x/0
     kind: str  # deployment | statefulset | lws
     name: str
     pods: list[Pod]  # one per target; an LWS group's leader (its workers go with it)

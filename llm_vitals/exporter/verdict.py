@@ -13,7 +13,7 @@ Partial evidence (docs/states.md):
 - a read that timed out while the exporter's own event loop lagged is `exporter_late`
   (`exporter_late()`): counted and shown, and evidence of nothing, not even toward `down`, and
   not a poll either (`last_poll` stays, so LLMVitalsPollingStale sees a starved exporter);
-- refused, frozen and slow are told apart by evidence, not by one timeout (DESIGN §11):
+- refused, frozen and slow are told apart by evidence, not by one timeout (docs/states.md):
   a refused connection (no process listens) is `down` at once; a read that connected and got no
   answer, while a second probe on a fresh connection got none either, is a frozen process: held
   until no good read came for `down_after`, then `stuck` (`metrics_unanswered`), which liveness and
