@@ -272,7 +272,9 @@ def remediator_config(
         "auth": {"bearer_token_file": str(token_file)},
         "state_path": str(state_path),
         "global_cooldown": t.global_cooldown,
-        "budget": {"max_restarts": 3, "window": 3600},
+        # The backoff off: the chain restarts each server within minutes on purpose (the cooldown
+        # and fleet-gate phases); the backoff's own rule is tested on the gate and the app.
+        "budget": {"max_restarts": 3, "window": 3600, "backoff": {"initial": 0}},
         "max_unhealthy": t.max_unhealthy,
         # Only the target's name comes from the alert; what runs is this fixed URL per target.
         "targets": {

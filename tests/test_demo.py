@@ -113,7 +113,7 @@ targets:
     threading.Thread(target=lambda: [lines.put(line) for line in demo.stdout], daemon=True).start()
     seen: list[str] = []
     try:
-        wanted = {"mine: starting -> idle", "gone: starting -> down (connect)"}
+        wanted = {"mine: starting -> idle", "gone: starting -> down (refused)"}
         deadline = time.monotonic() + 60  # the simulator and the exporter start on a loaded machine
         while wanted and time.monotonic() < deadline:
             try:
