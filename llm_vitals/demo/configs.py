@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import secrets
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,12 @@ def engine_target_name(engine: str) -> str:
 def backend_name(index: int) -> str:
     """Backend 0 of the simulator is "backend-1" on screen, as in the story."""
     return f"backend-{index + 1}"
+
+
+def decisions_command(remediator_url: str, read_token_file: Path) -> str:
+    """A ready-to-paste `curl` for the remediator's decisions, with its read token (which can never restart)."""
+    token = shlex.quote(str(read_token_file))
+    return f'curl -s -H "Authorization: Bearer $(cat {token})" {remediator_url}/api/v1/actions'
 
 
 def _write(path: Path, data: Any) -> Path:
