@@ -230,6 +230,12 @@ class Demo:
             for line in self.header:
                 self.say(line)
             self.say("")
+        else:
+            # The table clips its lines to the terminal: the command and the token paths are said
+            # once in full above it, where they stay to be copied.
+            for line in self.header:
+                if line.startswith(("  decisions", "  tokens")):
+                    self.say(line)
         story = Story(session, observer, t, control_url, proxy_url, backend_urls, self.status)
         if self.table:
             tasks.append(asyncio.create_task(self.redraw(observer)))
