@@ -12,17 +12,15 @@ are stopped by their own PIDs when the `async with` block ends, failed or not.
                          rule_files=[rules], alertmanager_config=am) as stack:
         await wait_for(lambda: stack.query('ALERTS{alertstate="firing"}'), timeout=30)
 
-The flags follow the recipe measured on the Debian packages (Prometheus 2.42, Alertmanager 0.25):
-`--cluster.listen-address=` turns off Alertmanager's HA gossip (else it binds 0.0.0.0:9094),
-`--web.external-url` fixes the URLs in payloads, `/-/ready` says when each is up. Under load the real Prometheus skips
-evaluations for seconds at a time, so callers wait with generous deadlines (20-30 s).
+The command lines and configs are the demo's (llm_vitals/demo/monitoring.py: one recipe for both).
+Under load the real Prometheus skips evaluations for seconds at a time, so callers wait with
+generous deadlines (20-30 s).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -35,8 +33,15 @@ import yaml
 # `tests/` is on sys.path under pytest (rootdir conftest, prepend import mode), as in the other tests.
 from conftest import REPO, free_port, require_binary
 
+from llm_vitals.demo.monitoring import (
+    READY_PATH,
+    alertmanager_argv,
+    alertmanager_routing,
+    prometheus_argv,
+    prometheus_config,
+    rules_with_for,
+)
 from llm_vitals.demo.processes import Child, StartError
-from llm_vitals.durations import format_duration
 
 RULES_FILE = REPO / "alerts" / "llm-vitals.rules.yml"
 ALERTMANAGER_EXAMPLE = REPO / "alerts" / "alertmanager.yml"
@@ -61,31 +66,9 @@ def write_rules_with_short_for(
     seconds: float = 1,
     overrides: Mapping[str, float] | None = None,
 ) -> Path:
-    """Copy a rules file with every `for:` set to `seconds` (or `overrides[alertname]`); the source stays as is.
-
-    Rules without `for:` keep firing at once. Only `for:` changes: the expressions under test are
-    the production ones.
-    """
-    document = yaml.safe_load(Path(source).read_text())
-    if not isinstance(document, dict) or not isinstance(document.get("groups"), list):
-        raise ValueError(f"{source}: not a Prometheus rules file (no `groups:` list)")
-    overrides = dict(overrides or {})
-    unknown = set(overrides)
-    for group in document["groups"]:
-        group.pop("interval", None)  # evaluate at the stack's global 1 s
-        for rule in group.get("rules", []):
-            name = rule.get("alert")
-            if name is None:
-                continue
-            unknown.discard(name)
-            if name in overrides:
-                rule["for"] = format_duration(overrides[name])
-            elif "for" in rule:
-                rule["for"] = format_duration(seconds)
-    if unknown:
-        raise ValueError(f"{source}: no alert named {sorted(unknown)} to override")
+    """Copy a rules file with every `for:` set to `seconds` (or `overrides[alertname]`); the source stays as is."""
     dest = Path(dest)
-    dest.write_text(yaml.safe_dump(document, sort_keys=False, width=1000))
+    dest.write_text(yaml.safe_dump(rules_with_for(source, seconds, overrides), sort_keys=False, width=1000))
     return dest
 
 
@@ -102,52 +85,14 @@ def alertmanager_config(
 ) -> dict[str, Any]:
     """The repo's example Alertmanager config, with its remediator receiver pointed at `webhook_url`.
 
-    The bearer token goes to a file, as in production (`credentials_file`). Every route gets test
-    timings; `repeat_interval` is what re-sends a still-firing alert (e.g. after a cooldown refusal).
+    The bearer token goes to a file in `token_dir`, as in production (`credentials_file`); every
+    route gets test timings.
     """
-    config = copy.deepcopy(yaml.safe_load(Path(base).read_text()))
-    receivers = {r["name"]: r for r in config.get("receivers", [])}
-    if receiver not in receivers:
-        raise ValueError(f"{base}: no receiver named {receiver!r} (have {sorted(receivers)})")
     token_file = Path(token_dir) / f"{receiver}.token"
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
-    receivers[receiver]["webhook_configs"] = [
-        {
-            "url": webhook_url,
-            "send_resolved": True,
-            "http_config": {"authorization": {"type": "Bearer", "credentials_file": str(token_file)}},
-        }
-    ]
-
-    def retime(route: dict[str, Any]) -> None:
-        route["group_wait"] = group_wait
-        route["group_interval"] = group_interval
-        route["repeat_interval"] = repeat_interval
-        for child in route.get("routes", []):
-            retime(child)
-
-    retime(config["route"])
-    return config
-
-
-def prometheus_config(
-    scrape_targets: Mapping[str, Sequence[str]],
-    rule_files: Sequence[Path],
-    alertmanager_address: str | None,
-) -> dict[str, Any]:
-    """A Prometheus config scraping `{job: [host:port, ...]}` and evaluating rules every second."""
-    config: dict[str, Any] = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(Path(p).resolve()) for p in rule_files],
-        "scrape_configs": [
-            {"job_name": job, "static_configs": [{"targets": list(targets)}]}
-            for job, targets in scrape_targets.items()
-        ],
-    }
-    if alertmanager_address:
-        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager_address]}]}]}
-    return config
+    return alertmanager_routing(base, receiver, webhook_url, token_file, group_wait=group_wait,
+                                group_interval=group_interval, repeat_interval=repeat_interval)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,17 +289,9 @@ class RealStack:
         storage.mkdir(exist_ok=True)
 
         def build(port: int) -> tuple[list[str], str]:
-            url = f"http://127.0.0.1:{port}"
-            argv = [
-                binary,
-                f"--config.file={config_path}",
-                f"--storage.path={storage}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                f"--web.external-url={url}/",
-                "--cluster.listen-address=",  # no HA gossip (it would bind 0.0.0.0:9094)
-                "--log.level=debug",  # notify attempts and failures, for post-mortems
-            ]
-            return argv, f"{url}/-/ready"
+            # Debug logs every notify attempt and failure, for post-mortems.
+            argv = alertmanager_argv(binary, config_path, storage, port, extra=["--log.level=debug"])
+            return argv, f"http://127.0.0.1:{port}{READY_PATH}"
 
         self.alertmanager, port = await start_on_free_port(
             "alertmanager", build, self.run_dir / "alertmanager.log", client=self._client, timeout=self.start_timeout
@@ -371,17 +308,8 @@ class RealStack:
         storage.mkdir(exist_ok=True)
 
         def build(port: int) -> tuple[list[str], str]:
-            url = f"http://127.0.0.1:{port}"
-            argv = [
-                binary,
-                f"--config.file={config_path}",
-                f"--storage.tsdb.path={storage}",
-                "--storage.tsdb.retention.time=1h",
-                f"--web.listen-address=127.0.0.1:{port}",
-                f"--web.external-url={url}/",
-                "--web.enable-lifecycle",
-            ]
-            return argv, f"{url}/-/ready"
+            argv = prometheus_argv(binary, config_path, storage, port, retention="1h", extra=["--web.enable-lifecycle"])
+            return argv, f"http://127.0.0.1:{port}{READY_PATH}"
 
         self.prometheus, port = await start_on_free_port(
             "prometheus", build, self.run_dir / "prometheus.log", client=self._client, timeout=self.start_timeout

@@ -81,6 +81,11 @@ def test_demo_once_tells_the_story(tmp_path) -> None:
     assert {(r[3], r[4]) for r in all_hang} <= {("refused", "fleet_gate"), ("refused", "not_stuck")}, all_hang
     if alert_path == "prometheus" or "Prometheus" in summary["alert_path"]:
         assert summary["alert_path"].startswith("alert path: Prometheus")
+    # The status page's panel showed the story's decisions, read with the read token.
+    assert summary["status_page"]["note"] is None and summary["status_page"]["decisions"] > 0, summary["status_page"]
+    # The banner says where the tokens are and gives the curl for the decisions, with the read token.
+    assert f"tokens        act {workdir / 'webhook.token'} " in output and f"read {workdir / 'read.token'} " in output
+    assert f'decisions     curl -s -H "Authorization: Bearer $(cat {workdir / "read.token"})" http://127.0.0.1:' in output
 
 
 def mine_is_idle(exporter_port: int) -> bool:
@@ -113,7 +118,7 @@ targets:
     threading.Thread(target=lambda: [lines.put(line) for line in demo.stdout], daemon=True).start()
     seen: list[str] = []
     try:
-        wanted = {"mine: starting -> idle", "gone: starting -> down (refused)"}
+        wanted = {"mine: starting -> idle", "gone: starting -> down (refused)"}  # nothing listens there
         deadline = time.monotonic() + 60  # the simulator and the exporter start on a loaded machine
         while wanted and time.monotonic() < deadline:
             try:
@@ -211,3 +216,44 @@ async def test_relay_posts_alertmanager_v4_webhooks_like_alertmanager(aiohttp_se
     assert first.labels["remediation"] == "restart" and first.labels["alertname"] == "LLMServerStuck"
     assert first.starts_at == t0  # when the state was first seen, as Prometheus's activeAt
     assert len({payload.alerts[0].fingerprint for _, payload in received}) == 1
+
+
+async def test_the_banners_decisions_curl_reads_the_journal_with_the_read_token(tmp_path, aiohttp_server) -> None:
+    """The command the banner prints, pasted into bash as it stands, against the demo's own remediator config."""
+    import asyncio
+
+    from llm_vitals.demo.configs import TOKEN_ENV, decisions_command, write_all
+    from llm_vitals.demo.ports import choose_ports
+    from llm_vitals.demo.timings import FAST
+    from llm_vitals.remediator.app import create_app
+    from llm_vitals.remediator.settings import load_settings
+
+    files = write_all(tmp_path, choose_ports(prefer_defaults=False)[0], FAST, "act-t0ken")
+    remediator = await aiohttp_server(create_app(load_settings(files["remediator"], environ={TOKEN_ENV: "act-t0ken"})))
+    url = str(remediator.make_url("")).rstrip("/")
+
+    async def pasted(command: str) -> str:
+        shell = await asyncio.create_subprocess_exec("bash", "-c", command + " -w '\\n%{http_code}'",
+                                                     stdout=asyncio.subprocess.PIPE)
+        out, _ = await asyncio.wait_for(shell.communicate(), timeout=30)
+        return out.decode()
+
+    body, status = (await pasted(decisions_command(url, files["read_token"]))).rsplit("\n", 1)
+    assert status == "200" and json.loads(body)["actions"] == []
+    # The header is what lets it in: the same call without it is refused.
+    assert (await pasted(f"curl -s {url}/api/v1/actions")).endswith("401")
+
+
+def test_the_status_page_decisions_panel_is_read_as_rows_or_its_note() -> None:
+    from llm_vitals.demo.story import decisions_panel
+    from llm_vitals.exporter.status_page import Decisions, render_page
+
+    now = 1_800_000_000.0
+    shown = Decisions(actions=[{"id": 2, "time": now - 5, "target": "backend-<2>", "decision": "restart", "reason": "allowed"},
+                               {"id": 1, "time": now - 9, "target": "backend-1", "decision": "refused", "reason": "cooldown"}],
+                      url="http://127.0.0.1:9472")
+    assert decisions_panel(render_page([], {}, shown, now)) == {"decisions": 2, "note": None}
+    refused = Decisions(note="cannot read the remediator: 401 <unauthorized>", url="http://127.0.0.1:9472")
+    assert decisions_panel(render_page([], {}, refused, now)) == {
+        "decisions": 0, "note": "cannot read the remediator: 401 <unauthorized>"}
+    assert decisions_panel(render_page([], {}, None, now)) == {"decisions": 0, "note": None}

@@ -15,10 +15,10 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import kubernetes_validate
 import pytest
 import yaml
 from conftest import REPO, load_script
+from kube_schema import CRDS, VERSIONS, assert_schema_valid
 
 from llm_vitals.exporter.settings import ExporterSettings
 from llm_vitals.remediator.settings import Settings as RemediatorSettings
@@ -26,8 +26,6 @@ from llm_vitals.remediator.settings import Settings as RemediatorSettings
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk (the test extra) renders the chart")
 
 CHART = REPO / "deploy" / "helm" / "llm-vitals"
-VERSIONS = ["1.29.0", "1.33.0"]
-CRDS = {"ServiceMonitor", "PrometheusRule"}
 RELEASE, NAMESPACE = "llm-vitals", "llm"
 
 EVERYTHING_ON = {
@@ -120,17 +118,7 @@ def test_the_schema_knows_every_default_value():
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("values_name", list(VALUE_SETS))
 def test_every_rendered_object_is_schema_valid(values_name, version):
-    checked = 0
-    for doc in RENDERED[values_name]:
-        if doc["kind"] in CRDS:
-            continue
-        try:
-            kubernetes_validate.validate(doc, version, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at "
-                        f"{'.'.join(str(p) for p in exc.path)}")
-        checked += 1
-    assert checked >= 14
+    assert assert_schema_valid(RENDERED[values_name], version) >= 14
 
 
 def test_every_toggle_adds_its_objects():

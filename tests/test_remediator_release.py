@@ -129,3 +129,18 @@ async def test_the_restart_streak_and_the_backoff_are_seen_and_a_circuit_reset_e
     assert await metric(client, 'llm_vitals_remediator_workload_restart_streak{workload="a"}') is None
     _, body = await post(client, alert_payload("a", fingerprint="fp-2"))
     assert body["decisions"][0]["reason"] == "allowed"
+
+
+@pytest.mark.parametrize("route", ["/api/v1/circuit/reset", "/api/v1/workloads/release"])
+@pytest.mark.parametrize("query, body, status, error", [
+    ("?workload=a", b'{"workload": "a"}', 400, "not both"),
+    ("", b'{"workload": ', 400, "invalid JSON"),
+    ("", b"[" * (64 * 1024 + 1), 413, "body too large"),
+], ids=["query and body", "broken JSON", "too large"])
+async def test_an_operators_call_is_read_from_its_query_or_its_body_the_same_way_on_every_route(
+        remediator, route, query, body, status, error):  # noqa: F811
+    client = await remediator()
+    await open_circuits(client, "a")
+    response = await client.post(route + query, headers={**AUTH, "Content-Type": "application/json"}, data=body)
+    assert response.status == status and error in (await response.json())["error"]
+    assert client.service.store.last.open_circuits == {"a"}

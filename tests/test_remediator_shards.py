@@ -12,7 +12,8 @@ import httpx
 import pytest
 from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_target, record, start_exporter, wait_for
 from test_exporter_helpers import make_settings as exporter_settings
-from test_remediator_helpers import AUTH, Clock, FakeExporter, RestartCounter, alert_payload, make_settings
+from test_remediator_helpers import AUTH, Clock, FakeExporter, alert_payload, make_settings
+from test_remediator_webhook import restarter  # noqa: F401 -- a fixture
 
 from llm_vitals.exporter.discovery.targetset import shard_of
 from llm_vitals.remediator.app import SERVICE, create_app
@@ -153,16 +154,8 @@ async def test_every_target_of_two_real_shards_is_found_exactly_once_and_one_sto
         assert await reader.fleet() is None
 
 
-@pytest.fixture
-async def restarter(aiohttp_server):
-    counter = RestartCounter()
-    server = await aiohttp_server(counter.app())
-    counter.url = str(server.make_url("/admin/restart"))
-    return counter
-
-
 async def test_the_remediator_restarts_a_target_of_the_other_shard_and_nothing_once_a_shard_is_gone(
-        sharded, restarter, aiohttp_client, tmp_path):
+        sharded, restarter, aiohttp_client, tmp_path):  # noqa: F811 -- the imported fixture
     await wait_for(lambda: (r := record(sharded[1], STUCK_NAME)) and r.verdict.state == "stuck", what="stuck")
     settings = make_settings(
         tmp_path, None, {n: {"executor": "http", "url": restarter.url, "timeout": "5s"} for n in NAMES},

@@ -13,6 +13,7 @@
 # Re-runs are fast: a stamp records what was built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source tools/kubernetes-source.sh
 
 VERSION=1.20.2
 WHAT="cmd/kube-apiserver cmd/kube-controller-manager"
@@ -81,16 +82,7 @@ echo "real-Kubernetes setup: building kube-apiserver + kube-controller-manager $
 tb=$(date +%s)
 {
   cd "$work"
-  nice -n 10 apt-get source --download-only "kubernetes=$VERSION*" || nice -n 10 apt-get source --download-only kubernetes
-  nice -n 10 dpkg-source -x kubernetes_*.dsc kubernetes
-  cd kubernetes
-  head -1 debian/changelog | grep -q "$VERSION" || { echo "expected kubernetes $VERSION, got: $(head -1 debian/changelog)"; exit 1; }
-  # Kubernetes 1.20 vendors github.com/modern-go/reflect2 v1.0.1, which breaks under Go >= 1.18:
-  # the apiserver panics (nil pointer in reflect2.Type2) on some requests, e.g. POST
-  # /api/v1/namespaces, intermittently. Debian's 1.0.2 is the API-compatible Go 1.18 fix.
-  R=vendor/github.com/modern-go/reflect2
-  rm -rf "$R" && mkdir -p "$R"
-  cp -a /usr/share/gocode/src/github.com/modern-go/reflect2/. "$R/"
+  kubernetes_source "$VERSION"   # into ./kubernetes, entered, with Debian's reflect2 (tools/kubernetes-source.sh)
   go version
   # make, not a plain `go build`: it generates pkg/generated/openapi first and builds in GOPATH
   # mode against vendor/, as the Debian package does.

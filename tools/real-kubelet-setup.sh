@@ -17,6 +17,7 @@
 # 77 skipped (one line says why); 1 failed, or skipped while LLM_VITALS_REQUIRE_REAL_KUBELET=1 (CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source tools/kubernetes-source.sh
 
 VERSION=1.20.2
 WHAT="cmd/kube-scheduler cmd/kubelet cmd/kubectl"
@@ -105,14 +106,7 @@ echo "real-kubelet setup: building kube-scheduler, kubelet, kubectl and pause $V
 tb=$(date +%s)
 {
   cd "$work"
-  nice -n 10 apt-get source --download-only "kubernetes=$VERSION*" || nice -n 10 apt-get source --download-only kubernetes
-  nice -n 10 dpkg-source -x kubernetes_*.dsc kubernetes
-  cd kubernetes
-  head -1 debian/changelog | grep -q "$VERSION" || { echo "expected kubernetes $VERSION, got: $(head -1 debian/changelog)"; exit 1; }
-  # As in tools/real-k8s-setup.sh: the vendored reflect2 1.0.1 panics under Go >= 1.18.
-  R=vendor/github.com/modern-go/reflect2
-  rm -rf "$R" && mkdir -p "$R"
-  cp -a /usr/share/gocode/src/github.com/modern-go/reflect2/. "$R/"
+  kubernetes_source "$VERSION"   # the k8s tier's source and reflect2 fix (tools/kubernetes-source.sh)
   if [ "$OOM_PATCH" = 1 ]; then
     sed -i 's/^\tdefaultSandboxOOMAdj int = -998$/\tdefaultSandboxOOMAdj int = 0 \/\/ was -998; negative needs CAP_SYS_RESOURCE/' \
       pkg/kubelet/dockershim/docker_sandbox.go

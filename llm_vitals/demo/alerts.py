@@ -22,6 +22,7 @@ import aiohttp
 
 from llm_vitals.demo.alert_rule import Notification, RuleState, evaluate
 from llm_vitals.demo.configs import REMEDIATOR_RECEIVER
+from llm_vitals.demo.monitoring import READY_PATH, alertmanager_argv, prometheus_argv
 from llm_vitals.demo.ports import Ports
 from llm_vitals.demo.processes import Children
 from llm_vitals.demo.timings import Timings
@@ -40,22 +41,14 @@ async def start_prometheus_stack(children: Children, session: aiohttp.ClientSess
                                  ports: Ports, files: dict, run_dir) -> None:
     """Alertmanager, then Prometheus (which sends to it), each ready before the next step."""
     prometheus, alertmanager = binaries
-    am_url = f"http://127.0.0.1:{ports.alertmanager}"
     (run_dir / "am-data").mkdir(exist_ok=True)
     (run_dir / "prom-data").mkdir(exist_ok=True)
-    am = await children.start("alertmanager", [
-        alertmanager, f"--config.file={files['alertmanager']}", f"--storage.path={run_dir / 'am-data'}",
-        f"--web.listen-address=127.0.0.1:{ports.alertmanager}", f"--web.external-url={am_url}/",
-        "--cluster.listen-address=",  # no HA gossip (it would bind 0.0.0.0:9094)
-    ])
-    await am.wait_ready(session, f"{am_url}/-/ready", timeout=30)
-    prom_url = f"http://127.0.0.1:{ports.prometheus}"
-    prom = await children.start("prometheus", [
-        prometheus, f"--config.file={files['prometheus']}", f"--storage.tsdb.path={run_dir / 'prom-data'}",
-        "--storage.tsdb.retention.time=2h", f"--web.listen-address=127.0.0.1:{ports.prometheus}",
-        f"--web.external-url={prom_url}/",
-    ])
-    await prom.wait_ready(session, f"{prom_url}/-/ready", timeout=30)
+    am = await children.start("alertmanager", alertmanager_argv(alertmanager, files["alertmanager"], run_dir / "am-data",
+                                                                ports.alertmanager))
+    await am.wait_ready(session, f"http://127.0.0.1:{ports.alertmanager}{READY_PATH}", timeout=30)
+    prom = await children.start("prometheus", prometheus_argv(prometheus, files["prometheus"], run_dir / "prom-data",
+                                                              ports.prometheus))
+    await prom.wait_ready(session, f"http://127.0.0.1:{ports.prometheus}{READY_PATH}", timeout=30)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 
 from llm_vitals.demo import alerts
-from llm_vitals.demo.configs import TOKEN_ENV, backend_name, engine_target_name, write_all
+from llm_vitals.demo.configs import TOKEN_ENV, backend_name, decisions_command, engine_target_name, write_all
 from llm_vitals.demo.ports import BACKENDS, MIXED_ENGINES, choose_ports
 from llm_vitals.demo.processes import Children, StartError, answers_200
 from llm_vitals.demo.story import Observer, Status, StepResult, StepTimeout, Story
@@ -220,6 +220,9 @@ class Demo:
             f"  exporter API  {exporter_url}/api/v1/targets     metrics {exporter_url}/metrics",
             f"  remediator    {remediator_url}/api/v1/actions   (http executor -> {control_url}/backends/N/restart; "
             f"cooldown {t.cooldown:g}s, max_unhealthy 2)",
+            f"  decisions     {decisions_command(remediator_url, files['read_token'])}",
+            f"  tokens        act {files['token']} (the webhook, pause, reset)   read {files['read_token']} "
+            "(the status page, the journal)",
             f"  {path}",
             f"  logs          {run_dir}    Ctrl-C stops everything",
         ]
@@ -227,6 +230,12 @@ class Demo:
             for line in self.header:
                 self.say(line)
             self.say("")
+        else:
+            # The table clips its lines to the terminal: the command and the token paths are said
+            # once in full above it, where they stay to be copied.
+            for line in self.header:
+                if line.startswith(("  decisions", "  tokens")):
+                    self.say(line)
         story = Story(session, observer, t, control_url, proxy_url, backend_urls, self.status)
         if self.table:
             tasks.append(asyncio.create_task(self.redraw(observer)))
@@ -255,8 +264,11 @@ class Demo:
             exporter = await children.start("exporter", [sys.executable, "-m", "llm_vitals.exporter.cli", "--config", str(path)])
             await exporter.wait_ready(session, f"{exporter_url}/healthz", timeout=30)
 
-        # The remediator's journal takes its webhook token: the one in LLM_VITALS_WEBHOOK_TOKEN, if any.
-        observer = Observer(session, exporter_url, remediator_url, self.event, os.environ.get("LLM_VITALS_WEBHOOK_TOKEN"))
+        # The journal is read with the token the status page holds (the config's remediator_token, the
+        # remediator's read token); without one, the act token in LLM_VITALS_WEBHOOK_TOKEN, if any.
+        token = settings.remediator_token.get_secret_value() if settings.remediator_token else None
+        observer = Observer(session, exporter_url, remediator_url, self.event,
+                            token or os.environ.get("LLM_VITALS_WEBHOOK_TOKEN"))
         self.status.step = "watching your servers"
         self.status.detail = "state changes other than idle <-> busy are listed below"
         self.header = [
@@ -311,7 +323,7 @@ class Demo:
             while True:
                 await story.run_once(on_step)
         results = await story.run_once(on_step)
-        summary = self.summary(story, results)
+        summary = self.summary(story, results, await story.observer.status_page())
         if self.table:
             self.say("")
         self.say(format_summary(summary))
@@ -319,13 +331,16 @@ class Demo:
             self.args.summary_json.write_text(json.dumps(summary, indent=2))
         return 0 if summary["ok"] else 1
 
-    def summary(self, story: Story, results: list[StepResult]) -> dict[str, Any]:
+    def summary(self, story: Story, results: list[StepResult], status_page: dict[str, Any]) -> dict[str, Any]:
         actions = story.observer.actions
         # The mixed fleet's servers are outside the story: each must simply read healthy at the end.
         mixed = {name: story.observer.state(name) for name in (engine_target_name(e) for e in MIXED_ENGINES)}
+        # The status page reads the journal with the read token: its panel shows the story's decisions.
+        page_ok = status_page["decisions"] > 0 and status_page["note"] is None
         return {
-            "ok": all(r.ok for r in results) and all(state in ("idle", "busy") for state in mixed.values()),
+            "ok": all(r.ok for r in results) and all(state in ("idle", "busy") for state in mixed.values()) and page_ok,
             "mixed_fleet": mixed,
+            "status_page": status_page,
             "alert_path": self.alert_path,
             "timings": dataclasses.asdict(self.timings),
             "steps": [r.summary(story.observer) for r in results],
@@ -348,6 +363,9 @@ def format_summary(summary: dict[str, Any]) -> str:
             lines.append(f"         ✗ {step['error']}")
     if summary.get("mixed_fleet"):
         lines.append("  mixed fleet (outside the story): " + ", ".join(f"{t} {s}" for t, s in summary["mixed_fleet"].items()))
+    if "status_page" in summary:
+        page = summary["status_page"]
+        lines.append(f"  status page: {page['decisions']} decisions shown" + (f" ({page['note']})" if page["note"] else ""))
     lines.append("  restarts per target: " + ", ".join(f"{t} {n}" for t, n in summary["restarts"].items()))
     lines.append("  decisions: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["decisions"].items())))
     return "\n".join(lines)

@@ -8,13 +8,14 @@ pointed at the demo's remediator.
 
 from __future__ import annotations
 
-import copy
 import secrets
+import shlex
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from llm_vitals.demo import monitoring
 from llm_vitals.demo.ports import BACKENDS, Ports
 from llm_vitals.demo.timings import Timings
 from llm_vitals.durations import format_duration
@@ -39,6 +40,12 @@ def engine_target_name(engine: str) -> str:
 def backend_name(index: int) -> str:
     """Backend 0 of the simulator is "backend-1" on screen, as in the story."""
     return f"backend-{index + 1}"
+
+
+def decisions_command(remediator_url: str, read_token_file: Path) -> str:
+    """A ready-to-paste `curl` for the remediator's decisions, with its read token (which can never restart)."""
+    token = shlex.quote(str(read_token_file))
+    return f'curl -s -H "Authorization: Bearer $(cat {token})" {remediator_url}/api/v1/actions'
 
 
 def _write(path: Path, data: Any) -> Path:
@@ -90,52 +97,19 @@ def remediator_config(ports: Ports, timings: Timings, run_dir: Path) -> dict[str
     }
 
 
-def write_rules(dest: Path, rule_for: float) -> Path:
-    """The production rules with every `for:` set to `rule_for`; the expressions are unchanged."""
-    document = yaml.safe_load(RULES.read_text())
-    for group in document["groups"]:
-        group.pop("interval", None)
-        for rule in group.get("rules", []):
-            if "alert" in rule and "for" in rule:
-                rule["for"] = format_duration(rule_for)
-    return _write(dest, document)
-
-
 def prometheus_config(ports: Ports, timings: Timings, rules: Path) -> dict[str, Any]:
-    interval = format_duration(timings.scrape_interval)
-    return {
-        "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
-        "rule_files": [str(rules)],
-        "scrape_configs": [
-            {"job_name": "llm-vitals", "static_configs": [{"targets": [f"127.0.0.1:{ports.exporter}"]}]},
-            {"job_name": "llm-vitals-remediator", "static_configs": [{"targets": [f"127.0.0.1:{ports.remediator}"]}]},
-        ],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{ports.alertmanager}"]}]}]},
-    }
+    """Scrape the exporter and the remediator, evaluate the rules, and alert to the demo's Alertmanager."""
+    return monitoring.prometheus_config(
+        {"llm-vitals": [f"127.0.0.1:{ports.exporter}"], "llm-vitals-remediator": [f"127.0.0.1:{ports.remediator}"]},
+        [rules], f"127.0.0.1:{ports.alertmanager}", interval=timings.scrape_interval)
 
 
 def alertmanager_config(ports: Ports, timings: Timings, token_file: Path) -> dict[str, Any]:
     """The repo's example routing, its remediator receiver pointed here, with demo timings."""
-    config = copy.deepcopy(yaml.safe_load(ALERTMANAGER.read_text()))
-    receivers = {r["name"]: r for r in config["receivers"]}
-    receivers[REMEDIATOR_RECEIVER]["webhook_configs"] = [{
-        "url": f"http://127.0.0.1:{ports.remediator}/webhook",
-        "send_resolved": True,
-        "max_alerts": 0,
-        "http_config": {"authorization": {"type": "Bearer", "credentials_file": str(token_file)}},
-    }]
-
-    def retime(route: dict[str, Any]) -> None:
-        route["group_wait"] = "0s"
-        route["group_interval"] = "1s"
-        # A refused (cooldown) alert comes back this often, so the second of a pair is restarted
-        # soon after the cooldown ends.
-        route["repeat_interval"] = format_duration(timings.repeat_interval)
-        for child in route.get("routes", []):
-            retime(child)
-
-    retime(config["route"])
-    return config
+    # A refused (cooldown) alert comes back every repeat interval, so the second of a pair is
+    # restarted soon after the cooldown ends.
+    return monitoring.alertmanager_routing(ALERTMANAGER, REMEDIATOR_RECEIVER, f"http://127.0.0.1:{ports.remediator}/webhook",
+                                           token_file, repeat_interval=format_duration(timings.repeat_interval))
 
 
 def write_all(run_dir: Path, ports: Ports, timings: Timings, token: str, read_token: str | None = None) -> dict[str, Path]:
@@ -149,7 +123,8 @@ def write_all(run_dir: Path, ports: Ports, timings: Timings, token: str, read_to
     read_file = run_dir / "read.token"
     read_file.write_text((read_token or secrets.token_urlsafe(24)) + "\n")
     read_file.chmod(0o600)
-    rules = write_rules(run_dir / "rules.yml", timings.rule_for)
+    # The production rules with every `for:` set to the demo's; the expressions are unchanged.
+    rules = _write(run_dir / "rules.yml", monitoring.rules_with_for(RULES, timings.rule_for))
     exporter = {**exporter_config(ports, timings), "remediator_token_file": str(read_file)}
     remediator = remediator_config(ports, timings, run_dir)
     remediator["auth"] = {**remediator["auth"], "read_token_file": str(read_file)}

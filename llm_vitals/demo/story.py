@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
+import re
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
@@ -34,6 +36,16 @@ from llm_vitals.targets import RESTARTABLE_STATES
 
 HEALTHY = frozenset({"idle", "busy"})
 _TIMEOUT = aiohttp.ClientTimeout(total=3)
+# The status page's decisions panel (llm_vitals/exporter/status_page.py): a row per decision, and a
+# note when the exporter cannot read the remediator (a wrong token reads as 401 there).
+_DECISION_ROW = re.compile(r'<tr class="decision ')
+_REMEDIATOR_NOTE = re.compile(r'<p class="note" id="remediator-note">(.*?)</p>', re.S)
+
+
+def decisions_panel(page: str) -> dict[str, Any]:
+    """What the status page shows of the remediator: how many decision rows, and its note (None when it reads fine)."""
+    note = _REMEDIATOR_NOTE.search(page)
+    return {"decisions": len(_DECISION_ROW.findall(page)), "note": html.unescape(note.group(1)) if note else None}
 
 
 class StepTimeout(Exception):
@@ -86,6 +98,14 @@ class Observer:
         for i, action in enumerate(self.actions[-100:], start=max(0, len(self.actions) - 100)):
             if action["id"] in by_id:
                 self.actions[i] = by_id[action["id"]]
+
+    async def status_page(self) -> dict[str, Any]:
+        """The exporter's status page, read as a person's browser reads it: its decisions panel."""
+        try:
+            async with self.session.get(f"{self.exporter_url}/", timeout=_TIMEOUT) as r:
+                return decisions_panel(await r.text())
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return {"decisions": 0, "note": f"the status page did not answer: {exc!r}"}
 
     async def run(self, interval: float) -> None:
         while True:

@@ -180,6 +180,21 @@ async def _read_capped(request: web.Request, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
+async def _query_or_body(request: web.Request) -> object:
+    """What an operator's call names, from its query or its JSON body (never both), or the error to answer."""
+    body = await _read_capped(request, 64 * 1024)
+    if body is None:
+        return _error(413, "body too large")
+    if not body.strip():
+        return dict(request.query)
+    if request.query:
+        return _error(400, "name the workload in the query or in the body, not both")
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        return _error(400, f"invalid JSON: {exc}")
+
+
 async def webhook(request: web.Request) -> web.Response:
     """POST /webhook: one Alertmanager v4 payload."""
     limit = request.app[SETTINGS].body_limit
@@ -343,19 +358,11 @@ async def circuit_reset(request: web.Request) -> web.Response:
     Circuits are per workload; a static target is its own workload, so `target` (the older key)
     names the same thing for it. A reset names what it touches: an empty or null name, or no name
     at all, is a 400 (an unset shell variable must not reset every budget)."""
-    body = await _read_capped(request, 64 * 1024)
-    if body is None:
-        return _error(413, "body too large")
-    data: object = {k: v for k, v in request.query.items() if k in ("workload", "target", "all")}
     if set(request.query) - {"workload", "target", "all"}:
         return _error(400, "unknown query parameter: expected workload, target or all")
-    if body.strip():
-        if data:
-            return _error(400, "name the workload in the query or in the body, not both")
-        try:
-            data = json.loads(body)
-        except ValueError as exc:
-            return _error(400, f"invalid JSON: {exc}")
+    data = await _query_or_body(request)
+    if isinstance(data, web.Response):
+        return data
     chosen = reset_choice(data)
     if isinstance(chosen, (BadRequest, WrongShape)):
         return _error(422 if isinstance(chosen, WrongShape) else 400, str(chosen))
@@ -398,17 +405,9 @@ def named_workload(name: object) -> str | BadRequest:
 async def workload_release(request: web.Request) -> web.Response:
     """POST /api/v1/workloads/release {"workload": NAME}: a human has looked at a paged workload; its page
     ends and its ladder starts again at a restart (its circuit and budget are the circuit reset's)."""
-    body = await _read_capped(request, 64 * 1024)
-    if body is None:
-        return _error(413, "body too large")
-    data: object = dict(request.query)
-    if body.strip():
-        if data:
-            return _error(400, "name the workload in the query or in the body, not both")
-        try:
-            data = json.loads(body)
-        except ValueError as exc:
-            return _error(400, f"invalid JSON: {exc}")
+    data = await _query_or_body(request)
+    if isinstance(data, web.Response):
+        return data
     if not isinstance(data, dict) or set(data) != {"workload"}:
         return _error(400, 'expected {"workload": NAME}')
     name = named_workload(data["workload"])

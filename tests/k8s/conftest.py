@@ -11,17 +11,22 @@ Fixtures:
   namespace       a fresh namespace per test (never waited on to delete)
   controller_manager   kube-controller-manager started for this test only (deployment, replicaset,
                   serviceaccount controllers), stopped after it
+  exporter        a replicas.ExporterStandIn on loopback, serving TargetView JSON for the remediator
+  replicas        `await replicas(**config)` starts remediator replicas in this test's namespace,
+                  stops them after it and fails it if the API server refused them anything
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from real_tier import RealTier
 
 from .control_plane import ControlPlane, missing
+from .replicas import USER, ExporterStandIn, Replica, grant_remediator_rbac, start_replicas
 
 TIER = RealTier("Kubernetes", enable="LLM_VITALS_REAL_K8S", require="LLM_VITALS_REQUIRE_REAL_K8S")
 # Not part of the normal suite: `make test-k8s` runs the tier on its own.
@@ -55,3 +60,34 @@ def controller_manager(control_plane: ControlPlane) -> Iterator[ControlPlane]:
         yield control_plane
     finally:
         control_plane.stop_controller_manager()
+
+
+@pytest.fixture
+async def exporter() -> AsyncIterator[ExporterStandIn]:
+    stand_in = await ExporterStandIn().start()
+    yield stand_in
+    await stand_in.stop()
+
+
+@pytest.fixture
+async def replicas(control_plane: ControlPlane, namespace: str, exporter: ExporterStandIn,
+                   tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[list[Replica]]]]:
+    """`await replicas(**config)` starts remediator replicas (default two) in this test's namespace."""
+    started: list[Replica] = []
+    grant_remediator_rbac(control_plane, namespace)
+
+    async def start(names: tuple[str, ...] = ("replica-a", "replica-b"), **over: Any) -> list[Replica]:
+        new = await start_replicas(control_plane, namespace, exporter.url, tmp_path / "replicas", names, **over)
+        started.extend(new)
+        return new
+
+    yield start
+    for replica in started:
+        await replica.stop()
+        print(replica.tail(60))  # shown by pytest when the test failed
+    # The shipped RBAC sufficed: the API server refused the remediator nothing in this test (except
+    # while it was coming back from a stop: its RBAC refuses everyone until it has synced).
+    forbidden = [(e["verb"], e["objectRef"]) for e in control_plane.audit(user=USER)
+                 if e["responseStatus"]["code"] == 403 and e["objectRef"].get("namespace") in (namespace, "default", None)
+                 and not control_plane.during_outage(e)]
+    assert forbidden == []

@@ -30,6 +30,7 @@ import httpx
 import yaml
 from aiohttp import web
 
+from llm_vitals.remediator.store import STATE_ANNOTATION
 from llm_vitals.targets import TargetView
 
 from .control_plane import REPO, ControlPlane
@@ -270,6 +271,22 @@ async def start_replicas(control_plane: ControlPlane, namespace: str, exporter_u
 
 def lease(control_plane: ControlPlane, namespace: str) -> dict[str, Any]:
     return control_plane.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{LEASE}")
+
+
+def shared_state(control_plane: ControlPlane, namespace: str) -> dict[str, Any]:
+    """The remediator's shared state, as the replicas wrote it into the Lease's annotation."""
+    return json.loads(lease(control_plane, namespace)["metadata"]["annotations"][STATE_ANNOTATION])
+
+
+def reasons(answers: list[httpx.Response]) -> list[str]:
+    """The first decision's reason of each webhook answer."""
+    return [a.json()["decisions"][0]["reason"] for a in answers]
+
+
+async def finished_restarts(replicas: list[Replica]) -> list[dict[str, Any]]:
+    """Every replica's restart rows once none is pending any more (else [])."""
+    rows = [row for r in replicas for row in await r.restarts()]
+    return [] if any(row["result"] == "pending" for row in rows) else rows
 
 
 def events(control_plane: ControlPlane, namespace: str, reason: str | None = None) -> list[dict[str, Any]]:

@@ -17,46 +17,14 @@ the API server's audit log; the exporter's answers come from replicas.ExporterSt
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
-
-from llm_vitals.remediator.store import STATE_ANNOTATION
 
 from .control_plane import ControlPlane
-from .replicas import AUTH, LEASE, ExporterStandIn, alert, grant_remediator_rbac, pod_removals, start_replicas
+from .replicas import AUTH, LEASE, ExporterStandIn, alert, pod_removals, shared_state
 
 LWS = {"leaderworkerset.sigs.k8s.io/name": "big", "leaderworkerset.sigs.k8s.io/group-index": "0"}
-
-
-@pytest.fixture
-async def exporter() -> AsyncIterator[ExporterStandIn]:
-    stand_in = await ExporterStandIn().start()
-    yield stand_in
-    await stand_in.stop()
-
-
-@pytest.fixture
-async def replicas(control_plane: ControlPlane, namespace: str, exporter: ExporterStandIn, tmp_path: Path):
-    started = []
-    grant_remediator_rbac(control_plane, namespace)
-
-    async def start(names: tuple[str, ...] = ("replica-a", "replica-b"), **over: Any):
-        new = await start_replicas(control_plane, namespace, exporter.url, tmp_path / "replicas", names, **over)
-        started.extend(new)
-        return new
-
-    yield start
-    for replica in started:
-        await replica.stop()
-        print(replica.tail(60))  # shown by pytest when the test failed
-    forbidden = [(e["verb"], e["objectRef"]) for e in control_plane.audit(user="llm-vitals-remediator")
-                 if e["responseStatus"]["code"] == 403 and e["objectRef"].get("namespace") in (namespace, "default", None)]
-    assert forbidden == []  # the shipped RBAC (get on pods and replicasets) sufficed
 
 
 def owned_pod(cp: ControlPlane, namespace: str, name: str, owners: list[dict[str, Any]],
@@ -69,11 +37,6 @@ def owned_pod(cp: ControlPlane, namespace: str, name: str, owners: list[dict[str
         "spec": {"nodeName": "node-a", "containers": [{"name": "server", "image": "llm-vitals-test/none",
                                                        "ports": [{"name": "http", "containerPort": 8000}]}]}})
     return cp.play_kubelet(namespace, name, ip=ip)
-
-
-def shared_state(cp: ControlPlane, namespace: str) -> dict[str, Any]:
-    lease = cp.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{LEASE}")
-    return json.loads(lease["metadata"]["annotations"][STATE_ANNOTATION])
 
 
 async def test_a_labels_only_target_at_an_unrelated_address_restarts_no_group(

@@ -14,21 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from llm_vitals.remediator.pods import CORDONED_BY, GPU_TAINT_KEY
-from llm_vitals.remediator.store import STATE_ANNOTATION
 
 from .control_plane import ControlPlane
 from .replicas import (
@@ -39,43 +35,14 @@ from .replicas import (
     SlowLink,
     alert,
     events,
-    grant_remediator_rbac,
+    finished_restarts,
     lease,
     pod_removals,
+    reasons,
     rights_used,
-    start_replicas,
+    shared_state,
 )
 from .waits import wait_until
-
-
-@pytest.fixture
-async def exporter() -> AsyncIterator[ExporterStandIn]:
-    stand_in = await ExporterStandIn().start()
-    yield stand_in
-    await stand_in.stop()
-
-
-@pytest.fixture
-async def replicas(control_plane: ControlPlane, namespace: str, exporter: ExporterStandIn, tmp_path: Path):
-    """`await replicas(**config)` starts remediator replicas (default two) in this test's namespace."""
-    started: list[Replica] = []
-    grant_remediator_rbac(control_plane, namespace)
-
-    async def start(names: tuple[str, ...] = ("replica-a", "replica-b"), **over: Any) -> list[Replica]:
-        new = await start_replicas(control_plane, namespace, exporter.url, tmp_path / "replicas", names, **over)
-        started.extend(new)
-        return new
-
-    yield start
-    for replica in started:
-        await replica.stop()
-        print(replica.tail(60))  # shown by pytest when the test failed
-    # The shipped RBAC sufficed: the API server refused the remediator nothing in this test (except
-    # while it was coming back from a stop: its RBAC refuses everyone until it has synced).
-    forbidden = [(e["verb"], e["objectRef"]) for e in control_plane.audit(user=USER)
-                 if e["responseStatus"]["code"] == 403 and e["objectRef"].get("namespace") in (namespace, "default", None)
-                 and not control_plane.during_outage(e)]
-    assert forbidden == []
 
 
 def running_pod(control_plane: ControlPlane, namespace: str, name: str, node: str | None = None) -> dict[str, Any]:
@@ -87,20 +54,6 @@ def pod_or_none(control_plane: ControlPlane, namespace: str, name: str) -> dict[
     with control_plane.client() as client:
         response = client.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
     return response.json() if response.status_code == 200 else None
-
-
-def shared_state(control_plane: ControlPlane, namespace: str) -> dict[str, Any]:
-    return json.loads(lease(control_plane, namespace)["metadata"]["annotations"][STATE_ANNOTATION])
-
-
-def reasons(answers: list[httpx.Response]) -> list[str]:
-    return [a.json()["decisions"][0]["reason"] for a in answers]
-
-
-async def finished_restarts(replicas: list[Replica]) -> list[dict[str, Any]]:
-    """Every replica's restart rows once none is pending any more (else [])."""
-    rows = [row for r in replicas for row in await r.restarts()]
-    return [] if any(row["result"] == "pending" for row in rows) else rows
 
 
 async def test_200_duplicate_webhooks_over_two_replicas_delete_the_pod_once_with_one_event(

@@ -28,12 +28,10 @@ Prometheus and Alertmanager, one replica.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -41,7 +39,6 @@ import pytest
 
 from llm_vitals.exporter.discovery.workload import ReplicaSets, controller_of, group_of, pod_workload, replica_set_controller
 from llm_vitals.remediator.pods import CORDONED_BY, GPU_TAINT_KEY
-from llm_vitals.remediator.store import STATE_ANNOTATION
 
 from .control_plane import DEFAULT_CONTROLLERS, ControlPlane
 from .replicas import (
@@ -50,25 +47,18 @@ from .replicas import (
     Replica,
     alert,
     events,
-    grant_remediator_rbac,
-    lease,
+    finished_restarts,
     pod_deletes,
     pod_evictions,
     pod_removals,
+    reasons,
     rights_used,
-    start_replicas,
+    shared_state,
 )
 from .waits import wait_until
 
 LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-index"
-
-
-@pytest.fixture
-async def exporter() -> AsyncIterator[ExporterStandIn]:
-    stand_in = await ExporterStandIn().start()
-    yield stand_in
-    await stand_in.stop()
 
 
 @pytest.fixture
@@ -79,41 +69,6 @@ def controllers(control_plane: ControlPlane) -> Iterator[ControlPlane]:
         yield control_plane
     finally:
         control_plane.stop_controller_manager()
-
-
-@pytest.fixture
-async def replicas(control_plane: ControlPlane, namespace: str, exporter: ExporterStandIn, tmp_path: Path):
-    """`await replicas(**config)` starts remediator replicas (default two) in this test's namespace."""
-    started: list[Replica] = []
-    grant_remediator_rbac(control_plane, namespace)
-
-    async def start(names: tuple[str, ...] = ("replica-a", "replica-b"), **over: Any) -> list[Replica]:
-        new = await start_replicas(control_plane, namespace, exporter.url, tmp_path / "replicas", names, **over)
-        started.extend(new)
-        return new
-
-    yield start
-    for replica in started:
-        await replica.stop()
-        print(replica.tail(60))  # shown by pytest when the test failed
-    forbidden = [(e["verb"], e["objectRef"]) for e in control_plane.audit(user="llm-vitals-remediator")
-                 if e["responseStatus"]["code"] == 403 and e["objectRef"].get("namespace") in (namespace, "default", None)
-                 and not control_plane.during_outage(e)]
-    assert forbidden == []  # the shipped RBAC sufficed
-
-
-def reasons(answers: list[httpx.Response]) -> list[str]:
-    return [a.json()["decisions"][0]["reason"] for a in answers]
-
-
-def shared_state(control_plane: ControlPlane, namespace: str) -> dict[str, Any]:
-    return json.loads(lease(control_plane, namespace)["metadata"]["annotations"][STATE_ANNOTATION])
-
-
-async def finished(replicas: list[Replica]) -> list[dict[str, Any]]:
-    """Every replica's restart rows once none is pending any more (else [])."""
-    rows = [row for r in replicas for row in await r.restarts()]
-    return [] if any(row["result"] == "pending" for row in rows) else rows
 
 
 async def journal(replicas: list[Replica]) -> list[dict[str, Any]]:
@@ -199,7 +154,7 @@ async def test_a_deployments_circuit_opens_after_max_restarts_across_new_pod_nam
         answer = await (a, b)[round_ % 2].webhook(alert(target, f"fp-{round_}", starts_at=time.time()))
         if round_ < 2:
             assert reasons([answer]) == ["allowed"], answer.json()
-            await wait_until(lambda: finished([a, b]), 60, "the eviction to finish")
+            await wait_until(lambda: finished_restarts([a, b]), 60, "the eviction to finish")
             evicted.append(stuck["metadata"]["name"])
             assert pod_evictions(cp, namespace, stuck["metadata"]["name"]) == [201]
         else:
@@ -217,7 +172,7 @@ async def test_a_deployments_circuit_opens_after_max_restarts_across_new_pod_nam
     assert workload not in shared_state(cp, namespace)["open_circuits"]
     answer = await a.webhook(alert(target, "fp-after-reset", starts_at=time.time()))
     assert reasons([answer]) == ["allowed"], answer.json()
-    await wait_until(lambda: finished([a, b]), 60, "the eviction after the reset")
+    await wait_until(lambda: finished_restarts([a, b]), 60, "the eviction after the reset")
     assert len(pod_removals(cp, namespace)) == 3
 
 
@@ -310,7 +265,7 @@ async def test_a_group_is_restarted_together_once_and_counted_once(
     assert [x.status_code for x in answers] == [200] * 6
     assert reasons(answers).count("allowed") == 1, reasons(answers)
     assert set(reasons(answers)) - {"allowed"} <= {"duplicate", "restart_in_progress", "cooldown"}, reasons(answers)
-    rows = await wait_until(lambda: finished([a, b]), 60, "the group's restart")
+    rows = await wait_until(lambda: finished_restarts([a, b]), 60, "the group's restart")
     assert [(row["result"], row["workload"]) for row in rows] == [("ok", workload)], rows
     await asyncio.gather(a.stop(), b.stop())
 
@@ -354,7 +309,7 @@ async def test_two_replicas_a_minute_apart_never_restart_twice(
     allowed_after = seen[-1][0]
     assert allowed_after >= 30 - 2, seen  # the cooldown, on the API server's clock (Date: whole seconds)
     assert any(w == "restart_in_progress" for _, w in seen) and any(w == "cooldown" for _, w in seen), seen
-    await wait_until(lambda: finished([a, b]), 60, "both restarts")
+    await wait_until(lambda: finished_restarts([a, b]), 60, "both restarts")
     assert pod_evictions(control_plane, namespace, "vllm-0") == [201]
     assert pod_evictions(control_plane, namespace, "vllm-1") == [201]
     # On the API server's own clock (its audit log), the second restart came a cooldown after the first.
@@ -377,7 +332,7 @@ async def test_one_unknown_reason_in_the_exporters_answer_refuses_that_target_on
     assert refused.status_code == 200 and decision["reason"] == "unknown_verdict", decision
     assert "engine_wedged_in_allreduce" in decision["detail"]
     assert reasons([await b.webhook(alert(known, "fp-known"))]) == ["allowed"]
-    await wait_until(lambda: finished([a, b]), 60, "the known target's restart")
+    await wait_until(lambda: finished_restarts([a, b]), 60, "the known target's restart")
     assert pod_removals(control_plane, namespace, "vllm-0") == []
     assert pod_evictions(control_plane, namespace, "vllm-1") == [201]
 
@@ -399,7 +354,7 @@ async def test_the_ladder_restarts_then_cordons_and_moves_then_pages_and_a_faile
         target = exporter.put_pod(namespace, pod, "stuck", workload=work)
         await asyncio.sleep(0.5)  # the replicas reuse an exporter read for up to 0.2 s
         answer = await replica.webhook(alert(target, fingerprint, starts_at=time.time()))
-        await wait_until(lambda: finished([a, b]), 60, f"{name}'s step")
+        await wait_until(lambda: finished_restarts([a, b]), 60, f"{name}'s step")
         return answer.json()["decisions"][0]["reason"]
 
     assert await stuck_again("vllm-1", node_a, a, "fp-1") == "allowed"  # step 1: restart

@@ -12,19 +12,16 @@ from a wheelhouse built on the host (`pip wheel`): the build runs with `--networ
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
-import tomllib
 from pathlib import Path
 
 import pytest
 from real_tier import RealTier
+from wheelhouse import fill_wheelhouse
 
 from .engine import BASE_IMAGE, BASE_TAR_ENV, IMAGE, RUN_DIR_ENV, Engine, engine_from_env, wait_until
 
@@ -82,44 +79,10 @@ def base_image(engine: Engine, timings) -> str:
     return BASE_IMAGE
 
 
-def _dependency_wheels(timings: dict[str, float]) -> Path:
-    """The dependencies' wheels, built once per dependency list and Python version, cached outside
-    the clone (tools/cache-path.sh docker-wheels KEY): resolving them took 9-97 s a run here."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    key = hashlib.sha256(json.dumps([project["dependencies"], sys.version_info[:2]]).encode()).hexdigest()[:12]
-    cache = Path(subprocess.run(["bash", str(REPO / "tools" / "cache-path.sh"), "docker-wheels", key],
-                                capture_output=True, text=True, check=True).stdout.strip())
-    if (cache / ".complete").is_file():
-        return cache
-    shutil.rmtree(cache, ignore_errors=True)
-    cache.mkdir(parents=True)
-    t0 = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "-w", str(cache), str(REPO)],
-                            capture_output=True, text=True, timeout=900, cwd=cache)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for own in cache.glob("llm_vitals-*.whl"):
-        own.unlink()  # the project's own wheel is built fresh every run
-    (cache / ".complete").write_text(" ".join(project["dependencies"]) + "\n")
-    timings["pip wheel (dependencies, cold)"] = time.monotonic() - t0
-    return cache
-
-
 @pytest.fixture(scope="session")
 def wheelhouse(run_dir: Path, timings) -> Path:
     """The project's wheel and every dependency's, built on the host with the host's pip config."""
-    context = run_dir / "build-context"
-    house = context / "wheelhouse"
-    shutil.rmtree(context, ignore_errors=True)
-    house.mkdir(parents=True)
-    for wheel in _dependency_wheels(timings).glob("*.whl"):
-        shutil.copy2(wheel, house)
-    t0 = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(house), str(REPO)],
-                            capture_output=True, text=True, timeout=600, cwd=run_dir)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    timings["pip wheel (the project)"] = time.monotonic() - t0
-    assert list(house.glob("llm_vitals-*.whl")), sorted(p.name for p in house.iterdir())
-    return house
+    return fill_wheelhouse(run_dir / "build-context", run_dir, timings)
 
 
 @pytest.fixture(scope="session")
