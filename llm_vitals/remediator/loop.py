@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol
 
-from . import gate, identity, shared
+from . import backstop, gate, identity, shared
 from .acting import Actor
 from .evidence import Evidence
 from .executors import Executor
@@ -82,6 +82,8 @@ class GateLoop:
         self.evidence = evidence
         self.clock = clock
         self._decision_lock = asyncio.Lock()
+        # The refusals that hold a liveness backstop (backstop.py): this replica's, kept in memory.
+        self.refusals = backstop.Refusals()
 
     async def handle(self, facts: AlertFacts) -> Decision:
         """Decide one alert, journal the decision, and start the restart when it is allowed."""
@@ -162,5 +164,6 @@ class GateLoop:
 
     def _refused(self, facts: AlertFacts, decision: Decision, now: float, status: TargetStatus | None) -> None:
         self.evidence.decided(facts, decision, now, status)
+        self.refusals = backstop.noted(self.refusals, gate.workload_of(facts.target or "", status), decision.reason, now)
         if decision.reason in gate.HUMAN_REFUSALS:
             self.actor.tell_refusal(facts, decision, status)
