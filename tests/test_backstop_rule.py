@@ -134,3 +134,26 @@ def test_the_view_shows_the_word_and_its_age():
     assert view is not None
     assert (view.mode, view.reason, view.word_since, view.word_age_seconds, view.answered_age_seconds) == (
         "hold", "paused", 1.7e9, 30.0, 30.0)
+
+
+def test_the_gauges_show_the_mode_the_reason_and_when_the_word_came():
+    from llm_vitals.exporter.collector import format_value
+    from llm_vitals.exporter.page import PageCache, render_target
+
+    rec = record([(T - 30, HOLD), (T - 5, None)], verdict=stuck_since(T - 3000))
+    text = b"".join(render_target(rec, T, wall=T + 1e9).texts).decode()
+    for line in ('llm_vitals_backstop_state{state="hold",target="vllm"} 1.0',
+                 'llm_vitals_backstop_state{state="armed",target="vllm"} 0.0',
+                 'llm_vitals_backstop_hold_reason{reason="paused",target="vllm"} 1.0',
+                 f'llm_vitals_backstop_word_timestamp_seconds{{target="vllm"}} {format_value(T - 30 + 1e9)}',
+                 'llm_vitals_live{target="vllm"} 1.0'):
+        assert line in text, line
+    # Silence arms it with no change to the record: a scrape renders the target again.
+    cache = PageCache()
+    cache.current(rec, T)
+    later = T - 30 + AFTER + 1
+    armed = b"".join(cache.current(rec, later).texts).decode()
+    assert 'llm_vitals_backstop_state{state="armed",target="vllm"} 1.0' in armed
+    assert "llm_vitals_backstop_hold_reason" not in armed
+    plain = b"".join(render_target(record([], after=None), T).texts).decode()
+    assert "llm_vitals_backstop" not in plain
