@@ -145,6 +145,7 @@ def test_the_gauges_show_the_mode_the_reason_and_when_the_word_came():
     for line in ('llm_vitals_backstop_state{state="hold",target="vllm"} 1.0',
                  'llm_vitals_backstop_state{state="armed",target="vllm"} 0.0',
                  'llm_vitals_backstop_hold_reason{reason="paused",target="vllm"} 1.0',
+                 'llm_vitals_backstop_held_back{target="vllm"} 1.0',
                  f'llm_vitals_backstop_word_timestamp_seconds{{target="vllm"}} {format_value(T - 30 + 1e9)}',
                  'llm_vitals_live{target="vllm"} 1.0'):
         assert line in text, line
@@ -155,5 +156,10 @@ def test_the_gauges_show_the_mode_the_reason_and_when_the_word_came():
     armed = b"".join(cache.current(rec, later).texts).decode()
     assert 'llm_vitals_backstop_state{state="armed",target="vllm"} 1.0' in armed
     assert "llm_vitals_backstop_hold_reason" not in armed
+    assert 'llm_vitals_backstop_held_back{target="vllm"} 0.0' in armed
+    # Held, but stuck within the budget: nothing held back yet (the scrape sees the budget pass).
+    young = record([(T - 30, HOLD)], verdict=stuck_since(T - 100))
+    assert 'llm_vitals_backstop_held_back{target="vllm"} 0.0' in b"".join(cache.current(young, T).texts).decode()
+    assert 'llm_vitals_backstop_held_back{target="vllm"} 1.0' in b"".join(cache.current(young, T + 141).texts).decode()
     plain = b"".join(render_target(record([], after=None), T).texts).decode()
     assert "llm_vitals_backstop" not in plain

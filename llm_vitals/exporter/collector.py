@@ -56,6 +56,7 @@ class Reading:
     offset: float = 0.0  # wall minus monotonic time at the read: the verdict's instants are monotonic
     backstop: Backstop | None = None  # the liveness backstop's mode; None: the remediator is not asked
     heard: Heard | None = None
+    held_back: bool = False  # held, and stuck past the liveness budget
 
     @property
     def name(self) -> str:
@@ -73,7 +74,7 @@ def read(record: TargetRecord, now: float, wall: float | None = None) -> Reading
     """
     return Reading(record.settings, record.verdict, record.ready(now), record.live(now), record.draining,
                    record.gpu_fault is not None, record.poll_duration, dict(record.poll_errors), dict(record.canaries),
-                   0.0 if wall is None else wall - now, record.backstop(now), record.heard)
+                   0.0 if wall is None else wall - now, record.backstop(now), record.heard, record.held_back(now))
 
 
 # One sample of a family for one target: the values of the labels after `target`, and the value.
@@ -172,6 +173,10 @@ FAMILIES: tuple[Family, ...] = (
            " restart_in_progress, cooldown, backoff, fleet_gate, gpu_fault, state_lost), or word_unreadable (the"
            " remediator answers and its word cannot be read: a wrong token, a lost state). No sample otherwise.",
            lambda r, now: (((r.backstop.reason,), 1),) if r.backstop and r.backstop.mode == "hold" else (), ("reason",)),
+    Family("llm_vitals_backstop_held_back", "gauge",
+           "1 while the remediator's hold is all that keeps /probe/<target>/live at 200: the server is stuck past its"
+           " liveness budget, and the kubelet would restart it but for the hold. Long at 1: a human must decide.",
+           lambda r, now: (((), 1 if r.held_back else 0),) if r.backstop else ()),
     Family("llm_vitals_backstop_word_timestamp_seconds", "gauge",
            "Unix time the remediator's word for the target's workload was last read; time() minus it is the word's age.",
            _value(lambda r, now: r.shown(r.heard.heard_at) if r.backstop and r.heard else None)),

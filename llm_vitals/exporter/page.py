@@ -46,7 +46,7 @@ class Rendered:
 
 def _mode(record: TargetRecord, now: float) -> str | None:
     backstop = record.backstop(now)
-    return None if backstop is None else f"{backstop.mode}:{backstop.reason}"
+    return None if backstop is None else f"{backstop.mode}:{backstop.reason}:{record.held_back(now)}"
 
 
 def render_target(record: TargetRecord, now: float, wall: float | None = None) -> Rendered:

@@ -166,6 +166,11 @@ class TargetRecord:
         return is_live(self._verdict, self.settings, now, holding=mode.mode == "hold",
                        held_at=last_held(self._heard, now, self.backstop_after, self._started_at))
 
+    def held_back(self, now: float) -> bool:
+        """Whether the remediator's hold is all that keeps liveness passing: the server is stuck past its budget."""
+        backstop = self.backstop(now)
+        return backstop is not None and backstop.mode == "hold" and not is_live(self._verdict, self.settings, now)
+
     def take_answer(self, answer: Word | str | None, now: float) -> None:
         """The remediator's answer to the backstop's ask at `now` (exporter/backstop_ask.py): a word, why it
         could not be read, or None (no answer at all)."""
