@@ -87,3 +87,18 @@ def test_only_refusals_that_a_restart_would_not_fix_are_noted(reason, fleet, min
     refusals = noted(Refusals(), W, reason, NOW)
     assert refusals.fleet == fleet
     assert refusals.workloads.get(W) == mine
+
+
+@pytest.mark.parametrize("restart_times, pod, actor", [
+    ({W: (NOW - 50,)}, "vllm-abc", "remediator"),  # its own restart since the alert began
+    ({W: (NOW - 500,)}, "vllm-abc", "kubelet"),  # its restart was before the alert: not this one
+    ({}, "vllm-abc", "kubelet"),
+    ({}, None, "other"),
+    ({OTHER: (NOW - 50,)}, None, "other"),
+])
+def test_a_restart_no_remediator_action_explains_is_the_kubelets_in_a_pod(restart_times, pod, actor):
+    from llm_vitals.remediator.backstop import restart_actor
+    from llm_vitals.remediator.gate import TargetStatus
+
+    status = TargetStatus(state="starting", pod=pod, workload=W)
+    assert restart_actor(status, JournalState(restart_times=restart_times), W, NOW - 100) == actor

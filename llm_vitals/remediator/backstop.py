@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from llm_vitals.remediator import gate
-from llm_vitals.remediator.gate import GatePolicy, JournalState
+from llm_vitals.remediator.gate import GatePolicy, JournalState, TargetStatus
 
 Word = Literal["act", "hold"]
 HOLD_REASONS = ("state_lost", "paused", "escalated_to_human", "circuit_open", "restart_in_progress", "cooldown",
@@ -79,6 +79,18 @@ def noted(refusals: Refusals, workload: str, reason: str, now: float) -> Refusal
     if reason in WORKLOAD_REFUSALS:
         return Refusals(refusals.fleet, {**refusals.workloads, workload: (reason, now)})
     return refusals
+
+
+def restart_actor(status: TargetStatus | None, journal: JournalState, workload: str, alert_start: float) -> str:
+    """Who restarted a server the exporter saw restart after its alert began (the journal's `actor`).
+
+    `remediator` when a restart of the workload by it started since the alert did; else, for a
+    target in a pod, `kubelet` (a container restarted in its pod is always the kubelet's doing: its
+    liveness probe, or the server's own exit under restartPolicy Always); else `other` (systemd,
+    Docker's restart policy, a person)."""
+    if any(started >= alert_start for started in journal.restart_times.get(workload, ())):
+        return "remediator"
+    return "kubelet" if status is not None and status.pod else "other"
 
 
 def _restarting(journal: JournalState, workload: str, now: float) -> bool:

@@ -163,7 +163,11 @@ class GateLoop:
         return decided, shared.with_effects(state, effects, facts, now, decided.intent)
 
     def _refused(self, facts: AlertFacts, decision: Decision, now: float, status: TargetStatus | None) -> None:
-        self.evidence.decided(facts, decision, now, status)
-        self.refusals = backstop.noted(self.refusals, gate.workload_of(facts.target or "", status), decision.reason, now)
+        workload = gate.workload_of(facts.target or "", status)
+        actor = None
+        if decision.reason == "restarted_since_alert":
+            actor = backstop.restart_actor(status, self.store.last, workload, facts.starts_at)
+        self.evidence.decided(facts, decision, now, status, actor=actor)
+        self.refusals = backstop.noted(self.refusals, workload, decision.reason, now)
         if decision.reason in gate.HUMAN_REFUSALS:
             self.actor.tell_refusal(facts, decision, status)
