@@ -163,3 +163,45 @@ def test_the_gauges_show_the_mode_the_reason_and_when_the_word_came():
     assert 'llm_vitals_backstop_held_back{target="vllm"} 1.0' in b"".join(cache.current(young, T + 141).texts).decode()
     plain = b"".join(render_target(record([], after=None), T).texts).decode()
     assert "llm_vitals_backstop" not in plain
+
+
+RESTARTING = Word("hold", "restart_in_progress", 1.7e9, "the remediator is restarting it")
+COOLDOWN = Word("hold", "cooldown", 1.7e9, "global cooldown")
+
+
+def test_one_restart_per_hang_the_shim_holds_until_it_reads_the_new_process():
+    """The remediator's claim ends once the eviction is accepted, long before the new process serves:
+    the shim holds `restart_in_progress` until its verdict counts the restart, whatever the word says."""
+    rec = record([(T - 100, RESTARTING), (T - 90, ACT)], verdict=stuck_since(T - 3000))
+    assert (rec.backstop(T).mode, rec.backstop(T).reason) == ("hold", "restart_in_progress") and rec.live(T)
+    # The new process is read (a restart counted): the hold ends, the word is the word again.
+    restarted = Verdict(state="stuck", reason="no_progress", detail="", since=T, first_seen=0.0, started=True,
+                        up=True, last_progress=T - 1000, restarts=1)
+    rec.record_poll(restarted, T, 0.01)
+    assert rec.backstop(T).mode == "act"
+    assert rec.live(T)  # the budget counts from the hold's end
+    assert not rec.live(T + BUDGET + 1)
+    # The same restart's word heard again does not hold the new process.
+    rec.take_answer(RESTARTING, T + 5)
+    assert rec.backstop(T + 5).mode == "hold"  # the word itself holds while it says so
+    rec.take_answer(ACT, T + 10)
+    assert rec.backstop(T + 10).mode == "act"
+
+
+def test_a_restart_that_never_came_holds_no_longer_than_after():
+    rec = record([(T - 100, RESTARTING), (T - 90, ACT), (T - 100 + AFTER, ACT)], verdict=stuck_since(T - 3000))
+    assert rec.backstop(T - 100 + AFTER).reason == "restart_in_progress"
+    rec.take_answer(ACT, T - 100 + AFTER + 1)
+    assert rec.backstop(T - 100 + AFTER + 1).mode == "act"
+    # Held until the last ask that found it held (T - 100 + AFTER): the budget counts from there.
+    assert rec.live(T - 100 + AFTER + BUDGET) and not rec.live(T - 100 + AFTER + BUDGET + 1)
+
+
+def test_a_new_restart_latches_again():
+    rec = record([(T - 100, RESTARTING)], verdict=stuck_since(T - 3000))
+    rec.record_poll(Verdict(state="stuck", reason="no_progress", detail="", since=T, first_seen=0.0, started=True,
+                            up=True, last_progress=T - 1000, restarts=1), T, 0.01)
+    rec.take_answer(ACT, T)
+    rec.take_answer(Word("hold", "restart_in_progress", 1.7e9 + 900), T + 900)
+    rec.take_answer(ACT, T + 910)
+    assert rec.backstop(T + 910).reason == "restart_in_progress"

@@ -24,13 +24,18 @@ Doubt resolves toward `hold` only when the remediator is known to be alive (it a
   no answer within `after` (or never, `after`       armed (`remediator_silent`): nothing holds the
     since the shim started)                           workload, the backstop is all there is
 
+One restart per hang: once the remediator said `restart_in_progress`, the shim holds (that reason)
+until it reads the new process (its verdict counts a restart), whatever the word says meanwhile
+(the remediator's claim ends when the eviction is accepted, long before the new process serves),
+for at most `after`, so a restart that never came (refused, failed) holds no longer than silence.
+
 Times: `heard_at` and `answered_at` are the shim's monotonic clock; a word's `since` is the
 remediator's wall clock, only shown.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 Mode = Literal["act", "hold", "armed"]
@@ -58,6 +63,11 @@ class Heard:
     heard_at: float | None = None  # monotonic: when the last readable word came
     unreadable: str | None = None
     held_at: float | None = None  # monotonic: the last instant the backstop was found holding
+    # The remediator said `restart_in_progress`: when the shim first heard it, and the restarts its
+    # verdict had counted then. Held until a new process is read (at most `after`).
+    restart_heard_at: float | None = None
+    restarts_then: int = 0
+    restart_since: float | None = None  # the word's `since`: a word about the same restart never latches again
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,17 +101,30 @@ def read_word(answer: Any, workload: str) -> Word | str:
     return Word(word, reason, None if since is None else float(since), detail[:500])
 
 
-def heard(previous: Heard, answer: Word | str | None, now: float) -> Heard:
-    """`previous` after an ask at `now`: a word, why an answer was unreadable, or None (no answer at all)."""
+def restart_pending(heard: Heard, now: float, after: float, restarts: int) -> bool:
+    """The remediator restarted this workload and the shim has not read the new process yet (for at most `after`)."""
+    return (heard.restart_heard_at is not None and restarts <= heard.restarts_then
+            and now - heard.restart_heard_at <= after)
+
+
+def heard(previous: Heard, answer: Word | str | None, now: float, restarts: int = 0, after: float = 0.0) -> Heard:
+    """`previous` after an ask at `now`: a word, why an answer was unreadable, or None (no answer at all).
+    `restarts`: the restarts the shim's verdict has counted, for `restart_in_progress`."""
     if answer is None:
         return previous
     if isinstance(answer, str):
-        return Heard(now, previous.word, previous.heard_at, answer, previous.held_at)
-    return Heard(now, answer, now, None, previous.held_at)
+        return replace(previous, answered_at=now, unreadable=answer)
+    if answer.reason == "restart_in_progress" and (previous.restart_heard_at is None
+                                                   or answer.since != previous.restart_since):
+        # A restart not latched yet. The same restart's word, heard again once its new process was
+        # read, must not hold the new process until `after`.
+        return replace(previous, answered_at=now, word=answer, heard_at=now, unreadable=None, restart_heard_at=now,
+                       restarts_then=restarts, restart_since=answer.since)
+    return replace(previous, answered_at=now, word=answer, heard_at=now, unreadable=None)
 
 
-def backstop(heard: Heard, now: float, after: float, started_at: float) -> Backstop:
-    """The backstop's mode at `now` (the table in the module docstring)."""
+def backstop(heard: Heard, now: float, after: float, started_at: float, restarts: int = 0) -> Backstop:
+    """The backstop's mode at `now` (the table in the module docstring); `restarts`: the verdict's count."""
     last = heard.answered_at
     if last is None or now - last > after:
         since = "since it started" if last is None else f"for {now - last:.0f}s"
@@ -112,23 +135,26 @@ def backstop(heard: Heard, now: float, after: float, started_at: float) -> Backs
         return Backstop("armed", "remediator_silent", f"no answer from the remediator {since}: the backstop acts alone")
     if heard.unreadable is not None or heard.word is None:
         return Backstop("hold", "word_unreadable", f"the remediator answers but its word cannot be read: {heard.unreadable}")
+    if restart_pending(heard, now, after, restarts):
+        return Backstop("hold", "restart_in_progress", "the remediator restarted this workload: held until its new"
+                                                       " process is read")
     if heard.word.word == "hold":
         return Backstop("hold", heard.word.reason, heard.word.detail)
     return Backstop("act", "", heard.word.detail)
 
 
-def held(heard: Heard, now: float, after: float, started_at: float) -> Heard:
+def held(heard: Heard, now: float, after: float, started_at: float, restarts: int = 0) -> Heard:
     """`heard` with `held_at` at the last instant up to `now` the backstop held: call it before taking a
     new answer in, so that a hold that an `act` ends, ends at the instant that answer came."""
-    at = last_held(heard, now, after, started_at)
-    return heard if at == heard.held_at else Heard(heard.answered_at, heard.word, heard.heard_at, heard.unreadable, at)
+    at = last_held(heard, now, after, started_at, restarts)
+    return heard if at == heard.held_at else replace(heard, held_at=at)
 
 
-def last_held(heard: Heard, now: float, after: float, started_at: float) -> float | None:
+def last_held(heard: Heard, now: float, after: float, started_at: float, restarts: int = 0) -> float | None:
     """The last instant up to `now` the backstop held (None: never): what the liveness budget counts from.
 
     A hold that ended because the remediator fell silent ended `after` past its last answer."""
-    if backstop(heard, now, after, started_at).mode == "hold":
+    if backstop(heard, now, after, started_at, restarts).mode == "hold":
         return now
     meant_hold = heard.unreadable is not None or (heard.word is not None and heard.word.word == "hold")
     ended = heard.answered_at + after if meant_hold and heard.answered_at is not None else None

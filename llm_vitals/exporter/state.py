@@ -156,15 +156,16 @@ class TargetRecord:
         """The liveness backstop's mode now (exporter/backstop.py); None when the remediator is not asked."""
         if self.backstop_after is None:
             return None
-        return backstop(self._heard, now, self.backstop_after, self._started_at)
+        return backstop(self._heard, now, self.backstop_after, self._started_at, self._verdict.restarts)
 
     def live(self, now: float) -> bool:
         """What the liveness probe answers: the verdict's rule, held while the remediator's gate holds."""
         if self.backstop_after is None:
             return is_live(self._verdict, self.settings, now)
-        mode = backstop(self._heard, now, self.backstop_after, self._started_at)
+        after, restarts = self.backstop_after, self._verdict.restarts
+        mode = backstop(self._heard, now, after, self._started_at, restarts)
         return is_live(self._verdict, self.settings, now, holding=mode.mode == "hold",
-                       held_at=last_held(self._heard, now, self.backstop_after, self._started_at))
+                       held_at=last_held(self._heard, now, after, self._started_at, restarts))
 
     def held_back(self, now: float) -> bool:
         """Whether the remediator's hold is all that keeps liveness passing: the server is stuck past its budget."""
@@ -177,7 +178,8 @@ class TargetRecord:
         if self.backstop_after is None:
             return
         # held() first: a hold that an `act` ends now, ends now (the liveness budget counts from it).
-        now_heard = with_answer(held(self._heard, now, self.backstop_after, self._started_at), answer, now)
+        after, restarts = self.backstop_after, self._verdict.restarts
+        now_heard = with_answer(held(self._heard, now, after, self._started_at, restarts), answer, now, restarts, after)
         if now_heard != self._heard:
             self._heard = now_heard
             self._version += 1
