@@ -391,7 +391,7 @@ class ExporterSettings(_FrozenStrict):
     history_seconds: PositiveDuration = 600.0
     drain_token_env: str | None = None
     drain_token_file: Path | None = None
-    # Not used by the exporter itself: the status page reads the remediator's decisions from it.
+    # The status page reads the remediator's decisions from it; with `backstop`, liveness asks it for its word.
     remediator_url: ParsedHttpUrl | None = None
     # The remediator's read token (its auth.read_token_env), the bearer token the status page sends:
     # it reads the journal and can never restart (the remediator's act token still works, but holds too much).
