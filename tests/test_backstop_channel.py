@@ -106,3 +106,21 @@ async def test_a_wrong_token_is_an_answer_that_cannot_be_read(remediator, tmp_pa
         assert await ask(session, base, SecretStr("wrong"), ["a"], 5.0) == {"a": "the remediator answered HTTP 401"}
         assert await ask(session, base, None, ["a"], 5.0) == {"a": "the remediator answered HTTP 401"}
         assert await ask(session, "http://127.0.0.1:9", None, ["a"], 5.0) is None  # nothing listens: no answer
+
+
+async def test_a_shim_watching_many_workloads_asks_in_parts_the_remediator_takes(remediator, tmp_path):  # noqa: F811
+    from llm_vitals.exporter.backstop_ask import ASK_LIMIT
+    from llm_vitals.exporter.state import StateStore
+
+    client = await remediator_with_read_token(remediator, tmp_path)
+    settings = parse_settings({
+        "remediator_url": str(client.make_url("/")), "backstop": {},
+        "targets": [{"name": f"t{i}", "url": f"http://127.0.0.1:{9000 + i}", "workload": f"w{i}"}
+                    for i in range(ASK_LIMIT + 5)],
+    }, environ={})
+    mono = Mono()
+    store = StateStore(settings, mono.now)
+    async with aiohttp.ClientSession() as session:
+        await ask_once(store, session, str(client.make_url("/")), SecretStr(READ_TOKEN), settings.backstop,
+                       Clock(mono, mono))
+    assert {(r.backstop(mono.now).mode, r.backstop(mono.now).reason) for r in store} == {("act", "")}

@@ -26,6 +26,7 @@ from llm_vitals.logs import log_event
 log = logging.getLogger("llm_vitals.exporter")
 
 BODY_LIMIT = 256 * 1024
+ASK_LIMIT = 100  # workloads per ask: what GET /api/v1/backstop takes
 
 
 async def ask(session: aiohttp.ClientSession, base_url: str, token: SecretStr | None, workloads: Sequence[str],
@@ -56,7 +57,12 @@ async def ask_once(store: StateStore, session: aiohttp.ClientSession, base_url: 
     """One ask for every watched target's workload, and what each record heard."""
     records = list(store)
     workloads = sorted({r.settings.effective_workload for r in records})
-    answers = await ask(session, base_url, token, workloads, settings.timeout) if workloads else None
+    answers: dict[str, Word | str] | None = None
+    # The remediator takes at most ASK_LIMIT workloads an ask (a fleet exporter may watch more).
+    for i in range(0, len(workloads), ASK_LIMIT):
+        part = await ask(session, base_url, token, workloads[i:i + ASK_LIMIT], settings.timeout)
+        if part is not None:
+            answers = {**(answers or {}), **part}
     now = clock.mono()
     for record in records:
         before = record.backstop(now)
