@@ -19,7 +19,8 @@ its liveness answers 200 however long the server is stuck (llm_vitals/exporter/b
 - `gpu_fault`: the gate refused a restart of this workload for a GPU fault lately: a restart on the
   same GPU does not fix it.
 Anything else is `act`: the gate would decide this workload's alert on its merits, so the kubelet's
-backstop may act as it always did.
+backstop may act as it always did. A remediator in `dry_run` restarts nothing and holds nothing of
+its own: its word is the gate's all the same, and `act` leaves the backstop as it was without it.
 
 The word is computed from the gate's own state and policy (the same helpers `gate.decide` uses), and
 from the refusals this replica made lately (`Refusals`), with the time as an input.
