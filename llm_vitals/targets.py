@@ -70,6 +70,19 @@ class CanaryView(_View):
     results: dict[str, int] = Field(default_factory=dict, description="canaries sent, by result: ok, error, timeout, rejected (4xx)")
 
 
+class BackstopView(_View):
+    """The kubelet's liveness backstop and the remediator's word (exporter/backstop.py)."""
+
+    mode: Literal["act", "hold", "armed"] = Field(description=(
+        "hold: the remediator holds the workload, liveness answers 200; act: liveness fails once stuck for the "
+        "liveness budget; armed: the remediator was not heard for backstop.after, the backstop acts alone"))
+    reason: str = Field("", description="why it holds (the remediator's reason, or word_unreadable), or remediator_silent")
+    detail: str = ""
+    word_since: float | None = Field(None, description="unix seconds (the remediator's clock) the hold began, where known")
+    word_age_seconds: float | None = Field(None, description="seconds since the last readable word; null: none yet")
+    answered_age_seconds: float | None = Field(None, description="seconds since the remediator last answered at all")
+
+
 class TargetView(_View):
     """One target as the exporter sees it now (docs/interfaces.md, "Exporter API")."""
 
@@ -128,6 +141,7 @@ class TargetView(_View):
     poll_errors: dict[str, int] = Field(default_factory=dict, description="failed polls by reason")
     poll_duration_seconds: float | None = None
     polls: int = 0
+    backstop: BackstopView | None = Field(None, description="null when the exporter does not ask the remediator (no backstop: section)")
 
 
 class TargetsAnswer(_View):

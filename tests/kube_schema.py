@@ -12,7 +12,7 @@ import pytest
 # Native sidecars (initContainers with restartPolicy: Always) need 1.29; check a recent one too.
 VERSIONS = ["1.29.0", "1.33.0"]
 # The Prometheus Operator's kinds: kubernetes-validate has no schema for them.
-CRDS = {"ServiceMonitor", "PrometheusRule"}
+CRDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 
 def assert_schema_valid(docs: Iterable[dict[str, Any]], version: str, where: str = "") -> int:

@@ -49,6 +49,9 @@ EXPECTED_ALERTS = {
     "LLMVitalsRemediatorWorkloadPaged",
     "LLMVitalsRemediatorNodeCordoned",
     "LLMVitalsRemediatorStateLost",  # the shared state gone: nothing runs until a human re-initialises it (issue 30)
+    # Issue 33: the kubelet's backstop held from restarting a stuck server for long; a shim that hears no remediator.
+    "LLMVitalsBackstopHeld",
+    "LLMVitalsBackstopArmed",
 }
 
 

@@ -33,6 +33,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "Exporter: discovery[].kubernetes": exporter_settings.KubernetesDiscovery,
     "Exporter: discovery[].file": exporter_settings.FileDiscovery,
     "Exporter: shard": exporter_settings.ShardSettings,
+    "Exporter: backstop": exporter_settings.BackstopSettings,
     "Remediator: top level": remediator_settings.Settings,
     "Remediator: auth": remediator_settings.AuthSettings,
     "Remediator: auth.basic_auth": remediator_settings.BasicAuth,

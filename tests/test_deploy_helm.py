@@ -385,3 +385,26 @@ def test_the_shim_pod_matches_the_kustomize_variants_probes():
     for probe in ["readinessProbe", "livenessProbe"]:
         assert server[probe] == base_server[probe]
     assert server["lifecycle"] == base_server["lifecycle"]
+
+
+def test_the_shims_ask_the_remediator_for_their_deployments_word_with_the_read_token():
+    """One actor decides (issue 33): the shim's backstop section, its read token from the tokens
+    Secret (as the remediator reads it), and the workload the fleet exporter names the pods by."""
+    objects = RENDERED["everything-on"]
+    shim_settings = ExporterSettings.model_validate(_config(objects, "llm-vitals-vllm-shim", "exporter.yaml"))
+    assert shim_settings.backstop is not None and shim_settings.backstop.after == 600
+    assert str(shim_settings.remediator_url).rstrip("/") == "http://llm-vitals-remediator:9472"
+    assert str(shim_settings.remediator_token_file) == "/etc/llm-vitals/tokens/read-token"
+    assert [t.effective_workload for t in shim_settings.targets] == [f"Deployment/{NAMESPACE}/llm-vitals-vllm"]
+    pod = _vllm_pod("everything-on")
+    [tokens] = [v for v in pod["volumes"] if v["name"] == "tokens"]
+    assert {"key": "read-token", "path": "read-token"} in tokens["secret"]["items"]
+    monitor = _one(objects, "PodMonitor", "llm-vitals-shims")
+    assert monitor["spec"]["podMetricsEndpoints"][0]["metricRelabelings"][0]["regex"] == "llm_vitals_backstop_.*"
+    # Without the remediator (or with the backstop off) the shim acts alone, as before, and mounts no read token.
+    for values in ({**EVERYTHING_ON, "remediator": {"enabled": False}},
+                   {**EVERYTHING_ON, "shim": {"backstop": {"enabled": False}}}):
+        alone = render(values)
+        settings = _config(alone, "llm-vitals-vllm-shim", "exporter.yaml")
+        assert "backstop" not in settings and "remediator_url" not in settings
+        assert not [o for o in alone if o["kind"] == "PodMonitor"]

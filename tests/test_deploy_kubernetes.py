@@ -272,6 +272,53 @@ def test_the_exporter_discovers_every_pod_of_the_vllm_deployment():
     assert not [d for _, d in MANIFESTS if d["kind"] == "Service" and d["metadata"]["name"].startswith("vllm-")]
 
 
+def _mounted(pod: dict, container: dict, path: str) -> tuple[str, str]:
+    """(Secret, key) that `path` reads in `container` of `pod`."""
+    for mount in container["volumeMounts"]:
+        prefix = mount["mountPath"].rstrip("/") + "/"
+        if path.startswith(prefix):
+            [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+            [item] = [i for i in volume["secret"]["items"] if i["path"] == path[len(prefix):]]
+            return volume["secret"]["secretName"], item["key"]
+    raise AssertionError(f"{path} is mounted nowhere in {container['name']}")
+
+
+def test_the_shims_ask_the_remediator_with_its_read_token_for_the_workload_it_counts():
+    """One actor decides (issue 33): each shim asks the remediator's Service for its workload's word
+    with the read token, from the same Secret key the remediator reads it from; no Kubernetes token."""
+    shim_settings = ExporterSettings.model_validate(_configmap_yaml("vllm-shim", "exporter.yaml"))
+    remediator = RemediatorSettings.model_validate(_configmap_yaml("llm-vitals-remediator", "remediator.yaml"))
+    assert shim_settings.backstop is not None and shim_settings.backstop.after == 600
+    service = _one("Service", "llm-vitals-remediator")
+    port = service["spec"]["ports"][0]["port"]
+    assert str(shim_settings.remediator_url).rstrip("/") == f"http://{service['metadata']['name']}:{port}"
+    pod = _pod("vllm")
+    (shim,) = pod["initContainers"]
+    assert pod["automountServiceAccountToken"] is False
+    shim_secret = _mounted(pod, shim, str(shim_settings.remediator_token_file))
+    stateful = _one("StatefulSet", "llm-vitals-remediator")["spec"]["template"]["spec"]
+    assert remediator.auth.read_token_file is not None
+    assert _mounted(stateful, stateful["containers"][0], str(remediator.auth.read_token_file)) == shim_secret \
+        == ("llm-vitals-tokens", "read-token")
+    # The workload the remediator counts for these pods: Deployment/<the kustomization's namespace>/<its name>.
+    namespace = yaml.safe_load((K8S / "kustomization.yaml").read_text())["namespace"]
+    assert [t.effective_workload for t in shim_settings.targets] == [f"Deployment/{namespace}/vllm"]
+
+
+def test_the_shims_are_scraped_for_their_backstop_only():
+    monitor = _one("PodMonitor", "llm-vitals-shims")
+    labels = _one("Deployment", "vllm")["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    (shim,) = _pod("vllm")["initContainers"]
+    assert endpoint["port"] in {p["name"] for p in shim["ports"]}
+    assert endpoint["metricRelabelings"] == [{"sourceLabels": ["__name__"], "regex": "llm_vitals_backstop_.*",
+                                              "action": "keep"}]
+    rules = (REPO / "alerts" / "llm-vitals.rules.yml").read_text()
+    for family in ("llm_vitals_backstop_hold_reason", "llm_vitals_backstop_held_back", "llm_vitals_backstop_state"):
+        assert family in rules
+
+
 # ---- the preStop hook against the real shim -------------------------------------------------
 
 async def _run_prestop(port: int, token: str) -> str:
@@ -293,6 +340,8 @@ async def test_prestop_hook_drains_the_real_shim(aiohttp_server, tmp_path):
     token_file.write_text("drain-secret\n")
     config = _configmap_yaml("vllm-shim", "exporter.yaml")
     config["drain_token_file"] = str(token_file)
+    (tmp_path / "read-token").write_text("read-secret\n")
+    config["remediator_token_file"] = str(tmp_path / "read-token")
     server = await aiohttp_server(create_app(parse_settings(config, environ={}), poll=False))
 
     output = await _run_prestop(server.port, "wrong-token")

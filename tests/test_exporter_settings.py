@@ -150,6 +150,8 @@ def _positive_durations(model: type, path: tuple[str, ...] = ()) -> list[tuple[s
 def _document(keys: tuple[str, ...], value: object) -> tuple[dict, str]:
     """A config with `keys` set to `value` (a target or a file_sd entry around it as needed), and the key path shown."""
     base: dict = {"targets": [{"name": "a", "url": "http://127.0.0.1:1"}]}
+    if keys[0] == "backstop":  # asks the remediator: needs its URL
+        base["remediator_url"] = "http://127.0.0.1:2"
     if keys[0] == "targets":
         node, shown = base["targets"][0], "targets[0]"
         keys = keys[1:]

@@ -35,6 +35,7 @@ ROUTES = [
     ("POST", "/api/v1/pause", "act"),
     ("DELETE", "/api/v1/pause", "act"),
     ("GET", "/api/v1/state", "read"),
+    ("GET", "/api/v1/backstop", "read"),
     ("POST", "/api/v1/state/reinit", "act"),
     ("GET", "/metrics", None),
     ("GET", "/healthz", None),

@@ -95,8 +95,9 @@ async def test_stuck_alert_with_real_alertmanager_headers_restarts_once(remediat
     assert row["decision"] == "restart" and row["result"] == "ok" and row["executor"] == "http"
     assert row["target"] == "a" and row["alertname"] == "LLMServerStuck" and row["duration_seconds"] >= 0
     assert set(row) == {"id", "time", "target", "alertname", "fingerprint", "starts_at", "decision", "reason",
-                        "executor", "result", "detail", "duration_seconds", "workload"}
+                        "executor", "result", "detail", "duration_seconds", "workload", "actor"}
     assert row["workload"] == "a"  # a static target is its own workload
+    assert row["actor"] == "remediator"  # its own restart, told apart from the kubelet's
     assert await metric(client, 'llm_vitals_remediator_decisions_total{reason="allowed",target="a"}') == 1
     assert await metric(client, 'llm_vitals_remediator_restarts_total{result="ok",target="a"}') == 1
     assert await metric(client, 'llm_vitals_remediator_last_restart_timestamp_seconds{target="a"}') == client.clock.now
@@ -294,6 +295,8 @@ async def test_restart_detected_by_the_exporter_without_a_start_time_refuses(rem
     client = await remediator()
     status, body = await post(client, alert_payload("a"))
     assert status == 200 and body["decisions"][0]["reason"] == "restarted_since_alert"
+    # No restart of its own explains it: the journal says another actor restarted it (a static target: not the kubelet).
+    assert (await actions(client))[0]["actor"] == "other"
     exporter.targets["a"].update(last_restart_at=STARTS_AT_UNIX - 5)
     client2 = await remediator(state_path=str(client.service.journal.path) + "-2")
     assert (await post(client2, alert_payload("a")))[1]["decisions"][0]["reason"] == "allowed"

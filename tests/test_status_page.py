@@ -103,6 +103,19 @@ def test_a_gpu_fault_is_marked_with_its_source_and_detail_escaped() -> None:
     assert "(node) &lt;b&gt;GpuMemWatchIsNotHealthy&lt;/b&gt;: node n1" in html
 
 
+def test_a_held_or_armed_liveness_backstop_is_marked_with_its_reason_and_the_words_age() -> None:
+    from llm_vitals.targets import BackstopView
+
+    held = BackstopView(mode="hold", reason="paused", detail="<i>upgrade</i>", word_age_seconds=12.0)
+    armed = BackstopView(mode="armed", reason="remediator_silent", word_age_seconds=None)
+    html = render_page([target("gpu-a", "stuck", backstop=held), target("gpu-b", "stuck", backstop=armed),
+                        target("gpu-c", "stuck", backstop=BackstopView(mode="act")), target("gpu-d", "idle")], {}, None, NOW)
+    assert html.count('class="backstop"') == 2
+    assert "<strong>liveness held</strong> <span class=\"sub\">paused · word 12s old</span>" in html
+    assert "<strong>backstop armed</strong> <span class=\"sub\">remediator_silent · no word yet</span>" in html
+    assert "<i>" not in html
+
+
 def test_sparkline_covers_only_the_window_and_shades_stuck_polls() -> None:
     points = [(NOW - 900, 99.0, "busy"), (NOW - 60, 10.0, "busy"), (NOW - 30, 0.0, "stuck"), (NOW - 1, 0.0, "stuck")]
     svg = sparkline(points, NOW)

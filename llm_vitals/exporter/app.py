@@ -19,6 +19,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from pydantic import BaseModel
 
+from llm_vitals.exporter import backstop_ask
 from llm_vitals.exporter.clock import Clock, as_clock
 from llm_vitals.exporter.collector import LifecycleCollector, LoopLagCollector, build_process_registry
 from llm_vitals.exporter.discovery.manager import Discovery, apply_to_store, sources_for
@@ -86,6 +87,7 @@ def create_app(settings: ExporterSettings, *, clock: Clock | Callable[[], float]
         app.cleanup_ctx.append(_loop_lag)
         app.cleanup_ctx.append(_node_watch)
         app.cleanup_ctx.append(_pollers)
+        app.cleanup_ctx.append(_backstop_ask)
         if sighup:
             app.on_startup.append(_reload_on_sighup)
     app.router.add_get("/metrics", metrics)
@@ -134,6 +136,20 @@ async def _pollers(app: web.Application) -> AsyncIterator[None]:
     yield
     await discovery.stop()
     await poller.stop()
+
+
+async def _backstop_ask(app: web.Application) -> AsyncIterator[None]:
+    """The remediator's word for the liveness backstop (exporter/backstop_ask.py), asked while the app runs."""
+    settings = app[SETTINGS]
+    if settings.backstop is None or settings.remediator_url is None:
+        yield
+        return
+    task = asyncio.create_task(backstop_ask.run(app[STORE], app[SESSION], str(settings.remediator_url),
+                                                settings.remediator_token, settings.backstop, app[CLOCK]),
+                               name="backstop-ask")
+    yield
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def _reload_on_sighup(app: web.Application) -> None:
@@ -285,6 +301,9 @@ async def probe(request: web.Request) -> web.Response:
         ok = record.live(now)
     body = {"target": name, "probe": kind, "ok": ok, "state": verdict.state, "reason": verdict.reason,
             "draining": record.draining, "gpu_fault": record.gpu_fault is not None}
+    if kind == "live" and (backstop := record.backstop(now)) is not None:
+        # Said in the answer: a 200 of a stuck server is the remediator's hold, not a healthy server.
+        body["backstop"] = {"mode": backstop.mode, "reason": backstop.reason}
     return web.json_response(body, status=200 if ok else 503)
 
 

@@ -24,6 +24,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from llm_vitals.exporter.backstop import MODES, Backstop, Heard
 from llm_vitals.exporter.discovery.manager import Discovery
 from llm_vitals.exporter.loop_lag import LoopLag
 from llm_vitals.exporter.reload import ReloadState
@@ -53,6 +54,9 @@ class Reading:
     poll_errors: dict[str, int]  # copies: the record's counters are updated in place
     canaries: dict[str, int]
     offset: float = 0.0  # wall minus monotonic time at the read: the verdict's instants are monotonic
+    backstop: Backstop | None = None  # the liveness backstop's mode; None: the remediator is not asked
+    heard: Heard | None = None
+    held_back: bool = False  # held, and stuck past the liveness budget
 
     @property
     def name(self) -> str:
@@ -70,7 +74,7 @@ def read(record: TargetRecord, now: float, wall: float | None = None) -> Reading
     """
     return Reading(record.settings, record.verdict, record.ready(now), record.live(now), record.draining,
                    record.gpu_fault is not None, record.poll_duration, dict(record.poll_errors), dict(record.canaries),
-                   0.0 if wall is None else wall - now)
+                   0.0 if wall is None else wall - now, record.backstop(now), record.heard, record.held_back(now))
 
 
 # One sample of a family for one target: the values of the labels after `target`, and the value.
@@ -154,8 +158,32 @@ FAMILIES: tuple[Family, ...] = (
     Family("llm_vitals_ready", "gauge", "What /probe/<target>/ready answers (1 = 200). Never depends on load.",
            _flag(lambda r, now: r.ready)),
     Family("llm_vitals_live", "gauge",
-           "What /probe/<target>/live answers (1 = 200): 0 only when stuck past the liveness budget.",
+           "What /probe/<target>/live answers (1 = 200): 0 only when stuck past the liveness budget (and, with the"
+           " backstop: section, not held by the remediator).",
            _flag(lambda r, now: r.live)),
+    Family("llm_vitals_backstop_state", "gauge",
+           "The kubelet's liveness backstop (only with the exporter's backstop: section), 1 for its mode now. hold: the"
+           " remediator holds the target's workload (paused, paged, circuit open, a restart running or in cooldown,"
+           " the fleet gate), so /probe/<target>/live answers 200 however long it is stuck; act: liveness fails once"
+           " stuck past the budget; armed: the remediator was not heard for backstop.after, the backstop acts alone.",
+           lambda r, now: [((mode,), 1 if r.backstop.mode == mode else 0) for mode in MODES] if r.backstop else (),
+           ("state",)),
+    Family("llm_vitals_backstop_hold_reason", "gauge",
+           "1, with the reason, while the backstop holds: the remediator's (paused, escalated_to_human, circuit_open,"
+           " restart_in_progress, cooldown, backoff, fleet_gate, gpu_fault, state_lost), or word_unreadable (the"
+           " remediator answers and its word cannot be read: a wrong token, a lost state). No sample otherwise.",
+           lambda r, now: (((r.backstop.reason,), 1),) if r.backstop and r.backstop.mode == "hold" else (), ("reason",)),
+    Family("llm_vitals_backstop_held_back", "gauge",
+           "1 while the remediator's hold is all that keeps /probe/<target>/live at 200: the server is stuck past its"
+           " liveness budget, and the kubelet would restart it but for the hold. Long at 1: a human must decide.",
+           lambda r, now: (((), 1 if r.held_back else 0),) if r.backstop else ()),
+    Family("llm_vitals_backstop_word_timestamp_seconds", "gauge",
+           "Unix time the remediator's word for the target's workload was last read; time() minus it is the word's age.",
+           _value(lambda r, now: r.shown(r.heard.heard_at) if r.backstop and r.heard else None)),
+    Family("llm_vitals_backstop_answer_timestamp_seconds", "gauge",
+           "Unix time the remediator last answered the backstop's ask at all (readable or not): older than"
+           " backstop.after, the backstop is armed.",
+           _value(lambda r, now: r.shown(r.heard.answered_at) if r.backstop and r.heard else None)),
     Family("llm_vitals_unresponsive_restart_allowed", "gauge",
            "1 when failed canaries may restart the target (LLMServerUnresponsive, remediation=restart): every engine"
            " whose load the exporter reads, so its canary only went to a server seen idle. 0 for engine openai"

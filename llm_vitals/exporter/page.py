@@ -8,7 +8,7 @@ the record's version (llm_vitals/exporter/state.py), and the next scrape renders
 version moved, at most once, in slices that hand the loop back.
 
 A target's lines also change with the scrape's `now` alone (stuck seconds, readiness freshness,
-liveness budget): the scrape compares those three too. The page is byte for byte what the page
+liveness budget, the backstop's mode): the scrape compares those four too. The page is byte for byte what the page
 rendered whole from the same store writes (tests/test_page_cache.py checks it over many histories).
 """
 
@@ -31,6 +31,7 @@ class Rendered:
     ready: bool
     live: bool
     texts: tuple[bytes, ...]
+    backstop: str | None = None  # the backstop's mode, which moves with `now` too (silence arms it)
 
     def shows(self, record: TargetRecord, now: float) -> bool:
         """Whether these lines are still what a render of `record` at `now` would write."""
@@ -39,13 +40,20 @@ class Rendered:
             and self.stuck == record.verdict.stuck_for(now)
             and self.ready == record.ready(now)
             and self.live == record.live(now)
+            and self.backstop == _mode(record, now)
         )
+
+
+def _mode(record: TargetRecord, now: float) -> str | None:
+    backstop = record.backstop(now)
+    return None if backstop is None else f"{backstop.mode}:{backstop.reason}:{record.held_back(now)}"
 
 
 def render_target(record: TargetRecord, now: float, wall: float | None = None) -> Rendered:
     """The lines of one target for every family, from one reading of it at `now` (monotonic; `wall`: the same in Unix time)."""
     reading = read(record, now, wall)
-    return Rendered(record.version, reading.verdict.stuck_for(now), reading.ready, reading.live, target_texts(reading, now))
+    return Rendered(record.version, reading.verdict.stuck_for(now), reading.ready, reading.live, target_texts(reading, now),
+                    _mode(record, now))
 
 
 class PageCache:

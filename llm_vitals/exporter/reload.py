@@ -23,7 +23,7 @@ log = logging.getLogger("llm_vitals.exporter")
 
 # Read once when the app starts: a reload that changes them is applied only after a restart.
 RESTART_KEYS = ("listen", "connect_timeout", "drain_token_env", "drain_token_file", "remediator_url", "remediator_token_env",
-                "remediator_token_file", "log_level")
+                "remediator_token_file", "log_level", "backstop")
 
 
 @dataclass

@@ -306,6 +306,19 @@ class ShardSettings(_FrozenStrict):
         return self
 
 
+class BackstopSettings(_FrozenStrict):
+    """The kubelet's liveness backstop obeys the remediator's gate (llm_vitals/exporter/backstop.py):
+    the shim asks `remediator_url` for its targets' workloads' word every `interval`."""
+
+    # Not heard from the remediator for this long: the alerting chain is down, and the backstop acts
+    # alone, as without this section. 10 min: many missed asks (a remediator's rolling restart, a
+    # slow API server) never arm it, and a dead chain still ends in a restart within about
+    # after + liveness_budget + the probe's failures (10 + 4 + 2 min with the shipped manifests).
+    after: PositiveDuration = 600.0
+    interval: PositiveDuration = 15.0
+    timeout: PositiveDuration = 5.0
+
+
 class NvmlSettings(_FrozenStrict):
     """The NVML source (llm_vitals/exporter/gpu_faults/nvml_source.py), for targets that name their `gpus`."""
 
@@ -378,12 +391,15 @@ class ExporterSettings(_FrozenStrict):
     history_seconds: PositiveDuration = 600.0
     drain_token_env: str | None = None
     drain_token_file: Path | None = None
-    # Not used by the exporter itself: the status page reads the remediator's decisions from it.
+    # The status page reads the remediator's decisions from it; with `backstop`, liveness asks it for its word.
     remediator_url: ParsedHttpUrl | None = None
     # The remediator's read token (its auth.read_token_env), the bearer token the status page sends:
     # it reads the journal and can never restart (the remediator's act token still works, but holds too much).
     remediator_token_env: str | None = None
     remediator_token_file: Path | None = None
+    # The liveness backstop asks the remediator (remediator_url, with the read token) before it fails:
+    # one actor decides a restart. None: liveness alone, as before.
+    backstop: BackstopSettings | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     gpu_faults: GpuFaultSettings = GpuFaultSettings()
     targets: list[TargetSettings] = []
@@ -408,6 +424,8 @@ class ExporterSettings(_FrozenStrict):
             raise ValueError("set at most one of drain_token_env and drain_token_file")
         if self.remediator_token_env and self.remediator_token_file:
             raise ValueError("set at most one of remediator_token_env and remediator_token_file")
+        if self.backstop is not None and self.remediator_url is None:
+            raise ValueError("backstop asks the remediator for its word: set remediator_url too")
         return self
 
     @property

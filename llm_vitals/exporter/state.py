@@ -8,11 +8,13 @@ from collections import Counter, deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Final
 
+from llm_vitals.exporter.backstop import Backstop, Heard, Word, backstop, held, last_held
+from llm_vitals.exporter.backstop import heard as with_answer
 from llm_vitals.exporter.gpu_faults import GpuFault, GpuFaultState
 from llm_vitals.exporter.settings import ExporterSettings, TargetSettings
 from llm_vitals.exporter.verdict import Verdict, initial, is_live, is_ready, is_started, recently_unhealthy
 from llm_vitals.logs import log_event
-from llm_vitals.targets import CanaryView, TargetView
+from llm_vitals.targets import BackstopView, CanaryView, TargetView
 
 log = logging.getLogger("llm_vitals.exporter")
 
@@ -33,13 +35,12 @@ class TargetRecord:
     counters and the history are handed out as read-only views (Mapping, Sequence) of what it owns.
     """
 
-    __slots__ = ("_canaries", "_canary_path", "_canary_task", "_draining", "_gpu_faults",
-                 "_history", "_last_canary_sent", "_model",
-                 "_poll_duration", "_poll_errors", "_polls", "_verdict", "_version", "history_seconds", "poll_interval",
-                 "settings")
+    __slots__ = ("_canaries", "_canary_path", "_canary_task", "_draining", "_gpu_faults", "_heard", "_history",
+                 "_last_canary_sent", "_model", "_poll_duration", "_poll_errors", "_polls", "_started_at", "_verdict",
+                 "_version", "backstop_after", "history_seconds", "poll_interval", "settings")
 
     def __init__(self, settings: TargetSettings, verdict: Verdict, *, history_seconds: float = 600.0,
-                 poll_interval: float = 5.0) -> None:
+                 poll_interval: float = 5.0, backstop_after: float | None = None) -> None:
         # Fixed for the record's life: a target whose settings change gets a fresh record (StateStore.add).
         self.settings: Final = settings
         self.history_seconds: Final = history_seconds
@@ -58,6 +59,10 @@ class TargetRecord:
         # Each GPU-fault source's last read (llm_vitals/exporter/gpu_faults/); `fault` is their combination.
         self._gpu_faults = GpuFaultState()
         self._history: deque[tuple[float, float, str]] = deque()
+        # The remediator's word for this target's workload (exporter/backstop.py); None: not asked.
+        self.backstop_after: Final = backstop_after
+        self._heard = Heard()
+        self._started_at = verdict.since
 
     # What it holds, read-only.
 
@@ -142,8 +147,42 @@ class TargetRecord:
         """What the readiness probe answers."""
         return is_ready(self._verdict, self.settings, now, self._draining, gpu_fault=self.gpu_fault is not None)
 
+    @property
+    def heard(self) -> Heard:
+        """What the shim heard from the remediator for this target's workload."""
+        return self._heard
+
+    def backstop(self, now: float) -> Backstop | None:
+        """The liveness backstop's mode now (exporter/backstop.py); None when the remediator is not asked."""
+        if self.backstop_after is None:
+            return None
+        return backstop(self._heard, now, self.backstop_after, self._started_at, self._verdict.restarts)
+
     def live(self, now: float) -> bool:
-        return is_live(self._verdict, self.settings, now)
+        """What the liveness probe answers: the verdict's rule, held while the remediator's gate holds."""
+        if self.backstop_after is None:
+            return is_live(self._verdict, self.settings, now)
+        after, restarts = self.backstop_after, self._verdict.restarts
+        mode = backstop(self._heard, now, after, self._started_at, restarts)
+        return is_live(self._verdict, self.settings, now, holding=mode.mode == "hold",
+                       held_at=last_held(self._heard, now, after, self._started_at, restarts))
+
+    def held_back(self, now: float) -> bool:
+        """Whether the remediator's hold is all that keeps liveness passing: the server is stuck past its budget."""
+        backstop = self.backstop(now)
+        return backstop is not None and backstop.mode == "hold" and not is_live(self._verdict, self.settings, now)
+
+    def take_answer(self, answer: Word | str | None, now: float) -> None:
+        """The remediator's answer to the backstop's ask at `now` (exporter/backstop_ask.py): a word, why it
+        could not be read, or None (no answer at all)."""
+        if self.backstop_after is None:
+            return
+        # held() first: a hold that an `act` ends now, ends now (the liveness budget counts from it).
+        after, restarts = self.backstop_after, self._verdict.restarts
+        now_heard = with_answer(held(self._heard, now, after, self._started_at, restarts), answer, now, restarts, after)
+        if now_heard != self._heard:
+            self._heard = now_heard
+            self._version += 1
 
     # Its changes: one method each, each bumps the version.
 
@@ -226,13 +265,15 @@ class StateStore:
     def __init__(self, settings: ExporterSettings, now: float) -> None:
         self.history_seconds = settings.history_seconds
         self.poll_interval = settings.poll_interval
+        self.backstop_after = settings.backstop.after if settings.backstop is not None else None
         self.records: dict[str, TargetRecord] = {}
         for target in settings.targets:
             self.add(target, now)
 
     def add(self, target: TargetSettings, now: float) -> TargetRecord:
         """A fresh record (`starting`) for `target`, replacing any record of that name."""
-        record = TargetRecord(target, initial(now), history_seconds=self.history_seconds, poll_interval=self.poll_interval)
+        record = TargetRecord(target, initial(now), history_seconds=self.history_seconds, poll_interval=self.poll_interval,
+                              backstop_after=self.backstop_after)
         self.records.pop(target.name, None)  # a replaced target goes to the end, as a new one would
         self.records[target.name] = record
         return record
@@ -319,7 +360,20 @@ def target_view(record: TargetRecord, now: float, wall: float | None = None) -> 
         poll_errors=dict(record.poll_errors),
         poll_duration_seconds=_round(record.poll_duration, 4),
         polls=record.polls,
+        backstop=backstop_view(record, now),
     )
+
+
+def backstop_view(record: TargetRecord, now: float) -> BackstopView | None:
+    """The backstop's mode and the word's age, for the API and the status page; None when not asked."""
+    mode = record.backstop(now)
+    if mode is None:
+        return None
+    heard = record.heard
+    return BackstopView(mode=mode.mode, reason=mode.reason, detail=mode.detail,
+                        word_since=heard.word.since if heard.word is not None else None,
+                        word_age_seconds=_round(None if heard.heard_at is None else now - heard.heard_at),
+                        answered_age_seconds=_round(None if heard.answered_at is None else now - heard.answered_at))
 
 
 def log_gpu_fault_change(record: TargetRecord, before: str | None) -> None:

@@ -132,7 +132,8 @@ def _target_row(target: TargetView, history: Sequence[Sequence[Any]], now: float
         f'<tr class="target" data-target="{_text(target.name)}" data-state="{_text(state)}" data-workload="{_text(workload)}">'
         f'<td class="name"><span class="nowrap">{_text(target.name)}</span>'
         f'<div class="sub">{_text(target.role)} · {_text(target.url)}{owned}</div></td>'
-        f'<td><span class="state" style="background:{colour}">{_text(state)}</span>{_gpu_fault_badge(target)}</td>'
+        f'<td><span class="state" style="background:{colour}">{_text(state)}</span>{_gpu_fault_badge(target)}'
+        f'{_backstop_badge(target)}</td>'
         f'<td class="reason" title="{_text(detail)}">{_text(target.reason)}<div class="sub">{_text(detail)}</div></td>'
         f'<td class="num">{in_state}</td>'
         f'<td class="num">{_text(load)}</td>'
@@ -143,6 +144,18 @@ def _target_row(target: TargetView, history: Sequence[Sequence[Any]], now: float
         f'<td class="num">{_text(target.restarts)}</td>'
         "</tr>"
     )
+
+
+def _backstop_badge(target: TargetView) -> str:
+    """The liveness backstop under the state, when it is not simply `act`: held (and why), or armed."""
+    backstop = target.backstop
+    if backstop is None or backstop.mode == "act":
+        return ""
+    age = backstop.word_age_seconds
+    heard = f"word {elapsed_text(age)} old" if age is not None else "no word yet"
+    what = "liveness held" if backstop.mode == "hold" else "backstop armed"
+    return (f'<div class="backstop" data-backstop="{_text(backstop.mode)}" title="{_text(backstop.detail)}">'
+            f'<strong>{what}</strong> <span class="sub">{_text(backstop.reason)} · {heard}</span></div>')
 
 
 def _gpu_fault_badge(target: TargetView) -> str:

@@ -784,11 +784,17 @@ def drain_holds(draining: bool, before: Verdict, after: Verdict) -> bool:
     return draining and after.restarts == before.restarts
 
 
-def is_live(verdict: Verdict, target: TargetSettings, now: float) -> bool:
-    """Liveness fails only on sustained, shown lack of progress: stuck for longer than the budget."""
-    if verdict.state != "stuck" or verdict.last_progress is None:
+def is_live(verdict: Verdict, target: TargetSettings, now: float, *, holding: bool = False,
+            held_at: float | None = None) -> bool:
+    """Liveness fails only on sustained, shown lack of progress: stuck for longer than the budget.
+
+    With the remediator's gate (exporter/backstop.py): never while the backstop is `holding`, and the
+    budget counts from the end of the last hold (`held_at`) too, so the remediator, whose alert fires
+    on the same stuck server, has the first go once a hold ends."""
+    if verdict.state != "stuck" or verdict.last_progress is None or holding:
         return True
-    return now - verdict.last_progress <= target.liveness
+    since = verdict.last_progress if held_at is None else max(verdict.last_progress, held_at)
+    return now - since <= target.liveness
 
 
 def canary_due(

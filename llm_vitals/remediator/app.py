@@ -73,6 +73,7 @@ def create_app(
     app.router.add_post("/api/v1/pause", pause_post)
     app.router.add_delete("/api/v1/pause", pause_delete)
     app.router.add_get("/api/v1/state", state_get)
+    app.router.add_get("/api/v1/backstop", backstop_get)
     app.router.add_post("/api/v1/state/reinit", state_reinit)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
@@ -263,6 +264,17 @@ async def pause_get(request: web.Request) -> web.Response:
 async def state_get(request: web.Request) -> web.Response:
     """GET /api/v1/state: whether the shared state is lost, and its circuits, nodes, pause and ladder as last seen."""
     return web.json_response(request.app[SERVICE].state_view())
+
+
+@needs("read")
+async def backstop_get(request: web.Request) -> web.Response:
+    """GET /api/v1/backstop?workload=W[&workload=W2...]: the gate's word for each workload's liveness
+    backstop (backstop.py): `act` or `hold`, with the reason and since when, at the remediator's clock."""
+    workloads = request.query.getall("workload", [])
+    if not workloads or len(workloads) > 100 or any(not w or len(w) > 512 for w in workloads):
+        return _error(400, "name 1 to 100 workloads: ?workload=Deployment/<namespace>/<name>")
+    now, words = await request.app[SERVICE].backstop_words(list(dict.fromkeys(workloads)))
+    return web.json_response({"now": now, "words": [word.as_json() for word in words]})
 
 
 async def state_reinit(request: web.Request) -> web.Response:

@@ -38,13 +38,16 @@ class Evidence:
         self.metrics = metrics
         self.policy = policy
 
-    def decided(self, facts: AlertFacts, decision: Decision, now: float, status: TargetStatus | None = None) -> None:
-        """A decision that starts nothing (refused, dry_run, paused, resolved): queued, never awaited."""
+    def decided(self, facts: AlertFacts, decision: Decision, now: float, status: TargetStatus | None = None,
+                actor: str | None = None) -> None:
+        """A decision that starts nothing (refused, dry_run, paused, resolved): queued, never awaited.
+        `actor`: who restarted the server meanwhile, when the decision is about such a restart."""
         # A target's name from the payload becomes a label only when the config or the exporter knows it.
         known = facts.target in self.policy.targets or (status is not None and decision.reason != "unknown_target")
         target = facts.target if known else None
         word = decision_word(facts, decision)
-        self.journal.record_decision(now, facts, word, decision.reason, decision.detail, **evidence_of(target, status))
+        self.journal.record_decision(now, facts, word, decision.reason, decision.detail, **evidence_of(target, status),
+                                     actor=actor)
         self.metrics.decisions.labels(target or UNKNOWN_TARGET, decision.reason).inc()
         log_event(log, "alert decided", level=logging.DEBUG if decision.reason == "duplicate" else logging.INFO,
                   target=target, fingerprint=facts.fingerprint, decision=word, reason=decision.reason,

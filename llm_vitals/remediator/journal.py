@@ -64,12 +64,13 @@ CREATE TABLE IF NOT EXISTS circuits (
 
 _COLUMNS = (
     "id", "time", "target", "alertname", "fingerprint", "starts_at", "decision",
-    "reason", "executor", "result", "detail", "duration_seconds", "workload",
+    "reason", "executor", "result", "detail", "duration_seconds", "workload", "actor",
 )
 # Columns added after the first release, holding JSON: added to an older journal at open.
 _ADDED_COLUMNS = {"evidence": "TEXT", "pre_restart": "TEXT", "evidence_from": "TEXT"}
 # Columns added after the first release, holding text (and listed by `actions`).
-_ADDED_TEXT_COLUMNS = {"workload": "TEXT"}
+# `actor`: who restarted the server the row is about (remediator/backstop.py `restart_actor`), or NULL.
+_ADDED_TEXT_COLUMNS = {"workload": "TEXT", "actor": "TEXT"}
 
 
 class JournalBusy(Exception):
@@ -166,6 +167,7 @@ class Journal:
         evidence: Mapping[str, Any] | None = None,
         evidence_from: str | None = None,
         workload: str | None = None,
+        actor: str | None = None,
     ) -> None:
         """Journal a decision that runs nothing (refused, dry_run, resolved), without waiting for it.
 
@@ -175,7 +177,7 @@ class Journal:
         wait for the queue to drain first, so the journal they see is never behind an answer.
         """
         self._batch.append((now, alert, decision, reason, detail, executor, None, _json(evidence),
-                            _source(evidence, evidence_from), workload))
+                            _source(evidence, evidence_from), workload, actor))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_batches())
 
@@ -210,7 +212,7 @@ class Journal:
         def write() -> int:
             with self._tx():
                 return self._insert_row(now, alert, "restart", reason, detail, executor, "pending",
-                                        _json(evidence), _source(evidence, evidence_from), workload)
+                                        _json(evidence), _source(evidence, evidence_from), workload, "remediator")
 
         action_id = await self._run(write)
         self._last_by_target[alert.target or ""] = now
@@ -362,11 +364,12 @@ class Journal:
 
     def _insert_row(
         self, now, alert: AlertFacts, decision, reason, detail, executor, result, evidence=None, evidence_from=None,
-        workload=None,
+        workload=None, actor=None,
     ) -> int:
         cursor = self._conn.execute(  # type: ignore[union-attr]
             "INSERT INTO actions (time, target, alertname, fingerprint, starts_at, decision, reason, executor,"
-            " result, detail, evidence, evidence_from, workload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " result, detail, evidence, evidence_from, workload, actor)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 now,
                 # Payload text: bounded, so a caller cannot bloat the journal.
@@ -382,6 +385,7 @@ class Journal:
                 evidence,
                 evidence_from,
                 (workload or "")[:300] or None,
+                actor,
             ),
         )
         assert cursor.lastrowid is not None  # an INSERT always sets it

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol
 
-from . import gate, identity, shared
+from . import backstop, gate, identity, shared
 from .acting import Actor
 from .evidence import Evidence
 from .executors import Executor
@@ -82,6 +82,8 @@ class GateLoop:
         self.evidence = evidence
         self.clock = clock
         self._decision_lock = asyncio.Lock()
+        # The refusals that hold a liveness backstop (backstop.py): this replica's, kept in memory.
+        self.refusals = backstop.Refusals()
 
     async def handle(self, facts: AlertFacts) -> Decision:
         """Decide one alert, journal the decision, and start the restart when it is allowed."""
@@ -161,6 +163,11 @@ class GateLoop:
         return decided, shared.with_effects(state, effects, facts, now, decided.intent)
 
     def _refused(self, facts: AlertFacts, decision: Decision, now: float, status: TargetStatus | None) -> None:
-        self.evidence.decided(facts, decision, now, status)
+        workload = gate.workload_of(facts.target or "", status)
+        actor = None
+        if decision.reason == "restarted_since_alert":
+            actor = backstop.restart_actor(status, self.store.last, workload, facts.starts_at)
+        self.evidence.decided(facts, decision, now, status, actor=actor)
+        self.refusals = backstop.noted(self.refusals, workload, decision.reason, now)
         if decision.reason in gate.HUMAN_REFUSALS:
             self.actor.tell_refusal(facts, decision, status)

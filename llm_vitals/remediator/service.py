@@ -26,7 +26,7 @@ from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.leases import LeaseTransport
 from llm_vitals.logs import log_event
 
-from . import gate, shared
+from . import backstop, gate, shared
 from .acting import Actor
 from .evidence import Evidence, decision_word
 from .executors import Executor, build_executor
@@ -208,6 +208,13 @@ class Remediator:
                 await self.store.read()
                 self._read_at = time.monotonic()
         return self.store.last
+
+    async def backstop_words(self, workloads: list[str]) -> tuple[float, list[backstop.BackstopWord]]:
+        """The gate's word for each workload's liveness backstop (backstop.py), on the state read at
+        most STATE_MAX_AGE ago, at the store's clock. Raises StateUnavailable (StateLost: lost)."""
+        state = await self.recent_state()
+        now, lost = self.store.now(), bool(self.store.health.lost)
+        return now, [backstop.word_for(w, state, self.policy, now, self.loop.refusals, lost=lost) for w in workloads]
 
     def state_view(self) -> dict[str, Any]:
         """What the state holds as last seen (no I/O: the follower keeps a replica's view fresh), and

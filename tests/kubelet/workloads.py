@@ -11,6 +11,7 @@ node need different ports, and a Service name resolves nowhere.
 from __future__ import annotations
 
 import copy
+import secrets
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -200,10 +201,14 @@ def journal_volumes(directories: Sequence[Path]) -> list[dict[str, Any]]:
             for i, d in enumerate(directories)]
 
 
-def tokens_secret(webhook: str, drain: str) -> dict[str, Any]:
-    """The Secret the README has users create (`kubectl create secret generic llm-vitals-tokens`)."""
+def tokens_secret(webhook: str, drain: str, read: str | None = None) -> dict[str, Any]:
+    """The Secret the README has users create (`kubectl create secret generic llm-vitals-tokens`).
+
+    `read-token`: the remediator's read token, which the shims ask their backstop's word with (the
+    manifests mount it in both); no drill reads it yet, so a fresh one unless given."""
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "llm-vitals-tokens", "namespace": NAMESPACE},
-            "stringData": {"webhook-token": webhook, "drain-token": drain}}
+            "stringData": {"webhook-token": webhook, "drain-token": drain,
+                           "read-token": read if read is not None else secrets.token_hex(16)}}
 
 
 def as_yaml(docs: Sequence[Mapping[str, Any]]) -> str:
