@@ -412,6 +412,15 @@ def test_a_percentage_limit_is_taken_of_the_fleet_the_templates_make():
 
 EFFECT_CASES = [
     ("allowed: intent", ALERT, FLEET, JOURNAL, POLICY, Effects(intent=True, workload="a", backoff=(1, T0))),
+    # A backoff refusal is written (LLMVitalsRemediatorBackoffHolding tells a human), its copies soon after are not.
+    ("a backoff refusal is recorded", ALERT, FLEET, JournalState(backoff={"a": (3, T0 - 60)}), POLICY,
+     Effects(workload="a", backoff_refused=True)),
+    ("a backoff refusal's copy within 5 minutes writes nothing", ALERT, FLEET,
+     JournalState(backoff={"a": (3, T0 - 60)}, backoff_refused={"a": (T0 - 600, T0 - 299)}), POLICY,
+     Effects(workload="a")),
+    ("a backoff refusal's re-send 5 minutes on is recorded", ALERT, FLEET,
+     JournalState(backoff={"a": (3, T0 - 60)}, backoff_refused={"a": (T0 - 600, T0 - 300)}), POLICY,
+     Effects(workload="a", backoff_refused=True)),
     ("last of the budget opens the circuit", ALERT, FLEET, JournalState(restart_times={"a": (T0 - 3000, T0 - 2000)}),
      POLICY, Effects(intent=True, open_circuit=True, workload="a", backoff=(1, T0))),
     ("budget used up opens the circuit once", ALERT, FLEET,

@@ -269,6 +269,10 @@ class JournalState:
     # Each workload's restart streak for the backoff: (restarts in the streak, when the last started).
     # A streak ends after `backoff_reset` without a restart.
     backoff: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    # Alerts of a stuck workload refused for its backoff: (first, latest) refusal of the streak, until
+    # a restart of it is committed. A backoff can hold a stuck server for hours, longer than any other
+    # wait of the gate: LLMVitalsRemediatorBackoffHolding tells a human while it lasts.
+    backoff_refused: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -701,15 +705,19 @@ class Effects:
     node: str | None = None  # the node of the pod the step acts on (the ladder's evidence), with `step`
     page: bool = False  # the workload is paged now: held until a human releases it
     backoff: tuple[int, float] | None = None  # the workload's restart streak after this restart
+    backoff_refused: bool = False  # the workload's alert was refused for its backoff now (a human is told)
 
     def __bool__(self) -> bool:
         return (self.intent or self.open_circuit or self.storm_seen_at is not None or self.remember
-                or self.step is not None or self.page or self.backoff is not None)
+                or self.step is not None or self.page or self.backoff is not None or self.backoff_refused)
 
 
 # A storm seen again within this many seconds of the last record is not written again: a storm of
 # webhooks must not become a storm of writes to the shared state.
 STORM_RECORD_GRANULARITY = 1.0
+# A backoff refusal is written again only this long after the last one written: Alertmanager's HA
+# copies and re-sends of one hang must not each become a write to the shared state.
+BACKOFF_REFUSAL_GRANULARITY = 300.0
 
 
 def effects_of(
@@ -739,8 +747,10 @@ def effects_of(
     page = (policy.escalate_within is not None and not paged(journal, workload)
             and (decision.reason == "escalated_to_human"
                  or (decision.reason == "cordon_limit" and status is not None and not status.gpu_fault)))
+    held = journal.backoff_refused.get(workload)
+    backoff_refused = decision.reason == "backoff" and (held is None or now - held[1] >= BACKOFF_REFUSAL_GRANULARITY)
     return Effects(open_circuit=opens, storm_seen_at=storm_at, remember=decision.reason == "dry_run",
-                   workload=workload, step="page" if page else None, page=page)
+                   workload=workload, step="page" if page else None, page=page, backoff_refused=backoff_refused)
 
 
 # Decisions made before the fleet was read (or about an alert the gate does not act on).
