@@ -28,8 +28,7 @@ soak_module = load_script(REPO / "bench" / "soak.py")
 invariants = soak_module.soak_invariants
 fleet_sim = soak_module.fleet_sim
 
-# Seed 15 meets every kind of incident (a rollout between the exporter's poll and the identity check
-# included) and, before the fixes, showed each safety bug the soak can see.
+# Seed 15 meets every kind of incident, a rollout between the exporter's poll and the identity check included.
 SHORT = fleet_sim.FleetConfig(days=2.0, workloads=20, seed=15)
 
 
