@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo image bench bench-cost test-docker test-vllm test-llamacpp test-sglang test-triton test-k8s test-kubelet test-gpu tools clean
+.PHONY: install test lint demo image bench bench-cost soak test-docker test-vllm test-llamacpp test-sglang test-triton test-k8s test-kubelet test-gpu tools clean
 
 install: $(STAMP)
 
@@ -95,6 +95,12 @@ bench: install
 
 bench-cost: install
 	@$(BIN)/python bench/bench_cost_of_watching.py $(BENCH_ARGS)
+
+# The fleet soak, 30 simulated days of 200 workloads on each store (minutes each); `make test` runs
+# a two-day one (tests/test_soak.py). SOAK_ARGS: e.g. --days 7 --seed 3.
+soak: install
+	@for store in lease sqlite; do echo "== bench/soak.py --store $$store $(SOAK_ARGS)"; \
+		$(BIN)/python bench/soak.py --store $$store $(SOAK_ARGS) || exit 1; done
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -15,6 +15,7 @@ is why a restart does not cure a GPU fault and a cordon does.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ STUCK_AFTER = 120.0
 # LLMServerStuck's `for:` (alerts/llm-vitals.rules.yml) and the rule evaluation interval.
 RULE_FOR = 60.0
 # alerts/alertmanager.yml, the remediator's route: re-sent while firing, by each of two Alertmanagers.
-REPEAT_INTERVAL = 3600.0
+REPEAT_INTERVAL = 900.0
 HA_ALERTMANAGERS = 2
 
 
@@ -40,6 +41,12 @@ class Pod:
     started: float
     hangs_at: float | None = None  # the engine will stop moving at this time (truth)
     episode: int | None = None  # the hang episode it is in, once it hangs
+
+    @property
+    def ip(self) -> str:
+        """The pod's IP, one per pod (from its UID's serial): what the exporter polls, what the API server gives."""
+        serial = int(self.uid.rsplit("-", 1)[1])
+        return f"10.{(serial >> 16) & 255}.{(serial >> 8) & 255}.{serial & 255}"
 
 
 @dataclass
@@ -243,21 +250,40 @@ class Fleet:
                 "stuck" if stuck else "idle", process_start_time=pod.started, gpu_fault=fault,
                 gpu_fault_detail=f"Xid79: GPU has fallen off the bus on {pod.node}" if fault else None,
                 recently_unhealthy=stuck, engine="vllm", namespace=NAMESPACE, pod=pod.name, pod_uid=pod.uid,
-                node=pod.node, workload=workload.key)
+                node=pod.node, workload=workload.key, url=f"http://{pod.ip}:8000")
         return FleetView(targets)
+
+    # -- the API server's view -------------------------------------------------------------------
+
+    def api_pod(self, namespace: str, name: str) -> tuple[dict | None, dict | None]:
+        """The pod of that name as the API server holds it now (None: no such pod), and the owner its
+        workload needs read (a Deployment pod's ReplicaSet; else None): what the identity check reads."""
+        found = next(((w, p) for w, p in self.pods() if p.name == name), None) if namespace == NAMESPACE else None
+        if found is None:
+            return None, None
+        workload, pod = found
+        metadata: dict = {"namespace": NAMESPACE, "name": pod.name, "uid": pod.uid}
+        owner = None
+        if workload.kind == "lws":
+            metadata["labels"] = {"leaderworkerset.sigs.k8s.io/name": workload.name,
+                                  "leaderworkerset.sigs.k8s.io/group-index": "0"}
+            metadata["ownerReferences"] = [{"kind": "StatefulSet", "name": f"{workload.name}-0", "controller": True}]
+        elif workload.kind == "statefulset":
+            metadata["ownerReferences"] = [{"kind": "StatefulSet", "name": workload.name, "controller": True}]
+        else:
+            replica_set = f"{workload.name}-rs"
+            metadata["ownerReferences"] = [{"kind": "ReplicaSet", "name": replica_set, "controller": True}]
+            owner = {"metadata": {"namespace": NAMESPACE, "name": replica_set,
+                                  "ownerReferences": [{"kind": "Deployment", "name": workload.name, "controller": True}]}}
+        return {"metadata": metadata, "spec": {"nodeName": pod.node},
+                "status": {"podIP": pod.ip, "podIPs": [{"ip": pod.ip}]}}, owner
 
     # -- time passing -----------------------------------------------------------------------------
 
     def tick(self, now: float) -> dict[str, str]:
         """Time passes to `now`: hangs whose time came begin their episode (some draw a rollout while
-        they last), due rollouts and a human's rollbacks happen. Returns the targets the exporter
-        calls stuck now, with their workloads."""
-        due = [r for r in self.rollouts if r[0] <= now]
-        if due:
-            self.rollouts = [r for r in self.rollouts if r[0] > now]
-            for _, key in due:
-                self.rollouts_mid_incident += 1
-                self.rollout(key, now)
+        they last), a human's rollbacks happen. Returns the targets the exporter calls stuck now, with
+        their workloads. The rollouts drawn land later (`land_rollouts`)."""
         for workload in self.workloads.values():
             if workload.bug_until and workload.bug_until <= now:
                 self.roll_back(workload.key, now)  # the human's rollback ends the bug
@@ -268,10 +294,25 @@ class Fleet:
             if pod.episode is None:
                 self._begin(workload, pod, self._cause(workload, pod, now))
                 if self.rng.random() < self.config.rollout_mid_incident:
-                    self.rollouts.append((now + self.rng.uniform(300.0, 1800.0), workload.key))
+                    if self.rng.random() < 0.5:
+                        # As the alert first goes out: between the exporter's poll and the remediator's
+                        # reading of the pod, which the API server has replaced by then.
+                        at = math.ceil(((pod.hangs_at or now) + STUCK_AFTER) / 60.0) * 60.0 + RULE_FOR
+                    else:
+                        at = now + self.rng.uniform(300.0, 1800.0)
+                    self.rollouts.append((at, workload.key))
             if now - pod.hangs_at >= STUCK_AFTER:
                 stuck[pod.name] = workload.key
         return stuck
+
+    def land_rollouts(self, now: float) -> None:
+        """The rollouts drawn mid-incident whose time came replace their workload's pods now."""
+        due = [r for r in self.rollouts if r[0] <= now]
+        if due:
+            self.rollouts = [r for r in self.rollouts if r[0] > now]
+            for _, key in due:
+                self.rollouts_mid_incident += 1
+                self.rollout(key, now)
 
     def _cause(self, workload: Workload, pod: Pod, now: float) -> str:
         node = self.nodes[pod.node]

@@ -6,7 +6,7 @@ different nodes, a node whose pods keep hanging with no fault flagged, a GPU fau
 across replicas, rollouts mid-incident, replica crashes, a lost Lease, a newer replica's field, a
 stale write) plays on a virtual clock over Deployments, StatefulSets and LeaderWorkerSet groups on
 many nodes. Each step (one minute): incidents due happen, Prometheus evaluates LLMServerStuck
-(`for: 1m`), both Alertmanagers of an HA pair send what is due (firing, re-sent every hour,
+(`for: 1m`), both Alertmanagers of an HA pair send what is due (firing, re-sent every 15 minutes,
 resolved), and each copy goes to a remediator replica through the service's own entry
 (`Remediator.handle_payload`, the webhook handler's call). The humans then act (release a page, reset a circuit, repair a node,
 re-initialise a lost state) and the invariants (bench/soak_invariants.py) judge what happened.
@@ -14,9 +14,13 @@ re-initialise a lost state) and the invariants (bench/soak_invariants.py) judge 
 Real parts: `Remediator` (the service) with its `GateLoop`, the pure gate, `Actor`, `Evidence`, the
 SQLite `Journal` of each replica, and the gate's store: the replicas' `LeaseStore` over an in-memory
 API server's Lease (resourceVersion preconditions, dated answers), or the one replica's
-`SqliteStore` in its journal's file. Swapped at the two edges: the exporter's answer comes from the
-simulated fleet (`SimExporter`, the loop's `FleetSource`), and the executors act on it (`SimActor`
-hands out `SimExecutor`s, the in-memory fakes behind the `Executor` protocol).
+`SqliteStore` in its journal's file. Swapped at the edges: the exporter's answer comes from the
+simulated fleet as its last poll saw it (`SimExporter`, the loop's `FleetSource`), the API server's
+reading of a pod from the fleet as it is now (`SimIdentities`, the loop's `IdentitySource`: a pod a
+rollout replaced after the poll is refused `identity_mismatch`), and the executors act on it
+(`SimActor` hands out `SimExecutor`s, the in-memory fakes behind the `Executor` protocol). A human's
+re-initialisation of a lost Lease is the service's own (`Remediator.reinitialise`, behind
+`POST /api/v1/state/reinit`, from empty).
 
     .venv/bin/python bench/soak.py [--days 30] [--workloads 200] [--seed 1] [--store lease|sqlite] [--json]
 
@@ -51,7 +55,6 @@ import httpx  # noqa: E402
 import soak_invariants  # noqa: E402, F401
 from fleet_sim import Fleet, FleetConfig, Incident, schedule  # noqa: E402
 from soak_invariants import (  # noqa: E402
-    BACKOFF_BASE,
     INVARIANTS,
     MAX_CORDONED_NODES,
     Action,
@@ -65,7 +68,7 @@ from soak_invariants import (  # noqa: E402
 )
 
 from llm_vitals.kube.client import Dated  # noqa: E402
-from llm_vitals.remediator import shared  # noqa: E402
+from llm_vitals.remediator import identity, shared  # noqa: E402
 from llm_vitals.remediator.acting import Actor  # noqa: E402
 from llm_vitals.remediator.executors import ExecResult  # noqa: E402
 from llm_vitals.remediator.gate import AlertFacts, Decision, FleetView, JournalState, TargetStatus, group_of  # noqa: E402
@@ -92,18 +95,9 @@ SETTINGS: dict[str, Any] = {
     "gpu_fault_action": "cordon_and_move",
     "escalate_within": "1h",
     "target_templates": [{"match": {"namespace": "llm"}, "executor": "kubernetes", "timeout": "30s"}],
+    "max_cordoned_nodes": MAX_CORDONED_NODES,
 }
 
-# What the merge with the "ladder" and "identity" branches must connect (each is a named seam below):
-# Where this remediator has the setting or the call, the soak uses it; before, it falls back (see each).
-INTENDED = {
-    "max_cordoned_nodes": "`limits`: the remediator's max_cordoned_nodes set to soak_invariants.MAX_CORDONED_NODES",
-    "backoff": "`backoff_base`: the per-workload backoff's first wait, as the invariant's base",
-    "page release": "Operator.release_page: the workload release (before it: a circuit reset)",
-    "held pages": "held_pages: the state's pages (before them: a `page` step of the ladder)",
-    "re-initialisation": "Operator.reinitialise: the authenticated re-initialisation of a lost state (main has none yet)",
-    "pod identity": "SimActor / SimExecutor: answer an identity check against the API server from the fleet",
-}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,6 +180,22 @@ class SimExporter:
         return self.soak.view()
 
 
+class SimIdentities:
+    """The identity check's edge (`loop.IdentitySource`, as `pods.IdentityReader` is): the pod by namespace
+    and name, and its ReplicaSet, as the simulated API server holds them now, judged by the remediator's
+    own rule (`identity.verified`). A pod a rollout replaced after the exporter's poll is not there by
+    that UID (a StatefulSet's: the same name, a new UID) or by that name (a Deployment's)."""
+
+    def __init__(self, soak: Soak):
+        self.soak = soak
+
+    async def check(self, status: TargetStatus) -> identity.Checked:
+        if not status.namespace or not status.pod:
+            return identity.Checked(None, Decision(False, "identity_mismatch", "the exporter names part of a pod"))
+        pod, owner = self.soak.fleet.api_pod(status.namespace, status.pod)
+        return identity.verified(status, pod, owner)
+
+
 class SimExecutor:
     """An in-memory executor (the `Executor` protocol): acts on the simulated fleet and records what it was handed."""
 
@@ -199,13 +209,15 @@ class SimExecutor:
         now = soak.clock()
         uid, node = (status.pod_uid, status.node) if status is not None else (None, None)
         at_fault = soak.fleet.node_at_fault(uid)
+        found = soak.fleet.find(uid)
+        matched = found is not None and status is not None and found[1].name == status.pod
         cordoned = None
         if self.kind == "cordon_and_move" and node is not None:
             done = soak.fleet.cordon_and_move(uid, node, now)
             cordoned = node
         else:
             done = soak.fleet.restart(uid, now) is not None
-        soak.record_action(self.kind, self.facts, status, self.replica, done, at_fault)
+        soak.record_action(self.kind, self.facts, status, self.replica, done, at_fault, matched)
         if not done:
             return ExecResult("error", f"pod {uid} is gone already; nothing done", cordoned=cordoned)
         return ExecResult("ok", f"{self.kind} of {self.facts.target}", cordoned=cordoned)
@@ -256,6 +268,7 @@ class Replica:
         actor.soak = soak
         service.actor = service.loop.actor = actor
         service.loop.exporter = SimExporter(soak)
+        service.loop.identities = SimIdentities(soak)
         self.service = service
 
     async def stop(self) -> None:
@@ -281,14 +294,9 @@ class Operator:
 
     async def release_page(self, workload: str) -> list[str]:
         """End the workload's page; returns what the human's call did (the History's words for it)."""
-        service = self._service()
-        release = getattr(service, "release_workload", None)
-        if release is not None:  # POST /api/v1/workloads/release: the page ends, the ladder starts again
-            await release(workload)
-            return ["release_page"]
-        # Before the ladder's release: a circuit reset, which also forgives the budget and restarts the ladder.
-        await service.reset_circuits([workload])
-        return ["release_page", "reset_circuit"]
+        # POST /api/v1/workloads/release: the page ends, the ladder starts again.
+        await self._service().release_workload(workload)
+        return ["release_page"]
 
     async def reset_circuit(self, workload: str) -> None:
         await self._service().reset_circuits([workload])
@@ -297,8 +305,10 @@ class Operator:
         await self._service().release_node(node)
 
     async def reinitialise(self) -> None:
-        # main has no re-initialisation: its next write creates a fresh Lease by itself.
-        return None
+        """POST /api/v1/state/reinit from empty: the service call behind it (replicas on a Lease only)."""
+        service = self._service()
+        if isinstance(service.store, LeaseStore):
+            await service.reinitialise("empty", "the shared state was lost; the soak's human starts it afresh", "soak")
 
 
 class SoakActor(Protocol):
@@ -387,26 +397,14 @@ class Report:
 
 
 def held_pages(state: JournalState) -> frozenset[str]:
-    """The workloads the stored state holds a page for: its `pages` (the ladder's release), or a ladder
-    whose last step is `page` (before it)."""
-    pages = getattr(state, "pages", None) or {}
-    return frozenset(pages) | {w for w, (step, _) in state.ladder.items() if step == "page"}
-
-
-def limits() -> dict[str, Any]:
-    """The settings the invariants' intended limits name, where this remediator has them."""
-    return {"max_cordoned_nodes": MAX_CORDONED_NODES} if "max_cordoned_nodes" in Settings.model_fields else {}
-
-
-def backoff_base(settings: Settings) -> float:
-    """The per-workload backoff's first wait as configured, where this remediator has one; else BACKOFF_BASE."""
-    backoff = getattr(settings.budget, "backoff", None)
-    return float(backoff.initial) if backoff is not None else BACKOFF_BASE
+    """The workloads the stored state holds a page for: its `pages`, or a ladder whose last step is
+    `page` (an older state's page)."""
+    return frozenset(state.pages) | {w for w, (step, _) in state.ladder.items() if step == "page"}
 
 
 def stored(state: JournalState, fields: frozenset[str]) -> StoredState:
     return StoredState(held_pages(state), frozenset(state.open_circuits), frozenset(state.gpu_nodes), fields,
-                       state.restart_times)
+                       state.restart_times, frozenset(state.backoff_refused))
 
 
 class Soak:
@@ -416,14 +414,14 @@ class Soak:
         self.config = config
         self.directory = directory
         self.clock = Clock(T0)
-        self.settings: Settings = build_settings({**SETTINGS, **limits(), **config.settings,
+        self.settings: Settings = build_settings({**SETTINGS, **config.settings,
                                                   "state_path": str(directory / "x.db")}, {})
         self.fleet = Fleet(config.fleet, T0)
         self.leases = MemoryLeases(self.clock) if config.store == "lease" else None
         self.replicas = [Replica(self, name) for name in (REPLICAS if self.leases is not None else REPLICAS[:1])]
         self.rng = random.Random(f"deliveries-{config.fleet.seed}")
         self.history = History(self.settings.budget.window, self.settings.budget.max_restarts,
-                               backoff_base=backoff_base(self.settings))
+                               backoff_base=float(self.settings.budget.backoff.initial))
         self.operator = Operator(self)
         # Who else acts on the fleet each step, after the remediator: the people; the kubelet's liveness
         # backstop (issue 33) joins here as another SoakActor.
@@ -435,24 +433,22 @@ class Soak:
         self.examples: dict[str, list[str]] = {name: [] for name in INVARIANTS}
         self.marks = Marks()
         self.tallies: Counter[str] = Counter()
-        self._view: tuple[tuple[int, float], FleetView] | None = None
+        self.polled: FleetView = self.fleet.view(T0)
         self._state: tuple[Any, StoredState | None] | None = None
 
     # -- what the remediator sees and does --------------------------------------------------------
 
     def view(self) -> FleetView:
-        key = (self.fleet.version, self.clock())
-        if self._view is None or self._view[0] != key:
-            self._view = (key, self.fleet.view(self.clock()))
-        return self._view[1]
+        """The exporter's answer: its last poll."""
+        return self.polled
 
     def record_action(self, kind: str, facts: AlertFacts, status: TargetStatus | None, replica: str, done: bool,
-                      node_at_fault: bool) -> None:
+                      node_at_fault: bool, pod_matched: bool = True) -> None:
         cordoned = sum(1 for n in self.fleet.nodes.values() if n.cordoned_by_vitals)
         workload = (status.workload if status is not None else None) or facts.labels.get("workload", facts.target or "")
         self.history.record_action(Action(self.history.next_seq(), self.clock(), kind, workload, facts.target or "",
                                           status.node if status is not None else None, replica, done, cordoned,
-                                          node_at_fault))
+                                          node_at_fault, pod_matched))
         self.tallies[f"action {kind}"] += 1
 
     # -- the run ----------------------------------------------------------------------------------
@@ -461,7 +457,6 @@ class Soak:
         started, cpu = time.monotonic(), time.process_time()
         for replica in self.replicas:
             await replica.start()
-        await self.operator.reinitialise()  # the state is set up as a deployment would (main: nothing to do)
         end = T0 + self.config.fleet.days * 86400.0
         try:
             while self.clock.now < end:
@@ -489,7 +484,12 @@ class Soak:
         while self.incidents and self.incidents[0].at <= now:
             await self.incident(self.incidents.popleft(), now)
         stuck = self.fleet.tick(now)
-        for payload in self.fleet.notifications(stuck, now):
+        self.polled = self.fleet.view(now)  # the exporter's poll: what it answers the remediator until the next
+        payloads = self.fleet.notifications(stuck, now)
+        # Rollouts land between the poll (and Prometheus's evaluation) and the delivery: the API server
+        # holds the new pods, the exporter still names the old ones.
+        self.fleet.land_rollouts(now)
+        for payload in payloads:
             await self.deliver(payload)
         for actor in self.actors:
             await actor.step(self, now)
@@ -535,6 +535,12 @@ class Soak:
             self.tallies[f"decision {entry['reason']}"] += 1
             self.history.record_decision(Seen(self.history.next_seq(), self.clock(), alert["labels"]["target"],
                                               alert["labels"].get("workload"), entry["reason"], replica.identity))
+            if entry["reason"] == "backoff":
+                # Told only where the state the remediator's gauge reads holds the refusal.
+                state = self.stored_state()
+                if state is not None and alert["labels"].get("workload") in state.held_back:
+                    self.history.record_told(alert["labels"]["target"], self.clock())
+                    self.tallies["told backoff"] += 1
 
     # -- the invariants ---------------------------------------------------------------------------
 

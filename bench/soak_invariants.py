@@ -20,7 +20,9 @@ Each invariant states the issue's *intended* rule (issue 30), not what a given v
   llm-vitals cordoned), the budget spent within the window and the fields a newer replica wrote
   stay in the stored state, across crashes, writes and pruning;
 - `lost_state_refuses`: nothing is acted on from the loss of the shared state until a human
-  re-initialises it.
+  re-initialises it;
+- `no_action_on_a_mismatched_pod`: an executor is handed only the pod the API server holds under
+  that name and UID (a pod a rollout replaced after the exporter's poll is refused `identity_mismatch`).
 
 The History is kept incrementally by the soak (`record_*`), so that each check looks at what is new
 since the last one (`Marks`) and looks the rest up by workload, target or node.
@@ -33,17 +35,20 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-# The intended limits the merge connects to their settings (see bench/soak.py, `INTENDED`):
-# `max_cordoned_nodes` (issue 30, the ladder's work) ...
+# The intended limits (bench/soak.py sets the remediator's settings to them): `max_cordoned_nodes` ...
 MAX_CORDONED_NODES = 2
 # ... the per-workload backoff: the action after k actions of the workload within the budget window waits this
-# times 2^(k-1) after the last one (the remediator's own `budget.backoff.initial` where it has one) ...
+# times 2^(k-1) after the last one (the remediator's own `budget.backoff.initial`, which the soak passes) ...
 BACKOFF_BASE = 900.0
-# ... and the bound on a hang: detection (STUCK_AFTER + for:), then up to two of Alertmanager's hourly
-# re-sends (a refusal for the cooldown or a backoff is judged afresh at the next), and a margin.
+# ... and the bound on a hang: detection (STUCK_AFTER + for:), then Alertmanager's re-sends every
+# repeat_interval (15m: a refusal for the cooldown is judged afresh at the next, one hang restarted
+# per cooldown), and a margin for several hangs at once. A refusal that can last longer (a backoff,
+# a page, an open circuit) must be told to a human.
 HANG_BOUND = 3 * 3600.0
 
 # Refusals a human is told of (an Event, a page or an alert of their own): a hang refused so is handled.
+# (A `backoff` refusal is told by LLMVitalsRemediatorBackoffHolding, where the state shows it: the soak
+# checks that, `History.record_told`.)
 TOLD_REASONS = frozenset({
     "gpu_fault", "circuit_open", "fleet_gate", "escalated_to_human", "disruption_budget", "paused",
     "state_unreachable", "state_lost", "cordon_limit", "identity_mismatch",
@@ -66,6 +71,8 @@ class Action:
     # The hang it acted on was the node's doing (a GPU fault, a node whose pods keep hanging), as the
     # fleet's truth says; False for a workload's own hang, which follows its pod to any node.
     node_at_fault: bool = False
+    # The pod the executor was handed (by name and UID) was the one the API server held then.
+    pod_matched: bool = True
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,9 @@ class StoredState:
     fields: frozenset[str]  # the top-level keys of its JSON
     # When each workload's restarts (and moves) counted against its budget started.
     restart_times: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    # Workloads whose stuck alerts are refused for their backoff, as the state records it
+    # (llm_vitals_remediator_backoff_refused_seconds: LLMVitalsRemediatorBackoffHolding tells a human).
+    held_back: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -137,6 +147,7 @@ class History:
     # What holds until a human releases it, as the stored state was seen to hold it: item -> seq since.
     held: dict[tuple[str, str], int] = field(default_factory=dict)
     fresh_since: int = 0  # a human's last re-initialisation of the state
+    reinits: list[int] = field(default_factory=list)  # seqs of every re-initialisation
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -172,10 +183,19 @@ class History:
             self.held.pop(("node", act.subject), None)
         elif act.kind == "reinitialise":
             self.fresh_since = act.seq
+            self.reinits.append(act.seq)
             if self.lost and self.lost[-1].end is None:
                 self.lost[-1].end = act.seq
-            # The human starts the state afresh: what it held is theirs to carry over.
+            # The human starts the state afresh (`from: empty`): what it held is theirs to carry over,
+            # its pages ended, its budgets and backoffs forgiven, as the runbook says.
             self.held = {}
+            for spans in self.pages.values():
+                if spans[-1].end is None:
+                    spans[-1].end = act.seq
+
+    def record_told(self, target: str, at: float) -> None:
+        """A human was told of the target's hang by an alert of the remediator's own (not a refusal's word)."""
+        self.told.setdefault(target, []).append(at)
 
     def record_evidence(self, node: str, flagged: bool, at: float) -> None:
         spans = self.evidence.setdefault(node, [])
@@ -214,9 +234,11 @@ class History:
         return any(span.start < seq and (span.end is None or span.end > seq) for span in self.lost)
 
     def last_reset(self, workload: str, seq: int) -> int:
+        """The last human act before `seq` that forgave the workload's budget: its reset, or a re-initialisation."""
         seqs = self.resets.get(workload, [])
         i = bisect.bisect_left(seqs, seq)
-        return seqs[i - 1] if i else 0
+        j = bisect.bisect_left(self.reinits, seq)
+        return max(seqs[i - 1] if i else 0, self.reinits[j - 1] if j else 0)
 
 
 @dataclass(frozen=True)
@@ -309,6 +331,12 @@ def nothing_forgotten(c: Check) -> Iterable[Hashable]:
             yield ("budget", workload, max(seqs))
 
 
+def no_action_on_a_mismatched_pod(c: Check) -> Iterable[Hashable]:
+    for a in c.new_actions:
+        if not a.pod_matched:
+            yield a.seq
+
+
 def lost_state_refuses(c: Check) -> Iterable[Hashable]:
     for a in c.new_actions:
         if c.history.lost_at(a.seq):
@@ -323,6 +351,7 @@ INVARIANTS: dict[str, Invariant] = {
     "hangs_handled_within_bound": hangs_handled_within_bound,
     "nothing_forgotten": nothing_forgotten,
     "lost_state_refuses": lost_state_refuses,
+    "no_action_on_a_mismatched_pod": no_action_on_a_mismatched_pod,
 }
 
 

@@ -218,8 +218,9 @@ def test_the_real_cli_accepts_the_mounted_configs(program):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_compose_alertmanager_repeats_slower_than_every_remediator_cooldown():
-    """A repeat inside the cooldown is only refused; the example must not invite that."""
+def test_compose_alertmanager_repeats_no_sooner_than_every_remediator_cooldown():
+    """A repeat inside the cooldown is only refused; the example must not invite that. A repeat just
+    as long lands after it: the refusal it answers came after the restart that started the cooldown."""
     from llm_vitals.durations import parse_duration
 
     compose_dir = REPO / "deploy" / "compose"
@@ -228,7 +229,7 @@ def test_compose_alertmanager_repeats_slower_than_every_remediator_cooldown():
     repeat = parse_duration(restart_routes[0].get("repeat_interval", am["route"]["repeat_interval"]))
     for cfg in compose_dir.glob("remediator*.yaml"):
         cooldown = parse_duration(yaml.safe_load(cfg.read_text())["global_cooldown"])
-        assert repeat > cooldown, cfg.name
+        assert repeat >= cooldown, cfg.name
 
 
 # ---- the test override (docker-compose.test.yml, run for real by `make test-docker`) ---------

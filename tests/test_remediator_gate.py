@@ -27,6 +27,7 @@ from llm_vitals.remediator.gate import (
     gpu_refusal,
     group_of,
     ladder_step,
+    node_suspect,
 )
 
 T0 = 1_800_000_000.0
@@ -49,6 +50,7 @@ TEMPLATED = replace(POLICY, templates=(TemplateMatch(engine="vllm", namespace="l
 MOVING = replace(TEMPLATED, gpu_fault_action="cordon_and_move")
 POD_ALERT = replace(ALERT, labels={**ALERT.labels, "target": "llm/p1"})
 DEPLOYMENT = "Deployment/llm/vllm"
+OTHER = "StatefulSet/llm/other"  # another workload, whose restart on a node is evidence about it
 DEPLOYED = replace(POD, workload=DEPLOYMENT)
 LADDERED = replace(TEMPLATED, escalate_within=1800.0)
 GROUP = "LeaderWorkerSet/llm/big/0"
@@ -190,10 +192,17 @@ CASES = [
      JournalState(restart_times={"llm/p1": (T0 - 3000, T0 - 2000, T0 - 1000)}), TEMPLATED, T0, "circuit_open"),
     # The escalation ladder: restart -> cordon_and_move -> page, per workload, within escalate_within.
     ("ladder: first a restart", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}), JOURNAL, LADDERED, T0, "allowed"),
-    # The ladder's cordon is evidence about a node: the hang came back on the node the restart left it on.
-    ("ladder: stuck again on the restart's node, cordon and move", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
+    # The ladder's cordon is evidence about a node: the hang came back on the node the restart left it on,
+    # and another workload was restarted on that node within escalate_within too.
+    ("ladder: stuck again on the restart's node, where another hung too: cordon and move", POD_ALERT,
+     fleet(**{"llm/p1": DEPLOYED}),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 1799), OTHER: ("restart", T0 - 600)},
+                  ladder_nodes={DEPLOYMENT: "node-a", OTHER: "node-a"}), LADDERED, T0, "cordon_and_move"),
+    # A pinned pod (a StatefulSet's, a LeaderWorkerSet group's) comes back on its node by design: its own
+    # bug hanging it there again says nothing about the node. Before: cordon_and_move of a healthy node.
+    ("ladder: stuck again on the restart's node alone: page, never cordon", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
      JournalState(ladder={DEPLOYMENT: ("restart", T0 - 1799)}, ladder_nodes={DEPLOYMENT: "node-a"}), LADDERED, T0,
-     "cordon_and_move"),
+     "escalated_to_human"),
     ("ladder: stuck again, no node on record (an older state): page", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
      JournalState(ladder={DEPLOYMENT: ("restart", T0 - 1799)}), LADDERED, T0, "escalated_to_human"),
     # p1 of the Deployment was restarted on node-a; p2, on node-b and never restarted, hangs 16 minutes
@@ -218,8 +227,9 @@ CASES = [
     ("gpu fault, room for a second cordon", POD_ALERT, fleet(**{"llm/p1": GPU_POD}),
      JournalState(gpu_nodes=frozenset({"node-z"})), replace(MOVING, max_cordoned_nodes=2), T0, "cordon_and_move"),
     ("ladder cordon, limit reached: cordon_limit", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}, ladder_nodes={DEPLOYMENT: "node-a"},
-                  gpu_nodes=frozenset({"node-z"})), LADDERED, T0, "cordon_limit"),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60), OTHER: ("restart", T0 - 120)},
+                  ladder_nodes={DEPLOYMENT: "node-a", OTHER: "node-a"}, gpu_nodes=frozenset({"node-z"})), LADDERED,
+     T0, "cordon_limit"),
     ("max_cordoned_nodes 0: never a cordon", POD_ALERT, fleet(**{"llm/p1": GPU_POD}), JOURNAL,
      replace(MOVING, max_cordoned_nodes=0), T0, "cordon_limit"),
     # The backoff: 15 min after the first restart of a streak, 30 after the second, 1 h, ... capped at 4 h.
@@ -255,8 +265,9 @@ CASES = [
     ("ladder off: a step on record changes nothing", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
      JournalState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}), TEMPLATED, T0, "allowed"),
     ("ladder: the move waits for the cooldown", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}, ladder_nodes={DEPLOYMENT: "node-a"},
-                  last_restart_started=T0 - 60), LADDERED, T0, "cooldown"),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60), OTHER: ("restart", T0 - 120)},
+                  ladder_nodes={DEPLOYMENT: "node-a", OTHER: "node-a"}, last_restart_started=T0 - 60), LADDERED, T0,
+     "cooldown"),
     ("ladder: the page comes before the cooldown", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
      JournalState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}, last_restart_started=T0 - 60), LADDERED, T0,
      "escalated_to_human"),
@@ -370,7 +381,8 @@ PLAN_CASES = [
      Plan("llm/p1", "llm/p1", "cordon_and_move", 45.0, 55.0, "llm", "p1", "u1", "node-a",
           taint="GpuMemWatch", cause="GPU fault (GpuMemWatch: Xid79: GPU has fallen off the bus)", template=0)),
     ("the ladder's cordon", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}, ladder_nodes={DEPLOYMENT: "node-a"}),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60), OTHER: ("restart", T0 - 120)},
+                  ladder_nodes={DEPLOYMENT: "node-a", OTHER: "node-a"}),
      replace(TIMED, escalate_within=1800.0),
      Plan("llm/p1", DEPLOYMENT, "cordon_and_move", 45.0, 55.0, "llm", "p1", "u1", "node-a", taint="LadderEscalation",
           cause=f"{DEPLOYMENT} stuck again on this node within escalate_within of its restart here", template=0)),
@@ -400,6 +412,15 @@ def test_a_percentage_limit_is_taken_of_the_fleet_the_templates_make():
 
 EFFECT_CASES = [
     ("allowed: intent", ALERT, FLEET, JOURNAL, POLICY, Effects(intent=True, workload="a", backoff=(1, T0))),
+    # A backoff refusal is written (LLMVitalsRemediatorBackoffHolding tells a human), its copies soon after are not.
+    ("a backoff refusal is recorded", ALERT, FLEET, JournalState(backoff={"a": (3, T0 - 60)}), POLICY,
+     Effects(workload="a", backoff_refused=True)),
+    ("a backoff refusal's copy within 5 minutes writes nothing", ALERT, FLEET,
+     JournalState(backoff={"a": (3, T0 - 60)}, backoff_refused={"a": (T0 - 600, T0 - 299)}), POLICY,
+     Effects(workload="a")),
+    ("a backoff refusal's re-send 5 minutes on is recorded", ALERT, FLEET,
+     JournalState(backoff={"a": (3, T0 - 60)}, backoff_refused={"a": (T0 - 600, T0 - 300)}), POLICY,
+     Effects(workload="a", backoff_refused=True)),
     ("last of the budget opens the circuit", ALERT, FLEET, JournalState(restart_times={"a": (T0 - 3000, T0 - 2000)}),
      POLICY, Effects(intent=True, open_circuit=True, workload="a", backoff=(1, T0))),
     ("budget used up opens the circuit once", ALERT, FLEET,
@@ -427,7 +448,8 @@ EFFECT_CASES = [
     ("ladder on: the restart is its first step", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}), JOURNAL, LADDERED,
      Effects(intent=True, workload=DEPLOYMENT, step="restart", node="node-a", backoff=(1, T0))),
     ("ladder: stuck again, the move is its second step", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}, ladder_nodes={DEPLOYMENT: "node-a"},
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60), OTHER: ("restart", T0 - 120)},
+                  ladder_nodes={DEPLOYMENT: "node-a", OTHER: "node-a"},
                   backoff={DEPLOYMENT: (1, T0 - 900)}), LADDERED,
      Effects(intent=True, workload=DEPLOYMENT, step="cordon_and_move", node="node-a", backoff=(2, T0))),
     ("ladder: the page is written once", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
@@ -493,7 +515,8 @@ def test_a_group_is_a_leaderworkerset_workload_of_a_pod_in_its_namespace(status,
 ])
 def test_the_ladder_takes_the_next_step_within_escalate_within(ladder, now, step):
     policy = replace(POLICY, escalate_within=600.0)
-    state = JournalState(ladder=ladder, ladder_nodes={w: "n1" for w in ladder})
+    neighbour = {"x": ("restart", T0 - 5)}  # another workload restarted on n1 meanwhile: the node's own evidence
+    state = JournalState(ladder={**ladder, **neighbour}, ladder_nodes={w: "n1" for w in {**ladder, **neighbour}})
     assert ladder_step(state, policy, "w", now, "n1") == step
     assert ladder_step(state, POLICY, "w", now, "n1") == "restart"  # the ladder off
 
@@ -505,8 +528,26 @@ def test_the_ladder_takes_the_next_step_within_escalate_within(ladder, now, step
     (None, "n1", "page"),  # a step recorded without a node (an older state) is no evidence
 ])
 def test_the_ladder_cordons_only_the_node_the_hang_came_back_on(recorded, node, step):
-    state = JournalState(ladder={"w": ("restart", T0 - 10)}, ladder_nodes={"w": recorded} if recorded else {})
+    nodes = ({"w": recorded} if recorded else {}) | {"x": "n1"}
+    state = JournalState(ladder={"w": ("restart", T0 - 10), "x": ("restart", T0 - 20)}, ladder_nodes=nodes)
     assert ladder_step(state, replace(POLICY, escalate_within=600.0), "w", T0, node) == step
+
+
+@pytest.mark.parametrize("others, suspect", [
+    ({}, None),  # the workload alone hung again on its node: a pinned pod's own bug, not the node's
+    ({"x": ("restart", T0 - 300, "n1")}, "x"),  # another workload was restarted on n1 meanwhile
+    ({"x": ("cordon_and_move", T0 - 300, "n1")}, "x"),  # ... or moved off it
+    ({"x": ("restart", T0 - 600, "n1")}, None),  # longer ago than escalate_within (600 s)
+    ({"x": ("restart", T0 - 300, "n2")}, None),  # on another node
+    ({"x": ("page", T0 - 300, None)}, None),  # a page acts on no node
+    ({"w": ("restart", T0 - 300, "n1")}, None),  # the workload's own step is not another's
+])
+def test_a_node_is_suspect_only_where_another_workload_hung_on_it_within_escalate_within(others, suspect):
+    ladder = {w: (step, at) for w, (step, at, _) in others.items()}
+    nodes = {w: node for w, (_, _, node) in others.items() if node}
+    state = JournalState(ladder=ladder, ladder_nodes=nodes)
+    assert node_suspect(state, replace(POLICY, escalate_within=600.0), "w", "n1", T0) == suspect
+    assert node_suspect(state, POLICY, "w", "n1", T0) is None  # the ladder off
 
 
 @pytest.mark.parametrize("restarts, delay", [(0, 0), (1, 900), (2, 1800), (3, 3600), (4, 7200), (5, 14400), (6, 14400),

@@ -113,10 +113,26 @@ def test_a_page_holds_for_hours_and_no_healthy_node_is_cordoned():
     assert gate.paged(state, DEPLOYMENT)
 
 
-def test_a_hang_that_comes_back_on_its_node_cordons_that_node_once_then_pages():
+# Another workload restarted on node-0 just before: the node's own evidence (gate.node_suspect).
+NEIGHBOUR = JournalState(ladder={"StatefulSet/llm/other": ("restart", T0)}, ladder_nodes={"StatefulSet/llm/other": "node-0"})
+
+
+def test_a_pinned_pod_hanging_again_on_its_node_alone_pages_and_cordons_nothing():
+    """A StatefulSet's or a LeaderWorkerSet group's pod comes back on its node by design: its own bug
+    hanging it again there is no evidence against the node. Before, the ladder cordoned it (the fleet
+    soak's 30 days: 13-14 healthy nodes)."""
     fleet = Fleet(hang_after=29 * MINUTE, same_node=True)
     state = run(fleet, POLICY, 14)
-    assert fleet.cordoned == ["node-0"]  # the restart left it on node-0 and it hung there again
+    assert fleet.cordoned == []
+    assert len(fleet.restarts) == 1  # the first restart; the next hang pages, and the page holds
+    assert fleet.reasons[:2] == ["allowed", "escalated_to_human"]
+    assert state.gpu_nodes == frozenset() and gate.paged(state, DEPLOYMENT)
+
+
+def test_a_hang_that_comes_back_on_a_node_where_another_workload_hung_cordons_that_node_once_then_pages():
+    fleet = Fleet(hang_after=29 * MINUTE, same_node=True)
+    state = run(fleet, POLICY, 14, NEIGHBOUR)
+    assert fleet.cordoned == ["node-0"]  # the restart left it on node-0 and it hung there again, as the other did
     assert len(fleet.restarts) == 2  # a restart, the move, then the page holds
     assert fleet.reasons[:3] == ["allowed", "cordon_and_move", "escalated_to_human"]
     assert state.gpu_nodes == {"node-0"} and gate.paged(state, DEPLOYMENT)
@@ -136,7 +152,7 @@ def test_a_released_workload_starts_the_ladder_again():
 def test_cordons_stay_within_max_cordoned_nodes_and_the_refusal_pages():
     # Two Deployments' worth of evidence: node-0 is already cordoned (and not released).
     fleet = Fleet(hang_after=29 * MINUTE, same_node=True)
-    state = run(fleet, replace(POLICY, max_cordoned_nodes=1), 14, JournalState(gpu_nodes=frozenset({"node-x"})))
+    state = run(fleet, replace(POLICY, max_cordoned_nodes=1), 14, replace(NEIGHBOUR, gpu_nodes=frozenset({"node-x"})))
     assert fleet.cordoned == []
     assert fleet.reasons[:3] == ["allowed", "cordon_limit", "escalated_to_human"]
     assert state.gpu_nodes == {"node-x"} and gate.paged(state, DEPLOYMENT)

@@ -123,10 +123,14 @@ async def test_the_restart_streak_and_the_backoff_are_seen_and_a_circuit_reset_e
     client = await remediator()
     await update(client.service.store, lambda s: replace(s, backoff={"a": (3, client.clock.now - 600)}))
     assert await metric(client, 'llm_vitals_remediator_workload_restart_streak{workload="a"}') == 3
+    assert await metric(client, 'llm_vitals_remediator_backoff_refused_seconds{workload="a"}') is None
     _, body = await post(client, alert_payload("a"))
     assert body["decisions"][0]["reason"] == "backoff" and "3000s of backoff left" in body["decisions"][0]["detail"]
+    # The stuck server is held back: LLMVitalsRemediatorBackoffHolding reads this series.
+    assert await metric(client, 'llm_vitals_remediator_backoff_refused_seconds{workload="a"}') == 0
     assert (await client.post("/api/v1/circuit/reset", json={"workload": "a"}, headers=AUTH)).status == 200
     assert await metric(client, 'llm_vitals_remediator_workload_restart_streak{workload="a"}') is None
+    assert await metric(client, 'llm_vitals_remediator_backoff_refused_seconds{workload="a"}') is None
     _, body = await post(client, alert_payload("a", fingerprint="fp-2"))
     assert body["decisions"][0]["reason"] == "allowed"
 

@@ -73,7 +73,21 @@ def test_pages_ladder_nodes_and_backoff_round_trip_and_a_page_is_never_pruned():
     assert reset.backoff == {} and reset.ladder_nodes == {}
 
 
-@pytest.mark.parametrize("text", ['{"pages": {"w": "soon"}}', '{"backoff": {"w": [1]}}', '{"ladder_nodes": 3}'])
+def test_backoff_refusals_keep_their_first_time_until_a_restart_or_two_quiet_hours():
+    refused = Effects(workload=WORKLOAD, backoff_refused=True)
+    state = shared.with_effects(JournalState(), refused, ALERT, T0, None)
+    state = shared.with_effects(state, refused, ALERT, T0 + 900, None)
+    assert state.backoff_refused == {WORKLOAD: (T0, T0 + 900)}
+    assert shared.from_json(shared.to_json(state)) == state
+    assert shared.pruned(state, T0 + 900 + 7199, 3600).backoff_refused == state.backoff_refused
+    assert shared.pruned(state, T0 + 900 + 7200, 3600).backoff_refused == {}  # no refusal for 2h: over
+    restarted = shared.with_effects(state, Effects(intent=True, workload=WORKLOAD), ALERT, T0 + 1800, INTENT)
+    assert restarted.backoff_refused == {}  # acted on: nothing held back now
+    assert shared.circuits_reset(state, [WORKLOAD]).backoff_refused == {}
+
+
+@pytest.mark.parametrize("text", ['{"pages": {"w": "soon"}}', '{"backoff": {"w": [1]}}', '{"ladder_nodes": 3}',
+                                  '{"backoff_refused": {"w": [1]}}'])
 def test_new_fields_that_are_not_ours_are_an_error_not_a_crash(text):
     with pytest.raises(shared.BadState):
         shared.from_json(text)

@@ -3,16 +3,14 @@ real gate, stores and journals, seeded, on a virtual clock (a second or two of C
 
 Two kinds of test:
 - the soak itself, once per store (two replicas on a Lease; one replica on its SQLite file): every
-  invariant reports 0 violations. Main violates some of them (the issue's safety bugs): those are
-  marked xfail(strict=False) until the "ladder" and "identity" branches are merged (MAIN_VIOLATES);
-- one test per invariant: its rule switched off (the gate's or the store's function monkeypatched),
-  a short soak shows that invariant's count above 0. An invariant that could not see its violation
-  would be no guard.
+  invariant reports 0 violations;
+- one test per invariant: its rule switched off (the gate's, the store's or the identity check's
+  function monkeypatched), a short soak shows that invariant's count above 0. An invariant that could
+  not see its violation would be no guard.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import pytest
@@ -30,28 +28,8 @@ soak_module = load_script(REPO / "bench" / "soak.py")
 invariants = soak_module.soak_invariants
 fleet_sim = soak_module.fleet_sim
 
-# Seed 15 meets every kind of incident and, before the "ladder" and "identity" merges, shows each safety
-# bug the soak can see; with the ladder merged, the two of the identity work (lost_state_refuses, and
-# nothing_forgotten on the Lease: a newer replica's field dropped); with the rules emulated, none.
+# Seed 15 meets every kind of incident, a rollout between the exporter's poll and the identity check included.
 SHORT = fleet_sim.FleetConfig(days=2.0, workloads=20, seed=15)
-
-# What main violates (the coordinator removes these marks after the merges): before the ladder's ...
-MAIN_VIOLATES = {
-    "no_restart_while_paged": "the page does not hold: after escalate_within the ladder starts again at restart",
-    "no_cordon_without_node_evidence": "the ladder's second step cordons the node of any workload stuck again",
-    "cordons_within_limit": "no max_cordoned_nodes",
-    "restarts_within_budget_and_backoff": "no per-workload backoff",
-    # ... and before the identity work's:
-    "nothing_forgotten": "a page is overwritten and pruned (ladder); a newer replica's field is dropped (identity)",
-    "lost_state_refuses": "a deleted Lease reads as a fresh state, and restarts go on",
-}
-NOT_ON_SQLITE = {"lost_state_refuses"}  # one replica has no Lease to lose
-
-
-def _xfail(name: str, store: str):
-    if name in MAIN_VIOLATES and not (store == "sqlite" and name in NOT_ON_SQLITE):
-        return pytest.mark.xfail(strict=False, reason=f"main: {MAIN_VIOLATES[name]}")
-    return ()
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +38,7 @@ def reports():
 
 
 @pytest.mark.parametrize("store, name", [
-    pytest.param(store, name, marks=_xfail(name, store), id=f"{store}-{name}")
-    for store in ("lease", "sqlite") for name in invariants.INVARIANTS
+    pytest.param(store, name, id=f"{store}-{name}") for store in ("lease", "sqlite") for name in invariants.INVARIANTS
 ])
 def test_two_simulated_days_break_no_invariant(reports, store, name):
     report = reports[store]
@@ -76,6 +53,8 @@ def test_the_short_soak_meets_every_incident_and_is_deterministic(reports):
     assert figures["rollouts_mid_incident"] > 0
     assert figures["lease_conflicts"] > 0  # a replica's stale write was refused, and it decided again
     assert figures["action restart"] > 0 and figures["action cordon_and_move"] > 0
+    # A pod replaced after the exporter's poll was refused by the identity check, on one store or the other.
+    assert sum(r.figures.get("decision identity_mismatch", 0) for r in reports.values()) > 0
     again = soak_module.run(soak_module.SoakConfig(SHORT, "lease"))
     assert again.violations == reports["lease"].violations
     assert {k: v for k, v in again.figures.items() if not k.endswith(("seconds", "mib"))} == {
@@ -167,6 +146,30 @@ def test_a_state_that_forgets_is_caught(monkeypatch):
     monkeypatch.setattr(shared, "pruned", lambda state, *args, **kwargs: JournalState())
     assert soak_count("nothing_forgotten") > 0
     assert soak_count("nothing_forgotten", store="sqlite") > 0
+
+
+def test_an_action_on_a_pod_the_api_server_does_not_hold_is_caught(monkeypatch):
+    # The identity check switched off: the pod the exporter's last poll named is taken as it is.
+    async def check(self, status):
+        return soak_module.identity.Checked(status)
+
+    monkeypatch.setattr(soak_module.SimIdentities, "check", check)
+    assert soak_count("no_action_on_a_mismatched_pod", replace(SHORT, rollout_mid_incident=1.0)) > 0
+
+
+def test_a_hang_held_back_by_a_long_backoff_is_told_and_untold_without_the_refusals_kept(monkeypatch):
+    """A backoff can outlast the bound on a hang (here 6h from a workload's second restart of a streak,
+    its hangs every half day): LLMVitalsRemediatorBackoffHolding tells a human from the refusals the
+    state keeps. Switched off (the refusals not kept), the same hangs go untold past the bound."""
+    fleet = replace(SHORT, rates=rates(hang=1.0))
+    settings = {"budget": {"max_restarts": 3, "window": "1h", "backoff": {"initial": "6h", "max": "6h"}}}
+    told = soak_module.run(soak_module.SoakConfig(fleet, "lease", settings))
+    assert told.violations["hangs_handled_within_bound"] == 0, soak_module.format_report(told)
+    assert told.figures["decision backoff"] > 0 and told.figures["told backoff"] == told.figures["decision backoff"]
+    real = gate.effects_of
+    monkeypatch.setattr(gate, "effects_of", lambda *a, **k: replace(real(*a, **k), backoff_refused=False))
+    untold = soak_module.run(soak_module.SoakConfig(fleet, "lease", settings))
+    assert untold.violations["hangs_handled_within_bound"] > 0
 
 
 def test_a_lost_state_that_does_not_refuse_is_caught(monkeypatch):
@@ -265,95 +268,35 @@ def test_an_action_between_a_loss_and_the_humans_reinitialisation_is_a_violation
     assert check(h)["lost_state_refuses"] == [2]
 
 
+def test_an_action_on_a_pod_the_api_server_did_not_hold_is_a_violation():
+    h = history()
+    act(h, 10.0)
+    h.record_action(invariants.Action(h.next_seq(), 20.0, "restart", "Deployment/llm/a", "a-1", "n1", "r", False,
+                                      pod_matched=False))
+    assert check(h)["no_action_on_a_mismatched_pod"] == [2]
+
+
+def test_a_reinitialisation_from_empty_ends_the_pages_and_forgives_the_budgets():
+    h = history()
+    h.record_decision(invariants.Seen(h.next_seq(), 10.0, "a-1", "Deployment/llm/a", "escalated_to_human", "r"))
+    for at in (100.0, 200.0, 300.0):
+        act(h, at)
+    h.record_human(invariants.HumanAct(h.next_seq(), 400.0, "reinitialise", ""))
+    act(h, 500.0)  # after the human's re-initialisation: no page holds, the budget starts again
+    result = check(h)
+    assert result["no_restart_while_paged"] == [2, 3, 4]  # those before it were under the page
+    assert [key for key in result["restarts_within_budget_and_backoff"] if key[1] == 6] == []
+
+
+def test_a_hang_told_by_the_remediators_own_alert_is_handled():
+    h = history()
+    h.record_told("a-1", 600.0)  # a backoff refusal LLMVitalsRemediatorBackoffHolding fired for
+    episode = fleet_sim.Episode(0, "a-1", "Deployment/llm/a", "u", "n1", "hang", 0.0)
+    assert check(h, now=invariants.HANG_BOUND, episodes=[episode])["hangs_handled_within_bound"] == []
+
+
 def test_a_page_is_held_where_the_ladders_last_step_is_page():
     assert soak_module.held_pages(JournalState(ladder={"w": ("page", 1.0), "v": ("restart", 1.0)})) == {"w"}
-
-
-# -- no false alarms: with the intended rules emulated, the short soak is clean -------------------
-
-
-def test_with_the_intended_rules_emulated_no_invariant_is_violated(monkeypatch):
-    """The soak's own guard: where the gate and the stores behave as issue 30 intends (emulated here
-    by monkeypatches, as crudely as will do: a page held until a human's reset, a ladder's cordon
-    without node evidence paged instead, at most MAX_CORDONED_NODES cordons, pages and unknown
-    fields kept, a lost Lease refused until a human re-initialises it), every invariant reports 0:
-    what the soak reports on main is main's, not the simulation's. After the merge the real rules
-    make this emulation redundant; the coordinator may drop it."""
-    paged: set[str] = set()
-
-    def change(decision, alert, fleet, state):
-        status = fleet.targets.get(alert.target) if fleet is not None else None
-        workload = status.workload if status is not None else None
-        if workload in paged and decision.reason not in ("duplicate", "not_firing", "paused", "state_unreachable"):
-            return Decision(False, "escalated_to_human", "the page holds")
-        if decision.reason == "escalated_to_human" and workload:
-            paged.add(workload)
-        if decision.reason == "cordon_and_move" and status is not None and not status.gpu_fault:
-            paged.add(workload)
-            return Decision(False, "escalated_to_human", "no node evidence: paged")
-        if decision.reason == "cordon_and_move" and len(state.gpu_nodes) >= invariants.MAX_CORDONED_NODES:
-            return Decision(False, "cordon_limit", "max_cordoned_nodes")
-        return None
-
-    decide_with(monkeypatch, change)
-    real_reset, real_pruned, real_to_json, real_from_json = (
-        shared.circuits_reset, shared.pruned, shared.to_json, shared.from_json)
-
-    def circuits_reset(state, workloads):
-        paged.difference_update(workloads)
-        return real_reset(state, workloads)
-
-    def pruned(state, *args, **kwargs):
-        new = real_pruned(state, *args, **kwargs)
-        return replace(new, ladder={**new.ladder, **{w: s for w, s in state.ladder.items() if s[0] == "page"}})
-
-    unknown: dict = {}
-
-    def from_json(text):
-        if text:
-            unknown.update({k: v for k, v in json.loads(text).items() if k.startswith("x_newer")})
-        return real_from_json(text)
-
-    def to_json(state):
-        return json.dumps({**json.loads(real_to_json(state)), **unknown}, sort_keys=True)
-
-    lost = {"now": False}
-    real_read, real_delete = LeaseStore.read, soak_module.MemoryLeases.delete
-
-    async def read(self):
-        if lost["now"] and self.leases.lease is None:
-            raise StateUnavailable("state_lost: the Lease is gone")
-        return await real_read(self)
-
-    def delete(self):
-        lost["now"] = True
-        real_delete(self)
-
-    async def reinitialise(self):
-        lost["now"] = False
-        unknown.clear()
-
-    monkeypatch.setattr(shared, "circuits_reset", circuits_reset)
-    if hasattr(shared, "workload_released"):  # the page's own release, where the remediator has one
-        real_released = shared.workload_released
-
-        def workload_released(state, workload):
-            paged.discard(workload)
-            return real_released(state, workload)
-
-        monkeypatch.setattr(shared, "workload_released", workload_released)
-    monkeypatch.setattr(shared, "pruned", pruned)
-    monkeypatch.setattr(shared, "from_json", from_json)
-    monkeypatch.setattr(shared, "to_json", to_json)
-    monkeypatch.setattr(LeaseStore, "read", read)
-    monkeypatch.setattr(soak_module.MemoryLeases, "delete", delete)
-    monkeypatch.setattr(soak_module.Operator, "reinitialise", reinitialise)
-    monkeypatch.setattr(soak_module, "held_pages", lambda state: frozenset(paged))
-    for store in ("lease", "sqlite"):
-        paged.clear()
-        report = soak_module.run(soak_module.SoakConfig(SHORT, store))
-        assert not any(report.violations.values()), soak_module.format_report(report)
-        assert report.figures["action restart"] > 0 and report.figures["decision escalated_to_human"] > 0
 
 
 def test_the_budget_spent_within_the_window_is_forgotten_when_the_state_drops_a_restart():

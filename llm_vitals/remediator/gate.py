@@ -80,8 +80,11 @@ HUMAN_REFUSALS = frozenset({"gpu_fault", "circuit_open", "fleet_gate", "escalate
 # holds (`JournalState.pages`) until a human releases the workload: Alertmanager's re-sends of the
 # alert, or a new alert once `escalate_within` has passed, never start the ladder over.
 # The ladder's cordon is evidence about a node: it is taken only when the hang came back on the node
-# the restart left it on (`JournalState.ladder_nodes`). A hang that comes back on another node is the
-# software's, not a node's: it pages.
+# the restart left it on (`JournalState.ladder_nodes`) *and* another workload's pod was restarted or
+# moved on that node within `escalate_within` too (`node_suspect`). A pinned pod (a StatefulSet's, a
+# LeaderWorkerSet group's, any pod held by its model cache) comes back on its node by design, so its
+# own bug hanging it again there says nothing about the node; two workloads hanging on one node do.
+# A hang that comes back on another node, or on the same node alone, pages.
 Step = Literal["restart", "cordon_and_move", "page"]
 LADDER: tuple[Step, ...] = ("restart", "cordon_and_move", "page")
 
@@ -266,6 +269,10 @@ class JournalState:
     # Each workload's restart streak for the backoff: (restarts in the streak, when the last started).
     # A streak ends after `backoff_reset` without a restart.
     backoff: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    # Alerts of a stuck workload refused for its backoff: (first, latest) refusal of the streak, until
+    # a restart of it is committed. A backoff can hold a stuck server for hours, longer than any other
+    # wait of the gate: LLMVitalsRemediatorBackoffHolding tells a human while it lasts.
+    backoff_refused: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -358,18 +365,32 @@ def restarts_in_window(journal: JournalState, policy: GatePolicy, workload: str,
 
 def ladder_step(journal: JournalState, policy: GatePolicy, workload: str, now: float, node: str | None = None) -> Step:
     """The ladder's next step for `workload`, whose stuck pod is on `node` now: within `escalate_within`
-    of a restart, `cordon_and_move` when the hang came back on the node the restart left it on, else
-    `page`; after a move, `page`. Outside `escalate_within` (or with the ladder off): `restart`.
-    A held page is not the ladder's to end (`paged`)."""
+    of a restart, `cordon_and_move` when the hang came back on the node the restart left it on and that
+    node is suspect on its own (`node_suspect`), else `page`; after a move, `page`. Outside
+    `escalate_within` (or with the ladder off): `restart`. A held page is not the ladder's to end (`paged`)."""
     last = journal.ladder.get(workload)
     if policy.escalate_within is None or last is None or now - last[1] >= policy.escalate_within:
         return "restart"
     if last[0] == "restart":
         same_node = node is not None and journal.ladder_nodes.get(workload) == node
-        return "cordon_and_move" if same_node else "page"
+        return "cordon_and_move" if same_node and node_suspect(journal, policy, workload, node, now) else "page"
     if last[0] in ("cordon_and_move", "page"):
         return "page"
     return "restart"
+
+
+def node_suspect(journal: JournalState, policy: GatePolicy, workload: str, node: str | None, now: float) -> str | None:
+    """Another workload whose last ladder step (a restart or a move) acted on a pod on `node` within
+    `escalate_within` of `now`, or None: the node's own evidence. One workload hanging again on its
+    node is not: its pod may be pinned there (a StatefulSet's, a LeaderWorkerSet group's), and then its
+    own bug comes back on that node whatever the node is worth."""
+    if node is None or policy.escalate_within is None:
+        return None
+    for other, (step, at) in sorted(journal.ladder.items()):
+        if (other != workload and step in ("restart", "cordon_and_move") and now - at < policy.escalate_within
+                and journal.ladder_nodes.get(other) == node):
+            return other
+    return None
 
 
 def paged(journal: JournalState, workload: str) -> bool:
@@ -564,7 +585,9 @@ def decide(
         return Decision(False, "dry_run", "would cordon and move" if moving else "would restart")
     plan = plan_of(target, workload, status, policy, moving)
     if moving:
-        why = "GPU fault" if status.gpu_fault else f"{workload} stuck again on this node within escalate_within (ladder)"
+        why = "GPU fault" if status.gpu_fault else (
+            f"{workload} stuck again on this node within escalate_within, where"
+            f" {node_suspect(journal, policy, workload, status.node, now)} hung too (ladder)")
         return Decision(True, "cordon_and_move", f"{why} on node {status.node}: cordon, taint, move the pod", plan)
     # Said, never skipped in silence: nothing from the exporter could show a restart since the alert.
     unchecked = "" if has_start_evidence(status) else (
@@ -613,6 +636,10 @@ def taint_value(detail: str) -> str:
 def page_detail(journal: JournalState, workload: str, status: TargetStatus) -> str:
     """Why the ladder pages: what its last step was, and where the hang came back."""
     last = (journal.ladder.get(workload) or ("",))[0]
+    if last == "restart" and status.node is not None and journal.ladder_nodes.get(workload) == status.node:
+        return (f"{workload} is stuck again within escalate_within of its restart, on the same node {status.node},"
+                " and no other workload hung there: a pod pinned to its node comes back there by design, so this"
+                " is no evidence against the node (it is not cordoned); a human must look")[:500]
     if last == "restart":
         was = journal.ladder_nodes.get(workload)
         where = f"on node {status.node}" if status.node else "with no node known"
@@ -678,15 +705,19 @@ class Effects:
     node: str | None = None  # the node of the pod the step acts on (the ladder's evidence), with `step`
     page: bool = False  # the workload is paged now: held until a human releases it
     backoff: tuple[int, float] | None = None  # the workload's restart streak after this restart
+    backoff_refused: bool = False  # the workload's alert was refused for its backoff now (a human is told)
 
     def __bool__(self) -> bool:
         return (self.intent or self.open_circuit or self.storm_seen_at is not None or self.remember
-                or self.step is not None or self.page or self.backoff is not None)
+                or self.step is not None or self.page or self.backoff is not None or self.backoff_refused)
 
 
 # A storm seen again within this many seconds of the last record is not written again: a storm of
 # webhooks must not become a storm of writes to the shared state.
 STORM_RECORD_GRANULARITY = 1.0
+# A backoff refusal is written again only this long after the last one written: Alertmanager's HA
+# copies and re-sends of one hang must not each become a write to the shared state.
+BACKOFF_REFUSAL_GRANULARITY = 300.0
 
 
 def effects_of(
@@ -716,8 +747,10 @@ def effects_of(
     page = (policy.escalate_within is not None and not paged(journal, workload)
             and (decision.reason == "escalated_to_human"
                  or (decision.reason == "cordon_limit" and status is not None and not status.gpu_fault)))
+    held = journal.backoff_refused.get(workload)
+    backoff_refused = decision.reason == "backoff" and (held is None or now - held[1] >= BACKOFF_REFUSAL_GRANULARITY)
     return Effects(open_circuit=opens, storm_seen_at=storm_at, remember=decision.reason == "dry_run",
-                   workload=workload, step="page" if page else None, page=page)
+                   workload=workload, step="page" if page else None, page=page, backoff_refused=backoff_refused)
 
 
 # Decisions made before the fleet was read (or about an alert the gate does not act on).

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .shared import DISRUPTION_MEMORY_SECONDS
+from .shared import BACKOFF_REFUSAL_MEMORY_SECONDS, DISRUPTION_MEMORY_SECONDS
 
 if TYPE_CHECKING:
     from .gate import JournalState
@@ -79,6 +79,7 @@ class _JournalCollector(Collector):
     llm_vitals_remediator_node_escalated{node="gpu-node-7"} 1.0
     llm_vitals_remediator_workload_paged{workload="Deployment/llm/vllm"} 1.0
     llm_vitals_remediator_workload_restart_streak{workload="Deployment/llm/vllm"} 4.0
+    llm_vitals_remediator_backoff_refused_seconds{workload="Deployment/llm/vllm"} 1800.0
     llm_vitals_remediator_state_up 1.0
     llm_vitals_remediator_state_lost 0.0
     llm_vitals_remediator_state_errors_total{operation="read"} 3.0
@@ -183,6 +184,18 @@ class _JournalCollector(Collector):
             if at > now - self.backoff_reset:
                 streak.add_metric([workload], float(count))
         yield streak
+        held = GaugeMetricFamily(
+            "llm_vitals_remediator_backoff_refused_seconds",
+            "Seconds from the first to the latest refusal of the workload's stuck alerts for its backoff (the wait "
+            "after a streak of restarts grows to budget.backoff.max), while they keep coming (none for 2h ends the "
+            "streak, and so does a restart of it): a stuck server left as it is, possibly for hours. "
+            "LLMVitalsRemediatorBackoffHolding fires while the series is there.",
+            labels=["workload"],
+        )
+        for workload, (first, latest) in sorted(state.backoff_refused.items()):
+            if latest > now - BACKOFF_REFUSAL_MEMORY_SECONDS:
+                held.add_metric([workload], latest - first)
+        yield held
         if self.health is not None:
             health = self.health()
             yield GaugeMetricFamily(

@@ -30,6 +30,8 @@ LADDER_MEMORY_SECONDS = 24 * 3600.0
 # A streak of disruption-budget refusals ends when no refusal came for this long (two of Alertmanager's
 # hourly re-sends of a still-firing alert, as alerts/alertmanager.yml routes them to the remediator).
 DISRUPTION_MEMORY_SECONDS = 2 * 3600.0
+# A streak of backoff refusals ends when no refusal came for this long (as the disruption budget's).
+BACKOFF_REFUSAL_MEMORY_SECONDS = DISRUPTION_MEMORY_SECONDS
 # A backoff streak older than this is over (settings.py caps `budget.backoff.reset_after` at 7d).
 BACKOFF_MEMORY_SECONDS = 7 * 86400.0
 
@@ -94,6 +96,11 @@ def with_effects(state: JournalState, effects: Effects, alert: AlertFacts, now: 
         new = replace(new, pages={**new.pages, workload: now})
     if effects.backoff is not None and workload:
         new = replace(new, backoff={**new.backoff, workload: effects.backoff})
+    if effects.intent and workload in new.backoff_refused:  # the workload is acted on: nothing held back now
+        new = replace(new, backoff_refused={w: v for w, v in new.backoff_refused.items() if w != workload})
+    if effects.backoff_refused and workload:
+        first = new.backoff_refused[workload][0] if workload in new.backoff_refused else now
+        new = replace(new, backoff_refused={**new.backoff_refused, workload: (first, now)})
     return new
 
 
@@ -190,6 +197,7 @@ def circuits_reset(state: JournalState, workloads: list[str]) -> JournalState:
         ladder={w: v for w, v in state.ladder.items() if w not in workloads or v[0] == "page"},
         ladder_nodes={w: v for w, v in state.ladder_nodes.items() if w not in workloads},
         backoff={w: v for w, v in state.backoff.items() if w not in workloads},
+        backoff_refused={w: v for w, v in state.backoff_refused.items() if w not in workloads},
     )
 
 
@@ -211,8 +219,9 @@ def pruned(
     ladder_nodes = {w: n for w, n in state.ladder_nodes.items() if w in ladder}
     disrupted = {w: v for w, v in state.disrupted.items() if v[1] > now - DISRUPTION_MEMORY_SECONDS}
     backoff = {w: v for w, v in state.backoff.items() if v[1] > now - BACKOFF_MEMORY_SECONDS}
+    backoff_refused = {w: v for w, v in state.backoff_refused.items() if v[1] > now - BACKOFF_REFUSAL_MEMORY_SECONDS}
     return replace(state, restart_times=times, decided_at=keep, decided_keys=frozenset(keep), ladder=ladder,
-                   disrupted=disrupted, ladder_nodes=ladder_nodes, backoff=backoff)
+                   disrupted=disrupted, ladder_nodes=ladder_nodes, backoff=backoff, backoff_refused=backoff_refused)
 
 
 def to_json(state: JournalState) -> str:
@@ -234,6 +243,7 @@ def to_json(state: JournalState) -> str:
         "ladder_nodes": dict(sorted(state.ladder_nodes.items())),
         "pages": dict(sorted(state.pages.items())),
         "backoff": {w: [count, at] for w, (count, at) in sorted(state.backoff.items())},
+        "backoff_refused": {w: [first, last] for w, (first, last) in sorted(state.backoff_refused.items())},
     }
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
@@ -267,6 +277,7 @@ def from_json(text: str | None) -> JournalState:
             ladder_nodes={str(w): str(n) for w, n in (doc.get("ladder_nodes") or {}).items()},
             pages={str(w): float(at) for w, at in (doc.get("pages") or {}).items()},
             backoff={str(w): (int(c), float(at)) for w, (c, at) in (doc.get("backoff") or {}).items()},
+            backoff_refused={str(w): (float(a), float(b)) for w, (a, b) in (doc.get("backoff_refused") or {}).items()},
         )
     except (ValueError, TypeError, AttributeError) as exc:
         raise BadState(f"the shared state is not readable: {type(exc).__name__}: {exc}") from None

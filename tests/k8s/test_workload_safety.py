@@ -357,6 +357,9 @@ async def test_the_ladder_restarts_then_cordons_and_moves_then_pages_and_a_faile
         await wait_until(lambda: finished_restarts([a, b]), 60, f"{name}'s step")
         return answer.json()["decisions"][0]["reason"]
 
+    # The node's own evidence (gate.node_suspect): another workload restarted on node A meanwhile. One
+    # workload hanging again on its own node alone pages instead (a pinned pod comes back there by design).
+    assert await stuck_again("neighbour-0", node_a, b, "fp-0", f"StatefulSet/{namespace}/neighbour") == "allowed"
     assert await stuck_again("vllm-1", node_a, a, "fp-1") == "allowed"  # step 1: restart
     assert await stuck_again("vllm-2", node_a, b, "fp-2") == "cordon_and_move"  # step 2, the real cordon
     node = cp.request("GET", f"/api/v1/nodes/{node_a}")
@@ -371,6 +374,7 @@ async def test_the_ladder_restarts_then_cordons_and_moves_then_pages_and_a_faile
     # Another workload: a restart, then, stuck again on the same node, a cordon that fails (its node
     # is gone): nothing marked, nothing moved.
     other = f"StatefulSet/{namespace}/sglang"
+    assert await stuck_again("neighbour-1", f"gone-{namespace}", a, "fp-6", f"StatefulSet/{namespace}/neighbour2") == "allowed"
     assert await stuck_again("sglang-0", f"gone-{namespace}", b, "fp-4", other) == "allowed"
     assert await stuck_again("sglang-1", f"gone-{namespace}", a, "fp-5", other) == "cordon_and_move"
     rows = await journal([a, b])
@@ -381,8 +385,8 @@ async def test_the_ladder_restarts_then_cordons_and_moves_then_pages_and_a_faile
 
     # Every step journaled with its outcome.
     steps = [(r["target"].split("/")[1], r["reason"], r["result"]) for r in rows if r["decision"] != "resolved"]
-    assert steps == [("vllm-1", "allowed", "ok"), ("vllm-2", "cordon_and_move", "ok"),
-                     ("vllm-3", "escalated_to_human", None), ("sglang-0", "allowed", "ok"),
+    assert steps == [("neighbour-0", "allowed", "ok"), ("vllm-1", "allowed", "ok"), ("vllm-2", "cordon_and_move", "ok"),
+                     ("vllm-3", "escalated_to_human", None), ("neighbour-1", "allowed", "ok"), ("sglang-0", "allowed", "ok"),
                      ("sglang-1", "cordon_and_move", "error")], steps
     escalated = events(cp, namespace, "LLMVitalsEscalated")
     assert [e["involvedObject"]["name"] for e in escalated] == ["vllm-3"]
