@@ -455,10 +455,11 @@ async def test_gpu_fault_cordons_taints_and_moves_the_pod_once_and_leaves_a_node
     assert pod_removals(cp, namespace, "pinned") == [201]
 
     # Every right the shipped manifest grants was used here but listing and deleting pods (a group's
-    # pods, pod_action: delete: test_workload_safety.py uses those), and no other was asked for.
+    # pods, pod_action: delete: test_workload_safety.py uses those), and no other was asked for. The
+    # identity check reads the pod, and its ReplicaSet for the workload (here the bare ReplicaSet).
     assert rights_used(cp, (namespace, "default", None)) == {
         ("create", "leases"), ("get", "leases"), ("update", "leases"), ("create", "pods/eviction"),
-        ("create", "events"), ("get", "nodes"), ("patch", "nodes")}
+        ("create", "events"), ("get", "nodes"), ("patch", "nodes"), ("get", "pods"), ("get", "replicasets")}
 
 
 def pod_events(control_plane: ControlPlane, namespace: str, reason: str, pod: dict[str, Any]) -> list[dict[str, Any]]:
