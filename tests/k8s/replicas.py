@@ -268,6 +268,31 @@ async def start_replicas(control_plane: ControlPlane, namespace: str, exporter_u
     return replicas
 
 
+def owner_reference(owner: dict[str, Any]) -> dict[str, Any]:
+    """The `controller: true` ownerReference naming `owner` (an object as the API server returned it)."""
+    meta = owner["metadata"]
+    return {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"], "uid": meta["uid"],
+            "controller": True}
+
+
+def deployment_replica_set(control_plane: ControlPlane, namespace: str, deployment: str) -> dict[str, Any]:
+    """A Deployment and a ReplicaSet it owns, both of 0 replicas: the owners of pods a test makes itself
+    (`control_plane.create_pod(..., owners=[owner_reference(rs)])`) without a controller-manager. The
+    remediator's identity check reads that ReplicaSet and counts the pods as `Deployment/<ns>/<deployment>`."""
+    labels = {"app": deployment}
+    template = {"metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "server", "image": "llm-vitals-test/none"}]}}
+    owner = control_plane.request("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": deployment},
+        "spec": {"replicas": 0, "selector": {"matchLabels": labels}, "template": template}})
+    owner = {**owner, "apiVersion": "apps/v1", "kind": "Deployment"}
+    replica_set = control_plane.request("POST", f"/apis/apps/v1/namespaces/{namespace}/replicasets", {
+        "apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": f"{deployment}-5d8f7", "ownerReferences": [owner_reference(owner)]},
+        "spec": {"replicas": 0, "selector": {"matchLabels": labels}, "template": template}})
+    return {**replica_set, "apiVersion": "apps/v1", "kind": "ReplicaSet"}
+
+
 def lease(control_plane: ControlPlane, namespace: str) -> dict[str, Any]:
     return control_plane.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{LEASE}")
 

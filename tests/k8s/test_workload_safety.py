@@ -49,9 +49,11 @@ from .replicas import (
     ExporterStandIn,
     Replica,
     alert,
+    deployment_replica_set,
     events,
     grant_remediator_rbac,
     lease,
+    owner_reference,
     pod_deletes,
     pod_evictions,
     pod_removals,
@@ -166,8 +168,9 @@ async def running_replicas(cp: ControlPlane, namespace: str, app: str, count: in
 
 
 def standalone_pod(cp: ControlPlane, namespace: str, name: str, node: str | None = None,
-                   labels: dict[str, str] | None = None) -> dict[str, Any]:
-    cp.create_pod(namespace, name, labels=labels or {"app": "vllm"}, node=node)
+                   labels: dict[str, str] | None = None, owners: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    """A Running pod, made here (no controller-manager); with `owners`, the workload the remediator reads is theirs."""
+    cp.create_pod(namespace, name, labels=labels or {"app": "vllm"}, node=node, owners=owners)
     return cp.play_kubelet(namespace, name)
 
 
@@ -391,12 +394,18 @@ async def test_the_ladder_restarts_then_cordons_and_moves_then_pages_and_a_faile
     # The backoff off and room for two cordons: the steps come seconds apart here, not 15 minutes.
     a, b = await replicas(escalate_within="10m", global_cooldown="0s", pod_action="delete", max_cordoned_nodes=2,
                           budget={"max_restarts": 3, "window": "1h", "backoff": {"initial": "0s"}})
+    # The remediator reads each pod's owners itself (the identity check): the pods are the
+    # Deployment's (through its ReplicaSet) or the StatefulSet's, whatever the exporter says.
     workload = f"Deployment/{namespace}/vllm"
+    vllm = owner_reference(deployment_replica_set(cp, namespace, "vllm"))
+    other = f"StatefulSet/{namespace}/sglang"
+    sglang = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "sglang",
+              "uid": "0f0f0f0f-0000-4000-8000-000000000022", "controller": True}
 
-    async def stuck_again(name: str, node: str, replica: Replica, fingerprint: str, work: str = workload) -> str:
-        pod = standalone_pod(cp, namespace, name, node=node)
+    async def stuck_again(name: str, node: str, replica: Replica, fingerprint: str, owner: dict[str, Any] = vllm) -> str:
+        pod = standalone_pod(cp, namespace, name, node=node, owners=(owner,))
         exporter.targets = {}
-        target = exporter.put_pod(namespace, pod, "stuck", workload=work)
+        target = exporter.put_pod(namespace, pod, "stuck", workload=workload_of(cp, pod))
         await asyncio.sleep(0.5)  # the replicas reuse an exporter read for up to 0.2 s
         answer = await replica.webhook(alert(target, fingerprint, starts_at=time.time()))
         await wait_until(lambda: finished([a, b]), 60, f"{name}'s step")
@@ -415,14 +424,14 @@ async def test_the_ladder_restarts_then_cordons_and_moves_then_pages_and_a_faile
 
     # Another workload: a restart, then, stuck again on the same node, a cordon that fails (its node
     # is gone): nothing marked, nothing moved.
-    other = f"StatefulSet/{namespace}/sglang"
-    assert await stuck_again("sglang-0", f"gone-{namespace}", b, "fp-4", other) == "allowed"
-    assert await stuck_again("sglang-1", f"gone-{namespace}", a, "fp-5", other) == "cordon_and_move"
+    assert await stuck_again("sglang-0", f"gone-{namespace}", b, "fp-4", sglang) == "allowed"
+    assert await stuck_again("sglang-1", f"gone-{namespace}", a, "fp-5", sglang) == "cordon_and_move"
     rows = await journal([a, b])
     failed = next(r for r in rows if r["target"] == f"{namespace}/sglang-1")
     assert failed["result"] == "error" and "not cordoned, nothing moved" in failed["detail"], failed
     assert shared_state(cp, namespace)["gpu_nodes"] == [node_a]
     assert pod_removals(cp, namespace, "sglang-1") == []
+    assert set(shared_state(cp, namespace)["ladder"]) == {workload, other}
 
     # Every step journaled with its outcome.
     steps = [(r["target"].split("/")[1], r["reason"], r["result"]) for r in rows if r["decision"] != "resolved"]
@@ -440,3 +449,4 @@ async def test_the_ladder_restarts_then_cordons_and_moves_then_pages_and_a_faile
     assert refused.status_code == 401
     assert shared_state(cp, namespace)["gpu_nodes"] == []
     assert ("delete", "pods") in rights_used(cp, (namespace,))  # pod_action: delete
+
