@@ -12,7 +12,10 @@ PodDisruptionBudget's status): safety that follows the workload.
 - two replicas 60 s apart (one replica's clock seam) never restart twice;
 - one unknown reason in the exporter's answer refuses that target only;
 - the ladder: restart, cordon_and_move (the real cordon), page; a failed cordon marks nothing; the
-  node's release clears it in the shared state.
+  node's release clears it in the shared state;
+- the sibling case: a Deployment's pod restarted on one node, then its sibling stuck on another: no
+  cordon, a page; the page holds (re-sends to either replica, a new alert after escalate_within)
+  until POST /api/v1/workloads/release with the act token (not the read token).
 
 The replicas are real `llm-vitals-remediator` processes sharing one Lease, with the shipped
 manifest's RBAC; every eviction and delete is counted from the API server's audit log. The
@@ -46,6 +49,7 @@ from llm_vitals.remediator.store import STATE_ANNOTATION
 from .control_plane import DEFAULT_CONTROLLERS, ControlPlane
 from .replicas import (
     AUTH,
+    USER,
     ExporterStandIn,
     Replica,
     alert,
@@ -450,3 +454,90 @@ async def test_the_ladder_restarts_then_cordons_and_moves_then_pages_and_a_faile
     assert shared_state(cp, namespace)["gpu_nodes"] == []
     assert ("delete", "pods") in rights_used(cp, (namespace,))  # pod_action: delete
 
+
+READ_TOKEN = "k8s-tier-read-s3cret"
+ESCALATE_WITHIN = 8.0  # seconds: long enough for one eviction on a loaded box, short enough to wait out
+
+
+async def test_a_sibling_stuck_on_another_node_pages_without_a_cordon_and_the_page_holds_until_released(
+        control_plane: ControlPlane, namespace: str, exporter: ExporterStandIn, replicas, tmp_path: Path) -> None:
+    """Issue 30, both replicas on the shared Lease. Pod p1 of a Deployment is restarted on node 1; then
+    its sibling p2, on node 2, is stuck within escalate_within: a hang that followed the software
+    across nodes is no node's fault, so nothing is cordoned and the workload is paged. The page holds:
+    Alertmanager's re-send of the alert (to either replica) and a new alert once escalate_within has
+    passed are refused `escalated_to_human`, until a human releases the workload with the act token
+    (not without a token, not with the read token); then the ladder starts again at a restart."""
+    cp = control_plane
+    node_1, node_2 = f"sibling-1-{namespace}", f"sibling-2-{namespace}"
+    cp.create_node(node_1)
+    cp.create_node(node_2)
+    act_token, read_token = tmp_path / "act-token", tmp_path / "read-token"
+    act_token.write_text(AUTH["Authorization"].removeprefix("Bearer ") + "\n")
+    read_token.write_text(READ_TOKEN + "\n")
+    a, b = await replicas(escalate_within=f"{ESCALATE_WITHIN:g}s", global_cooldown="0s",
+                          budget={"max_restarts": 3, "window": "1h", "backoff": {"initial": "0s"}},
+                          auth={"bearer_token_file": str(act_token), "read_token_file": str(read_token)})
+    workload = f"Deployment/{namespace}/vllm"
+    owner = owner_reference(deployment_replica_set(cp, namespace, "vllm"))
+    p1 = standalone_pod(cp, namespace, "vllm-5d8f7-p1", node=node_1, owners=(owner,))
+    p2 = standalone_pod(cp, namespace, "vllm-5d8f7-p2", node=node_2, owners=(owner,))
+    first = exporter.put_pod(namespace, p1, "stuck", workload=workload_of(cp, p1))
+    exporter.put_pod(namespace, p2, "idle", workload=workload_of(cp, p2))
+    assert reasons([await a.webhook(alert(first, "fp-p1", starts_at=time.time()))]) == ["allowed"]
+    await wait_until(lambda: finished([a, b]), 60, "p1's restart")
+    assert pod_evictions(cp, namespace, "vllm-5d8f7-p1") == [201]
+
+    # p1 is gone (evicted); its sibling on the other node is stuck now.
+    del exporter.targets[first]
+    second = exporter.put_pod(namespace, p2, "stuck", workload=workload_of(cp, p2))
+    await asyncio.sleep(0.5)  # the replicas reuse an exporter read for up to 0.2 s
+    resent = alert(second, "fp-p2", starts_at=time.time())
+    paged = (await b.webhook(resent)).json()["decisions"][0]
+    paged_by = time.time()
+    assert paged["reason"] == "escalated_to_human", paged
+    assert f"restart on node {node_1}, now on node {node_2}" in paged["detail"], paged
+    state = shared_state(cp, namespace)
+    assert list(state["pages"]) == [workload] and state["gpu_nodes"] == []
+    assert state["ladder"][workload][0] == "page"
+    escalated = await wait_until(lambda: asyncio.sleep(0, events(cp, namespace, "LLMVitalsEscalated")), 30,
+                                 "the page's Event")
+    assert [e["involvedObject"]["uid"] for e in escalated] == [p2["metadata"]["uid"]]
+
+    # The page holds: Alertmanager's re-send, to each replica, ...
+    for replica in (a, b):
+        held = (await replica.webhook(resent)).json()["decisions"][0]
+        assert held["reason"] == "escalated_to_human" and "was paged and not released yet" in held["detail"], held
+    # ... and a new alert once escalate_within has passed (the ladder alone would start over at a restart).
+    await asyncio.sleep(max(0.0, paged_by + ESCALATE_WITHIN + 0.5 - time.time()))
+    later = alert(second, "fp-p2-later", starts_at=time.time())
+    held = (await a.webhook(later)).json()["decisions"][0]
+    assert held["reason"] == "escalated_to_human" and "was paged and not released yet" in held["detail"], held
+
+    # Released by a human: not without a token, not with the read token; with the act token, on either replica.
+    body = {"workload": workload}
+    async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+        anonymous = await client.post(f"{a.url}/api/v1/workloads/release", json=body)
+        reader = await client.post(f"{a.url}/api/v1/workloads/release", json=body,
+                                   headers={"Authorization": f"Bearer {READ_TOKEN}"})
+        assert (anonymous.status_code, reader.status_code) == (401, 403)
+        assert list(shared_state(cp, namespace)["pages"]) == [workload]
+        released = await client.post(f"{a.url}/api/v1/workloads/release", json=body, headers=AUTH)
+    assert released.status_code == 200, released.text
+    assert released.json() == {"workload": workload, "released": True, "was_paged": True}
+    state = shared_state(cp, namespace)
+    assert state["pages"] == {} and workload not in state["ladder"]
+    # The alert again, at the other replica: the ladder starts at a restart.
+    assert reasons([await b.webhook(later)]) == ["allowed"]
+    await wait_until(lambda: finished([a, b]), 60, "p2's restart")
+    assert pod_evictions(cp, namespace, "vllm-5d8f7-p2") == [201]
+
+    # Nothing was cordoned: no write to either node, ever.
+    for node in (node_1, node_2):
+        assert not cp.request("GET", f"/api/v1/nodes/{node}")["spec"].get("unschedulable")
+    assert [e["verb"] for e in cp.audit(resource="nodes", user=USER) if e["objectRef"].get("name") in (node_1, node_2)
+            and e["verb"] != "get"] == []
+    steps = [(r["target"].rsplit("/", 1)[1], r["reason"], r["result"]) for r in await journal([a, b])
+             if r["decision"] != "resolved"]
+    paged_row = ("vllm-5d8f7-p2", "escalated_to_human", None)
+    assert steps == [("vllm-5d8f7-p1", "allowed", "ok"), paged_row, paged_row, paged_row, paged_row,
+                     ("vllm", "workload_release", None), ("vllm-5d8f7-p2", "allowed", "ok")], steps
