@@ -323,6 +323,21 @@ def pod_removals(control_plane: ControlPlane, namespace: str, name: str | None =
     return [e["responseStatus"]["code"] for e in sorted(events, key=lambda e: e["requestReceivedTimestamp"])]
 
 
+def refused_to_remediator(control_plane: ControlPlane, namespace: str, since: float) -> list[tuple[str, Any]]:
+    """(verb, objectRef) of every 403 the API server gave the remediator's user in `namespace`, in
+    `default` or cluster-wide, received at or after `since` and not while it was coming back from a
+    stop (its RBAC refuses everyone until it has synced). The audit log is the worker's whole
+    session: `since` leaves out the other tests' deliberate 403s (test_gpu_fault_node.py runs an
+    exporter as this user to show a refused node list, cluster-wide)."""
+    refused = []
+    for e in control_plane.audit(user=USER):
+        received = datetime.fromisoformat(e["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+        if (e["responseStatus"]["code"] == 403 and e["objectRef"].get("namespace") in (namespace, "default", None)
+                and received >= since and not control_plane.during_outage(e)):
+            refused.append((e["verb"], e["objectRef"]))
+    return refused
+
+
 def rights_used(control_plane: ControlPlane, namespaces: tuple[str | None, ...]) -> set[tuple[str, str]]:
     """(verb, resource[/subresource]) of every request the remediator made in `namespaces` (the audit log)."""
     used = set()
