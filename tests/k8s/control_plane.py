@@ -17,7 +17,7 @@ tests/k8s/conftest.py give you a started one and a fresh namespace per test):
     cp.async_client(user="admin") -> httpx.AsyncClient
     cp.new_namespace(prefix) -> str       # a fresh namespace; never waited on to delete
     cp.grant(namespace, user, rules)      # a Role + RoleBinding (namespace None: ClusterRole + binding)
-    cp.create_pod(ns, name, labels=..., node=None, port=...) -> dict   # a Pending pod (one container)
+    cp.create_pod(ns, name, labels=..., node=None, port=..., owners=...) -> dict   # a Pending pod (one container)
     cp.play_kubelet(ns, pod, ip="127.0.0.1", ready=True) -> dict       # patch pods/status to Running
     cp.bind_pod(ns, pod, node) -> None    # play the scheduler: pods/binding sets spec.nodeName
     cp.create_node(name, conditions=...) -> dict   # a Node object (no kubelet behind it)
@@ -477,15 +477,18 @@ class ControlPlane:
             time.sleep(0.05)
 
     def create_pod(self, namespace: str, name: str, *, labels: Mapping[str, str] | None = None, node: str | None = None,
-                   port: int = 8000, port_name: str = "http") -> dict[str, Any]:
-        """A pod with one container (never run: no kubelet); `node` binds it (spec.nodeName) at creation."""
+                   port: int = 8000, port_name: str = "http", owners: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        """A pod with one container (never run: no kubelet); `node` binds it (spec.nodeName) at creation;
+        `owners` are its ownerReferences (no garbage collector runs: nothing removes it for them)."""
         spec: dict[str, Any] = {"containers": [{"name": "server", "image": "llm-vitals-test/none",
                                                 "ports": [{"name": port_name, "containerPort": port}]}]}
         if node:
             spec["nodeName"] = node
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(labels or {})}
+        if owners:
+            metadata["ownerReferences"] = [dict(owner) for owner in owners]
         return self.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})}, "spec": spec})
+            "apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec})
 
     def bind_pod(self, namespace: str, pod: str, node: str) -> None:
         """Play the scheduler: bind an unbound pod to `node` (the pods/binding subresource sets spec.nodeName)."""

@@ -269,6 +269,31 @@ async def start_replicas(control_plane: ControlPlane, namespace: str, exporter_u
     return replicas
 
 
+def owner_reference(owner: dict[str, Any]) -> dict[str, Any]:
+    """The `controller: true` ownerReference naming `owner` (an object as the API server returned it)."""
+    meta = owner["metadata"]
+    return {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"], "uid": meta["uid"],
+            "controller": True}
+
+
+def deployment_replica_set(control_plane: ControlPlane, namespace: str, deployment: str) -> dict[str, Any]:
+    """A Deployment and a ReplicaSet it owns, both of 0 replicas: the owners of pods a test makes itself
+    (`control_plane.create_pod(..., owners=[owner_reference(rs)])`) without a controller-manager. The
+    remediator's identity check reads that ReplicaSet and counts the pods as `Deployment/<ns>/<deployment>`."""
+    labels = {"app": deployment}
+    template = {"metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "server", "image": "llm-vitals-test/none"}]}}
+    owner = control_plane.request("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": deployment},
+        "spec": {"replicas": 0, "selector": {"matchLabels": labels}, "template": template}})
+    owner = {**owner, "apiVersion": "apps/v1", "kind": "Deployment"}
+    replica_set = control_plane.request("POST", f"/apis/apps/v1/namespaces/{namespace}/replicasets", {
+        "apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": f"{deployment}-5d8f7", "ownerReferences": [owner_reference(owner)]},
+        "spec": {"replicas": 0, "selector": {"matchLabels": labels}, "template": template}})
+    return {**replica_set, "apiVersion": "apps/v1", "kind": "ReplicaSet"}
+
+
 def lease(control_plane: ControlPlane, namespace: str) -> dict[str, Any]:
     return control_plane.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{LEASE}")
 
@@ -313,6 +338,21 @@ def pod_removals(control_plane: ControlPlane, namespace: str, name: str | None =
     events = [e for e in control_plane.audit(resource="pods", namespace=namespace, user=USER, name=name)
               if e["verb"] == "delete" or (e["verb"] == "create" and e["objectRef"].get("subresource") == "eviction")]
     return [e["responseStatus"]["code"] for e in sorted(events, key=lambda e: e["requestReceivedTimestamp"])]
+
+
+def refused_to_remediator(control_plane: ControlPlane, namespace: str, since: float) -> list[tuple[str, Any]]:
+    """(verb, objectRef) of every 403 the API server gave the remediator's user in `namespace`, in
+    `default` or cluster-wide, received at or after `since` and not while it was coming back from a
+    stop (its RBAC refuses everyone until it has synced). The audit log is the worker's whole
+    session: `since` leaves out the other tests' deliberate 403s (test_gpu_fault_node.py runs an
+    exporter as this user to show a refused node list, cluster-wide)."""
+    refused = []
+    for e in control_plane.audit(user=USER):
+        received = datetime.fromisoformat(e["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+        if (e["responseStatus"]["code"] == 403 and e["objectRef"].get("namespace") in (namespace, "default", None)
+                and received >= since and not control_plane.during_outage(e)):
+            refused.append((e["verb"], e["objectRef"]))
+    return refused
 
 
 def rights_used(control_plane: ControlPlane, namespaces: tuple[str | None, ...]) -> set[tuple[str, str]]:

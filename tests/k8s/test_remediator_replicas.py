@@ -256,21 +256,43 @@ async def test_with_the_api_server_stopped_webhooks_get_503_and_nothing_is_delet
 
 
 async def test_a_recreated_pod_with_the_same_name_is_not_deleted_by_an_old_alert(
-        control_plane: ControlPlane, namespace: str, exporter: ExporterStandIn, replicas) -> None:
+        control_plane: ControlPlane, namespace: str, exporter: ExporterStandIn, replicas, tmp_path: Path) -> None:
+    """Two moments a pod can be replaced under an alert. Before the decision: the identity check reads
+    the pod and refuses (`identity_mismatch`, both UIDs named), nothing is sent. After the decision,
+    during the restart (its pre_restart held until the test has replaced the pod): the eviction
+    carries the UID decided on and the API server's precondition refuses it (409)."""
     old = running_pod(control_plane, namespace, "vllm-0")
     target = exporter.put_pod(namespace, old, "stuck")  # what the exporter saw before the pod was replaced
     control_plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/vllm-0")
     new = running_pod(control_plane, namespace, "vllm-0")
     assert new["metadata"]["uid"] != old["metadata"]["uid"]
-    (a,) = await replicas(names=("replica-a",))
+    replaced = tmp_path / "replaced"
+    (a,) = await replicas(names=("replica-a",), template={
+        "pre_restart": {"argv": [sys.executable, "-c", WAIT_FOR_FILE, str(replaced)], "timeout": "20s"}})
 
-    assert reasons([await a.webhook(alert(target, "fp-old"))]) == ["allowed"]
+    refused = (await a.webhook(alert(target, "fp-old"))).json()["decisions"][0]
+    assert refused["reason"] == "identity_mismatch", refused
+    assert old["metadata"]["uid"] in refused["detail"] and new["metadata"]["uid"] in refused["detail"]
+    assert pod_removals(control_plane, namespace) == [] and await a.restarts() == []
+
+    # The exporter sees the new pod; its alert is allowed, and the pod is replaced again meanwhile.
+    target = exporter.put_pod(namespace, new, "stuck")
+    await asyncio.sleep(0.5)  # the replica reuses an exporter read for up to 0.2 s
+    assert reasons([await a.webhook(alert(target, "fp-new"))]) == ["allowed"]
+    control_plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/vllm-0")
+    newest = running_pod(control_plane, namespace, "vllm-0")
+    replaced.touch()
     rows = await wait_until(lambda: finished_restarts([a]), 60, "the restart attempt to finish")
     assert [row["result"] for row in rows] == ["error"]
     assert "another UID" in rows[0]["detail"]
     assert pod_removals(control_plane, namespace) == [409]  # the UID precondition, enforced by the API server
-    assert pod_or_none(control_plane, namespace, "vllm-0")["metadata"]["uid"] == new["metadata"]["uid"]
+    assert pod_or_none(control_plane, namespace, "vllm-0")["metadata"]["uid"] == newest["metadata"]["uid"]
     assert events(control_plane, namespace, "LLMVitalsRestart") == []
+
+
+# A pre_restart that holds the restart until a file appears (at most 15 s).
+WAIT_FOR_FILE = ("import os, sys, time\nend = time.monotonic() + 15\n"
+                 "while not os.path.exists(sys.argv[1]) and time.monotonic() < end:\n    time.sleep(0.05)")
 
 
 async def test_pause_set_on_one_replica_holds_both_and_resuming_on_the_other_lets_one_restart_run(
@@ -408,10 +430,11 @@ async def test_gpu_fault_cordons_taints_and_moves_the_pod_once_and_leaves_a_node
     assert pod_removals(cp, namespace, "pinned") == [201]
 
     # Every right the shipped manifest grants was used here but listing and deleting pods (a group's
-    # pods, pod_action: delete: test_workload_safety.py uses those), and no other was asked for.
+    # pods, pod_action: delete: test_workload_safety.py uses those), and no other was asked for. The
+    # identity check reads the pod, and its ReplicaSet for the workload (here the bare ReplicaSet).
     assert rights_used(cp, (namespace, "default", None)) == {
         ("create", "leases"), ("get", "leases"), ("update", "leases"), ("create", "pods/eviction"),
-        ("create", "events"), ("get", "nodes"), ("patch", "nodes")}
+        ("create", "events"), ("get", "nodes"), ("patch", "nodes"), ("get", "pods"), ("get", "replicasets")}
 
 
 def pod_events(control_plane: ControlPlane, namespace: str, reason: str, pod: dict[str, Any]) -> list[dict[str, Any]]:

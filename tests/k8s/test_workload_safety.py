@@ -12,7 +12,10 @@ PodDisruptionBudget's status): safety that follows the workload.
 - two replicas 60 s apart (one replica's clock seam) never restart twice;
 - one unknown reason in the exporter's answer refuses that target only;
 - the ladder: restart, cordon_and_move (the real cordon), page; a failed cordon marks nothing; the
-  node's release clears it in the shared state.
+  node's release clears it in the shared state;
+- the sibling case: a Deployment's pod restarted on one node, then its sibling stuck on another: no
+  cordon, a page; the page holds (re-sends to either replica, a new alert after escalate_within)
+  until POST /api/v1/workloads/release with the act token (not the read token).
 
 The replicas are real `llm-vitals-remediator` processes sharing one Lease, with the shipped
 manifest's RBAC; every eviction and delete is counted from the API server's audit log. The
@@ -32,6 +35,7 @@ import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -43,11 +47,14 @@ from llm_vitals.remediator.pods import CORDONED_BY, GPU_TAINT_KEY
 from .control_plane import DEFAULT_CONTROLLERS, ControlPlane
 from .replicas import (
     AUTH,
+    USER,
     ExporterStandIn,
     Replica,
     alert,
+    deployment_replica_set,
     events,
     finished_restarts,
+    owner_reference,
     pod_deletes,
     pod_evictions,
     pod_removals,
@@ -121,8 +128,9 @@ async def running_replicas(cp: ControlPlane, namespace: str, app: str, count: in
 
 
 def standalone_pod(cp: ControlPlane, namespace: str, name: str, node: str | None = None,
-                   labels: dict[str, str] | None = None) -> dict[str, Any]:
-    cp.create_pod(namespace, name, labels=labels or {"app": "vllm"}, node=node)
+                   labels: dict[str, str] | None = None, owners: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    """A Running pod, made here (no controller-manager); with `owners`, the workload the remediator reads is theirs."""
+    cp.create_pod(namespace, name, labels=labels or {"app": "vllm"}, node=node, owners=owners)
     return cp.play_kubelet(namespace, name)
 
 
@@ -346,12 +354,22 @@ async def test_the_ladder_restarts_then_cordons_and_moves_then_pages_and_a_faile
     # The backoff off and room for two cordons: the steps come seconds apart here, not 15 minutes.
     a, b = await replicas(escalate_within="10m", global_cooldown="0s", pod_action="delete", max_cordoned_nodes=2,
                           budget={"max_restarts": 3, "window": "1h", "backoff": {"initial": "0s"}})
+    # The remediator reads each pod's owners itself (the identity check): the pods are the
+    # Deployment's (through its ReplicaSet) or the StatefulSet's, whatever the exporter says.
     workload = f"Deployment/{namespace}/vllm"
+    vllm = owner_reference(deployment_replica_set(cp, namespace, "vllm"))
+    other = f"StatefulSet/{namespace}/sglang"
+    sglang = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "sglang",
+              "uid": "0f0f0f0f-0000-4000-8000-000000000022", "controller": True}
+    # Neighbours: other workloads restarted on the same node, the node's own evidence (gate.node_suspect).
+    neighbour, neighbour2 = ({"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name,
+                              "uid": f"0f0f0f0f-0000-4000-8000-00000000003{i}", "controller": True}
+                             for i, name in enumerate(("neighbour", "neighbour2")))
 
-    async def stuck_again(name: str, node: str, replica: Replica, fingerprint: str, work: str = workload) -> str:
-        pod = standalone_pod(cp, namespace, name, node=node)
+    async def stuck_again(name: str, node: str, replica: Replica, fingerprint: str, owner: dict[str, Any] = vllm) -> str:
+        pod = standalone_pod(cp, namespace, name, node=node, owners=(owner,))
         exporter.targets = {}
-        target = exporter.put_pod(namespace, pod, "stuck", workload=work)
+        target = exporter.put_pod(namespace, pod, "stuck", workload=workload_of(cp, pod))
         await asyncio.sleep(0.5)  # the replicas reuse an exporter read for up to 0.2 s
         answer = await replica.webhook(alert(target, fingerprint, starts_at=time.time()))
         await wait_until(lambda: finished_restarts([a, b]), 60, f"{name}'s step")
@@ -359,7 +377,7 @@ async def test_the_ladder_restarts_then_cordons_and_moves_then_pages_and_a_faile
 
     # The node's own evidence (gate.node_suspect): another workload restarted on node A meanwhile. One
     # workload hanging again on its own node alone pages instead (a pinned pod comes back there by design).
-    assert await stuck_again("neighbour-0", node_a, b, "fp-0", f"StatefulSet/{namespace}/neighbour") == "allowed"
+    assert await stuck_again("neighbour-0", node_a, b, "fp-0", neighbour) == "allowed"
     assert await stuck_again("vllm-1", node_a, a, "fp-1") == "allowed"  # step 1: restart
     assert await stuck_again("vllm-2", node_a, b, "fp-2") == "cordon_and_move"  # step 2, the real cordon
     node = cp.request("GET", f"/api/v1/nodes/{node_a}")
@@ -373,15 +391,16 @@ async def test_the_ladder_restarts_then_cordons_and_moves_then_pages_and_a_faile
 
     # Another workload: a restart, then, stuck again on the same node, a cordon that fails (its node
     # is gone): nothing marked, nothing moved.
-    other = f"StatefulSet/{namespace}/sglang"
-    assert await stuck_again("neighbour-1", f"gone-{namespace}", a, "fp-6", f"StatefulSet/{namespace}/neighbour2") == "allowed"
-    assert await stuck_again("sglang-0", f"gone-{namespace}", b, "fp-4", other) == "allowed"
-    assert await stuck_again("sglang-1", f"gone-{namespace}", a, "fp-5", other) == "cordon_and_move"
+    assert await stuck_again("neighbour-1", f"gone-{namespace}", a, "fp-6", neighbour2) == "allowed"
+    assert await stuck_again("sglang-0", f"gone-{namespace}", b, "fp-4", sglang) == "allowed"
+    assert await stuck_again("sglang-1", f"gone-{namespace}", a, "fp-5", sglang) == "cordon_and_move"
     rows = await journal([a, b])
     failed = next(r for r in rows if r["target"] == f"{namespace}/sglang-1")
     assert failed["result"] == "error" and "not cordoned, nothing moved" in failed["detail"], failed
     assert shared_state(cp, namespace)["gpu_nodes"] == [node_a]
     assert pod_removals(cp, namespace, "sglang-1") == []
+    assert set(shared_state(cp, namespace)["ladder"]) == {workload, other, f"StatefulSet/{namespace}/neighbour",
+                                                         f"StatefulSet/{namespace}/neighbour2"}
 
     # Every step journaled with its outcome.
     steps = [(r["target"].split("/")[1], r["reason"], r["result"]) for r in rows if r["decision"] != "resolved"]
@@ -399,3 +418,97 @@ async def test_the_ladder_restarts_then_cordons_and_moves_then_pages_and_a_faile
     assert refused.status_code == 401
     assert shared_state(cp, namespace)["gpu_nodes"] == []
     assert ("delete", "pods") in rights_used(cp, (namespace,))  # pod_action: delete
+
+
+READ_TOKEN = "k8s-tier-read-s3cret"
+ESCALATE_WITHIN = 8.0  # seconds: long enough for one eviction on a loaded box, short enough to wait out
+
+
+async def test_a_sibling_stuck_on_another_node_pages_without_a_cordon_and_the_page_holds_until_released(
+        control_plane: ControlPlane, namespace: str, exporter: ExporterStandIn, replicas, tmp_path: Path) -> None:
+    """Issue 30, both replicas on the shared Lease. Pod p1 of a Deployment is restarted on node 1; then
+    its sibling p2, on node 2, is stuck within escalate_within: a hang that followed the software
+    across nodes is no node's fault, so nothing is cordoned and the workload is paged. The page holds:
+    Alertmanager's re-send of the alert (to either replica) and a new alert once escalate_within has
+    passed are refused `escalated_to_human`, until a human releases the workload with the act token
+    (not without a token, not with the read token); then the ladder starts again at a restart."""
+    cp = control_plane
+    node_1, node_2 = f"sibling-1-{namespace}", f"sibling-2-{namespace}"
+    cp.create_node(node_1)
+    cp.create_node(node_2)
+    act_token, read_token = tmp_path / "act-token", tmp_path / "read-token"
+    act_token.write_text(AUTH["Authorization"].removeprefix("Bearer ") + "\n")
+    read_token.write_text(READ_TOKEN + "\n")
+    a, b = await replicas(escalate_within=f"{ESCALATE_WITHIN:g}s", global_cooldown="0s",
+                          budget={"max_restarts": 3, "window": "1h", "backoff": {"initial": "0s"}},
+                          auth={"bearer_token_file": str(act_token), "read_token_file": str(read_token)})
+    workload = f"Deployment/{namespace}/vllm"
+    owner = owner_reference(deployment_replica_set(cp, namespace, "vllm"))
+    p1 = standalone_pod(cp, namespace, "vllm-5d8f7-p1", node=node_1, owners=(owner,))
+    p2 = standalone_pod(cp, namespace, "vllm-5d8f7-p2", node=node_2, owners=(owner,))
+    first = exporter.put_pod(namespace, p1, "stuck", workload=workload_of(cp, p1))
+    exporter.put_pod(namespace, p2, "idle", workload=workload_of(cp, p2))
+    assert reasons([await a.webhook(alert(first, "fp-p1", starts_at=time.time()))]) == ["allowed"]
+    await wait_until(lambda: finished_restarts([a, b]), 60, "p1's restart")
+    assert pod_evictions(cp, namespace, "vllm-5d8f7-p1") == [201]
+
+    # p1 is gone (evicted); its sibling on the other node is stuck now.
+    del exporter.targets[first]
+    second = exporter.put_pod(namespace, p2, "stuck", workload=workload_of(cp, p2))
+    await asyncio.sleep(0.5)  # the replicas reuse an exporter read for up to 0.2 s
+    resent = alert(second, "fp-p2", starts_at=time.time())
+    paged = (await b.webhook(resent)).json()["decisions"][0]
+    paged_by = time.time()
+    assert paged["reason"] == "escalated_to_human", paged
+    assert f"restart on node {node_1}, now on node {node_2}" in paged["detail"], paged
+    state = shared_state(cp, namespace)
+    assert list(state["pages"]) == [workload] and state["gpu_nodes"] == []
+    assert state["ladder"][workload][0] == "page"
+    escalated = await wait_until(lambda: asyncio.sleep(0, events(cp, namespace, "LLMVitalsEscalated")), 30,
+                                 "the page's Event")
+    assert [e["involvedObject"]["uid"] for e in escalated] == [p2["metadata"]["uid"]]
+
+    # The page holds: Alertmanager's re-send, to each replica, ...
+    for replica in (a, b):
+        held = (await replica.webhook(resent)).json()["decisions"][0]
+        assert held["reason"] == "escalated_to_human" and "was paged and not released yet" in held["detail"], held
+    # ... and a new alert once escalate_within has passed (the ladder alone would start over at a restart).
+    await asyncio.sleep(max(0.0, paged_by + ESCALATE_WITHIN + 0.5 - time.time()))
+    later = alert(second, "fp-p2-later", starts_at=time.time())
+    held = (await a.webhook(later)).json()["decisions"][0]
+    assert held["reason"] == "escalated_to_human" and "was paged and not released yet" in held["detail"], held
+
+    # Released by a human: not without a token, not with the read token; with the act token, on either replica.
+    body = {"workload": workload}
+    async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+        anonymous = await client.post(f"{a.url}/api/v1/workloads/release", json=body)
+        reader = await client.post(f"{a.url}/api/v1/workloads/release", json=body,
+                                   headers={"Authorization": f"Bearer {READ_TOKEN}"})
+        assert (anonymous.status_code, reader.status_code) == (401, 403)
+        assert list(shared_state(cp, namespace)["pages"]) == [workload]
+        released = await client.post(f"{a.url}/api/v1/workloads/release", json=body, headers=AUTH)
+    assert released.status_code == 200, released.text
+    assert released.json() == {"workload": workload, "released": True, "was_paged": True}
+    state = shared_state(cp, namespace)
+    assert state["pages"] == {} and workload not in state["ladder"]
+    # The alert again, at the other replica: the ladder starts at a restart.
+    assert reasons([await b.webhook(later)]) == ["allowed"]
+    await wait_until(lambda: finished_restarts([a, b]), 60, "p2's restart")
+    assert pod_evictions(cp, namespace, "vllm-5d8f7-p2") == [201]
+
+    # Nothing was cordoned: no write to either node, ever.
+    for node in (node_1, node_2):
+        assert not cp.request("GET", f"/api/v1/nodes/{node}")["spec"].get("unschedulable")
+    assert [e["verb"] for e in cp.audit(resource="nodes", user=USER) if e["objectRef"].get("name") in (node_1, node_2)
+            and e["verb"] != "get"] == []
+    # Each replica's journal in the order written (ids): the replicas' clocks, and a decision's clock (the
+    # API server's, as estimated) and a release's, differ by a fraction of a second.
+    steps = {r.name: [(row["target"].rsplit("/", 1)[1], row["fingerprint"], row["reason"], row["result"])
+                      for row in sorted(await r.actions(), key=lambda row: row["id"]) if row["decision"] != "resolved"]
+             for r in (a, b)}
+    assert steps == {
+        "replica-a": [("vllm-5d8f7-p1", "fp-p1", "allowed", "ok"), ("vllm-5d8f7-p2", "fp-p2", "escalated_to_human", None),
+                      ("vllm-5d8f7-p2", "fp-p2-later", "escalated_to_human", None), ("vllm", None, "workload_release", None)],
+        "replica-b": [("vllm-5d8f7-p2", "fp-p2", "escalated_to_human", None),
+                      ("vllm-5d8f7-p2", "fp-p2", "escalated_to_human", None),
+                      ("vllm-5d8f7-p2", "fp-p2-later", "allowed", "ok")]}, steps
