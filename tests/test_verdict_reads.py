@@ -165,6 +165,19 @@ def test_a_slow_saturated_vllm_is_never_unready_nor_restartable_at_any_read() ->
         assert is_live(verdict, settings, T0 + t)
 
 
+def test_a_connect_hiccup_between_slow_pages_is_a_missed_read_not_down() -> None:
+    """Good pages every other read of a slow server can come further apart than down_after (10 s
+    timeout, 12 s page: ~30 s); the second probes that answered in between show it alive. Seen as a
+    flake of the scaled simulator drill on a loaded box: one late connect there read `down`."""
+    settings = target(down_after=30)
+    rows: list[tuple[float, Observation]] = [*BUSY, (20, SLOW), (37, NO_CONNECT)]
+    hiccup = run(rows, VLLM, settings)[-1]
+    assert hiccup.state == "busy" and is_ready(hiccup, settings, T0 + 37, draining=False), hiccup.detail
+    # Nothing answering at all for down_after since the last answer is still down.
+    gone = run([*rows, (55, NO_CONNECT), (68, NO_CONNECT)], VLLM, settings)[-1]
+    assert gone.state == "down", gone.detail
+
+
 @pytest.mark.parametrize("facts", [VLLM, LLAMA], ids=["vllm", "llamacpp"])
 @pytest.mark.parametrize("last_seen", ["busy", "idle"])
 def test_frozen_whole_is_restartable_and_unlive_within_down_after_liveness_and_two_polls(facts, last_seen) -> None:

@@ -97,6 +97,11 @@ class Verdict:
     # The last read timed out while a second probe answered: a live server with a slow page, whose
     # next read gets SLOW_READ_FACTOR times the deadline (`read_deadline`). Cleared by a good read.
     slow: bool = False
+    # The last time the server answered anything: a second probe that answered while the page was
+    # slow. The down clock runs from this or the last good read, whichever is later: a server whose
+    # slow pages come every other read (good reads ~2 × timeout apart) is alive in between, and one
+    # connect hiccup there is a missed read, not `down`.
+    last_answered: float | None = None
     reads_without_progress: int = 0  # consecutive reads with work pending and nothing moving
     stuck_seconds: float = 0.0
     restarts: int = 0
@@ -385,8 +390,9 @@ def _on_error(previous: Verdict, error: PollError, now: float, target: TargetSet
                      **changes)
     last_good = previous.last_good_read if previous.last_good_read is not None else previous.first_seen
     unread_for = now - last_good
+    alive_for = now - max(last_good, previous.last_answered or last_good)
     if (error.reason in DOWN_AT_ONCE or not previous.started or previous.state == "down"
-            or unread_for >= target.down_after):
+            or alive_for >= target.down_after):
         # Gone for long enough (or dead by its own word): no progress can be judged while the server
         # cannot be read, so the stuck clock starts again from the next good read.
         detail = error.detail if error.reason in DOWN_AT_ONCE or not previous.started else (
@@ -443,7 +449,7 @@ def _on_slow(previous: Verdict, error: PollError, now: float) -> Verdict:
               f"(no good read for {now - last_good:.1f}s; the next read waits {SLOW_READ_FACTOR:g} times longer)")
     return _move(previous, now, previous.state, previous.reason, detail, up=False, error_reason=error.reason,
                  failed_reads=previous.failed_reads + 1, steps_per_second=None, generation_tokens_per_second=None,
-                 slow=True)
+                 slow=True, last_answered=now)
 
 
 def _unanswered_while_pending(previous: Verdict, error: PollError) -> bool:
