@@ -167,13 +167,15 @@ def main() -> None:
         allow_cpu_metrics=True,
         metrics_interval_ms=1000,
     )
+    # The orders are taken before the model is bound: the launcher calls the server ready once toy_lm
+    # is, and a SIGUSR1 sent then, before its handler, killed the process (the signal's default action).
+    orders: queue.Queue[str] = queue.Queue()
+    signal.signal(signal.SIGUSR1, lambda *_: orders.put("load"))
+    signal.signal(signal.SIGUSR2, lambda *_: orders.put("unload"))
     with Triton(config=config) as triton:
         bind_toy(triton, MODEL)
-        orders: queue.Queue[str] = queue.Queue()
         settling: set[str] = set()
         watch_settled(triton, settling)
-        signal.signal(signal.SIGUSR1, lambda *_: orders.put("load"))
-        signal.signal(signal.SIGUSR2, lambda *_: orders.put("unload"))
         threading.Thread(target=control, args=(triton, args.http_port, orders, settling), name="models", daemon=True).start()
         print("toy_lm_server: serving", flush=True)
         triton.serve()
