@@ -21,6 +21,12 @@ PyTriton 0.7.0 binds every version of a model to the same data socket ("Address 
 and a name loaded again after an unload fails its handshake; version changes are table-tested on
 real pages instead (tests/test_engine_triton.py).
 
+A model wedged in its own code, for the drill that freezes one unit (issue 29): SIGRTMIN holds
+toy_lm's infer functions before their next token, SIGRTMIN+1 lets them go on. Its requests then stay
+queued in Triton and its stubs stay healthy, while the extra models serve. (SIGSTOP of toy_lm's
+stubs shows no such thing: Triton's Python backend finds a stopped stub unhealthy within ~2 s and
+fails its requests with HTTP 500, "Stub process 'toy_lm_0_0' is not healthy", leaving none queued.)
+
 usage: python toy_lm_server.py --http-port P --grpc-port P --metrics-port P
 Run it with the Python of the tier's venv (tools/real-triton-setup.sh), made from the system python3.
 """
@@ -51,6 +57,11 @@ INSTANCES = 2
 # in toy_lm_d's initialize, "toy_lm_d never ready"). One instance has no second handshake; the
 # PyTriton side connects only after Triton reports the model loaded, when both sockets listen.
 EXTRA_INSTANCES = 1
+HOLD_SIGNAL = signal.SIGRTMIN  # toy_lm's infer functions wait before their next token
+RELEASE_SIGNAL = signal.SIGRTMIN + 1  # and go on
+# Set while toy_lm may run; cleared by HOLD_SIGNAL. Only toy_lm waits on it: the extra models serve on.
+TOY_LM_RUNS = threading.Event()
+TOY_LM_RUNS.set()
 DIM = int(os.environ.get("TOY_DIM", "256"))
 TOKEN_SECONDS = float(os.environ.get("TOY_TOKEN_SECONDS", "0"))
 
@@ -64,14 +75,16 @@ def one_token(state: np.ndarray) -> np.ndarray:
     return state
 
 
-def make_infer():
-    """One instance's infer function: N tokens of work, answers N."""
+def make_infer(name: str):
+    """One instance's infer function for the model `name`: N tokens of work, answers N (toy_lm's may be held)."""
 
     @batch
     def infer(max_tokens: np.ndarray) -> dict[str, np.ndarray]:
         n = int(max_tokens.reshape(-1)[0])
         state = np.random.default_rng(0).standard_normal((DIM, DIM)).astype(np.float32)
         for _ in range(n):
+            if name == MODEL:
+                TOY_LM_RUNS.wait()
             state = one_token(state)
         return {"generated": np.full((max_tokens.shape[0], 1), n, dtype=np.int32)}
 
@@ -83,7 +96,7 @@ def bind_toy(triton: Triton, name: str, version: int = 1, instances: int = INSTA
     triton.bind(
         model_name=name,
         model_version=version,
-        infer_func=[make_infer() for _ in range(instances)],
+        infer_func=[make_infer(name) for _ in range(instances)],
         inputs=[Tensor(name="max_tokens", dtype=np.int32, shape=(1,))],
         outputs=[Tensor(name="generated", dtype=np.int32, shape=(1,))],
         config=ModelConfig(max_batch_size=1),
@@ -167,13 +180,17 @@ def main() -> None:
         allow_cpu_metrics=True,
         metrics_interval_ms=1000,
     )
+    # The orders are taken before the model is bound: the launcher calls the server ready once toy_lm
+    # is, and a SIGUSR1 sent then, before its handler, killed the process (the signal's default action).
+    orders: queue.Queue[str] = queue.Queue()
+    signal.signal(signal.SIGUSR1, lambda *_: orders.put("load"))
+    signal.signal(signal.SIGUSR2, lambda *_: orders.put("unload"))
+    signal.signal(HOLD_SIGNAL, lambda *_: TOY_LM_RUNS.clear())
+    signal.signal(RELEASE_SIGNAL, lambda *_: TOY_LM_RUNS.set())
     with Triton(config=config) as triton:
         bind_toy(triton, MODEL)
-        orders: queue.Queue[str] = queue.Queue()
         settling: set[str] = set()
         watch_settled(triton, settling)
-        signal.signal(signal.SIGUSR1, lambda *_: orders.put("load"))
-        signal.signal(signal.SIGUSR2, lambda *_: orders.put("unload"))
         threading.Thread(target=control, args=(triton, args.http_port, orders, settling), name="models", daemon=True).start()
         print("toy_lm_server: serving", flush=True)
         triton.serve()

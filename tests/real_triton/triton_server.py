@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -25,6 +26,9 @@ MODEL = "toy_lm"  # toy_lm_server.py's model: 2 instances, max_batch_size 1
 # toy_lm_server.py's EXTRA: loaded in turn on SIGUSR1, the last one loaded unloaded on SIGUSR2
 EXTRA_MODELS = ("toy_lm_b", "toy_lm_c", "toy_lm_d")
 INSTANCES = 2
+# toy_lm_server.py's hold of toy_lm (its infer functions wait before their next token) and release.
+HOLD_SIGNAL = signal.SIGRTMIN
+RELEASE_SIGNAL = signal.SIGRTMIN + 1
 VERSION = "nvidia-pytriton 0.7.0 (Triton 2.51.0)"
 # The toy model's cost per "token": a fixed wait plus a little matmul work. A request's length must
 # not hang on the box's speed: with matmul work alone (TOY_DIM 128, 150 tokens) requests finished
