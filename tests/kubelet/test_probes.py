@@ -9,8 +9,11 @@ drills' own load periods.
 1. long load: the server listens only after 90 s; never killed, Ready once it serves, within the
    startup budget of the manifest (startupProbe failureThreshold x periodSeconds);
 2. saturation: a full batch for 3 minutes; no restart, no change in the Endpoints, no canary;
-3. hang: the simulator's engine hung, and a real llama-server's engine loop frozen by ptrace, under
-   load; the kubelet restarts the server container, never the shim;
+3. hang, in three forms under load: (a) the simulator's engine hung, (b) a real llama-server's
+   engine loop frozen by ptrace (its HTTP threads answer on), (c) the simulator frozen whole by
+   SIGSTOP (its port accepts, nothing answers, not even /metrics: the shim reads it `stuck`,
+   `metrics_unanswered`); the kubelet restarts the server container, never the shim (a frozen
+   server ignores SIGTERM: the grace period's SIGKILL ends it);
 4. drain: `kubectl delete pod` runs the server's preStop hook, which drains the shim; the pod
    leaves the Endpoints before its server gets SIGTERM.
 """
@@ -28,14 +31,19 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
 import pytest
+import yaml
+from real_engine.engine import sigstopped
 from real_llamacpp.engine import long_generations
 from real_llamacpp.freeze_thread import frozen_thread
 
+from llm_vitals.config import validate_document
 from llm_vitals.demo.load import Load
+from llm_vitals.exporter.settings import ExporterSettings
 
 from .tier import Tier, restarts, since
-from .workloads import Workload, find, llama_server, simulator
+from .workloads import Workload, find, llama_server, server_workload, simulator
 
 LOAD_SECONDS = 90  # drill 1: the simulated weight load
 SATURATION_SECONDS = 180  # drill 2
@@ -45,6 +53,7 @@ WORKLOADS = {
     "saturation": Workload("vllm-busy", 8020, 9520, simulator(8020)),
     "hang-sim": Workload("vllm-hang", 8030, 9530, simulator(8030)),
     "drain": Workload("vllm-drain", 8050, 9550, simulator(8050)),
+    "frozen-whole": Workload("vllm-frozen", 8060, 9560, simulator(8060)),
 }
 
 
@@ -266,6 +275,48 @@ def drill_hang_llamacpp(tier: Tier, binary: Path, model: Path) -> dict[str, Any]
     return record
 
 
+def drill_frozen_whole(tier: Tier) -> dict[str, Any]:
+    w = WORKLOADS["frozen-whole"]
+    applied = tier.deploy(w)
+    pod = tier.wait_ready(w.name, 240)
+    shim_id, server_id = tier.container_id(pod.name, "vitals-shim"), tier.container_id(pod.name, "vllm")
+    # The simulator is the container's PID 1 (no shell: simulator() execs it), so this is the whole server.
+    server = psutil.Process(tier.host_pid(pod.node, server_id))
+    server_url = tier.url(pod.node, w.server_port)
+    views: list[tuple[float, dict]] = []
+
+    async def body(session: aiohttp.ClientSession) -> tuple[float, float]:
+        load = Load(session, server_url, workers=2, max_tokens=1500)
+        load.start()
+        try:
+            await asyncio.to_thread(tier.history.wait, lambda: (v := tier.shim(pod.node, w.shim_port)) and v["state"] == "busy",
+                                    60, "busy under load", 1)
+            # The stopped process is SIGCONTed on the way out only if it is still the one stopped
+            # (psutil checks its start time); after the restart it is gone, killed by the kubelet.
+            with sigstopped(server) as fault:
+                restarted = await asyncio.to_thread(_watch_until_restart, tier, w, pod.name, pod.node, views, 600)
+        finally:
+            await load.stop()
+        return fault.t, restarted
+
+    frozen, restarted = _in_loop(body)
+    record = _hang_record(tier, w, pod.name, pod.node, applied, frozen, restarted, shim_id, views)
+    stuck_reasons = sorted({v["reason"] for _, v in views if v["state"] == "stuck"})
+    kills = [(round(float(e["timeNano"]) / 1e9 - frozen, 1), e["Actor"]["Attributes"].get("signal"))
+             for e in tier.docker_events(pod.node, server_id, frozen - 1) if e.get("Action") == "kill"]
+    sigkill = next((frozen + t for t, sig in kills if sig == "9"), restarted)
+    # `down` before the SIGKILL would be a frozen server read as gone, which liveness never acts on.
+    down_before_kill = [(round(t - frozen, 1), v["reason"]) for t, v in views if v["state"] == "down" and t < sigkill]
+    record |= {"stuck_reasons": stuck_reasons, "down_before_kill": down_before_kill, "server_kills": kills}
+    record |= _after_restart(tier, w, pod.name, pod.node, frozen)
+    record["endpoints"] = endpoints_story(tier, pod.name, applied)
+    record["headline"] = (f"simulator SIGSTOPped whole: stuck ({', '.join(stuck_reasons)}) {record['wedge_to_stuck_s']} s "
+                          f"after the freeze, /live failing at {record['wedge_to_live_503_s']} s, server restarted at "
+                          f"{record['wedge_to_server_restart_s']} s (kills {kills}); restarts {record['restarts']}; "
+                          f"Ready again {record['wedge_to_ready_again_s']} s after the freeze")
+    return record
+
+
 def drill_drain(tier: Tier) -> dict[str, Any]:
     w = WORKLOADS["drain"]
     applied = tier.deploy(w)
@@ -319,13 +370,14 @@ def drill_drain(tier: Tier) -> dict[str, Any]:
 def drills(tier: Tier) -> Iterator[dict[str, Future]]:
     binary, model = (Path(p) for p in (_required_env("LLM_VITALS_LLAMACPP_BIN"), _required_env("LLM_VITALS_LLAMACPP_MODEL")))
     began = time.time()
-    pool = ThreadPoolExecutor(5, thread_name_prefix="drill")
+    pool = ThreadPoolExecutor(6, thread_name_prefix="drill")
     futures = {
         "long-load": pool.submit(drill_long_load, tier),
         "saturation": pool.submit(drill_saturation, tier),
         "hang-sim": pool.submit(drill_hang_simulator, tier),
         "hang-llamacpp": pool.submit(drill_hang_llamacpp, tier, binary, model),
         "drain": pool.submit(drill_drain, tier),
+        "frozen-whole": pool.submit(drill_frozen_whole, tier),
     }
     try:
         yield futures
@@ -334,7 +386,7 @@ def drills(tier: Tier) -> Iterator[dict[str, Future]]:
             tier.history.cancel()  # a test failed or the run was interrupted: end the drills' waits now
         pool.shutdown(wait=True)
     tier.report.facts["probe drills s"] = round(time.time() - began, 1)
-    for name in ("vllm-load", "vllm-busy", "vllm-hang", "llama-hang", "vllm-drain"):
+    for name in ("vllm-load", "vllm-busy", "vllm-hang", "llama-hang", "vllm-drain", "vllm-frozen"):
         tier.cluster.kubectl("delete", "deployment", "-n", "llm", name, "--ignore-not-found", "--wait=false", check=False)
 
 
@@ -387,6 +439,45 @@ def test_a_hung_engine_restarts_the_server_container_and_never_the_shim(drills, 
     floor = 2 * SHIM_STUCK_AFTER + (liveness["failureThreshold"] - 1) * liveness["periodSeconds"]
     assert record["wedge_to_server_restart_s"] >= floor
     # The pod left the ready Endpoints while stuck, and came back once the new server served.
+    wheres = [where for _, where in record["endpoints"]]
+    assert "not ready" in wheres and wheres[-1] == "ready"
+
+
+def _shim_settings(tier: Tier, w: Workload) -> ExporterSettings:
+    """The shim's settings as deployed for `w` (its ConfigMap, validated by the exporter's own model;
+    its token file is only in the pod, and no figure here depends on it)."""
+    config = next(d for d in server_workload(tier.rendered, w, tier.image) if d["kind"] == "ConfigMap")
+    return validate_document(ExporterSettings, yaml.safe_load(config["data"]["exporter.yaml"]), f"{w.name}-shim")
+
+
+def test_a_server_frozen_whole_is_stuck_unanswered_and_the_kubelet_restarts_it(drills, tier):
+    record = result(drills, "frozen-whole", tier)
+    assert record["restarts"] == {"vllm": 1, "vitals-shim": 0}
+    assert record["shim_container_unchanged"]
+    # Its port accepted and nothing answered: stuck by the frozen rule only, and never `down` (which
+    # liveness never acts on) before the kubelet killed it.
+    assert record["stuck_reasons"] == ["metrics_unanswered"], record["stuck_reasons"]
+    assert record["down_before_kill"] == [], record["down_before_kill"]
+    stuck, live_503, restart = record["wedge_to_stuck_s"], record["wedge_to_live_503_s"], record["wedge_to_server_restart_s"]
+    assert stuck is not None and live_503 is not None, record
+    # No good read for down_after over two failed reads at least makes it stuck; a frozen poll lasts
+    # its /metrics timeout and the second probe's. The last good read and the last progress came up
+    # to one poll before the freeze; /live fails once the liveness budget has passed since that
+    # progress, which down_after (as long as the budget here) has already passed.
+    shim = _shim_settings(tier, WORKLOADS["frozen-whole"])
+    target = shim.targets[0]
+    frozen_poll = shim.poll_interval * (1 + shim.poll_jitter) + 2 * shim.metrics_timeout
+    assert target.down_after - shim.poll_interval <= stuck <= target.down_after + 2 * frozen_poll, record
+    assert target.liveness - shim.poll_interval <= live_503 and stuck <= live_503 <= stuck + 10, record
+    assert live_503 < restart
+    liveness = probe(tier, "livenessProbe")
+    assert restart - live_503 >= (liveness["failureThreshold"] - 1) * liveness["periodSeconds"]
+    assert any("Liveness probe failed" in e for e in record["events"]), record["events"]
+    # The stopped process cannot act on SIGTERM: the grace period's SIGKILL ends it.
+    signals = [sig for _, sig in record["server_kills"]]
+    assert "15" in signals and signals[-1] == "9", record["server_kills"]
+    assert record["shim_restarts"] == 1 and record["state_after"] in ("idle", "busy")
+    assert record["draining_after"] is False and record["wedge_to_ready_again_s"] is not None
     wheres = [where for _, where in record["endpoints"]]
     assert "not ready" in wheres and wheres[-1] == "ready"
 

@@ -20,10 +20,14 @@ def test_the_image_is_the_project_on_the_local_base(engine: Engine, image: str, 
 
 
 def test_the_image_checks_the_shipped_configs(engine: Engine, image: str):
-    """`llm-vitals-exporter/remediator --check-config` on the files the compose file mounts."""
+    """`llm-vitals-exporter/remediator --check-config` on the files the compose file mounts.
+
+    With both tokens set, as docker-compose.yml sets them: the remediator reads the act and the read
+    token, the exporter the read token (its status page reads the remediator's decisions)."""
     for program in ("exporter", "remediator"):
         result = engine.docker(
             "run", "--rm", "--network", "none", "--label", LABEL, "-e", "LLM_VITALS_WEBHOOK_TOKEN=not-a-secret",
+            "-e", "LLM_VITALS_READ_TOKEN=not-a-secret-either",
             "-v", f"{CONFIGS / f'{program}.yaml'}:/etc/llm-vitals/{program}.yaml:ro",
             image, f"llm-vitals-{program}", "--check-config", "--config", f"/etc/llm-vitals/{program}.yaml",
             check=False, timeout=120)
