@@ -273,7 +273,9 @@ class GpuFaultState:
     @property
     def fault(self) -> GpuFault | None:
         """The fault of the first source that flags one, in SOURCES order."""
-        return combine(self.of(name).fault for name in SOURCES)
+        if not self.reads:  # most targets name no GPU source: asked twice a poll, answered at once
+            return None
+        return combine(read.fault for name in SOURCES if (read := self.reads.get(name)) is not None)
 
     @property
     def errors(self) -> dict[str, str]:
