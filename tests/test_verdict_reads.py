@@ -165,6 +165,17 @@ def test_a_slow_saturated_vllm_is_never_unready_nor_restartable_at_any_read() ->
         assert is_live(verdict, settings, T0 + t)
 
 
+def test_a_slow_read_whose_probe_the_exporter_was_too_late_to_hear_is_not_down() -> None:
+    """The real vLLM tier's slow drill (down_after 3 s, an 11 s page against a 10 s timeout) read
+    `down` once: a read timed out, and its second probe came back `exporter_late`, so the read stood
+    as a plain timeout past down_after. Now the whole read is the exporter's lateness."""
+    settings = target(down_after=3)
+    late_probe = with_second_probe(NO_PROBE, "/health", PollError("exporter_late", "loop 2s late"), health_route=True)
+    rows: list[tuple[float, Observation]] = [*BUSY, (16, SLOW), (45, snap(2, 20)), (56, late_probe)]
+    verdict = run(rows, VLLM, settings)[-1]
+    assert verdict.state == "busy" and is_ready(verdict, settings, T0 + 56, draining=False), verdict.detail
+
+
 def test_a_connect_hiccup_between_slow_pages_is_a_missed_read_not_down() -> None:
     """Good pages every other read of a slow server can come further apart than down_after (10 s
     timeout, 12 s page: ~30 s); the second probes that answered in between show it alive. Seen as a
@@ -243,7 +254,8 @@ def test_a_failed_read_of_the_server_is_still_a_poll(failure: PollError) -> None
     (PollError("timeout", "/health took longer than 10s"), True, "timeout", "unanswered"),
     (PollError("refused", "/health: connection refused"), True, "refused", None),
     (PollError("connect", "/health: no connection within the connect timeout"), True, "timeout", None),
-    (PollError("exporter_late", "late"), True, "timeout", None),  # the exporter could not listen: no evidence
+    # The exporter could not listen to the probe: the whole read is evidence of nothing (not toward down).
+    (PollError("exporter_late", "late"), True, "exporter_late", None),
     (PollError("http_status", "/health: malformed HTTP answer (400)"), True, "timeout", None),
 ])
 def test_the_second_probe_says_slow_frozen_dead_or_gone(answer, health_route: bool, reason: str, probe) -> None:

@@ -306,8 +306,10 @@ def with_second_probe(error: PollError, path: str, answer: int | PollError, *, h
     `answer` is the probe's HTTP status, or its own failure (already judged by `exporter_late`).
     Any status is `answered` (the process answers: the page is slow), but a health route's 503,
     the engine's word that it is dead; a refused connection is the process gone; a probe that
-    connected and got no answer is `unanswered` (frozen whole); any other failure, or one the
-    exporter was too late for, is no evidence either way, and `error` stays as it was.
+    connected and got no answer is `unanswered` (frozen whole); a probe the exporter was too late
+    to hear makes the whole read `exporter_late` (evidence of nothing, not even toward `down`: a
+    starved exporter must not turn a slow page into a dead server); any other failure is no
+    evidence either way, and `error` stays as it was.
     """
     if isinstance(answer, int):
         if health_route and answer == 503:
@@ -317,6 +319,8 @@ def with_second_probe(error: PollError, path: str, answer: int | PollError, *, h
         return PollError("refused", f"{error.detail}; then {answer.detail}")
     if answer.reason == "timeout":
         return PollError(error.reason, f"{error.detail}, and {answer.detail} too", probe="unanswered")
+    if answer.reason == "exporter_late":
+        return PollError("exporter_late", f"{error.detail}; the second probe at {path}: {answer.detail}")
     return error
 
 
