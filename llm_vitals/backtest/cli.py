@@ -15,7 +15,6 @@ import argparse
 import functools
 import sys
 from datetime import datetime
-from importlib import metadata
 from pathlib import Path
 
 from llm_vitals import exits
@@ -24,6 +23,7 @@ from llm_vitals.backtest.prometheus import Prometheus, PrometheusError, selector
 from llm_vitals.backtest.rules import RulesError, load_rules
 from llm_vitals.backtest.run import Options, Window, backtest
 from llm_vitals.config import ConfigError
+from llm_vitals.config_cli import add_version_option
 from llm_vitals.durations import parse_positive_duration
 from llm_vitals.examples import example_config
 from llm_vitals.exporter.settings import load_settings
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="What llm-vitals would have said and done over your own Prometheus history (the engines' "
                     "counters as Prometheus scraped them), next to what a request-based watchdog would have done.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    add_version_option(parser)
     parser.add_argument("--prometheus", metavar="URL", help="the Prometheus that scrapes the engines (required)")
     parser.add_argument("--start", type=parse_time, metavar="T", help="Unix seconds or RFC 3339 (required)")
     parser.add_argument("--end", type=parse_time, metavar="T", help="Unix seconds or RFC 3339 (required)")
@@ -88,14 +88,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--html", type=Path, default=None, metavar="FILE",
                         help="also write a self-contained HTML page (needs the `html` extra: matplotlib)")
     return parser
-
-
-def package_version() -> str:
-    """The installed llm-vitals distribution's version; `unknown` when run from a checkout not installed."""
-    try:
-        return metadata.version("llm-vitals")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
