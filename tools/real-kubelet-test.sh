@@ -49,9 +49,9 @@ trap 'exit 130' INT TERM
 
 # Serial on purpose: one cluster; the probe drills run side by side inside it (tests/kubelet/test_probes.py).
 # `timeout` bounds a wedged run (its SIGTERM still stops the cluster by PID, in the fixture's teardown).
-LLM_VITALS_REAL_KUBELET=1 timeout -k 60 1500 "$PYTHON" -m pytest tests/kubelet -p no:randomly -p no:cacheprovider "$@" \
+LLM_VITALS_REAL_KUBELET=1 timeout -k 60 3300 "$PYTHON" -m pytest tests/kubelet -p no:randomly -p no:cacheprovider "$@" \
   2>&1 | tee "$OUT/pytest.log"
 rc=${PIPESTATUS[0]}
-[ $rc = 124 ] && echo "real-kubelet tier: pytest timed out after 1500 s" >&2
+[ $rc = 124 ] && echo "real-kubelet tier: pytest timed out after 3300 s" >&2
 echo "real-kubelet tier: $(( $(date +%s) - started )) s in all (setup ${setup_s} s; pytest status $rc)"
 exit $rc

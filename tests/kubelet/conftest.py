@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from real_tier import RealTier
 
+from . import fleet as chain
 from .cluster import Binaries, Cluster
 from .history import History
 from .image import build_image
@@ -31,7 +32,7 @@ from .workloads import CHANGES, NAMESPACE, render, tokens_secret
 
 TIER = RealTier("kubelet", enable="LLM_VITALS_REAL_KUBELET", require="LLM_VITALS_REQUIRE_REAL_KUBELET")
 # Not part of the normal suite: `make test-kubelet` runs the tier on its own.
-collect_ignore = TIER.left_out("test_probes.py", "test_remediation.py")
+collect_ignore = TIER.left_out("test_probes.py", "test_remediation.py", "test_two_actors.py")
 RUN_DIR_ENV = "LLM_VITALS_KUBELET_RUN"  # tools/real-kubelet-test.sh makes it and stops whatever is left in it
 
 REPORT = Report(OUT / "report.json")
@@ -99,6 +100,16 @@ def tier(cluster: Cluster) -> Iterator[Tier]:
     finally:
         history.close()
         REPORT.write()
+
+
+@pytest.fixture(scope="session")
+def fleet(tier: Tier) -> Iterator[chain.Fleet]:
+    """The whole chain (tests/kubelet/fleet.py), for the remediation and the two actors' drills."""
+    started = chain.start(tier)
+    try:
+        yield started
+    finally:
+        chain.stop(started)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -1,198 +1,71 @@
-"""Drills 5 and 6: the whole chain, judged by the real cluster.
-
-Prometheus and Alertmanager (Debian's, on this machine's loopback, outside the cluster) scrape the
-fleet exporter, which discovers the pods through the API server with its own ServiceAccount and the
-shipped RBAC; the remediator runs in the cluster as its StatefulSet of 2 (its in-cluster service
-account, its shared Lease, a journal each on a PersistentVolume). Alertmanager delivers every alert
-to both replicas, as an HA pair of receivers does.
+"""Drills 5 and 6: the whole chain (tests/kubelet/fleet.py), judged by the real cluster.
 
 5. a stuck pod is deleted (name + UID), the ReplicaSet replaces it, the scheduler binds the new one
    and its kubelet starts it; the exporter follows the new pod to idle/busy; exactly one restart
-   between the two replicas, and an Event records it;
+   between the two replicas, an Event records it, and none by the kubelet: the shim heard the
+   remediator's word (the whole chain is up), the deleted pod's server never restarted in place,
+   and the journal names the remediator as the actor;
 6. a GPU condition on the stuck pod's node: `gpu_fault_action: cordon_and_move` cordons and taints
    that node, and the pod comes back on the other node; nothing is ever uncordoned.
-
-The monitoring stack reaches into the cluster through forwarders (tests/kubelet/nsfwd.py): host
-127.0.0.1 ports whose connections start in the cluster's namespace.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import threading
 import time
-from collections.abc import Coroutine, Iterator
-from typing import Any, TypeVar
 
-import aiohttp
-import httpx
-import pytest
-from stack import RULES_FILE, RealStack, alertmanager_config, write_rules_with_short_for
-
-from llm_vitals.demo.load import Load
-
+from .fleet import REMEDIATION, Fleet, deleted, hang_under_load, live, server_restarts, wait_serving
 from .tier import Tier, restarts, since
-from .workloads import NAMESPACE, Workload, fleet_exporter, journal_volumes, remediator, simulator
 
-FLEET = [Workload(f"vllm-{x}", port, port + 1500, simulator(port), labels={"fleet": "yes"})
-         for x, port in (("a", 8110), ("b", 8120), ("c", 8130))]
-EXPORTER_PORT = 9481  # the fleet exporter's (shipped: 9471, which the shims use)
-REMEDIATOR_PORT = 9472
 COOLDOWN_S = 30.0  # workloads.remediator's global_cooldown
-T = TypeVar("T")
-
-
-class LoopThread:
-    """An event loop in a thread of its own, for the monitoring stack's async API from sync drills."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="stack-loop", daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 120) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-
-
-class Fleet:
-    def __init__(self, tier: Tier, exporter_url: str, remediator_urls: list[str], stack: RealStack, loop: LoopThread):
-        self.tier, self.exporter_url, self.remediator_urls, self.stack, self.loop = tier, exporter_url, remediator_urls, stack, loop
-
-    def targets(self) -> dict[str, dict[str, Any]]:
-        answer = httpx.get(f"{self.exporter_url}/api/v1/targets", timeout=5, trust_env=False)
-        return {t["name"]: t for t in answer.json()["targets"]}
-
-    def target(self, pod: str) -> dict[str, Any] | None:
-        try:
-            return self.targets().get(f"{NAMESPACE}/{pod}")
-        except (httpx.HTTPError, ValueError):
-            return None
-
-    def restarts_run(self) -> float:
-        return sum(self.tier.metric(url, "llm_vitals_remediator_restarts_total") for url in self.remediator_urls)
-
-    def firing(self, pod: str) -> bool:
-        alerts = self.loop.run(self.stack.prometheus_alerts("firing"))
-        return any(a["labels"].get("target") == f"{NAMESPACE}/{pod}" and a["labels"].get("alertname") == "LLMServerStuck"
-                   for a in alerts)
-
-
-@pytest.fixture(scope="module")
-def fleet(tier: Tier) -> Iterator[Fleet]:
-    began = time.time()
-    for w in FLEET:
-        tier.deploy(w)
-    tier.apply(fleet_exporter(tier.rendered, tier.image, EXPORTER_PORT))
-    exporter_pod = tier.wait_ready("llm-vitals-exporter", 240)
-    journals = [tier.cluster.run / f"journal-{i}" for i in range(2)]
-    for d in journals:
-        d.mkdir()
-        os.chown(d, 10001, 10001)  # the image's uid; a provisioned volume would get it from fsGroup
-    tier.apply(journal_volumes(journals))
-    # No cluster DNS here: the remediator is told the exporter's pod address instead of its Service name.
-    tier.apply(remediator(tier.rendered, tier.image, f"http://{exporter_pod.node}:{EXPORTER_PORT}"))
-    replicas = tier.history.wait(lambda: (r := [p for p in tier.history.live("llm-vitals-remediator") if p.ready])
-                                 and len(r) == 2 and r, 240, "both remediator replicas Ready")
-    for w in FLEET:
-        tier.wait_ready(w.name, 240)
-    exporter_url = tier.url(exporter_pod.node, EXPORTER_PORT)
-    remediator_urls = [tier.url(p.node, REMEDIATOR_PORT) for p in replicas]
-    run = tier.cluster.run / "monitoring"
-    run.mkdir()
-    rules = write_rules_with_short_for(RULES_FILE, run / "rules.yml", seconds=2)
-    am = alertmanager_config(f"{remediator_urls[0]}/webhook", tier.webhook_token, run, repeat_interval="10s")
-    [receiver] = [r for r in am["receivers"] if r["name"] == "llm-vitals-remediator"]
-    first = receiver["webhook_configs"][0]
-    receiver["webhook_configs"] = [{**first, "url": f"{url}/webhook"} for url in remediator_urls]
-    loop = LoopThread()
-    stack = RealStack(run, scrape_targets={"llm-vitals": [exporter_url.removeprefix("http://")]},
-                      rule_files=[rules], alertmanager_config=am)
-    loop.run(stack.__aenter__())
-    fleet = Fleet(tier, exporter_url, remediator_urls, stack, loop)
-    tier.report.facts["fleet ready s"] = round(time.time() - began, 1)
-    tier.report.facts["fleet"] = {"exporter": exporter_pod.node, "remediators": [p.node for p in replicas]}
-    try:
-        yield fleet
-    finally:
-        loop.run(stack.close())
-        loop.close()
-
-
-def _wait_serving(fleet: Fleet, pod: str, timeout: float = 120) -> dict[str, Any]:
-    return fleet.tier.history.wait(lambda: (t := fleet.target(pod)) and t["state"] in ("idle", "busy") and t,
-                                   timeout, f"the exporter to judge llm/{pod} idle or busy")
-
-
-def _hang_under_load(fleet: Fleet, w: Workload, pod: str, pod_node: str, until) -> tuple[float, Any]:
-    """Load the pod's server, hang its engine once the exporter reads it busy (a hang stops admitting
-    requests too: work must be in flight first); run `until()` with the load on."""
-    server = fleet.tier.url(pod_node, w.server_port)
-
-    async def body() -> tuple[float, Any]:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
-            load = Load(session, server, workers=6, max_tokens=1500)
-            load.start()
-            try:
-                await asyncio.to_thread(fleet.tier.history.wait, lambda: (t := fleet.target(pod)) and t["state"] == "busy",
-                                        60, f"the exporter to read llm/{pod} busy", 0.5)
-                async with session.post(f"{server}/admin/fault", json={"fault": "hang"}) as answer:
-                    assert answer.status == 200, await answer.text()
-                wedged = time.time()
-                return wedged, await asyncio.to_thread(until)
-            finally:
-                await load.stop()
-
-    return asyncio.run(body())
-
-
-def _deleted(tier: Tier, workload: str, pod: str) -> float | None:
-    return next((p.at for p in tier.history.of_workload(workload) if p.name == pod and (p.deleting or p.event == "DELETED")),
-                None)
 
 
 def test_a_stuck_pod_is_deleted_once_replaced_and_followed_by_the_exporter(fleet: Fleet):
-    tier, w = fleet.tier, FLEET[0]
+    tier, w = fleet.tier, fleet.workloads[REMEDIATION[0].name]
     [pod] = tier.history.live(w.name)
-    _wait_serving(fleet, pod.name)
+    wait_serving(fleet, pod.name)
+    # Everything up: the shim has heard the remediator's word (`act`: not "not heard yet", not armed).
+    tier.history.wait(lambda: live(tier, pod, w)[1] == {"mode": "act", "reason": ""}, 60,
+                      f"{pod.name}'s shim to hear the remediator's word", 1)
     restarts_before = fleet.restarts_run()
     firing_at: list[float] = []
+    backstops: list[tuple[float, dict]] = []  # what the shim's liveness reported while the restart ran
 
     def until_deleted() -> float:
         def seen() -> float | None:
-            if not firing_at and fleet.firing(pod.name):
+            if not firing_at and fleet.firing("LLMServerStuck", pod=pod.name):
                 firing_at.append(time.time())
-            return _deleted(tier, w.name, pod.name)
+            if (found := live(tier, pod, w)[1]) and (not backstops or backstops[-1][1] != found):
+                backstops.append((time.time(), found))
+            return deleted(tier, w.name, pod.name)
         return tier.history.wait(seen, 240, f"the remediator to delete {pod.name}", 0.5)
 
-    wedged, deleted = _hang_under_load(fleet, w, pod.name, pod.node, until_deleted)
+    wedged, deleted_at = hang_under_load(fleet, w, [pod], until_deleted)
     new = tier.wait_ready(w.name, 240, other_than=[pod.name])
     created = min(p.at for p in tier.history.of_workload(w.name) if p.name == new.name)
     bound = tier.first(w.name, new.name, lambda p: bool(p.node))
-    followed = _wait_serving(fleet, new.name)
+    followed = wait_serving(fleet, new.name)
     followed_at = time.time()
     # Both replicas got every alert; the Lease let exactly one act.
     tier.history.wait(lambda: fleet.restarts_run() - restarts_before >= 1, 30, "the restart counted")
     time.sleep(5)  # a second replica's restart would have been counted by now (its webhook came at once)
     restarts_run = fleet.restarts_run() - restarts_before
     events = tier.events(pod.name, "LLMVitalsRestart")
+    actors = sorted({row.get("actor") or "-" for row in fleet.actions(w.name)})
     record = {
         "pod": pod.name, "node": pod.node, "replacement": new.name, "replacement_node": new.node,
         "wedge_to_firing_s": since(wedged, firing_at[0] if firing_at else None),
-        "wedge_to_deleted_s": round(deleted - wedged, 1),
-        "deleted_to_created_s": round(created - deleted, 1), "deleted_to_bound_s": since(deleted, bound),
-        "deleted_to_ready_s": round(new.at - deleted, 1), "deleted_to_followed_s": round(followed_at - deleted, 1),
+        "wedge_to_deleted_s": round(deleted_at - wedged, 1),
+        "deleted_to_created_s": round(created - deleted_at, 1), "deleted_to_bound_s": since(deleted_at, bound),
+        "deleted_to_ready_s": round(new.at - deleted_at, 1), "deleted_to_followed_s": round(followed_at - deleted_at, 1),
         "followed_state": followed["state"], "restarts_run": restarts_run, "restart_events": len(events),
         "event_messages": [e["message"][:200] for e in events], "restarts": restarts(new),
+        "server_restarts_in_place": server_restarts(tier, w.name, pod.name), "journal_actors": actors,
+        "shim_backstop": [(round(t - wedged, 1), b) for t, b in backstops],
         "endpoints": [(round(t - wedged, 1), where) for t, where in tier.history.endpoints_of(pod.name)],
-        "headline": f"stuck pod deleted {deleted - wedged:.1f} s after the wedge, replacement Ready "
-                    f"{new.at - deleted:.1f} s after the deletion on {new.node}, followed {followed['state']}; "
-                    f"{restarts_run:g} restart, {len(events)} Event",
+        "headline": f"stuck pod deleted {deleted_at - wedged:.1f} s after the wedge, replacement Ready "
+                    f"{new.at - deleted_at:.1f} s after the deletion on {new.node}, followed {followed['state']}; "
+                    f"{restarts_run:g} restart, {len(events)} Event, none by the kubelet",
     }
     tier.report.drill("remediation", record)
     print(f"\nremediation: {record}")
@@ -200,7 +73,11 @@ def test_a_stuck_pod_is_deleted_once_replaced_and_followed_by_the_exporter(fleet
     assert len(events) == 1 and events[0]["involvedObject"]["uid"] == pod.uid
     assert new.name != pod.name and followed["state"] in ("idle", "busy")
     assert restarts(new) == {"vllm": 0, "vitals-shim": 0}
-    tier.report.facts["last restart at"] = deleted
+    # One restart per hang: the kubelet never restarted the stuck server in place, and the journal
+    # names no actor but the remediator.
+    assert record["server_restarts_in_place"] == 0
+    assert "kubelet" not in actors, actors
+    tier.report.facts["last restart at"] = deleted_at
 
 
 def _set_gpu_condition(tier: Tier, node: str) -> None:
@@ -217,11 +94,11 @@ def _set_gpu_condition(tier: Tier, node: str) -> None:
 
 
 def test_a_gpu_fault_cordons_and_taints_the_node_and_the_pod_runs_on_the_other(fleet: Fleet):
-    tier, w = fleet.tier, FLEET[1]
+    tier, w = fleet.tier, fleet.workloads[REMEDIATION[1].name]
     [pod] = tier.history.live(w.name)
     faulty = pod.node
     [other] = [n["metadata"]["name"] for n in tier.get("/api/v1/nodes")["items"] if n["metadata"]["name"] != faulty]
-    _wait_serving(fleet, pod.name)
+    wait_serving(fleet, pod.name)
     # One restart or move at a time: the global cooldown after drill 5's restart must be over.
     if (last := tier.report.facts.get("last restart at")) is not None:
         time.sleep(max(0.0, last + COOLDOWN_S + 1 - time.time()))
@@ -230,9 +107,9 @@ def test_a_gpu_fault_cordons_and_taints_the_node_and_the_pod_runs_on_the_other(f
                                 f"the exporter to flag llm/{pod.name}'s GPU fault")
 
     def until_deleted() -> float:
-        return tier.history.wait(lambda: _deleted(tier, w.name, pod.name), 240, f"{pod.name} moved off {faulty}", 0.5)
+        return tier.history.wait(lambda: deleted(tier, w.name, pod.name), 240, f"{pod.name} moved off {faulty}", 0.5)
 
-    wedged, deleted = _hang_under_load(fleet, w, pod.name, pod.node, until_deleted)
+    wedged, deleted_at = hang_under_load(fleet, w, [pod], until_deleted)
     new = tier.wait_ready(w.name, 240, other_than=[pod.name])
     node = tier.get(f"/api/v1/nodes/{faulty}")
     taints = [t for t in node["spec"].get("taints") or [] if t["key"] == "llm-vitals/gpu-fault"]
@@ -241,11 +118,11 @@ def test_a_gpu_fault_cordons_and_taints_the_node_and_the_pod_runs_on_the_other(f
     ours = sorted({f"{e['involvedObject']['kind']} {e['reason']}" for e in events if e["reason"].startswith("LLMVitals")})
     record = {
         "pod": pod.name, "faulty_node": faulty, "gpu_fault": flagged["gpu_fault"], "replacement": new.name,
-        "replacement_node": new.node, "wedge_to_moved_s": round(deleted - wedged, 1),
-        "deleted_to_ready_s": round(new.at - deleted, 1), "cordoned": bool(node["spec"].get("unschedulable")),
+        "replacement_node": new.node, "wedge_to_moved_s": round(deleted_at - wedged, 1),
+        "deleted_to_ready_s": round(new.at - deleted_at, 1), "cordoned": bool(node["spec"].get("unschedulable")),
         "taints": taints, "other_node_cordoned": bool(other_node["spec"].get("unschedulable")), "events": ours,
         "headline": f"{faulty} cordoned and tainted {taints[0]['value'] if taints else '-'}, pod moved "
-                    f"{deleted - wedged:.1f} s after the wedge, Ready on {new.node} {new.at - deleted:.1f} s later",
+                    f"{deleted_at - wedged:.1f} s after the wedge, Ready on {new.node} {new.at - deleted_at:.1f} s later",
     }
     tier.report.drill("gpu-fault", record)
     print(f"\ngpu-fault: {record}")
@@ -256,6 +133,7 @@ def test_a_gpu_fault_cordons_and_taints_the_node_and_the_pod_runs_on_the_other(f
     # Nothing uncordons it: still cordoned after the pod came back elsewhere.
     time.sleep(5)
     assert tier.get(f"/api/v1/nodes/{faulty}")["spec"].get("unschedulable") is True
+    tier.report.facts["last restart at"] = deleted_at
 
 
 

@@ -60,8 +60,20 @@ def test_a_drill_workload_keeps_the_probes_the_hook_and_the_shim_as_shipped(rend
     settings = yaml.safe_load(config["data"]["exporter.yaml"])
     shipped_settings = yaml.safe_load(find(rendered, "ConfigMap", "vllm-shim")["data"]["exporter.yaml"])
     assert settings["listen"] == "0.0.0.0:9530" and settings["targets"][0]["url"] == "http://127.0.0.1:8030"
-    assert _without(settings, "listen", "targets") == _without(shipped_settings, "listen", "targets")
-    assert _without(settings["targets"][0], "url", "stuck_after") == _without(shipped_settings["targets"][0], "url", "stuck_after")
+    assert _without(settings, "listen", "targets", "backstop") == _without(shipped_settings, "listen", "targets", "backstop")
+    assert settings["backstop"] == {**shipped_settings["backstop"], "after": "90s"}
+    assert settings["targets"][0]["workload"] == "Deployment/llm/vllm-hang"
+    assert _without(settings["targets"][0], "url", "stuck_after", "workload") == \
+        _without(shipped_settings["targets"][0], "url", "stuck_after", "workload")
+
+
+def test_a_workload_deployed_after_the_remediator_asks_it_and_may_have_replicas(rendered):
+    w = Workload("vllm-storm", 8140, 9640, simulator(8140), replicas=2, remediator_url="http://10.213.0.2:9472")
+    config, deployment = server_workload(rendered, w, IMAGE)
+    settings = yaml.safe_load(config["data"]["exporter.yaml"])
+    assert settings["remediator_url"] == "http://10.213.0.2:9472" and deployment["spec"]["replicas"] == 2
+    assert settings["remediator_token_file"] == yaml.safe_load(
+        find(rendered, "ConfigMap", "vllm-shim")["data"]["exporter.yaml"])["remediator_token_file"]
 
 
 def test_the_llama_server_workload_mounts_the_cached_build(rendered):
@@ -83,7 +95,7 @@ def test_the_exporter_and_remediator_keep_their_rbac_and_change_only_what_the_cl
                               ["data"]["remediator.yaml"])
     shipped = yaml.safe_load(find(rendered, "ConfigMap", "llm-vitals-remediator")["data"]["remediator.yaml"])
     changed = {k for k in shipped.keys() | settings.keys() if shipped.get(k) != settings.get(k)}
-    assert changed == {"exporter_url", "global_cooldown", "gpu_fault_action"}
+    assert changed == {"exporter_url", "global_cooldown", "gpu_fault_action", "max_unhealthy"}
     stateful = find(remediator(rendered, IMAGE, "http://x:1"), "StatefulSet", "llm-vitals-remediator")
     assert stateful["spec"]["replicas"] == 2 and stateful["spec"]["volumeClaimTemplates"] == \
         find(rendered, "StatefulSet", "llm-vitals-remediator")["spec"]["volumeClaimTemplates"]

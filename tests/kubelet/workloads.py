@@ -32,14 +32,21 @@ CHANGES = (
     "hostNetwork: true (no CNI: a pod has its node's network, the node a namespace of its own)",
     "ports: each workload its own server and shim port (pods on one node share its ports); the probes, "
     "the preStop drain URL and the shim's listen/url follow",
-    "one Deployment per drill, each a copy of the `vllm` Deployment with replicas 1 and a `workload` label "
-    "added to its selector, and its own copy of the `vllm-shim` ConfigMap",
+    "one Deployment per drill, each a copy of the `vllm` Deployment with replicas 1 (2 for the fleet-gate drill) "
+    "and a `workload` label added to its selector, and its own copy of the `vllm-shim` ConfigMap, whose target's "
+    "`workload` names that Deployment",
     "no `nvidia.com/gpu` limit (no GPU here)",
     "timings: stuck_after 15 s in the shims and 10 s in the fleet exporter (shipped 120 s); the remediator's "
     "global_cooldown 30 s (shipped 15 min); the probes' periods and thresholds stay as shipped",
-    "the remediator's exporter_url names the fleet exporter's pod address (no cluster DNS), and "
-    "gpu_fault_action is cordon_and_move (shipped: refuse) for the GPU-fault drill",
+    "the remediator's exporter_url names the fleet exporter's pod address (no cluster DNS), "
+    "gpu_fault_action is cordon_and_move (shipped: refuse) for the GPU-fault drill, and max_unhealthy is 1 "
+    "(shipped 40%): the tier's fleet is a dozen one-replica drills, and two hung at once must be a storm",
+    "the shims' backstop.after is 90 s (shipped 10 min); the shims deployed after the remediator (the remediation "
+    "and two-actor drills) ask a remediator replica's pod address (no cluster DNS); the probe drills' shims, "
+    "deployed before it, keep the shipped Service name, which resolves nowhere here: never heard, their backstop "
+    "acts alone, as those drills need",
 )
+BACKSTOP_AFTER = 90.0  # the shims' backstop.after here (CHANGES)
 
 
 def render(kubectl: str, variant: Path = CLASSIC) -> list[dict[str, Any]]:
@@ -96,6 +103,8 @@ class Workload:
     engine: Engine
     stuck_after: str = "15s"
     labels: Mapping[str, str] = field(default_factory=dict)
+    replicas: int = 1
+    remediator_url: str | None = None  # where its shim asks its backstop's word; None: as shipped
 
 
 def server_workload(rendered: Sequence[Mapping[str, Any]], w: Workload, image: str) -> list[dict[str, Any]]:
@@ -105,7 +114,7 @@ def server_workload(rendered: Sequence[Mapping[str, Any]], w: Workload, image: s
     deployment["metadata"]["name"] = w.name
     config["metadata"]["name"] = f"{w.name}-shim"
     spec = deployment["spec"]
-    spec["replicas"] = 1
+    spec["replicas"] = w.replicas
     labels = {"workload": w.name, **w.labels}
     spec["selector"]["matchLabels"].update(labels)
     spec["template"]["metadata"]["labels"].update(labels)
@@ -146,6 +155,10 @@ def server_workload(rendered: Sequence[Mapping[str, Any]], w: Workload, image: s
     target["url"] = f"http://127.0.0.1:{w.server_port}"
     target["engine"] = w.engine.kind
     target["stuck_after"] = w.stuck_after
+    target["workload"] = f"Deployment/{NAMESPACE}/{w.name}"
+    shim_config["backstop"]["after"] = f"{BACKSTOP_AFTER:g}s"
+    if w.remediator_url is not None:
+        shim_config["remediator_url"] = w.remediator_url
     config["data"]["exporter.yaml"] = yaml.safe_dump(shim_config, sort_keys=False)
     return [config, deployment]
 
@@ -182,6 +195,7 @@ def remediator(rendered: Sequence[Mapping[str, Any]], image: str, exporter_url: 
     settings["exporter_url"] = exporter_url
     settings["global_cooldown"] = "30s"
     settings["gpu_fault_action"] = "cordon_and_move"
+    settings["max_unhealthy"] = 1
     config["data"]["remediator.yaml"] = yaml.safe_dump(settings, sort_keys=False)
     stateful = find(rendered, "StatefulSet", "llm-vitals-remediator")
     pod = stateful["spec"]["template"]["spec"]
