@@ -71,8 +71,9 @@ BEFORE_APPLYING = """\
 #      (read-token: the remediator's read-only token; the vLLM pods' shims read their workload's
 #      word with it: docs/remediator.md, "Two actors");
 #   3. the ServiceMonitors, the PodMonitor and the PrometheusRule (base/servicemonitor.yaml,
-#      base/prometheusrule.yaml) need the Prometheus Operator (kube-prometheus-stack): remove them
-#      without it, or label them for your Prometheus's selectors.
+#      base/prometheusrule.yaml) need the Prometheus Operator (kube-prometheus-stack): without it,
+#      take the two files out of base/kustomization.yaml's resources and load
+#      alerts/llm-vitals.rules.yml into your Prometheus; with it, label them for its selectors.
 #
 # The namespace (llm), the release name (llm-vitals) and the model are written into the objects and
 # their configs: for others, render the chart yourself (docs/deploy.md), e.g.
