@@ -145,6 +145,14 @@ def test_additional_labels_reach_every_object():
             assert doc["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
 
+def test_create_namespace_renders_the_releases_namespace():
+    """For a render applied without Helm (the kustomize variants); off by default (--create-namespace)."""
+    assert not [o for o in RENDERED["defaults"] if o["kind"] == "Namespace"]
+    [namespace] = [o for o in render({"createNamespace": True}, namespace="serving") if o["kind"] == "Namespace"]
+    assert namespace["metadata"]["name"] == "serving"
+    assert namespace["metadata"]["labels"]["app.kubernetes.io/part-of"] == "llm-vitals"
+
+
 def test_a_release_of_another_name_names_its_objects_after_itself():
     objects = render({"vllm": {"enabled": True}}, release="prod", namespace="serving")
     remediator = RemediatorSettings.model_validate(_config(objects, "prod-llm-vitals-remediator", "remediator.yaml"))
