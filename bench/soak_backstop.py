@@ -30,7 +30,7 @@ from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict import Verdict, is_live
 from llm_vitals.remediator.store import StateUnavailable
 
-PROBE_PERIOD, PROBE_FAILURES = 20.0, 6  # deploy/kubernetes/base/vllm.yaml's livenessProbe
+PROBE_PERIOD, PROBE_FAILURES = 20.0, 6  # the vLLM example's livenessProbe (deploy/helm/llm-vitals/templates/vllm.yaml)
 AFTER = 600.0  # backstop.after as shipped
 
 

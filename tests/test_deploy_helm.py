@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import pytest
 import yaml
-from conftest import REPO, load_script
+from conftest import REPO
 from kube_schema import CRDS, VERSIONS, assert_schema_valid
 
 from llm_vitals.exporter.settings import ExporterSettings
@@ -145,6 +145,14 @@ def test_additional_labels_reach_every_object():
             assert doc["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
 
+def test_create_namespace_renders_the_releases_namespace():
+    """For a render applied without Helm (the kustomize variants); off by default (--create-namespace)."""
+    assert not [o for o in RENDERED["defaults"] if o["kind"] == "Namespace"]
+    [namespace] = [o for o in render({"createNamespace": True}, namespace="serving") if o["kind"] == "Namespace"]
+    assert namespace["metadata"]["name"] == "serving"
+    assert namespace["metadata"]["labels"]["app.kubernetes.io/part-of"] == "llm-vitals"
+
+
 def test_a_release_of_another_name_names_its_objects_after_itself():
     objects = render({"vllm": {"enabled": True}}, release="prod", namespace="serving")
     remediator = RemediatorSettings.model_validate(_config(objects, "prod-llm-vitals-remediator", "remediator.yaml"))
@@ -176,8 +184,7 @@ def test_the_charts_copy_of_the_rules_is_in_sync():
     writes it from alerts/, and this fails until it is run after a change to the rules."""
     copy = CHART / "files" / "llm-vitals.rules.yml"
     assert copy.read_text() == (REPO / "alerts" / "llm-vitals.rules.yml").read_text(), \
-        "run: python deploy/kubernetes/make_prometheusrule.py"
-    assert load_script(REPO / "deploy" / "kubernetes" / "make_prometheusrule.py").main(["--check"]) == 0
+        "run: python deploy/kubernetes/make_from_chart.py"
 
 
 def test_servicemonitors_select_their_services_and_name_the_job_the_rules_watch():
@@ -250,22 +257,6 @@ def test_remediator_replicas_share_the_lease_their_role_names():
     pod = stateful["spec"]["template"]["spec"]
     mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     assert str(settings.state_path.parent) == mounts[claim["metadata"]["name"]]
-
-
-def test_rbac_is_the_kustomize_bases_own():
-    """The chart grants exactly the rights deploy/kubernetes/base/ grants (tests/k8s/ runs those)."""
-    base = {}
-    for name in ["exporter.yaml", "remediator.yaml"]:
-        for doc in yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "base" / name).read_text()):
-            if doc and doc["kind"] in {"Role", "ClusterRole"}:
-                base[(doc["kind"], doc["metadata"]["name"])] = doc["rules"]
-    objects = RENDERED["defaults"]
-    assert _one(objects, "Role", "llm-vitals-remediator")["rules"] == base[("Role", "llm-vitals-remediator")]
-    assert _one(objects, "ClusterRole", "llm-vitals-remediator-llm")["rules"] == \
-        base[("ClusterRole", "llm-vitals-remediator")]
-    assert _one(objects, "Role", "llm-vitals-exporter-pods")["rules"] == base[("Role", "llm-vitals-exporter-pods")]
-    assert _one(objects, "ClusterRole", "llm-vitals-exporter-nodes-llm")["rules"] == \
-        base[("ClusterRole", "llm-vitals-exporter-nodes")]
 
 
 def test_tolerations_and_node_selectors_reach_the_pods():
@@ -374,17 +365,6 @@ def test_classic_sidecar_the_shim_is_a_second_container_that_outlives_the_drain(
     assert "restartPolicy" not in shim and "startupProbe" not in shim
     assert "sleep(20)" in shim["lifecycle"]["preStop"]["exec"]["command"][-1]
     assert _server(pod)["livenessProbe"]["httpGet"]["port"] == 9471
-
-
-def test_the_shim_pod_matches_the_kustomize_variants_probes():
-    """The chart's probes are the base's, which a real kubelet judged (make test-kubelet)."""
-    base = next(doc for doc in yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "base" / "vllm.yaml").read_text())
-                if doc and doc["kind"] == "Deployment")
-    base_server = base["spec"]["template"]["spec"]["containers"][0]
-    server = _server(_vllm_pod())
-    for probe in ["readinessProbe", "livenessProbe"]:
-        assert server[probe] == base_server[probe]
-    assert server["lifecycle"] == base_server["lifecycle"]
 
 
 def test_the_shims_ask_the_remediator_for_their_deployments_word_with_the_read_token():

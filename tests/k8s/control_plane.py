@@ -38,7 +38,7 @@ Traps of this version (see the fixture recipe): EndpointSlice is `discovery.k8s.
 Lease MicroTimes need exactly six fractional digits; bound pods (with a nodeName) stay Terminating
 after a plain delete, since no kubelet confirms it (unbound pods go at once); with no
 controller-manager nothing recreates a deleted pod and namespaces never finish deleting; a probe on
-an init container is refused (native sidecars, as deploy/kubernetes/base/vllm.yaml's shim, are 1.29+).
+an init container is refused (native sidecars, as deploy/kubernetes/native/vllm.yaml's shim, are 1.29+).
 """
 
 from __future__ import annotations

@@ -107,9 +107,9 @@ async def test_a_deployment_whose_new_pods_keep_hanging_opens_its_circuit_for_th
     load: Load | None = None
     replica: Replica | None = None
     # The exporter's rights as shipped: the pods and ReplicaSets Role, and the nodes ClusterRole (its node watch).
-    cp.grant(ns, EXPORTER, manifest("exporter.yaml", "Role", "llm-vitals-exporter-pods")["rules"],
+    cp.grant(ns, EXPORTER, manifest("base/exporter.yaml", "Role", "llm-vitals-exporter-pods")["rules"],
              name="llm-vitals-exporter-pods")
-    cp.grant(None, EXPORTER, manifest("exporter.yaml", "ClusterRole", "llm-vitals-exporter-nodes")["rules"],
+    cp.grant(None, EXPORTER, manifest("base/exporter.yaml", "ClusterRole", "llm-vitals-exporter-nodes-llm")["rules"],
              name="llm-vitals-exporter-nodes")
     grant_remediator_rbac(cp, ns)
     cp.create_node(node)

@@ -1,11 +1,12 @@
 """A Deployment of 4 vLLM pods watched pod by pod, then scaled to 3: the README's Kubernetes listing.
 
-    Deployment vllm (deploy/kubernetes/base/vllm.yaml, 4 replicas)
+    Deployment llm-vitals-vllm (deploy/kubernetes/native/vllm.yaml, the chart's render; 4 replicas)
         -> kube-controller-manager: ReplicaSet, 4 pods
         -> this test, as scheduler and kubelet: pods/binding to two Node objects, pods/status Running
            with the pod IPs 127.0.0.2-5 (all of 127/8 is on `lo`)
     llm-vitals-sim, one process per pod IP, on the pod's `http` port: busy, idle, stuck, idle
-    llm-vitals-exporter (the CLI) -- list+watch app=vllm, its own token, the manifest's Role -->
+    llm-vitals-exporter (the CLI) -- list+watch app.kubernetes.io/name=vllm (the shipped selector),
+        its own token, the manifest's Role -->
         GET /api/v1/targets: each pod a target `<namespace>/<pod>` with its node and state
 
 The listing, as `jq -r '.targets[] | [.name, .node, .state] | @tsv'` prints it, before and after
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import yaml
@@ -32,7 +34,8 @@ from .control_plane import REPO, ControlPlane
 from .waits import wait_until
 
 EXPORTER = "llm-vitals-exporter"
-MANIFESTS = REPO / "deploy" / "kubernetes" / "base"
+MANIFESTS = REPO / "deploy" / "kubernetes"  # the chart's render: base/ and the variants' vllm.yaml
+DEPLOYMENT = "llm-vitals-vllm"
 LISTING = REPO / ".cache" / "k8s-deployment-listing.txt"
 POD_IPS = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
 STATES = ("busy", "idle", "stuck", "idle")  # of the pod given POD_IPS[i] (pods sorted by name)
@@ -46,9 +49,17 @@ def manifest(name: str, kind: str, object_name: str) -> dict[str, Any]:
                 if d and d["kind"] == kind and d["metadata"]["name"] == object_name)
 
 
+def shipped_selector() -> str:
+    """The label selector the shipped fleet exporter finds the vLLM pods by."""
+    config = manifest("base/exporter.yaml", "ConfigMap", "llm-vitals-exporter")["data"]["exporter.yaml"]
+    return yaml.safe_load(config)["discovery"][0]["kubernetes"]["selector"]
+
+
 def shipped_deployment(port: int) -> dict[str, Any]:
-    """deploy/kubernetes/base/vllm.yaml's Deployment, changed only where this API server or this machine needs it."""
-    deployment = manifest("vllm.yaml", "Deployment", "vllm")
+    """deploy/kubernetes/native/vllm.yaml's Deployment, changed only where this API server, this machine
+    or this test needs it."""
+    deployment = manifest("native/vllm.yaml", "Deployment", DEPLOYMENT)
+    deployment["spec"]["replicas"] = len(POD_IPS)  # the chart ships 2; the listing shows 4
     spec = deployment["spec"]["template"]["spec"]
     # The shim is a native sidecar (an init container with restartPolicy Always, Kubernetes >= 1.29).
     # kube-apiserver 1.20 refuses a probe on an init container (422 "must not be set for init
@@ -104,10 +115,11 @@ async def test_a_deployment_is_watched_pod_by_pod_and_a_scaled_away_pod_leaves_t
     processes: list[ManagedProcess] = []
     loads: list[Load] = []
     # The exporter's rights as shipped: the pods Role, and the nodes ClusterRole (its GPU-fault node watch).
-    cp.grant(ns, EXPORTER, manifest("exporter.yaml", "Role", "llm-vitals-exporter-pods")["rules"],
+    cp.grant(ns, EXPORTER, manifest("base/exporter.yaml", "Role", "llm-vitals-exporter-pods")["rules"],
              name="llm-vitals-exporter-pods")
-    cp.grant(None, EXPORTER, manifest("exporter.yaml", "ClusterRole", "llm-vitals-exporter-nodes")["rules"],
+    cp.grant(None, EXPORTER, manifest("base/exporter.yaml", "ClusterRole", "llm-vitals-exporter-nodes-llm")["rules"],
              name="llm-vitals-exporter-nodes")
+    selector = shipped_selector()
     started = time.monotonic()
     try:
         backends, port = await start_backends(tmp_path, http)
@@ -115,7 +127,7 @@ async def test_a_deployment_is_watched_pod_by_pod_and_a_scaled_away_pod_leaves_t
         exporter, exporter_url = await _start_cli("exporter", tmp_path, http, lambda listen: {
             "listen": f"127.0.0.1:{listen}", "poll_interval": POLL, "log_level": "info",
             "discovery": [{"kubernetes": {
-                "namespaces": [ns], "selector": "app=vllm", "port": "http", "kubeconfig": str(cp.kubeconfig(EXPORTER)),
+                "namespaces": [ns], "selector": selector, "port": "http", "kubeconfig": str(cp.kubeconfig(EXPORTER)),
                 "template": {"engine": "vllm", "stuck_after": STUCK_AFTER, "startup_grace": 30}}}],
         })
         processes.append(exporter)
@@ -125,7 +137,7 @@ async def test_a_deployment_is_watched_pod_by_pod_and_a_scaled_away_pod_leaves_t
         cp.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", shipped_deployment(port))
 
         def pods() -> list[dict[str, Any]]:
-            return cp.request("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=app%3Dvllm")["items"]
+            return cp.request("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector={quote(selector)}")["items"]
 
         made = await until(lambda: asyncio.sleep(0, len(p := pods()) == 4 and p), 60, "the ReplicaSet's 4 pods")
         names = sorted(p["metadata"]["name"] for p in made)
@@ -154,7 +166,7 @@ async def test_a_deployment_is_watched_pod_by_pod_and_a_scaled_away_pod_leaves_t
         # kubelet to confirm it the pod stays Terminating. A pod with a deletionTimestamp is no target
         # (llm_vitals/exporter/discovery/kubernetes.py: its server is going away on purpose).
         patched = time.monotonic()
-        cp.request("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/vllm", {"spec": {"replicas": 3}},
+        cp.request("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/{DEPLOYMENT}", {"spec": {"replicas": 3}},
                    content_type="application/merge-patch+json")
         (gone,) = await until(lambda: asyncio.sleep(0, [p["metadata"]["name"] for p in pods()
                                                           if p["metadata"].get("deletionTimestamp")]),
@@ -170,7 +182,7 @@ async def test_a_deployment_is_watched_pod_by_pod_and_a_scaled_away_pod_leaves_t
 
         LISTING.parent.mkdir(exist_ok=True)
         LISTING.write_text(
-            f"# tests/k8s/test_deployment_pod_by_pod.py: Deployment vllm in {ns}, 4 replicas\n"
+            f"# tests/k8s/test_deployment_pod_by_pod.py: Deployment {DEPLOYMENT} in {ns}, 4 replicas\n"
             + "".join("\t".join(row) + "\n" for row in before)
             + f"# after PATCH spec.replicas=3 ({gone} deleted, Terminating)\n"
             + "".join("\t".join(row) + "\n" for row in after))
