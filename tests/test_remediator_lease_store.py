@@ -10,18 +10,16 @@ does. The real API server runs the same paths in the k8s tier
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 import pytest
 from conftest import REPO, load_script
-from test_remediator_helpers import Clock
+from test_remediator_helpers import Clock, follow_for
 from test_remediator_loop import T0, Fleet, alert, replicas  # noqa: F401
 
 from llm_vitals.kube.client import Dated
 from llm_vitals.kube.errors import KubeUnavailable
-from llm_vitals.remediator.follow import follow
 from llm_vitals.remediator.gate import FleetView, TargetStatus
 from llm_vitals.remediator.settings import LeaseRef
 from llm_vitals.remediator.store import STATE_ANNOTATION, LeaseStore, ServerClock, StateUnavailable
@@ -157,15 +155,7 @@ async def test_the_follower_survives_any_error_and_counts_it(caplog):
         return await real_read(namespace, name)
 
     leases.get_lease = read  # type: ignore[method-assign]
-    naps: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        naps.append(seconds)
-        if len(naps) == 4:
-            raise asyncio.CancelledError
-
-    with pytest.raises(asyncio.CancelledError):
-        await follow(store, 15.0, sleep)
+    naps = await follow_for(store, 4)
     assert naps == [15.0] * 4  # it went on after both failures
     assert store.health.errors == {"read": 1, "follow": 1} and store.health.up
     messages = [r.getMessage() for r in caplog.records]
