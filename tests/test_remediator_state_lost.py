@@ -42,6 +42,16 @@ def store(leases: MemoryLeases, clock: Clock, memory: Path | None = None, window
                       EpochMemory(memory), lambda: local)
 
 
+async def written_lease(memory: Path) -> tuple[MemoryLeases, LeaseStore]:
+    """A Lease one replica has written something worth keeping to (node gpu-7 marked): the Lease (its
+    `clock` the API server's, at T0) and that replica's store, its epoch kept in `memory`."""
+    clock = Clock(T0)
+    leases = MemoryLeases(clock)
+    written = store(leases, clock, memory)
+    await update(written, lambda s: shared.node_marked(s, "gpu-7"))
+    return leases, written
+
+
 def annotation(leases: MemoryLeases) -> dict:
     assert leases.lease is not None
     return json.loads(shared.decode_annotation(leases.lease["metadata"]["annotations"][STATE_ANNOTATION]))
@@ -84,12 +94,9 @@ async def test_an_unreadable_annotation_is_lost_not_unreachable_and_reinit_says_
 
 
 async def test_a_lease_created_again_by_a_fresh_replica_is_lost_to_the_one_that_knew_the_old(tmp_path):
-    clock = Clock(T0)
-    leases = MemoryLeases(clock)
-    old = store(leases, clock, tmp_path / "old.epoch")
-    await update(old, lambda s: shared.node_marked(s, "gpu-7"))
+    leases, old = await written_lease(tmp_path / "old.epoch")
     leases.lease = None
-    fresh = store(leases, clock, tmp_path / "fresh.epoch", name="replica-b")  # a new pod: no memory
+    fresh = store(leases, leases.clock, tmp_path / "fresh.epoch", name="replica-b")  # a new pod: no memory
     await update(fresh, lambda s: shared.paused_state(s, T0 + 60, "x"))
     with pytest.raises(StateLost, match="deleted and created again"):
         await old.read()
@@ -135,10 +142,7 @@ async def test_a_first_lease_imports_the_local_state_and_the_circuit_stays_open(
 
 
 async def test_an_older_replicas_write_keeps_the_fields_a_newer_one_wrote(tmp_path):
-    clock = Clock(T0)
-    leases = MemoryLeases(clock)
-    a = store(leases, clock, tmp_path / "a.epoch")
-    await update(a, lambda s: shared.node_marked(s, "gpu-7"))
+    leases, a = await written_lease(tmp_path / "a.epoch")
     assert leases.lease is not None
     newer = {**annotation(leases), "pages_held": {"Deployment/llm/vllm": [T0, "oncall"]}, "cordons": ["gpu-9"]}
     leases.lease["metadata"]["annotations"][STATE_ANNOTATION] = json.dumps(newer)
@@ -198,10 +202,7 @@ def test_a_state_too_large_even_gzipped_is_refused_before_the_write():
 
 
 async def test_the_api_server_away_is_unreachable_not_lost(tmp_path):
-    clock = Clock(T0)
-    leases = MemoryLeases(clock)
-    a = store(leases, clock, tmp_path / "a.epoch")
-    await update(a, lambda s: shared.node_marked(s, "gpu-7"))
+    leases, a = await written_lease(tmp_path / "a.epoch")
     leases.down = True
     with pytest.raises(StateUnavailable) as caught:
         await a.read()
@@ -236,10 +237,7 @@ async def test_one_replicas_sqlite_row_keeps_the_fields_a_newer_version_wrote(tm
 
 async def test_an_older_versions_write_during_a_rolling_upgrade_is_not_a_loss(tmp_path):
     """The version before this one drops the fields it does not know, the epoch among them."""
-    clock = Clock(T0)
-    leases = MemoryLeases(clock)
-    new = store(leases, clock, tmp_path / "new.epoch")
-    await update(new, lambda s: shared.node_marked(s, "gpu-7"))
+    leases, new = await written_lease(tmp_path / "new.epoch")
     assert leases.lease is not None
     older = {k: v for k, v in annotation(leases).items() if k not in shared.STORE_KEYS}
     leases.lease["metadata"]["annotations"][STATE_ANNOTATION] = json.dumps(older)
