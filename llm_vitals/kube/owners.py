@@ -1,5 +1,5 @@
-"""Who owns an object, read from its `ownerReferences` and labels, and the workload that makes a
-pod's: one rule for the exporter's discovery (a pod's workload, as a hint) and for the remediator
+"""Who owns an object, read from its `ownerReferences` and labels, and so which workload a pod is
+part of: one rule for the exporter's discovery (a pod's workload, as a hint) and for the remediator
 (the workload it counts, checked).
 
 - The owner is the reference marked `controller: true` (Kubernetes allows one). A pod whose

@@ -72,7 +72,8 @@ def workload_of_pod(pod: Mapping[str, Any], owner: Mapping[str, Any] | None) -> 
     above = controller_of(owner_meta)
     if above is None and owner_meta.get("ownerReferences"):
         raise OwnerPending(f"ReplicaSet {namespace}/{replica_set} has owner references without a kind and a name")
-    return workload_name(namespace, name, group, controller, above)  # a bare ReplicaSet: no rollout renames it
+    # `above` None: a bare ReplicaSet is the workload itself (no rollout renames it).
+    return workload_name(namespace, name, group, controller, above)
 
 
 def pod_ips(pod: Mapping[str, Any]) -> frozenset[str]:
