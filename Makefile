@@ -44,43 +44,27 @@ IMAGE ?= llm-vitals:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 image:
 	docker build -t $(IMAGE) .
 
-# The real-Docker tier (tests/real_docker/): its own dockerd (own socket, data root, pid file, no
-# bridge), the image built on a Debian base made locally (cached outside the clone), the compose
-# stack and the docker executor against the real Engine; leaves no daemon, container or image.
-test-docker: install
-	@bash tools/real-docker-test.sh $(PYTEST_ARGS)
-
-# The real-vLLM tier (tests/real_vllm/README.md): its own vLLM venv and a tiny model built locally,
-# cached outside the clone (tools/cache-path.sh), fault drills against a real `vllm serve`; prints
-# the summary table at the end. Its reports and logs stay under .cache/.
-test-vllm: install
-	@bash tools/real-vllm-test.sh $(PYTEST_ARGS)
-
-# The real-llama.cpp tier (tests/real_llamacpp/README.md): llama-server built from the llama-cpp-python
-# sdist's llama.cpp and cached outside the clone, a tiny GGUF made here, drills against the real server.
-test-llamacpp: install
-	@bash tools/real-llamacpp-test.sh $(PYTEST_ARGS)
-
-# The real-SGLang tier (tests/real_sglang/README.md): SGLang 0.5.23 on CPU torch in a venv cached
-# outside the clone (tools/cache-path.sh sglang 0.5.23), drills against a real server; a table at the end.
-test-sglang: install
-	@bash tools/real-sglang-test.sh $(PYTEST_ARGS)
-
-# The real-Triton tier (tests/real_triton/): Triton 2.51 from nvidia-pytriton 0.7.0 in a venv cached
-# outside the clone, the project's toy model, fault drills against it; prints the summary table.
-test-triton: install
-	@bash tools/real-triton-test.sh $(PYTEST_ARGS)
-
-# The real-Kubernetes tier (tests/k8s/): kube-apiserver + kube-controller-manager 1.20.2 built from
-# Debian's source and cached outside the clone, etcd from Debian; the tests start the control plane.
-test-k8s: install
-	@bash tools/real-k8s-test.sh $(PYTEST_ARGS)
-
-# The real-kubelet tier (tests/kubelet/): a two-node Kubernetes 1.20.2 (the k8s tier's build plus
-# kube-scheduler, the kubelet and kubectl, cached outside the clone) in network namespaces of its own;
-# the classic manifests' probes, drain and remediation judged by real kubelets. Leaves nothing behind.
-test-kubelet: install
-	@bash tools/real-kubelet-test.sh $(PYTEST_ARGS)
+# The real tiers, one rule: `make test-<tier>` runs tools/real-<tier>-test.sh, the tier's launcher.
+# - docker (tests/real_docker/): its own dockerd (own socket, data root, pid file, no bridge), the
+#   image built on a Debian base made locally (cached outside the clone), the compose stack and the
+#   docker executor against the real Engine; leaves no daemon, container or image.
+# - vllm (tests/real_vllm/README.md): its own vLLM venv and a tiny model built locally, cached outside
+#   the clone (tools/cache-path.sh), fault drills against a real `vllm serve`; prints the summary
+#   table at the end. Its reports and logs stay under .cache/.
+# - llamacpp (tests/real_llamacpp/README.md): llama-server built from the llama-cpp-python sdist's
+#   llama.cpp and cached outside the clone, a tiny GGUF made here, drills against the real server.
+# - sglang (tests/real_sglang/README.md): SGLang 0.5.23 on CPU torch in a venv cached outside the
+#   clone (tools/cache-path.sh sglang 0.5.23), drills against a real server; a table at the end.
+# - triton (tests/real_triton/): Triton 2.51 from nvidia-pytriton 0.7.0 in a venv cached outside the
+#   clone, the project's toy model, fault drills against it; prints the summary table.
+# - k8s (tests/k8s/): kube-apiserver + kube-controller-manager 1.20.2 built from Debian's source and
+#   cached outside the clone, etcd from Debian; the tests start the control plane.
+# - kubelet (tests/kubelet/): a two-node Kubernetes 1.20.2 (the k8s tier's build plus
+#   kube-scheduler, the kubelet and kubectl, cached outside the clone) in network namespaces of its
+#   own; the classic manifests' probes, drain and remediation judged by real kubelets. Leaves nothing behind.
+REAL_TIERS := test-docker test-vllm test-llamacpp test-sglang test-triton test-k8s test-kubelet
+$(REAL_TIERS): test-%: install
+	@bash tools/real-$*-test.sh $(PYTEST_ARGS)
 
 # The GPU tier (tests/real_gpu/README.md), on a machine with an NVIDIA GPU and nvcc: llama-server built with
 # CUDA (cached outside the clone), the llama.cpp drills on the GPU, then the NVML source against the GPU.

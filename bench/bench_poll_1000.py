@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from pathlib import Path
 
 import psutil
 from checkouts import exporter_command, exporter_env, label
+from loopback import free_port, total_polls, wait_http
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE = REPO / "tests" / "fixtures" / "vllm" / "vllm-0.32.0-cpu-metrics-busy.txt"
@@ -63,29 +63,6 @@ app.router.add_get("/{target}/metrics", metrics)
 app.router.add_get("/{target}/health", health)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
 '''
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
-def total_polls(exporter_url: str) -> int:
-    with urllib.request.urlopen(exporter_url + "/api/v1/targets", timeout=30) as response:
-        return sum(t["polls"] for t in json.load(response)["targets"])
 
 
 def cpu_seconds(process: psutil.Process) -> float:

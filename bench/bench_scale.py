@@ -60,6 +60,7 @@ from pathlib import Path
 
 import psutil
 from checkouts import exporter_command, exporter_env, label
+from loopback import free_port, total_polls, wait_http
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
@@ -77,12 +78,6 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def lower_priority(pid: int) -> None:
     """Best effort: `pid`'s session (autogroup) and every thread of it behind everything else."""
     try:
@@ -94,23 +89,6 @@ def lower_priority(pid: int) -> None:
             os.setpriority(os.PRIO_PROCESS, int(tid), NICENESS)
         except OSError:
             pass
-
-
-def wait_http(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=5).read()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
-def total_polls(port: int) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/targets", timeout=60) as response:
-        return sum(t["polls"] for t in json.load(response)["targets"])
 
 
 def waited_seconds(pid: int) -> float:
@@ -330,13 +308,13 @@ def measure(targets: int, checkout: Path, fleet_port: int, fleet: psutil.Process
             time.sleep(args.interval + args.warmup)  # a large fleet spreads its first polls over one interval
             process = psutil.Process(exporter.pid)
             load = os.getloadavg()[0]
-            polls_before = total_polls(port)
+            polls_before = total_polls(f"http://127.0.0.1:{port}")
             cpu_before, fleet_before, began = cpu_seconds(process), cpu_seconds(fleet), time.monotonic()
             waited_before = waited_seconds(exporter.pid)
             time.sleep(args.window)
             cpu_after, fleet_after, elapsed = cpu_seconds(process), cpu_seconds(fleet), time.monotonic() - began
             waited = (waited_seconds(exporter.pid) - waited_before) / elapsed
-            polls = total_polls(port) - polls_before
+            polls = total_polls(f"http://127.0.0.1:{port}") - polls_before
             result = Result(targets, label(checkout), load, probes(floor_port, args.probes), (cpu_after - cpu_before) / elapsed,
                             polls / (targets * elapsed / args.interval), (fleet_after - fleet_before) / elapsed, waited)
             if starver is not None:
@@ -467,7 +445,7 @@ def main() -> int:
     floor_child = subprocess.Popen([sys.executable, "-c", FLOOR_SERVER, str(floor_port)], start_new_session=True)
     results: list[Result] = []
     try:
-        wait_http(f"http://127.0.0.1:{floor_port}/probe/t0/ready")
+        wait_http(f"http://127.0.0.1:{floor_port}/probe/t0/ready", timeout=60.0)
         assert fleet_child.stdout is not None
         if fleet_child.stdout.readline().strip() != "ready":
             raise SystemExit("the fake fleet did not start")

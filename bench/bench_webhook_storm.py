@@ -26,6 +26,7 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import web
+from loopback import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "bench-token"
@@ -52,14 +53,6 @@ def alert(target: str, fingerprint: str, starts_at: str) -> dict:
                     "startsAt": starts_at, "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "",
                     "fingerprint": fingerprint}],
     }
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def start_upstreams() -> tuple[web.AppRunner, int, dict]:

@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import json
 import logging
-import math
 import random
 import resource
 import sys
@@ -54,6 +52,7 @@ import fleet_sim  # noqa: E402, F401 -- the tests reach the soak's own helper mo
 import httpx  # noqa: E402
 import soak_invariants  # noqa: E402, F401
 from fleet_sim import Fleet, FleetConfig, Incident, schedule  # noqa: E402
+from memory_leases import MemoryLeases  # noqa: E402
 from soak_invariants import (  # noqa: E402
     INVARIANTS,
     MAX_CORDONED_NODES,
@@ -67,7 +66,6 @@ from soak_invariants import (  # noqa: E402
     first_due,
 )
 
-from llm_vitals.kube.client import Dated  # noqa: E402
 from llm_vitals.remediator import identity, shared  # noqa: E402
 from llm_vitals.remediator.acting import Actor  # noqa: E402
 from llm_vitals.remediator.executors import ExecResult  # noqa: E402
@@ -77,7 +75,7 @@ from llm_vitals.remediator.payload import WebhookPayload  # noqa: E402
 from llm_vitals.remediator.service import Remediator  # noqa: E402
 from llm_vitals.remediator.settings import LeaseRef, Settings, build_settings  # noqa: E402
 from llm_vitals.remediator.sqlite_store import SqliteStore  # noqa: E402
-from llm_vitals.remediator.store import STATE_ANNOTATION, GateStore, LeaseStore, StateUnavailable  # noqa: E402
+from llm_vitals.remediator.store import GateStore, LeaseStore, StateUnavailable  # noqa: E402
 
 T0 = 1_800_000_000.0
 STEP = 60.0  # one rule evaluation, one exporter poll that matters
@@ -111,63 +109,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-class MemoryLeases:
-    """One Lease as the API server keeps it: a write must carry the resourceVersion it read (else
-    False, a 409), and every answer is dated in whole seconds (an HTTP Date)."""
-
-    def __init__(self, clock: Clock):
-        self.clock = clock
-        self.lease: dict[str, Any] | None = None
-        self.version = 0
-        self.meddle = False  # another replica writes first, between the next writer's read and its write
-        self.conflicts = 0
-
-    def _date(self) -> float:
-        return float(math.floor(self.clock()))
-
-    async def get_lease(self, namespace: str, name: str) -> Dated[dict[str, Any] | None]:
-        return Dated(copy.deepcopy(self.lease), self._date())
-
-    async def create_lease(self, namespace: str, body: dict[str, Any]) -> Dated[bool]:
-        if self.lease is not None:
-            return Dated(False, None)
-        return self._store(body)
-
-    async def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> Dated[bool]:
-        if self.meddle and self.lease is not None:
-            self.meddle = False
-            self._store(self.lease)  # the same state, written by another replica: a new resourceVersion
-        if self.lease is None or body["metadata"].get("resourceVersion") != str(self.version):
-            self.conflicts += 1
-            return Dated(False, None)
-        return self._store(body)
-
-    def _store(self, body: dict[str, Any]) -> Dated[bool]:
-        self.version += 1
-        self.lease = copy.deepcopy(body)
-        self.lease["metadata"]["resourceVersion"] = str(self.version)
-        return Dated(True, self._date())
-
-    # -- what happens to it from outside ---------------------------------------------------------
-
-    def delete(self) -> None:
-        """The Lease is gone (deleted by hand, its namespace recreated): the shared state is lost."""
-        self.lease = None
-
-    def write_field(self, name: str, value: Any) -> bool:
-        """A newer replica commits a field this version does not know; False when there is no Lease."""
-        if self.lease is None:
-            return False
-        doc = json.loads(self.lease["metadata"]["annotations"][STATE_ANNOTATION])
-        self.lease["metadata"]["annotations"][STATE_ANNOTATION] = json.dumps({**doc, name: value}, sort_keys=True)
-        self.version += 1
-        self.lease["metadata"]["resourceVersion"] = str(self.version)
-        return True
-
-    def state_text(self) -> str | None:
-        return None if self.lease is None else (self.lease["metadata"].get("annotations") or {}).get(STATE_ANNOTATION)
 
 
 class SimExporter:

@@ -19,6 +19,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 from conftest import REPO
@@ -64,68 +67,70 @@ def settings(target: dict):
     return make_settings([target], poll_interval=POLL, metrics_timeout=METRICS_TIMEOUT, health_timeout=HEALTH_TIMEOUT)
 
 
+@asynccontextmanager
+async def proxied(aiohttp_client, engine: str, every: int, workers: int) -> AsyncIterator[tuple[FlakyProxy, Any, Any]]:
+    """One simulated `engine` under the load of `workers` clients (straight to it), its pages through a
+    FlakyProxy (`every`: which reads it holds), and the exporter watching it through the proxy:
+    (the proxy, the exporter's client, its record)."""
+    sim = SIM_ENGINES[engine]
+    async with Fleet(SimConfig(engine=engine, max_num_seqs=2, tokens_per_second=100), backends=1, control=False) as fleet:
+        url = fleet.backend_urls[0]
+        async with FlakyProxy(url, path=sim.metrics_path, every=every, delay=0) as proxy:
+            client = await start_exporter(aiohttp_client, settings(watched(engine, url, proxy)))
+            async with load(url, engine, workers=workers):
+                yield proxy, client, record(client, "t")
+
+
 DRILLS = [(engine, "busy") for engine in sorted(SIM_ENGINES)] + [("vllm", "idle"), ("llamacpp", "idle")]
 
 
 @pytest.mark.parametrize(("engine", "last_seen"), DRILLS, ids=[f"{e}-{s}" for e, s in DRILLS])
 async def test_frozen_whole_is_restartable_within_down_after_liveness_and_two_polls(aiohttp_client, engine: str,
                                                                                    last_seen: str) -> None:
-    sim = SIM_ENGINES[engine]
-    async with Fleet(SimConfig(engine=engine, max_num_seqs=2, tokens_per_second=100), backends=1, control=False) as fleet:
-        url = fleet.backend_urls[0]
-        async with FlakyProxy(url, path=sim.metrics_path, every=1_000_000, delay=0) as proxy:
-            client = await start_exporter(aiohttp_client, settings(watched(engine, url, proxy)))
-            rec = record(client, "t")
-            async with load(url, engine, workers=6 if last_seen == "busy" else 0):
-                if last_seen == "busy":
-                    await wait_for(lambda: rec.verdict.reason == "progress" and rec.verdict.snapshot.pending,
-                                   timeout=20, what=f"busy with progress ({engine})")
-                else:
-                    await wait_for(lambda: rec.verdict.state == "idle", timeout=20, what=f"idle ({engine})")
-                proxy.freeze()
-                frozen_at, polls = time.monotonic(), rec.polls
-                try:
-                    await wait_for(lambda: rec.verdict.state == "stuck", timeout=DOWN_AFTER + 2 * FROZEN_POLL + SLACK,
-                                   what=f"stuck ({engine}, frozen while {last_seen})")
-                    stuck_s = time.monotonic() - frozen_at
-                    assert rec.verdict.reason == "metrics_unanswered", rec.verdict.detail
-                    assert (await client.get("/probe/t/ready")).status == 503
-                    await wait_for(lambda: not is_live(rec.verdict, rec.settings, time.monotonic()),
-                                   timeout=LIVENESS + 2 * FROZEN_POLL + SLACK, what="liveness failing")
-                    unlive_s = time.monotonic() - frozen_at
-                    assert (await client.get("/probe/t/live")).status == 503
-                    assert unlive_s <= DOWN_AFTER + LIVENESS + 2 * FROZEN_POLL + SLACK, unlive_s
-                    since = [state for _, _, state in list(rec.history)[-(rec.polls - polls):]]
-                    assert "down" not in since, since
-                    assert rec.verdict.state in RESTARTABLE_STATES
-                    report(f"frozen-{engine}-{last_seen}", {"stuck_s": round(stuck_s, 2), "unlive_s": round(unlive_s, 2),
-                                                            "bound_s": round(DOWN_AFTER + LIVENESS + 2 * FROZEN_POLL, 2)})
-                finally:
-                    proxy.thaw()
+    async with proxied(aiohttp_client, engine, every=1_000_000, workers=6 if last_seen == "busy" else 0) as (proxy, client, rec):
+        if last_seen == "busy":
+            await wait_for(lambda: rec.verdict.reason == "progress" and rec.verdict.snapshot.pending,
+                           timeout=20, what=f"busy with progress ({engine})")
+        else:
+            await wait_for(lambda: rec.verdict.state == "idle", timeout=20, what=f"idle ({engine})")
+        proxy.freeze()
+        frozen_at, polls = time.monotonic(), rec.polls
+        try:
+            await wait_for(lambda: rec.verdict.state == "stuck", timeout=DOWN_AFTER + 2 * FROZEN_POLL + SLACK,
+                           what=f"stuck ({engine}, frozen while {last_seen})")
+            stuck_s = time.monotonic() - frozen_at
+            assert rec.verdict.reason == "metrics_unanswered", rec.verdict.detail
+            assert (await client.get("/probe/t/ready")).status == 503
+            await wait_for(lambda: not is_live(rec.verdict, rec.settings, time.monotonic()),
+                           timeout=LIVENESS + 2 * FROZEN_POLL + SLACK, what="liveness failing")
+            unlive_s = time.monotonic() - frozen_at
+            assert (await client.get("/probe/t/live")).status == 503
+            assert unlive_s <= DOWN_AFTER + LIVENESS + 2 * FROZEN_POLL + SLACK, unlive_s
+            since = [state for _, _, state in list(rec.history)[-(rec.polls - polls):]]
+            assert "down" not in since, since
+            assert rec.verdict.state in RESTARTABLE_STATES
+            report(f"frozen-{engine}-{last_seen}", {"stuck_s": round(stuck_s, 2), "unlive_s": round(unlive_s, 2),
+                                                    "bound_s": round(DOWN_AFTER + LIVENESS + 2 * FROZEN_POLL, 2)})
+        finally:
+            proxy.thaw()
 
 
 @pytest.mark.parametrize("engine", sorted(SIM_ENGINES))
 async def test_a_slow_metrics_page_is_never_unready_nor_restartable(aiohttp_client, engine: str) -> None:
-    sim = SIM_ENGINES[engine]
-    async with Fleet(SimConfig(engine=engine, max_num_seqs=2, tokens_per_second=100), backends=1, control=False) as fleet:
-        url = fleet.backend_urls[0]
-        async with FlakyProxy(url, path=sim.metrics_path, every=1, delay=0) as proxy:
-            client = await start_exporter(aiohttp_client, settings(watched(engine, url, proxy)))
-            rec = record(client, "t")
-            async with load(url, engine, workers=6):
-                await wait_for(lambda: rec.verdict.reason == "progress" and rec.verdict.snapshot.pending,
-                               timeout=20, what=f"busy with progress ({engine})")
-                proxy.delay = SLOW_PAGE
-                slowed_at, polls, timeouts = time.monotonic(), rec.polls, rec.poll_errors.get("timeout", 0)
-                seen = set()
-                while time.monotonic() - slowed_at < DOWN_AFTER + LIVENESS + 2:
-                    seen.add(rec.verdict.state)
-                    assert rec.verdict.state not in RESTARTABLE_STATES and rec.verdict.state != "down", rec.verdict.detail
-                    assert (await client.get("/probe/t/ready")).status == 200, rec.verdict.detail
-                    assert (await client.get("/probe/t/live")).status == 200
-                    await asyncio.sleep(0.05)
-                assert rec.polls - polls >= 4
-                assert rec.poll_errors.get("timeout", 0) > timeouts  # the short deadline was missed
-                assert rec.verdict.snapshot is not None and seen == {"busy"}, seen
-                report(f"slow-{engine}", {"polls": rec.polls - polls, "timeouts": rec.poll_errors.get("timeout", 0) - timeouts,
-                                          "page_s": SLOW_PAGE, "metrics_timeout_s": METRICS_TIMEOUT})
+    async with proxied(aiohttp_client, engine, every=1, workers=6) as (proxy, client, rec):
+        await wait_for(lambda: rec.verdict.reason == "progress" and rec.verdict.snapshot.pending,
+                       timeout=20, what=f"busy with progress ({engine})")
+        proxy.delay = SLOW_PAGE
+        slowed_at, polls, timeouts = time.monotonic(), rec.polls, rec.poll_errors.get("timeout", 0)
+        seen = set()
+        while time.monotonic() - slowed_at < DOWN_AFTER + LIVENESS + 2:
+            seen.add(rec.verdict.state)
+            assert rec.verdict.state not in RESTARTABLE_STATES and rec.verdict.state != "down", rec.verdict.detail
+            assert (await client.get("/probe/t/ready")).status == 200, rec.verdict.detail
+            assert (await client.get("/probe/t/live")).status == 200
+            await asyncio.sleep(0.05)
+        assert rec.polls - polls >= 4
+        assert rec.poll_errors.get("timeout", 0) > timeouts  # the short deadline was missed
+        assert rec.verdict.snapshot is not None and seen == {"busy"}, seen
+        report(f"slow-{engine}", {"polls": rec.polls - polls, "timeouts": rec.poll_errors.get("timeout", 0) - timeouts,
+                                  "page_s": SLOW_PAGE, "metrics_timeout_s": METRICS_TIMEOUT})

@@ -83,6 +83,16 @@ class Stoppable:
         return web.Response()
 
 
+async def watched_stoppable(aiohttp_server, aiohttp_client):
+    """A `Stoppable` vLLM on loopback, target `a` of an exporter (metrics timeout 0.3 s, health 0.2 s):
+    the server, its aiohttp test server (to close), the exporter's client and the target's record."""
+    server = Stoppable()
+    upstream = await aiohttp_server(server.app())
+    client = await start_exporter(aiohttp_client, make_settings(
+        [busy_target(str(upstream.make_url("")))], poll_interval=POLL, metrics_timeout=0.3, health_timeout=0.2))
+    return server, upstream, client, record(client, "a")
+
+
 async def test_a_refused_port_is_refused_not_connect() -> None:
     async with aiohttp.ClientSession() as session:
         with pytest.raises(PageError) as caught:
@@ -147,11 +157,7 @@ def busy_target(url: str) -> dict:
 
 
 async def test_a_vllm_stopped_whole_is_restartable_and_unlive_and_never_down(aiohttp_server, aiohttp_client) -> None:
-    server = Stoppable()
-    upstream = await aiohttp_server(server.app())
-    client = await start_exporter(aiohttp_client, make_settings(
-        [busy_target(str(upstream.make_url("")))], poll_interval=POLL, metrics_timeout=0.3, health_timeout=0.2))
-    rec = record(client, "a")
+    server, _, client, rec = await watched_stoppable(aiohttp_server, aiohttp_client)
     try:
         await wait_for(lambda: rec.verdict.reason == "progress", what="busy with progress")
         server.frozen = True
@@ -176,12 +182,8 @@ def _unlive(rec) -> bool:
 
 
 async def test_a_vllm_with_a_slow_metrics_page_is_never_unready_nor_restartable(aiohttp_server, aiohttp_client) -> None:
-    server = Stoppable()
-    upstream = await aiohttp_server(server.app())
     # Pages take 0.4 s against a 0.3 s timeout: every plain read times out; /health answers at once.
-    client = await start_exporter(aiohttp_client, make_settings(
-        [busy_target(str(upstream.make_url("")))], poll_interval=POLL, metrics_timeout=0.3, health_timeout=0.2))
-    rec = record(client, "a")
+    server, _, client, rec = await watched_stoppable(aiohttp_server, aiohttp_client)
     await wait_for(lambda: rec.verdict.reason == "progress", what="busy with progress")
     server.metrics_delay = 0.4
     slowed_at, polls = time.monotonic(), rec.polls
@@ -196,11 +198,7 @@ async def test_a_vllm_with_a_slow_metrics_page_is_never_unready_nor_restartable(
 
 
 async def test_a_refused_connection_is_down_and_unready_at_the_first_read(aiohttp_server, aiohttp_client) -> None:
-    server = Stoppable()
-    upstream = await aiohttp_server(server.app())
-    client = await start_exporter(aiohttp_client, make_settings(
-        [busy_target(str(upstream.make_url("")))] , poll_interval=POLL, metrics_timeout=0.3, health_timeout=0.2))
-    rec = record(client, "a")
+    _, upstream, client, rec = await watched_stoppable(aiohttp_server, aiohttp_client)
     await wait_for(lambda: rec.verdict.reason == "progress", what="busy with progress")
     assert (await client.get("/probe/a/ready")).status == 200
     await upstream.close()

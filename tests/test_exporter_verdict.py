@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import pytest
+from verdict_tables import T0, Case, replay
 
 from llm_vitals.exporter.engines import Snapshot
 from llm_vitals.exporter.settings import TargetSettings
@@ -26,7 +27,6 @@ from llm_vitals.exporter.verdict import (
     record_canary,
 )
 
-START = 1_796_000_000.0
 PST = 1_795_999_000.0  # process start time of the first lifetime
 
 
@@ -43,26 +43,7 @@ def snap(running: float = 0, waiting: float = 0, steps: float = 0, gen: float = 
 
 def run(rows: list[tuple[float, object]], settings: TargetSettings | None = None) -> list[Verdict]:
     """Feed observations (or canary outcomes) at their times; return every verdict."""
-    settings = settings or target()
-    verdicts: list[Verdict] = []
-    verdict = None
-    for offset, seen in rows:
-        if isinstance(seen, CanaryOutcome):
-            verdict = record_canary(verdict, seen, START + offset, settings)
-        else:
-            verdict = judge(verdict, seen, START + offset, settings)
-        verdicts.append(verdict)
-    return verdicts
-
-
-@dataclass
-class Case:
-    id: str
-    rows: list[tuple[float, object]]
-    state: str
-    reason: str
-    settings: dict[str, object] = field(default_factory=dict)
-    checks: dict[str, object] = field(default_factory=dict)
+    return replay(rows, settings or target())
 
 
 # An idle server as the verdict sees it: two reads of one lifetime, nothing pending, nothing moved.
@@ -103,7 +84,7 @@ CASES = [
           (70, snap(running=2, steps=6))], "busy", "progress", checks={"stuck_seconds": 0.0}),
     Case("start_time_changed_is_a_restart_with_counters_rebased_not_yet_idle",
          [(0, snap(running=2, steps=900, gen=9000)), (5, snap(steps=0, gen=0, pst=PST + 100))], "starting", "restart",
-         checks={"restarts": 1, "steps_per_second": None, "last_restart_at": START + 5}),
+         checks={"restarts": 1, "steps_per_second": None, "last_restart_at": T0 + 5}),
     Case("a_restarted_process_is_idle_after_a_quiet_interval_of_its_own",
          [(0, snap(running=2, steps=900, gen=9000)), (5, snap(steps=0, gen=0, pst=PST + 100)),
           (10, snap(steps=0, gen=0, pst=PST + 100))], "idle", "idle", checks={"restarts": 1}),
@@ -198,11 +179,11 @@ CASES += [
          [(0, snap(running=2, steps=5)), (5, snap(running=2, steps=9)), (10, PollError("timeout", "slow"))],
          "busy", "progress",
          checks={"up": False, "error_reason": "timeout", "failed_reads": 1, "snapshot": snap(running=2, steps=9),
-                 "last_progress": START + 5}),
+                 "last_progress": T0 + 5}),
     Case("stuck_stays_stuck_through_an_isolated_failed_read",
          [(0, snap(running=2, steps=5)), (35, snap(running=2, steps=5)), (65, snap(running=2, steps=5)),
           (70, PollError("timeout", "slow"))], "stuck", "no_progress",
-         checks={"up": False, "error_reason": "timeout", "last_progress": START}),
+         checks={"up": False, "error_reason": "timeout", "last_progress": T0}),
     Case("the_next_good_page_is_compared_with_the_last_good_one_across_a_failed_read",
          [(0, snap(running=2, steps=5)), (5, PollError("connect", "refused")), (10, snap(running=2, steps=6))],
          "busy", "progress", checks={"steps_per_second": 0.1, "failed_reads": 0, "up": True}),
@@ -248,7 +229,7 @@ CASES += [
          settings={"down_after": 5}, checks={"error_reason": "exporter_late"}),
     Case("stuck_stays_stuck_through_exporter_late_reads",
          [(0, snap(running=2, steps=5)), (35, snap(running=2, steps=5)), (65, snap(running=2, steps=5)),
-          (70, PollError("exporter_late", "late"))], "stuck", "no_progress", checks={"last_progress": START}),
+          (70, PollError("exporter_late", "late"))], "stuck", "no_progress", checks={"last_progress": T0}),
 ]
 
 
@@ -267,7 +248,7 @@ def test_verdict_table(case: Case) -> None:
 def test_since_holds_while_the_state_holds_and_moves_on_change() -> None:
     verdicts = run([(0, snap()), (5, snap()), (10, snap()), (15, snap(running=1, steps=1)), (20, snap(running=1, steps=2))])
     assert [v.state for v in verdicts] == ["starting", "idle", "idle", "busy", "busy"]
-    assert [v.since for v in verdicts] == [START, START + 5, START + 5, START + 15, START + 15]
+    assert [v.since for v in verdicts] == [T0, T0 + 5, T0 + 5, T0 + 15, T0 + 15]
 
 
 def test_rates_never_go_negative_across_a_restart() -> None:
@@ -292,29 +273,29 @@ def test_ready_never_depends_on_queue_length() -> None:
     settings = target()
     verdict = run([(0, snap(running=4, waiting=500, steps=1)), (5, snap(running=4, waiting=900, steps=2))], settings)[-1]
     assert verdict.state == "busy"
-    assert is_ready(verdict, settings, START + 5, draining=False)
+    assert is_ready(verdict, settings, T0 + 5, draining=False)
 
 
 def test_ready_is_false_when_draining_stuck_down_or_not_started() -> None:
     settings = target()
     busy = run([(0, snap(running=1, steps=1)), (5, snap(running=1, steps=2))], settings)[-1]
-    assert not is_ready(busy, settings, START + 5, draining=True)
+    assert not is_ready(busy, settings, T0 + 5, draining=True)
     stuck = run([(0, snap(running=1)), (35, snap(running=1)), (65, snap(running=1))], settings)[-1]
-    assert not is_ready(stuck, settings, START + 65, draining=False)
+    assert not is_ready(stuck, settings, T0 + 65, draining=False)
     down = run([(0, snap()), (5, PollError("connect", "refused"))], target(down_after=5))[-1]
-    assert down.state == "down" and not is_ready(down, settings, START + 5, draining=False)
+    assert down.state == "down" and not is_ready(down, settings, T0 + 5, draining=False)
     starting = run([(0, PollError("connect", "refused"))], settings)[-1]
-    assert not is_ready(starting, settings, START, draining=False) and not is_started(starting)
+    assert not is_ready(starting, settings, T0, draining=False) and not is_started(starting)
 
 
 def test_idle_server_is_ready_only_with_fresh_evidence() -> None:
     settings = target(canary={"interval": 30})
     idle = run(QUIET, settings)[-1]
-    assert idle.state == "idle" and not is_ready(idle, settings, START, draining=False)  # no canary yet
-    served = record_canary(idle, CanaryOutcome("ok"), START + 1, settings)
-    assert is_ready(served, settings, START + 1, draining=False)
-    assert is_ready(served, settings, START + 90, draining=False)
-    assert not is_ready(served, settings, START + 92, draining=False)  # fresh_for = 3 x interval
+    assert idle.state == "idle" and not is_ready(idle, settings, T0, draining=False)  # no canary yet
+    served = record_canary(idle, CanaryOutcome("ok"), T0 + 1, settings)
+    assert is_ready(served, settings, T0 + 1, draining=False)
+    assert is_ready(served, settings, T0 + 90, draining=False)
+    assert not is_ready(served, settings, T0 + 92, draining=False)  # fresh_for = 3 x interval
 
 
 def test_a_restarted_idle_server_is_ready_only_once_its_own_canary_answers() -> None:
@@ -322,12 +303,12 @@ def test_a_restarted_idle_server_is_ready_only_once_its_own_canary_answers() -> 
     rows = [*QUIET, (1, CanaryOutcome("ok")), (5, PollError("connect", "refused")), (10, snap(pst=PST + 9))]
     restarted = run(rows, settings)[-1]
     assert (restarted.state, restarted.reason, restarted.restarts) == ("starting", "restart", 1)
-    assert not is_ready(restarted, settings, START + 10, draining=False)  # not judged idle yet
-    idle = judge(restarted, snap(pst=PST + 9), START + 15, settings)
+    assert not is_ready(restarted, settings, T0 + 10, draining=False)  # not judged idle yet
+    idle = judge(restarted, snap(pst=PST + 9), T0 + 15, settings)
     assert idle.state == "idle"
-    assert not is_ready(idle, settings, START + 15, draining=False)  # the old process's canary
-    served = record_canary(idle, CanaryOutcome("ok"), START + 16, settings)
-    assert is_ready(served, settings, START + 16, draining=False)
+    assert not is_ready(idle, settings, T0 + 15, draining=False)  # the old process's canary
+    served = record_canary(idle, CanaryOutcome("ok"), T0 + 16, settings)
+    assert is_ready(served, settings, T0 + 16, draining=False)
 
 
 def test_recently_unhealthy_remembers_an_unhealthy_read_for_the_window() -> None:
@@ -336,14 +317,14 @@ def test_recently_unhealthy_remembers_an_unhealthy_read_for_the_window() -> None
     verdicts = run(rows, settings)
     stuck, recovered = verdicts[-2], verdicts[-1]
     assert (stuck.state, recovered.state) == ("stuck", "busy")
-    assert recovered.last_unhealthy_at == START + 10
-    assert recently_unhealthy(stuck, START + 500, window=2)  # unhealthy now, whatever the window
-    assert recently_unhealthy(recovered, START + 12, window=2)
-    assert not recently_unhealthy(recovered, START + 12.5, window=2)
+    assert recovered.last_unhealthy_at == T0 + 10
+    assert recently_unhealthy(stuck, T0 + 500, window=2)  # unhealthy now, whatever the window
+    assert recently_unhealthy(recovered, T0 + 12, window=2)
+    assert not recently_unhealthy(recovered, T0 + 12.5, window=2)
     never = run([(0, snap()), (5, snap(running=1, steps=1))], settings)[-1]
-    assert never.last_unhealthy_at is None and not recently_unhealthy(never, START + 5, window=2)
+    assert never.last_unhealthy_at is None and not recently_unhealthy(never, T0 + 5, window=2)
     failed = run(QUIET + [(i, CanaryOutcome("timeout")) for i in (1, 2, 3)], settings)[-1]
-    assert failed.state == "unresponsive" and failed.last_unhealthy_at == START + 3
+    assert failed.state == "unresponsive" and failed.last_unhealthy_at == T0 + 3
 
 
 def test_liveness_fails_only_when_stuck_past_the_budget() -> None:
@@ -351,21 +332,21 @@ def test_liveness_fails_only_when_stuck_past_the_budget() -> None:
     rows = [(0, snap(running=1)), (35, snap(running=1)), (65, snap(running=1))]
     stuck = run(rows, settings)[-1]
     assert stuck.state == "stuck"
-    assert is_live(stuck, settings, START + 120)
-    assert not is_live(stuck, settings, START + 121)
+    assert is_live(stuck, settings, T0 + 120)
+    assert not is_live(stuck, settings, T0 + 121)
     down = run([(0, snap()), (5, PollError("connect", "refused"))], target(down_after=5))[-1]
-    assert down.state == "down" and is_live(down, settings, START + 10_000)
+    assert down.state == "down" and is_live(down, settings, T0 + 10_000)
 
 
 def test_health_503_with_a_frozen_page_is_down_any_other_answer_is_no_news() -> None:
     settings = target()
     frozen = snap(running=2, steps=5)
-    first = judge(None, frozen, START, settings)
-    dead = judge(first, frozen, START + 5, settings, health=("/health", 503))
+    first = judge(None, frozen, T0, settings)
+    dead = judge(first, frozen, T0 + 5, settings, health=("/health", 503))
     assert (dead.state, dead.reason, dead.up, dead.detail) == ("down", "health_503", False,
                                                                "/health answered 503: the engine is dead")
     for other in (("/health", 200), ("/health", 500), None):  # a slow or failing /health must not turn stuck into down
-        verdict = judge(first, frozen, START + 5, settings, health=other)
+        verdict = judge(first, frozen, T0 + 5, settings, health=other)
         assert verdict.state == "busy" and verdict.up
 
 
@@ -382,17 +363,17 @@ def test_health_503_with_a_frozen_page_is_down_any_other_answer_is_no_news() -> 
 )
 def test_health_check_due_table(case: str, previous: dict | None, page: dict, due: bool) -> None:
     settings = target()
-    before = initial(START)
+    before = initial(T0)
     if previous is not None:
         failures = previous.pop("canary_failures", 0)
-        before = replace(judge(None, snap(**previous), START, settings), canary_failures=failures)
+        before = replace(judge(None, snap(**previous), T0, settings), canary_failures=failures)
     assert health_check_due(before, snap(**page)) is due, case
 
 
 def test_an_idle_engine_whose_canary_failed_and_whose_health_says_503_is_down() -> None:
     settings = target()
-    idle = replace(judge(None, snap(steps=5), START, settings), canary_failures=1)
-    dead = judge(idle, snap(steps=5), START + 1, settings, health=("/health", 503))
+    idle = replace(judge(None, snap(steps=5), T0, settings), canary_failures=1)
+    dead = judge(idle, snap(steps=5), T0 + 1, settings, health=("/health", 503))
     assert (dead.state, dead.reason) == ("down", "health_503")
 
 
@@ -417,7 +398,7 @@ def test_readiness_table(state: str, draining: bool, gpu_fault: bool, ready: boo
         "asleep": run([(0, snap()), (5, CanaryOutcome("ok")), (65, Snapshot(running=0, waiting=0, sleep_level=1))],
                       settings)[-1],
     }
-    assert is_ready(verdicts[state], settings, START + 65, draining, gpu_fault=gpu_fault) is ready
+    assert is_ready(verdicts[state], settings, T0 + 65, draining, gpu_fault=gpu_fault) is ready
 
 
 def _asleep(level: int = 1, **kw: float) -> Snapshot:
@@ -449,7 +430,7 @@ def test_a_sleeping_engine_is_asleep_never_stuck(rows, state: str, reason: str, 
     assert (verdict.state, verdict.reason) == (state, reason)
     if detail is not None:
         assert verdict.detail == detail
-    at = START + rows[-1][0]
+    at = T0 + rows[-1][0]
     if state == "asleep":
         assert not is_ready(verdict, settings, at, draining=False)
         assert is_live(verdict, settings, at)
@@ -483,11 +464,11 @@ def test_a_timeout_is_the_exporters_own_lateness_only_when_its_loop_lagged(reaso
 
 
 @pytest.mark.parametrize(("last_sent", "in_flight", "since", "overlap"), [
-    (None, False, START, False),
-    (START - 5, False, START, False),  # sent before the last read: its work was seen then
-    (START, False, START, True),  # sent with the last read: ran inside this interval
-    (START - 5, True, START, True),  # still in flight
-    (START, False, None, False),  # no read yet to measure from
+    (None, False, T0, False),
+    (T0 - 5, False, T0, False),  # sent before the last read: its work was seen then
+    (T0, False, T0, True),  # sent with the last read: ran inside this interval
+    (T0 - 5, True, T0, True),  # still in flight
+    (T0, False, None, False),  # no read yet to measure from
 ])
 def test_canary_overlap_table(last_sent, in_flight, since, overlap) -> None:
     assert canary_overlapped(last_sent, in_flight, since) is overlap
@@ -497,10 +478,10 @@ def test_counters_moved_by_the_exporters_own_canary_leave_an_idle_server_idle() 
     settings = target()
     idle = run(QUIET, settings)[-1]
     answered = snap(steps=2, gen=1, prompt=3, finished=1)  # what one 1-token canary moves
-    assert judge(idle, answered, START + 5, settings, canary_overlap=True).state == "idle"
-    assert judge(idle, answered, START + 5, settings).state == "busy"  # the same movement without a canary is work
+    assert judge(idle, answered, T0 + 5, settings, canary_overlap=True).state == "idle"
+    assert judge(idle, answered, T0 + 5, settings).state == "busy"  # the same movement without a canary is work
     # Work pending at the last read is work, whatever canary ran.
-    worked = judge(judge(idle, snap(running=1), START + 5, settings), answered, START + 10, settings, canary_overlap=True)
+    worked = judge(judge(idle, snap(running=1), T0 + 5, settings), answered, T0 + 10, settings, canary_overlap=True)
     assert worked.state == "busy"
 
 
@@ -515,6 +496,6 @@ def test_counters_moved_by_the_exporters_own_canary_leave_an_idle_server_idle() 
     ],
 )
 def test_a_drain_lasts_for_the_process_it_was_asked_of(draining, restarts_before, restarts_after, holds):
-    before = replace(initial(START), restarts=restarts_before)
+    before = replace(initial(T0), restarts=restarts_before)
     after = replace(before, restarts=restarts_after)
     assert drain_holds(draining, before, after) is holds

@@ -119,14 +119,19 @@ class FakeDcgmExporter:
         return web.Response(body=self.page, content_type="text/plain")
 
 
-async def dcgm_exporter(aiohttp_server, aiohttp_client, gpu: dict[str, str]):
-    vllm, fake = FakeVllm(BUSY_PAGE), FakeDcgmExporter()
-    vllm_server, dcgm_server = await aiohttp_server(vllm.app()), await aiohttp_server(fake.app())
+async def watching(aiohttp_server, aiohttp_client, fake: FakeDcgmExporter, gpu: dict[str, str], dcgm_timeout: float):
+    """An exporter watching one busy vLLM, `gpu-b`, and its GPU (`gpu`) on `fake`: its client and the target's record."""
+    vllm_server, dcgm_server = await aiohttp_server(FakeVllm(BUSY_PAGE).app()), await aiohttp_server(fake.app())
     settings = make_settings([busy_target("gpu-b", str(vllm_server.make_url("")),
                                           dcgm={"url": str(dcgm_server.make_url("/metrics")), **gpu})],
-                             gpu_faults={"dcgm_timeout": 0.5})
+                             gpu_faults={"dcgm_timeout": dcgm_timeout})
     client = await start_exporter(aiohttp_client, settings)
-    rec = record(client, "gpu-b")
+    return client, record(client, "gpu-b")
+
+
+async def dcgm_exporter(aiohttp_server, aiohttp_client, gpu: dict[str, str]):
+    fake = FakeDcgmExporter()
+    client, rec = await watching(aiohttp_server, aiohttp_client, fake, gpu, dcgm_timeout=0.5)
     await wait_for(lambda: rec.verdict.state == "busy" and getattr(rec.gpu_faults.of("dcgm").memory, "xids", None),
                    what="busy, Xid baseline read")
     return client, rec, fake
@@ -175,14 +180,9 @@ async def test_a_gpu_by_uuid_with_failing_health_is_a_fault_while_it_fails(aioht
     ("ok", {"pod": "vllm-gone"}, "bad_metrics: no GPU of pod vllm-gone"),
 ])
 async def test_a_dcgm_exporter_that_cannot_be_read_is_an_error_kept_never_a_fault(aiohttp_server, aiohttp_client, mode, gpu, error) -> None:
-    vllm, fake = FakeVllm(BUSY_PAGE), FakeDcgmExporter()
+    fake = FakeDcgmExporter()
     fake.mode = mode
-    vllm_server, dcgm_server = await aiohttp_server(vllm.app()), await aiohttp_server(fake.app())
-    settings = make_settings([busy_target("gpu-b", str(vllm_server.make_url("")),
-                                          dcgm={"url": str(dcgm_server.make_url("/metrics")), **gpu})],
-                             gpu_faults={"dcgm_timeout": 0.3})
-    client = await start_exporter(aiohttp_client, settings)
-    rec = record(client, "gpu-b")
+    client, rec = await watching(aiohttp_server, aiohttp_client, fake, gpu, dcgm_timeout=0.3)
     await wait_for(lambda: rec.verdict.state == "busy" and "dcgm" in rec.gpu_fault_errors, what="busy, the dcgm error kept")
     view = await target_json(client, "gpu-b")
     assert view["gpu_fault_errors"]["dcgm"].startswith(error)

@@ -187,14 +187,20 @@ def test_a_hung_read_is_nvml_timeout_past_its_bound_keeps_the_last_read_and_reco
     assert nvml_fault(source.view(), [0], RULES) == (None, None)
 
 
-def test_a_hung_gpu_stalls_no_other_gpu(make_source, clock):
-    backend = Scripted(gpus=(GPU0, GPU1), xid_events=False)
+def hung_from_the_first_read(make_source, backend: Scripted) -> NvmlSource:
+    """A started source whose first read of GPU 0 hangs (released at the test's end), once that read has begun."""
     hang = Hang()
     make_source.hangs.append(hang)
     backend.reads[0] = queue.Queue()
     backend.reads[0].put(hang)
     source = make_source(backend)
     assert hang.entered.wait(WITHIN_S)
+    return source
+
+
+def test_a_hung_gpu_stalls_no_other_gpu(make_source, clock):
+    backend = Scripted(gpus=(GPU0, GPU1), xid_events=False)
+    source = hung_from_the_first_read(make_source, backend)
     before = backend.read_count[1]
     wait_until(lambda: backend.read_count[1] >= before + 5, "GPU 1 read on while GPU 0 hangs")
     clock.t += 2.0
@@ -325,12 +331,7 @@ def test_stop_closes_nvml_when_every_thread_ended(make_source):
 
 def test_stop_leaves_a_hung_thread_behind_without_waiting_on_it_or_closing_nvml(make_source):
     backend = Scripted()
-    hang = Hang()
-    make_source.hangs.append(hang)
-    backend.reads[0] = queue.Queue()
-    backend.reads[0].put(hang)
-    source = make_source(backend)
-    assert hang.entered.wait(WITHIN_S)
+    source = hung_from_the_first_read(make_source, backend)
     began = time.monotonic()
     assert source.stop(timeout=0.2) is False
     assert time.monotonic() - began < 2.0

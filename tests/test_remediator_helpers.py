@@ -3,15 +3,18 @@ settings and payload builders. (No tests here; the module name keeps it in the r
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 from conftest import AM_FIXTURES
 
+from llm_vitals.remediator.follow import follow
 from llm_vitals.remediator.settings import Settings, build_settings
 
 TOKEN = "s3cret-token"  # the token of the real captured Alertmanager headers
@@ -130,3 +133,17 @@ class Clock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+async def follow_for(store: Any, rounds: int, interval: float = 15.0) -> list[float]:
+    """Run the follower (`follow`) over `store` for `rounds` reads; the sleeps it asked for between them."""
+    naps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == rounds:
+            raise asyncio.CancelledError  # the way out of a loop that runs until cancelled
+
+    with pytest.raises(asyncio.CancelledError):
+        await follow(store, interval, sleep)
+    return naps

@@ -1,70 +1,36 @@
 """The Lease store against an in-memory API server's Lease: one clock (the API server's) for every
 replica, labels and annotations of others kept, health and the follower's survival.
 
-The transport here keeps the API server's rules that matter to the store: a write must carry the
-resourceVersion it read (else 409, `False`), and every answer carries the server's time in whole
-seconds, as an HTTP `Date` header does. The real API server runs the same paths in the k8s tier
+The transport is the soak's in-memory API server (bench/memory_leases.py), which keeps the API
+server's rules that matter to the store: a write must carry the resourceVersion it read (else 409,
+`False`), and every answer carries the server's time in whole seconds, as an HTTP `Date` header
+does. The real API server runs the same paths in the k8s tier
 (tests/k8s/test_workload_safety.py: two replicas 60 s apart).
 """
 
 from __future__ import annotations
 
-import asyncio
-import copy
 import logging
-import math
 from typing import Any
 
 import pytest
-from test_remediator_helpers import Clock
+from conftest import REPO, load_script
+from test_remediator_helpers import Clock, follow_for
 from test_remediator_loop import T0, Fleet, alert, replicas  # noqa: F401
 
 from llm_vitals.kube.client import Dated
 from llm_vitals.kube.errors import KubeUnavailable
-from llm_vitals.remediator.follow import follow
 from llm_vitals.remediator.gate import FleetView, TargetStatus
 from llm_vitals.remediator.settings import LeaseRef
 from llm_vitals.remediator.store import STATE_ANNOTATION, LeaseStore, ServerClock, StateUnavailable
+
+MemoryLeases = load_script(REPO / "bench" / "memory_leases.py").MemoryLeases
 
 STUCK = TargetStatus("stuck", process_start_time=T0 - 7200)
 IDLE = TargetStatus("idle", process_start_time=T0 - 7200)
 
 
-class ServerLeases:
-    """One namespace's Leases as the API server keeps them (resourceVersion preconditions, dated answers)."""
-
-    def __init__(self, server: Clock):
-        self.server = server
-        self.lease: dict[str, Any] | None = None
-        self.version = 0
-        self.down = False
-
-    def _date(self) -> float:
-        return float(math.floor(self.server()))  # a Date header: whole seconds
-
-    async def get_lease(self, namespace: str, name: str) -> Dated[dict[str, Any] | None]:
-        if self.down:
-            raise KubeUnavailable("the API server cannot be reached: ConnectionRefusedError")
-        return Dated(copy.deepcopy(self.lease), self._date())
-
-    async def create_lease(self, namespace: str, body: dict[str, Any]) -> Dated[bool]:
-        if self.lease is not None:
-            return Dated(False, None)
-        return self._store(body)
-
-    async def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> Dated[bool]:
-        if self.lease is None or body["metadata"].get("resourceVersion") != str(self.version):
-            return Dated(False, None)
-        return self._store(body)
-
-    def _store(self, body: dict[str, Any]) -> Dated[bool]:
-        self.version += 1
-        self.lease = copy.deepcopy(body)
-        self.lease["metadata"]["resourceVersion"] = str(self.version)
-        return Dated(True, self._date())
-
-
-def lease_store(leases: ServerLeases, identity: str, local: Clock) -> LeaseStore:
+def lease_store(leases: MemoryLeases, identity: str, local: Clock) -> LeaseStore:
     return LeaseStore(leases, LeaseRef(namespace="llm"), identity, 3600.0, local)  # type: ignore[arg-type]
 
 
@@ -90,7 +56,7 @@ async def test_two_replicas_a_minute_apart_judge_the_claim_and_the_cooldown_by_o
     """Replica B's clock is `skew` seconds off. By its own clock it would see A's claim expired (ahead)
     and the cooldown over: a second restart while the first runs. By the API server's it sees neither."""
     server = Clock(T0)
-    leases = ServerLeases(server)
+    leases = MemoryLeases(server)
     fleet = Fleet(FleetView({"a": STUCK, "b": STUCK, "c": IDLE, "d": IDLE, "e": IDLE}))
     a_clock, b_clock = Clock(T0), Clock(T0 + skew)
     a = await replicas(lease_store(leases, "replica-a", a_clock), a_clock, fleet, global_cooldown="30s")
@@ -122,7 +88,7 @@ async def test_two_replicas_a_minute_apart_judge_the_claim_and_the_cooldown_by_o
 
 async def test_a_dead_replicas_claim_expires_by_the_servers_clock_not_the_reader_s():
     server = Clock(T0)
-    leases = ServerLeases(server)
+    leases = MemoryLeases(server)
     dead = lease_store(leases, "replica-a", Clock(T0))
     state, snap = await dead.read()
     from llm_vitals.remediator import shared
@@ -141,7 +107,7 @@ async def test_a_dead_replicas_claim_expires_by_the_servers_clock_not_the_reader
 
 
 async def test_a_write_keeps_the_labels_and_annotations_others_set():
-    leases = ServerLeases(Clock(T0))
+    leases = MemoryLeases(Clock(T0))
     store = lease_store(leases, "replica-a", Clock(T0))
     state, snap = await store.read()
     assert await store.commit(snap, state.__class__(storm_seen_at=T0))
@@ -159,7 +125,7 @@ async def test_a_write_keeps_the_labels_and_annotations_others_set():
 
 
 async def test_the_store_reports_its_health():
-    leases = ServerLeases(Clock(T0))
+    leases = MemoryLeases(Clock(T0))
     store = lease_store(leases, "replica-a", Clock(T0))
     await store.read()
     assert store.health.up and store.health.errors == {}
@@ -177,7 +143,7 @@ async def test_the_follower_survives_any_error_and_counts_it(caplog):
     """A read that fails is counted by the store (`read`); anything else by the follower (`follow`),
     logged with its traceback; the follower reads again at the next interval either way."""
     caplog.set_level(logging.INFO, logger="llm_vitals.remediator")
-    leases = ServerLeases(Clock(T0))
+    leases = MemoryLeases(Clock(T0))
     store = lease_store(leases, "replica-a", Clock(T0))
     failures = iter([KubeUnavailable("refused"), RuntimeError("a bug in a parser"), None, None])
     real_read = leases.get_lease
@@ -189,15 +155,7 @@ async def test_the_follower_survives_any_error_and_counts_it(caplog):
         return await real_read(namespace, name)
 
     leases.get_lease = read  # type: ignore[method-assign]
-    naps: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        naps.append(seconds)
-        if len(naps) == 4:
-            raise asyncio.CancelledError
-
-    with pytest.raises(asyncio.CancelledError):
-        await follow(store, 15.0, sleep)
+    naps = await follow_for(store, 4)
     assert naps == [15.0] * 4  # it went on after both failures
     assert store.health.errors == {"read": 1, "follow": 1} and store.health.up
     messages = [r.getMessage() for r in caplog.records]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO
-from test_remediator_helpers import Clock, make_settings
+from test_remediator_helpers import Clock, follow_for, make_settings
 
 from llm_vitals.remediator import shared
 from llm_vitals.remediator.acting import Actor, claim_seconds
@@ -419,7 +419,6 @@ async def test_a_state_row_that_is_not_ours_stops_the_start_with_its_file_named(
 
 
 async def test_following_rereads_the_store_and_outlives_a_failed_read():
-    from llm_vitals.remediator.follow import follow
     from llm_vitals.remediator.store import StateUnavailable
 
     reads: list[str] = []
@@ -433,15 +432,7 @@ async def test_following_rereads_the_store_and_outlives_a_failed_read():
 
     store = Flaky()
     store.write(shared.paused_state(store.state, T0 + 60, "set by another replica"))
-    naps: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        naps.append(seconds)
-        if len(naps) == 3:
-            raise asyncio.CancelledError
-
-    with pytest.raises(asyncio.CancelledError):
-        await follow(store, 15.0, sleep)
+    naps = await follow_for(store, 3)
     assert reads == ["read"] * 3 and naps == [15.0] * 3
     assert store.last.pause_reason == "set by another replica"
 

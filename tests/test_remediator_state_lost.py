@@ -5,7 +5,7 @@ and cordoned nodes gone, in silence); an unparseable annotation was only "unreac
 from SQLite to a Lease migrated nothing; an older replica's write dropped fields it did not know;
 replicas with different budget windows pruned each other's restarts; and 5,000 open circuits with
 500 cordoned nodes did not fit the Lease's 256 KiB of annotations. The transport is the in-memory
-API server of tests/test_remediator_lease_store.py (resourceVersion preconditions, dated answers).
+API server of bench/memory_leases.py (resourceVersion preconditions, dated answers).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from test_remediator_helpers import Clock
-from test_remediator_lease_store import IDLE, STUCK, ServerLeases
+from test_remediator_lease_store import IDLE, STUCK, MemoryLeases
 from test_remediator_loop import T0, Fleet, alert, replicas  # noqa: F401
 
 from llm_vitals.remediator import shared
@@ -36,20 +36,30 @@ FLEET = Fleet(FleetView({"a": STUCK, "b": STUCK, "c": IDLE, "d": IDLE, "e": IDLE
 CIRCUIT = JournalState(open_circuits=frozenset({"a"}), gpu_nodes=frozenset({"gpu-7"}), paused_until=None)
 
 
-def store(leases: ServerLeases, clock: Clock, memory: Path | None = None, window: float = 3600.0,
+def store(leases: MemoryLeases, clock: Clock, memory: Path | None = None, window: float = 3600.0,
           local: JournalState | None = None, name: str = "replica-a") -> LeaseStore:
     return LeaseStore(leases, LeaseRef(namespace="llm"), name, window, clock,  # type: ignore[arg-type]
                       EpochMemory(memory), lambda: local)
 
 
-def annotation(leases: ServerLeases) -> dict:
+async def written_lease(memory: Path) -> tuple[MemoryLeases, LeaseStore]:
+    """A Lease one replica has written something worth keeping to (node gpu-7 marked): the Lease (its
+    `clock` the API server's, at T0) and that replica's store, its epoch kept in `memory`."""
+    clock = Clock(T0)
+    leases = MemoryLeases(clock)
+    written = store(leases, clock, memory)
+    await update(written, lambda s: shared.node_marked(s, "gpu-7"))
+    return leases, written
+
+
+def annotation(leases: MemoryLeases) -> dict:
     assert leases.lease is not None
     return json.loads(shared.decode_annotation(leases.lease["metadata"]["annotations"][STATE_ANNOTATION]))
 
 
 async def test_a_deleted_lease_refuses_everything_until_a_human_reinitialises_it(replicas, tmp_path):  # noqa: F811
     clock = Clock(T0)
-    leases = ServerLeases(clock)
+    leases = MemoryLeases(clock)
     a_store = store(leases, clock, tmp_path / "a.epoch")
     a = await replicas(a_store, clock, FLEET, global_cooldown="0s")
     await update(a_store, lambda s: shared.node_marked(s, "gpu-7"))  # something worth keeping
@@ -72,7 +82,7 @@ async def test_a_deleted_lease_refuses_everything_until_a_human_reinitialises_it
 
 async def test_an_unreadable_annotation_is_lost_not_unreachable_and_reinit_says_what_it_held(tmp_path):
     clock = Clock(T0)
-    leases = ServerLeases(clock)
+    leases = MemoryLeases(clock)
     a = store(leases, clock, tmp_path / "a.epoch")
     await update(a, lambda s: shared.circuits_reset(shared.node_marked(s, "gpu-7"), []))
     assert leases.lease is not None
@@ -84,12 +94,9 @@ async def test_an_unreadable_annotation_is_lost_not_unreachable_and_reinit_says_
 
 
 async def test_a_lease_created_again_by_a_fresh_replica_is_lost_to_the_one_that_knew_the_old(tmp_path):
-    clock = Clock(T0)
-    leases = ServerLeases(clock)
-    old = store(leases, clock, tmp_path / "old.epoch")
-    await update(old, lambda s: shared.node_marked(s, "gpu-7"))
+    leases, old = await written_lease(tmp_path / "old.epoch")
     leases.lease = None
-    fresh = store(leases, clock, tmp_path / "fresh.epoch", name="replica-b")  # a new pod: no memory
+    fresh = store(leases, leases.clock, tmp_path / "fresh.epoch", name="replica-b")  # a new pod: no memory
     await update(fresh, lambda s: shared.paused_state(s, T0 + 60, "x"))
     with pytest.raises(StateLost, match="deleted and created again"):
         await old.read()
@@ -97,7 +104,7 @@ async def test_a_lease_created_again_by_a_fresh_replica_is_lost_to_the_one_that_
 
 async def test_what_a_reinitialisation_discards_is_said_and_a_state_lost_is_a_metric(tmp_path):
     clock = Clock(T0)
-    leases = ServerLeases(clock)
+    leases = MemoryLeases(clock)
     a = store(leases, clock, tmp_path / "a.epoch")
     await update(a, lambda s: shared.paused_state(shared.node_marked(s, "gpu-7"), T0 + 600, "upgrade"))
     assert leases.lease is not None
@@ -126,7 +133,7 @@ def test_the_first_lease_starts_from_this_replicas_own_sqlite_state(tmp_path):
 
 async def test_a_first_lease_imports_the_local_state_and_the_circuit_stays_open(replicas, tmp_path):  # noqa: F811
     clock = Clock(T0)
-    leases = ServerLeases(clock)
+    leases = MemoryLeases(clock)
     a_store = store(leases, clock, tmp_path / "a.epoch", local=CIRCUIT)
     a = await replicas(a_store, clock, FLEET, global_cooldown="0s")
     assert await a.decide(alert("a")) == "circuit_open"  # before: allowed (the circuit was forgotten)
@@ -135,10 +142,7 @@ async def test_a_first_lease_imports_the_local_state_and_the_circuit_stays_open(
 
 
 async def test_an_older_replicas_write_keeps_the_fields_a_newer_one_wrote(tmp_path):
-    clock = Clock(T0)
-    leases = ServerLeases(clock)
-    a = store(leases, clock, tmp_path / "a.epoch")
-    await update(a, lambda s: shared.node_marked(s, "gpu-7"))
+    leases, a = await written_lease(tmp_path / "a.epoch")
     assert leases.lease is not None
     newer = {**annotation(leases), "pages_held": {"Deployment/llm/vllm": [T0, "oncall"]}, "cordons": ["gpu-9"]}
     leases.lease["metadata"]["annotations"][STATE_ANNOTATION] = json.dumps(newer)
@@ -150,7 +154,7 @@ async def test_an_older_replicas_write_keeps_the_fields_a_newer_one_wrote(tmp_pa
 
 async def test_a_replica_with_a_shorter_window_keeps_the_restarts_a_longer_one_counts(tmp_path):
     clock = Clock(T0)
-    leases = ServerLeases(clock)
+    leases = MemoryLeases(clock)
     long = store(leases, clock, tmp_path / "long.epoch", window=7200.0)
     short = store(leases, clock, tmp_path / "short.epoch", window=3600.0, name="replica-b")
     await update(long, lambda s: JournalState(restart_times={"w": (T0 - 5400,)}))
@@ -172,7 +176,7 @@ def big_state() -> JournalState:
 async def test_5000_open_circuits_and_500_cordoned_nodes_fit_the_lease(tmp_path, capsys):
     """The size budget, measured: the JSON would not fit 256 KiB; the annotation holds it gzipped."""
     clock = Clock(T0)
-    leases = ServerLeases(clock)
+    leases = MemoryLeases(clock)
     a = store(leases, clock, tmp_path / "a.epoch")
     state = big_state()
     await update(a, lambda s: state)
@@ -198,10 +202,7 @@ def test_a_state_too_large_even_gzipped_is_refused_before_the_write():
 
 
 async def test_the_api_server_away_is_unreachable_not_lost(tmp_path):
-    clock = Clock(T0)
-    leases = ServerLeases(clock)
-    a = store(leases, clock, tmp_path / "a.epoch")
-    await update(a, lambda s: shared.node_marked(s, "gpu-7"))
+    leases, a = await written_lease(tmp_path / "a.epoch")
     leases.down = True
     with pytest.raises(StateUnavailable) as caught:
         await a.read()
@@ -236,10 +237,7 @@ async def test_one_replicas_sqlite_row_keeps_the_fields_a_newer_version_wrote(tm
 
 async def test_an_older_versions_write_during_a_rolling_upgrade_is_not_a_loss(tmp_path):
     """The version before this one drops the fields it does not know, the epoch among them."""
-    clock = Clock(T0)
-    leases = ServerLeases(clock)
-    new = store(leases, clock, tmp_path / "new.epoch")
-    await update(new, lambda s: shared.node_marked(s, "gpu-7"))
+    leases, new = await written_lease(tmp_path / "new.epoch")
     assert leases.lease is not None
     older = {k: v for k, v in annotation(leases).items() if k not in shared.STORE_KEYS}
     leases.lease["metadata"]["annotations"][STATE_ANNOTATION] = json.dumps(older)

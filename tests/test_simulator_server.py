@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from waits import wait_until
 
 from llm_vitals.sim.config import SimConfig
 from llm_vitals.sim.fleet import Fleet
@@ -21,19 +22,10 @@ LONG = {"model": "tiny", "prompt": "def main():", "max_tokens": 1000, "ignore_eo
 CANARY = {"model": "tiny", "prompt": "ping", "max_tokens": 1, "temperature": 0}
 
 
-async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll `check` until it returns something truthy (no fixed sleeps)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = await check()
-            if last:
-                return last
-        except httpx.TransportError as exc:  # refused while loading, reset while dying: keep polling
-            last = exc
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{what} not reached within {timeout}s (last: {last!r})")
+def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 10.0, what: str = "condition") -> Awaitable[Any]:
+    """Poll `check` until it returns something truthy (no fixed sleeps); a connection refused while
+    the server loads, or reset while it dies, is not yet."""
+    return wait_until(check, timeout, what, interval=0.02, retry_on=(httpx.TransportError,))
 
 
 def sample_values(page: str) -> dict[str, float]:

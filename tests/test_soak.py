@@ -198,6 +198,10 @@ def act(h, at: float, kind: str = "restart", workload: str = "Deployment/llm/a",
     h.record_action(invariants.Action(h.next_seq(), at, kind, workload, "a-1", node, "r", True, cordoned))
 
 
+def human(h, at: float, kind: str, workload: str = "") -> None:
+    h.record_human(invariants.HumanAct(h.next_seq(), at, kind, workload))
+
+
 def check(h, state=None, now: float = 0.0, episodes=()):
     c = invariants.Check(h, invariants.Marks(), now, state, list(episodes))
     return {name: list(fn(c)) for name, fn in invariants.INVARIANTS.items()}
@@ -207,7 +211,7 @@ def test_a_restart_after_the_page_and_before_its_release_is_a_violation_and_afte
     h = history()
     h.record_decision(invariants.Seen(h.next_seq(), 10.0, "a-1", "Deployment/llm/a", "escalated_to_human", "r"))
     act(h, 20.0)
-    h.record_human(invariants.HumanAct(h.next_seq(), 30.0, "release_page", "Deployment/llm/a"))
+    human(h, 30.0, "release_page", "Deployment/llm/a")
     act(h, 4000.0)
     assert check(h)["no_restart_while_paged"] == [2]
 
@@ -220,7 +224,7 @@ def test_budget_and_backoff_count_per_workload_since_a_human_reset():
     act(h, 3500.0)  # the fourth within the hour
     act(h, 3500.0, workload="Deployment/llm/b")  # another workload's own budget
     assert check(h)["restarts_within_budget_and_backoff"] == [("backoff", 2), ("budget", 4)]
-    h.record_human(invariants.HumanAct(h.next_seq(), 3550.0, "reset_circuit", "Deployment/llm/a"))
+    human(h, 3550.0, "reset_circuit", "Deployment/llm/a")
     act(h, 3600.0)
     assert ("budget", 7) not in check(h)["restarts_within_budget_and_backoff"]
 
@@ -263,7 +267,7 @@ def test_an_action_between_a_loss_and_the_humans_reinitialisation_is_a_violation
     h = history()
     h.record_loss(0.0)
     act(h, 10.0)
-    h.record_human(invariants.HumanAct(h.next_seq(), 20.0, "reinitialise", ""))
+    human(h, 20.0, "reinitialise")
     act(h, 30.0)
     assert check(h)["lost_state_refuses"] == [2]
 
@@ -281,7 +285,7 @@ def test_a_reinitialisation_from_empty_ends_the_pages_and_forgives_the_budgets()
     h.record_decision(invariants.Seen(h.next_seq(), 10.0, "a-1", "Deployment/llm/a", "escalated_to_human", "r"))
     for at in (100.0, 200.0, 300.0):
         act(h, at)
-    h.record_human(invariants.HumanAct(h.next_seq(), 400.0, "reinitialise", ""))
+    human(h, 400.0, "reinitialise")
     act(h, 500.0)  # after the human's re-initialisation: no page holds, the budget starts again
     result = check(h)
     assert result["no_restart_while_paged"] == [2, 3, 4]  # those before it were under the page
@@ -309,5 +313,5 @@ def test_the_budget_spent_within_the_window_is_forgotten_when_the_state_drops_a_
     assert check(h, both, now=1200.0)["nothing_forgotten"] == []
     assert check(h, one, now=1200.0)["nothing_forgotten"] == [("budget", "Deployment/llm/a", 2)]
     assert check(h, one, now=3700.0)["nothing_forgotten"] == []  # the first is out of the window by now
-    h.record_human(invariants.HumanAct(h.next_seq(), 1100.0, "reset_circuit", "Deployment/llm/a"))
+    human(h, 1100.0, "reset_circuit", "Deployment/llm/a")
     assert check(h, replace(both, restart_times={}), now=1200.0)["nothing_forgotten"] == []  # a human forgave it

@@ -22,6 +22,7 @@ import aiohttp
 import pytest
 from conftest import REPO, free_port, require_binary
 from pydantic import SecretStr
+from waits import wait_until
 
 from llm_vitals.config import ConfigError
 from llm_vitals.exporter.app import create_app as create_exporter_app
@@ -197,17 +198,6 @@ async def chromium(binary: str, profile: Path, *args: str, timeout: float = 60) 
     return out
 
 
-async def wait_until(predicate, timeout: float = 30, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last: {value!r}")
-        await asyncio.sleep(0.2)
-
-
 async def test_chromium_shows_the_states_the_api_reports(aiohttp_server, tmp_path) -> None:
     binary = require_binary("chromium")
     # 20 tokens/s: a 1,500-token completion keeps a server busy for over a minute.
@@ -246,10 +236,10 @@ async def test_chromium_shows_the_states_the_api_reports(aiohttp_server, tmp_pat
                     return {t["name"]: t["state"] for t in (await r.json())["targets"]}
 
             await wait_until(lambda: _when(states(), lambda s: s.get("gpu-busy") == "busy" and s.get("gpu-stuck") == "busy"),
-                             what="both loaded servers busy")
+                             30, what="both loaded servers busy")
             fleet.backends[2].set_fault("hang")
             expected = {"gpu-idle": "idle", "gpu-busy": "busy", "gpu-stuck": "stuck", "gpu-gone": "down"}
-            await wait_until(lambda: _when(states(), lambda s: s == expected), what=f"states {expected}")
+            await wait_until(lambda: _when(states(), lambda s: s == expected), 30, what=f"states {expected}")
 
             # One decision in the remediator's journal (dry-run: nothing restarts).
             starts = datetime.fromtimestamp(time.time(), UTC).isoformat()
@@ -264,7 +254,7 @@ async def test_chromium_shows_the_states_the_api_reports(aiohttp_server, tmp_pat
                 async with load.get(f"{base}/") as r:
                     return 'class="decision' in await r.text()
 
-            await wait_until(page_shows_a_decision, what="the decision on the page")
+            await wait_until(page_shows_a_decision, 30, what="the decision on the page")
 
             profile = tmp_path / "chromium-profile"
             dom = (await chromium(binary, profile, "--dump-dom", f"{base}/")).decode()

@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
+from verdict_tables import T0, Case, replay
 
 from llm_vitals.exporter.engines import EngineFacts, Snapshot
 from llm_vitals.exporter.settings import TargetSettings
-from llm_vitals.exporter.verdict import Observation, PollError, Verdict, judge
+from llm_vitals.exporter.verdict import Observation, PollError, Verdict
 
-T0 = 1_796_000_000.0
 LLAMA = EngineFacts(metrics_unanswered_is_stuck=True)
 VLLM = EngineFacts()
 TIMEOUT = PollError("timeout", "/metrics took longer than 10s")
@@ -34,23 +32,7 @@ def snap(running: float = 0, waiting: float = 0, steps: float | None = 0, *, tok
 
 
 def run(rows: list[tuple[float, Observation]], facts: EngineFacts = VLLM, settings: TargetSettings | None = None) -> Verdict:
-    settings = settings or target()
-    verdict: Verdict | None = None
-    for offset, seen in rows:
-        verdict = judge(verdict, seen, T0 + offset, settings, facts)
-    assert verdict is not None
-    return verdict
-
-
-@dataclass
-class Case:
-    id: str
-    rows: list[tuple[float, Observation]]
-    state: str
-    reason: str
-    restarts: int = 0
-    facts: EngineFacts = VLLM
-    settings: dict[str, object] = field(default_factory=dict)
+    return replay(rows, settings or target(), facts)[-1]
 
 
 CASES = [
@@ -149,11 +131,8 @@ def test_busy_signs_appear_in_the_detail_and_keep_a_canary_away() -> None:
 
 def test_the_facts_default_to_the_engine_table() -> None:
     rows: list[tuple[float, Observation]] = [(0, snap(2, 1, 700)), (5, TIMEOUT), (30, TIMEOUT), (61, TIMEOUT)]
-    settings = target(engine="llamacpp")
-    verdict = None
-    for offset, seen in rows:
-        verdict = judge(verdict, seen, T0 + offset, settings)
-    assert verdict is not None and (verdict.state, verdict.reason) == ("stuck", "metrics_unanswered")
+    verdict = replay(rows, target(engine="llamacpp"))[-1]  # no facts given: the engine table's
+    assert (verdict.state, verdict.reason) == ("stuck", "metrics_unanswered")
 
 
 @pytest.mark.parametrize(("engine", "state", "reason"), [
@@ -164,8 +143,5 @@ def test_the_facts_default_to_the_engine_table() -> None:
 ])
 def test_which_engines_read_metrics_unanswered_while_pending_as_stuck(engine: str, state: str, reason: str) -> None:
     rows: list[tuple[float, Observation]] = [(0, snap(0, 3, 700)), (5, TIMEOUT), (30, TIMEOUT), (61, TIMEOUT)]
-    settings = target(engine=engine, model="m")
-    verdict = None
-    for offset, seen in rows:
-        verdict = judge(verdict, seen, T0 + offset, settings)
-    assert verdict is not None and (verdict.state, verdict.reason) == (state, reason), verdict
+    verdict = replay(rows, target(engine=engine, model="m"))[-1]
+    assert (verdict.state, verdict.reason) == (state, reason), verdict

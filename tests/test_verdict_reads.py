@@ -9,9 +9,8 @@ never unready, never restartable, and the next read waits longer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
+from verdict_tables import T0, Case, replay
 
 from llm_vitals.exporter.engines import EngineFacts, Snapshot
 from llm_vitals.exporter.settings import TargetSettings
@@ -22,14 +21,12 @@ from llm_vitals.exporter.verdict import (
     Verdict,
     is_live,
     is_ready,
-    judge,
     read_deadline,
     second_probe_due,
     with_second_probe,
 )
 from llm_vitals.targets import RESTARTABLE_STATES
 
-T0 = 1_796_000_000.0
 VLLM = EngineFacts()
 LLAMA = EngineFacts(metrics_unanswered_is_stuck=True)
 REFUSED = PollError("refused", "/metrics: connection refused")
@@ -57,13 +54,7 @@ IDLE = [(0.0, snap()), (5.0, snap())]
 
 def run(rows: list[tuple[float, Observation]], facts: EngineFacts = VLLM,
         settings: TargetSettings | None = None) -> list[Verdict]:
-    settings = settings or target()
-    verdict: Verdict | None = None
-    verdicts = []
-    for offset, seen in rows:
-        verdict = judge(verdict, seen, T0 + offset, settings, facts)
-        verdicts.append(verdict)
-    return verdicts
+    return replay(rows, settings or target(), facts)
 
 
 def every(seen: Observation, start: float, stop: float, step: float = 5.0) -> list[tuple[float, Observation]]:
@@ -72,17 +63,6 @@ def every(seen: Observation, start: float, stop: float, step: float = 5.0) -> li
         rows.append((t, seen))
         t += step
     return rows
-
-
-@dataclass
-class Case:
-    id: str
-    rows: list[tuple[float, Observation]]
-    state: str
-    reason: str
-    facts: EngineFacts = VLLM
-    settings: dict[str, object] = field(default_factory=dict)
-    ready: bool | None = None
 
 
 CASES = [

@@ -141,17 +141,6 @@ VLLM_UNIT_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("reads", "state", "reason", "unit"), [case[1:] for case in VLLM_UNIT_CASES],
-                         ids=[case[0] for case in VLLM_UNIT_CASES])
-def test_vllm_engines_are_judged_each_on_its_own(reads, state: str, reason: str, unit: str | None) -> None:
-    verdicts = run("vllm", reads)
-    last = verdicts[-1]
-    assert (last.state, last.reason, last.unit) == (state, reason, unit), last.detail
-    assert {v.restarts for v in verdicts} == {0}
-    if unit is not None:
-        assert f"unit {unit}" in last.detail
-
-
 def test_a_stuck_engine_counts_on_its_own_clock_for_liveness_and_the_api() -> None:
     verdicts = run("vllm", [(0, two_engines(VLLM_BUSY, VLLM_FROZEN)),
                             (35, two_engines(stepping(VLLM_BUSY, 600), VLLM_FROZEN)),
@@ -271,13 +260,19 @@ TRITON_UNIT_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("reads", "state", "reason", "unit"), [case[1:] for case in TRITON_UNIT_CASES],
-                         ids=[case[0] for case in TRITON_UNIT_CASES])
-def test_triton_models_are_judged_each_on_its_own(reads, state: str, reason: str, unit: str | None) -> None:
-    verdicts = run("triton", reads)
+# Each row: the engine whose units (vLLM's engines, Triton's models) the pages list, then a case above.
+UNIT_CASES = [("vllm", *case) for case in VLLM_UNIT_CASES] + [("triton", *case) for case in TRITON_UNIT_CASES]
+
+
+@pytest.mark.parametrize(("engine", "reads", "state", "reason", "unit"), [(case[0], *case[2:]) for case in UNIT_CASES],
+                         ids=[f"{case[0]}-{case[1]}" for case in UNIT_CASES])
+def test_units_are_judged_each_on_its_own(engine: str, reads, state: str, reason: str, unit: str | None) -> None:
+    verdicts = run(engine, reads)
     last = verdicts[-1]
     assert (last.state, last.reason, last.unit) == (state, reason, unit), last.detail
     assert {v.restarts for v in verdicts} == {0}
+    if unit is not None:
+        assert f"unit {unit}" in last.detail
 
 
 def test_failures_are_never_progress_on_a_lone_hung_model() -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
-from llm_vitals.kube.owners import controller_of, group_of
+from llm_vitals.kube.owners import controller_of, group_of, replica_set_to_resolve, workload_name
 
 from .gate import Decision, TargetStatus
 
@@ -43,12 +43,8 @@ class Owner:
 def owner_to_read(pod: Mapping[str, Any]) -> Owner | None:
     """The owner whose own owner names the workload (a ReplicaSet), or None when the pod alone says it."""
     metadata = pod.get("metadata") or {}
-    if group_of(metadata.get("labels")) is not None:
-        return None
-    owner = controller_of(metadata)
-    if owner is not None and owner.kind == "ReplicaSet":
-        return Owner(owner.kind, owner.name)
-    return None
+    replica_set = replica_set_to_resolve(group_of(metadata.get("labels")), controller_of(metadata))
+    return Owner("ReplicaSet", replica_set) if replica_set is not None else None
 
 
 class OwnerPending(Exception):
@@ -62,27 +58,22 @@ def workload_of_pod(pod: Mapping[str, Any], owner: Mapping[str, Any] | None) -> 
     none to read). Raises OwnerPending when the rule needs an owner it has not got."""
     metadata = pod.get("metadata") or {}
     namespace, name = str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
-    group = group_of(metadata.get("labels"))
-    if group is not None:
-        return f"LeaderWorkerSet/{namespace}/{group[0]}/{group[1]}"
-    controller = controller_of(metadata)
-    if controller is None:
-        if metadata.get("ownerReferences"):
-            raise OwnerPending(f"pod {namespace}/{name} has owner references without a kind and a name")
-        return f"Pod/{namespace}/{name}"
-    if controller.kind != "ReplicaSet":
-        return f"{controller.kind}/{namespace}/{controller.name}"
+    group, controller = group_of(metadata.get("labels")), controller_of(metadata)
+    if group is None and controller is None and metadata.get("ownerReferences"):
+        raise OwnerPending(f"pod {namespace}/{name} has owner references without a kind and a name")
+    replica_set = replica_set_to_resolve(group, controller)
+    if replica_set is None:
+        return workload_name(namespace, name, group, controller)
     if owner is None:
-        raise OwnerPending(f"ReplicaSet {namespace}/{controller.name} (the owner of pod {name}) cannot be read now")
+        raise OwnerPending(f"ReplicaSet {namespace}/{replica_set} (the owner of pod {name}) cannot be read now")
     owner_meta = owner.get("metadata") or {}
-    if owner_meta.get("name") != controller.name:
-        raise OwnerPending(f"read ReplicaSet {owner_meta.get('name')!r}, not {controller.name!r}")
+    if owner_meta.get("name") != replica_set:
+        raise OwnerPending(f"read ReplicaSet {owner_meta.get('name')!r}, not {replica_set!r}")
     above = controller_of(owner_meta)
-    if above is None:
-        if owner_meta.get("ownerReferences"):
-            raise OwnerPending(f"ReplicaSet {namespace}/{controller.name} has owner references without a kind and a name")
-        return f"ReplicaSet/{namespace}/{controller.name}"  # a bare ReplicaSet: no rollout renames it
-    return f"{above.kind}/{namespace}/{above.name}"
+    if above is None and owner_meta.get("ownerReferences"):
+        raise OwnerPending(f"ReplicaSet {namespace}/{replica_set} has owner references without a kind and a name")
+    # `above` None: a bare ReplicaSet is the workload itself (no rollout renames it).
+    return workload_name(namespace, name, group, controller, above)
 
 
 def pod_ips(pod: Mapping[str, Any]) -> frozenset[str]:

@@ -11,7 +11,7 @@ same values (aggregate them with `max by (workload)`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -65,6 +65,17 @@ class RemediatorMetrics:
         )
         self.registry.register(_JournalCollector(sorted(targets), journal, state, clock, health, budget_window,
                                                  backoff_reset))
+
+
+def refusal_streaks(name: str, documentation: str, streaks: Mapping[str, tuple[float, float]],
+                    since: float) -> GaugeMetricFamily:
+    """Per workload, seconds from the first to the latest refusal of its streak (first, latest): the
+    streaks whose latest refusal came after `since`, as an older one has ended."""
+    family = GaugeMetricFamily(name, documentation, labels=["workload"])
+    for workload, (first, latest) in sorted(streaks.items()):
+        if latest > since:
+            family.add_metric([workload], latest - first)
+    return family
 
 
 class _JournalCollector(Collector):
@@ -144,17 +155,13 @@ class _JournalCollector(Collector):
             "as paused and nothing is restarted until the pause ends or DELETE /api/v1/pause.",
             value=1.0 if paused_until is not None and now < paused_until else 0.0,
         )
-        refused = GaugeMetricFamily(
+        yield refusal_streaks(
             "llm_vitals_remediator_disruption_budget_refused_seconds",
             "Seconds from the first to the latest refusal of the workload's restart by a PodDisruptionBudget, while "
             "they keep coming (none for 2h ends the streak, and so does a restart that runs): the budget keeps the "
             "stuck server from being restarted. LLMVitalsRemediatorDisruptionBudget fires at an hour.",
-            labels=["workload"],
+            state.disrupted, now - DISRUPTION_MEMORY_SECONDS,
         )
-        for workload, (first, latest) in sorted(state.disrupted.items()):
-            if latest > now - DISRUPTION_MEMORY_SECONDS:
-                refused.add_metric([workload], latest - first)
-        yield refused
         nodes = GaugeMetricFamily(
             "llm_vitals_remediator_node_escalated",
             "1 for each node llm-vitals cordoned (a GPU fault, or the ladder's cordon_and_move) and has not "
@@ -184,18 +191,14 @@ class _JournalCollector(Collector):
             if at > now - self.backoff_reset:
                 streak.add_metric([workload], float(count))
         yield streak
-        held = GaugeMetricFamily(
+        yield refusal_streaks(
             "llm_vitals_remediator_backoff_refused_seconds",
             "Seconds from the first to the latest refusal of the workload's stuck alerts for its backoff (the wait "
             "after a streak of restarts grows to budget.backoff.max), while they keep coming (none for 2h ends the "
             "streak, and so does a restart of it): a stuck server left as it is, possibly for hours. "
             "LLMVitalsRemediatorBackoffHolding fires while the series is there.",
-            labels=["workload"],
+            state.backoff_refused, now - BACKOFF_REFUSAL_MEMORY_SECONDS,
         )
-        for workload, (first, latest) in sorted(state.backoff_refused.items()):
-            if latest > now - BACKOFF_REFUSAL_MEMORY_SECONDS:
-                held.add_metric([workload], latest - first)
-        yield held
         if self.health is not None:
             health = self.health()
             yield GaugeMetricFamily(

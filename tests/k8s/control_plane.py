@@ -86,6 +86,15 @@ rules:
 """
 
 
+def log_tail(path: Path, header: str, lines: int) -> str:
+    """The last `lines` lines of a process's log under a `--- header ---` line (none when it cannot be read)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        text = ""
+    return f"--- {header} ---\n" + "\n".join(text.splitlines()[-lines:])
+
+
 class ControlPlaneError(RuntimeError):
     """A component did not start or a request failed; the message carries the evidence (log tails)."""
 
@@ -176,11 +185,7 @@ class _Proc:
             popen.wait()
 
     def tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            text = ""
-        return f"--- {self.name} (pid {self.pid}) {self.log_path} ---\n" + "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, f"{self.name} (pid {self.pid}) {self.log_path}", lines)
 
 
 def _openssl(*args: str) -> None:

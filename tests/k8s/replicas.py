@@ -33,7 +33,7 @@ from aiohttp import web
 from llm_vitals.remediator.store import STATE_ANNOTATION
 from llm_vitals.targets import TargetView
 
-from .control_plane import REPO, ControlPlane
+from .control_plane import REPO, ControlPlane, log_tail
 
 TOKEN = "k8s-tier-webhook-s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -184,11 +184,7 @@ class Replica:
                 await asyncio.sleep(0.1)
 
     def tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            text = ""
-        return f"--- remediator {self.name} ---\n" + "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, f"remediator {self.name}", lines)
 
     async def kill(self) -> None:
         """SIGKILL: no shutdown, no release of its claim in the Lease."""

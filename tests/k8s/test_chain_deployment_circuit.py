@@ -34,6 +34,7 @@ import httpx
 from e2e_chain import Load, _start_cli
 from prometheus_client.parser import text_string_to_metric_families
 from stack import RULES_FILE, ManagedProcess, RealStack, alertmanager_config, write_rules_with_short_for
+from waits import wait_until
 
 from .control_plane import ControlPlane
 from .replicas import (
@@ -49,7 +50,6 @@ from .replicas import (
 from .test_deployment_pod_by_pod import EXPORTER, manifest, running, start_backends
 from .test_pod_workload import create_deployment
 from .test_workload_safety import shared_state
-from .waits import wait_until
 
 # Pod IPs of their own (all of 127/8 is on `lo`): test_deployment_pod_by_pod.py, perhaps running on the
 # other worker, has 127.0.0.2-5.

@@ -27,11 +27,11 @@ import httpx
 import yaml
 from e2e_chain import Load, _cli, _start_cli
 from stack import ManagedProcess
+from waits import wait_until
 
 from llm_vitals.demo.ports import free_port
 
 from .control_plane import REPO, ControlPlane
-from .waits import wait_until
 
 EXPORTER = "llm-vitals-exporter"
 MANIFESTS = REPO / "deploy" / "kubernetes"  # the chart's render: base/ and the variants' vllm.yaml

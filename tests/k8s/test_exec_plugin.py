@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from test_exporter_helpers import FakeVllm, make_settings, start_exporter, wait_for
+from waits import wait_until
 
 from llm_vitals.exporter.keys import STORE
 from llm_vitals.remediator.store import STATE_ANNOTATION
@@ -21,7 +22,6 @@ from .control_plane import ControlPlane
 from .exec_credential import exec_kubeconfig, runs
 from .replicas import USER, ExporterStandIn, alert, events, grant_remediator_rbac, lease, pod_evictions, start_replicas
 from .test_pod_discovery import EXPORTER, deployed_pod_rules, in_thread, running_pod
-from .waits import wait_until
 
 
 def plugin_kubeconfig(cp: ControlPlane, user: str, directory: Path) -> tuple[Path, Path]:

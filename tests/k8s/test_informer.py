@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from waits import wait_until
 
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.connect import Access
@@ -32,7 +33,6 @@ from llm_vitals.kube.informer import Health, Informer
 from llm_vitals.kube.objects import Query
 
 from .control_plane import ControlPlane
-from .waits import wait_until
 
 EXPORTER = "llm-vitals-exporter"
 READ_PODS = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]

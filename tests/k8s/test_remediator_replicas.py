@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from waits import wait_until
 
 from llm_vitals.remediator.pods import CORDONED_BY, GPU_TAINT_KEY
 
@@ -42,7 +43,6 @@ from .replicas import (
     rights_used,
     shared_state,
 )
-from .waits import wait_until
 
 
 def running_pod(control_plane: ControlPlane, namespace: str, name: str, node: str | None = None) -> dict[str, Any]:

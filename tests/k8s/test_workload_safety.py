@@ -40,6 +40,7 @@ from typing import Any
 
 import httpx
 import pytest
+from waits import wait_until
 
 from llm_vitals.exporter.discovery.workload import ReplicaSets, controller_of, group_of, pod_workload, replica_set_controller
 from llm_vitals.remediator.pods import CORDONED_BY, GPU_TAINT_KEY
@@ -62,7 +63,6 @@ from .replicas import (
     rights_used,
     shared_state,
 )
-from .waits import wait_until
 
 LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-index"

@@ -2,7 +2,8 @@
 labels and owners. The remediator's budget, circuit and restart-loop alert key on it, so that a
 Deployment whose new pods keep hanging is counted once, across pod names.
 
-The rule, first match wins (`pod_workload`, pure; tests/test_discovery_workload.py is its table):
+The rule, first match wins (`pod_workload`, pure; tests/test_discovery_workload.py is its table; the
+names are written by `workload_name` in llm_vitals/kube/owners.py, the remediator's rule too):
 
 1. The LeaderWorkerSet labels `leaderworkerset.sigs.k8s.io/name` and `.../group-index` (a number):
    `LeaderWorkerSet/<ns>/<name>/<group-index>`. A group (its leader and workers) is one workload,
@@ -30,8 +31,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# The owner rule is shared with the remediator, which reads the workload itself (llm_vitals/kube/owners.py).
-from llm_vitals.kube.owners import LWS_GROUP_INDEX_LABEL, LWS_NAME_LABEL, Controller, controller_of, group_of
+# The owner and workload rule is shared with the remediator, which reads the workload itself (llm_vitals/kube/owners.py).
+from llm_vitals.kube.owners import (
+    LWS_GROUP_INDEX_LABEL,
+    LWS_NAME_LABEL,
+    Controller,
+    controller_of,
+    group_of,
+    replica_set_to_resolve,
+    workload_name,
+)
 
 __all__ = ["LWS_GROUP_INDEX_LABEL", "LWS_NAME_LABEL", "Controller", "ReplicaSets", "controller_of", "group_of",
            "pod_workload", "replica_set_controller"]
@@ -54,18 +63,11 @@ class ReplicaSets:
 def pod_workload(namespace: str, pod: str, group: tuple[str, str] | None, controller: Controller | None,
                  replica_sets: ReplicaSets) -> str | None:
     """The pod's workload (the module docstring's rule), or None while its ReplicaSet is not listed yet."""
-    if group is not None:
-        return f"LeaderWorkerSet/{namespace}/{group[0]}/{group[1]}"
-    if controller is None:
-        return f"Pod/{namespace}/{pod}"
-    if controller.kind != "ReplicaSet":
-        return f"{controller.kind}/{namespace}/{controller.name}"
-    if controller.name in replica_sets.controllers:
-        owner = replica_sets.controllers[controller.name]
-        return f"{owner.kind}/{namespace}/{owner.name}" if owner else f"ReplicaSet/{namespace}/{controller.name}"
-    if replica_sets.settled:
-        return f"ReplicaSet/{namespace}/{controller.name}"
-    return None
+    replica_set = replica_set_to_resolve(group, controller)
+    if replica_set is not None and replica_set not in replica_sets.controllers and not replica_sets.settled:
+        return None
+    owner = replica_sets.controllers.get(replica_set) if replica_set is not None else None
+    return workload_name(namespace, pod, group, controller, owner)
 
 
 def replica_set_controller(replica_set: Mapping[str, Any]) -> Controller | None:

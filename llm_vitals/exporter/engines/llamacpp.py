@@ -45,8 +45,8 @@ and the response carries the header `Process-Start-Time-Unix: 1571301719`.
 
 from __future__ import annotations
 
-from llm_vitals.exporter.engines import Engine, EngineFacts, Page, PageError, Snapshot
-from llm_vitals.exporter.engines.scan import Scanner, decode, total
+from llm_vitals.exporter.engines import Engine, EngineFacts, PageError, Snapshot
+from llm_vitals.exporter.engines.scan import Scanner, text_parse, total
 
 PROCESSING = "llamacpp:requests_processing"
 DEFERRED = "llamacpp:requests_deferred"
@@ -76,9 +76,8 @@ def parse_text(text: str) -> Snapshot:
     )
 
 
-def parse(page: Page) -> Snapshot:
-    """Decode (strict UTF-8) and parse one `/metrics` answer; the table adds the header's restart token."""
-    return parse_text(decode(page.body))
+# The table adds the header's restart token.
+parse = text_parse(parse_text)
 
 
 ENGINE = Engine(

@@ -20,11 +20,11 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import NamedTuple
 
-from llm_vitals.exporter.engines import PageError
+from llm_vitals.exporter.engines import Page, PageError, Snapshot
 
 _NAME_CHARS = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 # A label set, from `{` to the first `}` outside a quoted value; inside quotes `\` escapes one char.
@@ -249,6 +249,15 @@ def decode(body: bytes) -> str:
     except UnicodeDecodeError as exc:
         raise PageError("bad_metrics", f"page is not UTF-8 (byte {exc.start})") from None
 
+
+
+def text_parse(parse_text: Callable[[str], Snapshot]) -> Callable[[Page], Snapshot]:
+    """An engine's `parse` from a parser of the page's text: the body decoded (strict UTF-8) first; raises PageError."""
+
+    def parse(page: Page) -> Snapshot:
+        return parse_text(decode(page.body))
+
+    return parse
 
 def show(value: float) -> str:
     """A value as the format writes it (NaN, +Inf, -Inf), for error details."""

@@ -54,8 +54,8 @@ scheduler series carry `engine_type,model_name,moe_ep_rank,pp_rank,tp_rank`):
 
 from __future__ import annotations
 
-from llm_vitals.exporter.engines import Engine, EngineFacts, Page, PageError, Snapshot, Unit, signals
-from llm_vitals.exporter.engines.scan import Sample, Scanner, by_label, decode, finite_sum, total
+from llm_vitals.exporter.engines import Engine, EngineFacts, PageError, Snapshot, Unit, signals
+from llm_vitals.exporter.engines.scan import Sample, Scanner, by_label, finite_sum, text_parse, total
 
 RUNNING = "sglang:num_running_reqs"
 QUEUED = "sglang:num_queue_reqs"
@@ -128,9 +128,7 @@ def _units(found: dict[str, list[Sample]], deferred: list[Sample]) -> tuple[Unit
     )
 
 
-def parse(page: Page) -> Snapshot:
-    """Decode (strict UTF-8) and parse a `/metrics` answer; raises PageError."""
-    return parse_text(decode(page.body))
+parse = text_parse(parse_text)
 
 
 ENGINE = Engine(

@@ -50,8 +50,8 @@ family appears only once it was first touched. A sample of a busy page as that c
 
 from __future__ import annotations
 
-from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot, signals
-from llm_vitals.exporter.engines.scan import Scanner, decode, total
+from llm_vitals.exporter.engines import Engine, PageError, Snapshot, signals
+from llm_vitals.exporter.engines.scan import Scanner, text_parse, total
 
 QUEUE = "tgi_queue_size"
 BATCH = "tgi_batch_current_size"
@@ -81,9 +81,7 @@ def parse_text(text: str) -> Snapshot:
     )
 
 
-def parse(page: Page) -> Snapshot:
-    """Decode (strict UTF-8) and parse a `/metrics` answer; raises PageError."""
-    return parse_text(decode(page.body))
+parse = text_parse(parse_text)
 
 
 ENGINE = Engine(name="tgi", parse=parse, signature="tgi_", health_paths=("/health",))

@@ -58,8 +58,8 @@ models. A sample of a real page (Triton 2.51 via nvidia-pytriton 0.7.0; tests/fi
 
 from __future__ import annotations
 
-from llm_vitals.exporter.engines import Canary, Engine, EngineFacts, Page, PageError, Snapshot, Unit, WatchedTarget
-from llm_vitals.exporter.engines.scan import Sample, Scanner, decode, finite, finite_sum
+from llm_vitals.exporter.engines import Canary, Engine, EngineFacts, PageError, Snapshot, Unit, WatchedTarget
+from llm_vitals.exporter.engines.scan import Sample, Scanner, finite, finite_sum, text_parse
 
 PENDING = "nv_inference_pending_request_count"
 EXEC_COUNT = "nv_inference_exec_count"
@@ -157,9 +157,7 @@ def _units(found: dict[str, list[Sample]], trt: list[Sample]) -> tuple[Unit, ...
                  for key, queued in pending.items())
 
 
-def parse(page: Page) -> Snapshot:
-    """Decode (strict UTF-8) and parse a Triton metrics body; raises PageError."""
-    return parse_text(decode(page.body))
+parse = text_parse(parse_text)
 
 
 def canary_body(target: WatchedTarget, model: str) -> object:

@@ -1,4 +1,4 @@
-"""Bounded waits for the k8s tier's tests: poll a condition until it holds or a deadline passes."""
+"""A bounded wait for the tests: poll an async condition until it holds or a deadline passes."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ async def wait_until(
     while time.monotonic() < deadline:
         try:
             last = await predicate()
-        except retry_on:
-            pass
+        except retry_on as exc:
+            last = exc  # said in the timeout's message if it is the last thing seen
         else:
             if last:
                 return last
