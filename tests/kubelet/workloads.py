@@ -191,33 +191,42 @@ def server_workload(rendered: Sequence[Mapping[str, Any]], w: Workload, image: s
     return [config, deployment]
 
 
+def _as_rendered(rendered: Sequence[Mapping[str, Any]], account: str, role: str, cluster_role: str,
+                 service: str) -> list[dict[str, Any]]:
+    """A component's ServiceAccount, RBAC and Service, exactly as the chart renders them."""
+    return [find(rendered, kind, name) for kind, name in (
+        ("ServiceAccount", account), ("Role", role), ("RoleBinding", role), ("ClusterRole", cluster_role),
+        ("ClusterRoleBinding", cluster_role), ("Service", service))]
+
+
+def _here(owner: dict[str, Any], image: str) -> dict[str, Any]:
+    """The owner's one container, run on its node's network with the image built here (CHANGES)."""
+    pod = owner["spec"]["template"]["spec"]
+    pod["hostNetwork"] = True
+    [container] = pod["containers"]
+    container["image"] = image
+    container["imagePullPolicy"] = "Never"
+    return container
+
+
 def fleet_exporter(rendered: Sequence[Mapping[str, Any]], image: str, port: int) -> list[dict[str, Any]]:
     """The fleet exporter with its ServiceAccount and RBAC as the chart renders them (CHANGES)."""
-    docs = [find(rendered, kind, name) for kind, name in (
-        ("ServiceAccount", "llm-vitals-exporter"), ("Role", "llm-vitals-exporter-pods"),
-        ("RoleBinding", "llm-vitals-exporter-pods"), ("ClusterRole", f"llm-vitals-exporter-nodes-{NAMESPACE}"),
-        ("ClusterRoleBinding", f"llm-vitals-exporter-nodes-{NAMESPACE}"), ("Service", "llm-vitals"))]
+    docs = _as_rendered(rendered, "llm-vitals-exporter", "llm-vitals-exporter-pods",
+                        f"llm-vitals-exporter-nodes-{NAMESPACE}", "llm-vitals")
     config = find(rendered, "ConfigMap", "llm-vitals-exporter")
     settings = yaml.safe_load(config["data"]["exporter.yaml"])
     settings["listen"] = f"0.0.0.0:{port}"
     settings["discovery"][0]["kubernetes"]["template"]["stuck_after"] = "10s"
     config["data"]["exporter.yaml"] = yaml.safe_dump(settings, sort_keys=False)
     deployment = find(rendered, "Deployment", "llm-vitals-exporter")
-    pod = deployment["spec"]["template"]["spec"]
-    pod["hostNetwork"] = True
-    [container] = pod["containers"]
-    container["image"] = image
-    container["imagePullPolicy"] = "Never"
-    container["ports"] = [{"name": "http", "containerPort": port}]
+    _here(deployment, image)["ports"] = [{"name": "http", "containerPort": port}]
     return [*docs, config, deployment]
 
 
 def remediator(rendered: Sequence[Mapping[str, Any]], image: str, exporter_url: str) -> list[dict[str, Any]]:
     """The remediator's StatefulSet of 2 with its RBAC as the chart renders them (CHANGES)."""
-    docs = [find(rendered, kind, name) for kind, name in (
-        ("ServiceAccount", "llm-vitals-remediator"), ("Role", "llm-vitals-remediator"),
-        ("RoleBinding", "llm-vitals-remediator"), ("ClusterRole", f"llm-vitals-remediator-{NAMESPACE}"),
-        ("ClusterRoleBinding", f"llm-vitals-remediator-{NAMESPACE}"), ("Service", "llm-vitals-remediator"))]
+    docs = _as_rendered(rendered, "llm-vitals-remediator", "llm-vitals-remediator",
+                        f"llm-vitals-remediator-{NAMESPACE}", "llm-vitals-remediator")
     config = find(rendered, "ConfigMap", "llm-vitals-remediator")
     settings = yaml.safe_load(config["data"]["remediator.yaml"])
     settings["exporter_url"] = exporter_url
@@ -226,11 +235,7 @@ def remediator(rendered: Sequence[Mapping[str, Any]], image: str, exporter_url: 
     settings["max_unhealthy"] = 1
     config["data"]["remediator.yaml"] = yaml.safe_dump(settings, sort_keys=False)
     stateful = find(rendered, "StatefulSet", "llm-vitals-remediator")
-    pod = stateful["spec"]["template"]["spec"]
-    pod["hostNetwork"] = True
-    [container] = pod["containers"]
-    container["image"] = image
-    container["imagePullPolicy"] = "Never"
+    _here(stateful, image)
     return [*docs, config, stateful]
 
 
