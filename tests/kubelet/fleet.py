@@ -83,8 +83,10 @@ class Fleet:
     def restarts_run(self) -> float:
         return sum(self.tier.metric(url, "llm_vitals_remediator_restarts_total") for url in self.remediator_urls)
 
-    def decisions(self, reason: str) -> float:
-        """The gate's decisions for `reason`, both replicas together (0 when a replica does not answer)."""
+    def decisions(self, reason: str, pods: Sequence[str]) -> float:
+        """The gate's decisions for `reason` about these pods' targets, both replicas together (0 when a
+        replica does not answer)."""
+        targets = [f'target="{NAMESPACE}/{pod}"' for pod in pods]
         total = 0.0
         for url in self.remediator_urls:
             try:
@@ -92,7 +94,8 @@ class Fleet:
             except httpx.HTTPError:
                 continue
             total += sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                         if line.startswith("llm_vitals_remediator_decisions_total{") and f'reason="{reason}"' in line)
+                         if line.startswith("llm_vitals_remediator_decisions_total{") and f'reason="{reason}"' in line
+                         and any(t in line for t in targets))
         return total
 
     def remediator(self, method: str, path: str, **kwargs: Any) -> httpx.Response:

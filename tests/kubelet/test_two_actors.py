@@ -47,13 +47,14 @@ def _after_last_restart(tier: Tier) -> None:
 
 
 class HoldWatch:
-    """Samples, every few seconds while a hang lasts, what the two actors do: the gate's refusals,
+    """Samples, every few seconds while a hang lasts, what the two actors do: the gate's refusals of the pods,
     each shim's liveness answer and backstop, the alerts, and any restart or deletion of the pods."""
 
     def __init__(self, fleet: Fleet, w: Workload, pods: list[PodSeen], reason: str):
         self.fleet, self.w, self.pods, self.reason = fleet, w, pods, reason
         self.instances = [fleet.tier.url(p.node, w.shim_port).removeprefix("http://") for p in pods]
-        self.refusals_before = fleet.decisions(reason)
+        self.names = [p.name for p in pods]
+        self.refusals_before = fleet.decisions(reason, self.names)  # about these pods only
         self.first: dict[str, float] = {}  # what was first seen when
         self.live_failures: list[tuple[float, str, int | None]] = []
         self.began = 0.0
@@ -64,7 +65,7 @@ class HoldWatch:
     def sample(self) -> str | None:
         """'restarted' or 'deleted' as soon as either happens; None while the hang is held."""
         tier, now = self.fleet.tier, time.time()
-        if self.fleet.decisions(self.reason) > self.refusals_before:
+        if self.fleet.decisions(self.reason, self.names) > self.refusals_before:
             self.see(f"refused {self.reason}")
         for pod in self.pods:
             code, backstop = live(tier, pod, self.w)
@@ -94,7 +95,7 @@ class HoldWatch:
     def record(self, outcome: str) -> dict[str, Any]:
         return {"outcome": outcome, "held_s": round(time.time() - self.began, 1),
                 "first_seen_s": {k: round(t - self.began, 1) for k, t in sorted(self.first.items(), key=lambda kv: kv[1])},
-                "refusals": self.fleet.decisions(self.reason) - self.refusals_before,
+                "refusals": self.fleet.decisions(self.reason, self.names) - self.refusals_before,
                 "live_failures": self.live_failures[:10],
                 "server_restarts": {p.name: server_restarts(self.fleet.tier, self.w.name, p.name) for p in self.pods}}
 
