@@ -43,6 +43,7 @@ REMEDIATION = [Workload(f"vllm-{x}", port, port + 1500, simulator(port), labels=
 STORM = Workload("vllm-storm", 8140, 9640, simulator(8140), replicas=2)
 PAUSED = Workload("vllm-pause", 8150, 9650, simulator(8150))
 WORKLOADS = [*REMEDIATION, STORM, PAUSED]
+COOLDOWN_S = 30.0  # workloads.remediator's global_cooldown
 EXPORTER_PORT = 9481  # the fleet exporter's (shipped: 9471, which the shims use)
 REMEDIATOR_PORT = 9472
 T = TypeVar("T")
@@ -87,15 +88,16 @@ class Fleet:
         """The gate's decisions for `reason` about these pods' targets, both replicas together (0 when a
         replica does not answer)."""
         targets = [f'target="{NAMESPACE}/{pod}"' for pod in pods]
+
+        def about_them(labels: str) -> bool:
+            return f'reason="{reason}"' in labels and any(t in labels for t in targets)
+
         total = 0.0
         for url in self.remediator_urls:
             try:
-                text = httpx.get(f"{url}/metrics", timeout=5, trust_env=False).text
+                total += self.tier.metric(url, "llm_vitals_remediator_decisions_total", labels=about_them)
             except httpx.HTTPError:
                 continue
-            total += sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                         if line.startswith("llm_vitals_remediator_decisions_total{") and f'reason="{reason}"' in line
-                         and any(t in line for t in targets))
         return total
 
     def remediator(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -131,8 +133,7 @@ def start(tier: Tier) -> Fleet:
     tier.apply(journal_volumes(journals))
     # No cluster DNS here: the remediator is told the exporter's pod address instead of its Service name.
     tier.apply(remediator(tier.rendered, tier.image, f"http://{exporter_pod.node}:{EXPORTER_PORT}"))
-    replicas = tier.history.wait(lambda: (r := [p for p in tier.history.live("llm-vitals-remediator") if p.ready])
-                                 and len(r) == 2 and r, 240, "both remediator replicas Ready")
+    replicas = wait_all_ready(tier, "llm-vitals-remediator", 2, 240)
     # ... and the shims a replica's pod address instead of the remediator's Service name.
     asked = f"http://{replicas[0].node}:{REMEDIATOR_PORT}"
     deployed = {w.name: dataclasses.replace(w, remediator_url=asked) for w in WORKLOADS}
@@ -202,6 +203,13 @@ def hang_under_load(fleet: Fleet, w: Workload, pods: Sequence[PodSeen], until: C
                     await load.stop()
 
     return asyncio.run(body())
+
+
+def after_last_restart(tier: Tier) -> None:
+    """One restart or move at a time: the global cooldown after an earlier drill's restart refuses
+    restarts and holds every workload's word (`cooldown`); let it pass."""
+    if (last := tier.report.facts.get("last restart at")) is not None:
+        time.sleep(max(0.0, last + COOLDOWN_S + 1 - time.time()))
 
 
 def deleted(tier: Tier, workload: str, pod: str) -> float | None:

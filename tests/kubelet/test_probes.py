@@ -43,11 +43,10 @@ from llm_vitals.demo.load import Load
 from llm_vitals.exporter.settings import ExporterSettings
 
 from .tier import Tier, restarts, since
-from .workloads import SERVER, Workload, find, llama_server, server_workload, simulator
+from .workloads import SERVER, SHIM_STUCK_AFTER, Workload, find, llama_server, server_workload, simulator
 
 LOAD_SECONDS = 90  # drill 1: the simulated weight load
 SATURATION_SECONDS = 180  # drill 2
-SHIM_STUCK_AFTER = 15.0
 WORKLOADS = {
     "long-load": Workload("vllm-load", 8010, 9510, simulator(8010, load_seconds=LOAD_SECONDS)),
     "saturation": Workload("vllm-busy", 8020, 9520, simulator(8020)),

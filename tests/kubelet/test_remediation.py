@@ -14,10 +14,8 @@ from __future__ import annotations
 import json
 import time
 
-from .fleet import REMEDIATION, Fleet, deleted, hang_under_load, live, server_restarts, wait_serving
+from .fleet import REMEDIATION, Fleet, after_last_restart, deleted, hang_under_load, live, server_restarts, wait_serving
 from .tier import Tier, restarts, since
-
-COOLDOWN_S = 30.0  # workloads.remediator's global_cooldown
 
 
 def test_a_stuck_pod_is_deleted_once_replaced_and_followed_by_the_exporter(fleet: Fleet):
@@ -99,9 +97,7 @@ def test_a_gpu_fault_cordons_and_taints_the_node_and_the_pod_runs_on_the_other(f
     faulty = pod.node
     [other] = [n["metadata"]["name"] for n in tier.get("/api/v1/nodes")["items"] if n["metadata"]["name"] != faulty]
     wait_serving(fleet, pod.name)
-    # One restart or move at a time: the global cooldown after drill 5's restart must be over.
-    if (last := tier.report.facts.get("last restart at")) is not None:
-        time.sleep(max(0.0, last + COOLDOWN_S + 1 - time.time()))
+    after_last_restart(tier)  # drill 5's
     _set_gpu_condition(tier, faulty)
     flagged = tier.history.wait(lambda: (t := fleet.target(pod.name)) and t.get("gpu_fault") and t, 60,
                                 f"the exporter to flag llm/{pod.name}'s GPU fault")

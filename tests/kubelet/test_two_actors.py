@@ -20,16 +20,25 @@ import os
 import time
 from typing import Any
 
-from .fleet import PAUSED, STORM, Fleet, deleted, hang_under_load, live, server_restarts, wait_all_ready, wait_serving
+from .fleet import (
+    PAUSED,
+    STORM,
+    Fleet,
+    after_last_restart,
+    deleted,
+    hang_under_load,
+    live,
+    server_restarts,
+    wait_all_ready,
+    wait_serving,
+)
 from .history import PodSeen
-from .tier import Tier, restarts
-from .workloads import BACKSTOP_AFTER, NAMESPACE, Workload, server_workload
+from .tier import restarts
+from .workloads import BACKSTOP_AFTER, NAMESPACE, SHIM_STUCK_AFTER, Workload, server_workload
 
 # The issue's ten minutes; a shorter hold only to try a change of the drills themselves.
 HOLD_S = float(os.environ.get("LLM_VITALS_KUBELET_HOLD_S", "600"))
-SHIM_STUCK_AFTER = 15.0  # workloads.Workload.stuck_after
 ASK_INTERVAL = 15.0  # the shims' backstop.interval (the shipped default)
-COOLDOWN_S = 30.0  # the remediator's global_cooldown here: a restart just before holds every workload's word
 
 
 def _heard_act(fleet: Fleet, pods: list[PodSeen], w: Workload) -> None:
@@ -38,12 +47,6 @@ def _heard_act(fleet: Fleet, pods: list[PodSeen], w: Workload) -> None:
         wait_serving(fleet, pod.name)
         fleet.tier.history.wait(lambda p=pod: live(fleet.tier, p, w)[1] == {"mode": "act", "reason": ""}, 90,
                                 f"{pod.name}'s shim to hear `act` from the remediator", 1)
-
-
-def _after_last_restart(tier: Tier) -> None:
-    """The global cooldown after an earlier drill's restart holds every word as `cooldown`: let it pass."""
-    if (last := tier.report.facts.get("last restart at")) is not None:
-        time.sleep(max(0.0, last + COOLDOWN_S + 1 - time.time()))
 
 
 class HoldWatch:
@@ -105,7 +108,7 @@ def test_a_fleet_wide_hang_is_refused_by_the_gate_and_the_kubelets_hold_too(flee
     pods = wait_all_ready(tier, w.name, w.replicas, 60)
     assert len({p.node for p in pods}) == 2, [p.node for p in pods]
     _heard_act(fleet, pods, w)
-    _after_last_restart(tier)
+    after_last_restart(tier)
     watch = HoldWatch(fleet, w, pods, "fleet_gate")
     _, outcome = hang_under_load(fleet, w, pods, lambda: watch.hold(HOLD_S))
     record = {**watch.record(outcome), "pods": {p.name: p.node for p in pods},

@@ -9,7 +9,7 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,11 +127,13 @@ class Tier:
         except (httpx.HTTPError, ValueError):
             return None
 
-    def metric(self, base_url: str, name: str, timeout: float = 5) -> float:
-        """The sum of every sample of `name` on a /metrics page (0 when absent)."""
+    def metric(self, base_url: str, name: str, timeout: float = 5,
+               labels: Callable[[str], bool] = lambda _: True) -> float:
+        """The sum of the samples of `name` on a /metrics page whose label text `labels` accepts (0 when absent)."""
         text = httpx.get(f"{base_url}/metrics", timeout=timeout, trust_env=False).text
         pattern = re.compile(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$")
-        return sum(float(m.group(2)) for line in text.splitlines() if (m := pattern.match(line)))
+        return sum(float(m.group(2)) for line in text.splitlines()
+                   if (m := pattern.match(line)) and labels(m.group(1) or ""))
 
 
 def restarts(seen: PodSeen | None) -> dict[str, int]:

@@ -69,6 +69,7 @@ CHANGES = (
     "acts alone, as those drills need",
 )
 BACKSTOP_AFTER = 90.0  # the shims' backstop.after here (CHANGES)
+SHIM_STUCK_AFTER = 15.0  # the shims' stuck_after here (CHANGES): their liveness budget is twice it
 
 
 def render(values: Mapping[str, Any] = VALUES) -> list[dict[str, Any]]:
@@ -130,7 +131,7 @@ class Workload:
     server_port: int
     shim_port: int
     engine: Engine
-    stuck_after: str = "15s"
+    stuck_after: str = f"{SHIM_STUCK_AFTER:g}s"
     labels: Mapping[str, str] = field(default_factory=dict)
     replicas: int = 1
     remediator_url: str | None = None  # where its shim asks its backstop's word; None: as shipped
