@@ -17,17 +17,10 @@ STAMP=$CACHE/.llm-vitals-built
 INCLUDE=python3,python3-venv,ca-certificates
 want="debootstrap --variant=minbase --include=$INCLUDE bookworm"
 
-skip() {
-  local msg="SKIPPED: real-Docker tier: $1"
-  if [ "${LLM_VITALS_REQUIRE_REAL_DOCKER:-}" = 1 ]; then
-    echo "$msg [LLM_VITALS_REQUIRE_REAL_DOCKER=1 makes this a failure]" >&2
-    exit 1
-  fi
-  echo "$msg"
-  exit 77
-}
+TIER_NAME=Docker TIER_VAR=DOCKER
+source tools/real-tier-lib.sh   # tier_skip
 
-[ "$(uname -s)" = Linux ] || skip "needs Linux, this is $(uname -s)"
+[ "$(uname -s)" = Linux ] || tier_skip "needs Linux, this is $(uname -s)"
 need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
@@ -42,12 +35,12 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${need[@]}" >/dev/null 2>&1 ||
       { apt-get update -q >/dev/null 2>&1 &&
         apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${need[@]}" >/dev/null 2>&1; } ||
-      skip "apt-get install ${need[*]} failed"
+      tier_skip "apt-get install ${need[*]} failed"
   else
-    skip "missing ${need[*]}; as root: apt-get install --no-install-recommends ${need[*]}"
+    tier_skip "missing ${need[*]}; as root: apt-get install --no-install-recommends ${need[*]}"
   fi
 fi
-[ "$(id -u)" = 0 ] || skip "dockerd needs root (this tier starts a daemon of its own)"
+[ "$(id -u)" = 0 ] || tier_skip "dockerd needs root (this tier starts a daemon of its own)"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -s "$ROOTFS_TAR" ]; then
   echo "real-Docker setup: base rootfs cached ($ROOTFS_TAR)"
@@ -57,7 +50,7 @@ fi
 
 mirror=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
 [ -n "$mirror" ] || mirror=$(awk '$1=="deb"{print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
-[ -n "$mirror" ] || skip "no Debian mirror found in apt's sources for debootstrap"
+[ -n "$mirror" ] || tier_skip "no Debian mirror found in apt's sources for debootstrap"
 
 mkdir -p "$CACHE"
 work=$(mktemp -d "$CACHE/build.XXXXXX")

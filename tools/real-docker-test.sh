@@ -16,12 +16,9 @@ PYTHON=${PYTHON_BIN:-.venv/bin/python}
 DOCKER=/usr/bin/docker
 started=$(date +%s)
 
-setup_out=$(bash tools/real-docker-setup.sh)
-rc=$?
-echo "$setup_out"
-[ $rc = 77 ] && exit 0   # skipped; the setup script said why in one line
-[ $rc = 0 ] || exit $rc
-BASE_TAR=$(echo "$setup_out" | tail -1)
+source tools/real-tier-lib.sh
+tier_setup docker
+BASE_TAR=$(tail -1 <<<"$SETUP_OUT")
 
 CACHE=${LLM_VITALS_CACHE:-.cache}
 LOGS=$CACHE/real-docker-logs

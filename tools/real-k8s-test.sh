@@ -9,16 +9,9 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON_BIN:-.venv/bin/python}
 started=$(date +%s)
 
-# tee into a file and onto our stderr by its descriptor: `tee /dev/stderr` reopens the path, which
-# truncates a log file that CI redirects the run into (and loses everything before this point).
-setup_log=$(mktemp)
-nice -n 10 bash tools/real-k8s-setup.sh | tee "$setup_log" >&2
-rc=${PIPESTATUS[0]}
-setup_out=$(cat "$setup_log")
-rm -f "$setup_log"
-[ $rc = 77 ] && exit 0   # skipped; the setup script said why in one line
-[ $rc = 0 ] || exit $rc
-export LLM_VITALS_K8S_BIN_DIR=$(tail -1 <<<"$setup_out" | sed -n 's/^BIN_DIR=\([^ ]*\) .*/\1/p')
+source tools/real-tier-lib.sh
+tier_setup k8s
+export LLM_VITALS_K8S_BIN_DIR=$(tail -1 <<<"$SETUP_OUT" | sed -n 's/^BIN_DIR=\([^ ]*\) .*/\1/p')
 setup_s=$(( $(date +%s) - started ))
 
 # Two workers: each starts its own control plane (about 5 s and 300 MB), and the tests spend most

@@ -10,25 +10,18 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON_BIN:-.venv/bin/python}
 started=$(date +%s)
 
-# tee into a file and onto our stderr by its descriptor: `tee /dev/stderr` reopens the path, which
-# truncates a log file that CI redirects the run into (and loses everything before this point).
-setup_log=$(mktemp)
-nice -n 10 bash tools/real-kubelet-setup.sh | tee "$setup_log" >&2
-rc=${PIPESTATUS[0]}
-setup_out=$(cat "$setup_log")
-rm -f "$setup_log"
-[ $rc = 77 ] && exit 0   # skipped; the setup script said why in one line
-[ $rc = 0 ] || exit $rc
-paths=$(tail -1 <<<"$setup_out")
+source tools/real-tier-lib.sh
+tier_setup kubelet
+paths=$(tail -1 <<<"$SETUP_OUT")
 field() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$paths"; }
-export LLM_VITALS_KUBE_BIN=$(field KUBE_BIN) LLM_VITALS_NODE_BIN=$(field NODE_BIN)
+export LLM_VITALS_KUBE_BIN=$(field KUBE_BIN)
 export LLM_VITALS_KUBELET_BASE_TAR=$(field BASE_TAR)
 export LLM_VITALS_LLAMACPP_BIN=$(field LLAMA_BIN) LLM_VITALS_LLAMACPP_MODEL=$(field LLAMA_MODEL)
 setup_s=$(( $(date +%s) - started ))
 
 # One tier run at a time on a machine: the cluster's namespaces, addresses and guard route are fixed.
 # (The lock file lives beside the cache, which outlives runs anyway.)
-exec 8>"$(dirname "$LLM_VITALS_NODE_BIN")/kubelet-tier.lock"
+exec 8>"$(dirname "$LLM_VITALS_KUBE_BIN")/kubelet-tier.lock"
 flock 8
 OUT=.cache/real-kubelet
 rm -rf "$OUT" && mkdir -p "$OUT"

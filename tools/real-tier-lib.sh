@@ -1,8 +1,8 @@
 # shellcheck shell=bash
-# Sourced by the real-engine tiers' scripts, tools/real-{vllm,llamacpp,sglang,triton}-{setup,test}.sh:
-# what every tier's setup does the same way (where a built part lives, one builder at a time, stamps,
-# the venv, the skip that is a failure when the tier is required) and the one runner every
-# `make test-<engine>` is. The sourcing script cd's to the repository and sets TIER_NAME (as the
+# Sourced by the real tiers' scripts, tools/real-*-{setup,test}.sh: what every tier's setup does the
+# same way (where a built part lives, one builder at a time, stamps, the venv, the skip that is a
+# failure when the tier is required, running the setup from the test script) and the one runner
+# every `make test-<engine>` is. The sourcing script cd's to the repository and sets TIER_NAME (as the
 # messages say it: "vLLM") and TIER_VAR (its switches' suffix: VLLM, as in LLM_VITALS_REAL_VLLM and
 # LLM_VITALS_REQUIRE_REAL_VLLM) first.
 
@@ -106,6 +106,23 @@ skip_unless_cpu_torch() {
     tier_skip "the CPU torch wheel ($3) is not reachable: PyPI has none; put $4 in a PIP_FIND_LINKS folder or set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu"
 }
 
+# tier_setup KEY: a test script runs its tier's setup, tools/real-KEY-setup.sh, whose output goes onto
+# our stderr and into SETUP_OUT (its last line names the built paths). A setup that skips is status 0
+# here, having said why in one line (under LLM_VITALS_REQUIRE_REAL_<TIER>=1 it failed instead); a
+# failure exits with its status.
+tier_setup() {
+  local log rc
+  # tee into a file and onto our stderr by its descriptor: `tee /dev/stderr` reopens the path, which
+  # truncates a log file that CI redirects the run into (and loses everything before this point).
+  log=$(mktemp)
+  bash "tools/real-$1-setup.sh" | tee "$log" >&2
+  rc=${PIPESTATUS[0]}
+  SETUP_OUT=$(cat "$log")
+  rm -f "$log"
+  [ "$rc" = 77 ] && exit 0
+  [ "$rc" = 0 ] || exit "$rc"
+}
+
 # run_engine_tier KEY LIMIT_S [PYTEST_ARGS...]: `make test-<engine>`. The setup (cached), then the
 # drills in tests/real_<KEY>/ with the tier's switch on, serial on purpose (they share one server and
 # need the whole 2-core machine) and bounded by `timeout LIMIT_S` (its SIGTERM still stops the engine
@@ -116,19 +133,11 @@ skip_unless_cpu_torch() {
 run_engine_tier() {
   local key=$1 limit=$2
   shift 2
-  local python=${PYTHON_BIN:-.venv/bin/python} started setup_log setup_out rc setup_s out
+  local python=${PYTHON_BIN:-.venv/bin/python} started rc setup_s out
   started=$(date +%s)
-  # tee into a file and onto our stderr by its descriptor: `tee /dev/stderr` reopens the path, which
-  # truncates a log file that CI redirects the run into (and loses everything before this point).
-  setup_log=$(mktemp)
-  bash "tools/real-$key-setup.sh" | tee "$setup_log" >&2
-  rc=${PIPESTATUS[0]}
-  setup_out=$(cat "$setup_log")
-  rm -f "$setup_log"
-  [ "$rc" = 77 ] && exit 0
-  [ "$rc" = 0 ] || exit "$rc"
+  tier_setup "$key"
   if declare -F tier_after_setup >/dev/null; then
-    tier_after_setup "$setup_out"
+    tier_after_setup "$SETUP_OUT"
   fi
   setup_s=$(( $(date +%s) - started ))
 

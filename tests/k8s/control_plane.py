@@ -103,7 +103,7 @@ def bin_dir() -> Path:
     """Where tools/real-k8s-setup.sh caches kube-apiserver and kube-controller-manager."""
     if env := os.environ.get("LLM_VITALS_K8S_BIN_DIR"):
         return Path(env)
-    out = subprocess.run(["bash", str(REPO / "tools" / "cache-path.sh"), "kubernetes", VERSION],
+    out = subprocess.run(["bash", str(REPO / "tools" / "real-k8s-setup.sh"), "--where"],
                          capture_output=True, text=True, check=True)
     return Path(out.stdout.strip())
 

@@ -87,14 +87,13 @@ class ClusterError(RuntimeError):
 class Binaries:
     """Where tools/real-kubelet-setup.sh put everything (its last line, handed over by the test script)."""
 
-    kube_bin: Path  # kube-apiserver, kube-controller-manager (the k8s tier's build)
-    node_bin: Path  # kube-scheduler, kubelet, kubectl, pause
+    kube_bin: Path  # kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl, pause
     etcd: str = "/usr/bin/etcd"
     dockerd: str = "/usr/sbin/dockerd"
 
     def missing(self) -> str | None:
-        for path in (self.kube_bin / "kube-apiserver", self.kube_bin / "kube-controller-manager",
-                     *(self.node_bin / n for n in ("kube-scheduler", "kubelet", "kubectl", "pause")),
+        for path in (*(self.kube_bin / n for n in ("kube-apiserver", "kube-controller-manager", "kube-scheduler",
+                                                   "kubelet", "kubectl", "pause")),
                      Path(self.etcd), Path(self.dockerd), Path(DOCKER)):
             if not os.access(path, os.X_OK):
                 return f"no {path}; run `bash tools/real-kubelet-setup.sh` (or `make test-kubelet`)"
@@ -402,7 +401,7 @@ class Cluster:
 
         self._wait("kube-controller-manager", default_account, "the default ServiceAccount")
         self._daemon("kube-scheduler", HUB, [
-            str(self.bins.node_bin / "kube-scheduler"),
+            str(self.bins.kube_bin / "kube-scheduler"),
             f"--kubeconfig={self.kubeconfig('system:kube-scheduler', inside)}",
             "--port=0", "--secure-port=0", "--leader-elect=false", "--v=1"], "kube-scheduler")
 
@@ -445,7 +444,7 @@ class Cluster:
             "--log-driver=json-file"], self.bins.dockerd)
         self._wait(f"dockerd-n{n}", lambda: self.docker(n, "info", check=False, timeout=10).returncode == 0,
                    f"dockerd of node {n}", timeout=120)
-        pause = subprocess.Popen(["tar", "-C", str(self.bins.node_bin), "-cf", "-", "pause"], stdout=subprocess.PIPE)
+        pause = subprocess.Popen(["tar", "-C", str(self.bins.kube_bin), "-cf", "-", "pause"], stdout=subprocess.PIPE)
         self.docker(n, "import", "-c", 'ENTRYPOINT ["/pause"]', "-", PAUSE_IMAGE, stdin=pause.stdout)
         pause.wait()
         # One cgroup root per node in every v1 hierarchy: two kubelets sharing /kubepods SIGKILL each
@@ -490,7 +489,7 @@ class Cluster:
             "unshare", "--mount", "--propagation", "unchanged", "sh", "-c",
             'mount --bind "$1" /var/log/pods && mount --bind "$2" /var/log/containers && shift 2 && exec "$@"',
             "sh", str(d / "var-log-pods"), str(d / "var-log-containers"),
-            str(self.bins.node_bin / "kubelet"), *args], str(self.bins.node_bin / "kubelet"))
+            str(self.bins.kube_bin / "kubelet"), *args], str(self.bins.kube_bin / "kubelet"))
 
         def node_ready() -> bool:
             with self.client() as client:
@@ -514,7 +513,7 @@ class Cluster:
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True,
                 timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """The built kubectl 1.20 on the host, as admin, through the API forwarder."""
-        argv = [str(self.bins.node_bin / "kubectl"), f"--kubeconfig={self.admin_kubeconfig}", *args]
+        argv = [str(self.bins.kube_bin / "kubectl"), f"--kubeconfig={self.admin_kubeconfig}", *args]
         result = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout)
         if check and result.returncode != 0:
             raise ClusterError(f"kubectl {' '.join(args)}: exit {result.returncode}: {result.stderr[-3000:]}")

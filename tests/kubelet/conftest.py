@@ -49,11 +49,10 @@ def _env_path(name: str) -> Path | None:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    kube_bin, node_bin, base_tar = (_env_path(n) for n in ("LLM_VITALS_KUBE_BIN", "LLM_VITALS_NODE_BIN",
-                                                          "LLM_VITALS_KUBELET_BASE_TAR"))
-    if kube_bin is None or node_bin is None or base_tar is None:
+    kube_bin, base_tar = (_env_path(n) for n in ("LLM_VITALS_KUBE_BIN", "LLM_VITALS_KUBELET_BASE_TAR"))
+    if kube_bin is None or base_tar is None:
         TIER.skip_or_fail("the build's paths are not set (LLM_VITALS_KUBE_BIN, ...); run `make test-kubelet`")
-    binaries = Binaries(kube_bin, node_bin)
+    binaries = Binaries(kube_bin)
     if why := binaries.missing():
         TIER.skip_or_fail(why)
     if os.geteuid() != 0:
