@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 from aiohttp import web
+from fake_http import app_of
 from test_exporter_helpers import BUSY_PAGE, IDLE_PAGE, make_settings, make_target, record, start_exporter, wait_for
 
 from llm_vitals.exporter.engines import Page, Snapshot
@@ -25,9 +26,7 @@ class Engine:
         self.release = asyncio.Event()
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/metrics", self.metrics)
-        return app
+        return app_of(("GET", "/metrics", self.metrics))
 
     async def metrics(self, request: web.Request) -> web.Response:
         self.accepts.append(request.headers.get("Accept", ""))

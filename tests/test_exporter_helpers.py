@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from conftest import VLLM_FIXTURES
+from fake_http import app_of
 
 from llm_vitals.exporter.app import STORE, create_app
 from llm_vitals.exporter.settings import ExporterSettings, parse_settings
@@ -37,12 +38,8 @@ class FakeVllm:
         self.release = asyncio.Event()
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/completions", self._completions)
-        return app
+        return app_of(("GET", "/metrics", self._metrics), ("GET", "/health", self._health),
+                      ("GET", "/v1/models", self._models), ("POST", "/v1/completions", self._completions))
 
     async def _metrics(self, request: web.Request) -> web.Response:
         self.metrics_reads += 1

@@ -6,6 +6,7 @@ import asyncio
 
 from aiohttp import web
 from conftest import free_port
+from fake_http import app_of
 from test_exporter_helpers import BUSY_PAGE, IDLE_PAGE, make_settings, make_target, record, start_exporter, wait_for
 
 # One upstream app; each scenario lives under its own prefix, so one exporter watches all of them.
@@ -30,10 +31,7 @@ class Hostile:
         self.reads: dict[str, int] = {name: 0 for name in [*SCENARIOS, "backwards"]}
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/{scenario}/metrics", self.metrics)
-        app.router.add_get("/{scenario}/health", self.health)
-        return app
+        return app_of(("GET", "/{scenario}/metrics", self.metrics), ("GET", "/{scenario}/health", self.health))
 
     async def health(self, request: web.Request) -> web.Response:
         scenario = request.match_info["scenario"]

@@ -16,6 +16,7 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
+from fake_http import app_of
 from test_exporter_helpers import BUSY_PAGE, make_settings, make_target, record, start_exporter, wait_for
 
 from llm_vitals.exporter.engines import PageError
@@ -59,10 +60,7 @@ class Stoppable:
         self.release = asyncio.Event()
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/health", self._health)
-        return app
+        return app_of(("GET", "/metrics", self._metrics), ("GET", "/health", self._health))
 
     async def _hold(self) -> None:
         if self.frozen:

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 from aiohttp import web
 from conftest import REPO
+from fake_http import app_of
 from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_settings, make_target, record, start_exporter, target_json, wait_for
 
 from llm_vitals.exporter.engines import PageError
@@ -104,9 +105,7 @@ class FakeDcgmExporter:
         self.reads = 0
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
-        return app
+        return app_of(("GET", "/metrics", self._metrics))
 
     async def _metrics(self, request: web.Request) -> web.Response:
         self.reads += 1

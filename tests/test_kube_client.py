@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from fake_http import app_of
 from k8s.exec_credential import exec_kubeconfig, runs
 
 from llm_vitals.kube.client import KubeClient
@@ -59,11 +60,11 @@ class ApiStandIn:
         self.watch_lines: list[bytes] = []
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", self.lease)
-        app.router.add_delete("/api/v1/namespaces/{ns}/pods/{name}", self.delete)
-        app.router.add_get("/api/v1/namespaces/{ns}/pods", self.pods)
-        return app
+        return app_of(
+            ("GET", "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", self.lease),
+            ("DELETE", "/api/v1/namespaces/{ns}/pods/{name}", self.delete),
+            ("GET", "/api/v1/namespaces/{ns}/pods", self.pods),
+        )
 
     async def _seen(self, request: web.Request) -> web.Response | None:
         body = await request.json() if request.can_read_body else None

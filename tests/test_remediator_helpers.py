@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from conftest import AM_FIXTURES
+from fake_http import app_of
 
 from llm_vitals.remediator.follow import follow
 from llm_vitals.remediator.settings import Settings, build_settings
@@ -54,9 +55,7 @@ class FakeExporter:
         self.fail_after: int | None = None  # answer 500 once this many reads were served
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/api/v1/targets", self._targets)
-        return app
+        return app_of(("GET", "/api/v1/targets", self._targets))
 
     async def _targets(self, request: web.Request) -> web.Response:
         self.requests += 1
@@ -75,9 +74,7 @@ class RestartCounter:
         self.status = status
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/admin/restart", self._restart)
-        return app
+        return app_of(("POST", "/admin/restart", self._restart))
 
     async def _restart(self, request: web.Request) -> web.Response:
         self.calls += 1

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from fake_http import app_of
 from test_remediator_executors import SA_TOKEN, tls_files  # noqa: F401
 
 import llm_vitals.remediator.pods as pods
@@ -57,17 +58,17 @@ class ApiServer:
         return PodRef("llm", name, f"uid-{name}", node)
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/api/v1/", self.resources)
-        app.router.add_get("/api/v1/namespaces/{ns}/pods", self.list_pods)
-        app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", self.evict)
-        app.router.add_delete("/api/v1/namespaces/{ns}/pods/{name}", self.delete)
-        app.router.add_post("/api/v1/namespaces/{ns}/events", self.event)
-        app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self.get_pod)
-        app.router.add_get("/apis/apps/v1/namespaces/{ns}/replicasets/{name}", self.get_replica_set)
-        app.router.add_get("/api/v1/nodes/{name}", self.get_node)
-        app.router.add_patch("/api/v1/nodes/{name}", self.patch_node)
-        return app
+        return app_of(
+            ("GET", "/api/v1/", self.resources),
+            ("GET", "/api/v1/namespaces/{ns}/pods", self.list_pods),
+            ("POST", "/api/v1/namespaces/{ns}/pods/{name}/eviction", self.evict),
+            ("DELETE", "/api/v1/namespaces/{ns}/pods/{name}", self.delete),
+            ("POST", "/api/v1/namespaces/{ns}/events", self.event),
+            ("GET", "/api/v1/namespaces/{ns}/pods/{name}", self.get_pod),
+            ("GET", "/apis/apps/v1/namespaces/{ns}/replicasets/{name}", self.get_replica_set),
+            ("GET", "/api/v1/nodes/{name}", self.get_node),
+            ("PATCH", "/api/v1/nodes/{name}", self.patch_node),
+        )
 
     async def resources(self, request: web.Request) -> web.Response:
         self.calls.append(("GET", request.path))
@@ -171,19 +172,23 @@ async def api(aiohttp_server, tls_files, tmp_path):  # noqa: F811
     await kube.close()
 
 
-async def test_a_pod_is_evicted_by_uid_in_the_version_the_server_serves_and_gets_its_event(api):
+async def evict_vllm_0(api, refused_by: str | None = None):
+    """The API server and the eviction of its pod vllm-0, which the server's `refused_by` set holds."""
     server, kube = api
     pod = server.add_pod("vllm-0")
-    result = await PodExecutor(PodRemover(kube, "evict"), pod, "replica-a", "restarted", 5).restart()
+    if refused_by:
+        getattr(server, refused_by).add("vllm-0")
+    return server, await PodExecutor(PodRemover(kube, "evict"), pod, "replica-a", "restarted", 5).restart()
+
+
+async def test_a_pod_is_evicted_by_uid_in_the_version_the_server_serves_and_gets_its_event(api):
+    server, result = await evict_vllm_0(api)
     assert (result.result, result.refused, result.detail) == ("ok", None, "evicted pod llm/vllm-0 (uid uid-vllm-0)")
     assert server.calls == [("GET", "/api/v1/"), ("EVICT", "vllm-0"), ("EVENT", "LLMVitalsRestart")]
 
 
 async def test_a_disruption_budget_refuses_the_eviction_deletes_nothing_and_says_which_budget(api):
-    server, kube = api
-    pod = server.add_pod("vllm-0")
-    server.blocked.add("vllm-0")
-    result = await PodExecutor(PodRemover(kube, "evict"), pod, "replica-a", "restarted", 5).restart()
+    server, result = await evict_vllm_0(api, "blocked")
     assert (result.result, result.refused) == ("error", "disruption_budget")
     assert "The disruption budget vllm needs 2 healthy pods and has 2 currently" in result.detail
     assert "vllm-0" in server.pods and ("EVENT", "LLMVitalsRestart") not in server.calls
@@ -270,13 +275,10 @@ async def test_a_cordon_that_fails_names_no_node_and_moves_nothing(api):
 
 async def test_a_throttled_api_server_is_api_throttled_never_a_disruption_budget(api):
     """APF's 429 names no budget (its message even mentions one here: the message is never read)."""
-    server, kube = api
-    pod = server.add_pod("vllm-0")
-    server.throttled.add("vllm-0")
-    result = await PodExecutor(PodRemover(kube, "evict"), pod, "replica-a", "restarted", 5).restart()
+    server, result = await evict_vllm_0(api, "throttled")
     assert (result.result, result.refused) == ("error", "api_throttled")
     assert "vllm-0" in server.pods and not server.events
     leader = server.add_pod("big-0", GROUP_LABELS)
     server.throttled.add("big-0")
-    group = await GroupExecutor(PodRemover(kube, "evict"), Group("llm", "big", "0"), leader, "r", "m", 5).restart()
+    group = await GroupExecutor(PodRemover(api[1], "evict"), Group("llm", "big", "0"), leader, "r", "m", 5).restart()
     assert group.refused == "api_throttled" and "big-0" in server.pods

@@ -11,10 +11,8 @@
 # LLM_VITALS_REQUIRE_REAL_DOCKER=1 (CI).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON_BIN:-.venv/bin/python}
 # Debian's CLI, the daemon's own version (another docker on PATH may be newer than the daemon).
 DOCKER=/usr/bin/docker
-started=$(date +%s)
 
 source tools/real-tier-lib.sh
 tier_setup docker
@@ -68,7 +66,7 @@ if ! $DOCKER -H "unix://$SOCK" version >/dev/null 2>&1; then
 fi
 # The daemon's own word on its PID (setsid and nice exec in place, so it is $! anyway).
 [ -s "$PIDFILE" ] && DOCKERD_PID=$(cat "$PIDFILE")
-echo "real-Docker tier: dockerd $DOCKERD_PID on $SOCK ($(( $(date +%s) - started )) s since start)"
+echo "real-Docker tier: dockerd $DOCKERD_PID on $SOCK ($(( $(date +%s) - TIER_STARTED )) s since start)"
 
 # Serial on purpose: one daemon, fixed container names in the compose stack, a 2-core machine.
 LLM_VITALS_REAL_DOCKER=1 LLM_VITALS_DOCKER_SOCK=$SOCK LLM_VITALS_DOCKER_RUN=$RUN \
@@ -79,5 +77,5 @@ rc=${PIPESTATUS[0]}
 [ $rc = 124 ] && echo "real-Docker tier: pytest timed out after 1500 s" >&2
 left=$($DOCKER -H "unix://$SOCK" ps -aq | wc -l)
 echo "real-Docker tier: $left container(s) left on the tier's daemon before it stops (all go with its data root)"
-echo "real-Docker tier: $(( $(date +%s) - started )) s in all (pytest status $rc)"
+echo "real-Docker tier: $(( $(date +%s) - TIER_STARTED )) s in all (pytest status $rc)"
 exit $rc

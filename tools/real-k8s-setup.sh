@@ -36,7 +36,7 @@ want="debian-source kubernetes $VERSION reflect2=1.0.2 oom_adj_patch=$OOM_PATCH 
 [ "${1:-}" = --where ] && { echo "$BIN_DIR"; exit 0; }
 
 TIER_NAME=Kubernetes TIER_VAR=K8S
-source tools/real-tier-lib.sh   # tier_skip
+source tools/real-tier-lib.sh   # tier_skip, build_lock
 bin_ready() {
   local n
   for n in $NAMES; do [ -x "$BIN_DIR/$n" ] || return 1; done
@@ -64,9 +64,7 @@ apt_install() {
     tier_skip "could not apt-get install ${need[*]} (root and the Debian mirror are needed)"
 }
 
-mkdir -p "$(dirname "$BIN_DIR")"
-exec 9>"$BIN_DIR.lock"    # one builder at a time (two checkouts may run the tier at once)
-flock 9
+build_lock "$BIN_DIR"
 if bin_ready; then apt_install etcd-server etcd-client openssl; ready; fi
 
 t0=$(date +%s)

@@ -6,13 +6,10 @@
 # LLM_VITALS_REQUIRE_REAL_K8S=1 (CI).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON_BIN:-.venv/bin/python}
-started=$(date +%s)
 
 source tools/real-tier-lib.sh
 tier_setup k8s
 export LLM_VITALS_K8S_BIN_DIR=$(tail -1 <<<"$SETUP_OUT" | sed -n 's/^BIN_DIR=\([^ ]*\) .*/\1/p')
-setup_s=$(( $(date +%s) - started ))
 
 # Two workers: each starts its own control plane (about 5 s and 300 MB), and the tests spend most
 # of their time waiting on expiries and outages, not on the CPU. `timeout` bounds a wedged run (its
@@ -21,5 +18,5 @@ LLM_VITALS_REAL_K8S=1 timeout -k 60 1200 "$PYTHON" -m pytest tests/k8s -p no:ran
   -n 2 --dist loadfile "$@"
 rc=$?
 [ $rc = 124 ] && echo "real-Kubernetes tier: pytest timed out after 1200 s" >&2
-echo "real-Kubernetes tier: $(( $(date +%s) - started )) s in all (setup ${setup_s} s; pytest status $rc)"
+echo "real-Kubernetes tier: $(( $(date +%s) - TIER_STARTED )) s in all (setup ${SETUP_S} s; pytest status $rc)"
 exit $rc

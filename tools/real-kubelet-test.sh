@@ -7,8 +7,6 @@
 # LLM_VITALS_REQUIRE_REAL_KUBELET=1 (CI).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON_BIN:-.venv/bin/python}
-started=$(date +%s)
 
 source tools/real-tier-lib.sh
 tier_setup kubelet
@@ -17,7 +15,6 @@ field() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$paths"; }
 export LLM_VITALS_KUBE_BIN=$(field KUBE_BIN)
 export LLM_VITALS_KUBELET_BASE_TAR=$(field BASE_TAR)
 export LLM_VITALS_LLAMACPP_BIN=$(field LLAMA_BIN) LLM_VITALS_LLAMACPP_MODEL=$(field LLAMA_MODEL)
-setup_s=$(( $(date +%s) - started ))
 
 # One tier run at a time on a machine: the cluster's namespaces, addresses and guard route are fixed.
 # (The lock file lives beside the cache, which outlives runs anyway.)
@@ -46,5 +43,5 @@ LLM_VITALS_REAL_KUBELET=1 timeout -k 60 3300 "$PYTHON" -m pytest tests/kubelet -
   2>&1 | tee "$OUT/pytest.log"
 rc=${PIPESTATUS[0]}
 [ $rc = 124 ] && echo "real-kubelet tier: pytest timed out after 3300 s" >&2
-echo "real-kubelet tier: $(( $(date +%s) - started )) s in all (setup ${setup_s} s; pytest status $rc)"
+echo "real-kubelet tier: $(( $(date +%s) - TIER_STARTED )) s in all (setup ${SETUP_S} s; pytest status $rc)"
 exit $rc

@@ -26,6 +26,9 @@ tier_fail() {
   exit 1
 }
 
+# The project's venv, which runs the tiers' tests (PYTHON_BIN overrides it).
+PYTHON=${PYTHON_BIN:-.venv/bin/python}
+
 # cache_dir NAME VERSION [--cpu]: where a built part lives, outside the clone (tools/cache-path.sh).
 cache_dir() { bash tools/cache-path.sh "$@"; }
 
@@ -107,11 +110,13 @@ skip_unless_cpu_torch() {
 }
 
 # tier_setup KEY: a test script runs its tier's setup, tools/real-KEY-setup.sh, whose output goes onto
-# our stderr and into SETUP_OUT (its last line names the built paths). A setup that skips is status 0
+# our stderr and into SETUP_OUT (its last line names the built paths); TIER_STARTED is when the tier
+# began (now, unless the script set it) and SETUP_S how long it took until the setup was done. A setup that skips is status 0
 # here, having said why in one line (under LLM_VITALS_REQUIRE_REAL_<TIER>=1 it failed instead); a
 # failure exits with its status.
 tier_setup() {
   local log rc
+  TIER_STARTED=${TIER_STARTED:-$(date +%s)}
   # tee into a file and onto our stderr by its descriptor: `tee /dev/stderr` reopens the path, which
   # truncates a log file that CI redirects the run into (and loses everything before this point).
   log=$(mktemp)
@@ -121,6 +126,7 @@ tier_setup() {
   rm -f "$log"
   [ "$rc" = 77 ] && exit 0
   [ "$rc" = 0 ] || exit "$rc"
+  SETUP_S=$(( $(date +%s) - TIER_STARTED ))
 }
 
 # run_engine_tier KEY LIMIT_S [PYTEST_ARGS...]: `make test-<engine>`. The setup (cached), then the
@@ -133,23 +139,21 @@ tier_setup() {
 run_engine_tier() {
   local key=$1 limit=$2
   shift 2
-  local python=${PYTHON_BIN:-.venv/bin/python} started rc setup_s out
-  started=$(date +%s)
+  local rc out
   tier_setup "$key"
   if declare -F tier_after_setup >/dev/null; then
     tier_after_setup "$SETUP_OUT"
   fi
-  setup_s=$(( $(date +%s) - started ))
 
   out=${LLM_VITALS_CACHE:-.cache}/real-$key
   rm -rf "$out"
   mkdir -p "$out/logs"
-  env "LLM_VITALS_REAL_$TIER_VAR=1" timeout -k 60 "$limit" "$python" -m pytest "tests/real_$key" -p no:randomly -p no:cacheprovider "$@" \
+  env "LLM_VITALS_REAL_$TIER_VAR=1" timeout -k 60 "$limit" "$PYTHON" -m pytest "tests/real_$key" -p no:randomly -p no:cacheprovider "$@" \
     2>&1 | tee "$out/logs/pytest.log"
   rc=${PIPESTATUS[0]}
   [ "$rc" = 124 ] && echo "real-$TIER_NAME tier: pytest timed out after $limit s" >&2
   echo
-  "$python" tools/real-engine-report.py "$out/report.json" || true
-  echo "real-$TIER_NAME tier: $(( $(date +%s) - started )) s in all (setup ${setup_s} s; pytest status $rc)"
+  "$PYTHON" tools/real-engine-report.py "$out/report.json" || true
+  echo "real-$TIER_NAME tier: $(( $(date +%s) - TIER_STARTED )) s in all (setup ${SETUP_S} s; pytest status $rc)"
   exit "$rc"
 }

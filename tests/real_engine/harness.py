@@ -117,10 +117,6 @@ class Sample:
     canary_last_success: float | None = None  # the exporter's own: when its last canary answered
     unit: str | None = None  # the API's "unit": what a stuck verdict rests on (a Triton model, a vLLM engine)
 
-    @property
-    def canaries_total(self) -> float:
-        return sum(self.canaries.values())
-
 
 @dataclass
 class ExporterProcess:

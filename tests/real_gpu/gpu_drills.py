@@ -103,10 +103,6 @@ class Sample:
     poll_s: float | None
     answer_s: float
 
-    @property
-    def canaries_sent(self) -> float:
-        return sum(self.canaries.values())
-
 
 @dataclass
 class Report:
@@ -285,7 +281,7 @@ def drills(run: Run) -> None:
         first = run.wait_for(lambda s: s.state == "idle", 60, "idle")
         end = run.wait_for(lambda s: True, 30, "the end of the window", after=first.t + 3 * CANARY_INTERVAL_S)
         window = [s for s in run.since(first.t) if s.t <= end.t]
-        facts.update(canaries=end.canaries_sent - first.canaries_sent, window_s=round(end.t - first.t, 1),
+        facts.update(canaries=sum(end.canaries.values()) - sum(first.canaries.values()), window_s=round(end.t - first.t, 1),
                      canary_results=end.canaries, states=sorted({s.state for s in window}))  # fmt: skip
         assert facts["canaries"] >= 2, facts
         assert end.canaries.get("error", 0) == first.canaries.get("error", 0), "an idle canary failed"
@@ -318,7 +314,7 @@ def drills(run: Run) -> None:
         window = [s for s in run.since(first.t) if s.t <= t_end]
         facts.update(
             busy_s=detected(first, first.t), samples=len(window), not_busy=[s.state for s in window if s.state != "busy"],
-            canaries=window[-1].canaries_sent - window[0].canaries_sent, watchdog_1token_s=watchdog,
+            canaries=sum(window[-1].canaries.values()) - sum(window[0].canaries.values()), watchdog_1token_s=watchdog,
             exporter_answer_s_max=round(max(s.answer_s for s in window), 4),
             ready_probe_s_max=round(max(probes), 4), poll_s_max=max((s.poll_s or 0) for s in window))  # fmt: skip
         assert not facts["not_busy"], facts

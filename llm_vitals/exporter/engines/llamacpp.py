@@ -46,7 +46,7 @@ and the response carries the header `Process-Start-Time-Unix: 1571301719`.
 from __future__ import annotations
 
 from llm_vitals.exporter.engines import Engine, EngineFacts, PageError, Snapshot
-from llm_vitals.exporter.engines.scan import Scanner, text_parse, total
+from llm_vitals.exporter.engines.scan import Scanner, snapshot_of, text_parse
 
 PROCESSING = "llamacpp:requests_processing"
 DEFERRED = "llamacpp:requests_deferred"
@@ -67,13 +67,8 @@ def parse_text(text: str) -> Snapshot:
     for name in _REQUIRED:
         if name not in found:
             raise PageError("bad_metrics", f"no {name} on the page (not llama-server --metrics, or one older than n_decode_total?)")
-    return Snapshot(
-        running=total(found, PROCESSING) or 0.0,
-        waiting=total(found, DEFERRED) or 0.0,
-        steps=total(found, DECODES),
-        generation_tokens=total(found, TOKENS_PREDICTED),
-        prompt_tokens=total(found, PROMPT_TOKENS),
-    )
+    return snapshot_of(found, running=PROCESSING, waiting=DEFERRED, steps=DECODES, generation_tokens=TOKENS_PREDICTED,
+                       prompt_tokens=PROMPT_TOKENS)
 
 
 # The table adds the header's restart token.

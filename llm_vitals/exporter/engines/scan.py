@@ -22,7 +22,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from llm_vitals.exporter.engines import Page, PageError, Snapshot
 
@@ -240,6 +240,20 @@ def total(found: dict[str, list[Sample]], name: str) -> float | None:
     """The finite sum of `name`'s samples (`finite_sum`), None when the page has none."""
     samples = found.get(name)
     return finite_sum(name, samples) if samples else None
+
+
+def snapshot_of(found: dict[str, list[Sample]], *, running: str, waiting: str, steps: str | None = None,
+                generation_tokens: str | None = None, prompt_tokens: str | None = None, finished: str | None = None,
+                **more: Any) -> Snapshot:
+    """The Snapshot of an engine that names one family for each of these fields: each the family's
+    `total` (None where the page has none; running and waiting read 0 then), and `more` as given."""
+
+    def of(name: str | None) -> float | None:
+        return total(found, name) if name else None
+
+    return Snapshot(running=total(found, running) or 0.0, waiting=total(found, waiting) or 0.0, steps=of(steps),
+                    generation_tokens=of(generation_tokens), prompt_tokens=of(prompt_tokens), finished=of(finished),
+                    **more)
 
 
 def decode(body: bytes) -> str:

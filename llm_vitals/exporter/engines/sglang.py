@@ -55,7 +55,7 @@ scheduler series carry `engine_type,model_name,moe_ep_rank,pp_rank,tp_rank`):
 from __future__ import annotations
 
 from llm_vitals.exporter.engines import Engine, EngineFacts, PageError, Snapshot, Unit, signals
-from llm_vitals.exporter.engines.scan import Sample, Scanner, by_label, finite_sum, text_parse, total
+from llm_vitals.exporter.engines.scan import Sample, Scanner, by_label, finite_sum, snapshot_of, text_parse, total
 
 RUNNING = "sglang:num_running_reqs"
 QUEUED = "sglang:num_queue_reqs"
@@ -96,13 +96,9 @@ def parse_text(text: str) -> Snapshot:
     used = total(found, USED_TOKENS)
     realtime = total(found, REALTIME_TOKENS)
     deferred = [sample for name in DEFERRED for sample in found.get(name, ())]
-    return Snapshot(
-        running=total(found, RUNNING) or 0.0,
-        waiting=total(found, QUEUED) or 0.0,
-        steps=total(found, STEPS),
-        generation_tokens=total(found, GENERATION_TOKENS),
-        prompt_tokens=total(found, PROMPT_TOKENS),
-        finished=total(found, FINISHED),
+    return snapshot_of(
+        found, running=RUNNING, waiting=QUEUED, steps=STEPS, generation_tokens=GENERATION_TOKENS,
+        prompt_tokens=PROMPT_TOKENS, finished=FINISHED,
         more_counters=signals(realtime_tokens=realtime),
         more_gauges=signals(used_tokens=used),
         busy_signs=(("requests_active", active),),

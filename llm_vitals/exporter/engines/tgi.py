@@ -51,7 +51,7 @@ family appears only once it was first touched. A sample of a busy page as that c
 from __future__ import annotations
 
 from llm_vitals.exporter.engines import Engine, PageError, Snapshot, signals
-from llm_vitals.exporter.engines.scan import Scanner, text_parse, total
+from llm_vitals.exporter.engines.scan import Scanner, snapshot_of, text_parse, total
 
 QUEUE = "tgi_queue_size"
 BATCH = "tgi_batch_current_size"
@@ -71,14 +71,8 @@ def parse_text(text: str) -> Snapshot:
         raise PageError("bad_metrics", f"no {QUEUE} nor any tgi_ family on the page (not a TGI /metrics page?)")
 
     forwards = total(found, FORWARDS)
-    return Snapshot(
-        running=total(found, BATCH) or 0.0,
-        waiting=total(found, QUEUE) or 0.0,
-        steps=total(found, STEPS),
-        generation_tokens=total(found, GENERATED_TOKENS),
-        finished=total(found, FINISHED),
-        more_counters=signals(forwards_started=forwards),
-    )
+    return snapshot_of(found, running=BATCH, waiting=QUEUE, steps=STEPS, generation_tokens=GENERATED_TOKENS,
+                       finished=FINISHED, more_counters=signals(forwards_started=forwards))
 
 
 parse = text_parse(parse_text)
