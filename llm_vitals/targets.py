@@ -47,7 +47,9 @@ JudgedReason = Literal[
     # loop answers it (llama.cpp, Triton), or frozen whole (a second probe unanswered too) for down_after
     "restart",  # the read that detected a restart
     "canary_failed",
-    "canary_rejected",  # idle; the canary was answered 4xx (model, key, endpoint): never restartable
+    "canary_rejected",  # idle; the canary was answered 4xx or 501 (model, key, endpoint, route): never restartable
+    "unjudgeable",  # idle-looking, but the target's model answers in streams no signal of the page follows (a Triton
+    # decoupled model): its canary failures are shown and never `unresponsive`; `unit` names the model
     "canary_ok",  # back from unresponsive
     "models_ok",  # `engine: openai`, judged by /v1/models
     "proxy_models_ok",

@@ -6,7 +6,9 @@ flight per target); this module sends it and says what the answer means (`judge_
 - `ok`: a 2xx with a real answer;
 - a failed canary, `timeout` or `error`: no answer in time, a reset or refused connection, or a 5xx.
   Only these count toward `unresponsive`, which a restart may fix;
-- `rejected`: the server answered, and refused what was asked: any other status (404 a model it
+- `rejected`: the server answered, and refused what was asked: 501 (Not Implemented: Triton's
+  answer to an infer of a decoupled model, which only its generate-stream route serves), any other
+  status below 500 (404 a model it
   does not serve or a route it lacks, 401/403 a key it does not take, 400/422 a body it does not
   accept, a redirect) or a 2xx that is not the answer asked for. A restart cannot fix any of these
   (the model is renamed, the key rotated, the server serves only chat or only embeddings), so a
@@ -14,10 +16,12 @@ flight per target); this module sends it and says what the answer means (`judge_
   as a failure. The status decides, never the body's text (an upstream may echo request headers).
 
 What is sent is the engine table's word (`Engine.canary`): Triton's is a KServe v2 infer of the
-operator's request. The OpenAI-compatible engines have no fixed one: by default (`canary.endpoint:
-auto`) the canary follows what the server serves, trying a 1-token completion, then a 1-token chat
-completion, then an embedding of the prompt, while each is rejected; the first that answers is kept
-for the target's next canaries. A target may name its endpoint (`completions`, `chat`, `embeddings`).
+operator's request, and for a model whose own config says decoupled, the same request on its
+generate-stream route, judged by its first event (exporter/decoupled.py). The OpenAI-compatible
+engines have no fixed one: by default (`canary.endpoint: auto`) the canary follows what the server
+serves, trying a 1-token completion, then a 1-token chat completion, then an embedding of the
+prompt, while each is rejected; the first that answers is kept for the target's next canaries. A
+target may name its endpoint (`completions`, `chat`, `embeddings`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from llm_vitals.exporter.engines import Canary, PageError, WatchedTarget
+from llm_vitals.exporter.decoupled import canary_for
+from llm_vitals.exporter.engines import Canary, ModelConfig, PageError, WatchedTarget
 from llm_vitals.exporter.engines.openai import parse_models
 from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.settings import TargetSettings
@@ -74,12 +79,15 @@ _REJECTIONS = {
     405: "the route does not take a POST",
     422: "the request was refused as malformed",
     429: "rate limited",
+    # HTTP's own "Not Implemented": the route cannot serve this model, for good (Triton's infer route
+    # and a decoupled model). Decided by the status, never by the body's text.
+    501: "the route does not serve this model (Triton: a decoupled model answers only on generate_stream)",
 }
 
 
 def judge_answer(status: int, body: bytes, canary: Canary) -> CanaryOutcome:
     """What one answer to a canary means (pure): ok, a failed canary (`error`), or `rejected`."""
-    if status >= 500:
+    if status >= 500 and status != 501:
         return CanaryOutcome("error", f"{canary.path} answered HTTP {status}")
     if not 200 <= status < 300:
         why = _REJECTIONS.get(status, "a redirect: the url is not the server's API" if 300 <= status < 400
@@ -93,10 +101,11 @@ def judge_answer(status: int, body: bytes, canary: Canary) -> CanaryOutcome:
     return CanaryOutcome("rejected", f"{canary.path} answered HTTP {status}, {wrong}") if wrong else CanaryOutcome("ok")
 
 
-def canaries_of(target: TargetSettings, learned: str | None = None) -> tuple[Canary, ...]:
-    """The canaries to try, in order: the engine's own, the target's endpoint, or (auto) the one that last
-    answered (`learned`, a path) and then the rest of ENDPOINTS."""
-    own = engine_of(target.engine).canary
+def canaries_of(target: TargetSettings, learned: str | None = None,
+                config: ModelConfig | None = None) -> tuple[Canary, ...]:
+    """The canaries to try, in order: the engine's own (for the model's `config`), the target's endpoint,
+    or (auto) the one that last answered (`learned`, a path) and then the rest of ENDPOINTS."""
+    own = canary_for(engine_of(target.engine), config)
     if own is not None:
         return (own,)
     if target.canary.endpoint != "auto":
@@ -152,7 +161,10 @@ async def ask(session: aiohttp.ClientSession, target: TargetSettings, model: str
             ) as response:
                 # A refused request's body is not read, let alone echoed: an upstream may reflect
                 # request headers in its errors.
-                body = await read_capped(response, MAX_ANSWER_BYTES, "the answer") if 200 <= response.status < 300 else b""
+                body = b""
+                if 200 <= response.status < 300:
+                    body = (await first_event(response, MAX_ANSWER_BYTES) if canary.stream
+                            else await read_capped(response, MAX_ANSWER_BYTES, "the answer"))
                 return judge_answer(response.status, body, canary)
     except TimeoutError:
         return CanaryOutcome("timeout", f"no answer within {target.canary.timeout:g}s")
@@ -160,6 +172,25 @@ async def ask(session: aiohttp.ClientSession, target: TargetSettings, model: str
         return CanaryOutcome("rejected", exc.detail)
     except (aiohttp.ClientError, OSError) as exc:
         return CanaryOutcome("error", f"{canary.path}: {type(exc).__name__}")
+
+
+async def first_event(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
+    """The data of a server-sent event stream's first `data:` event (b"": the stream ended with none).
+
+    The rest is not waited for: leaving the response closes the connection, and the server ends the stream.
+    """
+    seen = 0
+    data: list[bytes] = []
+    while True:
+        line = await response.content.readline()
+        seen += len(line)
+        if seen > max_bytes:
+            raise PageError("too_large", f"the first event is over the {max_bytes}-byte cap")
+        line = line.rstrip(b"\r\n")
+        if line.startswith(b"data:"):
+            data.append(line[5:].strip())
+        elif not line and (data or response.content.at_eof()):
+            return b"\n".join(data)  # an empty line ends an event, and the end of the stream the last
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,17 +202,17 @@ class CanaryRun:
 
 
 async def send_canary(session: aiohttp.ClientSession, target: TargetSettings, model: str,
-                      learned: str | None = None) -> CanaryOutcome:
+                      learned: str | None = None, config: ModelConfig | None = None) -> CanaryOutcome:
     """The canary's outcome (see `run_canaries`)."""
-    return (await run_canaries(session, target, model, learned)).outcome
+    return (await run_canaries(session, target, model, learned, config)).outcome
 
 
 async def run_canaries(session: aiohttp.ClientSession, target: TargetSettings, model: str,
-                       learned: str | None = None) -> CanaryRun:
+                       learned: str | None = None, config: ModelConfig | None = None) -> CanaryRun:
     """Ask the target's canaries in turn while each is rejected; the first answer that is not a rejection
     ends it. All rejected: the first rejection, with what the others answered."""
     rejections: list[CanaryOutcome] = []
-    for canary in canaries_of(target, learned):
+    for canary in canaries_of(target, learned, config):
         outcome = await ask(session, target, model, canary)
         if outcome.result != "rejected":
             return CanaryRun(outcome, canary.path if outcome.result == "ok" else learned)

@@ -10,12 +10,14 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
+from dataclasses import replace
 
 import aiohttp
 from yarl import URL
 
 from llm_vitals.exporter.canary import ModelRejected, resolve_model, run_canaries
 from llm_vitals.exporter.clock import Clock, as_clock
+from llm_vitals.exporter.decoupled import CONFIG_RETRY_SECONDS, config_due, unjudged
 from llm_vitals.exporter.discovery.targetset import Changes
 from llm_vitals.exporter.engines import Page, PageError, Snapshot
 from llm_vitals.exporter.engines.table import engine_of, read_page
@@ -30,7 +32,14 @@ from llm_vitals.exporter.gpu_faults.reader import GpuFaultReader
 from llm_vitals.exporter.loop_lag import LoopLag
 from llm_vitals.exporter.settings import ExporterSettings
 from llm_vitals.exporter.state import StateStore, TargetRecord, log_gpu_fault_change
-from llm_vitals.exporter.upstream import METRICS_HEADERS, bounded_get, bounded_get_with_headers, parsed_url, read_models
+from llm_vitals.exporter.upstream import (
+    METRICS_HEADERS,
+    MODELS_MAX_BYTES,
+    bounded_get,
+    bounded_get_with_headers,
+    parsed_url,
+    read_models,
+)
 from llm_vitals.exporter.verdict import (
     CanaryOutcome,
     ModelsOk,
@@ -212,6 +221,8 @@ class Poller:
         # Its /metrics lines are not rendered here: the next scrape renders what changed (llm_vitals/exporter/page.py).
         record.record_poll(judge(before, observation, now.mono, record.settings, health=health, canary_overlap=overlap),
                            now.mono, duration, wall=now.wall)
+        if record.verdict.restarts != before.restarts and record.model_config is not None:
+            record.set_model_config(None, None)  # a new process may serve the model with another config
         if record.draining and not drain_holds(record.draining, before, record.verdict):
             record.set_draining(False)
             log_event(log, "undrain", target=record.name, reason="restart_detected")
@@ -231,6 +242,7 @@ class Poller:
         started = asyncio.get_running_loop().time()
         timeout = read_deadline(record.verdict, self.settings.metrics_timeout)
         reading_metrics = False  # a second probe follows only a /metrics read that got no answer
+        reading_ready = False  # the model-ready route, read after a good page: its failure is no /metrics failure
         try:
             if target.role == "proxy" or engine_of(target.engine).parse is None:
                 timeout = self.settings.models_timeout
@@ -238,13 +250,18 @@ class Poller:
             reading_metrics = True
             snapshot = await self._read_metrics(record, timeout)
             reading_metrics = False
+            if config_due(engine_of(target.engine), target.model, record.model_config, record.model_config_tried,
+                          asyncio.get_running_loop().time(), CONFIG_RETRY_SECONDS):
+                await self._read_model_config(record)
             health = await self._read_health(record) if health_check_due(record.verdict, snapshot) else None
             if not snapshot.pending:
                 timeout = self.settings.health_timeout
+                reading_ready = True
                 await self._check_model_ready(record)
-            return snapshot, health
+                reading_ready = False
+            return self._judged_model(record, snapshot), health
         except PageError as exc:
-            error = PollError(exc.reason, exc.detail)
+            error = PollError(exc.reason, exc.detail, ready_route=reading_ready)
             if self.lag is not None:
                 error = exporter_late(error, self.lag.worst_since(started), timeout)
             if reading_metrics and second_probe_due(error):
@@ -315,6 +332,33 @@ class Poller:
                 break
         return seen
 
+    async def _read_model_config(self, record: TargetRecord) -> None:
+        """The engine's own config of the target's model (Triton: is it decoupled?), kept for the process's life.
+
+        A failure (a timeout, PyTriton's 403 on a locked API, a page that is no config) leaves it
+        unknown, tried again after CONFIG_RETRY_SECONDS: the model keeps the plain canary, whose 501
+        is a rejection, never a failure.
+        """
+        entry = engine_of(record.settings.engine)
+        now = asyncio.get_running_loop().time()
+        if entry.model_config_path is None or entry.model_config is None or not record.settings.model:
+            return
+        path = entry.model_config_path.replace("{model}", record.settings.model)
+        try:
+            status, body = await bounded_get(self.session, record.settings.base_url + path,
+                                             timeout=self.settings.health_timeout, max_bytes=MODELS_MAX_BYTES)
+            if status != 200:
+                raise PageError("http_status", f"{path} answered HTTP {status}")
+            record.set_model_config(entry.model_config(body), now)
+        except PageError as exc:
+            record.set_model_config(None, now)
+            log_event(log, "model config unread", logging.DEBUG, target=record.name, reason=exc.reason, detail=exc.detail)
+
+    def _judged_model(self, record: TargetRecord, snapshot: Snapshot) -> Snapshot:
+        """`snapshot`, naming the target's model where no signal of the page can judge it (exporter/decoupled.py)."""
+        found = unjudged(engine_of(record.settings.engine), record.settings.model, record.model_config, snapshot)
+        return snapshot if found is None else replace(snapshot, unjudged=found)
+
     async def _check_model_ready(self, record: TargetRecord) -> None:
         # An idle-looking page is idle only once the model can serve: a Triton (re)starting has its
         # page up before the model is loaded, and a canary then fails (404) as if the server hung.
@@ -337,7 +381,7 @@ class Poller:
                     if model is None:
                         model = await resolve_model(self.session, target, self.settings.models_timeout)
                         record.set_model(model)
-                    run = await run_canaries(self.session, target, model, record.canary_path)
+                    run = await run_canaries(self.session, target, model, record.canary_path, record.model_config)
                     outcome = run.outcome
                     if run.path != record.canary_path:
                         record.set_canary_path(run.path)

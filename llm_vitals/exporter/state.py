@@ -10,6 +10,7 @@ from typing import Final
 
 from llm_vitals.exporter.backstop import Backstop, Heard, Word, backstop, held, last_held
 from llm_vitals.exporter.backstop import heard as with_answer
+from llm_vitals.exporter.engines import ModelConfig
 from llm_vitals.exporter.gpu_faults import GpuFault, GpuFaultState
 from llm_vitals.exporter.settings import ExporterSettings, TargetSettings
 from llm_vitals.exporter.verdict import Verdict, initial, is_live, is_ready, is_started, recently_unhealthy
@@ -36,7 +37,8 @@ class TargetRecord:
     """
 
     __slots__ = ("_canaries", "_canary_path", "_canary_task", "_draining", "_gpu_faults", "_heard", "_history",
-                 "_last_canary_sent", "_model", "_poll_duration", "_poll_errors", "_polls", "_started_at", "_verdict",
+                 "_last_canary_sent", "_model", "_model_config", "_model_config_tried", "_poll_duration", "_poll_errors",
+                 "_polls", "_started_at", "_verdict",
                  "_version", "backstop_after", "history_seconds", "poll_interval", "settings")
 
     def __init__(self, settings: TargetSettings, verdict: Verdict, *, history_seconds: float = 600.0,
@@ -56,6 +58,9 @@ class TargetRecord:
         self._last_canary_sent: float | None = None
         self._model: str | None = None
         self._canary_path: str | None = None  # the canary endpoint that last answered (canary.endpoint auto)
+        # The engine's own config of the target's model (exporter/decoupled.py), for this process; None: unknown.
+        self._model_config: ModelConfig | None = None
+        self._model_config_tried: float | None = None
         # Each GPU-fault source's last read (llm_vitals/exporter/gpu_faults/); `fault` is their combination.
         self._gpu_faults = GpuFaultState()
         self._history: deque[tuple[float, float, str]] = deque()
@@ -239,6 +244,21 @@ class TargetRecord:
     def canary_path(self) -> str | None:
         """The canary endpoint that last answered, tried first next time (exporter/canary.py)."""
         return self._canary_path
+
+    @property
+    def model_config(self) -> ModelConfig | None:
+        """The target model's own config as the engine last gave it; None: not read (yet)."""
+        return self._model_config
+
+    @property
+    def model_config_tried(self) -> float | None:
+        """When its config was last asked for (monotonic); None: not since the process started."""
+        return self._model_config_tried
+
+    def set_model_config(self, config: ModelConfig | None, tried: float | None) -> None:
+        """The model config just read (None: unread, or forgotten after a restart), and when it was asked."""
+        self._model_config, self._model_config_tried = config, tried
+        self._version += 1
 
     def set_canary_path(self, path: str | None) -> None:
         """The canary endpoint that answered; None to try them all again."""

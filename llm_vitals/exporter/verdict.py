@@ -54,6 +54,9 @@ class PollError:
     reason: PollErrorReason
     detail: str
     probe: Literal["answered", "unanswered"] | None = None
+    # The engine's model-ready route failed after a good /metrics page (Engine.ready_path): not
+    # shown ready, a missed read like any, and never a /metrics page that went unanswered.
+    ready_route: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,7 +356,7 @@ def judge(previous: Verdict | None, observation: Observation, now: float, target
     if isinstance(observation, PollError):
         if observation.reason == "exporter_late":
             return _on_late(previous, observation, now)
-        if observation.reason == "timeout":
+        if observation.reason == "timeout" and not observation.ready_route:
             # An engine whose own loop answers /metrics (llama.cpp, Triton's metrics threads) is not
             # slow because of load, and its health route may answer while that loop is wedged: its
             # unanswered page is frozen evidence by itself, once it has had the longer deadline
@@ -681,11 +684,16 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
                          f"{load} now, with work pending at the last read; idle once a whole interval is quiet",
                          **changes)
         failures = previous.canary_failures if not moved else 0
-        if failures >= target.canary.failures_before_unresponsive:
+        if failures >= target.canary.failures_before_unresponsive and snap.unjudged is None:
             return _move(previous, now, "unresponsive", "canary_failed",
                          f"idle-looking, but {failures} canaries in a row failed", **changes)
         if previous.canary_rejected is not None:
             return _move(previous, now, "idle", "canary_rejected", _rejected_detail(previous.canary_rejected), **changes)
+        if snap.unjudged is not None:
+            # Nothing pending and nothing moving says nothing about a model no signal follows: not
+            # idle by evidence, and its canary may wait behind streams no counter shows.
+            changes.update(unit=snap.unjudged.unit)
+            return _move(previous, now, "idle", "unjudgeable", _unjudged_detail(snap.unjudged.why, failures), **changes)
         return _move(previous, now, "idle", "idle", "nothing running or waiting, and nothing moved since the last read",
                      **changes)
 
@@ -729,6 +737,11 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
     return _move(previous, now, state, reason, detail, **changes)
 
 
+def _unjudged_detail(why: str, failures: int) -> str:
+    tail = f"; {failures} canaries in a row failed: look at its load before restarting it" if failures else ""
+    return f"not judged: {why}{tail}"
+
+
 def _rejected_detail(rejected: str) -> str:
     return (f"idle; the canary was rejected ({rejected}): a restart cannot fix this, "
             f"check the target's model, API key and canary.endpoint")
@@ -760,6 +773,10 @@ def record_canary(previous: Verdict, outcome: CanaryOutcome, now: float, target:
     if previous.reason == "canary_rejected":
         detail = f"idle-looking; the last canary failed ({outcome.result} {outcome.detail})".strip()
         verdict = replace(verdict, reason="idle", detail=detail)
+    unjudged = previous.snapshot.unjudged if previous.snapshot is not None else None
+    if previous.reason == "unjudgeable" and unjudged is not None:
+        # Its load is unknown (exporter/decoupled.py): a failure is shown, and never `unresponsive`.
+        return replace(verdict, detail=f"{_unjudged_detail(unjudged.why, failures)} (last: {outcome.result} {outcome.detail})")
     if failures >= target.canary.failures_before_unresponsive and previous.state == "idle":
         return replace(verdict, state="unresponsive", reason="canary_failed", since=now, last_unhealthy_at=now,
                        detail=f"idle-looking, but {failures} canaries in a row failed (last: {outcome.result} {outcome.detail})".strip())
@@ -775,10 +792,12 @@ def is_ready(verdict: Verdict, target: TargetSettings, now: float, draining: boo
     """Readiness: started, not down/stuck/unresponsive, fresh evidence when idle, not draining, no GPU fault. Never load."""
     if draining or gpu_fault or not verdict.started or verdict.state in NOT_READY_STATES:
         return False
-    if verdict.state == "idle" and target.sends_canary and verdict.canary_rejected is None:
+    if (verdict.state == "idle" and target.sends_canary and verdict.canary_rejected is None
+            and verdict.reason != "unjudgeable"):
         # A rejected canary (our model name, key or endpoint is wrong) can vouch neither way: it is
         # alerted for a human, and not held against the server, or one rotated key would take every
-        # replica out of its Service at once.
+        # replica out of its Service at once. Nor can an unjudged model's (exporter/decoupled.py),
+        # which may wait behind streams no counter shows: load is never a reason to be unready.
         return verdict.last_served is not None and now - verdict.last_served <= target.canary.freshness
     return True
 

@@ -38,6 +38,14 @@ def signals(**values: float | None) -> Signals:
     return tuple((name, value) for name, value in values.items() if value is not None)
 
 
+class Unjudged(NamedTuple):
+    """A part of the server whose work no signal of the page shows (a Triton decoupled model with no
+    in-flight signal): nothing pending and nothing moving then says nothing about it, either way."""
+
+    unit: str  # as a Unit is named: `model="m",version=""`
+    why: str  # the words a verdict's detail gives
+
+
 class Unit(NamedTuple):
     """One part of a server that can hang alone (a vLLM engine, a Triton model and version, an SGLang
     data-parallel rank), as one read shows it: its own load and its own progress signals.
@@ -102,6 +110,9 @@ class Snapshot:
     # The page's units, when it has more than one (a single unit is the sums above): each is judged
     # on its own signals, so one hung unit is not hidden by a busy one.
     units: tuple[Unit, ...] = ()
+    # Set by the poller from the engine's own model config (exporter/decoupled.py), never by a parse:
+    # the target's model answers in streams that none of the page's signals follows.
+    unjudged: Unjudged | None = None
 
     # The counters that only ever grow within one process lifetime.
     MONOTONE = ("steps", "generation_tokens", "prompt_tokens", "finished")
@@ -232,6 +243,19 @@ class Canary:
     wrong: Callable[[object], str | None]
     # The body comes from the operator (`canary.request`): the target must configure it, and a model.
     needs_request: bool = False
+    # The answer is a server-sent event stream: its first `data:` event, read within the canary's
+    # timeout, is the answer (the rest is not waited for).
+    stream: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """What an engine's own config of the target's model says, as far as the verdict needs it."""
+
+    # The model answers each request with a stream of responses (Triton's
+    # `model_transaction_policy.decoupled`): Triton's plain infer route refuses it (HTTP 501), and
+    # counts its requests when they are handed to the model, not as their responses go out.
+    decoupled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +284,14 @@ class Engine:
     facts: EngineFacts = EngineFacts()
     # The idle canary; None: a 1-token OpenAI completion (llm_vitals/exporter/canary.py).
     canary: Canary | None = None
+    # Where the target model's own config is read ("{model}": its name) and how; None: never read.
+    model_config_path: str | None = None
+    model_config: Callable[[bytes], ModelConfig] | None = None
+    # The canary of a model whose config says decoupled (Triton: its generate-stream route).
+    decoupled_canary: Canary | None = None
+    # (snapshot, unit) -> True when the page carries a signal of that unit's that moves with its
+    # responses or iterations (TensorRT-LLM's iteration counter, the vLLM backend's tokens).
+    in_flight_signal: Callable[[Snapshot, str], bool] | None = None
 
     def metrics_url(self, target: WatchedTarget) -> str:
         """Where this target's page is read: its `metrics_url`, else the engine's port or its url."""

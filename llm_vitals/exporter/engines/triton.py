@@ -51,6 +51,20 @@ models. A sample of a real page (Triton 2.51 via nvidia-pytriton 0.7.0; tests/fi
   both pages, a model started again is read as reloaded (not a restart), unless reads failed in
   between (the server was away). A server with a single model cannot tell the two apart: its
   reload is counted as a restart.
+- **vLLM backend**: with `REPORT_CUSTOM_METRICS` on, the vLLM backend adds its engine's own
+  families to the page, per `model`,`version` (names from triton-inference-server/vllm_backend,
+  src/utils/metrics.py): `vllm:num_requests_running` and `vllm:num_requests_waiting` are running and
+  waiting, `vllm:generation_tokens_total` and `vllm:prompt_tokens_total` move with every engine step
+  (mid-generation), `vllm:gpu_cache_usage_perc` is the KV usage.
+- **Decoupled models** (`model_transaction_policy { decoupled: true }`: the vLLM backend, TensorRT-LLM
+  streaming, PyTriton's generators) answer each request with a stream. Triton hands the request to
+  the model at once and counts it (`exec_count`, `request_success`) when the model's execute
+  returns, before its responses stream; nothing of Triton's own counts the responses, nor a
+  request while it streams (not queued: `pending` reads 0). Their canary goes to the
+  generate-stream route (`/v2/models/<m>/generate_stream`, the first event read), never to `infer`,
+  which answers such a model 501. Only an engine signal of the model's own that moves per
+  iteration (TensorRT-LLM's iteration counter, the vLLM backend's tokens) judges one; without it the
+  model is unjudged (llm_vitals/exporter/decoupled.py, docs/engines.md).
 - **Health** lives on the HTTP endpoint: `/v2/health/live`, `/v2/health/ready` and
   `/v2/models/<model>/ready`. There is no `/v1/models`. The idle canary is a KServe v2 `infer` of the
   request the operator configures (`canary: {request: {...}}`), to `/v2/models/<model>/infer`.
@@ -58,7 +72,9 @@ models. A sample of a real page (Triton 2.51 via nvidia-pytriton 0.7.0; tests/fi
 
 from __future__ import annotations
 
-from llm_vitals.exporter.engines import Canary, Engine, EngineFacts, PageError, Snapshot, Unit, WatchedTarget
+import json
+
+from llm_vitals.exporter.engines import Canary, Engine, EngineFacts, ModelConfig, PageError, Snapshot, Unit, WatchedTarget
 from llm_vitals.exporter.engines.scan import Sample, Scanner, finite, finite_sum, text_parse
 
 PENDING = "nv_inference_pending_request_count"
@@ -69,8 +85,15 @@ COMPUTE_INFER = "nv_inference_compute_infer_duration_us"
 TRT_GENERAL = "nv_trt_llm_general_metrics"  # general_type="iteration_counter" | "timestamp"
 TRT_REQUESTS = "nv_trt_llm_request_metrics"  # request_type="active" | "max" | "scheduled" | "context"
 TRT_KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"  # kv_cache_block_type="max" | "used" | "free" | ...
+# The vLLM backend's own families (REPORT_CUSTOM_METRICS), per model and version.
+VLLM_RUNNING = "vllm:num_requests_running"
+VLLM_WAITING = "vllm:num_requests_waiting"
+VLLM_GENERATION = "vllm:generation_tokens_total"
+VLLM_PROMPT = "vllm:prompt_tokens_total"
+VLLM_KV = "vllm:gpu_cache_usage_perc"
 
-_SCANNER = Scanner((PENDING, EXEC_COUNT, SUCCESS, FAILURE, COMPUTE_INFER, TRT_GENERAL, TRT_REQUESTS, TRT_KV_BLOCKS))
+_SCANNER = Scanner((PENDING, EXEC_COUNT, SUCCESS, FAILURE, COMPUTE_INFER, TRT_GENERAL, TRT_REQUESTS, TRT_KV_BLOCKS,
+                    VLLM_RUNNING, VLLM_WAITING, VLLM_GENERATION, VLLM_PROMPT, VLLM_KV))
 # The counters every page with a loaded model carries; a fall of any of them is a restart.
 _REQUIRED_COUNTERS = (EXEC_COUNT, SUCCESS, COMPUTE_INFER)
 
@@ -102,12 +125,21 @@ def parse_text(text: str) -> Snapshot:
             ("compute_infer_duration_us", finite_sum(COMPUTE_INFER, found[COMPUTE_INFER]))]
     if iterations is not None:
         more.append(("exec_count", executions))  # the steps are TensorRT-LLM's iterations then
+    running = active if active is not None else 0.0
+    if VLLM_RUNNING in found:
+        running += finite_sum(VLLM_RUNNING, found[VLLM_RUNNING])
+    kv_usage = used / most if used is not None and most else None
+    if kv_usage is None and found.get(VLLM_KV):
+        finite_sum(VLLM_KV, found[VLLM_KV])  # a NaN is bad_metrics, as for every signal
+        kv_usage = max(sample.value for sample in found[VLLM_KV])  # a ratio per model: the fullest
     return Snapshot(
-        running=active if active is not None else 0.0,
-        waiting=finite_sum(PENDING, found[PENDING]),
+        running=running,
+        waiting=finite_sum(PENDING, found[PENDING]) + finite_sum(VLLM_WAITING, found.get(VLLM_WAITING, [])),
         steps=iterations if iterations is not None else executions,
+        generation_tokens=finite_sum(VLLM_GENERATION, found[VLLM_GENERATION]) if VLLM_GENERATION in found else None,
+        prompt_tokens=finite_sum(VLLM_PROMPT, found[VLLM_PROMPT]) if VLLM_PROMPT in found else None,
         finished=finite_sum(SUCCESS, found[SUCCESS]),
-        kv_usage=used / most if used is not None and most else None,
+        kv_usage=kv_usage,
         more_counters=tuple(more),
         series=_series(found, trt),
         # One model writes one pending line: the per-model work only where several are loaded.
@@ -131,7 +163,21 @@ def _series(found: dict[str, list[Sample]], trt: list[Sample]) -> tuple[tuple[st
              for name in _PROGRESS for sample in found.get(name, []) if finite(sample.value) is not None]
     named += [(f"{_unit(sample)}|{TRT_GENERAL}", sample.value) for sample in trt
               if sample.labels().get("general_type") == "iteration_counter" and finite(sample.value) is not None]
+    named += [(f"{_unit(sample)}|{name}", sample.value)
+              for name in _IN_FLIGHT_VLLM for sample in found.get(name, []) if finite(sample.value) is not None]
     return tuple(named)
+
+
+# The vLLM backend's counters that move with every engine step, mid-generation.
+_IN_FLIGHT_VLLM = (VLLM_GENERATION, VLLM_PROMPT)
+# The series families that move while a model's requests are in flight, not only when they end.
+_IN_FLIGHT = (f"|{TRT_GENERAL}", *(f"|{name}" for name in _IN_FLIGHT_VLLM))
+
+
+def in_flight_signal(snapshot: Snapshot, model: str) -> bool:
+    """Whether the page carries a signal of `model`'s own that moves per iteration or token (any version)."""
+    prefix = f'model="{model}",'
+    return any(name.startswith(prefix) and name.endswith(_IN_FLIGHT) for name, _ in snapshot.series)
 
 
 def _per_unit(samples: list[Sample], label: str | None = None, value: str | None = None) -> dict[str, float]:
@@ -152,8 +198,11 @@ def _units(found: dict[str, list[Sample]], trt: list[Sample]) -> tuple[Unit, ...
         return ()
     counters = [_per_unit(found.get(name, [])) for name in _PROGRESS]
     counters.append(_per_unit(trt, "general_type", "iteration_counter"))
+    counters += [_per_unit(found.get(name, [])) for name in _IN_FLIGHT_VLLM]
     active = _per_unit(found.get(TRT_REQUESTS, []), "request_type", "active")
-    return tuple(Unit(key, active.get(key, 0.0), queued, 0.0, tuple(values.get(key) for values in counters))
+    running, waiting = _per_unit(found.get(VLLM_RUNNING, [])), _per_unit(found.get(VLLM_WAITING, []))
+    return tuple(Unit(key, active.get(key, 0.0) + running.get(key, 0.0), queued + waiting.get(key, 0.0), 0.0,
+                      tuple(values.get(key) for values in counters))
                  for key, queued in pending.items())
 
 
@@ -175,6 +224,39 @@ def canary_wrong(answer: object) -> str | None:
     return None
 
 
+def generate_body(target: WatchedTarget, model: str) -> object:
+    """The operator's v2 infer request as the generate extension takes it: each input's data by its name."""
+    request = target.canary.request or {}
+    inputs = request.get("inputs")
+    body: dict[str, object] = {str(each["name"]): each.get("data")
+                               for each in (inputs if isinstance(inputs, list) else [])
+                               if isinstance(each, dict) and "name" in each}
+    if request.get("parameters"):
+        body["parameters"] = request["parameters"]
+    return body
+
+
+def generate_wrong(answer: object) -> str | None:
+    """None for a generate event (a JSON object of outputs), else what is wrong with it."""
+    if not isinstance(answer, dict):
+        return "the first event is not a JSON object"
+    if "error" in answer:
+        return "the first event is an error"  # its text is the model's, not shown
+    return None if len(answer) > 0 else "the first event is empty"
+
+
+def model_config(body: bytes) -> ModelConfig:
+    """`GET /v2/models/<m>/config` read; raises PageError when it is not a model config."""
+    try:
+        config = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise PageError("bad_models", "the model config is not JSON") from None
+    if not isinstance(config, dict):
+        raise PageError("bad_models", "the model config is not a JSON object")
+    policy = config.get("model_transaction_policy")
+    return ModelConfig(decoupled=isinstance(policy, dict) and policy.get("decoupled") is True)
+
+
 ENGINE = Engine(
     name="triton",
     parse=parse,
@@ -185,6 +267,12 @@ ENGINE = Engine(
     ready_path="/v2/models/{model}/ready",
     models_path=None,  # no /v1/models: the model is named in the config (PyTriton's repository index is 403)
     canary=Canary(path="/v2/models/{model}/infer", body=canary_body, wrong=canary_wrong, needs_request=True),
+    model_config_path="/v2/models/{model}/config",
+    model_config=model_config,
+    # Its first streamed event, read within the canary's timeout: one answer, however long the stream.
+    decoupled_canary=Canary(path="/v2/models/{model}/generate_stream", body=generate_body, wrong=generate_wrong,
+                            needs_request=True, stream=True),
+    in_flight_signal=in_flight_signal,
     # tritonserver's own threads serve the metrics port, apart from inference (it answered in ms while
     # saturated): accepted and never answered while requests were queued is the whole server frozen.
     facts=EngineFacts(metrics_unanswered_is_stuck=True),
