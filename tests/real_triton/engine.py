@@ -54,7 +54,7 @@ class TritonEngine(Engine):
     name = "Triton"
     tier = RealTier("Triton", enable="LLM_VITALS_REAL_TRITON", require="LLM_VITALS_REQUIRE_REAL_TRITON")
     drills = ("smoke", "idle", "saturation", "frozen_worker", "frozen_tritonserver", "kill", "restart", "models",
-              "unit_frozen")
+              "unit_frozen", "decoupled")
     exporter = EXPORTER
     families = (PENDING, "nv_inference_exec_count", "nv_inference_request_success", "nv_inference_request_failure",
                 "nv_inference_compute_infer_duration_us")

@@ -5,7 +5,8 @@ file order on one server and one exporter: smoke, idle canaries, saturation, fro
 of the PyTriton Python process, HTTP alive), frozen tritonserver (every port accepts, none answers),
 kill (SIGKILL of tritonserver), restart on the same ports, a second model loaded, then
 unloaded and two more loaded under load (no restart), and one model wedged in its own code while
-another model serves (stuck, the model named: issue 29). Triton's Python backend sometimes crashes
+another model serves (stuck, the model named: issue 29), and a decoupled (streaming) model idle and
+hung, watched by an exporter of its own (issue 38). Triton's Python backend sometimes crashes
 by itself after a frozen worker is resumed (TritonServer.crash): the drill records it and launches
 Triton again so the drills after it run.
 """
@@ -14,15 +15,27 @@ from __future__ import annotations
 
 import signal
 import time
+from dataclasses import replace
 
 import httpx
 from real_engine import drills
 from real_engine.engine import Kit, wait_until
+from real_engine.harness import ExporterProcess, Watcher
 from real_engine.load import Load
 from real_engine.report import Drill
 
 from .engine import CONCURRENCY, INFER, LOAD_TOKENS
-from .triton_server import EXTRA_MODELS, HOLD_SIGNAL, MODEL, RELEASE_SIGNAL, infer_body
+from .triton_server import (
+    EXTRA_MODELS,
+    HOLD_SIGNAL,
+    MODEL,
+    RELEASE_SIGNAL,
+    STREAM,
+    STREAM_BIND_SIGNAL,
+    STREAM_HOLD_SIGNAL,
+    STREAM_RELEASE_SIGNAL,
+    infer_body,
+)
 
 
 def test_smoke_server_has_v2_routes_metrics_port_and_no_v1_models(kit: Kit, drill: Drill):
@@ -214,3 +227,65 @@ def test_unit_frozen_one_model_beside_a_serving_one_is_stuck_naming_the_model(ki
     assert drill.facts["stuck_detected_s"] <= settings.stuck_after + 4 * settings.poll_interval + 10, drill.facts
     assert drill.facts["restarts_total_delta"] == 0, "a frozen model is no restart"
     assert drill.facts["statuses"] == ["200"], drill.facts  # held, not failed: every request answered once let go
+
+
+def test_decoupled_model_idle_canaries_on_generate_stream_and_hung_unjudgeable_never_restartable(kit: Kit, drill: Drill):
+    """Issue 38: a decoupled model (PyTriton's generator, `decoupled=True`) bound on the running server and watched
+    by an exporter of its own. Its infer route answers 501; the exporter reads its config, canaries it on its
+    generate_stream route (the first event) and, with no signal of the model's own that moves mid-stream on the
+    page, reads it `idle` / `unjudgeable`, the model named. Its generators then held (a hung streaming model):
+    the canaries time out, more than failures_before_unresponsive of them, and it is never `unresponsive` (a
+    restart) nor unready; let go, its canary answers again."""
+    server = kit.server
+    kit.relaunch_if_crashed()
+    t0 = time.time()
+    worker = server.main_process()
+    worker.send_signal(STREAM_BIND_SIGNAL)
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{server.url}/v2/models/{STREAM}/ready", timeout=10).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    assert wait_until(ready, timeout=180, every=0.5) is not None, f"{STREAM} never ready"
+    bound_s = round(time.time() - t0, 1)
+    infer = httpx.post(f"{server.url}/v2/models/{STREAM}/infer", json=infer_body(1), timeout=30)
+    # Short canaries, so that failures_before_unresponsive (3) of them time out within seconds.
+    settings = replace(kit.engine.exporter, target="real-triton-stream", canary_timeout=2.0,
+                       canary_request={"inputs": [{"name": "max_tokens", "shape": [1], "datatype": "INT32", "data": [1]}]})
+    exporter = ExporterProcess(settings, server.url, kit.engine.log_dir,
+                               target_keys={"metrics_url": server.metrics_url, "model": STREAM})
+    exporter.start()
+    try:
+        with Watcher(exporter) as watcher:
+            t1 = time.time()
+            idle = watcher.wait_for(lambda s: s.canaries.get("ok", 0) >= 2 and s.state == "idle", timeout=60,
+                                    what="two canaries answered, idle", after=t1)
+            t_hold = time.time()
+            worker.send_signal(STREAM_HOLD_SIGNAL)
+            try:
+                failed = watcher.wait_for(lambda s: s.canaries.get("timeout", 0) >= 4, timeout=60,
+                                          what="four canaries timed out", after=t_hold)
+                held = watcher.wait_for(lambda s: True, timeout=30, what="a sample a poll later",
+                                        after=time.time() + settings.poll_interval)
+            finally:
+                worker.send_signal(STREAM_RELEASE_SIGNAL)
+            t_release = time.time()
+            answered = watcher.wait_for(lambda s: s.canaries.get("ok", 0) > failed.canaries.get("ok", 0), timeout=60,
+                                        what="a canary answered once let go", after=t_release)
+            samples = watcher.since(t1)
+            drill.timeline = watcher.timeline(t1)
+    finally:
+        exporter.stop()
+    drill.facts = {
+        "bound_s": bound_s, "infer_status": infer.status_code, "idle_reason": idle.reason, "unit": idle.unit,
+        "canaries_ok_idle": idle.canaries.get("ok", 0), "hold_to_4_timeouts_s": round(failed.t - t_hold, 1),
+        "state_held": held.state, "reason_held": held.reason, "ready_held": held.ready, "live_held": held.live,
+        "states_seen": sorted({str(s.state) for s in samples}), "release_to_canary_ok_s": round(answered.t - t_release, 1),
+        "wall_s": round(time.time() - t0, 1),
+    }
+    assert drill.facts["infer_status"] == 501, drill.facts  # what the plain canary got: a rejection now, never a failure
+    assert (idle.reason, idle.unit) == ("unjudgeable", f'model="{STREAM}"'), drill.facts
+    assert "unresponsive" not in drill.facts["states_seen"] and "stuck" not in drill.facts["states_seen"], drill.timeline
+    assert (held.state, held.reason, held.ready, held.live) == ("idle", "unjudgeable", 200, 200), drill.facts

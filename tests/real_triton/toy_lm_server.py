@@ -27,6 +27,11 @@ queued in Triton and its stubs stay healthy, while the extra models serve. (SIGS
 stubs shows no such thing: Triton's Python backend finds a stopped stub unhealthy within ~2 s and
 fails its requests with HTTP 500, "Stub process 'toy_lm_0_0' is not healthy", leaving none queued.)
 
+A decoupled (streaming) model, for the drill of issue 38: SIGRTMIN+2 binds `toy_lm_stream`
+(`decoupled=True`, one instance: a generator yielding one response per token, as the vLLM backend
+and TensorRT-LLM streaming answer), SIGRTMIN+3 holds its generators before their next token (a hung
+streaming model: its requests accepted, no response ever), SIGRTMIN+4 lets them go on.
+
 usage: python toy_lm_server.py --http-port P --grpc-port P --metrics-port P
 Run it with the Python of the tier's venv (tools/real-triton-setup.sh), made from the system python3.
 """
@@ -62,6 +67,12 @@ RELEASE_SIGNAL = signal.SIGRTMIN + 1  # and go on
 # Set while toy_lm may run; cleared by HOLD_SIGNAL. Only toy_lm waits on it: the extra models serve on.
 TOY_LM_RUNS = threading.Event()
 TOY_LM_RUNS.set()
+STREAM = "toy_lm_stream"
+STREAM_BIND_SIGNAL = signal.SIGRTMIN + 2
+STREAM_HOLD_SIGNAL = signal.SIGRTMIN + 3
+STREAM_RELEASE_SIGNAL = signal.SIGRTMIN + 4
+STREAM_RUNS = threading.Event()
+STREAM_RUNS.set()
 DIM = int(os.environ.get("TOY_DIM", "256"))
 TOKEN_SECONDS = float(os.environ.get("TOY_TOKEN_SECONDS", "0"))
 
@@ -89,6 +100,44 @@ def make_infer(name: str):
         return {"generated": np.full((max_tokens.shape[0], 1), n, dtype=np.int32)}
 
     return infer
+
+
+def wait_alive(triton: Triton, name: str, within_s: float = 60.0) -> None:
+    """Until the handlers of the model just bound answer (or `within_s` passed)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and not all(
+            m.is_alive() for m in list(triton._model_manager.models) if m.model_name == name):
+        time.sleep(0.2)
+
+
+def stream_infer(requests):
+    """toy_lm_stream's infer function: one response per token, as they are made (it may be held)."""
+    for request in requests:
+        n = int(request["max_tokens"].reshape(-1)[0])
+        state = np.random.default_rng(0).standard_normal((DIM, DIM)).astype(np.float32)
+        for i in range(n):
+            STREAM_RUNS.wait()
+            state = one_token(state)
+            yield [{"generated": np.array([i + 1], dtype=np.int32)}]
+
+
+def bind_stream(triton: Triton, settling: set[str]) -> None:
+    """Bind the decoupled model on the running server (in a thread: never in a signal handler)."""
+    settling.add(STREAM)
+    try:
+        triton.bind(
+            model_name=STREAM,
+            infer_func=stream_infer,
+            inputs=[Tensor(name="max_tokens", dtype=np.int32, shape=(1,))],
+            outputs=[Tensor(name="generated", dtype=np.int32, shape=(1,))],
+            config=ModelConfig(batching=False, decoupled=True),
+            strict=True,
+        )
+        print(f"toy_lm_server: loaded {STREAM}", flush=True)
+        wait_alive(triton, STREAM)
+    except Exception:
+        logging.exception("toy_lm_server: load of %s failed", STREAM)
+    settling.discard(STREAM)
 
 
 def bind_toy(triton: Triton, name: str, version: int = 1, instances: int = INSTANCES) -> None:
@@ -143,10 +192,7 @@ def control(triton: Triton, http_port: int, orders: queue.Queue[str], settling: 
             bind_toy(triton, name, instances=EXTRA_INSTANCES)
             loaded.append(name)
             print(f"toy_lm_server: loaded {name}", flush=True)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not all(
-                    m.is_alive() for m in list(triton._model_manager.models) if m.model_name == name):
-                time.sleep(0.2)
+            wait_alive(triton, name)
         except Exception:
             logging.exception("toy_lm_server: load of %s failed", name)
         settling.discard(name)
@@ -187,10 +233,16 @@ def main() -> None:
     signal.signal(signal.SIGUSR2, lambda *_: orders.put("unload"))
     signal.signal(HOLD_SIGNAL, lambda *_: TOY_LM_RUNS.clear())
     signal.signal(RELEASE_SIGNAL, lambda *_: TOY_LM_RUNS.set())
+    signal.signal(STREAM_HOLD_SIGNAL, lambda *_: STREAM_RUNS.clear())
+    signal.signal(STREAM_RELEASE_SIGNAL, lambda *_: STREAM_RUNS.set())
+    settling: set[str] = set()
+    triton_box: list[Triton] = []
+    signal.signal(STREAM_BIND_SIGNAL, lambda *_: threading.Thread(
+        target=bind_stream, args=(triton_box[0], settling), name="stream", daemon=True).start() if triton_box else None)
     with Triton(config=config) as triton:
         bind_toy(triton, MODEL)
-        settling: set[str] = set()
         watch_settled(triton, settling)
+        triton_box.append(triton)
         threading.Thread(target=control, args=(triton, args.http_port, orders, settling), name="models", daemon=True).start()
         print("toy_lm_server: serving", flush=True)
         triton.serve()

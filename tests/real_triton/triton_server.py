@@ -29,6 +29,11 @@ INSTANCES = 2
 # toy_lm_server.py's hold of toy_lm (its infer functions wait before their next token) and release.
 HOLD_SIGNAL = signal.SIGRTMIN
 RELEASE_SIGNAL = signal.SIGRTMIN + 1
+# toy_lm_server.py's decoupled model (issue 38): bound on STREAM_BIND_SIGNAL, held and let go.
+STREAM = "toy_lm_stream"
+STREAM_BIND_SIGNAL = signal.SIGRTMIN + 2
+STREAM_HOLD_SIGNAL = signal.SIGRTMIN + 3
+STREAM_RELEASE_SIGNAL = signal.SIGRTMIN + 4
 VERSION = "nvidia-pytriton 0.7.0 (Triton 2.51.0)"
 # The toy model's cost per "token": a fixed wait plus a little matmul work. A request's length must
 # not hang on the box's speed: with matmul work alone (TOY_DIM 128, 150 tokens) requests finished
