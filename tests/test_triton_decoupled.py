@@ -259,3 +259,36 @@ def test_a_model_ready_route_that_times_out_is_no_unanswered_metrics_page(first:
     assert states == [before] * 5 and verdict.error_reason == "timeout"
     # Held as any missed read: down once nothing good came for down_after, never stuck.
     assert judge(verdict, READY_TIMEOUT, 40.0, t).state == "down"
+
+
+def with_success(text: str, model: str, count: int) -> str:
+    """`text` with `model`'s request_success and exec_count set to `count` (a request gone in)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith((f'nv_inference_request_success{{model="{model}"', f'nv_inference_exec_count{{model="{model}"')):
+            line = f"{line.rsplit(' ', 1)[0]} {count}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("moving,state,reason", [
+    # A hung canary went in: Triton counted it (success, exec) on arrival, and nothing came out.
+    ("toy_lm_stream", "idle", "unjudgeable"),
+    # The other model completed work: that is progress.
+    ("toy_lm", "busy", "progress"),
+])
+def test_an_unjudged_models_own_counters_moving_on_an_idle_read_are_arrivals_not_progress(
+        moving: str, state: str, reason: str) -> None:
+    t = target()
+    base = page("idle-after-busy")
+    verdict = None
+    for at, count in ((0.0, 10), (5.0, 10), (10.0, 11), (15.0, 12)):
+        text = with_success(base, moving, count)
+        snap = parse_text(text)
+        snap = replace(snap, unjudged=unjudged(ENTRY, "toy_lm_stream", DECOUPLED, snap))
+        verdict = judge(verdict, snap, at, t)
+        if at == 5.0:
+            verdict = record_canary(verdict, CanaryOutcome("timeout", "no answer within 2s"), 6.0, t)
+    assert verdict is not None and (verdict.state, verdict.reason) == (state, reason)
+    if state == "idle":
+        assert verdict.canary_failures == 1  # not reset by the arrivals: shown as failing still

@@ -622,6 +622,10 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
     same_life = base if not restarted else None
     comparable = same_life is not None
     moved = same_life is not None and progressed(same_life, snap)
+    if moved and same_life is not None and snap.unjudged is not None and not snap.pending:
+        # An unjudged model's counters move as its requests go in, not as its responses go out
+        # (exporter/decoupled.py): its own series moving is no progress on an idle-looking read.
+        moved = _moved_beside(same_life, snap, snap.unjudged.unit)
     elapsed = now - previous.snapshot_at if comparable and previous.snapshot_at is not None else 0.0
     restarts = previous.restarts + (1 if restarted else 0)
     clocks = unit_clocks(previous, same_life, snap, now)
@@ -735,6 +739,19 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
                      f"unit {unit.name} waiting on a peer: {_unit_load(unit)}, nothing running and nothing of its "
                      f"own moved for {stuck_for:.1f}s over {reads} reads (the whole server: {load})", **changes)
     return _move(previous, now, state, reason, detail, **changes)
+
+
+def _moved_beside(before: Snapshot, after: Snapshot, unit: str) -> bool:
+    """Whether a signal moved other than `unit`'s own series (`unit`: `model="m"`, its series `model="m",version=...|family`)."""
+    if not after.series:
+        return progressed(before, after)
+    prefix = unit + ","
+    old = {name: value for name, value in before.series if not name.startswith(prefix)}
+    if any(name in old and value > old[name] for name, value in after.series if not name.startswith(prefix)):
+        return True
+    old_gauges = before.gauges()
+    return any(old_gauges.get(name) is not None and new is not None and old_gauges[name] != new
+               for name, new in after.gauges().items())
 
 
 def _unjudged_detail(why: str, failures: int) -> str:
