@@ -32,6 +32,7 @@ EXPECTED_ALERTS = {
     "LLMServerUnresponsive",
     "LLMServerUnresponsiveLoadUnknown",  # engine openai: a page, never a restart (issue 23)
     "LLMServerCanaryRejected",  # the canary answered 4xx: the config is wrong, never a restart (issue 29)
+    "LLMServerUnjudgedCanaryFailing",  # an unjudgeable target's canaries fail: a page, never a restart (issue 38)
     "LLMServerDown",
     "LLMServerRestartLoop",
     "LLMVitalsPollingStale",
