@@ -55,7 +55,8 @@ class PollError:
     detail: str
     probe: Literal["answered", "unanswered"] | None = None
     # The engine's model-ready route failed after a good /metrics page (Engine.ready_path): not
-    # shown ready, a missed read like any, and never a /metrics page that went unanswered.
+    # shown ready, and never a /metrics page that went unanswered; its timeout is a server that
+    # answers (the page came), held and never toward `down`.
     ready_route: bool = False
 
 
@@ -356,7 +357,12 @@ def judge(previous: Verdict | None, observation: Observation, now: float, target
     if isinstance(observation, PollError):
         if observation.reason == "exporter_late":
             return _on_late(previous, observation, now)
-        if observation.reason == "timeout" and not observation.ready_route:
+        if observation.reason == "timeout" and observation.ready_route:
+            # The page came in this very poll: the server answers, and only its model's readiness is
+            # unknown (its HTTP threads slow under load). Held: no canary, no evidence toward down,
+            # and never the unanswered page of a frozen server.
+            return _unslowed(_on_error(replace(previous, last_answered=now), observation, now, target))
+        if observation.reason == "timeout":
             # An engine whose own loop answers /metrics (llama.cpp, Triton's metrics threads) is not
             # slow because of load, and its health route may answer while that loop is wedged: its
             # unanswered page is frozen evidence by itself, once it has had the longer deadline
