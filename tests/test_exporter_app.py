@@ -43,6 +43,7 @@ CONTRACT = {
     "llm_vitals_live": ("gauge", set()),
     "llm_vitals_draining": ("gauge", set()),
     "llm_vitals_gpu_fault": ("gauge", set()),
+    "llm_vitals_gpu_fault_events_lossy": ("gauge", set()),
     "llm_vitals_last_poll_timestamp_seconds": ("gauge", set()),
     "llm_vitals_poll_duration_seconds": ("gauge", set()),
     "llm_vitals_poll_errors": ("counter", {"reason"}),

@@ -57,6 +57,7 @@ class Reading:
     backstop: Backstop | None = None  # the liveness backstop's mode; None: the remediator is not asked
     heard: Heard | None = None
     held_back: bool = False  # held, and stuck past the liveness budget
+    gpu_fault_lossy: bool = False  # a GPU-fault source read for it can lose fault events
 
     @property
     def name(self) -> str:
@@ -74,7 +75,8 @@ def read(record: TargetRecord, now: float, wall: float | None = None) -> Reading
     """
     return Reading(record.settings, record.verdict, record.ready(now), record.live(now), record.draining,
                    record.gpu_fault is not None, record.poll_duration, dict(record.poll_errors), dict(record.canaries),
-                   0.0 if wall is None else wall - now, record.backstop(now), record.heard, record.held_back(now))
+                   0.0 if wall is None else wall - now, record.backstop(now), record.heard, record.held_back(now),
+                   record.gpu_faults.lossy)
 
 
 # One sample of a family for one target: the values of the labels after `target`, and the value.
@@ -194,6 +196,11 @@ FAMILIES: tuple[Family, ...] = (
            _flag(lambda r, now: r.draining)),
     Family("llm_vitals_gpu_fault", "gauge", "1 when a GPU fault is flagged for the target; a restart will not help.",
            _flag(lambda r, now: r.gpu_fault)),
+    Family("llm_vitals_gpu_fault_events_lossy", "gauge",
+           "1 when a GPU-fault source read for the target can lose fault events: a dcgm-exporter page without"
+           " DCGM_EXP_XID_ERRORS_TOTAL keeps only the last Xid, so a fatal Xid followed by another within one"
+           " read is never seen (gpu_fault_errors.dcgm says which GPU; docs/gpu-faults.md has the config line).",
+           _flag(lambda r, now: r.gpu_fault_lossy)),
     Family("llm_vitals_last_poll_timestamp_seconds", "gauge",
            "Unix time of the target's last completed poll: alert when it stops moving.",
            _value(lambda r, now: r.shown(r.verdict.last_poll))),

@@ -342,7 +342,7 @@ class GpuFaultSettings(_FrozenStrict):
     node_ready_conditions: list[str] = list(READY_CONDITIONS)
     # Taints that are a GPU fault: `key`, `key=value`, `key:Effect` or `key=value:Effect`.
     node_taints: list[str] = []
-    # Xid number -> bucket (ignore, restart_app, reset_gpu, reboot_node), over NVIDIA's Xid catalog
+    # Xid number -> bucket (follow, ignore, restart_app, reset_gpu, reboot_node), over NVIDIA's Xid catalog
     # (llm_vitals/exporter/gpu_faults/xids.py): reset_gpu and reboot_node are a fault.
     xid_buckets: dict[int, Bucket] = {}
     # Xids taken as `reset_gpu` on the dcgm source besides the catalog (kept for older configs).
