@@ -42,6 +42,7 @@ from llm_vitals.exporter.verdict import (
     exporter_late,
     health_check_due,
     judge,
+    pause_check_due,
     read_deadline,
     record_canary,
     second_probe_due,
@@ -196,12 +197,12 @@ class Poller:
         started = loop.time()
         before_fault = record.gpu_fault
         if not self.gpu_faults.wants(record.settings):  # no gather: its two tasks a poll showed at 5,000 targets (bench_scale.py)
-            observation, health = await self.observe(record)
+            observation, health, paused = await self.observe(record)
             duration = loop.time() - started
             if record.gpu_faults.reads:
                 record.set_gpu_faults(GpuFaultState())  # a source it no longer has (the node watch stopped)
         else:
-            (observation, health), faults = await asyncio.gather(
+            (observation, health, paused), faults = await asyncio.gather(
                 self.observe(record), self.gpu_faults.read(record.settings, record.gpu_faults))
             duration = loop.time() - started
             record.set_gpu_faults(faults)  # the one writer of the target's GPU faults
@@ -210,7 +211,8 @@ class Poller:
         before = record.verdict
         overlap = canary_overlapped(record.last_canary_sent, record.canary_task is not None, before.snapshot_at)
         # Its /metrics lines are not rendered here: the next scrape renders what changed (llm_vitals/exporter/page.py).
-        record.record_poll(judge(before, observation, now.mono, record.settings, health=health, canary_overlap=overlap),
+        record.record_poll(judge(before, observation, now.mono, record.settings, health=health, canary_overlap=overlap,
+                                 paused=paused),
                            now.mono, duration, wall=now.wall)
         if record.draining and not drain_holds(record.draining, before, record.verdict):
             record.set_draining(False)
@@ -220,8 +222,9 @@ class Poller:
                       poll_interval=self.settings.poll_interval, in_flight=record.canary_task is not None):
             record.canary_sent(asyncio.create_task(self._canary(record), name=f"canary:{record.name}"), now.mono)
 
-    async def observe(self, record: TargetRecord) -> tuple[Observation, tuple[str, int] | None]:
-        """What one poll sees (a Snapshot, the model list, or a PollError) and `/health`'s status when asked.
+    async def observe(self, record: TargetRecord) -> tuple[Observation, tuple[str, int] | None, bool | None]:
+        """What one poll sees (a Snapshot, the model list, or a PollError), `/health`'s status and the
+        pause route's answer, each when the pure core asked for it.
 
         Never raises for upstream trouble. A read that timed out while the exporter's own loop
         lagged comes back as `exporter_late` (verdict.exporter_late); one that connected and got no
@@ -234,22 +237,25 @@ class Poller:
         try:
             if target.role == "proxy" or engine_of(target.engine).parse is None:
                 timeout = self.settings.models_timeout
-                return ModelsOk(tuple(await read_models(self.session, target, timeout))), None
+                return ModelsOk(tuple(await read_models(self.session, target, timeout))), None, None
             reading_metrics = True
             snapshot = await self._read_metrics(record, timeout)
             reading_metrics = False
             health = await self._read_health(record) if health_check_due(record.verdict, snapshot) else None
-            if not snapshot.pending:
+            paused = await self._read_pause(record) if (
+                engine_of(target.engine).pause_path is not None
+                and pause_check_due(record.verdict, snapshot, self.clock.mono(), target)) else None
+            if not snapshot.pending and not paused:
                 timeout = self.settings.health_timeout
                 await self._check_model_ready(record)
-            return snapshot, health
+            return snapshot, health, paused
         except PageError as exc:
             error = PollError(exc.reason, exc.detail)
             if self.lag is not None:
                 error = exporter_late(error, self.lag.worst_since(started), timeout)
             if reading_metrics and second_probe_due(error):
                 error = await self._second_probe(record, error, timeout)
-            return error, None
+            return error, None, None
 
     async def _second_probe(self, record: TargetRecord, error: PollError, timeout: float) -> PollError:
         """`error` (a /metrics read that connected and got no answer) with what one more request saw.
@@ -314,6 +320,20 @@ class Poller:
             if status == 503:
                 break
         return seen
+
+    async def _read_pause(self, record: TargetRecord) -> bool | None:
+        """The engine's pause route's answer (vLLM's GET /is_paused): True paused; None when unanswered or unreadable."""
+        entry = engine_of(record.settings.engine)
+        if entry.pause_path is None or entry.pause_answer is None:
+            return None
+        try:
+            status, body = await bounded_get(
+                self.session, record.settings.base_url + entry.pause_path,
+                timeout=self.settings.health_timeout, max_bytes=64 * 1024,
+            )
+        except PageError:
+            return None  # no answer is no pause: a hung vLLM EngineCore does not answer it
+        return entry.pause_answer(body) if status == 200 else None
 
     async def _check_model_ready(self, record: TargetRecord) -> None:
         # An idle-looking page is idle only once the model can serve: a Triton (re)starting has its
