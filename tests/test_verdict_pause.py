@@ -36,7 +36,7 @@ from llm_vitals.exporter.verdict import (
     is_live,
     is_ready,
     judge,
-    pause_check_due,
+    pause_ask_due,
     pause_exceeded,
     record_canary,
 )
@@ -69,16 +69,23 @@ def run(engine: str, reads: list[tuple[float, str, bool | None]], **overrides: o
     return out
 
 
+POLL = 5.0
+
+
 def asked(engine: str, reads: list[tuple[float, str, bool]], **overrides: object) -> list[tuple[bool, Verdict]]:
-    """As the poller does: ask the pure core whether to ask the pause route, then judge with its answer."""
+    """As the poller does: after each read, ask the pure core whether to ask the pause route (in the
+    background); the next read is judged with the answer, the route's state at that next read."""
     settings = target(engine, **overrides)
-    verdict, out = None, []
-    for at, page, answer in reads:
+    verdict: Verdict | None = None
+    due, out = False, []
+    for i, (at, page, answer) in enumerate(reads):
         snap = observe(engine, page)
         assert isinstance(snap, Snapshot), snap
-        due = verdict is not None and pause_check_due(verdict, snap, at, settings)
         verdict = judge(verdict, snap, at, settings, paused=answer if due else None)
         out.append((due, verdict))
+        # The table's reads stand for polls: the poll interval is the gap to the next one.
+        poll = reads[i + 1][0] - at if i + 1 < len(reads) else POLL
+        due = pause_ask_due(verdict, at, settings, poll)
     return out
 
 
@@ -90,11 +97,13 @@ def test_a_paused_vllm_under_load_is_paused_for_three_stuck_afters_then_busy_aft
              (130, VLLM_FROZEN, True), (190, VLLM_FROZEN, True), (250, VLLM_FROZEN, True),
              (255, stepping(VLLM_FROZEN, 10600), False)]
     seen = asked("vllm", reads)
-    # Asked only once the verdict would be stuck (70 s: two reads, stuck_after), then while it rests on
-    # the route's word, up to the read that shows the pause ended.
-    assert [due for due, _ in seen] == [False, False, False, True, True, True, True, True]
+    # Asked (after the read before) only for a read that could be stuck (35 s: a poll of 30 s brings
+    # stuck_after within two polls), then while the verdict rests on the route's word, up to the read
+    # that shows the pause ended.
+    assert [due for due, _ in seen] == [False, False, True, True, True, True, True, True]
     states = [(v.state, v.reason) for _, v in seen]
-    assert states[3:7] == [("paused", "paused")] * 4
+    assert states[:2] == [("busy", "progress"), ("busy", "waiting_for_progress")]
+    assert states[2:7] == [("paused", "paused")] * 5
     assert states[-1] == ("busy", "progress")
     assert not any(v.state in RESTARTABLE_STATES for _, v in seen)
     settings = target("vllm")
@@ -120,32 +129,34 @@ def test_a_hang_right_after_a_resume_is_stuck_within_stuck_after_from_the_last_p
     assert seen[-1][1].last_progress == 75  # the stuck clock counts from the last read that moved
 
 
-@pytest.mark.parametrize(("previous_state", "previous_reason", "page", "failures", "at", "due"), [
-    # Would be stuck (work pending, nothing moved over two reads for stuck_after): ask.
-    ("busy", "waiting_for_progress", VLLM_FROZEN, 0, 70, True),
-    # Not yet stuck_after since the last progress: do not ask.
-    ("busy", "waiting_for_progress", VLLM_FROZEN, 0, 40, False),
-    # Moving: never.
-    ("busy", "progress", stepping(VLLM_FROZEN, 10600), 0, 70, False),
+@pytest.mark.parametrize(("state", "reason", "page", "failures", "reads", "at", "due"), [
+    # The next read could be stuck (work pending, nothing moved at the last read, stuck_after within two polls).
+    ("busy", "waiting_for_progress", VLLM_FROZEN, 0, 1, 55, True),
+    # stuck_after not within two polls yet: do not ask.
+    ("busy", "waiting_for_progress", VLLM_FROZEN, 0, 1, 45, False),
+    # Moving at the last read: never.
+    ("busy", "progress", VLLM_FROZEN, 0, 0, 55, False),
+    # Stuck already: keep asking (a pause an earlier ask missed is still found).
+    ("stuck", "no_progress", VLLM_FROZEN, 0, 3, 90, True),
     # Idle with nothing failed: never (not on every poll).
-    ("idle", "idle", VLLM_IDLE, 0, 70, False),
+    ("idle", "idle", VLLM_IDLE, 0, 0, 70, False),
     # Idle-looking and its canary failed (a paused vLLM queues the canary): ask.
-    ("idle", "idle", VLLM_IDLE, 1, 70, True),
+    ("idle", "idle", VLLM_IDLE, 1, 0, 70, True),
     # Resting on the route's word: ask until it says the pause ended.
-    ("paused", "paused", VLLM_IDLE, 0, 70, True),
+    ("paused", "paused", VLLM_IDLE, 0, 0, 70, True),
     # Paused by the page's own word (asleep with requests kept): the page says it, no route needed.
-    ("paused", "sleep_kept", VLLM_IDLE, 0, 70, False),
+    ("paused", "sleep_kept", VLLM_FROZEN, 0, 0, 70, False),
 ])
-def test_the_pause_route_is_asked_only_when_the_verdict_would_otherwise_be_stuck(
-        previous_state: str, previous_reason: str, page: str, failures: int, at: float, due: bool) -> None:
+def test_the_pause_route_is_asked_only_when_the_next_read_could_be_stuck(
+        state: str, reason: str, page: str, failures: int, reads: int, at: float, due: bool) -> None:
     settings = target("vllm")
-    base = observe("vllm", VLLM_FROZEN if previous_state != "idle" else VLLM_IDLE)
-    assert isinstance(base, Snapshot)
-    previous = replace(judge(None, base, 0, settings), state=previous_state, reason=previous_reason,  # type: ignore[arg-type]
-                       canary_failures=failures, reads_without_progress=1, last_progress=0.0)
     snap = observe("vllm", page)
     assert isinstance(snap, Snapshot)
-    assert pause_check_due(previous, snap, at, settings) is due
+    verdict = replace(judge(None, snap, 0, settings), state=state, reason=reason, up=True,  # type: ignore[arg-type]
+                      canary_failures=failures, reads_without_progress=reads, last_progress=0.0)
+    assert pause_ask_due(verdict, at, settings, POLL) is due
+    # A failed read is no ground to ask.
+    assert not pause_ask_due(replace(verdict, up=False, state="busy", reason="progress"), at, settings, POLL)
 
 
 def test_an_idle_paused_vllm_is_paused_and_gets_no_canary_and_its_canary_failure_does_not_count() -> None:
@@ -153,8 +164,9 @@ def test_an_idle_paused_vllm_is_paused_and_gets_no_canary_and_its_canary_failure
     verdict = judge(None, observe("vllm", VLLM_IDLE), 0, settings)  # type: ignore[arg-type]
     verdict = judge(verdict, observe("vllm", VLLM_IDLE), 5, settings)  # type: ignore[arg-type]
     verdict = record_canary(verdict, CanaryOutcome("timeout", "queued behind the pause"), 6, settings)
+    assert pause_ask_due(verdict, 6, settings, POLL)
     snap = observe("vllm", VLLM_IDLE)
-    assert isinstance(snap, Snapshot) and pause_check_due(verdict, snap, 10, settings)
+    assert isinstance(snap, Snapshot)
     verdict = judge(verdict, snap, 10, settings, paused=True)
     assert (verdict.state, verdict.reason, verdict.canary_failures) == ("paused", "paused", 0)
     assert not canary_due(verdict, snap, None, 10, settings, poll_interval=5)
@@ -302,3 +314,14 @@ def test_the_remediator_reads_paused_as_a_known_state_and_never_restarts_it() ->
     status = parse_targets(answer)["t"]
     assert (status.state, status.unknown_verdict) == ("paused", None)
     assert status.state not in RESTARTABLE_STATES
+
+
+def test_a_pause_answer_is_used_by_the_next_read_only_once_it_came_in() -> None:
+    from llm_vitals.exporter.poller import PauseAsk
+
+    assert PauseAsk(10.0, answer=True).fresh_for(10.0) is True  # asked right after the read judged at 10
+    assert PauseAsk(10.0, answer=True).fresh_for(15.0) is None  # asked before the last read: stale
+    assert PauseAsk(10.0, answer=True).fresh_for(None) is None
+    assert PauseAsk(10.0, answer=None).fresh_for(10.0) is None  # unanswered (a hung EngineCore)
+    in_flight = PauseAsk(10.0, task=object(), answer=True)  # type: ignore[arg-type]
+    assert in_flight.fresh_for(10.0) is None  # still out at the next read: judged without it

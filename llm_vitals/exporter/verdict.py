@@ -259,26 +259,28 @@ def health_check_due(previous: Verdict, snap: Snapshot) -> bool:
         for unit, old in _unit_pairs(base, snap)))
 
 
-def pause_check_due(previous: Verdict, snap: Snapshot, now: float, target: TargetSettings) -> bool:
-    """Whether this poll should ask the engine's pause route (vLLM's GET /is_paused) before judging.
+def pause_ask_due(verdict: Verdict, now: float, target: TargetSettings, poll_interval: float) -> bool:
+    """Whether to ask the engine's pause route (vLLM's GET /is_paused) after the read that judged `verdict`.
 
-    Never on every poll: only when the verdict would otherwise be `stuck` (work pending, nothing
-    moved over two reads for `stuck_after`), when an idle-looking server's canary failed (a paused
-    vLLM queues it), or while the last verdict rests on the route's word (`paused`, reason `paused`),
-    so a pause stays a pause until the engine says it ended. The poller asks only engines whose
-    table entry has a pause route.
+    The answer is for the next read (the poller asks in the background, so a hung engine, which
+    never answers, delays nothing). Never on every poll: only when the next read could be `stuck`
+    (work pending, nothing moved at the last read, and `stuck_after` within two polls of passing) or
+    already is; when an idle-looking server's canary failed (a paused vLLM queues it); or while the
+    verdict rests on the route's word (`paused`, reason `paused`), so a pause stays a pause until
+    the engine says it ended. The poller asks only engines whose table entry has a pause route.
     """
-    base = previous.snapshot
-    if base is None or same_lifetime(base, snap) is False:
-        return False
-    if previous.state == "paused" and previous.reason == "paused":
+    if verdict.state == "paused" and verdict.reason == "paused":
         return True
-    if not snap.pending:
-        return previous.canary_failures > 0
-    if progressed(base, snap):
+    snap = verdict.snapshot
+    if snap is None or not verdict.up:
         return False
-    last_progress = previous.last_progress if previous.last_progress is not None else now
-    return previous.reads_without_progress + 1 >= 2 and now - last_progress >= target.stuck_after
+    if not snap.pending:
+        return verdict.state in ("idle", "unresponsive") and verdict.canary_failures > 0
+    if verdict.state == "stuck":
+        return verdict.reason == "no_progress"
+    if verdict.reads_without_progress < 1 or verdict.last_progress is None:
+        return False
+    return now + 2 * poll_interval - verdict.last_progress >= target.stuck_after
 
 
 def pause_exceeded(verdict: Verdict, target: TargetSettings, now: float) -> bool:
@@ -372,9 +374,9 @@ def judge(previous: Verdict | None, observation: Observation, now: float, target
     `health` is (route, HTTP status) of the engine's health route in this poll, when it was asked
     (see `health_check_due`); None when it was not asked or did not answer. `canary_overlap`: the
     exporter's own canary ran since the last read (`canary_overlapped`), so counters it moved on an
-    idle server are not work. `paused` is the engine's pause route's answer when it was asked
-    (`pause_check_due`): True, the engine paused on purpose; False or None (not asked, no answer: a
-    hung vLLM EngineCore does not answer /is_paused) is no pause.
+    idle server are not work. `paused` is the engine's pause route's answer, asked since the last
+    read (`pause_ask_due`): True, the engine paused on purpose; False or None (not asked, no answer:
+    a hung vLLM EngineCore does not answer /is_paused) is no pause.
     """
     previous = previous or initial(now)
     facts = facts if facts is not None else engine_of(target.engine).facts
