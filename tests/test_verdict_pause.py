@@ -26,7 +26,6 @@ from test_verdict_units import (
 
 from llm_vitals.exporter.engines import Snapshot
 from llm_vitals.exporter.engines.table import engine_of
-from llm_vitals.exporter.engines.vllm import pause_answer
 from llm_vitals.exporter.settings import parse_settings
 from llm_vitals.exporter.state import StateStore, target_view
 from llm_vitals.exporter.verdict import (
@@ -174,12 +173,25 @@ def test_an_idle_paused_vllm_is_paused_and_gets_no_canary_and_its_canary_failure
     assert record_canary(verdict, CanaryOutcome("timeout"), 11, settings).canary_failures == 0
 
 
-def test_the_pause_routes_answer_reads_as_vllm_writes_it() -> None:
-    assert engine_of("vllm").pause_path == "/is_paused"
-    assert [pause_answer(body) for body in (b'{"is_paused":true}', b'{"is_paused": false}', b'{"error": "x"}',
-                                            b'{"is_paused": 1}', b"not json", b"[]")] == [
-        True, False, None, None, None, None]
-    assert all(engine_of(name).pause_path is None for name in ("sglang", "llamacpp", "triton", "tgi", "openai"))
+def test_the_pause_routes_answers_read_as_each_engine_writes_them() -> None:
+    vllm, sglang = engine_of("vllm"), engine_of("sglang")
+    assert (vllm.pause_path, sglang.pause_path) == ("/is_paused", "/ready")
+    assert vllm.pause_answer is not None and sglang.pause_answer is not None
+    assert [vllm.pause_answer(status, body) for status, body in (
+        (200, b'{"is_paused":true}'), (200, b'{"is_paused": false}'), (200, b'{"error": "x"}'), (200, b'{"is_paused": 1}'),
+        (200, b"not json"), (200, b"[]"), (500, b'{"is_paused": true}'))] == [True, False, None, None, None, None, None]
+    # SGLang 0.5.23: /ready is 503 between /pause_generation and /continue_generation, 200 otherwise.
+    assert [sglang.pause_answer(status, b"") for status in (503, 200, 404, 500)] == [True, False, None, None]
+    assert all(engine_of(name).pause_path is None for name in ("llamacpp", "triton", "tgi", "openai"))
+
+
+def test_a_paused_sglang_scheduler_with_its_page_frozen_is_paused_by_its_ready_route() -> None:
+    # /pause_generation (in_place) stops the scheduler before it batches: the page freezes as a hung
+    # scheduler's does (the real SIGSTOP page), and only /ready (503) tells the two apart.
+    reads = [(0, SGLANG_FROZEN, True), (35, SGLANG_FROZEN, True), (70, SGLANG_FROZEN, True), (100, SGLANG_FROZEN, True)]
+    assert [(v.state, v.reason) for _, v in asked("sglang", reads)][-2:] == [("paused", "paused")] * 2
+    hung = [(at, page, False) for at, page, _ in reads]
+    assert asked("sglang", hung)[-1][1].state == "stuck"
 
 
 # -- pause_budget: a long pause pages, never restarts; an operation wedged past it is stuck ----------

@@ -362,7 +362,7 @@ class Poller:
             if entry.pause_path is not None and entry.pause_answer is not None:
                 status, body = await bounded_get(self.session, record.settings.base_url + entry.pause_path,
                                                  timeout=self.settings.health_timeout, max_bytes=64 * 1024)
-                ask.answer = entry.pause_answer(body) if status == 200 else None
+                ask.answer = entry.pause_answer(status, body)
         except PageError:
             ask.answer = None  # no answer is no pause: a hung vLLM EngineCore does not answer it
         finally:

@@ -268,11 +268,11 @@ class Engine:
     ready_path: str | None = None
     # Where the served models are listed (canary model lookup, and `openai`'s whole judgement).
     models_path: str | None = "/v1/models"
-    # A route that says whether the engine paused itself on purpose (vLLM's GET /is_paused), and how
-    # its answer reads (body -> True paused, False not, None unreadable). Asked in the background, only
+    # A route that says whether the engine paused itself on purpose (vLLM's GET /is_paused, SGLang's
+    # GET /ready), and how its answer reads ((status, body) -> True paused, False not, None unreadable). Asked in the background, only
     # when the next read could be stuck, or an idle-looking server's canary failed (verdict.pause_ask_due).
     pause_path: str | None = None
-    pause_answer: Callable[[bytes], bool | None] | None = None
+    pause_answer: Callable[[int, bytes], bool | None] | None = None
     # A response header of /metrics whose value is an opaque restart token (compared for inequality).
     restart_header: str | None = None
     facts: EngineFacts = EngineFacts()

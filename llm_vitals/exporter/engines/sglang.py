@@ -47,9 +47,15 @@ scheduler series carry `engine_type,model_name,moe_ep_rank,pp_rank,tp_rank`):
   `num_prefill_infight_queue_reqs` (sic). They are pending work, apart from `num_queue_reqs`; with nothing running and
   nothing moving they read `waiting_on_peer`, which no restart of this server fixes. 0 on a server
   that is not disaggregated (the real pages).
-- Paused on purpose: `num_paused_reqs` counts requests an async weight sync paused. They are owed
-  work; with nothing moving they read `paused` (no canary, never restarted), not `stuck`. No
-  read-only route that reports a pause is asked (none was found for 0.5.23): the gauge is all.
+- Paused on purpose: `POST /pause_generation` (mode `abort`, `in_place` or `retract`, for a weight
+  sync) stops the scheduler's loop before it batches, so the page's gauges freeze with the requests
+  still counted; `GET /ready` answers 503 from then until `POST /continue_generation` (0.5.23's
+  `TokenizerManager.is_ready`: `not is_pause and is_healthy()`; `/ping` stays 200 "so an intentional
+  pause does not get the instance replaced"). The HTTP process answers it from a flag, so a hung
+  scheduler still reads 200 there. It is the engine table's pause route: asked only as the verdict
+  nears stuck, 503 is paused (it is also 503 while starting or shutting down, when nothing is owed
+  or the process is going anyway), 200 is not. `num_paused_reqs` counts requests an async weight
+  sync paused: owed work, `paused` with nothing moving.
 - Units: with `--dp-size` > 1 the scheduler series carry a `dp_rank` label, one scheduler each.
   Each rank can hang alone, so each is a `Unit` judged on its own steps and tokens; a page
   without `dp_rank` (or with one) skips that work.
@@ -141,12 +147,19 @@ def _units(found: dict[str, list[Sample]], deferred: list[Sample]) -> tuple[Unit
 parse = text_parse(parse_text)
 
 
+def pause_answer(status: int, body: bytes) -> bool | None:
+    """`GET /ready`'s answer: 503 paused (between /pause_generation and /continue_generation), 200 not."""
+    return {503: True, 200: False}.get(status)
+
+
 ENGINE = Engine(
     name="sglang",
     parse=parse,
     signature="sglang:",
     # None on purpose: see the module docstring ("Health").
     health_paths=(),
+    pause_path="/ready",
+    pause_answer=pause_answer,
     # The scheduler sets num_running_reqs and num_queue_reqs at its log points: every 40 decode
     # steps (decode_log_interval), or every 30 s when idle. For that long after work ends they can
     # still show it pending while nothing moves.

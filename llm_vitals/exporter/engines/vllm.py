@@ -151,8 +151,10 @@ def operations(found: dict[str, list[Sample]]) -> tuple[tuple[str, float], ...]:
     return tuple(ops.items())
 
 
-def pause_answer(body: bytes) -> bool | None:
-    """`GET /is_paused`'s answer: `{"is_paused": true|false}`; None for anything else."""
+def pause_answer(status: int, body: bytes) -> bool | None:
+    """`GET /is_paused`'s answer: 200 `{"is_paused": true|false}`; None for anything else."""
+    if status != 200:
+        return None
     try:
         answer = json.loads(body)
     except ValueError:
