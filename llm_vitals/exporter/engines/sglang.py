@@ -55,7 +55,8 @@ scheduler series carry `engine_type,model_name,moe_ep_rank,pp_rank,tp_rank`):
   scheduler still reads 200 there. It is the engine table's pause route: asked only as the verdict
   nears stuck, 503 is paused (it is also 503 while starting or shutting down, when nothing is owed
   or the process is going anyway), 200 is not. `num_paused_reqs` counts requests an async weight
-  sync paused: owed work, `paused` with nothing moving.
+  sync paused: owed work, `paused` with nothing moving (0.5.23 declares it and nothing in its source
+  raises it above 0; read for the releases that do).
 - Units: with `--dp-size` > 1 the scheduler series carry a `dp_rank` label, one scheduler each.
   Each rank can hang alone, so each is a `Unit` judged on its own steps and tokens; a page
   without `dp_rank` (or with one) skips that work.
