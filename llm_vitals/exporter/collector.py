@@ -30,7 +30,7 @@ from llm_vitals.exporter.loop_lag import LoopLag
 from llm_vitals.exporter.reload import ReloadState
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.state import CANARY_RESULTS, STANDARD_ERROR_REASONS, TargetRecord
-from llm_vitals.exporter.verdict import STATES, Verdict
+from llm_vitals.exporter.verdict import STATES, Verdict, pause_exceeded
 
 _CACHED = (
     " Read from the exporter's cache, filled by polls at a fixed interval (not on scrape);"
@@ -132,8 +132,14 @@ FAMILIES: tuple[Family, ...] = (
            _flag(lambda r, now: r.verdict.up)),
     Family("llm_vitals_state", "gauge",
            "1 for the target's current state, 0 for the others. stuck/unresponsive are candidates for a restart;"
-           " busy is load, never a reason to restart; asleep was put to sleep on purpose (vLLM sleep mode)." + _CACHED,
+           " busy is load, never a reason to restart; asleep was put to sleep on purpose (vLLM sleep mode); paused"
+           " stopped on purpose (vLLM's /pause, a weight update, a sleep with requests kept, SGLang's paused"
+           " requests): never restarted." + _CACHED,
            lambda r, now: [((each,), 1 if r.verdict.state == each else 0) for each in STATES], ("state",)),
+    Family("llm_vitals_paused_too_long", "gauge",
+           "1 while the target has been paused on purpose for longer than its pause_budget (LLMServerPausedTooLong"
+           " pages a human: resume it, or find the trainer that paused it). Never a reason to restart." + _CACHED,
+           _flag(lambda r, now: pause_exceeded(r.verdict, r.settings, now))),
     Family("llm_vitals_requests_running", "gauge", "Requests the engine is running, as last read." + _CACHED,
            _fresh("running")),
     Family("llm_vitals_requests_waiting", "gauge", "Requests queued in the engine, as last read." + _CACHED,

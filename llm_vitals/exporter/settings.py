@@ -106,6 +106,11 @@ class TargetSettings(_FrozenStrict):
     # Liveness fails only when stuck for longer than this (default 2 x stuck_after): a wrong liveness
     # verdict costs minutes of weight loading.
     liveness_budget: PositiveDuration | None = None
+    # How long a pause on purpose (vLLM's /pause, a weight update, a sleep with requests kept,
+    # SGLang's paused requests) may last: a longer one pages (LLMServerPausedTooLong) and is never a
+    # restart; a weight update or wake-up still in flight after it is `stuck` (wedged inside it).
+    # 30 min: longer than an RL weight sync or a sleep/wake cycle of a large model.
+    pause_budget: PositiveDuration = 1800.0
     canary: CanarySettings = CanarySettings()
     # A file a node agent (DCGM health, an Xid log watcher) writes when this target's GPU is faulty:
     # present and non-empty means `gpu_fault`, and a restart will not help. Read once per poll.
