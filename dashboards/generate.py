@@ -41,9 +41,9 @@ def of_engine(expr: str) -> str:
     """
     return f"({expr})\nand on (target) {ENGINE_INFO}"
 
-# The exporter's states, in the order the state timeline numbers them (1..8) and with the colour
+# The exporter's states, in the order the state timeline numbers them (1..9) and with the colour
 # each gets. `idle` and `busy` are both healthy; only stuck/unresponsive lead to a restart; `asleep`
-# (vLLM's sleep mode, on purpose) is neither.
+# (vLLM's sleep mode, on purpose) and `paused` (a pause on purpose) are neither.
 STATES = [
     ("starting", "blue"),
     ("idle", "green"),
@@ -53,11 +53,12 @@ STATES = [
     ("down", "purple"),
     ("asleep", "text"),
     ("waiting_on_peer", "light-blue"),
+    ("paused", "semi-dark-purple"),
 ]
 
 
 def state_number_expr() -> str:
-    """One number per target naming its current state (1..8), from the one-hot `llm_vitals_state`.
+    """One number per target naming its current state (1..9), from the one-hot `llm_vitals_state`.
 
     Each state's series is kept only where it is 1 and multiplied by its number; `or` keeps them
     apart (their `state` labels differ) and `max by (target)` leaves the one current number. Unlike
@@ -132,7 +133,9 @@ def state_timeline() -> dict:
         "for stuck_after; unresponsive = idle-looking but the canary keeps failing; down = "
         "unreachable or engine dead; asleep = put to sleep on purpose (vLLM sleep mode: no canary, "
         "not ready); waiting_on_peer = only work the engine deferred (a KV transfer from a peer) is pending, "
-        "and nothing moves: the peer's fault, never restarted. Only stuck and unresponsive are restarted.",
+        "and nothing moves: the peer's fault, never restarted; paused = the engine stopped on purpose (vLLM's "
+        "/pause, a weight update, a sleep with requests kept, SGLang's paused requests): no canary, never "
+        "restarted, pages past pause_budget. Only stuck and unresponsive are restarted.",
         "datasource": DATASOURCE,
         "targets": [target(state_number_expr(), "{{target}}")],
         "fieldConfig": {

@@ -16,7 +16,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-State = Literal["starting", "idle", "busy", "stuck", "unresponsive", "down", "asleep", "waiting_on_peer"]
+State = Literal["starting", "idle", "busy", "stuck", "unresponsive", "down", "asleep", "waiting_on_peer", "paused"]
 STATES: tuple[State, ...] = get_args(State)
 # The states the remediator's fleet gate counts as unhealthy.
 UNHEALTHY_STATES: frozenset[State] = frozenset({"stuck", "unresponsive", "down"})
@@ -26,6 +26,11 @@ RESTARTABLE_STATES: frozenset[State] = frozenset({"stuck", "unresponsive"})
 NOT_READY_STATES: frozenset[State] = frozenset({"starting", "down", "stuck", "unresponsive", "asleep"})
 # `waiting_on_peer` (work the engine itself deferred, e.g. a remote KV transfer, with nothing moving):
 # the fault is the peer's, so it is neither unhealthy nor restartable, and it stays ready and live.
+# `paused` (the engine stopped on purpose: vLLM's /pause, a weight update or a sleep with its requests
+# kept, SGLang's paused requests): never unhealthy nor restartable, no canary, live; ready as the
+# engine's own health route says (vLLM's /health answers 200 while paused), so it is not in
+# NOT_READY_STATES; a paused engine whose page says it sleeps is not ready, as `asleep` is
+# (exporter/verdict.py `is_ready`). A pause longer than `pause_budget` pages (LLMServerPausedTooLong).
 
 # A poll that gave no usable reading: the `reason` of a `down` verdict and the `poll_errors_total` label.
 PollErrorReason = Literal[
@@ -55,6 +60,10 @@ JudgedReason = Literal[
     "proxy_models_ok",
     "asleep",  # the engine says it sleeps (vLLM's sleep mode); the detail names the level
     "waiting_on_peer",  # only work the engine deferred (a KV transfer) is pending, and nothing moves
+    "paused",  # the engine says it paused on purpose (vLLM's GET /is_paused, SGLang's num_paused_reqs)
+    "sleep_kept",  # vLLM asleep with its requests kept (/sleep?mode=keep): paused, not stuck
+    "operation_in_flight",  # a weight update or a sleep/wake-up in flight (vLLM's *_operations_in_flight), within pause_budget
+    "operation_stuck",  # stuck: a weight update or wake-up still in flight after pause_budget (wedged inside it)
 ]
 Reason = Literal[PollErrorReason, JudgedReason]
 REASONS: tuple[Reason, ...] = get_args(Reason)
@@ -125,6 +134,8 @@ class TargetView(_View):
     restarts: int = Field(0, description="restarts detected since the exporter started")
     last_restart_at: float | None = Field(None, description="unix seconds of the last detected restart")
     last_unhealthy_at: float | None = Field(None, description="unix seconds of the last verdict in stuck, unresponsive or down")
+    paused_too_long: bool = Field(False, description=(
+        "paused for longer than the target's pause_budget: LLMServerPausedTooLong pages a human; never a restart"))
     recently_unhealthy: bool = Field(
         False, description="unhealthy now or within the last two poll intervals: what the remediator's fleet gate counts")
     running: float | None = Field(None, description="as read by the last poll; null without a fresh reading")

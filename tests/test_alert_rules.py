@@ -40,6 +40,7 @@ EXPECTED_ALERTS = {
     "LLMVitalsExporterAbsent",
     "LLMServerSaturated",
     "LLMServerWaitingOnPeer",  # deferred work, nothing moving: the peer's fault, remediation none (issue 29)
+    "LLMServerPausedTooLong",  # paused on purpose past pause_budget: a page, remediation none (issue 38)
     # The remediator's own (issue 22).
     "LLMVitalsRemediatorCircuitOpen",
     "LLMVitalsRemediatorExecutorErrors",

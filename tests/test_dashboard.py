@@ -109,7 +109,7 @@ def test_state_timeline_maps_every_exporter_state():
     timeline = next(p for p in BOARD["panels"] if p["type"] == "state-timeline")
     options = timeline["fieldConfig"]["defaults"]["mappings"][0]["options"]
     assert {o["text"] for o in options.values()} == {
-        "starting", "idle", "busy", "stuck", "unresponsive", "down", "asleep", "waiting_on_peer"}
+        "starting", "idle", "busy", "stuck", "unresponsive", "down", "asleep", "waiting_on_peer", "paused"}
     for number, option in options.items():
         assert f"* {number}" in timeline["targets"][0]["expr"]
         assert f'state="{option["text"]}"' in timeline["targets"][0]["expr"]

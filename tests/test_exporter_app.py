@@ -30,6 +30,7 @@ CONTRACT = {
     "llm_vitals_target_info": ("gauge", {"engine", "role", "url", "namespace", "pod", "node", "workload"}),
     "llm_vitals_up": ("gauge", set()),
     "llm_vitals_state": ("gauge", {"state"}),
+    "llm_vitals_paused_too_long": ("gauge", set()),
     "llm_vitals_requests_running": ("gauge", set()),
     "llm_vitals_requests_waiting": ("gauge", set()),
     "llm_vitals_engine_steps_per_second": ("gauge", set()),
@@ -43,6 +44,7 @@ CONTRACT = {
     "llm_vitals_live": ("gauge", set()),
     "llm_vitals_draining": ("gauge", set()),
     "llm_vitals_gpu_fault": ("gauge", set()),
+    "llm_vitals_gpu_fault_events_lossy": ("gauge", set()),
     "llm_vitals_last_poll_timestamp_seconds": ("gauge", set()),
     "llm_vitals_poll_duration_seconds": ("gauge", set()),
     "llm_vitals_poll_errors": ("counter", {"reason"}),
@@ -71,7 +73,8 @@ async def test_metrics_follow_the_design_contract(aiohttp_server, aiohttp_client
             assert set(sample.labels) == {"target"} | extra_labels, (name, sample.labels)
             assert sample.labels["target"] == "gpu-a"
     states = {s.labels["state"]: s.value for s in families["llm_vitals_state"].samples}
-    assert sorted(states) == sorted(["starting", "idle", "busy", "stuck", "unresponsive", "down", "asleep", "waiting_on_peer"])
+    assert sorted(states) == sorted(["starting", "idle", "busy", "stuck", "unresponsive", "down", "asleep", "waiting_on_peer",
+                                   "paused"])
     assert list(states.values()).count(1.0) == 1 and states["idle"] == 1.0
     assert {s.name for s in families["llm_vitals_restarts"].samples} == {"llm_vitals_restarts_total"}
     assert "cached" in families["llm_vitals_up"].documentation.lower() or "cache" in families["llm_vitals_up"].documentation

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from verdict_tables import T0, Case, replay
@@ -401,7 +402,7 @@ def test_readiness_table(state: str, draining: bool, gpu_fault: bool, ready: boo
     assert is_ready(verdicts[state], settings, T0 + 65, draining, gpu_fault=gpu_fault) is ready
 
 
-def _asleep(level: int = 1, **kw: float) -> Snapshot:
+def _asleep(level: int = 1, **kw: Any) -> Snapshot:
     return Snapshot(**{"running": 0, "waiting": 0, "steps": 5, "generation_tokens": 9, "process_start_time": PST, **kw},
                     sleep_level=level)
 
@@ -409,16 +410,29 @@ def _asleep(level: int = 1, **kw: float) -> Snapshot:
 @pytest.mark.parametrize(("rows", "state", "reason", "detail"), [
     ([(0, _asleep(1))], "asleep", "asleep", "engine asleep at level 1 (weights offloaded to CPU memory); running 0, waiting 0"),
     ([(0, _asleep(2))], "asleep", "asleep", "engine asleep at level 2 (weights discarded); running 0, waiting 0"),
-    # Requests queued at a sleeping engine are owed: a wake-up that hangs with them pending (the page
-    # still says asleep) and nothing moving for stuck_after is stuck, never asleep forever.
-    ([(0, _asleep(1, waiting=3)), (70, _asleep(1, waiting=3)), (140, _asleep(1, waiting=3))], "stuck", "no_progress",
-     "running 0, waiting 3; engine asleep at level 1 (weights offloaded to CPU memory); "
-     "no engine signal moved for 140.0s over 2 reads"),
-    # ... within stuck_after it is pending work waiting for progress, not asleep.
-    ([(0, _asleep(1, waiting=3)), (30, _asleep(1, waiting=3))], "busy", "waiting_for_progress", None),
-    # Woken with the queue still pending and nothing moving: the clock ran from the first pending read.
+    # Requests kept at a sleeping engine (vLLM's /sleep?mode=keep): paused on purpose, never stuck
+    # (it read stuck at 70 s before issue 38); past pause_budget it pages, still never stuck.
+    ([(0, _asleep(1, waiting=3)), (70, _asleep(1, waiting=3)), (140, _asleep(1, waiting=3))], "paused", "sleep_kept",
+     "engine asleep at level 1 with its requests kept; running 0, waiting 3: paused on purpose, not stuck"),
+    ([(0, _asleep(1, waiting=3)), (30, _asleep(1, waiting=3))], "paused", "sleep_kept", None),
+    ([(0, _asleep(1, waiting=3)), (1000, _asleep(1, waiting=3)), (1900, _asleep(1, waiting=3))], "paused",
+     "sleep_kept", None),
+    # A wake-up in flight (vLLM's sleep_mode_operations_in_flight{operation="wake"}): paused while
+    # within pause_budget (1800 s), then stuck: wedged inside it. It read asleep forever before.
+    ([(0, _asleep(1)), (60, _asleep(1, operations=(("sleep_mode:wake", 1.0),)))], "paused", "operation_in_flight",
+     None),
+    ([(0, _asleep(1)), (60, _asleep(1, operations=(("sleep_mode:wake", 1.0),))),
+      (1000, _asleep(1, operations=(("sleep_mode:wake", 1.0),))),
+      (1865, _asleep(1, operations=(("sleep_mode:wake", 1.0),)))], "stuck", "operation_stuck",
+     "sleep_mode:wake still in flight after 1805.0s, past pause_budget 1800s: the engine is wedged inside it; "
+     "running 0, waiting 0"),
+    # Woken with the queue still pending and nothing moving: the stuck clock runs from the last
+    # paused read, so it is not stuck yet ...
     ([(0, _asleep(1, waiting=3)), (140, _asleep(1, waiting=3)), (145, snap(waiting=3, steps=5, gen=9))],
-     "stuck", "no_progress", None),
+     "busy", "waiting_for_progress", None),
+    # ... and is once nothing moved for stuck_after (60 s) after the wake-up.
+    ([(0, _asleep(1, waiting=3)), (140, _asleep(1, waiting=3)), (145, snap(waiting=3, steps=5, gen=9)),
+      (180, snap(waiting=3, steps=5, gen=9)), (210, snap(waiting=3, steps=5, gen=9))], "stuck", "no_progress", None),
     # Woken and stepping: busy.
     ([(0, _asleep(1, waiting=3)), (140, _asleep(1, waiting=3)), (145, snap(waiting=3, steps=6, gen=9))],
      "busy", "progress", None),

@@ -94,7 +94,11 @@ def gpu(xid: float | None, *failing: tuple[str, str], uuid: str = "GPU-a") -> Gp
     ([0, 0, 0], [False, False, False]),
     ([79], [False]),  # the first read is a baseline: a 79 from before we started is not known to be current
     ([0, 79, 79, 79], [False, True, True, True]),  # the gauge keeps 79: the fault holds
-    ([0, 79, 0], [False, True, False]),  # back to 0 (a GPU reset, a restarted dcgm-exporter) clears it
+    ([0, 79, 0, 0], [False, True, True, True]),  # back to 0 (a restarted dcgm-exporter reads 0 too) never clears it
+    ([0, 95, 0, 13], [False, True, True, True]),  # (issue 38): only a human's release ends a held Xid
+    ([0, 154], [False, True]),  # a lone 154 where only the last Xid is kept: the Xid it followed was lost
+    ([0, 62, 154, 45], [False, True, True, True]),  # 62 -> 154 -> 45, read one by one: the 62 holds
+    ([0, 159, 159], [False, False, False]),  # 159, a CHI non-fatal error: nothing to do
     ([0, 79, 13], [False, True, True]),  # a milder Xid after it never clears it (issue 29)
     ([0, 95, 43, 43], [False, True, True, True]),  # nor does an application's 43 clear a held 95
     ([0, 94, 13], [False, False, False]),  # 94 (contained ECC): the catalog says restart the application
@@ -134,7 +138,35 @@ def test_dcgm_any_of_several_gpus_flags_and_each_gpu_has_its_own_baseline() -> N
     state, fault = dcgm_fault(state, [gpu(0, uuid="GPU-a"), gpu(79, uuid="GPU-b")], XIDS)
     assert fault is not None and "GPU-b" in fault.detail
     state, fault = dcgm_fault(state, [gpu(0, uuid="GPU-a"), gpu(0, uuid="GPU-b")], XIDS)
-    assert fault is None
+    assert fault is not None and "GPU-b" in fault.detail  # 0 again is no release
+
+
+def counted(**counts: float) -> GpuReading:
+    """A GPU whose page has the per-Xid totals (DCGM_EXP_XID_ERRORS_TOTAL): every Xid is seen."""
+    return GpuReading("GPU-a", "0", None, (), {int(xid[1:]): value for xid, value in counts.items()})
+
+
+# Per-Xid totals read in turn -> whether a fault shows after each (issue 38: 154 and 159 as NVIDIA's catalog says).
+@pytest.mark.parametrize(("reads", "faults"), [
+    ([{}, {"x154": 1}], [False, False]),  # 154 follows the Xid it came with: alone, where nothing is lost, no fault
+    ([{}, {"x62": 1, "x154": 1, "x45": 1}], [False, True]),  # 62 -> 154 -> 45 within one read: the 62's GPU reset
+    ([{}, {"x154": 1, "x45": 1}], [False, False]),  # 154 with an application's 45: the 45 decides
+    ([{}, {"x159": 3}], [False, False]),
+    ([{}, {"x95": 1}, {}, {"x95": 0}], [False, True, True, True]),  # a restarted dcgm-exporter's counts from 0 keep it
+    ([{}, {"x95": 1}, {}, {"x95": 1}], [False, True, True, True]),
+])
+def test_dcgm_per_xid_totals_follow_the_catalog(reads, faults) -> None:
+    state, seen = DcgmState(), []
+    for read in reads:
+        state, fault = dcgm_fault(state, [counted(**read)], XIDS)
+        seen.append(fault is not None)
+    assert seen == faults
+
+
+def test_a_lone_154_names_the_lost_xid() -> None:
+    state, _ = dcgm_fault(DcgmState(), [gpu(0)], XIDS)
+    _, fault = dcgm_fault(state, [gpu(154)], XIDS)
+    assert fault is not None and fault.detail.startswith("Xid154: ") and "the Xid it followed was lost" in fault.detail
 
 
 def test_dcgm_xid_buckets_are_configurable() -> None:

@@ -51,7 +51,8 @@ RULES = XidRules()
     (95, "reset_gpu", True),  # uncontained ECC
     (119, "reset_gpu", True),  # GSP RPC timeout
     (120, "reset_gpu", True),  # GSP error
-    (154, "reset_gpu", True),  # the driver changed the GPU's recovery action
+    (154, "follow", False),  # the driver changed the GPU's recovery action: the Xid it came with decides
+    (159, "ignore", False),  # a CHI non-fatal error (issue 38)
     (13, "restart_app", False),
     (31, "restart_app", False),
     (43, "ignore", False),
@@ -164,8 +165,9 @@ def reading(xid: float, **counts: float) -> list[GpuReading]:
     ([reading(0, x95=0), reading(43, x95=1, x43=1)], [False, True]),
     # A held 95 is not cleared by a later 43, nor by its count falling out of the window ...
     ([reading(0), reading(95, x95=1), reading(43, x95=1, x43=1), reading(43)], [False, True, True, True]),
-    # ... only by the gauge back at 0 (a GPU reset, a restarted dcgm-exporter).
-    ([reading(0), reading(95, x95=1), reading(0, x95=1)], [False, True, False]),
+    # ... nor by the gauge back at 0, nor its counts: a restarted dcgm-exporter reads 0 too (issue 38).
+    ([reading(0), reading(95, x95=1), reading(0, x95=1)], [False, True, True]),
+    ([reading(0), reading(95, x95=1), reading(0, x95=0)], [False, True, True]),
     # 94 then 79: the worse replaces the milder; 79 then 95: the worse stays.
     ([reading(0), reading(79, x79=1), reading(95, x79=1, x95=1)], [False, True, True]),
     ([reading(0), reading(94, x94=1)], [False, False]),  # contained ECC: restart the application

@@ -19,7 +19,8 @@ from llm_vitals.backtest.run import Result
 from llm_vitals.targets import STATES
 
 STATE_COLOURS = {"starting": "#9e9e9e", "idle": "#a5d6a7", "busy": "#2e7d32", "stuck": "#c62828",
-                 "unresponsive": "#ef6c00", "down": "#212121", "asleep": "#1565c0"}
+                 "unresponsive": "#ef6c00", "down": "#212121", "asleep": "#1565c0",
+                 "waiting_on_peer": "#00838f", "paused": "#5c6bc0"}
 MAX_POINTS = 2000  # per curve: a week at 15 s is 40,320 reads, more than a chart's pixels
 
 

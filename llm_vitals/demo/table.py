@@ -11,7 +11,7 @@ from llm_vitals.demo.story import Observer, Status
 COLUMNS = ("target", "engine", "state", "run/wait", "steps/s", "tok/s", "stuck s", "restarts", "last decision")
 WIDTHS = (11, 9, 12, 9, 8, 8, 8, 8, 0)
 STATE_COLOURS = {"idle": "2", "busy": "34", "stuck": "1;31", "unresponsive": "1;33", "down": "31", "starting": "33",
-                 "asleep": "35", "waiting_on_peer": "36"}
+                 "asleep": "35", "waiting_on_peer": "36", "paused": "35"}
 
 
 def _cell(text: str, width: int) -> str:

@@ -30,7 +30,7 @@ from llm_vitals.exporter.loop_lag import LoopLag
 from llm_vitals.exporter.reload import ReloadState
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.state import CANARY_RESULTS, STANDARD_ERROR_REASONS, TargetRecord
-from llm_vitals.exporter.verdict import STATES, Verdict
+from llm_vitals.exporter.verdict import STATES, Verdict, pause_exceeded
 
 _CACHED = (
     " Read from the exporter's cache, filled by polls at a fixed interval (not on scrape);"
@@ -57,6 +57,7 @@ class Reading:
     backstop: Backstop | None = None  # the liveness backstop's mode; None: the remediator is not asked
     heard: Heard | None = None
     held_back: bool = False  # held, and stuck past the liveness budget
+    gpu_fault_lossy: bool = False  # a GPU-fault source read for it can lose fault events
 
     @property
     def name(self) -> str:
@@ -74,7 +75,8 @@ def read(record: TargetRecord, now: float, wall: float | None = None) -> Reading
     """
     return Reading(record.settings, record.verdict, record.ready(now), record.live(now), record.draining,
                    record.gpu_fault is not None, record.poll_duration, dict(record.poll_errors), dict(record.canaries),
-                   0.0 if wall is None else wall - now, record.backstop(now), record.heard, record.held_back(now))
+                   0.0 if wall is None else wall - now, record.backstop(now), record.heard, record.held_back(now),
+                   record.gpu_faults.lossy)
 
 
 # One sample of a family for one target: the values of the labels after `target`, and the value.
@@ -130,8 +132,14 @@ FAMILIES: tuple[Family, ...] = (
            _flag(lambda r, now: r.verdict.up)),
     Family("llm_vitals_state", "gauge",
            "1 for the target's current state, 0 for the others. stuck/unresponsive are candidates for a restart;"
-           " busy is load, never a reason to restart; asleep was put to sleep on purpose (vLLM sleep mode)." + _CACHED,
+           " busy is load, never a reason to restart; asleep was put to sleep on purpose (vLLM sleep mode); paused"
+           " stopped on purpose (vLLM's /pause, a weight update, a sleep with requests kept, SGLang's paused"
+           " requests): never restarted." + _CACHED,
            lambda r, now: [((each,), 1 if r.verdict.state == each else 0) for each in STATES], ("state",)),
+    Family("llm_vitals_paused_too_long", "gauge",
+           "1 while the target has been paused on purpose for longer than its pause_budget (LLMServerPausedTooLong"
+           " pages a human: resume it, or find the trainer that paused it). Never a reason to restart." + _CACHED,
+           _flag(lambda r, now: pause_exceeded(r.verdict, r.settings, now))),
     Family("llm_vitals_requests_running", "gauge", "Requests the engine is running, as last read." + _CACHED,
            _fresh("running")),
     Family("llm_vitals_requests_waiting", "gauge", "Requests queued in the engine, as last read." + _CACHED,
@@ -194,6 +202,11 @@ FAMILIES: tuple[Family, ...] = (
            _flag(lambda r, now: r.draining)),
     Family("llm_vitals_gpu_fault", "gauge", "1 when a GPU fault is flagged for the target; a restart will not help.",
            _flag(lambda r, now: r.gpu_fault)),
+    Family("llm_vitals_gpu_fault_events_lossy", "gauge",
+           "1 when a GPU-fault source read for the target can lose fault events: a dcgm-exporter page without"
+           " DCGM_EXP_XID_ERRORS_TOTAL keeps only the last Xid, so a fatal Xid followed by another within one"
+           " read is never seen (gpu_fault_errors.dcgm says which GPU; docs/gpu-faults.md has the config line).",
+           _flag(lambda r, now: r.gpu_fault_lossy)),
     Family("llm_vitals_last_poll_timestamp_seconds", "gauge",
            "Unix time of the target's last completed poll: alert when it stops moving.",
            _value(lambda r, now: r.shown(r.verdict.last_poll))),

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import aiohttp
 from yarl import URL
@@ -51,6 +51,7 @@ from llm_vitals.exporter.verdict import (
     exporter_late,
     health_check_due,
     judge,
+    pause_ask_due,
     read_deadline,
     record_canary,
     second_probe_due,
@@ -60,6 +61,26 @@ from llm_vitals.logs import log_event
 from llm_vitals.targets import UNHEALTHY_STATES
 
 log = logging.getLogger("llm_vitals.exporter")
+
+
+@dataclass(slots=True)
+class PauseAsk:
+    """One ask of a target's pause route (vLLM's GET /is_paused), sent in the background after a read.
+
+    Its answer is for the next read only (`fresh_for`): asked after the read that judged the
+    verdict now held. In the background, so a hung vLLM EngineCore, which never answers it, costs
+    the verdict of a real hang no time: the next read finds no answer and judges without one.
+    """
+
+    asked_at: float
+    task: asyncio.Task[None] | None = None
+    answer: bool | None = None
+
+    def fresh_for(self, last_poll: float | None) -> bool | None:
+        """The answer, when it came in and was asked at or after the read at `last_poll`; else None."""
+        if self.task is not None or last_poll is None or self.asked_at < last_poll:
+            return None
+        return self.answer
 
 
 class Poller:
@@ -84,6 +105,7 @@ class Poller:
         self.lag = lag
         self.tasks: dict[str, asyncio.Task[None]] = {}  # one poll loop per watched target, by name
         self._metrics_urls: dict[TargetRecord, tuple[str, URL | None]] = {}  # each record's, worked out at its first poll
+        self._pause_asks: dict[TargetRecord, PauseAsk] = {}  # each record's last ask of its pause route
         # The GPU-fault sources (llm_vitals/exporter/gpu_faults/), read through one aggregate per poll.
         gpu = settings.gpu_faults
         self._node_source = NodeSource(nodes, gpu.node_rules)  # the node watch's cache
@@ -142,7 +164,8 @@ class Poller:
 
     async def stop(self) -> None:
         canaries = [r.canary_task for r in self.store if r.canary_task is not None]
-        tasks = [*self.tasks.values(), *canaries]
+        asks = [ask.task for ask in self._pause_asks.values() if ask.task is not None]
+        tasks = [*self.tasks.values(), *canaries, *asks]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -173,6 +196,9 @@ class Poller:
         record = self.store.remove(name)
         if record is not None:
             self._metrics_urls.pop(record, None)
+            ask = self._pause_asks.pop(record, None)
+            if ask is not None and ask.task is not None:
+                ask.task.cancel()
         if record is not None and record.canary_task is not None:
             record.canary_task.cancel()
 
@@ -218,9 +244,13 @@ class Poller:
         now = self.clock.now()
         before = record.verdict
         overlap = canary_overlapped(record.last_canary_sent, record.canary_task is not None, before.snapshot_at)
+        ask = self._pause_asks.get(record)
+        paused = ask.fresh_for(before.last_poll) if ask is not None else None
         # Its /metrics lines are not rendered here: the next scrape renders what changed (llm_vitals/exporter/page.py).
-        record.record_poll(judge(before, observation, now.mono, record.settings, health=health, canary_overlap=overlap),
+        record.record_poll(judge(before, observation, now.mono, record.settings, health=health, canary_overlap=overlap,
+                                 paused=paused),
                            now.mono, duration, wall=now.wall)
+        self._ask_pause_if_due(record, ask, now.mono)
         if record.verdict.restarts != before.restarts and record.model_config is not None:
             record.set_model_config(None, None)  # a new process may serve the model with another config
         if record.draining and not drain_holds(record.draining, before, record.verdict):
@@ -332,6 +362,27 @@ class Poller:
                 break
         return seen
 
+    def _ask_pause_if_due(self, record: TargetRecord, last: PauseAsk | None, now: float) -> None:
+        # The pure core says when (verdict.pause_ask_due); one ask at a time per target.
+        if engine_of(record.settings.engine).pause_path is None or (last is not None and last.task is not None):
+            return
+        if not pause_ask_due(record.verdict, now, record.settings, self.settings.poll_interval):
+            return
+        ask = self._pause_asks[record] = PauseAsk(now)
+        ask.task = asyncio.create_task(self._ask_pause(record, ask), name=f"pause:{record.name}")
+
+    async def _ask_pause(self, record: TargetRecord, ask: PauseAsk) -> None:
+        """Ask the engine's pause route (vLLM's GET /is_paused) once: True paused; None unanswered or unreadable."""
+        entry = engine_of(record.settings.engine)
+        try:
+            if entry.pause_path is not None and entry.pause_answer is not None:
+                status, body = await bounded_get(self.session, record.settings.base_url + entry.pause_path,
+                                                 timeout=self.settings.health_timeout, max_bytes=64 * 1024)
+                ask.answer = entry.pause_answer(status, body)
+        except PageError:
+            ask.answer = None  # no answer is no pause: a hung vLLM EngineCore does not answer it
+        finally:
+            ask.task = None
     async def _read_model_config(self, record: TargetRecord) -> None:
         """The engine's own config of the target's model (Triton: is it decoupled?), kept for the process's life.
 

@@ -106,6 +106,11 @@ class TargetSettings(_FrozenStrict):
     # Liveness fails only when stuck for longer than this (default 2 x stuck_after): a wrong liveness
     # verdict costs minutes of weight loading.
     liveness_budget: PositiveDuration | None = None
+    # How long a pause on purpose (vLLM's /pause, a weight update, a sleep with requests kept,
+    # SGLang's paused requests) may last: a longer one pages (LLMServerPausedTooLong) and is never a
+    # restart; a weight update or wake-up still in flight after it is `stuck` (wedged inside it).
+    # 30 min: longer than an RL weight sync or a sleep/wake cycle of a large model.
+    pause_budget: PositiveDuration = 1800.0
     canary: CanarySettings = CanarySettings()
     # A file a node agent (DCGM health, an Xid log watcher) writes when this target's GPU is faulty:
     # present and non-empty means `gpu_fault`, and a restart will not help. Read once per poll.
@@ -342,7 +347,7 @@ class GpuFaultSettings(_FrozenStrict):
     node_ready_conditions: list[str] = list(READY_CONDITIONS)
     # Taints that are a GPU fault: `key`, `key=value`, `key:Effect` or `key=value:Effect`.
     node_taints: list[str] = []
-    # Xid number -> bucket (ignore, restart_app, reset_gpu, reboot_node), over NVIDIA's Xid catalog
+    # Xid number -> bucket (follow, ignore, restart_app, reset_gpu, reboot_node), over NVIDIA's Xid catalog
     # (llm_vitals/exporter/gpu_faults/xids.py): reset_gpu and reboot_node are a fault.
     xid_buckets: dict[int, Bucket] = {}
     # Xids taken as `reset_gpu` on the dcgm source besides the catalog (kept for older configs).

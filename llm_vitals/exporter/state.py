@@ -13,7 +13,15 @@ from llm_vitals.exporter.backstop import heard as with_answer
 from llm_vitals.exporter.engines import ModelConfig
 from llm_vitals.exporter.gpu_faults import GpuFault, GpuFaultState
 from llm_vitals.exporter.settings import ExporterSettings, TargetSettings
-from llm_vitals.exporter.verdict import Verdict, initial, is_live, is_ready, is_started, recently_unhealthy
+from llm_vitals.exporter.verdict import (
+    Verdict,
+    initial,
+    is_live,
+    is_ready,
+    is_started,
+    pause_exceeded,
+    recently_unhealthy,
+)
 from llm_vitals.logs import log_event
 from llm_vitals.targets import BackstopView, CanaryView, TargetView
 
@@ -147,6 +155,10 @@ class TargetRecord:
         """The fault's detail, None without one: what readiness, the API and `llm_vitals_gpu_fault` read."""
         fault = self.fault
         return fault.detail if fault else None
+
+    def paused_too_long(self, now: float) -> bool:
+        """Paused on purpose for longer than the target's pause_budget (verdict.pause_exceeded)."""
+        return pause_exceeded(self._verdict, self.settings, now)
 
     def ready(self, now: float) -> bool:
         """What the readiness probe answers."""
@@ -348,6 +360,7 @@ def target_view(record: TargetRecord, now: float, wall: float | None = None) -> 
         up=verdict.up,
         ready=record.ready(now),
         live=record.live(now),
+        paused_too_long=record.paused_too_long(now),
         started=is_started(verdict),
         draining=record.draining,
         gpu_fault=record.gpu_fault is not None,

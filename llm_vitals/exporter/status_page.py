@@ -49,6 +49,7 @@ STATE_COLOURS = {
     "down": "#7f1d1d",
     "starting": "#a16207",
     "waiting_on_peer": "#0e7490",
+    "paused": "#4f46e5",
 }
 
 

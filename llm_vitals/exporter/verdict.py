@@ -123,6 +123,9 @@ class Verdict:
     unit: str | None = None
     # Per unit of the last read (when it has several): (name, last progress, reads without progress).
     unit_clocks: tuple[tuple[str, float, int], ...] = ()
+    # When the engine operations now in flight (a weight update, a wake-up: Snapshot.operations)
+    # were first seen, over consecutive reads; None while none is. Past `pause_budget`: stuck.
+    operation_since: float | None = None
 
     @property
     def process_start_time(self) -> float | None:
@@ -260,6 +263,35 @@ def health_check_due(previous: Verdict, snap: Snapshot) -> bool:
         for unit, old in _unit_pairs(base, snap)))
 
 
+def pause_ask_due(verdict: Verdict, now: float, target: TargetSettings, poll_interval: float) -> bool:
+    """Whether to ask the engine's pause route (vLLM's GET /is_paused) after the read that judged `verdict`.
+
+    The answer is for the next read (the poller asks in the background, so a hung engine, which
+    never answers, delays nothing). Never on every poll: only when the next read could be `stuck`
+    (work pending, nothing moved at the last read, and `stuck_after` within two polls of passing) or
+    already is; when an idle-looking server's canary failed (a paused vLLM queues it); or while the
+    verdict rests on the route's word (`paused`, reason `paused`), so a pause stays a pause until
+    the engine says it ended. The poller asks only engines whose table entry has a pause route.
+    """
+    if verdict.state == "paused" and verdict.reason == "paused":
+        return True
+    snap = verdict.snapshot
+    if snap is None or not verdict.up:
+        return False
+    if not snap.pending:
+        return verdict.state in ("idle", "unresponsive") and verdict.canary_failures > 0
+    if verdict.state == "stuck":
+        return verdict.reason == "no_progress"
+    if verdict.reads_without_progress < 1 or verdict.last_progress is None:
+        return False
+    return now + 2 * poll_interval - verdict.last_progress >= target.stuck_after
+
+
+def pause_exceeded(verdict: Verdict, target: TargetSettings, now: float) -> bool:
+    """Paused for longer than the target's `pause_budget`: LLMServerPausedTooLong pages; never a restart."""
+    return verdict.state == "paused" and now - verdict.since > target.pause_budget
+
+
 # How much of a read's timeout the exporter's own loop lag must reach for the timeout to be blamed
 # on the exporter. A read takes about ten turns of the event loop (connect, request, headers, body
 # chunks); a loop whose turns run a tenth of the timeout late can use the whole timeout up alone.
@@ -339,14 +371,16 @@ def canary_overlapped(last_sent: float | None, in_flight: bool, since: float | N
 
 def judge(previous: Verdict | None, observation: Observation, now: float, target: TargetSettings,
           facts: EngineFacts | None = None, *, health: tuple[str, int] | None = None,
-          canary_overlap: bool = False) -> Verdict:
+          canary_overlap: bool = False, paused: bool | None = None) -> Verdict:
     """The new verdict for `target` after one poll that saw `observation` at time `now`.
 
     `facts` are the engine table's facts about `target.engine` (given explicitly by table tests).
     `health` is (route, HTTP status) of the engine's health route in this poll, when it was asked
     (see `health_check_due`); None when it was not asked or did not answer. `canary_overlap`: the
     exporter's own canary ran since the last read (`canary_overlapped`), so counters it moved on an
-    idle server are not work.
+    idle server are not work. `paused` is the engine's pause route's answer, asked since the last
+    read (`pause_ask_due`): True, the engine paused on purpose; False or None (not asked, no answer:
+    a hung vLLM EngineCore does not answer /is_paused) is no pause.
     """
     previous = previous or initial(now)
     facts = facts if facts is not None else engine_of(target.engine).facts
@@ -381,7 +415,7 @@ def judge(previous: Verdict | None, observation: Observation, now: float, target
         return _unslowed(_on_error(previous, observation, now, target))
     if isinstance(observation, ModelsOk):
         return _unslowed(_on_models(previous, observation, now, target))
-    return _unslowed(_on_snapshot(previous, observation, now, target, canary_overlap))
+    return _unslowed(_on_snapshot(previous, observation, now, target, canary_overlap, paused))
 
 
 def _unslowed(verdict: Verdict) -> Verdict:
@@ -602,7 +636,7 @@ def _unit_load(unit: Unit) -> str:
 
 
 def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSettings,
-                 canary_overlap: bool = False) -> Verdict:
+                 canary_overlap: bool = False, paused: bool | None = None) -> Verdict:
     base = previous.snapshot
     restarted = False
     if base is not None:
@@ -653,7 +687,7 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
         # Canary failures and served evidence were about the old process, not this one: an idle
         # restarted server is ready once its own canary answers (sent once a second read shows it idle).
         changes.update(started=False, canary_failures=0, last_served=None, canary_rejected=None, last_progress=now,
-                       reads_without_progress=0, stuck_seconds=0.0)
+                       reads_without_progress=0, stuck_seconds=0.0, operation_since=None)
         detail = f"process restarted (restart #{restarts}); {load}; judged from the next read of this process"
         return _move(previous, now, "starting", "restart", detail, **changes)
 
@@ -663,6 +697,10 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
     elif not snap.pending or not comparable:
         # Nothing owed (or nothing to compare with yet): the stuck clock starts from here.
         changes.update(last_progress=now, reads_without_progress=0, stuck_seconds=0.0)
+
+    on_purpose = _on_purpose(previous, snap, now, target, moved, paused, changes)
+    if on_purpose is not None:
+        return on_purpose
 
     if snap.sleep_level:
         level = SLEEP_LEVEL_WORDS.get(snap.sleep_level, "")
@@ -747,6 +785,49 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
     return _move(previous, now, state, reason, detail, **changes)
 
 
+def _on_purpose(previous: Verdict, snap: Snapshot, now: float, target: TargetSettings, moved: bool,
+                paused: bool | None, changes: dict[str, Any]) -> Verdict | None:
+    """The verdict of an engine that stopped on purpose (docs/states.md, "paused"), or None: judge it as any read.
+
+    - An operation in flight (a weight update, a sleep or wake-up) for longer than `pause_budget`:
+      `stuck` (reason operation_stuck), the engine wedged inside it, its stuck clock counting from
+      the moment the budget ran out (so liveness gives the remediator its go first).
+    - Else, nothing moved and the engine says it holds still on purpose: `paused`. An operation in
+      flight; the pause route's True; requests it paused (SGLang); or asleep with requests kept
+      (vLLM's /sleep?mode=keep, which leaves them pending on a sleeping engine). The stuck clock
+      starts again from each paused read, so a hang right after a resume is found as fast as ever.
+    """
+    ops = snap.in_flight()
+    since = (previous.operation_since if previous.operation_since is not None else now) if ops else None
+    changes.update(operation_since=since)
+    load = snap.load()
+    if ops and since is not None and now - since >= target.pause_budget:
+        wedged_at = since + target.pause_budget
+        changes.update(last_progress=wedged_at, stuck_seconds=now - wedged_at,
+                       reads_without_progress=previous.reads_without_progress + 1)
+        return _move(previous, now, "stuck", "operation_stuck",
+                     f"{', '.join(ops)} still in flight after {now - since:.1f}s, past pause_budget "
+                     f"{target.pause_budget:g}s: the engine is wedged inside it; {load}", **changes)
+    if moved:
+        return None
+    if ops:
+        reason: Reason = "operation_in_flight"
+        why = f"{', '.join(ops)} in flight for {now - (since or now):.1f}s"
+    elif paused:
+        reason, why = "paused", "the engine says it is paused (its pause route answered true)"
+    elif snap.paused:
+        reason, why = "paused", f"{snap.paused:g} request(s) paused by the engine (a weight sync)"
+    elif snap.sleep_level and snap.pending:
+        reason, why = "sleep_kept", f"engine asleep at level {snap.sleep_level} with its requests kept"
+    else:
+        return None
+    # Nothing is owed while it holds still on purpose: the stuck clock starts again from here, and
+    # canaries sent meanwhile (queued behind the pause) say nothing about the server.
+    changes.update(last_progress=now, reads_without_progress=0, stuck_seconds=0.0, canary_failures=0)
+    held = now - (previous.since if previous.state == "paused" else now)
+    over = (f"; paused {held:.1f}s, past pause_budget {target.pause_budget:g}s: pages (LLMServerPausedTooLong), "
+            f"never restarted") if held > target.pause_budget else ""
+    return _move(previous, now, "paused", reason, f"{why}; {load}: paused on purpose, not stuck{over}", **changes)
 def _moved_beside(before: Snapshot, after: Snapshot, unit: str) -> bool:
     """Whether a signal moved other than `unit`'s own series (`unit`: `model="m"`, its series `model="m",version=...|family`)."""
     if not after.series:
@@ -791,6 +872,9 @@ def record_canary(previous: Verdict, outcome: CanaryOutcome, now: float, target:
             return replace(verdict, state="idle", reason="canary_rejected", detail=_rejected_detail(outcome.detail),
                            since=now if previous.state != "idle" else previous.since)
         return verdict
+    if previous.state == "paused":
+        # Queued behind a pause on purpose: a failure says nothing about the server.
+        return previous
     failures = previous.canary_failures + 1
     verdict = replace(previous, canary_failures=failures, canary_rejected=None)
     if previous.reason == "canary_rejected":
@@ -815,6 +899,10 @@ def is_ready(verdict: Verdict, target: TargetSettings, now: float, draining: boo
     """Readiness: started, not down/stuck/unresponsive, fresh evidence when idle, not draining, no GPU fault. Never load."""
     if draining or gpu_fault or not verdict.started or verdict.state in NOT_READY_STATES:
         return False
+    if verdict.state == "paused":
+        # Ready as the engine itself says: vLLM's /health answers 200 while paused (its requests
+        # wait and are served on /resume); one whose page says it sleeps is not, as `asleep` is not.
+        return not (verdict.snapshot is not None and verdict.snapshot.sleep_level)
     if (verdict.state == "idle" and target.sends_canary and verdict.canary_rejected is None
             and verdict.reason != "unjudgeable"):
         # A rejected canary (our model name, key or endpoint is wrong) can vouch neither way: it is

@@ -50,6 +50,9 @@ class EngineDriver:
         # vLLM's sleep mode (POST /sleep?level=N): 0 awake. A sleeping engine steps nothing and
         # takes nothing in; what arrives meanwhile waits for /wake_up.
         self.sleep_level = 0
+        # vLLM's pause (POST /pause?mode=keep, VLLM_SERVER_DEV_MODE=1): the scheduler keeps its
+        # requests and steps nothing until /resume; requests that arrive meanwhile join its queue.
+        self.paused = False
         self._channels: dict[str, asyncio.Queue[TokenEvent]] = {}
         self._held: list[Callable[[], object]] = []  # requests/aborts that arrived while hung
         self._wake = asyncio.Event()
@@ -103,6 +106,11 @@ class EngineDriver:
         self.sleep_level = level
         self._release()
 
+    def set_paused(self, paused: bool) -> None:
+        """Pause the scheduler with its requests kept (True), or resume it (False)."""
+        self.paused = paused
+        self._wake.set()
+
     def _release(self) -> None:
         if not self.hung and not self.sleep_level:
             held, self._held = self._held, []
@@ -132,7 +140,7 @@ class EngineDriver:
     async def _run(self) -> None:
         debt = 0.0
         while True:
-            if self.hung or self.sleep_level or not self.engine.has_work:
+            if self.hung or self.sleep_level or self.paused or not self.engine.has_work:
                 self._wake.clear()
                 await self._wake.wait()
                 debt = 0.0

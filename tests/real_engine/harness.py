@@ -50,6 +50,7 @@ class ExporterSettings:
     # judges the exporter's reaction, and three failed polls at 1 s are already no isolated miss.
     down_after: float = 3.0
     canary_request: dict | None = None  # the canary's body where the engine needs one (Triton's v2 infer)
+    pause_budget: float | None = None  # None: the exporter's default (30 min)
 
     @property
     def liveness(self) -> float:
@@ -76,6 +77,8 @@ class ExporterSettings:
             "stuck_after": _s(self.stuck_after), "liveness_budget": _s(self.liveness), "down_after": _s(self.down_after),
             "startup_grace": "5m", "canary": canary,
         }
+        if self.pause_budget is not None:
+            target["pause_budget"] = _s(self.pause_budget)
         config = {"listen": f"127.0.0.1:{listen_port}", "poll_interval": _s(self.poll_interval),
                   "metrics_timeout": _s(self.metrics_timeout), "targets": [target]}
         return yaml.safe_dump(config, sort_keys=False)
@@ -116,6 +119,7 @@ class Sample:
     took: float = 0.0  # seconds the four reads took together
     canary_last_success: float | None = None  # the exporter's own: when its last canary answered
     unit: str | None = None  # the API's "unit": what a stuck verdict rests on (a Triton model, a vLLM engine)
+    paused_too_long: bool | None = None  # the API's: paused past pause_budget (LLMServerPausedTooLong's condition)
 
 
 @dataclass
@@ -234,6 +238,7 @@ class ExporterProcess:
             canaries=canaries,
             canary_last_success=(target.get("canary") or {}).get("last_success"),
             unit=target.get("unit"),
+            paused_too_long=target.get("paused_too_long"),
         )
 
     def counter(self, client: httpx.Client, sample_name: str, by: str | None = None) -> dict[str, float]:

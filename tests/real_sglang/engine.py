@@ -65,7 +65,7 @@ class SglangEngine(Engine):
     key = "sglang"
     name = "SGLang"
     tier = RealTier("SGLang", enable="LLM_VITALS_REAL_SGLANG", require="LLM_VITALS_REQUIRE_REAL_SGLANG")
-    drills = ("smoke", "idle", "saturation", "prefill", "detokenizer", "hang", "kill", "restart")
+    drills = ("smoke", "idle", "saturation", "prefill", "detokenizer", "pause", "hang", "kill", "restart")
     exporter = ExporterSettings(target="real-sglang", engine="sglang", stuck_after=STUCK_AFTER_S)
     families = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:realtime_tokens_total",
                 "sglang:cuda_graph_passes_total", "sglang:num_used_tokens", "sglang:http_requests_active")

@@ -2,17 +2,20 @@
 
 The drills are the kit's (tests/real_engine/drills.py), run with this tier's engine (engine.py), in
 file order on one server and one exporter: smoke, idle canaries, saturation, a long chunked prefill,
-this engine's own stopped detokenizer, a stopped scheduler, a killed scheduler, a restart on the same
-port. The real pages a run sees are kept in `.cache/real-sglang/logs/pages/` (tests/fixtures/sglang/
-keeps copies of such pages).
+this engine's own stopped detokenizer, a pause on purpose (`/pause_generation`, issue 38), a stopped
+scheduler, a killed scheduler, a restart on the same port. The real pages a run sees are kept in
+`.cache/real-sglang/logs/pages/` (tests/fixtures/sglang/ keeps copies of such pages).
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 
+import httpx
 from real_engine import drills
 from real_engine.engine import Kit, Probe, sigstopped
+from real_engine.harness import HTTP_TIMEOUT_S, canaries, detection_seconds
 from real_engine.report import Drill
 
 from .engine import ENGINE, HEALTH_TIMEOUT_S
@@ -64,6 +67,46 @@ def test_detokenizer_stopped_keeps_the_engine_busy_and_health_green(kit: Kit, dr
     drill.facts = {"stopped_for_s": round(t_cont - fault.t, 1), "health_while_stopped": health,
                    "states_while_stopped": sorted({str(s.state) for s in stopped})}
     assert {s.state for s in stopped} <= {"busy"}, drill.timeline
+
+
+def test_pause_generation_in_place_under_load_is_paused_never_restartable_then_busy(kit: Kit, drill: Drill):
+    """Issue 38: `POST /pause_generation` (mode in_place, a weight sync that keeps the running requests) under
+    load for 3 x stuck_after: the scheduler stops before it batches and its page freezes as a hung one's; `GET
+    /ready` answers 503, so the exporter reads `paused`, never restartable, no canary, no restart; busy again
+    after `/continue_generation`."""
+    watcher, settings, url = kit.watcher, ENGINE.exporter, kit.server.url
+    kit.wait_idle()
+    restarts_before = kit.exporter.restarts_total()
+    t0 = time.time()
+    with ENGINE.fault_load(kit.server) as load, httpx.Client(timeout=HTTP_TIMEOUT_S) as client:
+        kit.wait_working(load)
+        watcher.wait_for(lambda s: s.state == "busy", timeout=30, what="busy", after=t0)
+        answer = client.post(f"{url}/pause_generation", json={"mode": "in_place"})
+        t_pause = time.time()
+        assert answer.status_code == 200, answer.text
+        paused = watcher.wait_for(lambda s: s.state == "paused", timeout=settings.stuck_after + 30, what="paused",
+                                  after=t_pause)
+        until = watcher.wait_for(lambda s: True, timeout=60, what="3 x stuck_after paused",
+                                 after=t_pause + 3 * settings.stuck_after).t
+        ready = client.get(f"{url}/ready").status_code
+        answer = client.post(f"{url}/continue_generation", json={})
+        t_continue = time.time()
+        assert answer.status_code == 200, answer.text
+        busy = watcher.wait_for(lambda s: s.state == "busy" and s.reason == "progress", timeout=30,
+                                what="busy after /continue_generation", after=t_continue)
+        ENGINE.finish_load(kit, load)
+    held = [s for s in watcher.since(t_pause) if s.t <= until]
+    drill.timeline = watcher.timeline(t0)
+    drill.canaries = canaries(held[0], held[-1])
+    drill.detected("/pause_generation to paused", detection_seconds(paused, t_pause))
+    drill.facts = {"paused_for_s": round(t_continue - t_pause, 1), "ready_while_paused": ready,
+                   "states_while_paused": dict(Counter(str(s.state) for s in held)),
+                   "busy_after_continue_s": round(busy.t - t_continue, 1),
+                   "restarts_total_delta": kit.exporter.restarts_total() - restarts_before}
+    assert ready == 503, drill.facts
+    assert set(drill.facts["states_while_paused"]) <= {"busy", "paused"}, drill.timeline
+    assert all(s.live == 200 for s in held), drill.timeline
+    assert drill.canaries["sent"] == 0 and drill.facts["restarts_total_delta"] == 0, drill.facts
 
 
 def test_hang_sigstop_scheduler_is_stuck_then_live_fails_then_recovers(kit: Kit, drill: Drill):

@@ -49,6 +49,7 @@ FAULT_LOAD_CONCURRENCY = 8
 FAULT_LOAD_MAX_S = 240  # no fault waits longer for the engine to be seen running
 SIGSTOP_ATTEMPTS = 5
 STUCK_AFTER_S = 6.0
+PAUSE_BUDGET_S = 12.0
 # Long prompts for longer than stuck_after, twice over: a batch of 48 ended in 1.6 s on the EPYC,
 # between two polls, which judged nothing.
 LONG_PROMPT_TOKENS = MAX_MODEL_LEN - 24
@@ -88,9 +89,10 @@ class VllmEngine(Engine):
     key = "vllm"
     name = "vLLM"
     tier = RealTier("vLLM", enable="LLM_VITALS_REAL_VLLM", require="LLM_VITALS_REQUIRE_REAL_VLLM")
-    drills = ("smoke", "saturation", "long_prompts", "hang", "flaky_reads", "frozen_whole", "slow_metrics", "kill_worker",
-              "kill", "restart", "idle")
-    exporter = ExporterSettings(target="real-vllm", engine="vllm", stuck_after=STUCK_AFTER_S)
+    drills = ("smoke", "saturation", "long_prompts", "hang", "flaky_reads", "frozen_whole", "slow_metrics", "pause",
+              "kill_worker", "kill", "restart", "idle")
+    # pause_budget scaled down from 30 min for the pause drill (the budget counts from the first paused read).
+    exporter = ExporterSettings(target="real-vllm", engine="vllm", stuck_after=STUCK_AFTER_S, pause_budget=PAUSE_BUDGET_S)
     families = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:iteration_tokens_total_count",
                 "vllm:generation_tokens_total", "vllm:kv_cache_usage_perc", "process_start_time_seconds")
     openai_model = SERVED_MODEL

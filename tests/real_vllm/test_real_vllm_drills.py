@@ -3,7 +3,7 @@
 The drills are the kit's (tests/real_engine/drills.py), run with this tier's engine (engine.py), in
 file order on one server and one exporter: smoke, saturation, long prompts, hang, the hang through a
 flaky proxy (a second exporter), the API server stopped whole, a slow /metrics through a proxy (a
-second exporter), kill, restart (on
+second exporter), a pause on purpose (issue 38) and a hang right after it, kill, restart (on
 the same port), idle, and this engine's own: kill of the Worker while the API server answers.
 """
 
@@ -14,10 +14,12 @@ from collections import Counter
 
 import httpx
 from real_engine import drills
-from real_engine.engine import Kit
+from real_engine.engine import Kit, sigstopped
 from real_engine.harness import HTTP_TIMEOUT_S, canaries, detection_seconds
+from real_engine.load import Load
 from real_engine.report import Drill
 
+from .engine import COMPLETIONS, FAULT_LOAD_MAX_S, GENERATION_TOKENS, generation
 from .vllm_server import SERVED_MODEL, VllmServer
 
 
@@ -57,6 +59,80 @@ def test_slow_metrics_through_the_proxy_is_never_unready_nor_restartable(kit: Ki
     """Every /metrics read 11 s and more through a proxy, at the default 10 s timeout, under load, for 90 s
     (issue 29's 3 minutes, shortened for the tier's time budget): busy and ready throughout, never restartable."""
     drills.slow_metrics(kit, drill)
+
+
+PAUSE_CLIENTS = 6
+
+
+def test_pause_keep_under_load_is_paused_never_restartable_pages_past_pause_budget_then_a_hang_is_restartable(
+        kit: Kit, drill: Drill):
+    """Issue 38 (VLLM_SERVER_DEV_MODE=1): `POST /pause?mode=keep` under 6 clients for 3 x stuck_after and past the
+    scaled pause_budget: paused, never restartable, no canary, paused_too_long (LLMServerPausedTooLong's
+    condition), no restart; busy after `/resume`; then a SIGSTOP of EngineCore under the same load: stuck, and
+    /live failing within stuck_after + the liveness budget + 3 polls."""
+    server, watcher, settings = kit.server, kit.watcher, kit.engine.exporter
+    assert settings.pause_budget is not None
+    kit.wait_idle()
+    restarts_before = kit.exporter.restarts_total()
+    body = generation(GENERATION_TOKENS)
+    t0 = time.time()
+    with Load.sustained(server.url, COMPLETIONS, lambda _n: body, PAUSE_CLIENTS, max_seconds=FAULT_LOAD_MAX_S) as load, \
+            httpx.Client(timeout=HTTP_TIMEOUT_S) as client:
+        kit.wait_working(load)
+        watcher.wait_for(lambda s: s.state == "busy" and s.reason == "progress", timeout=60, what="busy", after=t0)
+        answer = client.post(f"{server.url}/pause", params={"mode": "keep"})
+        t_pause = time.time()
+        assert (answer.status_code, answer.json()) == (200, {"status": "paused"}), answer.text
+        paused = watcher.wait_for(lambda s: s.state == "paused", timeout=settings.stuck_after + 30, what="paused",
+                                  after=t_pause)
+        too_long = watcher.wait_for(lambda s: bool(s.paused_too_long), timeout=paused.t - t_pause + settings.pause_budget + 30,
+                                    what="paused_too_long", after=paused.t + settings.pause_budget)
+        held_until = watcher.wait_for(lambda s: True, timeout=60, what="3 x stuck_after paused",
+                                      after=max(too_long.t, t_pause + 3 * settings.stuck_after)).t
+        is_paused = client.get(f"{server.url}/is_paused").json()
+        answer = client.post(f"{server.url}/resume")
+        t_resume = time.time()
+        assert (answer.status_code, answer.json()) == (200, {"status": "resumed"}), answer.text
+        busy = watcher.wait_for(lambda s: s.state == "busy" and s.reason == "progress", timeout=30, what="busy after /resume",
+                                after=t_resume)
+        held = [s for s in watcher.since(t_pause) if s.t <= held_until]
+        kit.wait_working(load)
+        with sigstopped(server.find("VLLM::EngineCore")) as fault:
+            stuck = watcher.wait_for(lambda s: s.state == "stuck", timeout=settings.stuck_after + 30, what="stuck",
+                                     after=fault.t)
+            live_fail = watcher.wait_for(lambda s: s.live != 200, timeout=settings.liveness + 30, what="live 503",
+                                         after=fault.t)
+            load.stop()
+        outcomes = load.wait(timeout=120)
+    after = kit.wait_idle()
+    bound = settings.stuck_after + settings.liveness + 3 * settings.poll_interval + drills.DETECTION_SLACK_S
+    drill.timeline = watcher.timeline(t0)
+    drill.canaries = canaries(held[0], held[-1])
+    drill.detected("/pause to paused", detection_seconds(paused, t_pause))
+    drill.facts = {
+        "clients": PAUSE_CLIENTS,
+        "stuck_after": settings.stuck_after,
+        "pause_budget": settings.pause_budget,
+        "paused_for_s": round(t_resume - t_pause, 1),
+        "states_while_paused": dict(Counter(str(s.state) for s in held)),
+        "is_paused_answer": is_paused,
+        "paused_too_long_s": round(too_long.t - t_pause, 1),
+        "busy_after_resume_s": round(busy.t - t_resume, 1),
+        "sigstop_to_stuck_s": round(stuck.t - fault.t, 1),
+        "sigstop_to_live_503_s": round(live_fail.t - fault.t, 1),
+        "restartable_bound_s": bound,
+        "restarts_total_delta": kit.exporter.restarts_total() - restarts_before,
+        "statuses": dict(Counter(str(o.status) for o in outcomes)),
+    }
+    assert held_until - t_pause >= 3 * settings.stuck_after, drill.facts
+    assert set(drill.facts["states_while_paused"]) <= {"busy", "paused"}, drill.timeline
+    assert all(s.live == 200 for s in held), drill.timeline
+    assert is_paused == {"is_paused": True}, drill.facts
+    assert drill.canaries["sent"] == 0, drill.canaries
+    assert stuck.reason == "no_progress", stuck
+    assert drill.facts["sigstop_to_live_503_s"] <= bound, drill.facts
+    assert drill.facts["restarts_total_delta"] == 0 and after.restarts == paused.restarts, drill.facts
+    assert all(o.status == 200 for o in outcomes), drill.facts["statuses"]
 
 
 def test_kill_enginecore_is_down_with_a_reason(kit: Kit, drill: Drill):

@@ -69,6 +69,8 @@ _ENV = {
     # A process killed by SIGILL/SIGSEGV/... writes "Fatal Python error: Illegal instruction" and its
     # Python stack to the log: vLLM itself logs the Worker's exit code as "None" (it reaps it first).
     "PYTHONFAULTHANDLER": "1",
+    # The RL routes (POST /pause, /resume, GET /is_paused), as RL trainers run vLLM: the pause drill.
+    "VLLM_SERVER_DEV_MODE": "1",
     # torch.compile's output is code for this CPU: its caches are keyed on the CPU's flags, outside
     # the clone (unused with --enforce-eager, where nothing is compiled).
     "VLLM_CACHE_ROOT": str(COMPILE_CACHE / "vllm"),

@@ -110,6 +110,13 @@ class Snapshot:
     # The page's units, when it has more than one (a single unit is the sums above): each is judged
     # on its own signals, so one hung unit is not hidden by a busy one.
     units: tuple[Unit, ...] = ()
+    # Requests the engine itself paused on purpose (SGLang's `num_paused_reqs`, paused for a weight
+    # sync): pending work, owed once the pause ends; with nothing moving the target is `paused`.
+    paused: float = 0.0
+    # Engine operations in flight, by name (vLLM's `rl_weight_update_operations_in_flight` and
+    # `sleep_mode_operations_in_flight`, by `operation`): a pause on purpose while within the
+    # target's `pause_budget`, and the engine wedged inside it (`stuck`) once past it.
+    operations: Signals = ()
     # Set by the poller from the engine's own model config (exporter/decoupled.py), never by a parse:
     # the target's model answers in streams that none of the page's signals follows.
     unjudged: Unjudged | None = None
@@ -121,8 +128,12 @@ class Snapshot:
 
     @property
     def pending(self) -> bool:
-        return (self.running > 0 or self.waiting > 0 or self.deferred > 0
+        return (self.running > 0 or self.waiting > 0 or self.deferred > 0 or self.paused > 0
                 or any(value > 0 for _, value in self.busy_signs))
+
+    def in_flight(self) -> tuple[str, ...]:
+        """The names of the engine operations in flight now (a weight update, a wake-up)."""
+        return tuple(name for name, value in self.operations if value > 0)
 
     # Each poll compares two reads' signals three times: written out, not looked up name by name by
     # getattr (a third of the time); tests/test_engine_table.py holds them to PROGRESS and MONOTONE.
@@ -163,6 +174,8 @@ class Snapshot:
         text = f"running {self.running:g}, waiting {self.waiting:g}"
         if self.deferred:
             text += f" ({self.deferred:g} deferred by the engine)"
+        if self.paused:
+            text += f" ({self.paused:g} paused by the engine)"
         signs = [f"{name} {value:g}" for name, value in self.busy_signs if value > 0]
         return text + (f" ({', '.join(signs)})" if signs else "")
 
@@ -279,6 +292,11 @@ class Engine:
     ready_path: str | None = None
     # Where the served models are listed (canary model lookup, and `openai`'s whole judgement).
     models_path: str | None = "/v1/models"
+    # A route that says whether the engine paused itself on purpose (vLLM's GET /is_paused, SGLang's
+    # GET /ready), and how its answer reads ((status, body) -> True paused, False not, None unreadable). Asked in the background, only
+    # when the next read could be stuck, or an idle-looking server's canary failed (verdict.pause_ask_due).
+    pause_path: str | None = None
+    pause_answer: Callable[[int, bytes], bool | None] | None = None
     # A response header of /metrics whose value is an opaque restart token (compared for inequality).
     restart_header: str | None = None
     facts: EngineFacts = EngineFacts()

@@ -42,9 +42,21 @@ scheduler series carry `engine_type,model_name,moe_ep_rank,pp_rank,tp_rank`):
   server, not on this one: `num_prefill_bootstrap_queue_reqs` (the handshake with a decode peer),
   `num_prefill_inflight_queue_reqs` (KV on its way to it), `num_decode_prealloc_queue_reqs` (the
   handshake with a prefill peer, and room for its KV) and `num_decode_transfer_queue_reqs` (KV on
-  its way from it). They are pending work, apart from `num_queue_reqs`; with nothing running and
+  its way from it), `num_decode_host_receive_queue_reqs` (0.5.23: KV received into host memory);
+  older releases name the prefill side's `num_prefill_prealloc_queue_reqs` and
+  `num_prefill_infight_queue_reqs` (sic). They are pending work, apart from `num_queue_reqs`; with nothing running and
   nothing moving they read `waiting_on_peer`, which no restart of this server fixes. 0 on a server
   that is not disaggregated (the real pages).
+- Paused on purpose: `POST /pause_generation` (mode `abort`, `in_place` or `retract`, for a weight
+  sync) stops the scheduler's loop before it batches, so the page's gauges freeze with the requests
+  still counted; `GET /ready` answers 503 from then until `POST /continue_generation` (0.5.23's
+  `TokenizerManager.is_ready`: `not is_pause and is_healthy()`; `/ping` stays 200 "so an intentional
+  pause does not get the instance replaced"). The HTTP process answers it from a flag, so a hung
+  scheduler still reads 200 there. It is the engine table's pause route: asked only as the verdict
+  nears stuck, 503 is paused (it is also 503 while starting or shutting down, when nothing is owed
+  or the process is going anyway), 200 is not. `num_paused_reqs` counts requests an async weight
+  sync paused: owed work, `paused` with nothing moving (0.5.23 declares it and nothing in its source
+  raises it above 0; read for the releases that do).
 - Units: with `--dp-size` > 1 the scheduler series carry a `dp_rank` label, one scheduler each.
   Each rank can hang alone, so each is a `Unit` judged on its own steps and tokens; a page
   without `dp_rank` (or with one) skips that work.
@@ -66,9 +78,17 @@ GENERATION_TOKENS = "sglang:generation_tokens_total"
 PROMPT_TOKENS = "sglang:prompt_tokens_total"
 FINISHED = "sglang:num_requests_total"
 HTTP_ACTIVE = "sglang:http_requests_active"
-# Disaggregation's queues of requests waiting on the peer server (see "Deferred work").
+# Disaggregation's queues of requests waiting on the peer server (see "Deferred work"), under every
+# name a release has given them: 0.5.23 (the real pages) writes bootstrap, inflight, and the decode
+# side's prealloc, transfer and host_receive; earlier 0.4/0.5 releases wrote prefill_prealloc and the
+# misspelt prefill_infight for the prefill side's two.
 DEFERRED = ("sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_inflight_queue_reqs",
-            "sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs")
+            "sglang:num_prefill_prealloc_queue_reqs", "sglang:num_prefill_infight_queue_reqs",
+            "sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs",
+            "sglang:num_decode_host_receive_queue_reqs")
+# Requests paused by an async weight sync ("The number of paused requests by async weight sync."):
+# owed, and held on purpose, so with nothing moving the target is `paused`, not stuck.
+PAUSED = "sglang:num_paused_reqs"
 
 # Routes whose requests are engine work (HTTP_ACTIVE also counts /metrics itself, /health, ...).
 # An active request on any other route says nothing about the engine: counting it could make an
@@ -80,7 +100,7 @@ WORK_ROUTES = frozenset({
 })
 
 _SCANNER = Scanner((RUNNING, QUEUED, USED_TOKENS, REALTIME_TOKENS, STEPS, GENERATION_TOKENS, PROMPT_TOKENS,
-                    FINISHED, HTTP_ACTIVE, *DEFERRED))
+                    FINISHED, HTTP_ACTIVE, PAUSED, *DEFERRED))
 
 
 def parse_text(text: str) -> Snapshot:
@@ -103,6 +123,7 @@ def parse_text(text: str) -> Snapshot:
         more_gauges=signals(used_tokens=used),
         busy_signs=(("requests_active", active),),
         deferred=finite_sum("transfer queues", deferred),
+        paused=total(found, PAUSED) or 0.0,
         # One scheduler writes one running line: the per-rank work only where several do (searching
         # the whole page for a dp_rank label instead cost a fifth of its parse).
         units=_units(found, deferred) if len(found[RUNNING]) > 1 else (),
@@ -127,12 +148,19 @@ def _units(found: dict[str, list[Sample]], deferred: list[Sample]) -> tuple[Unit
 parse = text_parse(parse_text)
 
 
+def pause_answer(status: int, body: bytes) -> bool | None:
+    """`GET /ready`'s answer: 503 paused (between /pause_generation and /continue_generation), 200 not."""
+    return {503: True, 200: False}.get(status)
+
+
 ENGINE = Engine(
     name="sglang",
     parse=parse,
     signature="sglang:",
     # None on purpose: see the module docstring ("Health").
     health_paths=(),
+    pause_path="/ready",
+    pause_answer=pause_answer,
     # The scheduler sets num_running_reqs and num_queue_reqs at its log points: every 40 decode
     # steps (decode_log_interval), or every 30 s when idle. For that long after work ends they can
     # still show it pending while nothing moves.

@@ -21,6 +21,16 @@ Deferred work (0.32): `vllm:num_requests_waiting_by_reason{reason="capacity|defe
 waiting requests; `deferred` ones wait on something outside this engine (a remote KV transfer, the
 LoRA budget, a blocked status), so with nothing moving they read `waiting_on_peer`, not `stuck`.
 
+Pauses on purpose (0.32, served with `VLLM_SERVER_DEV_MODE=1`): `POST /pause?mode=keep` freezes the
+requests in the scheduler until `POST /resume`; the page then shows them pending with nothing
+moving, so the verdict asks `GET /is_paused` (`{"is_paused": true}`, answered through the
+EngineCore: a hung EngineCore does not answer it) only when it would otherwise read stuck. Two
+gauges say an operation is in flight, by `operation`:
+`vllm:rl_weight_update_operations_in_flight{operation="init|shutdown|start|start_draft|update|finish"}`
+and `vllm:sleep_mode_operations_in_flight{operation="sleep|release_kv_cache_memory|wake"}`; read as
+`weight_update:<op>` and `sleep_mode:<op>`. `engine_sleep_state` turns awake only when `/wake_up`
+returns, so a wake-up that hangs shows asleep with `sleep_mode:wake` in flight.
+
 Units: a page with data-parallel engines (`--data-parallel-size`) carries every family once per
 `engine` label. Each engine can hang alone, so each is a `Unit` judged on its own signals; a page
 with one engine (the common case) skips that work.
@@ -29,6 +39,7 @@ with one engine (the common case) skips that work.
 from __future__ import annotations
 
 import functools
+import json
 
 from llm_vitals.exporter.engines import Engine, PageError, Snapshot, Unit
 from llm_vitals.exporter.engines.scan import Sample, Scanner, by_label, decode, finite, finite_sum, total
@@ -46,10 +57,15 @@ START_TIME = "process_start_time_seconds"
 # Sleep mode (`--enable-sleep-mode`): one series per sleep_state, at 1 for the engine's state now.
 SLEEP_STATE = "vllm:engine_sleep_state"
 SLEEP_LEVELS = {"awake": 0, "weights_offloaded": 1, "discard_all": 2}
+# Operations in flight, by `operation` (see "Pauses on purpose"), and the words they are shown with.
+WEIGHT_UPDATE_OPS = "vllm:rl_weight_update_operations_in_flight"
+SLEEP_MODE_OPS = "vllm:sleep_mode_operations_in_flight"
+OPERATIONS = {WEIGHT_UPDATE_OPS: "weight_update", SLEEP_MODE_OPS: "sleep_mode"}
+PAUSE_PATH = "/is_paused"
 
 
 SCANNER = Scanner((RUNNING, WAITING, WAITING_BY_REASON, STEPS, GENERATION_TOKENS, PROMPT_TOKENS, FINISHED, KV_USAGE,
-                   KV_USAGE_BEFORE_0_10, START_TIME, SLEEP_STATE))
+                   KV_USAGE_BEFORE_0_10, START_TIME, SLEEP_STATE, WEIGHT_UPDATE_OPS, SLEEP_MODE_OPS))
 
 
 def sleep_level(samples: list[Sample]) -> int:
@@ -101,6 +117,7 @@ def parse_text(text: str) -> Snapshot:
         process_start_time=start_times[0] if start_times else None,
         sleep_level=sleep_level(found.get(SLEEP_STATE, [])),
         deferred=finite_sum(WAITING_BY_REASON, deferred) if deferred else 0.0,
+        operations=operations(found),
         # One engine writes one running line: the per-engine work only for a data-parallel page.
         units=_units(found, deferred) if len(running) > 1 else (),
     )
@@ -122,6 +139,30 @@ def _units(found: dict[str, list[Sample]], deferred: list[Sample]) -> tuple[Unit
     )
 
 
+def operations(found: dict[str, list[Sample]]) -> tuple[tuple[str, float], ...]:
+    """The weight-update and sleep-mode operations the page has in flight, as `weight_update:update` etc."""
+    ops: dict[str, float] = {}
+    for family, word in OPERATIONS.items():
+        for sample in found.get(family, ()):
+            value = finite(sample.value)
+            if value:
+                name = f"{word}:{sample.labels().get('operation', '')}"
+                ops[name] = ops.get(name, 0.0) + value
+    return tuple(ops.items())
+
+
+def pause_answer(status: int, body: bytes) -> bool | None:
+    """`GET /is_paused`'s answer: 200 `{"is_paused": true|false}`; None for anything else."""
+    if status != 200:
+        return None
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return None
+    value = answer.get("is_paused") if isinstance(answer, dict) else None
+    return value if isinstance(value, bool) else None
+
+
 def parse_page(body: bytes) -> Snapshot:
     """Decode (strict UTF-8) and parse a `/metrics` body; raises PageError."""
     return parse_text(decode(body))
@@ -133,4 +174,6 @@ ENGINE = Engine(
     signature="vllm:",
     # 503 once the engine is known dead (EngineDeadError); a hung engine still answers 200.
     health_paths=("/health",),
+    pause_path=PAUSE_PATH,
+    pause_answer=pause_answer,
 )

@@ -19,7 +19,7 @@ The pure rules below judge the first three sources:
   (`file_fault`: an unreadable file keeps the fault it held).
 - `node`: the Kubernetes node's conditions and taints (`node_fault`).
 - `dcgm`: the target's GPU on a dcgm-exporter page (`dcgm_fault`): an Xid event in a GPU-reset or
-  node-reboot bucket of NVIDIA's catalog (gpu_faults/xids.py), held until the GPU is seen reset, or a
+  node-reboot bucket of NVIDIA's catalog (gpu_faults/xids.py), held until a human releases it, or a
   failing DCGM health watch.
 
 `combine` makes one fault of them, the first source in that order winning the detail. Every detail
@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from llm_vitals.exporter.gpu_faults.xids import XidRules
+from llm_vitals.exporter.gpu_faults.xids import FOLLOW, XidRules
 
 # NVSentinel's node conditions (True = unhealthy). Its gpu-health-monitor names one condition per
 # DCGM health watch (`GpuMemWatch`, reason `GpuMemWatchIsNotHealthy`, message `... Recommended
@@ -156,23 +156,26 @@ def _xid_text(value: float) -> str:
     return str(int(value)) if value == int(value) else f"{value:g}"
 
 
-def _events(gpu: GpuReading, before: DcgmState) -> tuple[list[tuple[int, str]], bool]:
-    """The Xid events this read shows for one GPU since the last: (Xid, how it showed), and whether the
-    gauge fell back to 0 (a GPU reset, or a restarted dcgm-exporter). The first read is a baseline."""
+def _events(gpu: GpuReading, before: DcgmState) -> list[tuple[int, str]]:
+    """The Xid events this read shows for one GPU since the last: (Xid, how it showed). The first read
+    is a baseline. A gauge back at 0, or counts that fell (a GPU reset, or a restarted dcgm-exporter
+    counting from 0), is no event: it says nothing about the Xid held before it."""
     events: list[tuple[int, str]] = []
-    reset = False
     last = before.xids.get(gpu.uuid)
-    if gpu.xid is not None and last is not None and gpu.xid != last:
-        if gpu.xid == 0:
-            reset = True
-        elif gpu.xid == int(gpu.xid):
-            events.append((int(gpu.xid), f"DCGM_FI_DEV_XID_ERRORS changed {_xid_text(last)} -> {_xid_text(gpu.xid)}"))
+    if gpu.xid is not None and last is not None and gpu.xid != last and gpu.xid != 0 and gpu.xid == int(gpu.xid):
+        events.append((int(gpu.xid), f"DCGM_FI_DEV_XID_ERRORS changed {_xid_text(last)} -> {_xid_text(gpu.xid)}"))
     counted = before.counts.get(gpu.uuid)
     if gpu.xid_counts is not None and counted is not None:
         for xid, count in gpu.xid_counts.items():
             if count > counted.get(xid, 0.0):
                 events.append((xid, f"DCGM_EXP_XID_ERRORS count for Xid {xid} rose to {count:g}"))
-    return events, reset
+    return events
+
+
+def lossy_gpus(readings: Sequence[GpuReading]) -> list[GpuReading]:
+    """The GPUs whose page keeps only the last Xid (no DCGM_EXP_XID_ERRORS_TOTAL nor _COUNT): an Xid
+    followed by another within one read is lost there."""
+    return [gpu for gpu in readings if gpu.xid_counts is None]
 
 
 def dcgm_fault(before: DcgmState, readings: Sequence[GpuReading] | None,
@@ -183,10 +186,13 @@ def dcgm_fault(before: DcgmState, readings: Sequence[GpuReading] | None,
       only a change is an event), and any per-Xid count that rose (`DCGM_EXP_XID_ERRORS_TOTAL` or
       `_COUNT`, which keep every Xid: a 95 followed by a 43 within one read is still a 95). The most
       severe event NVIDIA's catalog puts in a fault bucket (`xids`) is held, and only a worse one
-      replaces it: a later milder Xid never clears it. The gauge falling back to 0 (what a GPU reset
-      or a restarted dcgm-exporter starts from) clears it. The first read of a GPU is a baseline,
-      never a fault: a 79 from before the exporter started is not known to be current, and a GPU
-      still broken also fails its DCGM health watch, which is read as a level.
+      replaces it: a later milder Xid never clears it, and neither does the gauge or a count falling
+      back to 0 (a restarted dcgm-exporter starts from 0 as a GPU reset does, and a held 95 is not
+      known to be over): only a human's release (`DcgmSource.release`) ends it. Xid 154 follows the
+      Xid it came with; on a GPU whose page keeps only the last Xid, a 154 with no other Xid event in
+      the read is held as a GPU reset: the Xid it followed was lost. The first read of a GPU is a
+      baseline, never a fault: a 79 from before the exporter started is not known to be current,
+      and a GPU still broken also fails its DCGM health watch, which is read as a level.
     - Health: any `DCGM_EXP_GPU_HEALTH_STATUS` watch at FAIL (20) is a fault while it reads so.
     - No reading (`None`: the page could not be read, or the GPU is not on it) changes nothing and
       flags nothing new; an Xid fault already held stays held until a reading clears it.
@@ -197,16 +203,16 @@ def dcgm_fault(before: DcgmState, readings: Sequence[GpuReading] | None,
     xid_seen, held, held_xid, counts = dict(before.xids), dict(before.held), dict(before.held_xid), dict(before.counts)
     health: GpuFault | None = None
     for gpu in readings:
-        events, reset = _events(gpu, before)
-        if reset:
-            held.pop(gpu.uuid, None)
-            held_xid.pop(gpu.uuid, None)
+        events = _events(gpu, before)
+        lone_follow = gpu.xid_counts is None and all(rules.bucket(xid) == FOLLOW for xid, _ in events)
         for xid, how in events:
             kept = held_xid.get(gpu.uuid)
-            if rules.is_fault(xid) and (kept is None or rules.rank(xid) > rules.rank(kept)):
+            lost = lone_follow and rules.bucket(xid) == FOLLOW
+            if (rules.is_fault(xid) or lost) and (kept is None or rules.rank(xid) > rules.rank(kept)):
                 held_xid[gpu.uuid] = xid
-                held[gpu.uuid] = _clip(f"Xid{xid}: dcgm-exporter {how} on GPU {gpu.gpu} ({gpu.uuid}): "
-                                       f"{rules.words(xid)}")
+                words = ("the Xid it followed was lost (this page keeps only the last Xid): taken as a GPU reset"
+                         if lost else rules.words(xid))
+                held[gpu.uuid] = _clip(f"Xid{xid}: dcgm-exporter {how} on GPU {gpu.gpu} ({gpu.uuid}): {words}")
         if gpu.xid is not None:
             xid_seen[gpu.uuid] = gpu.xid
         if gpu.xid_counts is not None:
@@ -259,6 +265,9 @@ class SourceRead:
     fault: GpuFault | None = None
     error: str | None = None
     memory: Any = None
+    # Read, but the source can lose fault events (dcgm-exporter keeping only the last Xid): shown with
+    # the errors, and as llm_vitals_gpu_fault_events_lossy; it changes no fault.
+    lossy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -279,8 +288,13 @@ class GpuFaultState:
 
     @property
     def errors(self) -> dict[str, str]:
-        """Each source that could not be read, and why."""
-        return {name: read.error for name in SOURCES if (read := self.reads.get(name)) and read.error}
+        """Each source that could not be read, and why; or that was read but can lose fault events, and why."""
+        return {name: text for name in SOURCES if (read := self.reads.get(name)) and (text := read.error or read.lossy)}
+
+    @property
+    def lossy(self) -> bool:
+        """Whether a source read for the target can lose fault events (dcgm-exporter without per-Xid totals)."""
+        return any(read.lossy for read in self.reads.values())
 
     def with_read(self, source: str, read: SourceRead) -> GpuFaultState:
         return GpuFaultState({**self.reads, source: read})

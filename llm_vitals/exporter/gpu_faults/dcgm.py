@@ -26,7 +26,7 @@ import aiohttp
 
 from llm_vitals.exporter.engines import PageError
 from llm_vitals.exporter.engines.scan import Scanner, decode
-from llm_vitals.exporter.gpu_faults import DCGM_HEALTH_FAIL, DcgmState, GpuReading, GpuTarget, SourceRead, dcgm_fault
+from llm_vitals.exporter.gpu_faults import DCGM_HEALTH_FAIL, DcgmState, GpuReading, GpuTarget, SourceRead, dcgm_fault, lossy_gpus
 from llm_vitals.exporter.gpu_faults.xids import XidRules
 from llm_vitals.exporter.upstream import METRICS_ACCEPT, bounded_get
 
@@ -110,6 +110,17 @@ def select_gpus(lines: tuple[Line, ...], dcgm: DcgmSettings) -> list[GpuReading]
             for uuid, (index, xids, failing, counts) in gpus.items()]
 
 
+def lossy_detail(gpus: list[GpuReading]) -> str | None:
+    """Why this read can lose Xid events, for gpu_fault_errors.dcgm; None when every GPU has per-Xid totals."""
+    lossy = lossy_gpus(gpus)
+    if not lossy:
+        return None
+    shown = ", ".join(f"GPU {gpu.gpu}" for gpu in lossy)
+    return (f"xid_events_lossy: {shown}: the page has no {XID_TOTAL} (nor {XID_COUNT}), only {XID}, which keeps"
+            " the last Xid: an Xid followed by another within one read is lost. Enable the per-Xid counter in"
+            " dcgm-exporter's collectors (docs/gpu-faults.md)")
+
+
 async def fetch_page(session: aiohttp.ClientSession, url: str, timeout: float, max_bytes: int) -> tuple[Line, ...]:
     """GET and parse a dcgm-exporter page; PageError for any upstream trouble (timeout, connect, too large, not 200, not a page)."""
     status, body = await bounded_get(session, url, timeout=timeout, max_bytes=max_bytes, headers={"Accept": METRICS_ACCEPT})
@@ -185,7 +196,7 @@ class DcgmSource:
             self._released.discard(target.name)
             state = replace(state, held={}, held_xid={})
         state, fault = dcgm_fault(state, gpus, self.rules)
-        return SourceRead(fault, error, state)
+        return SourceRead(fault, error, state, lossy_detail(gpus or []))
 
     def release(self, target: GpuTarget) -> None:
         """Forget the target's held Xid at its next read (the poll stays the one writer)."""
