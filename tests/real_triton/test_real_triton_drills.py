@@ -267,8 +267,10 @@ def test_decoupled_model_idle_canaries_on_generate_stream_and_hung_unjudgeable_n
             try:
                 failed = watcher.wait_for(lambda s: s.canaries.get("timeout", 0) >= 4, timeout=60,
                                           what="four canaries timed out", after=t_hold)
-                held = watcher.wait_for(lambda s: True, timeout=30, what="a sample a poll later",
-                                        after=time.time() + settings.poll_interval)
+                # The next idle read: between them the server reads busy while another model (toy_lm,
+                # under the tier's own exporter's canaries) completes work, which is progress.
+                held = watcher.wait_for(lambda s: s.state == "idle", timeout=30, what="an idle read after the timeouts",
+                                        after=failed.t)
             finally:
                 worker.send_signal(STREAM_RELEASE_SIGNAL)
             t_release = time.time()
@@ -287,5 +289,6 @@ def test_decoupled_model_idle_canaries_on_generate_stream_and_hung_unjudgeable_n
     }
     assert drill.facts["infer_status"] == 501, drill.facts  # what the plain canary got: a rejection now, never a failure
     assert (idle.reason, idle.unit) == ("unjudgeable", f'model="{STREAM}"'), drill.facts
-    assert "unresponsive" not in drill.facts["states_seen"] and "stuck" not in drill.facts["states_seen"], drill.timeline
+    # Busy is another model's work moving (toy_lm's canaries); never a restartable or a down state.
+    assert set(drill.facts["states_seen"]) <= {"starting", "idle", "busy"}, drill.timeline
     assert (held.state, held.reason, held.ready, held.live) == ("idle", "unjudgeable", 200, 200), drill.facts
