@@ -39,23 +39,33 @@ def shipped_exporter() -> ExporterSettings:
         canary_timeout=canary["timeout"].default)
 
 
+def working(sample: Sample) -> bool:
+    return sample.state == "busy" and sample.reason == "progress" and (sample.running or 0) > 0
+
+
 def saturated(sample: Sample) -> bool:
-    return sample.state == "busy" and sample.reason == "progress" and (sample.running or 0) > 0 and (sample.waiting or 0) > 0
+    return (sample.running or 0) > 0 and (sample.waiting or 0) > 0
 
 
 def run(server: ServerProcess, exporter: ExporterProcess, watcher: Watcher) -> tuple[dict, Sample]:
-    """The load for WINDOW_S from the first saturated read, then SIGSTOP under it until stuck: (facts, the stuck sample)."""
+    """The load for WINDOW_S from the first busy read, then SIGSTOP under it until stuck: (facts, the stuck sample)."""
     settings = exporter.settings
     body = {"prompt": "Once upon a time", "n_predict": LONG_GENERATION_TOKENS, "ignore_eos": True,
             "cache_prompt": False, "stream": True}
     t0 = time.time()
     errors_before, restarts_before = exporter.poll_errors(), exporter.restarts_total()
     with Load.sustained(server.url, "/completion", lambda n: body, concurrency=CLIENTS, max_seconds=WINDOW_S + 300) as load:
-        first = watcher.wait_for(saturated, timeout=120, what="busy with every slot taken and requests deferred", after=t0)
+        # Not always saturated: cpp-httplib 0.58 adds a thread for a new connection only when none is idle at
+        # that instant, so a burst of connections can leave some queued behind the held ones (seen: 1 of 6
+        # requests admitted for minutes, the exporter's kept connection answered throughout).
+        first = watcher.wait_for(working, timeout=120, what="busy with requests running", after=t0)
         time.sleep(max(0.0, first.t + WINDOW_S - time.time()))
         t_end = time.time()
         errors = {k: v - errors_before.get(k, 0.0) for k, v in exporter.poll_errors().items()}
+        # Requests that ended in the window, by status (None: the connection failed): a client stops at its first failure.
+        ended = dict(Counter(str(o.status) for o in load.outcomes))
         assert not load.done(), "the load ended before the window did"
+        last = watcher.latest()
         with sigstopped(server.main_process()) as fault:
             bound = settings.stuck_after + 2 * settings.unanswered_poll_s + SLACK_S
             stuck = watcher.wait_for(lambda s: s.state == "stuck", timeout=bound + 30, what="stuck after SIGSTOP", after=fault.t)
@@ -67,15 +77,18 @@ def run(server: ServerProcess, exporter: ExporterProcess, watcher: Watcher) -> t
         "http_threads": HTTP_THREADS, "clients": CLIENTS, "window_s": WINDOW_S,
         "exporter": {"stuck_after": settings.stuck_after, "down_after": settings.down_after,
                      "poll_interval": settings.poll_interval, "metrics_timeout": settings.metrics_timeout},
-        "first_saturated_s": round(first.t - t0, 1),
+        "first_working_s": round(first.t - t0, 1),
         "running_waiting_seen": sorted({(s.running, s.waiting) for s in watcher.since(first.t) if s.t <= t_end}, key=str)[:10],
         "polled_while_starved": dict(Counter(state for _, state in polled)),
         "polls_while_starved": len(polled),
         "largest_poll_gap_s": round(max(gaps, default=0.0), 1),
         "poll_errors_while_starved": {k: v for k, v in errors.items() if v},
+        "requests_ended_in_window": ended,
         "stuck_detected_s": round(stuck.t - fault.t, 1),
         "stuck_bound_s": bound,
-        # Judged from its last progress (at most a poll and its jitter before the stop), not after down_after.
-        "stuck_floor_s": settings.stuck_after - settings.poll_interval * 1.1 - 1.0,
+        # Last read saturated: judged from its last progress (at most a poll and its jitter before the stop),
+        # not after down_after. Not saturated: the frozen rule's down_after stands, and no floor.
+        "saturated_at_stop": saturated(last),
+        "stuck_floor_s": settings.stuck_after - settings.poll_interval * 1.1 - 1.0 if saturated(last) else 0.0,
         "restarts_total_delta": exporter.restarts_total() - restarts_before,
     }, stuck
