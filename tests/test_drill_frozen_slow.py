@@ -6,6 +6,8 @@ The exporter reads the server through tests/flaky_proxy.py; the load goes to the
   by SIGSTOP, a deadlocked event loop, a blocked stdout pipe). The target must be restartable
   (`stuck`, `metrics_unanswered`) and `/live` must fail within down_after + liveness_budget + 2
   polls, whether it was last seen busy or idle, and it must never read `down` (never restarted).
+  Last seen saturated (requests queued behind busy slots, issue 38), its silence may be its own
+  clients holding every HTTP thread: stuck no sooner than stuck_after, and within it + 2 polls.
 - Slow: every `/metrics` answer takes 1.2 times the metrics timeout (a saturated vLLM's 12 s page
   against its 10 s timeout, scaled down); everything else answers at once. The target must never
   be unready, never restartable and never `down`.
@@ -29,7 +31,7 @@ from flaky_proxy import FlakyProxy
 from test_drill_flaky_metrics import load
 from test_exporter_helpers import make_settings, make_target, record, start_exporter, wait_for
 
-from llm_vitals.exporter.verdict import is_live
+from llm_vitals.exporter.verdict import is_live, saturated
 from llm_vitals.sim.config import SimConfig
 from llm_vitals.sim.engines.table import SIM_ENGINES
 from llm_vitals.sim.fleet import Fleet
@@ -54,12 +56,17 @@ def report(key: str, figures: dict) -> None:
     REPORT.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
 
 
-def watched(engine: str, url: str, proxy: FlakyProxy) -> dict:
+SLOTS = 2  # the simulator's max_num_seqs: more clients than this queue, and the server reads saturated
+# stuck_after of the saturated drill: above what the frozen rule alone takes (down_after + 2 polls).
+SATURATED_STUCK_AFTER = 4.0
+
+
+def watched(engine: str, url: str, proxy: FlakyProxy, stuck_after: float = 30.0) -> dict:
     """The target as the exporter sees it: everything through the proxy."""
     sim = SIM_ENGINES[engine]
     keys = {**sim.target(url, "tiny"), "engine": engine, "metrics_url": proxy.url + sim.metrics_path}
-    # stuck_after far above the drill: what is found here is found by the frozen rule alone.
-    return make_target("t", proxy.url, **{**keys, "stuck_after": 30, "down_after": DOWN_AFTER,
+    # stuck_after far above the drill by default: what is found here is found by the frozen rule alone.
+    return make_target("t", proxy.url, **{**keys, "stuck_after": stuck_after, "down_after": DOWN_AFTER,
                                           "liveness_budget": LIVENESS, "canary": {"enabled": False}})
 
 
@@ -68,15 +75,16 @@ def settings(target: dict):
 
 
 @asynccontextmanager
-async def proxied(aiohttp_client, engine: str, every: int, workers: int) -> AsyncIterator[tuple[FlakyProxy, Any, Any]]:
+async def proxied(aiohttp_client, engine: str, every: int, workers: int,
+                  stuck_after: float = 30.0) -> AsyncIterator[tuple[FlakyProxy, Any, Any]]:
     """One simulated `engine` under the load of `workers` clients (straight to it), its pages through a
     FlakyProxy (`every`: which reads it holds), and the exporter watching it through the proxy:
     (the proxy, the exporter's client, its record)."""
     sim = SIM_ENGINES[engine]
-    async with Fleet(SimConfig(engine=engine, max_num_seqs=2, tokens_per_second=100), backends=1, control=False) as fleet:
+    async with Fleet(SimConfig(engine=engine, max_num_seqs=SLOTS, tokens_per_second=100), backends=1, control=False) as fleet:
         url = fleet.backend_urls[0]
         async with FlakyProxy(url, path=sim.metrics_path, every=every, delay=0) as proxy:
-            client = await start_exporter(aiohttp_client, settings(watched(engine, url, proxy)))
+            client = await start_exporter(aiohttp_client, settings(watched(engine, url, proxy, stuck_after)))
             async with load(url, engine, workers=workers):
                 yield proxy, client, record(client, "t")
 
@@ -87,10 +95,11 @@ DRILLS = [(engine, "busy") for engine in sorted(SIM_ENGINES)] + [("vllm", "idle"
 @pytest.mark.parametrize(("engine", "last_seen"), DRILLS, ids=[f"{e}-{s}" for e, s in DRILLS])
 async def test_frozen_whole_is_restartable_within_down_after_liveness_and_two_polls(aiohttp_client, engine: str,
                                                                                    last_seen: str) -> None:
-    async with proxied(aiohttp_client, engine, every=1_000_000, workers=6 if last_seen == "busy" else 0) as (proxy, client, rec):
+    # Busy is every slot busy with nothing queued: not saturated, so the frozen rule alone decides.
+    async with proxied(aiohttp_client, engine, every=1_000_000, workers=SLOTS if last_seen == "busy" else 0) as (proxy, client, rec):
         if last_seen == "busy":
-            await wait_for(lambda: rec.verdict.reason == "progress" and rec.verdict.snapshot.pending,
-                           timeout=20, what=f"busy with progress ({engine})")
+            await wait_for(lambda: rec.verdict.reason == "progress" and rec.verdict.snapshot.pending
+                           and not saturated(rec.verdict.snapshot), timeout=20, what=f"busy with progress ({engine})")
         else:
             await wait_for(lambda: rec.verdict.state == "idle", timeout=20, what=f"idle ({engine})")
         proxy.freeze()
@@ -111,6 +120,31 @@ async def test_frozen_whole_is_restartable_within_down_after_liveness_and_two_po
             assert rec.verdict.state in RESTARTABLE_STATES
             report(f"frozen-{engine}-{last_seen}", {"stuck_s": round(stuck_s, 2), "unlive_s": round(unlive_s, 2),
                                                     "bound_s": round(DOWN_AFTER + LIVENESS + 2 * FROZEN_POLL, 2)})
+        finally:
+            proxy.thaw()
+
+
+@pytest.mark.parametrize("engine", ["llamacpp", "vllm"])
+async def test_frozen_whole_while_saturated_is_stuck_by_stuck_after_not_down_after(aiohttp_client, engine: str) -> None:
+    """Three clients on two slots: one queued. Frozen whole, the target stays busy past down_after and reads
+    stuck once stuck_after has passed since its last progress (issue 38), never down."""
+    async with proxied(aiohttp_client, engine, every=1_000_000, workers=SLOTS + 1,
+                       stuck_after=SATURATED_STUCK_AFTER) as (proxy, _, rec):
+        await wait_for(lambda: rec.verdict.reason == "progress" and saturated(rec.verdict.snapshot),
+                       timeout=20, what=f"saturated with progress ({engine})")
+        proxy.freeze()
+        frozen_at, polls = time.monotonic(), rec.polls
+        try:
+            await wait_for(lambda: rec.verdict.state == "stuck", timeout=SATURATED_STUCK_AFTER + 2 * FROZEN_POLL + SLACK,
+                           what=f"stuck ({engine}, frozen while saturated)")
+            stuck_s = time.monotonic() - frozen_at
+            assert rec.verdict.reason == "metrics_unanswered", rec.verdict.detail
+            # The last progress was at most one poll before the freeze.
+            assert stuck_s >= SATURATED_STUCK_AFTER - POLL * 1.1, stuck_s
+            since = [state for _, _, state in list(rec.history)[-(rec.polls - polls):]]
+            assert set(since) <= {"busy", "stuck"}, since
+            report(f"frozen-{engine}-saturated", {"stuck_s": round(stuck_s, 2), "stuck_after_s": SATURATED_STUCK_AFTER,
+                                                  "bound_s": round(SATURATED_STUCK_AFTER + 2 * FROZEN_POLL, 2)})
         finally:
             proxy.thaw()
 

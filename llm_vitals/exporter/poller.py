@@ -29,6 +29,7 @@ from llm_vitals.exporter.gpu_faults.nvml import NvmlRules
 from llm_vitals.exporter.gpu_faults.nvml_pynvml import PynvmlBackend
 from llm_vitals.exporter.gpu_faults.nvml_source import NvmlFaultSource, NvmlSource
 from llm_vitals.exporter.gpu_faults.reader import GpuFaultReader
+from llm_vitals.exporter.keep_warm import warm_times
 from llm_vitals.exporter.loop_lag import LoopLag
 from llm_vitals.exporter.settings import ExporterSettings
 from llm_vitals.exporter.state import StateStore, TargetRecord, log_gpu_fault_change
@@ -223,7 +224,29 @@ class Poller:
             now = loop.time()
             next_at = max(next_at, now)  # a poll overran the interval: re-anchor rather than fire a burst
             jitter = random.uniform(0, interval * self.settings.poll_jitter)
-            await asyncio.sleep(next_at - now + jitter)
+            await self._wait(record, next_at - now + jitter)
+
+    async def _wait(self, record: TargetRecord, wait: float) -> None:
+        """Sleep `wait` seconds to the next poll, keeping the target's connection open meanwhile where its
+        server closes idle ones sooner than that (keep_warm.warm_times): a fresh connection may queue
+        behind the clients' own requests for a thread (llama-server), a kept one holds its thread."""
+        entry = engine_of(record.settings.engine)
+        times = warm_times(wait, entry.keep_alive) if entry.health_paths else ()
+        if not times:
+            await asyncio.sleep(wait)
+            return
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        url = record.settings.base_url + entry.health_paths[0]  # answered by the HTTP front alone (llama-server)
+        for at in times:
+            await asyncio.sleep(max(0.0, start + at - loop.time()))
+            try:
+                # Its answer is no evidence: the next poll reads the page. Bounded to end before that poll.
+                await bounded_get(self.session, url, max_bytes=64 * 1024,
+                                  timeout=max(0.1, min(self.settings.health_timeout, start + wait - loop.time())))
+            except PageError:
+                pass
+        await asyncio.sleep(max(0.0, start + wait - loop.time()))
 
     async def poll_once(self, record: TargetRecord) -> None:
         """One poll: observe, judge, cache, log a state change, maybe send a canary."""

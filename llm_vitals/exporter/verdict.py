@@ -17,7 +17,9 @@ Partial evidence (docs/states.md):
   a refused connection (no process listens) is `down` at once; a read that connected and got no
   answer, while a second probe on a fresh connection got none either, is a frozen process: held
   until no good read came for `down_after`, then `stuck` (`metrics_unanswered`), which liveness and
-  the remediator act on, whether it was last seen busy or idle; a read that timed out while the
+  the remediator act on, whether it was last seen busy or idle, unless it was last seen `saturated`
+  (work queued behind running work: its reads may wait behind its own clients' requests), which is
+  judged by `stuck_after` from its last progress alone; a read that timed out while the
   second probe answered is a slow page from a live server: held, never toward `down`, and the next
   read gets a longer deadline (`read_deadline`) so that a page that arrives late arrives;
 - idle means nothing pending *and* nothing moved: work counters that moved since the last read are
@@ -403,9 +405,13 @@ def judge(previous: Verdict | None, observation: Observation, now: float, target
             # when a second probe answered (a page that arrives late still arrives).
             unanswered = observation.probe == "unanswered" or (
                 facts.metrics_unanswered_is_stuck and (observation.probe is None or previous.slow))
-            pending = unanswered and facts.metrics_unanswered_is_stuck and _unanswered_while_pending(previous, observation)
+            # A server last seen saturated may have given every HTTP thread to its own clients, on
+            # any engine: its silence is judged as work owed, never as frozen after down_after.
+            starved = unanswered and _unanswered_while_saturated(previous, observation)
+            pending = starved or (unanswered and facts.metrics_unanswered_is_stuck
+                                  and _unanswered_while_pending(previous, observation))
             if pending or (unanswered and _frozen_chain(previous)):
-                return _on_unanswered(previous, observation, now, target, pending=pending)
+                return _on_unanswered(previous, observation, now, target, pending=pending, starved=starved)
             if observation.probe == "answered":
                 if _slow_but_reading(previous):
                     return _on_slow(previous, observation, now)
@@ -508,6 +514,24 @@ def _unanswered_while_pending(previous: Verdict, error: PollError) -> bool:
             and previous.state in ("busy", "stuck") and _frozen_chain(previous))
 
 
+def saturated(snap: Snapshot | None) -> bool:
+    """Work queued behind running work: every slot busy and requests waiting for one (llama.cpp's
+    `requests_deferred`, vLLM's waiting queue), as one read shows it.
+
+    Such a server's own clients may hold every thread of its HTTP front (llama-server gives each
+    in-flight request one of its `--threads-http`), so a read that waits behind them is no sign
+    that it froze. A server whose running requests hold every thread with none queued (threads at
+    or below its slots) cannot be told apart from a frozen one by its page: it is not saturated here.
+    """
+    return snap is not None and snap.running > 0 and snap.waiting > 0
+
+
+def _unanswered_while_saturated(previous: Verdict, error: PollError) -> bool:
+    # The last good read saw the server saturated, and every poll since went unanswered (the chain
+    # of `_unanswered_while_pending`): the reads may be queued behind the clients' own requests.
+    return saturated(previous.snapshot) and _unanswered_while_pending(previous, error)
+
+
 def _frozen_chain(previous: Verdict) -> bool:
     # Every read since the last good one connected and got no answer (or was the exporter's own
     # lateness): a server once servable, not `down` since, and not refusing (a frozen process accepts).
@@ -515,14 +539,17 @@ def _frozen_chain(previous: Verdict) -> bool:
 
 
 def _on_unanswered(previous: Verdict, error: PollError, now: float, target: TargetSettings, *,
-                   pending: bool) -> Verdict:
+                   pending: bool, starved: bool = False) -> Verdict:
     # A server that accepts the connection and never answers is frozen, not gone: a restart may fix
     # it, so it must never end as `down`, which liveness and the remediator leave alone. Frozen whole
     # (a second probe unanswered too, or an engine whose own loop answers /metrics) for `down_after`
     # since the last good read is `stuck`, whether it was last seen busy or idle; with work owed, on
     # an engine whose loop answers /metrics (llama.cpp), it is stuck once `stuck_after` has passed
     # over two reads, as one whose counters froze. The stuck clock keeps running from the last
-    # progress, across reads, and nothing is re-based.
+    # progress, across reads, and nothing is re-based. A server last seen `saturated` is judged by
+    # `stuck_after` alone, on any engine: its reads may wait behind its own clients' requests for as
+    # long as they run, so `down_after` without an answer proves nothing there, while a server that
+    # really stopped still reads stuck once `stuck_after` has passed since its last progress.
     last_good = previous.last_good_read if previous.last_good_read is not None else previous.first_seen
     unread_for = now - last_good
     failed = previous.failed_reads + 1  # all unanswered: the chain (_frozen_chain) admits nothing else
@@ -530,7 +557,7 @@ def _on_unanswered(previous: Verdict, error: PollError, now: float, target: Targ
     last_progress = previous.last_progress if previous.last_progress is not None else now
     stuck_for = now - last_progress
     # Over two reads at least, as `stuck` always is: one lost read after a long gap proves nothing.
-    frozen = unread_for >= target.down_after and failed >= 2
+    frozen = not starved and unread_for >= target.down_after and failed >= 2
     if frozen or (pending and reads >= 2 and stuck_for >= target.stuck_after):
         state: State = "stuck"
     elif pending:
@@ -543,6 +570,9 @@ def _on_unanswered(previous: Verdict, error: PollError, now: float, target: Targ
                      failed_reads=failed, steps_per_second=None, generation_tokens_per_second=None)
     owed = "while work was pending" if previous.snapshot is not None and previous.snapshot.pending else (
         "after an idle read")
+    if starved and previous.snapshot is not None:
+        owed = (f"after a saturated read ({previous.snapshot.load()}: the reads may wait behind the clients' "
+                f"own requests; stuck once nothing moved for {target.stuck_after:g}s)")
     detail = (f"/metrics accepted the connection and never answered ({error.detail}) {owed}; "
               f"no good read for {unread_for:.1f}s over {failed} read(s), no progress seen for {stuck_for:.1f}s")
     return _move(previous, now, state, "metrics_unanswered", detail, up=False, error_reason=error.reason,

@@ -49,7 +49,7 @@ class LlamacppEngine(Engine):
     key = "llamacpp"
     name = "llama.cpp"
     tier = RealTier("llama.cpp", enable="LLM_VITALS_REAL_LLAMACPP", require="LLM_VITALS_REQUIRE_REAL_LLAMACPP")
-    drills = ("smoke", "idle", "saturation", "frozen", "flaky_reads", "sigstop", "kill", "restart")
+    drills = ("smoke", "idle", "saturation", "frozen", "flaky_reads", "sigstop", "kill", "restart", "starved")
     exporter = EXPORTER
     families = (PROCESSING, DEFERRED, DECODES, PREDICTED)
     openai_model = "tiny-llama"

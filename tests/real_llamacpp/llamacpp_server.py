@@ -61,12 +61,13 @@ class LlamaServer(ServerProcess):
     niceness: int | None = None
     autogroup_at_launch: int | None = 3
     loading_answer: str | None = None  # what /health said while the model loaded, in this start
+    http_threads: int = HTTP_THREADS  # --threads-http (the starved-threads drill gives it 2)
 
     def command(self) -> list[str]:
         return [
             "nice", "-n", "10", BIN, "-m", MODEL, "--host", "127.0.0.1", "--port", str(self.port),
             "--metrics", "-np", str(SLOTS), "-c", str(CONTEXT), "-t", str(THREADS), "-b", str(BATCH),
-            "--threads-http", str(HTTP_THREADS), "-a", ALIAS,
+            "--threads-http", str(self.http_threads), "-a", ALIAS,
         ]
 
     def launch(self, log_path: Path) -> None:

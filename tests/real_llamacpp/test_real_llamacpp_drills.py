@@ -3,7 +3,8 @@
 The drills are the kit's (tests/real_engine/drills.py), run with this tier's engine (engine.py), in
 file order on one server and one exporter: smoke, idle canaries, saturation, the engine loop frozen
 with ptrace (HTTP alive), the same through a flaky proxy (a second exporter), the whole process
-SIGSTOPped, kill, restart on the same port. Loads are long generations that run until the drill
+SIGSTOPped, kill, restart on the same port; then, on a server and an exporter of its own, HTTP threads held
+by the clients at the shipped timings (issue 38). Loads are long generations that run until the drill
 cancels them; the pages each drill saw are kept in `.cache/real-llamacpp/logs/pages/`.
 """
 
@@ -11,7 +12,12 @@ from __future__ import annotations
 
 from real_engine import drills
 from real_engine.engine import Kit
+from real_engine.harness import ExporterProcess, Watcher
+from real_engine.launcher import free_port
 from real_engine.report import Drill
+
+from . import starved
+from .llamacpp_server import LlamaServer
 
 
 def test_smoke_server_serves_the_tiny_model_and_its_metrics(kit: Kit, drill: Drill):
@@ -52,3 +58,26 @@ def test_kill_is_down_with_a_reason(kit: Kit, drill: Drill):
 def test_restart_on_the_same_port_counts_exactly_one_restart_then_idle_and_canary_ok(kit: Kit, drill: Drill):
     """A new llama-server: every counter resets and the Process-Start-Time-Unix header changes; one restart."""
     drills.restart(kit, drill)
+
+
+def test_starved_http_threads_at_the_shipped_timings_never_stuck_then_sigstop_is_stuck(engine, drill: Drill):
+    """Issue 38: `--threads-http 2` under 6 clients, judged at the shipped timings (stuck_after, down_after, poll,
+    metrics_timeout), read busy, never stuck nor down, for 3 minutes; then SIGSTOPped under the same load: stuck
+    (`metrics_unanswered`) within stuck_after and two unanswered polls. A server and an exporter of its own."""
+    settings = starved.shipped_exporter()
+    server = LlamaServer(port=free_port(), log_dir=engine.log_dir, http_threads=starved.HTTP_THREADS)
+    exporter = ExporterProcess(settings, server.url, engine.log_dir)
+    try:
+        engine.start(server)
+        exporter.start()
+        with Watcher(exporter) as watcher:
+            drill.facts, stuck = starved.run(server, exporter, watcher)
+            drill.timeline = watcher.timeline(drill.facts.pop("t0"))
+        drill.detected("SIGSTOP to stuck", drill.facts["stuck_detected_s"])
+    finally:
+        exporter.stop()
+        server.stop()
+    assert set(drill.facts["polled_while_starved"]) == {"busy"}, drill.facts
+    assert drill.facts["restarts_total_delta"] == 0, drill.facts
+    assert stuck.reason == "metrics_unanswered", stuck
+    assert drill.facts["stuck_floor_s"] <= drill.facts["stuck_detected_s"] <= drill.facts["stuck_bound_s"], drill.facts

@@ -299,6 +299,10 @@ class Engine:
     pause_answer: Callable[[int, bytes], bool | None] | None = None
     # A response header of /metrics whose value is an opaque restart token (compared for inequality).
     restart_header: str | None = None
+    # Seconds the server keeps an idle connection open, where each connection holds one thread of a
+    # pool its clients can fill: the poller keeps its connection open between polls (exporter/keep_warm.py)
+    # with a request to its first health route. None: no need.
+    keep_alive: float | None = None
     facts: EngineFacts = EngineFacts()
     # The idle canary; None: a 1-token OpenAI completion (llm_vitals/exporter/canary.py).
     canary: Canary | None = None

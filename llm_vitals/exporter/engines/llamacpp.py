@@ -39,6 +39,13 @@ and the response carries the header `Process-Start-Time-Unix: 1571301719`.
   process, accepts the connection and never answers /metrics, while a loop wedged inside a decode
   keeps /metrics fast with frozen counters. The table's fact `metrics_unanswered_is_stuck` makes the
   first `stuck` (reason `metrics_unanswered`); the second is ordinary no-progress `stuck`.
+- **HTTP threads** (issue 38): every in-flight request holds one of llama-server's HTTP threads
+  (`--threads-http`) until it ends. Where that pool is fixed (before cpp-httplib's pool grew on
+  demand, yhirose/cpp-httplib#2368; 0c1e570 vendors 0.58 and adds up to 1024 threads), a new connection
+  waits behind the clients once they hold them all, `/metrics` and the second probe with it. So a
+  server last seen saturated (busy slots and requests deferred) is judged by `stuck_after` alone
+  (verdict.saturated), and the poller keeps its connection, and the thread it holds, open between
+  polls (`keep_alive` below, exporter/keep_warm.py).
 - **/health**: 503 `{"error":{"message":"Loading model",...}}` while loading, then 200 `{"status":"ok"}`,
   also with the engine loop frozen: it proves the process, never progress.
 """
@@ -82,6 +89,9 @@ ENGINE = Engine(
     # 503 while the model loads; with the engine loop frozen it still answers 200.
     health_paths=("/health",),
     restart_header=RESTART_HEADER,
+    # cpp-httplib closes a connection idle for 5 s (CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND; llama-server
+    # keeps it), less than the shipped poll plus jitter, and serves a connection on one pool thread.
+    keep_alive=5.0,
     # The engine loop serves /metrics itself: accepted and never answered while work was pending is stuck.
     facts=EngineFacts(metrics_unanswered_is_stuck=True),
 )
