@@ -23,16 +23,19 @@ canary fails) cannot be replayed, and is never reported.
 from __future__ import annotations
 
 import bisect
+import functools
+import importlib
 import math
 import re
 from array import array
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llm_vitals.backtest.history import Read
 from llm_vitals.backtest.rules import AlertRule
 from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot
+from llm_vitals.exporter.engines.scan import Sample
 from llm_vitals.exporter.engines.table import read_page
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict import PollError, Verdict, judge
@@ -54,6 +57,26 @@ BACKLOG_HORIZON = 300.0
 QUEUE_TIME_BUCKET = "vllm:request_queue_time_seconds_bucket"
 QUEUE_TIME_COUNT = "vllm:request_queue_time_seconds_count"
 QUEUE_TIME_FAMILIES = (QUEUE_TIME_BUCKET, QUEUE_TIME_COUNT)
+
+
+@functools.cache
+def found_parser(engine: str) -> Callable[[dict[str, list[Sample]]], Snapshot] | None:
+    """The adapter's own `parse_found` (what its scanner found on a page -> its Snapshot), where it has one."""
+    from llm_vitals.exporter.engines.table import ENGINES
+
+    entry = ENGINES[engine]
+    if entry.parse is None or entry.restart_header is not None:
+        return None  # a restart token comes in a header the history does not keep: the page path says so
+    parser = getattr(importlib.import_module(entry.parse.__module__), "parse_found", None)
+    return parser if callable(parser) else None
+
+
+def read_found(entry: Engine, found: Mapping[str, list[Sample]]) -> Snapshot:
+    """`entry`'s Snapshot of the samples its scanner would have found on the page (Read.found)."""
+    parser = found_parser(entry.name)
+    if parser is None:
+        raise PageError("bad_metrics", f"engine {entry.name} reads no samples directly")  # run.py never asks
+    return parser(dict(found))
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,13 +151,24 @@ class Watchdog:
     _last_failing: float | None = None
     _waiting_since: float | None = None  # first of the reads since which requests have been waiting
     _finishes: deque[tuple[float, float]] = field(default_factory=deque)  # (time, finished) over the horizon
+    _lines: Mapping[str, str] | None = None
+    _lines_queue: tuple[float, float] | None = None
 
     def feed(self, at: float, snap: Snapshot | None, lines: Mapping[str, str], restarted: bool) -> None:
         """Fold one read in; a missed read (`snap` None) changes nothing: it shows nothing either way."""
         if snap is None:
             return
+        if (snap is self._last and not restarted and not snap.pending and not self.failing and not self._slow_queue
+                and self._frozen_since is None and self._waiting_since is None and not self._finishes):
+            # The same idle read again (a quiet server's run of identical scrapes): nothing below can
+            # change but the time of the last read.
+            self._last_at = at
+            return
         last, last_at = (None, None) if restarted else (self._last, self._last_at)
-        queue = _queue_counts(lines, self.timeout) if lines else None
+        if lines is not self._lines:
+            # The same scrape's lines (a run of identical reads) are the same object: counted once.
+            self._lines, self._lines_queue = lines, _queue_counts(lines, self.timeout) if lines else None
+        queue = self._lines_queue
         if restarted or not snap.pending:
             self._slow_queue = False
         elif queue is not None and self._queue is not None:
@@ -252,6 +286,7 @@ class TargetReplay:
         self.engine = engine
         self.settings = settings
         self.rules = tuple(rules)
+        self._rule_states = frozenset(rule.state for rule in self.rules)
         self.step = step
         self.record_from = record_from
         self.workload = workload or name
@@ -273,7 +308,7 @@ class TargetReplay:
         self._open: tuple[str, float, str, str] | None = None  # state, since, reason, detail
         self._rules: dict[str, tuple[float, float | None, float | None]] = {}  # name -> (active_at, firing_at, last_sent)
         self._page_errors: dict[str, int] = {}
-        self._last_page: str | None = None
+        self._last_page: object = None  # the page (or Read.key) the last snapshot was parsed from
         self._unscraped_since: float | None = None  # first of the reads since which nothing at all was scraped
         self.gone_at: float | None = None  # set by finish(): its scrapes stopped for good here
         self._last_snap: Snapshot | None = None
@@ -283,7 +318,7 @@ class TargetReplay:
         observation: Snapshot | PollError
         snap: Snapshot | None = None
         self.reads += 1
-        if read.page is None:
+        if not read.scraped:
             self.missed_reads += 1
             if read.extra.get(UP) == "0.0":
                 observation = PollError("connect", "Prometheus's scrape of it failed (up 0)")
@@ -291,14 +326,16 @@ class TargetReplay:
                 observation = PollError("connect", f"no scrape in the history within the {self.step:g}s before this read")
             if not read.extra and self._unscraped_since is None:
                 self._unscraped_since = read.at
-        if read.page is not None or read.extra:
+        if read.scraped or read.extra:
             self._unscraped_since = None
-        if read.page is not None:
+        if read.scraped:
             try:
                 # The adapter is pure: the same page (a quiet or hung server's) is the same snapshot.
-                if read.page != self._last_page or self._last_snap is None:
-                    self._last_snap, self._last_page = None, read.page
-                    self._last_snap = read_page(self.engine, Page(read.page.encode()))
+                key = read.key if read.found is not None else read.page
+                if key != self._last_page or self._last_snap is None:
+                    self._last_snap, self._last_page = None, key
+                    self._last_snap = (read_found(self.engine, read.found) if read.found is not None
+                                       else read_page(self.engine, Page(str(read.page).encode())))
                 snap = self._last_snap
                 observation = snap
             except PageError as exc:
@@ -363,6 +400,8 @@ class TargetReplay:
         self._open = None
 
     def _evaluate(self, verdict: Verdict, at: float) -> None:
+        if not self._rules and verdict.state not in self._rule_states:
+            return  # no rule holds, none was active: nothing to count (most reads of a healthy fleet)
         waiting = verdict.snapshot.waiting if verdict.snapshot is not None else 0.0
         for rule in self.rules:
             holds = verdict.state == rule.state and (not rule.needs_waiting or waiting > 0)

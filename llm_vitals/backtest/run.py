@@ -11,16 +11,17 @@ first scrape, a target whose scrapes stop has missed reads (down after `down_aft
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from llm_vitals.backtest.history import Read, Scrapes, Series, grid, scrape_interval
+from llm_vitals.backtest.history import Columns, Read, Scrapes, Series, grid, scrape_interval
 from llm_vitals.backtest.prometheus import CHUNK_POINTS, PrometheusError, name_selector
 from llm_vitals.backtest.replay import (
     QUEUE_TIME_BUCKET,
@@ -31,6 +32,7 @@ from llm_vitals.backtest.replay import (
     Note,
     TargetReplay,
     default_policy,
+    found_parser,
     gate_replay,
 )
 from llm_vitals.backtest.rules import AlertRule
@@ -67,6 +69,11 @@ class Options:
     # Processes reading and replaying groups of targets, each from its own source_factory() (picklable).
     jobs: int = 1
     source_factory: Callable[[], Source] | None = None
+    # Read the samples directly where the adapter can (history.Columns); False: write each scrape as a
+    # page and scan it back (history.Scrapes), the reference the fast path is tested against.
+    fast: bool = True
+    # Queries of one chunk in flight at once (one per family).
+    concurrency: int = 4
 
 
 @dataclass
@@ -238,22 +245,38 @@ def instance_matcher(names: Iterable[str]) -> str:
 def read_history(source: Source, window: Window, options: Options, targets: dict[str, TargetReplay],
                  queries: Sequence[tuple[str, tuple[str, ...]]], narrow: bool = False) -> HistoryRead:
     """Read the window chunk by chunk and feed every target's replay its reads, in time order."""
-    say = options.progress or (lambda _: None)
     read = HistoryRead(targets)
     # One warm-up read a step before the window: the window's first read has one to compare with.
     times = list(grid(window.start - window.step, window.end, window.step))
     chunks = max(1, -(-len(times) // options.chunk_points))
     read.chunks = chunks
     group = (instance_matcher(targets),) if narrow else ()
+    with ThreadPoolExecutor(max_workers=max(1, options.concurrency)) as pool:
+        _read_chunks(source, window, options, targets, queries, read, times, group, pool)
+    splits = getattr(source, "splits", 0)
+    if splits:
+        read.notes.append(Note(None, f"Prometheus refused {splits} quer{'y' if splits == 1 else 'ies'} as too many "
+                                     f"samples (HTTP 422, its --query.max-samples): read again in halves, nothing lost"))
+    return read
+
+
+def _read_chunks(source: Source, window: Window, options: Options, targets: dict[str, TargetReplay],
+                 queries: Sequence[tuple[str, tuple[str, ...]]], read: HistoryRead, times: list[float],
+                 group: tuple[str, ...], pool: ThreadPoolExecutor) -> None:
+    say = options.progress or (lambda _: None)
+    chunks = read.chunks
     checked_interval = False
     for index in range(chunks):
         reads_at = times[index * options.chunk_points:(index + 1) * options.chunk_points]
         low, high = reads_at[0] - window.step, reads_at[-1]
         by_target: dict[str, list[Series]] = defaultdict(list)
+        selectors = [name_selector([name], ",".join(m for m in (options.matchers, *group, *extra) if m))
+                     for name, extra in queries]
         try:
-            for name, extra in queries:
-                matchers = ",".join(m for m in (options.matchers, *group, *extra) if m)
-                for series in source.samples(name_selector([name], matchers), low, high):
+            # The families of one chunk at once: Prometheus answers them in parallel, and this
+            # process decodes one answer while it works on the next.
+            for answer in pool.map(functools.partial(_samples, source, start=low, end=high), selectors):
+                for series in answer:
                     instance = series.labels.get("instance", "")
                     if instance in targets:
                         by_target[instance].append(series)
@@ -267,23 +290,54 @@ def read_history(source: Source, window: Window, options: Options, targets: dict
         intervals: list[float] = []
         for name, replay in targets.items():
             of_target = by_target.pop(name, None)
-            found = Scrapes.of(of_target, (*QUEUE_TIME_FAMILIES, UP)) if of_target else None
+            found: Scrapes | Columns | None = _scrapes_of(of_target, replay, options.fast) if of_target else None
             if found is not None:
                 if not checked_interval and (interval := scrape_interval(found.times)) is not None:
                     intervals.append(interval)
                 read.notes += [Note(low, f"{name}: two series wrote {prefix} at one scrape (a relabel duplicated "
                                          f"them?): the first is read, the other ignored")
                                for prefix in sorted(found.duplicates)]
-            for at in reads_at:
-                if replay.first_read is None and (found is None or not found.times or found.times[0] > at):
-                    continue  # not in the history yet (a target that appears mid-window)
-                replay.feed(found.read_at(at, window.step) if found is not None else _missed(at))
+            _feed(replay, found, reads_at, window.step)
         if not checked_interval and intervals:
             checked_interval = True
             read.notes += _check_interval(intervals, window)
         if chunks > 4:
             say(f"chunk {index + 1}/{chunks} read ({_iso(high)})")
-    return read
+
+
+def _samples(source: Source, selector: str, *, start: float, end: float) -> list[Series]:
+    return source.samples(selector, start, end)
+
+
+def _scrapes_of(series: list[Series], replay: TargetReplay, fast: bool) -> Scrapes | Columns:
+    """The target's scrapes of one chunk: as columns of samples where its adapter reads samples directly."""
+    extra = (*QUEUE_TIME_FAMILIES, UP)
+    if fast and found_parser(replay.engine.name) is not None:
+        columns = Columns.of(series, extra)
+        # Only the adapter's own families: another engine's lines on the page are the page path's
+        # `wrong_engine`, which the samples path does not judge.
+        if columns.page_names() <= frozenset(families(replay.engine)):
+            return columns
+    return Scrapes.of(series, extra)
+
+
+def _feed(replay: TargetReplay, found: Scrapes | Columns | None, reads_at: Sequence[float], step: float) -> None:
+    """Feed one target's replay its reads of one chunk, in time order."""
+    if found is None:
+        if replay.first_read is not None:
+            for at in reads_at:
+                replay.feed(_missed(at))
+        return
+    first = found.times[0] if found.times else None
+    position = 0
+    for at in reads_at:
+        if replay.first_read is None and (first is None or first > at):
+            continue  # not in the history yet (a target that appears mid-window)
+        if isinstance(found, Columns):
+            one, position = found.read_at(at, step, position)
+        else:
+            one = found.read_at(at, step)
+        replay.feed(one)
 
 
 def _read_group(source_factory: Callable[[], Source], window: Window, options: Options,
