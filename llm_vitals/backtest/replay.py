@@ -281,8 +281,9 @@ class TargetReplay:
 
     def __init__(self, name: str, engine: Engine, settings: TargetSettings, rules: Sequence[AlertRule], *,
                  watchdog_timeout: float, step: float, workload: str | None = None, trace: bool = False,
-                 record_from: float = -math.inf) -> None:
+                 record_from: float = -math.inf, labels: Mapping[str, str] | None = None) -> None:
         self.name = name
+        self.labels = dict(labels or {})  # its series' labels (no __name__): what --incidents' selectors match
         self.engine = engine
         self.settings = settings
         self.rules = tuple(rules)

@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from llm_vitals.backtest.incidents import KINDS, Scored
 from llm_vitals.backtest.replay import TargetReplay
 from llm_vitals.backtest.run import Result
 from llm_vitals.durations import format_duration
@@ -46,7 +47,47 @@ def as_json(result: Result) -> dict[str, Any]:
             "watchdog_restarts": sum(t["watchdog_restarts"] for t in targets),
         },
         "notes": [{"at": n.at, "text": n.text} for n in result.notes],
+        **({"incidents": incidents_json(result.scored)} if result.scored is not None else {}),
     }
+
+
+def incidents_json(scored: Scored) -> dict[str, Any]:
+    """--incidents in the JSON: per policy its totals, per incident each policy's outcome, the false alarms."""
+    return {
+        "policies": {policy: {"caught": s.caught, "missed": s.missed, "false_alarms": s.false_alarms,
+                              "lead_times": s.lead_times, "median_lead_time": s.median_lead_time}
+                     for policy, s in scored.scores.items()},
+        "incidents": [{"target": i.target, "selector": i.selector, "start": i.start, "end": i.end, "kind": i.kind,
+                       "note": i.note, "targets": list(names),
+                       **{policy: {"caught": o.caught, "first_alarm": o.first_alarm, "lead_time": o.lead_time,
+                                   "on": o.target} for policy, o in outcomes.items()}}
+                      for i, names, outcomes in scored.incidents],
+        "false_alarms": [{"policy": a.policy, "target": a.target, "start": a.start, "end": a.end, "what": a.what}
+                         for a in scored.false_alarms],
+        "unscored": [{"what": i.what, "start": i.start, "end": i.end, "why": why} for i, why in scored.unscored],
+    }
+
+
+def incidents_line(scored: Scored, watchdog_timeout: str) -> str:
+    """The one-line summary of --incidents: each policy's caught, missed, false alarms and lead times."""
+    kinds = ", ".join(f"{sum(1 for i, _, _ in scored.incidents if i.kind == kind)} {kind}"
+                      for kind in KINDS if any(i.kind == kind for i, _, _ in scored.incidents))
+    parts = []
+    for policy, s in scored.scores.items():
+        name = "llm-vitals" if policy == "llm-vitals" else f"a watchdog with a {watchdog_timeout} timeout"
+        lead = ""
+        if s.lead_times:
+            low, high = min(s.lead_times), max(s.lead_times)
+            lead = (f", lead time {signed(low)}" if low == high else
+                    f", lead time {signed(low)} to {signed(high)} (median {signed(s.median_lead_time or 0.0)})")
+        parts.append(f"{name} caught {s.caught}, missed {s.missed}, {s.false_alarms} false alarm(s){lead}")
+    skipped = f" ({len(scored.unscored)} not scored)" if scored.unscored else ""
+    return f"incidents: {len(scored.incidents)} scored ({kinds or 'none'}){skipped}; " + "; ".join(parts)
+
+
+def signed(seconds: float) -> str:
+    """A lead time: `+1m15s` after the incident's start, `-3h15m` before it."""
+    return ("-" if seconds < 0 else "+") + length(abs(seconds))
 
 
 def _target_json(result: Result, replay: TargetReplay) -> dict[str, Any]:
@@ -85,12 +126,30 @@ def as_text(result: Result) -> str:
     episodes = ", ".join(f"{count} {state}" for state, count in data["episodes"].items()) or "none"
     lines.append(f"totals: {data['targets']} target(s); episodes: {episodes}; {data['alerts']} alert(s); "
                  f"llm-vitals would have restarted {data['would_restart']}; restarts seen {data['restarts_seen']}; "
-                 f"a watchdog with a {_watchdog_timeout(result)} timeout would have restarted {data['watchdog_restarts']}")
+                 f"a watchdog with a {watchdog_timeout(result)} timeout would have restarted {data['watchdog_restarts']}")
+    if result.scored is not None:
+        lines += _incident_lines(result.scored)
+        lines.append(incidents_line(result.scored, watchdog_timeout(result)))
     lines += [f"note{f' {_clock(n.at)}' if n.at is not None else ''}: {n.text}" for n in result.notes]
     return "\n".join(lines) + "\n"
 
 
-def _watchdog_timeout(result: Result) -> str:
+def _incident_lines(scored: Scored) -> list[str]:
+    lines = []
+    for incident, names, outcomes in scored.incidents:
+        said = "; ".join(f"{policy} " + (f"caught at {_clock(o.first_alarm)} ({signed(o.lead_time)})"
+                                         if o.caught and o.first_alarm is not None and o.lead_time is not None
+                                         else "missed")
+                         for policy, o in outcomes.items())
+        note = f" \"{incident.note}\"" if incident.note else ""
+        lines.append(f"incident {incident.kind} {incident.what} {_clock(incident.start)} for "
+                     f"{length(incident.end - incident.start)}{note} ({len(names)} target(s)): {said}")
+    lines += [f"false alarm: {a.policy} on {a.target} at {_clock(a.start)} ({a.what})" for a in scored.false_alarms]
+    lines += [f"incident not scored: {i.what} {_clock(i.start)}: {why}" for i, why in scored.unscored]
+    return lines
+
+
+def watchdog_timeout(result: Result) -> str:
     first = next(iter(result.targets.values()), None)
     return format_duration(first.watchdog.timeout) if first is not None else "?"
 

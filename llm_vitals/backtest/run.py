@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from llm_vitals.backtest.history import Columns, Read, Scrapes, Series, grid, scrape_interval
+from llm_vitals.backtest.incidents import ALARM_SEVERITIES, Alarm, Incident, Scored, merge, score
 from llm_vitals.backtest.prometheus import CHUNK_POINTS, PrometheusError, name_selector
 from llm_vitals.backtest.replay import (
     QUEUE_TIME_BUCKET,
@@ -74,6 +75,8 @@ class Options:
     fast: bool = True
     # Queries of one chunk in flight at once (one per family).
     concurrency: int = 4
+    # --incidents: the operator's own incidents, each policy scored against them.
+    incidents: Sequence[Incident] | None = None
 
 
 @dataclass
@@ -84,6 +87,7 @@ class Result:
     notes: list[Note] = field(default_factory=list)  # about the whole history (not one target)
     chunks: int = 0
     chunks_read: int = 0
+    scored: Scored | None = None  # --incidents
 
     @property
     def read_anything(self) -> bool:
@@ -171,7 +175,8 @@ def discover(source: Source, window: Window, options: Options) -> tuple[dict[str
         targets[instance] = TargetReplay(
             instance, ENGINES[engine], settings, options.rules, watchdog_timeout=options.watchdog_timeout,
             step=window.step, workload=workload_of(first_labels.get(instance, {}), instance)
-            if settings.workload is None else settings.workload, trace=options.trace, record_from=window.start)
+            if settings.workload is None else settings.workload, trace=options.trace, record_from=window.start,
+            labels={k: v for k, v in first_labels.get(instance, {}).items() if k != "__name__"})
     for name in sorted(set(configured) - set(targets)):
         notes.append(Note(None, f"{name}: in the config, but no series with instance=\"{name}\" in the window"))
     le = _bound_at_or_above(buckets, options.watchdog_timeout)
@@ -223,7 +228,24 @@ def backtest(source: Source, window: Window, options: Options) -> Result:
         replay.finish(window.end)
     policy = default_policy(targets)
     result.decisions = gate_replay(targets, policy)
+    if options.incidents is not None:
+        result.scored = score(options.incidents, alarms(result, options.rules),
+                              {name: replay.labels for name, replay in targets.items()}, (window.start, window.end))
     return result
+
+
+def alarms(result: Result, rules: Sequence[AlertRule]) -> list[Alarm]:
+    """Each policy's alarm episodes per target (incidents.py says what counts)."""
+    severity = {rule.name: rule.severity for rule in rules}
+    found: list[Alarm] = []
+    for name, replay in result.targets.items():
+        vitals = [(a.start, a.end, a.alert) for a in replay.alerts if severity.get(a.alert) in ALARM_SEVERITIES]
+        vitals += [(d.at, d.at, "would-be restart") for d in result.would_restart(name)]
+        found += [Alarm("llm-vitals", name, start, end, what) for start, end, what in merge(vitals)]
+        watchdog = [(start, end if end is not None else start, "watchdog restart")
+                    for start, end in replay.watchdog.periods]
+        found += [Alarm("watchdog", name, start, end, what) for start, end, what in merge(watchdog)]
+    return found
 
 
 @dataclass
@@ -233,6 +255,7 @@ class HistoryRead:
     targets: dict[str, TargetReplay]
     chunks: int = 0
     chunks_read: int = 0
+    scored: Scored | None = None  # --incidents
     notes: list[Note] = field(default_factory=list)
 
 
