@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--incidents", type=Path, default=None, metavar="FILE",
                         help="your own incidents (YAML or CSV: target or selector, start, end, kind hang|slow|down, "
                              "note): each policy's caught, missed, false alarms and lead time (docs/backtest.md)")
+    parser.add_argument("--compare-live", action="store_true",
+                        help="where this Prometheus also scraped the exporter: per target, how often its own "
+                             "llm_vitals_state agreed with the replay, and every disagreement longer than two scrapes")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of text")
     parser.add_argument("--html", type=Path, default=None, metavar="FILE",
                         help="also write a self-contained HTML page (needs the `html` extra: matplotlib)")
@@ -130,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         return exits.USAGE
     options = Options(rules=rules, matchers=matchers, watchdog_timeout=args.watchdog_timeout, config=config,
                       trace=args.html is not None, progress=progress, jobs=args.jobs, incidents=incidents,
+                      compare_live=args.compare_live,
                       source_factory=functools.partial(Prometheus, args.prometheus, timeout=args.timeout))
     source = Prometheus(args.prometheus, timeout=args.timeout)
     try:

@@ -130,6 +130,9 @@ def page(result: Result) -> str:
                         f"{chart(result, replay)}<ul class='episodes'>{episodes}</ul><ul>{marks}{notes}</ul></section>")
     notes = "".join(f"<li class='note'>{html.escape(n.text)}</li>" for n in result.notes)
     scored = _incidents(result)
+    if result.live is not None:
+        scored += ("<h2>Replay against the live exporter</h2><ul class='live'>"
+                   + "".join(f"<li>{html.escape(line)}</li>" for line in report.live_lines(result.live)) + "</ul>")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>llm-vitals backtest</title><style>{STYLE}</style></head>
 <body>

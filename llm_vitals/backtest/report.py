@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from llm_vitals.backtest.incidents import KINDS, Scored
+from llm_vitals.backtest.live import Agreement
 from llm_vitals.backtest.replay import TargetReplay
 from llm_vitals.backtest.run import Result
 from llm_vitals.durations import format_duration
@@ -48,7 +49,33 @@ def as_json(result: Result) -> dict[str, Any]:
         },
         "notes": [{"at": n.at, "text": n.text} for n in result.notes],
         **({"incidents": incidents_json(result.scored)} if result.scored is not None else {}),
+        **({"live": [live_json(a) for a in result.live]} if result.live is not None else {}),
     }
+
+
+def live_json(agreement: Agreement) -> dict[str, Any]:
+    """--compare-live in the JSON, one target."""
+    return {"target": agreement.target, "live_target": agreement.live_target, "compared": agreement.compared,
+            "agreed": agreement.agreed, "percent": agreement.percent, "exporter_interval": agreement.interval,
+            "disagreements": [{"start": d.start, "end": d.end, "scrapes": d.scrapes, "live": d.live, "replay": d.replay}
+                              for d in agreement.disagreements]}
+
+
+def live_lines(live: list[Agreement]) -> list[str]:
+    """--compare-live in the text: a line per target, one per long disagreement, then the overall share."""
+    lines = []
+    for a in live:
+        share = f"{a.percent:.1f}%" if a.percent is not None else "nothing"
+        lines.append(f"live {a.target}" + (f" (the exporter's {a.live_target})" if a.live_target != a.target else "")
+                     + f": the replay agrees with {share} of {a.compared} exporter scrape(s); "
+                     + f"{len(a.disagreements)} disagreement(s) longer than two scrapes")
+        lines += [f"    {_clock(d.start)} for {d.scrapes} scrapes: live {d.live}, replay {d.replay}"
+                  for d in a.disagreements]
+    compared, agreed = sum(a.compared for a in live), sum(a.agreed for a in live)
+    overall = f"{100.0 * agreed / compared:.1f}%" if compared else "nothing"
+    lines.append(f"compare-live: {len(live)} target(s), the replay agrees with {overall} of {compared} exporter "
+                 f"scrape(s); {sum(len(a.disagreements) for a in live)} disagreement(s) longer than two scrapes")
+    return lines
 
 
 def incidents_json(scored: Scored) -> dict[str, Any]:
@@ -127,6 +154,8 @@ def as_text(result: Result) -> str:
     lines.append(f"totals: {data['targets']} target(s); episodes: {episodes}; {data['alerts']} alert(s); "
                  f"llm-vitals would have restarted {data['would_restart']}; restarts seen {data['restarts_seen']}; "
                  f"a watchdog with a {watchdog_timeout(result)} timeout would have restarted {data['watchdog_restarts']}")
+    if result.live is not None:
+        lines += live_lines(result.live)
     if result.scored is not None:
         lines += _incident_lines(result.scored)
         lines.append(incidents_line(result.scored, watchdog_timeout(result)))

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from llm_vitals.backtest.history import Columns, Read, Scrapes, Series, grid, scrape_interval
 from llm_vitals.backtest.incidents import ALARM_SEVERITIES, Alarm, Incident, Scored, merge, score
+from llm_vitals.backtest.live import LIVE_STATE, TARGET_INFO, Agreement, compare, live_timelines, match_targets, target_urls
 from llm_vitals.backtest.prometheus import CHUNK_POINTS, PrometheusError, name_selector
 from llm_vitals.backtest.replay import (
     QUEUE_TIME_BUCKET,
@@ -75,6 +76,8 @@ class Options:
     fast: bool = True
     # Queries of one chunk in flight at once (one per family).
     concurrency: int = 4
+    # --compare-live: the exporter's own llm_vitals_state in the same Prometheus, against the replay.
+    compare_live: bool = False
     # --incidents: the operator's own incidents, each policy scored against them.
     incidents: Sequence[Incident] | None = None
 
@@ -88,6 +91,7 @@ class Result:
     chunks: int = 0
     chunks_read: int = 0
     scored: Scored | None = None  # --incidents
+    live: list[Agreement] | None = None  # --compare-live
 
     @property
     def read_anything(self) -> bool:
@@ -228,10 +232,40 @@ def backtest(source: Source, window: Window, options: Options) -> Result:
         replay.finish(window.end)
     policy = default_policy(targets)
     result.decisions = gate_replay(targets, policy)
+    if options.compare_live:
+        result.live = compare_live(source, window, targets, result.notes)
     if options.incidents is not None:
         result.scored = score(options.incidents, alarms(result, options.rules),
                               {name: replay.labels for name, replay in targets.items()}, (window.start, window.end))
     return result
+
+
+def compare_live(source: Source, window: Window, targets: Mapping[str, TargetReplay], notes: list[Note]) -> list[Agreement]:
+    """--compare-live: the exporter's own `llm_vitals_state` read back, chunk by chunk, against each replay."""
+    series: list[Series] = []
+    span = window.step * CHUNK_POINTS
+    low = window.start
+    try:
+        urls = target_urls(source.series(name_selector([TARGET_INFO], ""), window.start, window.end))
+        while low < window.end:
+            high = min(window.end, low + span)
+            series += source.samples(name_selector([LIVE_STATE], ""), low, high)
+            low = high
+    except PrometheusError as exc:
+        notes.append(Note(None, f"--compare-live: the exporter's llm_vitals_state could not be read: {exc}"))
+        return []
+    timelines = live_timelines(series)
+    if not timelines:
+        notes.append(Note(None, "--compare-live: no llm_vitals_state series in the window (does this Prometheus "
+                                "scrape the exporter?)"))
+        return []
+    matched = match_targets(timelines, targets, urls)
+    unmatched = sorted(set(timelines) - set(matched.values()))
+    if unmatched:
+        notes.append(Note(None, f"--compare-live: the exporter's target(s) {', '.join(unmatched)} match no replayed "
+                                f"instance (by name or by the host:port of their url)"))
+    return [compare(name, matched[name], timelines[matched[name]], targets[name].state_at, (window.start, window.end))
+            for name in targets if name in matched]
 
 
 def alarms(result: Result, rules: Sequence[AlertRule]) -> list[Alarm]:
@@ -256,6 +290,7 @@ class HistoryRead:
     chunks: int = 0
     chunks_read: int = 0
     scored: Scored | None = None  # --incidents
+    live: list[Agreement] | None = None  # --compare-live
     notes: list[Note] = field(default_factory=list)
 
 
