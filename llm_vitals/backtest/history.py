@@ -153,6 +153,10 @@ class Column:
         return self.name + self.label_text
 
 
+# Columns._layout: the families' lines, the off-page lines, every column's label set, each family's slice.
+Layout = tuple[list[tuple[str, list[tuple[str, int]]]], list[tuple[str, int]], tuple[str, ...], list[tuple[str, int, int]]]
+
+
 @dataclass
 class Columns:
     """One target's scrapes over one chunk as columns of samples: the fast form of `Scrapes`.
@@ -168,7 +172,7 @@ class Columns:
     rows: list[tuple[float | None, ...]]  # per scrape, per column: its value, None where it wrote none
     duplicates: set[str] = field(default_factory=set)
     _last: tuple[object, Mapping[str, list[Sample]] | None, dict[str, str]] | None = None
-    _groups: tuple[list[tuple[str, list[tuple[str, int]]]], list[tuple[str, int]]] | None = None
+    _groups: Layout | None = None
 
     @classmethod
     def of(cls, series: Sequence[Series], extra_names: Iterable[str] = ()) -> Columns:
@@ -217,25 +221,45 @@ class Columns:
         row = self.rows[index]
         key = (self.columns, row)
         if self._last is None or self._last[0] != key:
-            found: dict[str, list[Sample]] = {}
-            for name, members in self._layout()[0]:
-                samples = [_new_sample(Sample, (label_text, row[i])) for label_text, i in members if row[i] is not None]
-                if samples:
-                    found[name] = samples
-            extra = {prefix: format_value(value) for prefix, i in self._layout()[1] if (value := row[i]) is not None}
+            groups, off_page, label_texts, spans = self._layout()
+            found: dict[str, list[Sample]]
+            if label_texts and None not in row:
+                # Every line present (the common scrape): one pass over the row, sliced by family.
+                samples = [_new_sample(Sample, pair) for pair in zip(label_texts, row, strict=True)]
+                found = {name: samples[low:high] for name, low, high in spans}
+            else:
+                found = {}
+                for name, members in groups:
+                    some = [_new_sample(Sample, (label_text, row[i])) for label_text, i in members if row[i] is not None]
+                    if some:
+                        found[name] = some
+            extra = {prefix: format_value(value) for prefix, i in off_page if (value := row[i]) is not None}
             self._last = (key, found or None, extra)
         _, found_now, extra_now = self._last
         # A scrape with nothing of the engine's (only `up`, at 0: Prometheus's scrape failed) is no page.
         return Read(at, None, self.times[index], extra_now, found_now, key if found_now else None), index
 
-    def _layout(self) -> tuple[list[tuple[str, list[tuple[str, int]]]], list[tuple[str, int]]]:
-        # The page's families in page order, each with its lines' (label set, column); the off-page lines.
+    def _layout(self) -> Layout:
+        # The page's families in page order, each with its lines' (label set, column); the off-page
+        # lines; and for a row with every line present, each column's label set (off-page ones too)
+        # and each family's slice of them.
         if self._groups is None:
             groups: dict[str, list[tuple[str, int]]] = {}
             for i, column in enumerate(self.columns):
                 if not column.off_page:
                     groups.setdefault(column.name, []).append((column.label_text, i))
-            self._groups = (list(groups.items()), [(c.prefix, i) for i, c in enumerate(self.columns) if c.off_page])
+            order = [i for members in groups.values() for _, i in members]
+            if order == list(range(len(order))):
+                # The families' lines are the first columns, in order: a slice per family.
+                spans, low = [], 0
+                for name, members in groups.items():
+                    spans.append((name, low, low + len(members)))
+                    low += len(members)
+                label_texts = tuple(c.label_text for c in self.columns)
+            else:
+                spans, label_texts = [], ()
+            self._groups = (list(groups.items()), [(c.prefix, i) for i, c in enumerate(self.columns) if c.off_page],
+                            label_texts, spans)
         return self._groups
 
     def page_names(self) -> frozenset[str]:
