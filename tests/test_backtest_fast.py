@@ -145,3 +145,38 @@ def test_a_run_of_identical_scrapes_is_one_set_of_samples() -> None:
         reads.append(read)
     assert all(r.found is reads[0].found and r.key == reads[0].key for r in reads)
     assert reads[0].scraped_at is not None and reads[-1].scraped_at == T0 + 39 * STEP
+
+
+class _Flagged:
+    """A verdict as a later verdict.py may return it: with a `degraded` flag beside its state."""
+
+    def __init__(self, verdict, degraded: bool) -> None:
+        self._verdict, self.degraded = verdict, degraded
+
+    def __getattr__(self, name: str):
+        return getattr(self._verdict, name)
+
+
+def test_any_other_state_and_a_degraded_flag_are_episodes_without_a_change_here(monkeypatch) -> None:
+    from dataclasses import replace as replaced
+
+    from llm_vitals.backtest import replay
+
+    judge = replay.judge
+
+    def later_judge(previous, observation, now, *args):
+        # Where a new rule would say so: `paused` for ten minutes, `degraded` for five within the busy hour.
+        real = previous._verdict if isinstance(previous, _Flagged) else previous
+        verdict = judge(real, observation, now, *args)
+        if T0 + 600 <= now < T0 + 1200:
+            verdict = replaced(verdict, state="paused", reason="paused", detail="a weight sync")
+        return _Flagged(verdict, T0 + 1800 <= now < T0 + 2100)
+
+    monkeypatch.setattr(replay, "judge", later_judge)
+    series = as_series("gpu-a:8000", scrapes(T0, [Phase("saturated", 3600)]))
+    fast, slow = both(series, T0 + 3600 - STEP)
+    assert fast == slow
+    (target,) = fast["targets"]
+    assert [(e["state"], e["start"] - T0, e["end"] - T0) for e in target["episodes"]] == [
+        ("paused", 600, 1200), ("degraded", 1800, 2100)]
+    assert fast["totals"]["episodes"] == {"degraded": 1, "paused": 1}

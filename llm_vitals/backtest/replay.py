@@ -42,8 +42,12 @@ from llm_vitals.exporter.verdict import PollError, Verdict, judge
 from llm_vitals.remediator import gate, shared
 from llm_vitals.targets import STATES, UNHEALTHY_STATES
 
-# States that are the server working as it should: not listed as episodes.
+# States that are the server working as it should: not listed as episodes. Every other state the
+# verdict returns (today's and any added later, e.g. a pause on purpose) is an episode of its own.
 ORDINARY_STATES = frozenset({"busy", "idle"})
+# Flags a verdict may carry beside its state (a replica limping beside its peers: `degraded`), each
+# listed as episodes of its own name while true; a verdict without the field has the flag false.
+FLAGS = ("degraded",)
 # alerts/alertmanager.yml's route to the remediator re-sends a still-firing alert every hour.
 REPEAT_INTERVAL = 3600.0
 # The remediator's executors' default timeout: how long a would-be restart holds "in progress".
@@ -307,6 +311,7 @@ class TargetReplay:
         self.state_changes: list[tuple[float, str]] = []
         self.start_times: list[tuple[float, float | None]] = []
         self._open: tuple[str, float, str, str] | None = None  # state, since, reason, detail
+        self._flags: dict[str, tuple[float, str]] = {}  # flag -> (since, detail), while it is true
         self._rules: dict[str, tuple[float, float | None, float | None]] = {}  # name -> (active_at, firing_at, last_sent)
         self._page_errors: dict[str, int] = {}
         self._last_page: object = None  # the page (or Read.key) the last snapshot was parsed from
@@ -361,6 +366,11 @@ class TargetReplay:
         if snap is not None and (not self.start_times or self.start_times[-1][1] != snap.process_start_time):
             self.start_times.append((read.at, snap.process_start_time))
         self._episode(verdict, read.at)
+        for flag in FLAGS:
+            if getattr(verdict, flag, False):
+                self._flags.setdefault(flag, (read.at, verdict.detail))
+            elif flag in self._flags:
+                self._close_flag(flag, read.at)
         self._evaluate(verdict, read.at)
         self.watchdog.feed(read.at, snap, read.extra, restarted)
         if self.trace is not None:
@@ -390,6 +400,11 @@ class TargetReplay:
         self._close(at)
         self._open = (verdict.state, at, verdict.reason, verdict.detail)
         self.state_changes.append((at, verdict.state))
+
+    def _close_flag(self, flag: str, at: float) -> None:
+        since, detail = self._flags.pop(flag)
+        if since >= self.record_from and at > self.record_from:
+            self.episodes.append(Episode(flag, since, at, flag, detail))
 
     def _close(self, at: float) -> None:
         # The warm-up read before the window (`record_from`) only gives the first read of the window
@@ -440,6 +455,11 @@ class TargetReplay:
                                          "Prometheus's targets; nothing judged after its last scrape"))
             end = gone
         self._close(end)
+        for flag in list(self._flags):
+            if self._flags[flag][0] < end:
+                self._close_flag(flag, end)
+        self._flags.clear()
+        self.episodes.sort(key=lambda e: e.start)
         for rule in self.rules:
             if rule.name in self._rules:
                 active_at, firing_at, _ = self._rules.pop(rule.name)
