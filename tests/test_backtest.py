@@ -408,6 +408,21 @@ def test_scrapes_that_failed_with_up_0_are_missed_reads_and_down_after_down_afte
     (down,) = target["episodes"]
     assert down["state"] == "down" and "up 0" in down["detail"]
     assert not result.targets["gpu-a:8000"].gone_at
+    # The watchdog's probe fails where Prometheus's scrape failed (up 0), as it does on the saturated queue.
+    assert any(p["start"] <= T0 + 1800 + STEP and p["end"] >= failed[-1] for p in target["watchdog_periods"])
+
+
+def test_a_watchdog_probe_fails_where_prometheus_s_scrape_failed() -> None:
+    series = as_series("gpu-a:8000", scrapes(T0, [Phase("idle", 1800), Phase("gap", 120), Phase("idle", 1800)]))
+    failed = [T0 + 1800 + 15 * i for i in range(8)]
+    target = by_target(run([*series, up_series("gpu-a:8000", failed, 0.0)], end=T0 + 3700))["gpu-a:8000"]
+    assert [p["start"] for p in target["watchdog_periods"]] == [failed[0]]
+
+
+def test_a_scrape_gap_without_up_0_is_no_watchdog_failure() -> None:
+    series = as_series("gpu-a:8000", scrapes(T0, [Phase("idle", 1800), Phase("gap", 120), Phase("idle", 1800)]))
+    target = by_target(run(series, end=T0 + 3700))["gpu-a:8000"]
+    assert target["watchdog_restarts"] == 0  # Prometheus itself read nothing: evidence of nothing
 
 
 def test_the_config_s_settings_are_matched_to_series_by_instance() -> None:

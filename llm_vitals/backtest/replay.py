@@ -158,9 +158,13 @@ class Watchdog:
     _lines: Mapping[str, str] | None = None
     _lines_queue: tuple[float, float] | None = None
 
-    def feed(self, at: float, snap: Snapshot | None, lines: Mapping[str, str], restarted: bool) -> None:
-        """Fold one read in; a missed read (`snap` None) changes nothing: it shows nothing either way."""
+    def feed(self, at: float, snap: Snapshot | None, lines: Mapping[str, str], restarted: bool,
+             unreachable: bool = False) -> None:
+        """Fold one read in; a missed read (`snap` None) changes nothing, it shows nothing either way, unless
+        Prometheus's own scrape failed there (`unreachable`, `up` 0): a probe would have failed too."""
         if snap is None:
+            if unreachable:
+                self._failing(at, True)
             return
         if (snap is self._last and not restarted and not snap.pending and not self.failing and not self._slow_queue
                 and self._frozen_since is None and self._waiting_since is None and not self._finishes):
@@ -189,7 +193,10 @@ class Watchdog:
             self._frozen_since = last_at if last_at is not None else at
         frozen = self._frozen_since is not None and at - self._frozen_since >= self.timeout
         backlog = self._backlog(at, snap, restarted)
-        failing = self._slow_queue or frozen or backlog
+        self._failing(at, self._slow_queue or frozen or backlog)
+        self._last, self._last_at, self._queue = snap, at, queue
+
+    def _failing(self, at: float, failing: bool) -> None:
         if failing:
             if not self.failing:
                 self.periods.append((at, None))
@@ -199,7 +206,6 @@ class Watchdog:
             # queue that empties between two requests of a batch job is one period, not one per request.
             self.periods[-1] = (self.periods[-1][0], at)
             self.failing = False
-        self._last, self._last_at, self._queue = snap, at, queue
 
     def _backlog(self, at: float, snap: Snapshot, restarted: bool) -> bool:
         """More waiting than the recent finish rate clears within `timeout`: a probe joins the queue's tail
@@ -372,7 +378,7 @@ class TargetReplay:
             elif flag in self._flags:
                 self._close_flag(flag, read.at)
         self._evaluate(verdict, read.at)
-        self.watchdog.feed(read.at, snap, read.extra, restarted)
+        self.watchdog.feed(read.at, snap, read.extra, restarted, unreachable=not read.scraped and read.extra.get(UP) == "0.0")
         if self.trace is not None:
             self.trace.at.append(read.at)
             self.trace.state.append(STATE_INDEX.get(verdict.state, -1))
