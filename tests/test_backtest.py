@@ -447,3 +447,10 @@ def test_the_cli_tells_its_version_and_prints_the_exporter_s_example_config(caps
     with pytest.raises(SystemExit) as exited:
         cli.main(["--start", "1790000000"])
     assert exited.value.code == 2 and "--prometheus, --end" in capsys.readouterr().err
+
+
+def test_jobs_default_to_the_cores() -> None:
+    import os
+
+    args = cli.build_parser().parse_args(["--prometheus", "http://127.0.0.1:9", "--start", "0", "--end", "60"])
+    assert args.jobs == (os.cpu_count() or 1)
