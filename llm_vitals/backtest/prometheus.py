@@ -145,10 +145,13 @@ class Prometheus:
         for item in data.get("result") or []:
             labels = dict(item.get("metric") or {})
             name = labels.pop("__name__", "")
-            times, values = array("d"), array("d")
-            for at, value in item.get("values") or []:
-                times.append(float(at))
-                values.append(_float(value))
+            pairs = item.get("values") or []
+            times = array("d", [pair[0] for pair in pairs])
+            try:
+                # Prometheus writes every value as float() reads it (NaN, +Inf, -Inf included): in C, at once.
+                values = array("d", map(float, [pair[1] for pair in pairs]))
+            except (TypeError, ValueError):
+                values = array("d", [_float(pair[1]) for pair in pairs])
             found.append(Series(name, labels, times, values))
         return found
 
