@@ -286,15 +286,44 @@ async def test_a_503_is_retried_and_the_answer_read(aiohttp_server) -> None:
     assert len(calls) == 2
 
 
-async def test_a_422_says_what_prometheus_said_and_is_not_retried(aiohttp_server) -> None:
+TOO_MANY = {"status": "error", "errorType": "execution",
+            "error": "query processing would load too many samples into memory in query execution"}
+
+
+async def test_a_422_on_a_short_range_says_what_prometheus_said_and_is_not_split(aiohttp_server) -> None:
     import asyncio
 
-    url, calls = await serve(aiohttp_server, [(422, {"status": "error", "errorType": "execution",
-                                                      "error": "query processing would load too many samples"})])
+    url, calls = await serve(aiohttp_server, [(422, TOO_MANY)])
     client = Prometheus(url, timeout=5, sleep=lambda _: None)
-    with pytest.raises(PrometheusError, match=r"HTTP 422 .*too many samples"):
+    with pytest.raises(PrometheusError, match=r"HTTP 422 .*too many samples.*even for 20s"):
         await asyncio.to_thread(client.samples, '{__name__="m"}', 0.0, 20.0)
-    assert len(calls) == 1
+    assert len(calls) == 1 and client.splits == 0
+
+
+async def test_a_422_too_many_samples_is_read_again_in_halves_and_joined(aiohttp_server) -> None:
+    import asyncio
+
+    asked: list[str] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        query, at = request.query["query"], float(request.query["time"])
+        asked.append(query)
+        millis = int(query.rpartition("[")[2].rstrip("ms]"))
+        if millis > 1_000_000:  # over 1000 s: too many samples
+            return web.json_response(TOO_MANY, status=422)
+        start = at - millis / 1000
+        values = [[t, str(t)] for t in range(0, 4000, 15) if start < t <= at]
+        return web.json_response({"status": "success", "data": {"resultType": "matrix", "result": [
+            {"metric": {"__name__": "m", "instance": "a"}, "values": values}]}})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", handler)
+    server = await aiohttp_server(app)
+    client = Prometheus(f"http://127.0.0.1:{server.port}", timeout=5, sleep=lambda _: None)
+    (series,) = await asyncio.to_thread(client.samples, '{__name__="m"}', 0.0, 3600.0)
+    assert list(series.times) == [float(t) for t in range(15, 3601, 15)]
+    assert list(series.values) == list(series.times)
+    assert client.splits == 3  # 3600 s -> 2 x 1800 s -> 4 x 900 s
 
 
 async def test_a_prometheus_that_does_not_answer_in_time_is_a_line(aiohttp_server) -> None:
@@ -379,6 +408,21 @@ def test_scrapes_that_failed_with_up_0_are_missed_reads_and_down_after_down_afte
     (down,) = target["episodes"]
     assert down["state"] == "down" and "up 0" in down["detail"]
     assert not result.targets["gpu-a:8000"].gone_at
+    # The watchdog's probe fails where Prometheus's scrape failed (up 0), as it does on the saturated queue.
+    assert any(p["start"] <= T0 + 1800 + STEP and p["end"] >= failed[-1] for p in target["watchdog_periods"])
+
+
+def test_a_watchdog_probe_fails_where_prometheus_s_scrape_failed() -> None:
+    series = as_series("gpu-a:8000", scrapes(T0, [Phase("idle", 1800), Phase("gap", 120), Phase("idle", 1800)]))
+    failed = [T0 + 1800 + 15 * i for i in range(8)]
+    target = by_target(run([*series, up_series("gpu-a:8000", failed, 0.0)], end=T0 + 3700))["gpu-a:8000"]
+    assert [p["start"] for p in target["watchdog_periods"]] == [failed[0]]
+
+
+def test_a_scrape_gap_without_up_0_is_no_watchdog_failure() -> None:
+    series = as_series("gpu-a:8000", scrapes(T0, [Phase("idle", 1800), Phase("gap", 120), Phase("idle", 1800)]))
+    target = by_target(run(series, end=T0 + 3700))["gpu-a:8000"]
+    assert target["watchdog_restarts"] == 0  # Prometheus itself read nothing: evidence of nothing
 
 
 def test_the_config_s_settings_are_matched_to_series_by_instance() -> None:
@@ -403,3 +447,10 @@ def test_the_cli_tells_its_version_and_prints_the_exporter_s_example_config(caps
     with pytest.raises(SystemExit) as exited:
         cli.main(["--start", "1790000000"])
     assert exited.value.code == 2 and "--prometheus, --end" in capsys.readouterr().err
+
+
+def test_jobs_default_to_the_cores() -> None:
+    import os
+
+    args = cli.build_parser().parse_args(["--prometheus", "http://127.0.0.1:9", "--start", "0", "--end", "60"])
+    assert args.jobs == (os.cpu_count() or 1)

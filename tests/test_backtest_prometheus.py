@@ -36,7 +36,7 @@ SCRIPT = Path(sys.executable).parent / "llm-vitals-backtest"
 
 
 @contextlib.asynccontextmanager
-async def backfilled_prometheus(run_dir: Path, series: Sequence[Series]) -> AsyncIterator[str]:
+async def backfilled_prometheus(run_dir: Path, series: Sequence[Series], flags: Sequence[str] = ()) -> AsyncIterator[str]:
     """A real Prometheus on 127.0.0.1 serving `series`, backfilled into its own TSDB; its URL."""
     promtool, prometheus = require_binary("promtool"), require_binary("prometheus")
     data = run_dir / "prom-data"
@@ -51,7 +51,7 @@ async def backfilled_prometheus(run_dir: Path, series: Sequence[Series]) -> Asyn
     def build(port: int) -> tuple[list[str], str]:
         url = f"http://127.0.0.1:{port}"
         return [prometheus, f"--config.file={config}", f"--storage.tsdb.path={data}",
-                "--storage.tsdb.retention.time=10y", f"--web.listen-address=127.0.0.1:{port}"], f"{url}/-/ready"
+                "--storage.tsdb.retention.time=10y", f"--web.listen-address=127.0.0.1:{port}", *flags], f"{url}/-/ready"
 
     process, port = await start_on_free_port("prometheus", build, run_dir / "prometheus.log")
     try:
@@ -110,6 +110,48 @@ async def test_the_backtest_reads_the_truth_of_each_backfilled_history_and_draws
     await chromium(binary, tmp_path / "chromium-profile", f"--screenshot={shot}", "--window-size=1300,900",
                    page.as_uri())
     assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
+
+
+# ----------------------------------------------------------------------------------------------
+# --incidents and --compare-live through a Prometheus that refuses large queries (422)
+
+
+async def test_incidents_and_compare_live_through_a_backfilled_prometheus_that_answers_422_too_many_samples(
+        tmp_path: Path) -> None:
+    from backtest_histories import MemorySource
+    from test_backtest_live_compare import exporter_series
+
+    from llm_vitals.backtest.rules import load_rules
+    from llm_vitals.backtest.run import Options, Window
+    from llm_vitals.backtest.run import backtest as replay
+
+    t0 = float(int(time.time()) // 3600 * 3600 - 6 * 3600)
+    engines = (as_series("gpu-a:8000", scrapes(t0, HANG_AND_RESTART))
+               + as_series("gpu-b:8000", scrapes(t0, [Phase("saturated", LENGTH)])))
+    window = (t0 + STEP, t0 + LENGTH - STEP)
+    # The exporter's own llm_vitals_state for gpu-a, scraped 5 s after each engine scrape: what an
+    # exporter that judged as the replay does exported (the live exporter is tests/test_backtest_live.py).
+    first = replay(MemorySource(engines), Window(*window, STEP), Options(rules=load_rules())).targets["gpu-a:8000"]
+    timeline = [(t0 + 20 + STEP * k, first.state_at(t0 + 20 + STEP * k) or "starting") for k in range(int(LENGTH / STEP) - 2)]
+    incidents = tmp_path / "incidents.csv"
+    incidents.write_text("target,start,end,kind,note\n"
+                         f"gpu-a:8000,{t0 + 3600:.0f},{t0 + 4290:.0f},hang,wedged engine loop\n")
+    # 1,500 samples a query at most: a 6 h chunk of a family (some 1,400 points a series) is refused.
+    async with backfilled_prometheus(tmp_path, engines + exporter_series("gpu-a:8000", timeline),
+                                     flags=["--query.max-samples=1500"]) as url:
+        done = await backtest("--prometheus", url, "--start", f"{window[0]:.0f}", "--end", f"{window[1]:.0f}",
+                              "--incidents", str(incidents), "--compare-live", "--json", "--jobs", "1")
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert any("HTTP 422" in n["text"] and "read again in halves" in n["text"] for n in document["notes"])
+    targets = {t["target"]: t for t in document["targets"]}
+    assert [e["state"] for e in targets["gpu-a:8000"]["episodes"] if e["state"] == "stuck"] == ["stuck"]
+    scored = document["incidents"]
+    assert scored["policies"]["llm-vitals"] == {**scored["policies"]["llm-vitals"], "caught": 1, "missed": 0,
+                                                "false_alarms": 0}
+    assert 60 <= scored["incidents"][0]["llm-vitals"]["lead_time"] <= 120 + 2 * STEP
+    (live,) = document["live"]
+    assert live["target"] == "gpu-a:8000" and live["percent"] == 100.0 and live["compared"] > 300
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
     llm-vitals-backtest --prometheus http://prometheus:9090 --start 2026-11-28T00:00:00Z --end 2026-12-05T00:00:00Z \\
         [--step 15s] [--selector '{job="vllm"}'] [--config exporter.yaml] [--json] [--html FILE] [--watchdog-timeout 10s]
-        [--rules FILE] [--jobs N]
+        [--rules FILE] [--jobs N] [--incidents FILE] [--compare-live]
 
 Exit codes: 0 when anything could be read (what could not is said on its own line), 1 when nothing
 could (Prometheus unreachable, no engine series in the window, a bad config or rules file), 2 for
@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
-from datetime import datetime
 from pathlib import Path
 
 from llm_vitals import exits
 from llm_vitals.backtest import report
+from llm_vitals.backtest.incidents import IncidentsError, load_incidents, timestamp
 from llm_vitals.backtest.prometheus import Prometheus, PrometheusError, selector_matchers
 from llm_vitals.backtest.rules import RulesError, load_rules
 from llm_vitals.backtest.run import Options, Window, backtest
@@ -34,16 +35,9 @@ PROG = "llm-vitals-backtest"
 def parse_time(text: str) -> float:
     """Unix seconds, or RFC 3339 (`2026-12-05T06:00:00Z`, with an offset or Z)."""
     try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        parsed = datetime.fromisoformat(text.strip().replace("z", "Z"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not Unix seconds nor RFC 3339: {text!r}") from None
-    if parsed.tzinfo is None:
-        raise argparse.ArgumentTypeError(f"RFC 3339 needs an offset or Z: {text!r}")
-    return parsed.timestamp()
+        return timestamp(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _duration(text: str) -> float:
@@ -82,8 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the request-based watchdog's probe timeout to compare with (default 10s)")
     parser.add_argument("--timeout", type=_duration, default=60.0, metavar="DURATION",
                         help="per Prometheus query (default 60s)")
-    parser.add_argument("--jobs", type=int, default=1, metavar="N",
-                        help="read and replay the targets in N processes (default 1; the gate runs once, over all)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+                        help="read and replay the targets in N processes (default: the cores, here "
+                             f"{os.cpu_count() or 1}; the gate runs once, over all)")
+    parser.add_argument("--incidents", type=Path, default=None, metavar="FILE",
+                        help="your own incidents (YAML or CSV: target or selector, start, end, kind hang|slow|down, "
+                             "note): each policy's caught, missed, false alarms and lead time (docs/backtest.md)")
+    parser.add_argument("--compare-live", action="store_true",
+                        help="where this Prometheus also scraped the exporter: per target, how often its own "
+                             "llm_vitals_state agreed with the replay, and every disagreement longer than two scrapes")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of text")
     parser.add_argument("--html", type=Path, default=None, metavar="FILE",
                         help="also write a self-contained HTML page (needs the `html` extra: matplotlib)")
@@ -111,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rules = load_rules(args.rules)
         config = load_settings(args.config) if args.config is not None else None
-    except RulesError as exc:
+        incidents = load_incidents(args.incidents) if args.incidents is not None else None
+    except (RulesError, IncidentsError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return exits.CANNOT_RUN
     except ConfigError as exc:
@@ -130,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: --jobs must be at least 1", file=sys.stderr)
         return exits.USAGE
     options = Options(rules=rules, matchers=matchers, watchdog_timeout=args.watchdog_timeout, config=config,
-                      trace=args.html is not None, progress=progress, jobs=args.jobs,
+                      trace=args.html is not None, progress=progress, jobs=args.jobs, incidents=incidents,
+                      compare_live=args.compare_live,
                       source_factory=functools.partial(Prometheus, args.prometheus, timeout=args.timeout))
     source = Prometheus(args.prometheus, timeout=args.timeout)
     try:

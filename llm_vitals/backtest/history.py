@@ -19,6 +19,10 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from llm_vitals.exporter.engines.scan import Sample
+
+_new_sample = tuple.__new__  # a Sample without NamedTuple's __new__ in Python (as the scanner makes them)
+
 # Labels Prometheus (service discovery, relabelling, federation) puts on a series, never the engine.
 TARGET_LABELS = frozenset({
     "__name__", "instance", "job", "namespace", "pod", "service", "endpoint", "container", "node",
@@ -36,7 +40,7 @@ class Series:
     values: Sequence[float]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Read:
     """One read the exporter would have made at `at`: a page, or None when no scrape fell in its window.
 
@@ -48,6 +52,15 @@ class Read:
     page: str | None
     scraped_at: float | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
+    # The fast path (`Columns`): the samples the adapter's scanner would have found on the page,
+    # instead of the page, and what makes two reads' scrapes the same (equal keys: equal samples).
+    found: Mapping[str, list[Sample]] | None = None
+    key: object = None
+
+    @property
+    def scraped(self) -> bool:
+        """A scrape with the engine's samples fell within this read's window."""
+        return self.page is not None or self.found is not None
 
 
 def escape(value: str) -> str:
@@ -125,3 +138,130 @@ def scrape_interval(times: Sequence[float]) -> float | None:
     """The median gap between a target's scrapes, or None with fewer than two."""
     gaps = sorted(b - a for a, b in itertools.pairwise(times) if b > a)
     return gaps[len(gaps) // 2] if gaps else None
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One page line of a target's scrapes over one chunk: a series (or its relabelled duplicates)."""
+
+    name: str
+    label_text: str  # `{a="x"}` as the page writes it, '' for none: what the scanner's Sample holds
+    off_page: bool  # a family the adapter does not read (Read.extra)
+
+    @property
+    def prefix(self) -> str:
+        return self.name + self.label_text
+
+
+# Columns._layout: the families' lines, the off-page lines, every column's label set, each family's slice.
+Layout = tuple[list[tuple[str, list[tuple[str, int]]]], list[tuple[str, int]], tuple[str, ...], list[tuple[str, int, int]]]
+
+
+@dataclass
+class Columns:
+    """One target's scrapes over one chunk as columns of samples: the fast form of `Scrapes`.
+
+    The same reads as `Scrapes.read_at`, without writing a page and scanning it back: each read
+    carries the samples the scanner would have found (`Read.found`), built once per distinct scrape
+    (a run of identical scrapes, an idle or hung server's, is one set of samples and one key).
+    tests/test_backtest_fast.py holds the two forms to the same result on hostile histories.
+    """
+
+    columns: tuple[Column, ...]
+    times: list[float]
+    rows: list[tuple[float | None, ...]]  # per scrape, per column: its value, None where it wrote none
+    duplicates: set[str] = field(default_factory=set)
+    _last: tuple[object, Mapping[str, list[Sample]] | None, dict[str, str]] | None = None
+    _groups: Layout | None = None
+
+    @classmethod
+    def of(cls, series: Sequence[Series], extra_names: Iterable[str] = ()) -> Columns:
+        """Gather the series of one target into columns by page line, rows by scrape time (as `Scrapes.of`)."""
+        off_page = frozenset(extra_names)
+        index: dict[str, int] = {}
+        columns: list[Column] = []
+        members: list[list[Series]] = []
+        for one in series:
+            prefix = line_prefix(one)
+            place = index.get(prefix)
+            if place is None:
+                index[prefix] = len(columns)
+                columns.append(Column(one.name, prefix[len(one.name):], one.name in off_page))
+                members.append([one])
+            else:
+                members[place].append(one)
+        first = series[0].times if series else ()
+        duplicates: set[str] = set()
+        if all(len(group) == 1 and group[0].times == first for group in members):
+            # The common case: every series was scraped at every scrape (arrays compare in C).
+            times = list(first)
+            rows = list(zip(*(group[0].values for group in members), strict=True)) if members else []
+        else:
+            times = sorted({at for group in members for one in group for at in one.times})
+            where = {at: i for i, at in enumerate(times)}
+            table: list[list[float | None]] = []
+            for group in members:
+                values: list[float | None] = [None] * len(times)
+                for one in group:
+                    for at, value in zip(one.times, one.values, strict=True):
+                        row = where[at]
+                        if values[row] is not None:
+                            duplicates.add(columns[len(table)].prefix)  # the first series of the line wins
+                            continue
+                        values[row] = value
+                table.append(values)
+            rows = list(zip(*table, strict=True)) if table else []
+        return cls(tuple(columns), times, rows, duplicates)
+
+    def read_at(self, at: float, step: float, start: int = 0) -> tuple[Read, int]:
+        """The read at `at` and the scrape index to start the next read's search from (reads come in order)."""
+        index = bisect.bisect_right(self.times, at, start) - 1
+        if index < 0 or self.times[index] <= at - step:
+            return Read(at, None), max(start, index)
+        row = self.rows[index]
+        key = (self.columns, row)
+        if self._last is None or self._last[0] != key:
+            groups, off_page, label_texts, spans = self._layout()
+            found: dict[str, list[Sample]]
+            if label_texts and None not in row:
+                # Every line present (the common scrape): one pass over the row, sliced by family.
+                samples = [_new_sample(Sample, pair) for pair in zip(label_texts, row, strict=True)]
+                found = {name: samples[low:high] for name, low, high in spans}
+            else:
+                found = {}
+                for name, members in groups:
+                    some = [_new_sample(Sample, (label_text, row[i])) for label_text, i in members if row[i] is not None]
+                    if some:
+                        found[name] = some
+            extra = {prefix: format_value(value) for prefix, i in off_page if (value := row[i]) is not None}
+            self._last = (key, found or None, extra)
+        _, found_now, extra_now = self._last
+        # A scrape with nothing of the engine's (only `up`, at 0: Prometheus's scrape failed) is no page.
+        return Read(at, None, self.times[index], extra_now, found_now, key if found_now else None), index
+
+    def _layout(self) -> Layout:
+        # The page's families in page order, each with its lines' (label set, column); the off-page
+        # lines; and for a row with every line present, each column's label set (off-page ones too)
+        # and each family's slice of them.
+        if self._groups is None:
+            groups: dict[str, list[tuple[str, int]]] = {}
+            for i, column in enumerate(self.columns):
+                if not column.off_page:
+                    groups.setdefault(column.name, []).append((column.label_text, i))
+            order = [i for members in groups.values() for _, i in members]
+            if order == list(range(len(order))):
+                # The families' lines are the first columns, in order: a slice per family.
+                spans, low = [], 0
+                for name, members in groups.items():
+                    spans.append((name, low, low + len(members)))
+                    low += len(members)
+                label_texts = tuple(c.label_text for c in self.columns)
+            else:
+                spans, label_texts = [], ()
+            self._groups = (list(groups.items()), [(c.prefix, i) for i, c in enumerate(self.columns) if c.off_page],
+                            label_texts, spans)
+        return self._groups
+
+    def page_names(self) -> frozenset[str]:
+        """The families of the engine's own on this target's page."""
+        return frozenset(column.name for column in self.columns if not column.off_page)

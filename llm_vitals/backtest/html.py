@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from llm_vitals.backtest import report
 from llm_vitals.backtest.replay import TargetReplay
 from llm_vitals.backtest.run import Result
 from llm_vitals.targets import STATES
@@ -88,6 +89,24 @@ svg { max-width: 100%; height: auto; }
 """
 
 
+def _incidents(result: Result) -> str:
+    """--incidents: the summary line (as the text's), then one row per incident."""
+    if result.scored is None:
+        return ""
+    timeout = report.watchdog_timeout(result)
+    rows = "".join(
+        f"<tr class='incident' data-kind='{html.escape(i.kind)}'><td>{html.escape(i.what)}</td><td>{_when(i.start)}</td>"
+        f"<td>{_when(i.end)}</td><td>{html.escape(i.kind)}</td><td>{html.escape(i.note)}</td>"
+        + "".join(f"<td>{report.signed(o.lead_time) if o.caught and o.lead_time is not None else 'missed'}</td>"
+                  for o in outcomes.values()) + "</tr>"
+        for i, _, outcomes in result.scored.incidents)
+    false = "".join(f"<li class='false-alarm'>{html.escape(a.policy)} on {html.escape(a.target)} at {_when(a.start)} "
+                    f"({html.escape(a.what)})</li>" for a in result.scored.false_alarms)
+    return (f"<h2>Incidents</h2><p class='incidents-summary'>{html.escape(report.incidents_line(result.scored, timeout))}</p>"
+            "<table><tr><th>incident</th><th>start</th><th>end</th><th>kind</th><th>note</th><th>llm-vitals</th>"
+            f"<th>watchdog</th></tr>{rows}</table><ul>{false}</ul>")
+
+
 def page(result: Result) -> str:
     """The whole page."""
     window = result.window
@@ -111,6 +130,10 @@ def page(result: Result) -> str:
         sections.append(f"<section class='target' id='t-{name}' data-target='{name}'><h2>{name}</h2>"
                         f"{chart(result, replay)}<ul class='episodes'>{episodes}</ul><ul>{marks}{notes}</ul></section>")
     notes = "".join(f"<li class='note'>{html.escape(n.text)}</li>" for n in result.notes)
+    scored = _incidents(result)
+    if result.live is not None:
+        scored += ("<h2>Replay against the live exporter</h2><ul class='live'>"
+                   + "".join(f"<li>{html.escape(line)}</li>" for line in report.live_lines(result.live)) + "</ul>")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>llm-vitals backtest</title><style>{STYLE}</style></head>
 <body>
@@ -120,7 +143,7 @@ would have made (the gate allowed it). Dotted black: a restart seen in the histo
 restart (a probe that would have waited past its timeout).</p>
 <table><tr><th>target</th><th>engine</th><th>stuck episodes</th><th>alerts</th><th>llm-vitals restarts</th>
 <th>restarts seen</th><th>watchdog restarts</th></tr>{''.join(rows)}</table>
-<ul>{notes}</ul>
+{scored}<ul>{notes}</ul>
 {''.join(sections)}
 </body></html>
 """

@@ -14,6 +14,7 @@ what came back (HTTP status and Prometheus's own `error`), and what the backtest
 from __future__ import annotations
 
 import math
+import threading
 import time
 from array import array
 from collections.abc import Callable, Sequence
@@ -23,15 +24,20 @@ import httpx
 
 from llm_vitals.backtest.history import Series
 
-# Reads per series in one chunk: a week at 15 s is 56 chunks of 3 h.
-CHUNK_POINTS = 720
+# Reads per series in one chunk: a week at 15 s is 28 chunks of 6 h.
+CHUNK_POINTS = 1440
 # Prometheus's own bound on a query_range answer, per series: a chunk never comes near it.
 PROMETHEUS_MAX_POINTS = 11_000
 RETRIES = 2  # on 503, 429 and timeouts: Prometheus busy or restarting
+MIN_SPLIT_SECONDS = 60.0  # a 422 range is halved down to this
 
 
 class PrometheusError(Exception):
     """A question Prometheus did not answer; the message says what was asked and what came back."""
+
+
+class TooLarge(PrometheusError):
+    """A 422 `execution` error: the query would load more samples than Prometheus's --query.max-samples."""
 
 
 def selector_matchers(selector: str | None) -> str:
@@ -52,7 +58,7 @@ def name_selector(names: Sequence[str], matchers: str) -> str:
 
 
 class Prometheus:
-    """A synchronous client of one Prometheus (the backtest is one sequential pass)."""
+    """A synchronous client of one Prometheus, safe to share between threads (httpx.Client is)."""
 
     def __init__(self, url: str, *, timeout: float = 60.0, client: httpx.Client | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
@@ -60,6 +66,8 @@ class Prometheus:
         self.timeout = timeout
         self._client = client or httpx.Client(timeout=timeout, trust_env=False)
         self._sleep = sleep
+        self.splits = 0  # queries Prometheus refused as too large (422), read again in halves
+        self._lock = threading.Lock()  # the reading threads (run.py) share one client
 
     def close(self) -> None:
         self._client.close()
@@ -79,6 +87,9 @@ class Prometheus:
             if response.status_code in (429, 502, 503, 504):
                 last = f"HTTP {response.status_code} {_error_of(response)}".strip()
                 continue
+            if response.status_code == 422 and _error_type(response) == "execution":
+                # Prometheus's only 422 on a well-formed instant query: it would load too many samples.
+                raise TooLarge(f"{what}: Prometheus answered HTTP 422 {_error_of(response)}".rstrip())
             if response.status_code != 200:
                 raise PrometheusError(f"{what}: Prometheus answered HTTP {response.status_code} "
                                       f"{_error_of(response)}".rstrip())
@@ -100,7 +111,31 @@ class Prometheus:
         return [labels for labels in data if isinstance(labels, dict)]
 
     def samples(self, selector: str, start: float, end: float) -> list[Series]:
-        """Every raw sample of the series matching `selector` within (start, end]."""
+        """Every raw sample of the series matching `selector` within (start, end].
+
+        A 422 (Prometheus's `--query.max-samples`: "query processing would load too many samples
+        into memory") is read again in two halves, down to MIN_SPLIT_SECONDS; `splits` counts them.
+        """
+        try:
+            return self._samples(selector, start, end)
+        except TooLarge as exc:
+            if end - start < 2 * MIN_SPLIT_SECONDS:
+                raise PrometheusError(f"{exc}, even for {end - start:g}s (split down to {MIN_SPLIT_SECONDS:g}s; "
+                                      f"raise its --query.max-samples)") from None
+        with self._lock:
+            self.splits += 1
+        middle = start + (end - start) / 2
+        merged: dict[tuple[tuple[str, str], ...], Series] = {}
+        for part in (self.samples(selector, start, middle), self.samples(selector, middle, end)):
+            for one in part:
+                key = (("__name__", one.name), *sorted(one.labels.items()))
+                before = merged.get(key)
+                merged[key] = one if before is None else Series(one.name, one.labels, array("d", before.times) +
+                                                                array("d", one.times),
+                                                                array("d", before.values) + array("d", one.values))
+        return list(merged.values())
+
+    def _samples(self, selector: str, start: float, end: float) -> list[Series]:
         millis = max(1, round((end - start) * 1000))
         query = f"{selector}[{millis}ms]"
         data = self._get("/api/v1/query", [("query", query), ("time", _ts(end))], f"reading {query} at {_ts(end)}")
@@ -110,10 +145,13 @@ class Prometheus:
         for item in data.get("result") or []:
             labels = dict(item.get("metric") or {})
             name = labels.pop("__name__", "")
-            times, values = array("d"), array("d")
-            for at, value in item.get("values") or []:
-                times.append(float(at))
-                values.append(_float(value))
+            pairs = item.get("values") or []
+            times = array("d", [pair[0] for pair in pairs])
+            try:
+                # Prometheus writes every value as float() reads it (NaN, +Inf, -Inf included): in C, at once.
+                values = array("d", map(float, [pair[1] for pair in pairs]))
+            except (TypeError, ValueError):
+                values = array("d", [_float(pair[1]) for pair in pairs])
             found.append(Series(name, labels, times, values))
         return found
 
@@ -127,6 +165,14 @@ def _float(value: str) -> float:
 
 def _ts(seconds: float) -> str:
     return f"{seconds:.3f}"
+
+
+def _error_type(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    return str(body.get("errorType", "")) if isinstance(body, dict) else ""
 
 
 def _error_of(response: httpx.Response) -> str:

@@ -23,24 +23,31 @@ canary fails) cannot be replayed, and is never reported.
 from __future__ import annotations
 
 import bisect
+import functools
+import importlib
 import math
 import re
 from array import array
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llm_vitals.backtest.history import Read
 from llm_vitals.backtest.rules import AlertRule
 from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot
+from llm_vitals.exporter.engines.scan import Sample
 from llm_vitals.exporter.engines.table import read_page
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict import PollError, Verdict, judge
 from llm_vitals.remediator import gate, shared
 from llm_vitals.targets import STATES, UNHEALTHY_STATES
 
-# States that are the server working as it should: not listed as episodes.
+# States that are the server working as it should: not listed as episodes. Every other state the
+# verdict returns (today's and any added later, e.g. a pause on purpose) is an episode of its own.
 ORDINARY_STATES = frozenset({"busy", "idle"})
+# Flags a verdict may carry beside its state (a replica limping beside its peers: `degraded`), each
+# listed as episodes of its own name while true; a verdict without the field has the flag false.
+FLAGS = ("degraded",)
 # alerts/alertmanager.yml's route to the remediator re-sends a still-firing alert every hour.
 REPEAT_INTERVAL = 3600.0
 # The remediator's executors' default timeout: how long a would-be restart holds "in progress".
@@ -54,6 +61,26 @@ BACKLOG_HORIZON = 300.0
 QUEUE_TIME_BUCKET = "vllm:request_queue_time_seconds_bucket"
 QUEUE_TIME_COUNT = "vllm:request_queue_time_seconds_count"
 QUEUE_TIME_FAMILIES = (QUEUE_TIME_BUCKET, QUEUE_TIME_COUNT)
+
+
+@functools.cache
+def found_parser(engine: str) -> Callable[[dict[str, list[Sample]]], Snapshot] | None:
+    """The adapter's own `parse_found` (what its scanner found on a page -> its Snapshot), where it has one."""
+    from llm_vitals.exporter.engines.table import ENGINES
+
+    entry = ENGINES[engine]
+    if entry.parse is None or entry.restart_header is not None:
+        return None  # a restart token comes in a header the history does not keep: the page path says so
+    parser = getattr(importlib.import_module(entry.parse.__module__), "parse_found", None)
+    return parser if callable(parser) else None
+
+
+def read_found(entry: Engine, found: Mapping[str, list[Sample]]) -> Snapshot:
+    """`entry`'s Snapshot of the samples its scanner would have found on the page (Read.found)."""
+    parser = found_parser(entry.name)
+    if parser is None:
+        raise PageError("bad_metrics", f"engine {entry.name} reads no samples directly")  # run.py never asks
+    return parser(dict(found))
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,13 +155,28 @@ class Watchdog:
     _last_failing: float | None = None
     _waiting_since: float | None = None  # first of the reads since which requests have been waiting
     _finishes: deque[tuple[float, float]] = field(default_factory=deque)  # (time, finished) over the horizon
+    _lines: Mapping[str, str] | None = None
+    _lines_queue: tuple[float, float] | None = None
 
-    def feed(self, at: float, snap: Snapshot | None, lines: Mapping[str, str], restarted: bool) -> None:
-        """Fold one read in; a missed read (`snap` None) changes nothing: it shows nothing either way."""
+    def feed(self, at: float, snap: Snapshot | None, lines: Mapping[str, str], restarted: bool,
+             unreachable: bool = False) -> None:
+        """Fold one read in; a missed read (`snap` None) changes nothing, it shows nothing either way, unless
+        Prometheus's own scrape failed there (`unreachable`, `up` 0): a probe would have failed too."""
         if snap is None:
+            if unreachable:
+                self._failing(at, True)
+            return
+        if (snap is self._last and not restarted and not snap.pending and not self.failing and not self._slow_queue
+                and self._frozen_since is None and self._waiting_since is None and not self._finishes):
+            # The same idle read again (a quiet server's run of identical scrapes): nothing below can
+            # change but the time of the last read.
+            self._last_at = at
             return
         last, last_at = (None, None) if restarted else (self._last, self._last_at)
-        queue = _queue_counts(lines, self.timeout) if lines else None
+        if lines is not self._lines:
+            # The same scrape's lines (a run of identical reads) are the same object: counted once.
+            self._lines, self._lines_queue = lines, _queue_counts(lines, self.timeout) if lines else None
+        queue = self._lines_queue
         if restarted or not snap.pending:
             self._slow_queue = False
         elif queue is not None and self._queue is not None:
@@ -151,7 +193,10 @@ class Watchdog:
             self._frozen_since = last_at if last_at is not None else at
         frozen = self._frozen_since is not None and at - self._frozen_since >= self.timeout
         backlog = self._backlog(at, snap, restarted)
-        failing = self._slow_queue or frozen or backlog
+        self._failing(at, self._slow_queue or frozen or backlog)
+        self._last, self._last_at, self._queue = snap, at, queue
+
+    def _failing(self, at: float, failing: bool) -> None:
         if failing:
             if not self.failing:
                 self.periods.append((at, None))
@@ -161,7 +206,6 @@ class Watchdog:
             # queue that empties between two requests of a batch job is one period, not one per request.
             self.periods[-1] = (self.periods[-1][0], at)
             self.failing = False
-        self._last, self._last_at, self._queue = snap, at, queue
 
     def _backlog(self, at: float, snap: Snapshot, restarted: bool) -> bool:
         """More waiting than the recent finish rate clears within `timeout`: a probe joins the queue's tail
@@ -247,11 +291,13 @@ class TargetReplay:
 
     def __init__(self, name: str, engine: Engine, settings: TargetSettings, rules: Sequence[AlertRule], *,
                  watchdog_timeout: float, step: float, workload: str | None = None, trace: bool = False,
-                 record_from: float = -math.inf) -> None:
+                 record_from: float = -math.inf, labels: Mapping[str, str] | None = None) -> None:
         self.name = name
+        self.labels = dict(labels or {})  # its series' labels (no __name__): what --incidents' selectors match
         self.engine = engine
         self.settings = settings
         self.rules = tuple(rules)
+        self._rule_states = frozenset(rule.state for rule in self.rules)
         self.step = step
         self.record_from = record_from
         self.workload = workload or name
@@ -271,9 +317,10 @@ class TargetReplay:
         self.state_changes: list[tuple[float, str]] = []
         self.start_times: list[tuple[float, float | None]] = []
         self._open: tuple[str, float, str, str] | None = None  # state, since, reason, detail
+        self._flags: dict[str, tuple[float, str]] = {}  # flag -> (since, detail), while it is true
         self._rules: dict[str, tuple[float, float | None, float | None]] = {}  # name -> (active_at, firing_at, last_sent)
         self._page_errors: dict[str, int] = {}
-        self._last_page: str | None = None
+        self._last_page: object = None  # the page (or Read.key) the last snapshot was parsed from
         self._unscraped_since: float | None = None  # first of the reads since which nothing at all was scraped
         self.gone_at: float | None = None  # set by finish(): its scrapes stopped for good here
         self._last_snap: Snapshot | None = None
@@ -283,7 +330,7 @@ class TargetReplay:
         observation: Snapshot | PollError
         snap: Snapshot | None = None
         self.reads += 1
-        if read.page is None:
+        if not read.scraped:
             self.missed_reads += 1
             if read.extra.get(UP) == "0.0":
                 observation = PollError("connect", "Prometheus's scrape of it failed (up 0)")
@@ -291,14 +338,16 @@ class TargetReplay:
                 observation = PollError("connect", f"no scrape in the history within the {self.step:g}s before this read")
             if not read.extra and self._unscraped_since is None:
                 self._unscraped_since = read.at
-        if read.page is not None or read.extra:
+        if read.scraped or read.extra:
             self._unscraped_since = None
-        if read.page is not None:
+        if read.scraped:
             try:
                 # The adapter is pure: the same page (a quiet or hung server's) is the same snapshot.
-                if read.page != self._last_page or self._last_snap is None:
-                    self._last_snap, self._last_page = None, read.page
-                    self._last_snap = read_page(self.engine, Page(read.page.encode()))
+                key = read.key if read.found is not None else read.page
+                if key != self._last_page or self._last_snap is None:
+                    self._last_snap, self._last_page = None, key
+                    self._last_snap = (read_found(self.engine, read.found) if read.found is not None
+                                       else read_page(self.engine, Page(str(read.page).encode())))
                 snap = self._last_snap
                 observation = snap
             except PageError as exc:
@@ -323,8 +372,13 @@ class TargetReplay:
         if snap is not None and (not self.start_times or self.start_times[-1][1] != snap.process_start_time):
             self.start_times.append((read.at, snap.process_start_time))
         self._episode(verdict, read.at)
+        for flag in FLAGS:
+            if getattr(verdict, flag, False):
+                self._flags.setdefault(flag, (read.at, verdict.detail))
+            elif flag in self._flags:
+                self._close_flag(flag, read.at)
         self._evaluate(verdict, read.at)
-        self.watchdog.feed(read.at, snap, read.extra, restarted)
+        self.watchdog.feed(read.at, snap, read.extra, restarted, unreachable=not read.scraped and read.extra.get(UP) == "0.0")
         if self.trace is not None:
             self.trace.at.append(read.at)
             self.trace.state.append(STATE_INDEX.get(verdict.state, -1))
@@ -353,6 +407,11 @@ class TargetReplay:
         self._open = (verdict.state, at, verdict.reason, verdict.detail)
         self.state_changes.append((at, verdict.state))
 
+    def _close_flag(self, flag: str, at: float) -> None:
+        since, detail = self._flags.pop(flag)
+        if since >= self.record_from and at > self.record_from:
+            self.episodes.append(Episode(flag, since, at, flag, detail))
+
     def _close(self, at: float) -> None:
         # The warm-up read before the window (`record_from`) only gives the first read of the window
         # a read to compare with: a server already running is not `starting` because the window begins.
@@ -363,6 +422,8 @@ class TargetReplay:
         self._open = None
 
     def _evaluate(self, verdict: Verdict, at: float) -> None:
+        if not self._rules and verdict.state not in self._rule_states:
+            return  # no rule holds, none was active: nothing to count (most reads of a healthy fleet)
         waiting = verdict.snapshot.waiting if verdict.snapshot is not None else 0.0
         for rule in self.rules:
             holds = verdict.state == rule.state and (not rule.needs_waiting or waiting > 0)
@@ -400,6 +461,11 @@ class TargetReplay:
                                          "Prometheus's targets; nothing judged after its last scrape"))
             end = gone
         self._close(end)
+        for flag in list(self._flags):
+            if self._flags[flag][0] < end:
+                self._close_flag(flag, end)
+        self._flags.clear()
+        self.episodes.sort(key=lambda e: e.start)
         for rule in self.rules:
             if rule.name in self._rules:
                 active_at, firing_at, _ = self._rules.pop(rule.name)

@@ -38,6 +38,7 @@ class AlertRule:
     for_seconds: float
     restart: bool  # labels remediation="restart": the remediator acts on it
     needs_waiting: bool = False  # LLMServerSaturated: also llm_vitals_requests_waiting > 0
+    severity: str = ""  # critical, warning, info: --incidents counts critical and warning as alarms
 
 
 def shipped_rules_text() -> str:
@@ -80,6 +81,7 @@ def parse_rules(text: str, source: str = SHIPPED) -> tuple[AlertRule, ...]:
                 name=str(rule["alert"]), state=match.group(1), for_seconds=for_seconds,
                 restart=labels.get("remediation") == "restart",
                 needs_waiting="llm_vitals_requests_waiting > 0" in expr,
+                severity=str(labels.get("severity", "")),
             ))
     if not found:
         raise RulesError(f'{source}: no alert rule on llm_vitals_state{{state="..."}}')

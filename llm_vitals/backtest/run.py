@@ -11,16 +11,19 @@ first scrape, a target whose scrapes stop has missed reads (down after `down_aft
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from llm_vitals.backtest.history import Read, Scrapes, Series, grid, scrape_interval
+from llm_vitals.backtest.history import Columns, Read, Scrapes, Series, grid, scrape_interval
+from llm_vitals.backtest.incidents import ALARM_SEVERITIES, Alarm, Incident, Scored, merge, score
+from llm_vitals.backtest.live import LIVE_STATE, TARGET_INFO, Agreement, compare, live_timelines, match_targets, target_urls
 from llm_vitals.backtest.prometheus import CHUNK_POINTS, PrometheusError, name_selector
 from llm_vitals.backtest.replay import (
     QUEUE_TIME_BUCKET,
@@ -31,6 +34,7 @@ from llm_vitals.backtest.replay import (
     Note,
     TargetReplay,
     default_policy,
+    found_parser,
     gate_replay,
 )
 from llm_vitals.backtest.rules import AlertRule
@@ -67,6 +71,15 @@ class Options:
     # Processes reading and replaying groups of targets, each from its own source_factory() (picklable).
     jobs: int = 1
     source_factory: Callable[[], Source] | None = None
+    # Read the samples directly where the adapter can (history.Columns); False: write each scrape as a
+    # page and scan it back (history.Scrapes), the reference the fast path is tested against.
+    fast: bool = True
+    # Queries of one chunk in flight at once (one per family).
+    concurrency: int = 4
+    # --compare-live: the exporter's own llm_vitals_state in the same Prometheus, against the replay.
+    compare_live: bool = False
+    # --incidents: the operator's own incidents, each policy scored against them.
+    incidents: Sequence[Incident] | None = None
 
 
 @dataclass
@@ -77,6 +90,8 @@ class Result:
     notes: list[Note] = field(default_factory=list)  # about the whole history (not one target)
     chunks: int = 0
     chunks_read: int = 0
+    scored: Scored | None = None  # --incidents
+    live: list[Agreement] | None = None  # --compare-live
 
     @property
     def read_anything(self) -> bool:
@@ -164,7 +179,8 @@ def discover(source: Source, window: Window, options: Options) -> tuple[dict[str
         targets[instance] = TargetReplay(
             instance, ENGINES[engine], settings, options.rules, watchdog_timeout=options.watchdog_timeout,
             step=window.step, workload=workload_of(first_labels.get(instance, {}), instance)
-            if settings.workload is None else settings.workload, trace=options.trace, record_from=window.start)
+            if settings.workload is None else settings.workload, trace=options.trace, record_from=window.start,
+            labels={k: v for k, v in first_labels.get(instance, {}).items() if k != "__name__"})
     for name in sorted(set(configured) - set(targets)):
         notes.append(Note(None, f"{name}: in the config, but no series with instance=\"{name}\" in the window"))
     le = _bound_at_or_above(buckets, options.watchdog_timeout)
@@ -216,7 +232,54 @@ def backtest(source: Source, window: Window, options: Options) -> Result:
         replay.finish(window.end)
     policy = default_policy(targets)
     result.decisions = gate_replay(targets, policy)
+    if options.compare_live:
+        result.live = compare_live(source, window, targets, result.notes)
+    if options.incidents is not None:
+        result.scored = score(options.incidents, alarms(result, options.rules),
+                              {name: replay.labels for name, replay in targets.items()}, (window.start, window.end))
     return result
+
+
+def compare_live(source: Source, window: Window, targets: Mapping[str, TargetReplay], notes: list[Note]) -> list[Agreement]:
+    """--compare-live: the exporter's own `llm_vitals_state` read back, chunk by chunk, against each replay."""
+    series: list[Series] = []
+    span = window.step * CHUNK_POINTS
+    low = window.start
+    try:
+        urls = target_urls(source.series(name_selector([TARGET_INFO], ""), window.start, window.end))
+        while low < window.end:
+            high = min(window.end, low + span)
+            series += source.samples(name_selector([LIVE_STATE], ""), low, high)
+            low = high
+    except PrometheusError as exc:
+        notes.append(Note(None, f"--compare-live: the exporter's llm_vitals_state could not be read: {exc}"))
+        return []
+    timelines = live_timelines(series)
+    if not timelines:
+        notes.append(Note(None, "--compare-live: no llm_vitals_state series in the window (does this Prometheus "
+                                "scrape the exporter?)"))
+        return []
+    matched = match_targets(timelines, targets, urls)
+    unmatched = sorted(set(timelines) - set(matched.values()))
+    if unmatched:
+        notes.append(Note(None, f"--compare-live: the exporter's target(s) {', '.join(unmatched)} match no replayed "
+                                f"instance (by name or by the host:port of their url)"))
+    return [compare(name, matched[name], timelines[matched[name]], targets[name].state_at, (window.start, window.end))
+            for name in targets if name in matched]
+
+
+def alarms(result: Result, rules: Sequence[AlertRule]) -> list[Alarm]:
+    """Each policy's alarm episodes per target (incidents.py says what counts)."""
+    severity = {rule.name: rule.severity for rule in rules}
+    found: list[Alarm] = []
+    for name, replay in result.targets.items():
+        vitals = [(a.start, a.end, a.alert) for a in replay.alerts if severity.get(a.alert) in ALARM_SEVERITIES]
+        vitals += [(d.at, d.at, "would-be restart") for d in result.would_restart(name)]
+        found += [Alarm("llm-vitals", name, start, end, what) for start, end, what in merge(vitals)]
+        watchdog = [(start, end if end is not None else start, "watchdog restart")
+                    for start, end in replay.watchdog.periods]
+        found += [Alarm("watchdog", name, start, end, what) for start, end, what in merge(watchdog)]
+    return found
 
 
 @dataclass
@@ -226,6 +289,8 @@ class HistoryRead:
     targets: dict[str, TargetReplay]
     chunks: int = 0
     chunks_read: int = 0
+    scored: Scored | None = None  # --incidents
+    live: list[Agreement] | None = None  # --compare-live
     notes: list[Note] = field(default_factory=list)
 
 
@@ -238,22 +303,38 @@ def instance_matcher(names: Iterable[str]) -> str:
 def read_history(source: Source, window: Window, options: Options, targets: dict[str, TargetReplay],
                  queries: Sequence[tuple[str, tuple[str, ...]]], narrow: bool = False) -> HistoryRead:
     """Read the window chunk by chunk and feed every target's replay its reads, in time order."""
-    say = options.progress or (lambda _: None)
     read = HistoryRead(targets)
     # One warm-up read a step before the window: the window's first read has one to compare with.
     times = list(grid(window.start - window.step, window.end, window.step))
     chunks = max(1, -(-len(times) // options.chunk_points))
     read.chunks = chunks
     group = (instance_matcher(targets),) if narrow else ()
+    with ThreadPoolExecutor(max_workers=max(1, options.concurrency)) as pool:
+        _read_chunks(source, window, options, targets, queries, read, times, group, pool)
+    splits = getattr(source, "splits", 0)
+    if splits:
+        read.notes.append(Note(None, f"Prometheus refused {splits} quer{'y' if splits == 1 else 'ies'} as too many "
+                                     f"samples (HTTP 422, its --query.max-samples): read again in halves, nothing lost"))
+    return read
+
+
+def _read_chunks(source: Source, window: Window, options: Options, targets: dict[str, TargetReplay],
+                 queries: Sequence[tuple[str, tuple[str, ...]]], read: HistoryRead, times: list[float],
+                 group: tuple[str, ...], pool: ThreadPoolExecutor) -> None:
+    say = options.progress or (lambda _: None)
+    chunks = read.chunks
     checked_interval = False
     for index in range(chunks):
         reads_at = times[index * options.chunk_points:(index + 1) * options.chunk_points]
         low, high = reads_at[0] - window.step, reads_at[-1]
         by_target: dict[str, list[Series]] = defaultdict(list)
+        selectors = [name_selector([name], ",".join(m for m in (options.matchers, *group, *extra) if m))
+                     for name, extra in queries]
         try:
-            for name, extra in queries:
-                matchers = ",".join(m for m in (options.matchers, *group, *extra) if m)
-                for series in source.samples(name_selector([name], matchers), low, high):
+            # The families of one chunk at once: Prometheus answers them in parallel, and this
+            # process decodes one answer while it works on the next.
+            for answer in pool.map(functools.partial(_samples, source, start=low, end=high), selectors):
+                for series in answer:
                     instance = series.labels.get("instance", "")
                     if instance in targets:
                         by_target[instance].append(series)
@@ -267,23 +348,54 @@ def read_history(source: Source, window: Window, options: Options, targets: dict
         intervals: list[float] = []
         for name, replay in targets.items():
             of_target = by_target.pop(name, None)
-            found = Scrapes.of(of_target, (*QUEUE_TIME_FAMILIES, UP)) if of_target else None
+            found: Scrapes | Columns | None = _scrapes_of(of_target, replay, options.fast) if of_target else None
             if found is not None:
                 if not checked_interval and (interval := scrape_interval(found.times)) is not None:
                     intervals.append(interval)
                 read.notes += [Note(low, f"{name}: two series wrote {prefix} at one scrape (a relabel duplicated "
                                          f"them?): the first is read, the other ignored")
                                for prefix in sorted(found.duplicates)]
-            for at in reads_at:
-                if replay.first_read is None and (found is None or not found.times or found.times[0] > at):
-                    continue  # not in the history yet (a target that appears mid-window)
-                replay.feed(found.read_at(at, window.step) if found is not None else _missed(at))
+            _feed(replay, found, reads_at, window.step)
         if not checked_interval and intervals:
             checked_interval = True
             read.notes += _check_interval(intervals, window)
         if chunks > 4:
             say(f"chunk {index + 1}/{chunks} read ({_iso(high)})")
-    return read
+
+
+def _samples(source: Source, selector: str, *, start: float, end: float) -> list[Series]:
+    return source.samples(selector, start, end)
+
+
+def _scrapes_of(series: list[Series], replay: TargetReplay, fast: bool) -> Scrapes | Columns:
+    """The target's scrapes of one chunk: as columns of samples where its adapter reads samples directly."""
+    extra = (*QUEUE_TIME_FAMILIES, UP)
+    if fast and found_parser(replay.engine.name) is not None:
+        columns = Columns.of(series, extra)
+        # Only the adapter's own families: another engine's lines on the page are the page path's
+        # `wrong_engine`, which the samples path does not judge.
+        if columns.page_names() <= frozenset(families(replay.engine)):
+            return columns
+    return Scrapes.of(series, extra)
+
+
+def _feed(replay: TargetReplay, found: Scrapes | Columns | None, reads_at: Sequence[float], step: float) -> None:
+    """Feed one target's replay its reads of one chunk, in time order."""
+    if found is None:
+        if replay.first_read is not None:
+            for at in reads_at:
+                replay.feed(_missed(at))
+        return
+    first = found.times[0] if found.times else None
+    position = 0
+    for at in reads_at:
+        if replay.first_read is None and (first is None or first > at):
+            continue  # not in the history yet (a target that appears mid-window)
+        if isinstance(found, Columns):
+            one, position = found.read_at(at, step, position)
+        else:
+            one = found.read_at(at, step)
+        replay.feed(one)
 
 
 def _read_group(source_factory: Callable[[], Source], window: Window, options: Options,

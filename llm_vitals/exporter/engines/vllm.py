@@ -95,7 +95,11 @@ def _sleep_level(samples: tuple[Sample, ...]) -> int:
 
 def parse_text(text: str) -> Snapshot:
     """Turn a vLLM `/metrics` page into a Snapshot, summed over engines; raises PageError."""
-    found = SCANNER.scan(text)
+    return parse_found(SCANNER.scan(text))
+
+
+def parse_found(found: dict[str, list[Sample]]) -> Snapshot:
+    """The Snapshot of the samples `SCANNER.scan` found (the backtest builds them from Prometheus's samples)."""
     if RUNNING not in found or WAITING not in found:
         missing = RUNNING if RUNNING not in found else WAITING
         raise PageError("bad_metrics", f"no {missing} on the page (not a vLLM /metrics page?)")
