@@ -32,6 +32,7 @@ class MemoryLeases:
         self.meddle = False  # another replica writes first, between the next writer's read and its write
         self.down = False  # the API server cannot be reached: every read raises
         self.conflicts = 0
+        self.lose_answers = 0  # the next writes are applied, and their answers lost (a timeout, a reset)
 
     def _date(self) -> float:
         return float(math.floor(self.clock()))
@@ -59,6 +60,9 @@ class MemoryLeases:
         self.version += 1
         self.lease = copy.deepcopy(body)
         self.lease["metadata"]["resourceVersion"] = str(self.version)
+        if self.lose_answers > 0:
+            self.lose_answers -= 1
+            raise KubeUnavailable("the API server's answer was lost: ReadTimeout")
         return Dated(True, self._date())
 
     # -- what happens to it from outside ---------------------------------------------------------

@@ -273,6 +273,9 @@ class JournalState:
     # a restart of it is committed. A backoff can hold a stuck server for hours, longer than any other
     # wait of the gate: LLMVitalsRemediatorBackoffHolding tells a human while it lasts.
     backoff_refused: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    # The alert whose restart the claim above holds: when the claim ends unfinished (it expired, or its
+    # replica stopped), that alert is judged afresh instead of being a `duplicate` (shared.claim_lapsed).
+    in_progress_key: tuple[str, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from .evidence import Evidence
 from .executors import Executor
 from .gate import AlertFacts, Decision, FleetView, GatePolicy, JournalState, TargetStatus
 from .shared import Intent
-from .store import GateStore, StateLost, StateUnavailable, transact
+from .store import Ambiguous, GateStore, StateLost, StateUnavailable, transact, update
 
 log = logging.getLogger("llm_vitals.remediator")
 
@@ -84,11 +84,17 @@ class GateLoop:
         self._decision_lock = asyncio.Lock()
         # The refusals that hold a liveness backstop (backstop.py): this replica's, kept in memory.
         self.refusals = backstop.Refusals()
+        # Restart intents whose commit's outcome is not known yet (its answer lost, the state unreadable
+        # since), with their alert's key: re-read at each alert until carried out or released.
+        self.unresolved: dict[str, tuple[Intent, tuple[str, float]]] = {}
 
     async def handle(self, facts: AlertFacts) -> Decision:
         """Decide one alert, journal the decision, and start the restart when it is allowed."""
         now = self.store.now()
-        refused = gate.precheck(facts, self.store.last, self.policy, now if self.store.last_is_current else None)
+        if self.unresolved:
+            await self.resolve()
+        last = shared.claim_lapsed(self.store.last, now)
+        refused = gate.precheck(facts, last, self.policy, now if self.store.last_is_current else None)
         if refused is not None:
             self._refused(facts, refused, now, None)
             return refused
@@ -101,6 +107,13 @@ class GateLoop:
             async with self._decision_lock:
                 try:
                     decided = await transact(self.store, partial(self._decide, facts, fleet, status, checked))
+                except Ambiguous as exc:
+                    landed = await self._landed(exc.result, facts)
+                    if landed is None:
+                        decision = Decision(False, "state_unreachable", str(exc)[:500])
+                        self._refused(facts, decision, self.store.now(), status)
+                        return decision
+                    decided = landed
                 except StateUnavailable as exc:
                     lost = isinstance(exc, StateLost)
                     decision = Decision(False, "state_lost" if lost else "state_unreachable", str(exc)[:500])
@@ -125,12 +138,57 @@ class GateLoop:
         try:
             action_id = await self.evidence.restart(facts, decided.decision, decided.now, decided.executor.kind, status)
         except Exception:
-            # Nothing will run: end the claim (the cooldown and the budget stay spent).
-            await self.actor.release(decided.intent.holder)
+            # Nothing will run: the commit is taken back, so that the re-send is judged afresh (never a
+            # `duplicate` of a restart that did not happen).
+            await self._release(decided.intent, facts.key)
             raise
         assert decided.decision.plan is not None
         self.actor.start(action_id, facts, decided.executor, decided.intent, status, decided.decision.plan)
         return decided.decision
+
+    async def _landed(self, decided: Decided, facts: AlertFacts) -> Decided | None:
+        """A commit whose answer was lost: re-read. Its intent is there: carry it out (the decision
+        returned, once). It is not: nothing was committed, the decision is a plain refusal (retry-safe).
+        The state unreadable: the intent waits in `unresolved`, and None is answered (state_unreachable)."""
+        if decided.intent is None:
+            return decided  # a refusal stands whether or not its marks were written
+        try:
+            state, _ = await self.store.read()
+        except StateUnavailable:
+            self._unresolved(decided.intent, facts.key)
+            return None
+        if state.in_progress_by == decided.intent.holder:
+            log.warning("a commit's answer was lost but it holds: carrying out its restart once (%s)", facts.target)
+            return decided
+        return None
+
+    async def resolve(self) -> None:
+        """Re-read the intents whose outcome is unknown: one that holds now, too late to carry out, is
+        released (shared.undone: its alert judged afresh); one that is absent is forgotten."""
+        for holder, (intent, key) in list(self.unresolved.items()):
+            try:
+                state, _ = await self.store.read()
+            except StateUnavailable:
+                return
+            if state.in_progress_by == holder:
+                await self._release(intent, key)
+            else:
+                self.unresolved.pop(holder, None)
+            self.store.health.unresolved = len(self.unresolved)
+
+    async def _release(self, intent: Intent, key: tuple[str, float]) -> None:
+        """Take back a committed intent that was not carried out; one that cannot be, waits unresolved."""
+        try:
+            await update(self.store, lambda state: shared.undone(state, intent, key))
+        except StateUnavailable:
+            self._unresolved(intent, key)
+            return
+        self.unresolved.pop(intent.holder, None)
+        self.store.health.unresolved = len(self.unresolved)
+
+    def _unresolved(self, intent: Intent, key: tuple[str, float]) -> None:
+        self.unresolved[intent.holder] = (intent, key)
+        self.store.health.unresolved = len(self.unresolved)
 
     def _checks(self, target: str) -> bool:
         """Whether a pod the exporter names for `target` must be checked: always where this remediator
@@ -151,6 +209,7 @@ class GateLoop:
         """One pass of the pure gate over `state`: the decision, and the state its effects make.
         A restart of a pod not `checked` yet commits nothing: it asks for the identity check first."""
         now = self.store.now()
+        state = shared.claim_lapsed(state, now)
         decision = gate.decide(facts, fleet, state, self.policy, now)
         if decision.allowed and not checked:
             return Decided(decision, now, needs_identity=True), state

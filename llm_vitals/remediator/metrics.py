@@ -93,6 +93,7 @@ class _JournalCollector(Collector):
     llm_vitals_remediator_backoff_refused_seconds{workload="Deployment/llm/vllm"} 1800.0
     llm_vitals_remediator_state_up 1.0
     llm_vitals_remediator_state_lost 0.0
+    llm_vitals_remediator_unresolved_intents 0.0
     llm_vitals_remediator_state_errors_total{operation="read"} 3.0
     """
 
@@ -213,6 +214,13 @@ class _JournalCollector(Collector):
                 "created again by another replica): nothing is restarted, paused or reset until a human "
                 "re-initialises it (POST /api/v1/state/reinit, see the runbook); 0 otherwise.",
                 value=1.0 if health.lost else 0.0,
+            )
+            yield GaugeMetricFamily(
+                "llm_vitals_remediator_unresolved_intents",
+                "Restart intents this replica committed whose outcome it could not learn yet (the write's answer was "
+                "lost and the gate's state has been unreadable since): each is re-read at the next alert and carried "
+                "out once or released. Above 0 for long, a hang may go unhandled: LLMVitalsRemediatorIntentUnresolved.",
+                value=float(health.unresolved),
             )
             errors = CounterMetricFamily(
                 "llm_vitals_remediator_state_errors",

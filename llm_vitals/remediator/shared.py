@@ -79,6 +79,7 @@ def with_effects(state: JournalState, effects: Effects, alert: AlertFacts, now: 
             in_progress=alert.target or "",
             in_progress_expires=intent.expires,
             in_progress_by=intent.holder,
+            in_progress_key=alert.key,
             last_restart_started=max(new.last_restart_started or now, now),
             restart_times={**new.restart_times, workload: (*new.restart_times.get(workload, ()), now)},
         )
@@ -111,7 +112,25 @@ def finished(state: JournalState, holder: str, ran: str | None = None) -> Journa
         state = replace(state, disrupted={w: v for w, v in state.disrupted.items() if w != ran})
     if state.in_progress_by != holder:
         return state
-    return replace(state, in_progress=None, in_progress_expires=None, in_progress_by=None)
+    return replace(state, in_progress=None, in_progress_expires=None, in_progress_by=None, in_progress_key=None)
+
+
+def claim_lapsed(state: JournalState, now: float | None = None) -> JournalState:
+    """A claim that ended without its holder finishing it (`now` past its expiry; None: whatever its
+    expiry, as at a one-replica start): the claim is over, and its alert is judged afresh at the next
+    re-send instead of being a `duplicate` for a day or a month. Its outcome is unknown (its commit's
+    answer was lost, its journal row failed, its replica died), so the budget and the cooldown it spent
+    stay spent (the safe side), and a restart that did run is seen by the gate's `restarted_since_alert`."""
+    if state.in_progress is None and state.in_progress_by is None:
+        return state
+    if now is not None and (state.in_progress_expires is None or now < state.in_progress_expires):
+        return state
+    key = state.in_progress_key
+    new = replace(state, in_progress=None, in_progress_expires=None, in_progress_by=None, in_progress_key=None)
+    if key is None:
+        return new
+    return replace(new, decided_keys=new.decided_keys - {key},
+                   decided_at={k: v for k, v in new.decided_at.items() if k != key})
 
 
 def disruption_refused(state: JournalState, workload: str, now: float) -> JournalState:
@@ -230,6 +249,7 @@ def to_json(state: JournalState) -> str:
         "in_progress": state.in_progress,
         "in_progress_expires": state.in_progress_expires,
         "in_progress_by": state.in_progress_by,
+        "in_progress_key": list(state.in_progress_key) if state.in_progress_key is not None else None,
         "last_restart_started": state.last_restart_started,
         "restart_times": {t: list(v) for t, v in state.restart_times.items()},
         "open_circuits": sorted(state.open_circuits),
@@ -265,6 +285,7 @@ def from_json(text: str | None) -> JournalState:
             in_progress=_opt_str(doc.get("in_progress")),
             in_progress_expires=_opt_float(doc.get("in_progress_expires")),
             in_progress_by=_opt_str(doc.get("in_progress_by")),
+            in_progress_key=_opt_key(doc.get("in_progress_key")),
             last_restart_started=_opt_float(doc.get("last_restart_started")),
             restart_times={str(t): tuple(float(x) for x in v) for t, v in doc.get("restart_times", {}).items()},
             open_circuits=frozenset(str(t) for t in doc.get("open_circuits", [])),
@@ -399,6 +420,14 @@ def decode_annotation(value: str) -> str:
 
 def _opt_float(value: object) -> float | None:
     return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+def _opt_key(value: object) -> tuple[str, float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 2:
+        raise ValueError("in_progress_key is not [fingerprint, startsAt]")
+    return dedupe_key(str(value[0]), float(value[1]))
 
 
 def _opt_str(value: object) -> str | None:

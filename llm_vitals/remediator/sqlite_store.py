@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from . import shared
 from .gate import JournalState, dedupe_key
-from .store import StoreHealth
+from .store import StateUnavailable, StoreHealth
 
 T = TypeVar("T")
 
@@ -94,10 +94,26 @@ class SqliteStore:
                 await self._run(self._write, version, version + 1, self._text(new))
             except Exception as exc:
                 self.health.failed("write", f"{type(exc).__name__}: {exc}")
-                raise
+                # A failed COMMIT may still have reached the file: memory follows the file again, or
+                # every later commit would meet a version it does not know (GateLoop re-reads the intent).
+                await self._reload()
+                raise StateUnavailable(f"{self.path}: write the gate's state: {type(exc).__name__}: {exc}") from None
             self.health.ok()
             self._state, self._version = new, version + 1
         return True
+
+    async def _reload(self) -> None:
+        """Memory as the file holds it now (after a write whose outcome is unknown); kept when unreadable."""
+        try:
+            row = await self._run(self._row)
+        except Exception as exc:
+            self.health.failed("read", f"{type(exc).__name__}: {exc}")
+            return
+        if row is not None:
+            try:
+                self._state, self._version = shared.load(row[1]).state, int(row[0])
+            except shared.BadState as exc:
+                self.health.failed("read", str(exc))
 
     # -- on the database thread ------------------------------------------------------------------
 
@@ -117,11 +133,15 @@ class SqliteStore:
                 raise shared.BadState(f"{self.path}: table gate_state: {exc}") from None
             state, self._carried = stored.state, dict(stored.carried)
         # A restart in progress here was this replica's own, and it stopped with it.
-        opened = self._pruned(replace(state, in_progress=None, in_progress_expires=None, in_progress_by=None), now)
+        opened = self._pruned(ended_claim(conn, state), now)
         if row is None or opened != state:
             self._write(version, version + 1, self._text(opened))
             version += 1
         return opened, version
+
+    def _row(self) -> tuple[int, str] | None:
+        assert self._conn is not None, "the gate's state is not open"
+        return self._conn.execute("SELECT version, state FROM gate_state WHERE id=1").fetchone()
 
     def _write(self, version: int, new_version: int, text: str) -> None:
         conn = self._conn
@@ -148,6 +168,23 @@ class SqliteStore:
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+
+def ended_claim(conn: sqlite3.Connection, state: JournalState) -> JournalState:
+    """The state a start finds, with the restart its last process held over. The journal in the same
+    file is the witness: a row for the claim's alert says the restart began (it is `interrupted` now,
+    and its alert stays decided); no row says it never began (the process stopped, or the journal
+    failed, between the commit and the row), and its alert is judged afresh at its next re-send
+    instead of being a `duplicate` for a month. Its budget and cooldown stay spent either way."""
+    if state.in_progress is None and state.in_progress_by is None:
+        return state
+    key = state.in_progress_key
+    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if key is not None and "actions" in tables and conn.execute(
+        "SELECT 1 FROM actions WHERE decision='restart' AND fingerprint=? AND round(starts_at, 3)=? LIMIT 1", key
+    ).fetchone() is not None:
+        key = None
+    return shared.claim_lapsed(replace(state, in_progress_key=key))
 
 
 def state_from_journal(conn: sqlite3.Connection) -> JournalState:

@@ -32,7 +32,7 @@ import math
 import os
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -63,6 +63,15 @@ class StateLost(StateUnavailable):
     that would forget open circuits, spent budgets, the pause, the ladder and cordoned nodes."""
 
 
+class Ambiguous(StateUnavailable):
+    """A write whose answer was lost: the store may or may not hold it now. `result` is what the
+    step decided with it; the caller re-reads to learn which (`GateLoop`: carried out once, or released)."""
+
+    def __init__(self, message: str, result: Any):
+        super().__init__(message)
+        self.result = result
+
+
 class Conflicted(StateUnavailable):
     """Every try met a conflict: other writers keep committing first (retry-safe, as unavailable)."""
 
@@ -75,6 +84,9 @@ class StoreHealth:
     errors: dict[str, int] = field(default_factory=dict)  # failures by operation: read, write, follow
     last_error: str = ""
     lost: str = ""  # why the state is lost (StateLost) until a human re-initialises it; "" when it is not
+    # Restart intents whose commit's outcome this replica could not learn yet (a write's answer lost and
+    # the state unreadable since): each is re-read until it is carried out or released.
+    unresolved: int = 0
 
     def ok(self) -> None:
         self.up = True
@@ -155,7 +167,16 @@ async def transact(store: GateStore[Any], step: Callable[[JournalState], tuple[T
     for _ in range(CONFLICT_RETRIES):
         state, version = await store.read()
         result, new = step(state)
-        if new == state or await store.commit(version, new):
+        if new == state:
+            return result
+        try:
+            committed = await store.commit(version, new)
+        except StateLost:
+            raise
+        except StateUnavailable as exc:
+            # The write may have been applied with its answer lost: the caller must find out.
+            raise Ambiguous(str(exc), result) from None
+        if committed:
             return result
     raise Conflicted(f"the gate's state kept changing ({CONFLICT_RETRIES} conflicts)")
 
@@ -276,7 +297,7 @@ class LeaseStore:
         local = self.local_state()
         if local is None:
             return JournalState()
-        return replace(local, in_progress=None, in_progress_expires=None, in_progress_by=None)
+        return shared.claim_lapsed(local)
 
     async def read(self) -> tuple[JournalState, Snapshot]:
         lease = await self._get()
@@ -303,8 +324,10 @@ class LeaseStore:
         assert lease is not None  # it has a state annotation
         self.memory.remember(stored.epoch if stored.epoch is not None else LEGACY_EPOCH)
         self.health.ok()
-        self.last = stored.state
-        return stored.state, Snapshot(lease["metadata"]["resourceVersion"], lease, stored)
+        # A claim past its expiry is over, its alert judged afresh (written with the next commit).
+        state = shared.claim_lapsed(stored.state, self.now())
+        self.last = state
+        return state, Snapshot(lease["metadata"]["resourceVersion"], lease, stored)
 
     async def commit(self, snap: Snapshot, new: JournalState) -> bool:
         """Write `new` if the Lease is still at `snap`'s version. False on a conflict (someone else wrote)."""
@@ -359,7 +382,7 @@ class LeaseStore:
                     discarded = {"lease": "present, unreadable", "error": str(exc)[:300], "characters": len(text)}
             epoch = uuid.uuid4().hex
             record = {"epoch": epoch, "at": self.now(), "by": by[:200], "reason": reason[:500], "from": origin}
-            fresh = replace(source, in_progress=None, in_progress_expires=None, in_progress_by=None)
+            fresh = shared.claim_lapsed(source)
             version = None if lease is None else lease["metadata"]["resourceVersion"]
             stored = shared.Stored(shared.pruned(fresh, self.now(), self.budget_window), epoch, self.budget_window,
                                    record)
