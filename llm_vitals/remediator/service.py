@@ -231,7 +231,8 @@ class Remediator:
                              " others, and there is no shared state to re-initialise")
         source = JournalState()
         if origin == "journal":
-            found = read_local_state(self.settings.state_path)
+            budget = self.settings.budget
+            found = read_local_state(self.settings.state_path, budget.max_restarts, budget.window)
             if found is None:
                 raise ValueError(f"{self.settings.state_path} holds no state to import")
             source = found
