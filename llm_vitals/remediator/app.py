@@ -181,6 +181,16 @@ async def _read_capped(request: web.Request, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
+def _parsed(body: bytes) -> object:
+    """The body's JSON, or the 400 to answer: malformed, or nested too deeply to parse (never a 500)."""
+    try:
+        return json.loads(body)
+    except ValueError as exc:  # includes UnicodeDecodeError
+        return _error(400, f"invalid JSON: {exc}")
+    except RecursionError:
+        return _error(400, "invalid JSON: nested too deeply")
+
+
 async def _query_or_body(request: web.Request) -> object:
     """What an operator's call names, from its query or its JSON body (never both), or the error to answer."""
     body = await _read_capped(request, 64 * 1024)
@@ -190,10 +200,7 @@ async def _query_or_body(request: web.Request) -> object:
         return dict(request.query)
     if request.query:
         return _error(400, "name the workload in the query or in the body, not both")
-    try:
-        return json.loads(body)
-    except ValueError as exc:
-        return _error(400, f"invalid JSON: {exc}")
+    return _parsed(body)
 
 
 async def webhook(request: web.Request) -> web.Response:
@@ -202,12 +209,9 @@ async def webhook(request: web.Request) -> web.Response:
     body = await _read_capped(request, limit)
     if body is None:
         return _error(413, f"body larger than {limit} bytes")
-    try:
-        data = json.loads(body)
-    except ValueError as exc:  # includes UnicodeDecodeError
-        return _error(400, f"invalid JSON: {exc}")
-    except RecursionError:
-        return _error(400, "invalid JSON: nested too deeply")
+    data = _parsed(body)
+    if isinstance(data, web.Response):
+        return data
     try:
         payload = WebhookPayload.model_validate(data)
     except ValidationError as exc:
@@ -243,6 +247,8 @@ async def action(request: web.Request) -> web.Response:
         action_id = int(request.match_info["id"])
     except ValueError:
         return _error(400, "the action id is an integer")
+    if not 1 <= action_id < 2**63:  # past SQLite's integers: no such row (a 20-digit id is not a 500)
+        return _error(404, f"no action {request.match_info['id'][:30]}")
     row = await request.app[SERVICE].journal.action(action_id)
     if row is None:
         return _error(404, f"no action {action_id}")
@@ -283,10 +289,9 @@ async def state_reinit(request: web.Request) -> web.Response:
     body = await _read_capped(request, 64 * 1024)
     if body is None:
         return _error(413, "body too large")
-    try:
-        data = json.loads(body or b"null")
-    except ValueError as exc:
-        return _error(400, f"invalid JSON: {exc}")
+    data = _parsed(body or b"null")
+    if isinstance(data, web.Response):
+        return data
     if not isinstance(data, dict) or set(data) != {"from", "reason"} or data["from"] not in ("empty", "journal") \
             or not isinstance(data["reason"], str) or not data["reason"].strip() or len(data["reason"]) > 500:
         return _error(422, 'expected {"from": "empty" | "journal", "reason": TEXT}: say where the new state comes'
@@ -304,10 +309,9 @@ async def pause_post(request: web.Request) -> web.Response:
     body = await _read_capped(request, 64 * 1024)
     if body is None:
         return _error(413, "body too large")
-    try:
-        data = json.loads(body)
-    except ValueError as exc:
-        return _error(400, f"invalid JSON: {exc}")
+    data = _parsed(body)
+    if isinstance(data, web.Response):
+        return data
     parsed = parse_pause(data, request.app[CLOCK]())
     if isinstance(parsed, BadRequest):
         return _error(400, str(parsed))

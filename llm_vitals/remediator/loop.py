@@ -211,7 +211,8 @@ class GateLoop:
         now = self.store.now()
         state = shared.claim_lapsed(state, now)
         decision = gate.decide(facts, fleet, state, self.policy, now)
-        if decision.allowed and not checked:
+        # A dry run runs every check a live run does, the identity included: its "would restart" is then true.
+        if (decision.allowed or decision.reason == "dry_run") and not checked:
             return Decided(decision, now, needs_identity=True), state
         effects = gate.effects_of(decision, facts, fleet, state, self.policy, now)
         decided = Decided(decision, now)
