@@ -37,6 +37,7 @@ from .follow import follow
 from .gate import JournalState
 from .journal import Journal
 from .payload import WebhookPayload, describe_errors
+from .redecide import redecide
 from .service import Remediator, log, store_for
 from .settings import KubernetesSettings, Settings
 from .store import StateLost, StateUnavailable
@@ -96,10 +97,13 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
                 follower = None
                 if not store.last_is_current and settings.kubernetes and settings.kubernetes.lease:
                     follower = asyncio.create_task(follow(store, settings.kubernetes.lease.duration))
+                # The remediator's own look between Alertmanager's re-sends (redecide.py).
+                looker = asyncio.create_task(redecide(service.loop), name="redecide")
                 yield
-                if follower is not None:
-                    follower.cancel()
-                    await asyncio.gather(follower, return_exceptions=True)
+                for task in (follower, looker):
+                    if task is not None:
+                        task.cancel()
+                        await asyncio.gather(task, return_exceptions=True)
                 await service.shutdown()
         finally:
             if kube is not None:

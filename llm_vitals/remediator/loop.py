@@ -2,7 +2,7 @@
 
 For one alert:
   1. steps 1-3 of the gate on the store's last state, without I/O (most of a storm ends here as
-     `duplicate`); the pause too where that state is the committed one (one replica);
+     `duplicate`); the pause is decided in step 3, as it holds the target (`JournalState.held`);
      every time here is the store's (`GateStore.now`: replicas judge by the API server's clock);
   2. re-check through the exporter, or every exporter shard at once (shared in-flight reads);
   3. under this replica's decision lock: read the state and its version, decide (the pure gate),
@@ -24,9 +24,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
+from itertools import chain
 from typing import Any, Protocol
 
-from . import backstop, gate, identity, shared
+from . import backstop, gate, holds, identity, shared
 from .acting import Actor
 from .evidence import Evidence
 from .executors import Executor
@@ -82,21 +83,24 @@ class GateLoop:
         self.evidence = evidence
         self.clock = clock
         self._decision_lock = asyncio.Lock()
-        # The refusals that hold a liveness backstop (backstop.py): this replica's, kept in memory.
-        self.refusals = backstop.Refusals()
         # Restart intents whose commit's outcome is not known yet (its answer lost, the state unreadable
         # since), with their alert's key: re-read at each alert until carried out or released.
         self.unresolved: dict[str, tuple[Intent, tuple[str, float]]] = {}
+        # The workloads the exporter reported at the last look (redecide): what a backstop may ask about.
+        self.reported: frozenset[str] = frozenset()
 
     async def handle(self, facts: AlertFacts) -> Decision:
         """Decide one alert, journal the decision, and start the restart when it is allowed."""
         now = self.store.now()
         if self.unresolved:
             await self.resolve()
-        last = shared.claim_lapsed(self.store.last, now)
-        refused = gate.precheck(facts, last, self.policy, now if self.store.last_is_current else None)
+        # The pause is not checked here: a paused refusal holds the target (JournalState.held), which is
+        # committed with the decision under the lock.
+        refused = gate.precheck(facts, shared.claim_lapsed(self.store.last, now), self.policy)
         if refused is not None:
             self._refused(facts, refused, now, None)
+            if refused.reason in gate.UNHOLDING and (facts.target or "") in self.store.last.held:
+                await self._unhold(facts)
             return refused
         fleet = await self.exporter.fleet()
         status = fleet.targets.get(facts.target or "") if fleet is not None else None
@@ -228,6 +232,58 @@ class GateLoop:
         if decision.reason == "restarted_since_alert":
             actor = backstop.restart_actor(status, self.store.last, workload, facts.starts_at)
         self.evidence.decided(facts, decision, now, status, actor=actor)
-        self.refusals = backstop.noted(self.refusals, workload, decision.reason, now)
         if decision.reason in gate.HUMAN_REFUSALS:
             self.actor.tell_refusal(facts, decision, status)
+
+    async def _unhold(self, facts: AlertFacts) -> None:
+        """The held target's alert resolved (or is no longer the gate's): its hold ends, for every replica."""
+        target = facts.target or ""
+
+        def step(state: JournalState) -> tuple[None, JournalState]:
+            return None, shared.unheld(state, target)
+
+        try:
+            await transact(self.store, step)
+        except StateUnavailable as exc:  # the next re-decision ends it (redecide.py), or its memory does
+            log.warning("cannot end the hold of %s now: %s", target, exc)
+
+    async def redecide(self) -> list[Decision]:
+        """The remediator's own look between re-sends (holds.py): the restarts the exporter shows that no
+        remediator made are counted, then each held target whose decision is another now is decided
+        again, the longest held first, as a re-sent alert would be (one restart at a time all the same)."""
+        fleet = await self.exporter.fleet()
+        if fleet is None:
+            return []
+        self.reported = frozenset(gate.workload_of(t, s) for t, s in chain(fleet.targets.items(), fleet.withheld.items()))
+        try:
+            state, _ = await self.store.read()  # fresh: a pause lifted on another replica a moment ago
+            await self._count_restarts(fleet, state)
+        except StateUnavailable as exc:
+            log.warning("cannot look at the held targets now: %s", exc)
+            return []
+        decisions = []
+        for item in holds.due(self.store.last, fleet, self.policy, self.store.now()):
+            decisions.append(await self.handle(item.held.facts(item.target)))
+        return decisions
+
+    async def _count_restarts(self, fleet: FleetView, last: JournalState) -> None:
+        """Count the restarts no remediator made in their workloads' budgets, once each (holds.py)."""
+        present = set(gate.managed_targets(self.policy, fleet))
+        if not holds.outside_restarts(last, fleet, self.policy) and set(last.seen_restarts) <= present:
+            return
+        now = self.store.now()
+
+        def step(state: JournalState) -> tuple[list[holds.Seen], JournalState]:
+            found = holds.outside_restarts(state, fleet, self.policy)
+            new = shared.seen_kept(state, present)
+            for seen in found:
+                new = shared.restart_seen(new, seen.target, seen.workload, seen.at, seen.actor is not None,
+                                          self.policy.backoff_initial > 0)
+                if (seen.actor is not None and seen.workload not in new.open_circuits
+                        and gate.restarts_in_window(new, self.policy, seen.workload, now) >= self.policy.max_restarts):
+                    new = shared.circuit_opened(new, seen.workload)
+            return found, new
+
+        for seen in await transact(self.store, step):
+            if seen.actor is not None and seen.at is not None:
+                self.evidence.restart_seen(seen.target, seen.workload, seen.at, seen.actor, seen.status, now)

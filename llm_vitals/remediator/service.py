@@ -47,6 +47,9 @@ log = logging.getLogger("llm_vitals.remediator")
 # GET /api/v1/pause answers from a read of the shared state no older than this.
 STATE_MAX_AGE = 1.0
 
+# Unknown workloads remembered at most (backstop_words): the oldest is forgotten first.
+UNKNOWN_MEMORY = 1000
+
 # Reasons for which nothing was decided for good and a redelivery is safe (503).
 # `owner_pending` and `identity_unverified` pass too: the API server can answer on the next try.
 # `state_lost` too: nothing is done until a human re-initialises the state, and then the re-send is judged.
@@ -99,6 +102,9 @@ class Remediator:
                              clock, IdentityReader(kube) if kube is not None else None)
         self._read_lock = asyncio.Lock()  # GET /api/v1/pause: one read of the shared state at a time
         self._read_at = -math.inf
+        # Workloads a backstop asked about that this remediator never heard of, and when first asked
+        # (this replica's memory: the hold they get is bounded, backstop.UNKNOWN_HOLD).
+        self._unknown: dict[str, float] = {}
 
     def gate_state_now(self) -> JournalState:
         """The state as last seen, without I/O (for the metrics and /healthz)."""
@@ -214,7 +220,23 @@ class Remediator:
         most STATE_MAX_AGE ago, at the store's clock. Raises StateUnavailable (StateLost: lost)."""
         state = await self.recent_state()
         now, lost = self.store.now(), bool(self.store.health.lost)
-        return now, [backstop.word_for(w, state, self.policy, now, self.loop.refusals, lost=lost) for w in workloads]
+        return now, [backstop.word_for(w, state, self.policy, now, lost=lost,
+                                       unknown_since=self._unknown_since(w, state, now)) for w in workloads]
+
+    def _unknown_since(self, workload: str, state: JournalState, now: float) -> float | None:
+        """When a backstop first asked about `workload`, which this remediator never heard of; None when known.
+        Each such ask is counted (LLMVitalsBackstopUnknownWorkload), the first logged."""
+        if backstop.known(workload, state, self.policy, self.loop.reported):
+            self._unknown.pop(workload, None)
+            return None
+        self.metrics.unknown_workload_asks.inc()
+        if workload not in self._unknown:
+            if len(self._unknown) >= UNKNOWN_MEMORY:  # bounded: a caller cannot grow it without end
+                self._unknown.pop(next(iter(self._unknown)))
+            self._unknown[workload] = now
+            log_event(log, "backstop asked about an unknown workload", level=logging.WARNING, workload=workload[:200],
+                      hold_seconds=backstop.UNKNOWN_HOLD)
+        return self._unknown[workload]
 
     def state_view(self) -> dict[str, Any]:
         """What the state holds as last seen (no I/O: the follower keeps a replica's view fresh), and

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .gate import AlertFacts, Effects, JournalState, dedupe_key
+from .gate import AlertFacts, Effects, HeldAlert, JournalState, dedupe_key
 
 # Alert keys older than this are dropped from the Lease's state.
 KEY_MEMORY_SECONDS = 24 * 3600.0
@@ -32,6 +32,12 @@ LADDER_MEMORY_SECONDS = 24 * 3600.0
 DISRUPTION_MEMORY_SECONDS = 2 * 3600.0
 # A streak of backoff refusals ends when no refusal came for this long (as the disruption budget's).
 BACKOFF_REFUSAL_MEMORY_SECONDS = DISRUPTION_MEMORY_SECONDS
+# A held target no replica re-decided for this long is forgotten (the re-decision refreshes it every
+# gate.HELD_REFRESH while the hold lasts), and at most MAX_HELD are kept, the newest.
+HELD_MEMORY_SECONDS = 3600.0
+MAX_HELD = 500
+# State keys written only when they hold something (a state without them reads as before).
+SPARSE_KEYS = frozenset({"held", "outside_restarts", "seen_restarts"})
 # A backoff streak older than this is over (settings.py caps `budget.backoff.reset_after` at 7d).
 BACKOFF_MEMORY_SECONDS = 7 * 86400.0
 
@@ -102,7 +108,47 @@ def with_effects(state: JournalState, effects: Effects, alert: AlertFacts, now: 
     if effects.backoff_refused and workload:
         first = new.backoff_refused[workload][0] if workload in new.backoff_refused else now
         new = replace(new, backoff_refused={**new.backoff_refused, workload: (first, now)})
+    target = alert.target or ""
+    if effects.unhold and target in new.held:
+        new = replace(new, held={t: h for t, h in new.held.items() if t != target})
+    if effects.hold is not None and target:
+        was = new.held.get(target)
+        since = was.since if was is not None and was.workload == workload else now
+        entry = HeldAlert(workload, effects.hold, since, now, alert.fingerprint, alert.starts_at, alert.alertname)
+        new = replace(new, held={**new.held, target: entry})
     return new
+
+
+def restart_seen(state: JournalState, target: str, workload: str, at: float | None, counted: bool,
+                 backoff_on: bool) -> JournalState:
+    """The exporter shows `target`'s last restart at `at` (None: none yet). `counted`: a restart no
+    remediator made (the kubelet's), to count in the workload's budget and, with `backoff_on`, its
+    backoff streak; else only remembered, so that it is never counted twice."""
+    new = replace(state, seen_restarts={**state.seen_restarts, target: at if at is not None else -1.0})
+    if not counted or at is None:
+        return new
+    new = replace(new, outside_restarts={**new.outside_restarts,
+                                         workload: (*new.outside_restarts.get(workload, ()), at)})
+    if backoff_on:
+        streak = new.backoff.get(workload)
+        new = replace(new, backoff={**new.backoff, workload: ((streak[0] if streak else 0) + 1, max(at, streak[1])
+                                                              if streak else at)})
+    return new
+
+
+def seen_kept(state: JournalState, present: set[str]) -> JournalState:
+    """Only the targets the exporter reports now keep their last restart seen (a target back later is new)."""
+    return replace(state, seen_restarts={t: v for t, v in state.seen_restarts.items() if t in present})
+
+
+def unheld(state: JournalState, target: str) -> JournalState:
+    """The held target's alert resolved, or is no longer the gate's: its hold ends."""
+    return replace(state, held={t: h for t, h in state.held.items() if t != target})
+
+
+def circuit_opened(state: JournalState, workload: str) -> JournalState:
+    """The workload's budget is used up (by restarts no remediator made): its circuit opens."""
+    return replace(state, open_circuits=state.open_circuits | {workload})
 
 
 def finished(state: JournalState, holder: str, ran: str | None = None) -> JournalState:
@@ -213,6 +259,7 @@ def circuits_reset(state: JournalState, workloads: list[str]) -> JournalState:
         state,
         open_circuits=state.open_circuits - set(workloads),
         restart_times={w: v for w, v in state.restart_times.items() if w not in workloads},
+        outside_restarts={w: v for w, v in state.outside_restarts.items() if w not in workloads},
         ladder={w: v for w, v in state.ladder.items() if w not in workloads or v[0] == "page"},
         ladder_nodes={w: v for w, v in state.ladder_nodes.items() if w not in workloads},
         backoff={w: v for w, v in state.backoff.items() if w not in workloads},
@@ -239,8 +286,12 @@ def pruned(
     disrupted = {w: v for w, v in state.disrupted.items() if v[1] > now - DISRUPTION_MEMORY_SECONDS}
     backoff = {w: v for w, v in state.backoff.items() if v[1] > now - BACKOFF_MEMORY_SECONDS}
     backoff_refused = {w: v for w, v in state.backoff_refused.items() if v[1] > now - BACKOFF_REFUSAL_MEMORY_SECONDS}
+    outside = {w: kept for w, v in state.outside_restarts.items() if (kept := tuple(x for x in v if x > now - budget_window))}
+    held = dict(sorted(((t, h) for t, h in state.held.items() if h.at > now - HELD_MEMORY_SECONDS),
+                       key=lambda item: item[1].since)[-MAX_HELD:])
     return replace(state, restart_times=times, decided_at=keep, decided_keys=frozenset(keep), ladder=ladder,
-                   disrupted=disrupted, ladder_nodes=ladder_nodes, backoff=backoff, backoff_refused=backoff_refused)
+                   disrupted=disrupted, ladder_nodes=ladder_nodes, backoff=backoff, backoff_refused=backoff_refused,
+                   outside_restarts=outside, held=held)
 
 
 def to_json(state: JournalState) -> str:
@@ -264,7 +315,14 @@ def to_json(state: JournalState) -> str:
         "pages": dict(sorted(state.pages.items())),
         "backoff": {w: [count, at] for w, (count, at) in sorted(state.backoff.items())},
         "backoff_refused": {w: [first, last] for w, (first, last) in sorted(state.backoff_refused.items())},
+        "held": {t: [h.workload, h.reason, h.since, h.at, h.fingerprint, h.starts_at, h.alertname]
+                 for t, h in sorted(state.held.items())},
+        "outside_restarts": {w: list(v) for w, v in sorted(state.outside_restarts.items())},
+        "seen_restarts": dict(sorted(state.seen_restarts.items())),
     }
+    for key in SPARSE_KEYS:  # written only when they hold something: the document of a state without them is as before
+        if not doc[key]:
+            del doc[key]
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
@@ -299,6 +357,10 @@ def from_json(text: str | None) -> JournalState:
             pages={str(w): float(at) for w, at in (doc.get("pages") or {}).items()},
             backoff={str(w): (int(c), float(at)) for w, (c, at) in (doc.get("backoff") or {}).items()},
             backoff_refused={str(w): (float(a), float(b)) for w, (a, b) in (doc.get("backoff_refused") or {}).items()},
+            held={str(t): HeldAlert(str(w), str(r), float(since), float(at), str(fp), float(sa), str(name))
+                  for t, (w, r, since, at, fp, sa, name) in (doc.get("held") or {}).items()},
+            outside_restarts={str(w): tuple(float(x) for x in v) for w, v in (doc.get("outside_restarts") or {}).items()},
+            seen_restarts={str(t): float(at) for t, at in (doc.get("seen_restarts") or {}).items()},
         )
     except (ValueError, TypeError, AttributeError) as exc:
         raise BadState(f"the shared state is not readable: {type(exc).__name__}: {exc}") from None
@@ -328,7 +390,7 @@ class Stored:
 
 def known_keys() -> frozenset[str]:
     """Every key this version writes (the state's, whatever fields it has, and the store's)."""
-    return frozenset(json.loads(to_json(JournalState()))) | STORE_KEYS
+    return frozenset(json.loads(to_json(JournalState()))) | SPARSE_KEYS | STORE_KEYS
 
 
 def load(text: str) -> Stored:
