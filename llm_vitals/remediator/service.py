@@ -210,9 +210,12 @@ class Remediator:
         if self.store.last_is_current:
             return self.store.last
         async with self._read_lock:
-            if time.monotonic() - self._read_at >= STATE_MAX_AGE:
+            # By the service's clock (the soak's is virtual: a real-time second there spans minutes);
+            # a clock stepped back reads again too.
+            age = self.clock() - self._read_at
+            if not 0 <= age < STATE_MAX_AGE:
                 await self.store.read()
-                self._read_at = time.monotonic()
+                self._read_at = self.clock()
         return self.store.last
 
     async def backstop_words(self, workloads: list[str]) -> tuple[float, list[backstop.BackstopWord]]:
