@@ -7,7 +7,8 @@ Each invariant states the issue's *intended* rule (issue 30), not what a given v
 - `no_restart_while_paged`: no restart or cordon of a workload while a page holds for it, from the
   page (an `escalated_to_human` refusal) until a human releases it;
 - `no_cordon_without_node_evidence`: a node is cordoned only while the exporter flags a GPU fault on
-  it, or for a hang that was the node's doing (its pods keep hanging there, whatever runs on it);
+  it, or for a hang that was the node's doing (its pods keep hanging there, whatever runs on it: this
+  hang, or another workload's acted on there within `escalate_within` before);
   a workload's own hang, which follows its pod from node to node or stays with a pinned pod, is no
   evidence against the node;
 - `cordons_within_limit`: at most MAX_CORDONED_NODES nodes cordoned by llm-vitals at once;
@@ -48,6 +49,9 @@ BACKOFF_BASE = 900.0
 # per cooldown), and a margin for several hangs at once. A refusal that can last longer (a backoff,
 # a page, an open circuit) must be told to a human.
 HANG_BOUND = 3 * 3600.0
+# The remediator's `escalate_within` in the soak (bench/soak.py's SETTINGS): how far back the gate looks
+# for other workloads' restarts on a node as evidence against it.
+ESCALATE_WITHIN = 3600.0
 # The kubelet's restarts (Action.replica) reach the stored budget once the exporter's next poll shows the
 # new start time and the remediator's next look counts it: within two steps of the soak.
 KUBELET = "kubelet"
@@ -290,8 +294,17 @@ def no_restart_while_paged(c: Check) -> Iterable[Hashable]:
 
 def no_cordon_without_node_evidence(c: Check) -> Iterable[Hashable]:
     for a in c.new_actions:
-        if a.kind == "cordon_and_move" and not a.node_at_fault and not c.history.flagged_at(a.node, a.seq):
+        if (a.kind == "cordon_and_move" and not a.node_at_fault and not c.history.flagged_at(a.node, a.seq)
+                and not others_hung_there(c.history, a)):
             yield a.seq
+
+
+def others_hung_there(h: History, a: Action) -> bool:
+    """Whether another workload's pod on `a`'s node was acted on for a hang that was that node's doing
+    (the fleet's truth), within ESCALATE_WITHIN before `a`: the node's pods keep hanging there, whatever
+    runs on it, so a cordon of it is on evidence about the node even when `a`'s own hang was its workload's."""
+    return any(b.node == a.node and b.workload != a.workload and b.node_at_fault and b.seq < a.seq
+               and b.at >= a.at - ESCALATE_WITHIN for b in reversed(h.actions))
 
 
 def cordons_within_limit(c: Check) -> Iterable[Hashable]:

@@ -366,3 +366,13 @@ def test_alertmanager_resends_at_the_first_flush_after_repeat_interval():
     assert fleet_sim.resend_after(900.0, 60.0) == 960.0  # 15m is 16m in practice
     assert fleet_sim.resend_after(900.0, 300.0) == 1200.0
     assert fleet_sim.resend_after(3600.0, 1.0) == 3601.0
+
+
+def test_a_cordon_after_another_workloads_node_hang_there_has_node_evidence():
+    h = history()
+    h.record_action(invariants.Action(h.next_seq(), 100.0, "restart", "Deployment/llm/b", "b-1", "n1", "r", True,
+                                      node_at_fault=True))
+    act(h, 200.0, "cordon_and_move", node="n1", cordoned=1)  # workload a's own hang, but n1 keeps hanging pods
+    act(h, 300.0, "cordon_and_move", node="n2", cordoned=2)  # nothing about n2
+    act(h, 100.0 + invariants.ESCALATE_WITHIN + 1, "cordon_and_move", node="n1", cordoned=2)  # too long after
+    assert check(h)["no_cordon_without_node_evidence"] == [3, 4]
