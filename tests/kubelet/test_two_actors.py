@@ -179,7 +179,7 @@ def test_a_hang_is_held_while_paused_and_the_backstop_restarts_it_once_when_the_
     [pod] = wait_all_ready(tier, w.name, 1, 60)
     wait_serving(fleet, pod.name)
     # Not `act` first: after drill 7 the storm's refusals hold every workload's word (`fleet_gate`) for
-    # REFUSAL_HOLD. The pause comes first in the word, and hearing it proves the chain up.
+    # gate.STORM_HOLD (the storm the state saw). The pause comes first in the word, and hearing it proves the chain up.
     answer = fleet.remediator("POST", "/api/v1/pause",
                               json={"until": time.time() + 3 * 3600, "reason": "kubelet tier: the two actors' drill"})
     assert answer.status_code == 200, answer.text
