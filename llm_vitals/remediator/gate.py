@@ -309,8 +309,9 @@ HOLDING: frozenset[Reason] = frozenset({"paused", "escalated_to_human", "gpu_fau
                                         "restart_in_progress", "cooldown", "circuit_open", "backoff", "fleet_gate",
                                         "storm_cooldown"})
 # Decisions that end a target's hold: it was acted on, or is no longer a hang the gate may act on.
-UNHOLDING: frozenset[Reason] = frozenset({"allowed", "cordon_and_move", "dry_run", "not_firing", "not_stuck",
-                                          "restarted_since_alert", "unknown_target", "no_restart_label", "no_pod_uid"})
+UNHOLDING: frozenset[Reason] = frozenset({"allowed", "cordon_and_move", "dry_run", "duplicate", "not_firing",
+                                          "not_stuck", "restarted_since_alert", "unknown_target", "no_restart_label",
+                                          "no_pod_uid"})
 
 
 @dataclass(frozen=True)
