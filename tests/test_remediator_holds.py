@@ -20,7 +20,7 @@ import pytest
 from test_remediator_helpers import Clock
 from test_remediator_loop import OLD, POLICY, T0, Fleet, MemoryStore, alert, replicas  # noqa: F401
 
-from llm_vitals.remediator import backstop, gate
+from llm_vitals.remediator import backstop, gate, shared
 from llm_vitals.remediator.gate import CHECKS, AlertFacts, FleetView, JournalState, TargetStatus
 
 STUCK = TargetStatus("stuck", process_start_time=OLD)
@@ -98,7 +98,7 @@ async def test_a_resolved_alert_ends_its_targets_hold(replicas):  # noqa: F811
     store = MemoryStore(clock)
     replica = await replicas(store, clock, Fleet(FleetView({**QUIET.targets, "a": GPU})))
     assert await replica.decide(alert("a")) == "gpu_fault"
-    assert "a" in store.state.held
+    assert shared.summary(store.state)["held_targets"] == {"a": "gpu_fault"}  # GET /api/v1/state shows it
     assert await replica.decide(replace(alert("a"), status="resolved")) == "not_firing"
     assert store.state.held == {}
     assert backstop.word_for("a", store.state, replica.loop.policy, clock()).word == "act"

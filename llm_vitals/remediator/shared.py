@@ -419,6 +419,8 @@ def summary(state: JournalState) -> dict[str, Any]:
         "ladder": {w: step for w, (step, _) in sorted(state.ladder.items())},
         "restart_in_progress": state.in_progress,
         "decided_alerts": len(state.decided_at),
+        # Stuck targets held on purpose, by the reason of their last refusal (the backstop holds them too).
+        "held_targets": dict(sorted((t, h.reason) for t, h in state.held.items())[:100]),
     }
 
 
