@@ -53,6 +53,7 @@ EXPECTED_ALERTS = {
     # Issue 33: the kubelet's backstop held from restarting a stuck server for long; a shim that hears no remediator.
     "LLMVitalsBackstopHeld",
     "LLMVitalsBackstopArmed",
+    "LLMVitalsBackstopUnknownWorkload",  # a shim asking about a workload the remediator never heard of (issue 39)
     "LLMVitalsRemediatorBackoffHolding",  # a stuck workload refused for its backoff, which can last hours (issue 30)
 }
 

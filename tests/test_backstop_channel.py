@@ -132,6 +132,7 @@ async def test_a_shim_watching_many_workloads_asks_in_parts_the_remediator_takes
 
 async def test_an_unknown_workload_is_held_for_a_bounded_time_counted_and_never_a_silent_act(remediator, tmp_path,  # noqa: F811
                                                                                               exporter):  # noqa: F811
+    exporter.targets["b"] = {**exporter.targets["b"], "workload": "Deployment/llm/discovered"}
     client = await remediator_with_read_token(remediator, tmp_path)
 
     async def word(workload):
@@ -146,9 +147,7 @@ async def test_an_unknown_workload_is_held_for_a_bounded_time_counted_and_never_
     client.clock.advance(1)
     assert (await word("Deployment/llm/vlm"))["word"] == "act"  # bounded: the kubelet acts alone then
     assert await metric(client, "llm_vitals_remediator_backstop_unknown_workload_total") == 3
-    # A workload the exporter reports is known once the remediator has looked (its own look, redecide.py).
-    exporter.targets["a"] = {**exporter.targets["a"], "workload": "Deployment/llm/vllm"}
-    assert (await word("Deployment/llm/vllm"))["reason"] == "unknown_workload"
-    await client.service.loop.redecide()
-    assert (await word("Deployment/llm/vllm"))["word"] == "act"
-    assert await metric(client, "llm_vitals_remediator_backstop_unknown_workload_total") == 4
+    assert await metric(client, "llm_vitals_remediator_backstop_unknown_workload_total") == 3
+    # A workload the exporter reports is known: the remediator reads the exporter before it calls one unknown.
+    assert (await word("Deployment/llm/discovered"))["word"] == "act"
+    assert await metric(client, "llm_vitals_remediator_backstop_unknown_workload_total") == 3

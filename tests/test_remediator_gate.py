@@ -438,6 +438,8 @@ EFFECT_CASES = [
      JournalState(held=HELD_BACKOFF), POLICY, Effects(workload="a", unhold=True)),
     ("a held target not judged (exporter down): held as it was", ALERT, None, JournalState(held=HELD_BACKOFF),
      POLICY, Effects(workload="a")),
+    ("a held target's alert already decided (a restart by another replica): its hold ends", ALERT, FLEET,
+     JournalState(held=HELD_BACKOFF, decided_keys=frozenset({ALERT.key})), POLICY, Effects(workload="a", unhold=True)),
     ("last of the budget opens the circuit", ALERT, FLEET, JournalState(restart_times={"a": (T0 - 3000, T0 - 2000)}),
      POLICY, Effects(intent=True, open_circuit=True, workload="a", backoff=(1, T0))),
     ("budget used up opens the circuit once", ALERT, FLEET,

@@ -20,7 +20,7 @@ import pytest
 from test_remediator_helpers import Clock
 from test_remediator_loop import OLD, POLICY, T0, Fleet, MemoryStore, alert, replicas  # noqa: F401
 
-from llm_vitals.remediator import backstop, gate
+from llm_vitals.remediator import backstop, gate, holds, shared
 from llm_vitals.remediator.gate import CHECKS, AlertFacts, FleetView, JournalState, TargetStatus
 
 STUCK = TargetStatus("stuck", process_start_time=OLD)
@@ -98,7 +98,7 @@ async def test_a_resolved_alert_ends_its_targets_hold(replicas):  # noqa: F811
     store = MemoryStore(clock)
     replica = await replicas(store, clock, Fleet(FleetView({**QUIET.targets, "a": GPU})))
     assert await replica.decide(alert("a")) == "gpu_fault"
-    assert "a" in store.state.held
+    assert shared.summary(store.state)["held_targets"] == {"a": "gpu_fault"}  # GET /api/v1/state shows it
     assert await replica.decide(replace(alert("a"), status="resolved")) == "not_firing"
     assert store.state.held == {}
     assert backstop.word_for("a", store.state, replica.loop.policy, clock()).word == "act"
@@ -191,3 +191,14 @@ def test_a_held_alert_is_decided_again_as_alertmanager_sent_it():
     held = gate.HeldAlert("a", "paused", T0, T0, "fp-a", T0 - 600, "LLMServerDown")
     assert held.facts("a") == AlertFacts("firing", {"alertname": "LLMServerDown", "target": "a",
                                                     "remediation": "restart"}, "fp-a", T0 - 600)
+
+
+@pytest.mark.parametrize("age, due", [(gate.HELD_REFRESH - 1, False), (gate.HELD_REFRESH, True)])
+def test_an_eviction_a_disruption_budget_refused_is_held_and_tried_again_only_every_refresh(age, due):
+    facts = alert("a")
+    state = shared.held_for(JournalState(), facts, "a", "disruption_budget", T0)
+    word = backstop.word_for("a", state, POLICY, T0 + age)
+    assert (word.word, word.reason) == ("hold", "disruption_budget")  # the kubelet does not restart it either
+    # The gate alone would allow it at once: without the wait, every look would evict (and be refused) again.
+    assert gate.decide(facts, QUIET, state, POLICY, T0 + age).allowed
+    assert bool(holds.due(state, QUIET, POLICY, T0 + age)) == due

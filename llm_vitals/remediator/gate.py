@@ -308,12 +308,14 @@ class HeldAlert:
 
 # Refusals that leave a stuck target unhandled on purpose (the checks' reasons): the target is kept in
 # `JournalState.held`, its workload's backstop holds, and the remediator re-decides it when the hold ends.
+# The API server's refusals of an allowed restart (AFTER_GATE: a PodDisruptionBudget, throttling) hold it too.
 HOLDING: frozenset[Reason] = frozenset({"paused", "escalated_to_human", "gpu_fault", "cordon_limit",
                                         "restart_in_progress", "cooldown", "circuit_open", "backoff", "fleet_gate",
-                                        "storm_cooldown"})
+                                        "storm_cooldown", "disruption_budget", "api_throttled"})
 # Decisions that end a target's hold: it was acted on, or is no longer a hang the gate may act on.
-UNHOLDING: frozenset[Reason] = frozenset({"allowed", "cordon_and_move", "dry_run", "not_firing", "not_stuck",
-                                          "restarted_since_alert", "unknown_target", "no_restart_label", "no_pod_uid"})
+UNHOLDING: frozenset[Reason] = frozenset({"allowed", "cordon_and_move", "dry_run", "duplicate", "not_firing",
+                                          "not_stuck", "restarted_since_alert", "unknown_target", "no_restart_label",
+                                          "no_pod_uid"})
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,13 @@ def due(state: JournalState, fleet: FleetView | None, policy: GatePolicy, now: f
     found = []
     for target, held in sorted(state.held.items(), key=lambda item: (item[1].since, item[0])):
         decision = gate.decide(held.facts(target), fleet, state, policy, now)
-        if decision.allowed or decision.reason != held.reason or now - held.at >= gate.HELD_REFRESH:
+        refresh = now - held.at >= gate.HELD_REFRESH
+        if held.reason in gate.AFTER_GATE:
+            # The API server refused it (a disruption budget): the gate would allow it again at once, so
+            # it is tried again only every HELD_REFRESH, not at every look.
+            if refresh:
+                found.append(Due(target, held, decision))
+        elif decision.allowed or decision.reason != held.reason or refresh:
             found.append(Due(target, held, decision))
     return found
 

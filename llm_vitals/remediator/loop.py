@@ -251,10 +251,9 @@ class GateLoop:
         """The remediator's own look between re-sends (holds.py): the restarts the exporter shows that no
         remediator made are counted, then each held target whose decision is another now is decided
         again, the longest held first, as a re-sent alert would be (one restart at a time all the same)."""
-        fleet = await self.exporter.fleet()
+        fleet = await self.read_fleet()
         if fleet is None:
             return []
-        self.reported = frozenset(gate.workload_of(t, s) for t, s in chain(fleet.targets.items(), fleet.withheld.items()))
         try:
             state, _ = await self.store.read()  # fresh: a pause lifted on another replica a moment ago
             await self._count_restarts(fleet, state)
@@ -265,6 +264,14 @@ class GateLoop:
         for item in holds.due(self.store.last, fleet, self.policy, self.store.now()):
             decisions.append(await self.handle(item.held.facts(item.target)))
         return decisions
+
+    async def read_fleet(self) -> FleetView | None:
+        """The exporter's view now, and the workloads it reports kept (`reported`: what a backstop may ask about)."""
+        fleet = await self.exporter.fleet()
+        if fleet is not None:
+            self.reported = frozenset(gate.workload_of(t, s) for t, s in chain(fleet.targets.items(),
+                                                                                fleet.withheld.items()))
+        return fleet
 
     async def _count_restarts(self, fleet: FleetView, last: JournalState) -> None:
         """Count the restarts no remediator made in their workloads' budgets, once each (holds.py)."""

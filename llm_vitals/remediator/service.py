@@ -222,6 +222,8 @@ class Remediator:
         """The gate's word for each workload's liveness backstop (backstop.py), on the state read at
         most STATE_MAX_AGE ago, at the store's clock. Raises StateUnavailable (StateLost: lost)."""
         state = await self.recent_state()
+        if any(not backstop.known(w, state, self.policy, self.loop.reported) for w in workloads):
+            await self.loop.read_fleet()  # a workload discovered since the last look is known (one cached read)
         now, lost = self.store.now(), bool(self.store.health.lost)
         return now, [backstop.word_for(w, state, self.policy, now, lost=lost,
                                        unknown_since=self._unknown_since(w, state, now)) for w in workloads]

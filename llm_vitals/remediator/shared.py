@@ -112,11 +112,18 @@ def with_effects(state: JournalState, effects: Effects, alert: AlertFacts, now: 
     if effects.unhold and target in new.held:
         new = replace(new, held={t: h for t, h in new.held.items() if t != target})
     if effects.hold is not None and target:
-        was = new.held.get(target)
-        since = was.since if was is not None and was.workload == workload else now
-        entry = HeldAlert(workload, effects.hold, since, now, alert.fingerprint, alert.starts_at, alert.alertname)
-        new = replace(new, held={**new.held, target: entry})
+        new = held_for(new, alert, workload, effects.hold, now)
     return new
+
+
+def held_for(state: JournalState, alert: AlertFacts, workload: str, reason: str, now: float) -> JournalState:
+    """The alert's target is held for `reason` now: the backstop holds its workload, and the remediator
+    decides it again when the hold ends (holds.py). A hold of the same workload keeps its start."""
+    target = alert.target or ""
+    was = state.held.get(target)
+    since = was.since if was is not None and was.workload == workload else now
+    entry = HeldAlert(workload, reason, since, now, alert.fingerprint, alert.starts_at, alert.alertname)
+    return replace(state, held={**state.held, target: entry})
 
 
 def restart_seen(state: JournalState, target: str, workload: str, at: float | None, counted: bool,
@@ -440,6 +447,8 @@ def summary(state: JournalState) -> dict[str, Any]:
         "ladder": {w: step for w, (step, _) in sorted(state.ladder.items())},
         "restart_in_progress": state.in_progress,
         "decided_alerts": len(state.decided_at),
+        # Stuck targets held on purpose, by the reason of their last refusal (the backstop holds them too).
+        "held_targets": dict(sorted((t, h.reason) for t, h in state.held.items())[:100]),
     }
 
 
