@@ -455,7 +455,9 @@ async def test_a_restart_the_api_server_refused_is_taken_back_and_the_resend_is_
     replica.executor.result = ExecResult("error", "the eviction of pod llm/p was refused: ...", refused="disruption_budget")
     assert await replica.decide(alert("a")) == "allowed"
     await replica.actor.wait_idle()
-    assert replace(store.state, disrupted={}) == JournalState()  # as it was before the decision
+    assert replace(store.state, disrupted={}, held={}) == JournalState()  # as it was before the decision
+    # ... but held (issue 39): the kubelet holds too, and the remediator tries it again itself.
+    assert {t: h.reason for t, h in store.state.held.items()} == {"a": "disruption_budget"}
     assert store.state.disrupted == {"a": (T0, T0)}  # and the refusals' streak begins
     [row] = await replica.journal.actions(10)
     assert (row["decision"], row["reason"], row["result"]) == ("refused", "disruption_budget", None)
