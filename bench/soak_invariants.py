@@ -153,6 +153,8 @@ class History:
     told: dict[str, list[float]] = field(default_factory=dict)  # target -> times of told refusals
     # target -> (time, told) of every answer about it: a refusal a human sees, or another answer
     answers: dict[str, list[tuple[float, bool]]] = field(default_factory=dict)
+    # episode id -> how far `untold_until` has read its answers: (next index, untold so far, since, told)
+    untold: dict[int, tuple[int, float, float, bool]] = field(default_factory=dict)
     pages: dict[str, list[Interval]] = field(default_factory=dict)
     resets: dict[str, list[int]] = field(default_factory=dict)  # workload -> seqs of a human's reset or release
     evidence: dict[str, list[Interval]] = field(default_factory=dict)  # node -> GPU fault flagged
@@ -337,9 +339,23 @@ def hang_outcome(e: Episode, h: History, now: float) -> str | None:
     acted = next((a.at for a in h.by_workload.get(e.workload, ())
                   if a.target == e.target and a.done and e.start <= a.at <= now), None)
     until = min(t for t in (ended, acted, now) if t is not None)
-    if untold_seconds(h.answers.get(e.target, []), e.start, until) >= HANG_BOUND:
+    if untold_until(h, e, until) >= HANG_BOUND:
         return "violated"
     return "handled" if until < now or ended is not None or acted is not None else None
+
+
+def untold_until(h: History, e: Episode, until: float) -> float:
+    """`untold_seconds` of the hang up to `until`, carried on from where the last check left it (a hang
+    held for days has hundreds of answers; `until` only grows from one check to the next)."""
+    answers = h.answers.get(e.target, [])
+    i, total, at, told = h.untold.get(e.id) or (bisect.bisect_left(answers, (e.start, False)), 0.0, e.start, False)
+    while i < len(answers) and answers[i][0] <= until:
+        if not told:
+            total += answers[i][0] - at
+        at, told = answers[i]
+        i += 1
+    h.untold[e.id] = (i, total, at, told)
+    return total if told else total + (until - at)
 
 
 def untold_seconds(answers: Sequence[tuple[float, bool]], start: float, until: float) -> float:
