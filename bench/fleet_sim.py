@@ -30,6 +30,18 @@ STUCK_AFTER = 120.0
 RULE_FOR = 60.0
 # alerts/alertmanager.yml, the remediator's route: re-sent while firing, by each of two Alertmanagers.
 REPEAT_INTERVAL = 900.0
+# ... its group_wait and group_interval there. Alertmanager flushes a group every group_interval and
+# re-sends a firing alert at the first flush after repeat_interval has *passed* since its last
+# notification (the notification log's entry is a moment later than the flush that sent it): 15m is
+# a re-send every 16m. A resolved alert is sent at the next flush.
+GROUP_WAIT = 0.0
+GROUP_INTERVAL = 60.0
+
+
+def resend_after(repeat_interval: float, group_interval: float) -> float:
+    """The time between two notifications of a still-firing alert: the first flush strictly after
+    `repeat_interval` (Alertmanager's rounding up to its `group_interval`)."""
+    return (math.floor(repeat_interval / group_interval) + 1) * group_interval
 HA_ALERTMANAGERS = 2
 
 
@@ -41,6 +53,7 @@ class Pod:
     started: float
     hangs_at: float | None = None  # the engine will stop moving at this time (truth)
     episode: int | None = None  # the hang episode it is in, once it hangs
+    restarted_at: float | None = None  # its server container's last restart in place (the kubelet's)
 
     @property
     def ip(self) -> str:
@@ -134,8 +147,10 @@ class FleetConfig:
     )
     # Rollouts that land while one of the workload's pods hangs (the rest fall at random).
     rollout_mid_incident: float = 0.3
-    # Alertmanager's repeat_interval on the remediator's route.
+    # Alertmanager's repeat_interval, group_wait and group_interval on the remediator's route.
     repeat_interval: float = REPEAT_INTERVAL
+    group_wait: float = GROUP_WAIT
+    group_interval: float = GROUP_INTERVAL
 
 
 def schedule(config: FleetConfig, t0: float, nodes: list[str], workloads: list[str], replicated: bool) -> list[Incident]:
@@ -250,7 +265,7 @@ class Fleet:
                 "stuck" if stuck else "idle", process_start_time=pod.started, gpu_fault=fault,
                 gpu_fault_detail=f"Xid79: GPU has fallen off the bus on {pod.node}" if fault else None,
                 recently_unhealthy=stuck, engine="vllm", namespace=NAMESPACE, pod=pod.name, pod_uid=pod.uid,
-                node=pod.node, workload=workload.key, url=f"http://{pod.ip}:8000")
+                node=pod.node, workload=workload.key, url=f"http://{pod.ip}:8000", last_restart_time=pod.restarted_at)
         return FleetView(targets)
 
     # -- the API server's view -------------------------------------------------------------------
@@ -425,14 +440,33 @@ class Fleet:
         self._end(pod, now)
         index = workload.pods.index(pod)
         new = Pod(self._pod_name(workload.kind, workload.name, index), self._uid(), node_name, now)
+        new.hangs_at = self._next_hang(workload, node_name, now)
+        return new
+
+    def _next_hang(self, workload: Workload, node_name: str, now: float) -> float | None:
+        """When a server started now on `node_name` hangs (its node's fault, its workload's bug), or never."""
         node = self.nodes[node_name]
         if node.gpu_fault_since is not None:
-            new.hangs_at = now + 60.0
-        elif node.flaky_until > now:
-            new.hangs_at = now + self.rng.uniform(600.0, 2400.0)
-        elif workload.bug_until > now and workload.bug_all_replicas:
-            new.hangs_at = now + self.rng.uniform(*workload.bug_every)
-        return new
+            return now + 60.0
+        if node.flaky_until > now:
+            return now + self.rng.uniform(600.0, 2400.0)
+        if workload.bug_until > now and workload.bug_all_replicas:
+            return now + self.rng.uniform(*workload.bug_every)
+        return None
+
+    def restart_container(self, uid: str | None, now: float) -> bool:
+        """The kubelet restarts the pod's server container in place (the same pod, name, UID and node; a
+        new start time the exporter reports as `last_restart_time`); False when the pod is gone."""
+        found = self.find(uid)
+        if found is None:
+            return False
+        workload, pod = found
+        self._end(pod, now)
+        pod.started, pod.restarted_at, pod.episode = now, now, None
+        pod.hangs_at = self._next_hang(workload, pod.node, now)
+        self._rearm(workload, now)
+        self.version += 1
+        return True
 
     def _rearm(self, workload: Workload, now: float) -> None:
         """A recurring bug (one replica at a time) strikes again on any replica, on whichever node it runs."""
@@ -451,13 +485,18 @@ class Fleet:
         for name in sorted(self.rules):
             rule = self.rules[name]
             if name not in stuck:
-                if rule.fired_at is not None:
+                if rule.fired_at is not None and rule.sent_at is not None:  # resolved only where firing was sent
                     out.append(alert(name, rule.workload, rule.fired_at, "resolved", now))
                 del self.rules[name]
                 continue
             if rule.fired_at is None and now - rule.active_since >= RULE_FOR:
                 rule.fired_at = now
-            if rule.fired_at is not None and (rule.sent_at is None or now - rule.sent_at >= self.config.repeat_interval):
+            if rule.fired_at is None:
+                continue
+            # The group's first notification after group_wait, then re-sends at its flushes (resend_after).
+            every = resend_after(self.config.repeat_interval, self.config.group_interval)
+            if (now - rule.fired_at >= self.config.group_wait if rule.sent_at is None
+                    else now - rule.sent_at >= every):
                 rule.sent_at = now
                 out.append(alert(name, rule.workload, rule.fired_at, "firing", now))
         return [payload for a in out for payload in [webhook(a)] * HA_ALERTMANAGERS]

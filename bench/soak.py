@@ -53,6 +53,7 @@ import httpx  # noqa: E402
 import soak_invariants  # noqa: E402, F401
 from fleet_sim import Fleet, FleetConfig, Incident, schedule  # noqa: E402
 from memory_leases import MemoryLeases  # noqa: E402
+from soak_backstop import KubeletBackstop  # noqa: E402
 from soak_invariants import (  # noqa: E402
     INVARIANTS,
     MAX_CORDONED_NODES,
@@ -63,7 +64,7 @@ from soak_invariants import (  # noqa: E402
     Marks,
     Seen,
     StoredState,
-    first_due,
+    unsettled,
 )
 
 from llm_vitals.remediator import identity, shared  # noqa: E402
@@ -245,6 +246,10 @@ class Operator:
     async def release_node(self, node: str) -> None:
         await self._service().release_node(node)
 
+    async def pause(self, until: float | None, reason: str) -> None:
+        """POST /api/v1/pause (until a time) or DELETE /api/v1/pause (None): the service call behind it."""
+        await self._service().set_pause(until, reason)
+
     async def reinitialise(self) -> None:
         """POST /api/v1/state/reinit from empty: the service call behind it (replicas on a Lease only)."""
         service = self._service()
@@ -259,6 +264,27 @@ class SoakActor(Protocol):
     async def step(self, soak: Soak, now: float) -> None: ...
 
 
+class ReplicaTasks:
+    """What each replica does by itself between webhooks, once a step (a minute, longer than either's
+    interval): its follower re-reads the Lease (follow.py, every `lease.duration`), and its look
+    (redecide.py, every holds.REDECIDE_INTERVAL) counts the restarts it did not make and decides again
+    the targets it held whose hold has ended."""
+
+    async def step(self, soak: Soak, now: float) -> None:
+        for replica in soak.replicas:
+            service = replica.service
+            if service is None:
+                continue
+            if not service.store.last_is_current:
+                try:
+                    await service.store.read()
+                except StateUnavailable:
+                    pass  # counted by the store; the follower reads again at its next interval
+            for decision in await service.loop.redecide():
+                soak.tallies[f"redecided {decision.reason}"] += 1
+            await service.wait_idle()
+
+
 class Humans:
     """The people on call: each page, open circuit, faulty or cordoned node and lost state gets its
     human, after a seeded delay (a night, a weekend: up to a day and more)."""
@@ -266,6 +292,7 @@ class Humans:
     def __init__(self, seed: int):
         self.rng = random.Random(f"humans-{seed}")
         self.due: dict[tuple[str, str], float] = {}  # (what, subject) -> when the human acts
+        self.next_pause: float | None = None  # a maintenance window: paused, then lifted by hand
 
     def _plan(self, key: tuple[str, str], now: float, low: float, high: float) -> None:
         if key not in self.due:
@@ -286,6 +313,15 @@ class Humans:
                 self._plan(("repair", name), now, 3600.0, 12 * 3600.0)
         if h.lost and h.lost[-1].end is None:
             self._plan(("reinitialise", ""), now, 1800.0, 2 * 3600.0)
+        # Now and then (every 1 to 4 days) a human pauses the remediator for a maintenance of up to two
+        # hours and lifts the pause by hand, often before it ends: held hangs are decided again then.
+        if self.next_pause is None:
+            self.next_pause = now + self.rng.uniform(0.5, 2.0) * 86400.0
+        if now >= self.next_pause:
+            self.next_pause = now + self.rng.uniform(1.0, 4.0) * 86400.0
+            length = self.rng.uniform(1800.0, 7200.0)
+            self.due[("pause", str(int(now + length)))] = now
+            self.due[("unpause", "")] = now + self.rng.uniform(600.0, length)
         for key, at in sorted(self.due.items(), key=lambda kv: (kv[1], kv[0])):
             if at <= now and await self._act(soak, key, now):
                 del self.due[key]
@@ -305,10 +341,15 @@ class Humans:
                 done = ["release_node"]
             elif what == "reinitialise":
                 await soak.operator.reinitialise()
+            elif what == "pause":
+                await soak.operator.pause(float(subject), "maintenance (the soak's human)")
+            elif what == "unpause":
+                await soak.operator.pause(None, "")
         except StateUnavailable:
             return False  # the state cannot be written now: the human tries again at the next step
         for act in done:
             soak.history.record_human(HumanAct(soak.history.next_seq(), now, act, subject))
+            soak.tallies[f"human {act}"] += 1
         return True
 
 
@@ -322,6 +363,7 @@ class SoakConfig:
     fleet: FleetConfig = field(default_factory=FleetConfig)
     store: str = "lease"  # lease (two replicas share a Lease) | sqlite (one replica, its file)
     settings: dict[str, Any] = field(default_factory=dict)  # overrides of SETTINGS
+    kubelet: bool = True  # the kubelet's liveness backstop acts beside the remediator (soak_backstop.py)
 
 
 @dataclass
@@ -344,8 +386,11 @@ def held_pages(state: JournalState) -> frozenset[str]:
 
 
 def stored(state: JournalState, fields: frozenset[str]) -> StoredState:
+    # The budget counts the remediator's own restarts and those it saw others make (the kubelet's).
+    budget = {w: (*state.restart_times.get(w, ()), *state.outside_restarts.get(w, ()))
+              for w in set(state.restart_times) | set(state.outside_restarts)}
     return StoredState(held_pages(state), frozenset(state.open_circuits), frozenset(state.gpu_nodes), fields,
-                       state.restart_times, frozenset(state.backoff_refused))
+                       budget, frozenset(state.backoff_refused))
 
 
 class Soak:
@@ -364,15 +409,19 @@ class Soak:
         self.history = History(self.settings.budget.window, self.settings.budget.max_restarts,
                                backoff_base=float(self.settings.budget.backoff.initial))
         self.operator = Operator(self)
-        # Who else acts on the fleet each step, after the remediator: the people; the kubelet's liveness
-        # backstop (issue 33) joins here as another SoakActor.
-        self.actors: list[SoakActor] = [Humans(config.fleet.seed)]
+        # Who else acts each step, after the webhooks: each replica's own tasks (its follower, its look at
+        # held targets), the kubelet's liveness backstop, and the people.
+        self.actors: list[SoakActor] = [ReplicaTasks()]
+        if config.kubelet:
+            self.actors.append(KubeletBackstop())
+        self.actors.append(Humans(config.fleet.seed))
         self.incidents = deque(schedule(config.fleet, T0, sorted(self.fleet.nodes), sorted(self.fleet.workloads),
                                         self.leases is not None))
         self.counts: dict[str, int] = {name: 0 for name in INVARIANTS}
         self.seen: dict[str, set[Any]] = {name: set() for name in INVARIANTS}
         self.examples: dict[str, list[str]] = {name: [] for name in INVARIANTS}
         self.marks = Marks()
+        self.hangs: list[Any] = []  # the hangs not settled yet (soak_invariants.hang_outcome)
         self.tallies: Counter[str] = Counter()
         self.polled: FleetView = self.fleet.view(T0)
         self._state: tuple[Any, StoredState | None] | None = None
@@ -509,7 +558,8 @@ class Soak:
     def check(self, now: float) -> None:
         state = self.stored_state()
         self.history.observe(state)
-        c = Check(self.history, self.marks, now, state, self.fleet.episodes)
+        self.hangs += self.fleet.episodes[self.marks.episodes:]  # new hangs join those not settled
+        c = Check(self.history, self.marks, now, state, self.hangs)
         for name, invariant in INVARIANTS.items():
             for key in invariant(c):
                 if key not in self.seen[name]:
@@ -517,8 +567,8 @@ class Soak:
                     self.counts[name] += 1
                     if len(self.examples[name]) < 3:
                         self.examples[name].append(self.describe(name, key))
-        self.marks = Marks(len(self.history.actions), len(self.history.decisions),
-                           first_due(self.fleet.episodes, self.marks.episodes, now))
+        self.marks = Marks(len(self.history.actions), len(self.history.decisions), len(self.fleet.episodes))
+        self.hangs = unsettled(self.hangs, self.history, now)
 
     def describe(self, name: str, key: Any) -> str:
         """A violation for a human: when, what, which workload."""
@@ -535,7 +585,10 @@ class Soak:
 
 async def soak(config: SoakConfig) -> Report:
     """One seeded soak in a temporary directory (the journals and the SQLite state)."""
-    with tempfile.TemporaryDirectory(prefix="llm-vitals-soak-") as directory:
+    # In memory where the system has a tmpfs: the journals' fsyncs (synchronous=FULL) would otherwise
+    # make the soak wait on the disk for most of its run, with nothing of the remediator's judged by it.
+    shm = Path("/dev/shm")
+    with tempfile.TemporaryDirectory(prefix="llm-vitals-soak-", dir=shm if shm.is_dir() else None) as directory:
         return await Soak(config, Path(directory)).run()
 
 

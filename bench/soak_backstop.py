@@ -11,8 +11,10 @@ paged workload, within the budget and backoff, none while the state is lost).
 With `obey=False` the shims never ask (liveness alone, as before issue 33): the invariants then show
 the kubelet restarting what the gate holds.
 
-Approximations: the kubelet's restart is the fleet's pod restart (a Deployment's pod comes back under a
-new name; a real container restart keeps it), and a shim is modelled only while its server hangs.
+The kubelet's restart is a restart of the server container in place (`Fleet.restart_container`: the
+same pod, a new start time, which the exporter reports as `last_restart_time`, so the remediator counts
+it in the workload's budget, backoff and circuit). Approximation: a shim is modelled only while its
+server hangs.
 
     soak = Soak(config, directory); soak.actors.append(KubeletBackstop()); await soak.run()
 """
@@ -89,7 +91,7 @@ class KubeletBackstop:
     def _restart(self, soak: Any, workload: str, pod: Any, now: float) -> None:
         at_fault = soak.fleet.node_at_fault(pod.uid)
         node = pod.node
-        done = soak.fleet.restart(pod.uid, now) is not None
+        done = soak.fleet.restart_container(pod.uid, now)
         cordoned = sum(1 for n in soak.fleet.nodes.values() if n.cordoned_by_vitals)
         soak.history.record_action(Action(soak.history.next_seq(), now, "kubelet_restart", workload, pod.name, node,
                                           "kubelet", done, cordoned, at_fault))

@@ -7,15 +7,19 @@ Each invariant states the issue's *intended* rule (issue 30), not what a given v
 - `no_restart_while_paged`: no restart or cordon of a workload while a page holds for it, from the
   page (an `escalated_to_human` refusal) until a human releases it;
 - `no_cordon_without_node_evidence`: a node is cordoned only while the exporter flags a GPU fault on
-  it, or for a hang that was the node's doing (its pods keep hanging there, whatever runs on it);
+  it, or for a hang that was the node's doing (its pods keep hanging there, whatever runs on it: this
+  hang, or another workload's acted on there within `escalate_within` before);
   a workload's own hang, which follows its pod from node to node or stays with a pinned pod, is no
   evidence against the node;
 - `cordons_within_limit`: at most MAX_CORDONED_NODES nodes cordoned by llm-vitals at once;
 - `restarts_within_budget_and_backoff`: per workload, at most `max_restarts` actions in the budget
   window since a human's last reset, each further one at least BACKOFF_BASE * 2^(k-1) after the
   k-th one before it;
-- `hangs_handled_within_bound`: every hang is restarted, moved or told to a human (a refusal a human
-  sees) within HANG_BOUND of its start, unless it ended by itself first;
+- `hangs_handled_within_bound`: no hang spends more than HANG_BOUND unhandled and untold: it ends when
+  the hung pod itself is restarted or moved (by the remediator or the kubelet; an action on another
+  pod of its workload does not end it) or by itself, and the time counts while the last answer about
+  it is not a refusal a human sees (a page, an open circuit, a held backoff: a hold on purpose, told,
+  stops the clock; an early refusal followed by cooldowns does not);
 - `nothing_forgotten`: what holds until a human releases it (a page, an open circuit, a node
   llm-vitals cordoned), the budget spent within the window and the fields a newer replica wrote
   stay in the stored state, across crashes, writes and pruning;
@@ -45,6 +49,13 @@ BACKOFF_BASE = 900.0
 # per cooldown), and a margin for several hangs at once. A refusal that can last longer (a backoff,
 # a page, an open circuit) must be told to a human.
 HANG_BOUND = 3 * 3600.0
+# The remediator's `escalate_within` in the soak (bench/soak.py's SETTINGS): how far back the gate looks
+# for other workloads' restarts on a node as evidence against it.
+ESCALATE_WITHIN = 3600.0
+# The kubelet's restarts (Action.replica) reach the stored budget once the exporter's next poll shows the
+# new start time and the remediator's next look counts it: within two steps of the soak.
+KUBELET = "kubelet"
+SEEN_WITHIN = 120.0
 
 # Refusals a human is told of (an Event, a page or an alert of their own): a hang refused so is handled.
 # (A `backoff` refusal is told by LLMVitalsRemediatorBackoffHolding, where the state shows it: the soak
@@ -140,6 +151,10 @@ class History:
     humans: list[HumanAct] = field(default_factory=list)
     by_workload: dict[str, list[Action]] = field(default_factory=dict)
     told: dict[str, list[float]] = field(default_factory=dict)  # target -> times of told refusals
+    # target -> (time, told) of every answer about it: a refusal a human sees, or another answer
+    answers: dict[str, list[tuple[float, bool]]] = field(default_factory=dict)
+    # episode id -> how far `untold_until` has read its answers: (next index, untold so far, since, told)
+    untold: dict[int, tuple[int, float, float, bool]] = field(default_factory=dict)
     pages: dict[str, list[Interval]] = field(default_factory=dict)
     resets: dict[str, list[int]] = field(default_factory=dict)  # workload -> seqs of a human's reset or release
     evidence: dict[str, list[Interval]] = field(default_factory=dict)  # node -> GPU fault flagged
@@ -165,6 +180,8 @@ class History:
         self.decisions.append(seen)
         if seen.reason in TOLD_REASONS:
             self.told.setdefault(seen.target, []).append(seen.at)
+        if seen.reason != "duplicate":  # an HA pair's second copy says nothing new about the hang
+            self.answers.setdefault(seen.target, []).append((seen.at, seen.reason in TOLD_REASONS))
         if seen.reason == "escalated_to_human" and seen.workload and self.page_open(seen.workload) is None:
             self.pages.setdefault(seen.workload, []).append(Interval(seen.seq, None, seen.at))
             self.held[("page", seen.workload)] = seen.seq
@@ -196,6 +213,11 @@ class History:
     def record_told(self, target: str, at: float) -> None:
         """A human was told of the target's hang by an alert of the remediator's own (not a refusal's word)."""
         self.told.setdefault(target, []).append(at)
+        answers = self.answers.setdefault(target, [])
+        if answers and answers[-1][0] == at:
+            answers[-1] = (at, True)
+        else:
+            answers.append((at, True))
 
     def record_evidence(self, node: str, flagged: bool, at: float) -> None:
         spans = self.evidence.setdefault(node, [])
@@ -256,7 +278,7 @@ class Check:
     since: Marks
     now: float
     state: StoredState | None
-    episodes: Sequence[Episode]  # every hang so far, in the order they began
+    episodes: Sequence[Episode]  # the hangs not settled yet (`hang_outcome`), in the order they began
 
     @property
     def new_actions(self) -> list[Action]:
@@ -274,8 +296,17 @@ def no_restart_while_paged(c: Check) -> Iterable[Hashable]:
 
 def no_cordon_without_node_evidence(c: Check) -> Iterable[Hashable]:
     for a in c.new_actions:
-        if a.kind == "cordon_and_move" and not a.node_at_fault and not c.history.flagged_at(a.node, a.seq):
+        if (a.kind == "cordon_and_move" and not a.node_at_fault and not c.history.flagged_at(a.node, a.seq)
+                and not others_hung_there(c.history, a)):
             yield a.seq
+
+
+def others_hung_there(h: History, a: Action) -> bool:
+    """Whether another workload's pod on `a`'s node was acted on for a hang that was that node's doing
+    (the fleet's truth), within ESCALATE_WITHIN before `a`: the node's pods keep hanging there, whatever
+    runs on it, so a cordon of it is on evidence about the node even when `a`'s own hang was its workload's."""
+    return any(b.node == a.node and b.workload != a.workload and b.node_at_fault and b.seq < a.seq
+               and b.at >= a.at - ESCALATE_WITHIN for b in reversed(h.actions))
 
 
 def cordons_within_limit(c: Check) -> Iterable[Hashable]:
@@ -296,18 +327,48 @@ def restarts_within_budget_and_backoff(c: Check) -> Iterable[Hashable]:
 
 
 def hangs_handled_within_bound(c: Check) -> Iterable[Hashable]:
-    h = c.history
-    for e in c.episodes[c.since.episodes:]:
-        if e.start + HANG_BOUND > c.now:
-            continue  # not due yet: judged at a later check (the caller keeps it among the new)
-        deadline = e.start + HANG_BOUND
-        if e.end is not None and e.end <= deadline:
-            continue
-        acted = any(e.start <= a.at <= deadline for a in h.by_workload.get(e.workload, ()))
-        told = h.told.get(e.target, [])
-        i = bisect.bisect_left(told, e.start)
-        if not acted and not (i < len(told) and told[i] <= deadline):
+    for e in c.episodes:  # the hangs not settled yet (the soak drops those `hang_outcome` settles)
+        if hang_outcome(e, c.history, c.now) == "violated":
             yield e.id
+
+
+def hang_outcome(e: Episode, h: History, now: float) -> str | None:
+    """`handled` (the hung pod itself acted on, or the hang ended, within the bound of untold time),
+    `violated` (more than HANG_BOUND of it unhandled and untold), or None: not settled yet."""
+    ended = e.end if e.end is not None and e.end <= now else None
+    acted = next((a.at for a in h.by_workload.get(e.workload, ())
+                  if a.target == e.target and a.done and e.start <= a.at <= now), None)
+    until = min(t for t in (ended, acted, now) if t is not None)
+    if untold_until(h, e, until) >= HANG_BOUND:
+        return "violated"
+    return "handled" if until < now or ended is not None or acted is not None else None
+
+
+def untold_until(h: History, e: Episode, until: float) -> float:
+    """`untold_seconds` of the hang up to `until`, carried on from where the last check left it (a hang
+    held for days has hundreds of answers; `until` only grows from one check to the next)."""
+    answers = h.answers.get(e.target, [])
+    i, total, at, told = h.untold.get(e.id) or (bisect.bisect_left(answers, (e.start, False)), 0.0, e.start, False)
+    while i < len(answers) and answers[i][0] <= until:
+        if not told:
+            total += answers[i][0] - at
+        at, told = answers[i]
+        i += 1
+    h.untold[e.id] = (i, total, at, told)
+    return total if told else total + (until - at)
+
+
+def untold_seconds(answers: Sequence[tuple[float, bool]], start: float, until: float) -> float:
+    """The time from `start` to `until` while the last answer about the hang (none yet: detection) was
+    not a refusal a human sees."""
+    total, at, told = 0.0, start, False
+    for when, flag in answers[bisect.bisect_left(answers, (start, False)):]:
+        if when > until:
+            break
+        if not told:
+            total += when - at
+        at, told = when, flag
+    return total if told else total + (until - at)
 
 
 def nothing_forgotten(c: Check) -> Iterable[Hashable]:
@@ -324,6 +385,8 @@ def nothing_forgotten(c: Check) -> Iterable[Hashable]:
     for a in reversed(h.actions):
         if a.at <= c.now - h.window:
             break
+        if a.replica == KUBELET and a.at > c.now - SEEN_WITHIN:
+            continue  # not seen yet: the exporter's next poll and the remediator's next look count it
         if a.seq > max(h.last_reset(a.workload, h.seq + 1), h.fresh_since):
             recent.setdefault(a.workload, []).append(a.seq)
     for workload, seqs in recent.items():
@@ -355,9 +418,6 @@ INVARIANTS: dict[str, Invariant] = {
 }
 
 
-def first_due(episodes: Sequence[Episode], since: int, now: float) -> int:
-    """The index of the first hang not yet past its bound, from `since` on (where the next check starts)."""
-    i = since
-    while i < len(episodes) and episodes[i].start + HANG_BOUND <= now:
-        i += 1
-    return i
+def unsettled(episodes: Iterable[Episode], history: History, now: float) -> list[Episode]:
+    """The hangs `hang_outcome` has not settled by `now`: what the next check judges again."""
+    return [e for e in episodes if hang_outcome(e, history, now) is None]

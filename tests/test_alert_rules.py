@@ -51,9 +51,11 @@ EXPECTED_ALERTS = {
     "LLMVitalsRemediatorWorkloadPaged",
     "LLMVitalsRemediatorNodeCordoned",
     "LLMVitalsRemediatorStateLost",  # the shared state gone: nothing runs until a human re-initialises it (issue 30)
+    "LLMVitalsRemediatorIntentUnresolved",  # a restart intent whose commit's outcome is unknown (issue 39)
     # Issue 33: the kubelet's backstop held from restarting a stuck server for long; a shim that hears no remediator.
     "LLMVitalsBackstopHeld",
     "LLMVitalsBackstopArmed",
+    "LLMVitalsBackstopUnknownWorkload",  # a shim asking about a workload the remediator never heard of (issue 39)
     "LLMVitalsRemediatorBackoffHolding",  # a stuck workload refused for its backoff, which can last hours (issue 30)
 }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import aiohttp
 from pydantic import SecretStr
 from test_remediator_helpers import AUTH
-from test_remediator_webhook import exporter, remediator, restarter  # noqa: F401
+from test_remediator_webhook import exporter, metric, remediator, restarter  # noqa: F401
 
 from llm_vitals.exporter.app import create_app as create_exporter
 from llm_vitals.exporter.backstop_ask import ask, ask_once
@@ -18,6 +18,7 @@ from llm_vitals.exporter.clock import Clock
 from llm_vitals.exporter.keys import STORE
 from llm_vitals.exporter.settings import parse_settings
 from llm_vitals.exporter.verdict import Verdict
+from llm_vitals.remediator.backstop import UNKNOWN_HOLD
 
 READ_TOKEN = "read-only-s3cret"
 READ = {"Authorization": f"Bearer {READ_TOKEN}"}
@@ -51,7 +52,9 @@ async def test_the_remediator_says_hold_for_a_paused_workload_and_act_once_resum
     answer = await client.get("/api/v1/backstop?workload=a&workload=Deployment/llm/vllm", headers=READ)
     assert answer.status == 200
     body = await answer.json()
-    assert [(w["workload"], w["word"]) for w in body["words"]] == [("a", "act"), ("Deployment/llm/vllm", "act")]
+    # `a` is a static target; the Deployment is nothing this remediator ever heard of (unknown_workload).
+    assert [(w["workload"], w["word"], w["reason"]) for w in body["words"]] == [
+        ("a", "act", ""), ("Deployment/llm/vllm", "hold", "unknown_workload")]
     until = client.clock.now + 3600
     assert (await client.post("/api/v1/pause", json={"until": until, "reason": "upgrade"}, headers=AUTH)).status == 200
     body = await (await client.get("/api/v1/backstop?workload=a", headers=READ)).json()
@@ -123,4 +126,28 @@ async def test_a_shim_watching_many_workloads_asks_in_parts_the_remediator_takes
     async with aiohttp.ClientSession() as session:
         await ask_once(store, session, str(client.make_url("/")), SecretStr(READ_TOKEN), settings.backstop,
                        Clock(mono, mono))
-    assert {(r.backstop(mono.now).mode, r.backstop(mono.now).reason) for r in store} == {("act", "")}
+    # Every workload got its own word, read (not `word_unreadable`): unknown to this remediator, held.
+    assert {(r.backstop(mono.now).mode, r.backstop(mono.now).reason) for r in store} == {("hold", "unknown_workload")}
+
+
+async def test_an_unknown_workload_is_held_for_a_bounded_time_counted_and_never_a_silent_act(remediator, tmp_path,  # noqa: F811
+                                                                                              exporter):  # noqa: F811
+    exporter.targets["b"] = {**exporter.targets["b"], "workload": "Deployment/llm/discovered"}
+    client = await remediator_with_read_token(remediator, tmp_path)
+
+    async def word(workload):
+        body = await (await client.get(f"/api/v1/backstop?workload={workload}", headers=READ)).json()
+        return body["words"][0]
+
+    asked = client.clock.now
+    typo = await word("Deployment/llm/vlm")
+    assert (typo["word"], typo["reason"], typo["since"]) == ("hold", "unknown_workload", asked)
+    client.clock.advance(UNKNOWN_HOLD - 1)
+    assert (await word("Deployment/llm/vlm"))["reason"] == "unknown_workload"  # its first ask still counts
+    client.clock.advance(1)
+    assert (await word("Deployment/llm/vlm"))["word"] == "act"  # bounded: the kubelet acts alone then
+    assert await metric(client, "llm_vitals_remediator_backstop_unknown_workload_total") == 3
+    assert await metric(client, "llm_vitals_remediator_backstop_unknown_workload_total") == 3
+    # A workload the exporter reports is known: the remediator reads the exporter before it calls one unknown.
+    assert (await word("Deployment/llm/discovered"))["word"] == "act"
+    assert await metric(client, "llm_vitals_remediator_backstop_unknown_workload_total") == 3

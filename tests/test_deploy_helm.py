@@ -161,7 +161,8 @@ def test_a_release_of_another_name_names_its_objects_after_itself():
     assert (remediator.kubernetes.lease.namespace, remediator.kubernetes.lease.name) == \
         ("serving", "prod-llm-vitals-remediator")
     role = _one(objects, "Role", "prod-llm-vitals-remediator")
-    assert [r["resourceNames"] for r in role["rules"] if "resourceNames" in r] == [["prod-llm-vitals-remediator"]]
+    assert [r["resourceNames"] for r in role["rules"] if "resourceNames" in r] == [
+        ["prod-llm-vitals-remediator", "prod-llm-vitals-remediator-epoch"]]  # the state, the epoch's marker
     [template] = remediator.target_templates
     assert template.match.namespace == "serving"
     exporter = ExporterSettings.model_validate(_config(objects, "prod-llm-vitals-exporter", "exporter.yaml"))
@@ -252,7 +253,7 @@ def test_remediator_replicas_share_the_lease_their_role_names():
     assert settings.kubernetes is not None and settings.kubernetes.lease is not None
     role = _one(objects, "Role", "llm-vitals-remediator")
     assert [r.get("resourceNames") for r in role["rules"] if r["resources"] == ["leases"]] == \
-        [[settings.kubernetes.lease.name], None]
+        [[settings.kubernetes.lease.name, settings.kubernetes.lease.name + "-epoch"], None]  # and the epoch's marker
     [claim] = stateful["spec"]["volumeClaimTemplates"]
     pod = stateful["spec"]["template"]["spec"]
     mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}

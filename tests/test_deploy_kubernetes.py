@@ -215,7 +215,8 @@ def test_remediator_rbac_is_exactly_the_verbs_it_uses():
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "delete", "list"]},
         {"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["llm-vitals-remediator"],
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["llm-vitals-remediator",
+                                                                           "llm-vitals-remediator-epoch"],
          "verbs": ["get", "update"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
     ]

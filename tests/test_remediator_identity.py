@@ -115,11 +115,11 @@ async def pod_loop(tmp_path: Path, api):  # noqa: F811
     server, kube = api
     journals: list[Journal] = []
 
-    async def make(status: TargetStatus, kube_access: bool = True):
+    async def make(status: TargetStatus, kube_access: bool = True, **over: Any):
         clock = Clock(T0)
         store = MemoryStore(clock)
         settings = make_settings(tmp_path, "http://127.0.0.1:1", {}, global_cooldown="0s",
-                                 target_templates=[{"match": {"namespace": "llm"}, "executor": "kubernetes"}])
+                                 target_templates=[{"match": {"namespace": "llm"}, "executor": "kubernetes"}], **over)
         journal = Journal(tmp_path / f"journal-{len(journals)}.db")
         await journal.open(clock())
         journals.append(journal)
@@ -185,3 +185,22 @@ async def test_a_pod_the_api_server_will_not_show_is_unverified_and_without_acce
     assert (await loop.handle(alert("llm/vllm-0"))).reason == "identity_unverified"
     await actor.wait_idle()
     assert "vllm-0" in server.pods
+
+
+async def test_a_dry_run_checks_the_identity_as_a_live_run_does(pod_loop):
+    """Before, a dry run skipped the identity check: it answered `dry_run` (would restart) for a pod the
+    API server does not have, and counted a real pod against the exporter's workload, not its owner's."""
+    server, make = pod_loop
+    server.add_pod("vllm-0", ip="10.0.0.5", owners=[RS_OWNER])
+    server.replica_sets["vllm-5d8f7"] = REPLICA_SET
+    forged = replace(SAID, url="http://192.0.2.7:8000", pod_uid="uid-vllm-0")
+    loop, store, actor, journal = await make(forged, dry_run=True)
+    assert (await loop.handle(alert("llm/vllm-0"))).reason == "identity_mismatch"
+    assert store.state.decided_keys == frozenset()
+    loop, store, actor, journal = await make(replace(SAID, pod_uid="uid-vllm-0", workload=None), dry_run=True)
+    assert (await loop.handle(alert("llm/vllm-0"))).reason == "dry_run"
+    await journal.drain()
+    row = (await journal.actions(1))[0]
+    assert (row["decision"], row["workload"]) == ("dry_run", "Deployment/llm/vllm")
+    await actor.wait_idle()
+    assert [c for c in server.calls if c[0] not in ("GET_POD", "GET_RS")] == [] and "vllm-0" in server.pods

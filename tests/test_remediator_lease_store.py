@@ -145,7 +145,7 @@ async def test_the_follower_survives_any_error_and_counts_it(caplog):
     caplog.set_level(logging.INFO, logger="llm_vitals.remediator")
     leases = MemoryLeases(Clock(T0))
     store = lease_store(leases, "replica-a", Clock(T0))
-    failures = iter([KubeUnavailable("refused"), RuntimeError("a bug in a parser"), None, None])
+    failures = iter([KubeUnavailable("refused"), RuntimeError("a bug in a parser")] + [None] * 8)  # then its Lease, its marker
     real_read = leases.get_lease
 
     async def read(namespace: str, name: str) -> Dated[dict[str, Any] | None]:

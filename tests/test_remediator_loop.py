@@ -297,16 +297,24 @@ async def test_a_crash_between_commit_and_act_leaves_an_intent_the_next_process_
     assert (first.executor.calls, second.executor.calls) == (0, 1)
 
 
-async def test_a_journal_that_cannot_take_the_intent_ends_the_claim_and_runs_nothing(replicas):
+async def test_a_journal_that_cannot_take_the_intent_takes_the_commit_back_and_the_resend_acts(replicas):
+    """Before, the claim ended but the alert's key stayed decided: every re-send was `duplicate` for a
+    day (Lease) or a month (SQLite), and the hang was never handled."""
     store, clock = MemoryStore(), Clock(T0)
     replica = await replicas(store, clock, global_cooldown="0s")
-    await replica.journal.close()  # the journal's writes fail from now on
+    journal = replica.journal
+    await journal.close()  # the journal's writes fail from now on
     with pytest.raises(Exception):  # noqa: B017 - whatever the journal raises; the service answers 503
         await replica.decide(alert("a"))
     assert replica.executor.calls == 0
-    assert store.state.in_progress is None and alert("a").key in store.state.decided_keys
-    replica.journal = Journal(replica.journal.path)  # for the fixture's stop
-    await replica.journal.open(clock())
+    assert store.state.in_progress is None and alert("a").key not in store.state.decided_keys
+    assert store.state.restart_times == {}  # nothing ran: nothing is spent
+    fresh = Journal(journal.path)
+    await fresh.open(clock())
+    replica.journal = replica.loop.evidence.journal = replica.actor.journal = fresh
+    assert await replica.decide(alert("a")) == "allowed"  # the re-send
+    await replica.actor.wait_idle()
+    assert replica.executor.calls == 1
 
 
 # -- the SQLite store -------------------------------------------------------------------------------
@@ -337,7 +345,7 @@ async def test_sqlite_commits_at_its_version_only_and_keeps_the_state_across_a_r
 
 async def test_sqlite_after_a_crash_mid_restart_the_restart_is_over_and_still_counts(tmp_path, replicas):
     """The process dies after its intent (store and journal): the next one on the same file sees no
-    restart running, but the cooldown, the budget and the alert's key hold."""
+    restart running, but the cooldown, the budget and the alert's key hold (its journal row says it began)."""
     clock = Clock(T0)
     journal, store = await open_sqlite(tmp_path / "j.db", clock)
     state, version = await store.read()
@@ -447,7 +455,9 @@ async def test_a_restart_the_api_server_refused_is_taken_back_and_the_resend_is_
     replica.executor.result = ExecResult("error", "the eviction of pod llm/p was refused: ...", refused="disruption_budget")
     assert await replica.decide(alert("a")) == "allowed"
     await replica.actor.wait_idle()
-    assert replace(store.state, disrupted={}) == JournalState()  # as it was before the decision
+    assert replace(store.state, disrupted={}, held={}) == JournalState()  # as it was before the decision
+    # ... but held (issue 39): the kubelet holds too, and the remediator tries it again itself.
+    assert {t: h.reason for t, h in store.state.held.items()} == {"a": "disruption_budget"}
     assert store.state.disrupted == {"a": (T0, T0)}  # and the refusals' streak begins
     [row] = await replica.journal.actions(10)
     assert (row["decision"], row["reason"], row["result"]) == ("refused", "disruption_budget", None)

@@ -191,9 +191,12 @@ async def test_templates_take_the_exporters_targets_by_engine_namespace_and_name
     for i, name in enumerate(["llm/vllm-0", "dev/vllm-0", "llm/tgi-0", "llm/nothing", "a"]):
         _, body = await post(client, alert_payload(name, fingerprint=f"f{i}"))
         reasons[name] = body["decisions"][0]["reason"]
-    assert reasons == {"llm/vllm-0": "dry_run", "dev/vllm-0": "unknown_target", "llm/tgi-0": "unknown_target",
-                       "llm/nothing": "unknown_target", "a": "dry_run"}
-    assert await metric(client, 'llm_vitals_remediator_decisions_total{reason="dry_run",target="llm/vllm-0"}') == 1
+    # The template takes llm/vllm-0; its dry run checks the pod with the API server as a live run would
+    # (the kubeconfig's is not there: unverified, never a "would restart" on a pod nobody confirmed).
+    assert reasons == {"llm/vllm-0": "identity_unverified", "dev/vllm-0": "unknown_target",
+                       "llm/tgi-0": "unknown_target", "llm/nothing": "unknown_target", "a": "dry_run"}
+    assert await metric(
+        client, 'llm_vitals_remediator_decisions_total{reason="identity_unverified",target="llm/vllm-0"}') == 1
     assert await metric(client, 'llm_vitals_remediator_decisions_total{reason="unknown_target",target="(unknown)"}') == 3
 
 

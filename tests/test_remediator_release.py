@@ -148,3 +148,24 @@ async def test_an_operators_call_is_read_from_its_query_or_its_body_the_same_way
     response = await client.post(route + query, headers={**AUTH, "Content-Type": "application/json"}, data=body)
     assert response.status == status and error in (await response.json())["error"]
     assert client.service.store.last.open_circuits == {"a"}
+
+
+DEEP = b"[" * 60_000  # nested past Python's recursion limit, within the 64 KiB an operator's call may send
+
+
+@pytest.mark.parametrize("path", ["/api/v1/pause", "/api/v1/circuit/reset", "/api/v1/workloads/release",
+                                  "/api/v1/state/reinit"])
+async def test_json_nested_too_deeply_is_a_400_on_every_operators_route(remediator, path):  # noqa: F811
+    """Before, json.loads' RecursionError escaped these handlers: a 500 (the webhook alone caught it)."""
+    client = await remediator()
+    response = await client.post(path, data=DEEP, headers={**AUTH, "Content-Type": "application/json"})
+    assert response.status == 400, await response.text()
+    assert (await response.json())["error"] == "invalid JSON: nested too deeply"
+
+
+@pytest.mark.parametrize("action_id", ["12345678901234567890", "9223372036854775808", "0", "-1"])
+async def test_an_action_id_no_row_can_have_is_a_404(remediator, action_id):  # noqa: F811
+    """Before, a 20-digit id overflowed SQLite's integer: a 500."""
+    client = await remediator()
+    response = await client.get(f"/api/v1/actions/{action_id}", headers=AUTH)
+    assert response.status == 404, await response.text()

@@ -95,11 +95,30 @@ async def test_an_unreadable_annotation_is_lost_not_unreachable_and_reinit_says_
 
 async def test_a_lease_created_again_by_a_fresh_replica_is_lost_to_the_one_that_knew_the_old(tmp_path):
     leases, old = await written_lease(tmp_path / "old.epoch")
-    leases.lease = None
+    leases.delete(markers=True)  # the namespace recreated: the epoch's marker went with the Lease
     fresh = store(leases, leases.clock, tmp_path / "fresh.epoch", name="replica-b")  # a new pod: no memory
     await update(fresh, lambda s: shared.paused_state(s, T0 + 60, "x"))
     with pytest.raises(StateLost, match="deleted and created again"):
         await old.read()
+
+
+async def test_a_replica_with_no_memory_does_not_take_a_lost_lease_for_a_first_start(tmp_path):
+    """Before, a replica with no epoch file (scaled up, a new volume) treated a deleted Lease as the
+    first start of all and started from an empty state: an open circuit forgotten. The epoch's marker
+    beside the Lease is the fleet's memory."""
+    leases, old = await written_lease(tmp_path / "old.epoch")
+    assert leases.others["llm-vitals-remediator-epoch"]["metadata"]["annotations"]["llm-vitals.io/epoch"]
+    leases.delete()  # the state's Lease only
+    fresh = store(leases, leases.clock, tmp_path / "fresh.epoch", name="replica-b")
+    with pytest.raises(StateLost, match="its marker llm-vitals-remediator-epoch says so"):
+        await fresh.read()
+    with pytest.raises(StateLost):
+        await update(fresh, lambda s: shared.paused_state(s, T0 + 60, "x"))
+    assert leases.lease is None and fresh.health.lost
+    # A human's re-initialisation writes a new epoch into both; the fresh replica follows it.
+    await old.reinitialise(JournalState(), "carol", "drill", "empty")
+    late = store(leases, leases.clock, tmp_path / "late.epoch", name="replica-c")
+    assert (await late.read())[0] == JournalState()
 
 
 async def test_what_a_reinitialisation_discards_is_said_and_a_state_lost_is_a_metric(tmp_path):
@@ -243,3 +262,44 @@ async def test_an_older_versions_write_during_a_rolling_upgrade_is_not_a_loss(tm
     leases.lease["metadata"]["annotations"][STATE_ANNOTATION] = json.dumps(older)
     state, _ = await new.read()
     assert state.gpu_nodes == frozenset({"gpu-7"}) and not new.health.lost
+
+
+async def test_reinit_from_a_lease_replicas_journal_keys_by_workload_and_keeps_circuits(tmp_path):
+    """A replica on a Lease keeps no state row, only its journal's rows. Before, re-initialising from it
+    keyed the budgets by pod name (each restart of a Deployment a new pod) and dropped every open
+    circuit: the next hang of a circuit-open Deployment was allowed."""
+    from llm_vitals.remediator.journal import Journal
+
+    path = tmp_path / "journal.db"
+    journal = Journal(path)
+    await journal.open(T0)
+    vllm, other = "Deployment/llm/vllm", "StatefulSet/llm/other"
+    for i, pod in enumerate(["vllm-7d9f-aaaaa", "vllm-7d9f-bbbbb", "vllm-7d9f-ccccc"]):
+        row = await journal.record_intent(T0 + 600 * i, alert(pod, f"fp-{i}"), "kubernetes_pod", workload=vllm)
+        await journal.finish(row, "ok", "evicted", 1.0)
+    journal.record_decision(T0 + 2000, alert("vllm-7d9f-ddddd", "fp-9"), "refused", "circuit_open", workload=vllm)
+    row = await journal.record_intent(T0 + 100, alert("other-0", "fp-o"), "kubernetes_pod", workload=other)
+    await journal.finish(row, "ok", "evicted", 1.0)
+    await journal.record_circuit_reset([other], T0 + 200)
+    await journal.drain()
+    await journal.close()
+
+    found = read_local_state(path, 3, 3600.0)
+    assert found is not None
+    assert found.open_circuits == {vllm}
+    assert found.restart_times == {vllm: (T0, T0 + 600, T0 + 1200)}  # by workload; the reset forgave `other`
+    # Three restarts within the hour spent the budget even without the refusal row.
+    assert read_local_state(path, 3, 3600.0) == found
+    clock = Clock(T0 + 2100)
+    leases = MemoryLeases(clock)
+    a = store(leases, clock, tmp_path / "a.epoch")
+    await a.reinitialise(found, "dana", "from the journal", "journal")
+    assert (await a.read())[0].open_circuits == {vllm}
+
+
+def test_a_budget_spent_within_a_window_is_an_open_circuit_past_the_window():
+    from llm_vitals.remediator.sqlite_store import spent
+
+    assert spent([0.0, 600.0, 1200.0], 3, 3600.0)
+    assert not spent([0.0, 3000.0, 6000.0], 3, 3600.0)
+    assert not spent([0.0, 600.0], 3, 3600.0)

@@ -28,8 +28,9 @@ soak_module = load_script(REPO / "bench" / "soak.py")
 invariants = soak_module.soak_invariants
 fleet_sim = soak_module.fleet_sim
 
-# Seed 15 meets every kind of incident, a rollout between the exporter's poll and the identity check included.
-SHORT = fleet_sim.FleetConfig(days=2.0, workloads=20, seed=15)
+# Seed 1 meets every kind of incident, a rollout between the exporter's poll and the identity check included,
+# the kubelet's liveness restarts and a human's pause.
+SHORT = fleet_sim.FleetConfig(days=2.0, workloads=20, seed=1)
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,11 @@ def test_the_short_soak_meets_every_incident_and_is_deterministic(reports):
     assert figures["rollouts_mid_incident"] > 0
     assert figures["lease_conflicts"] > 0  # a replica's stale write was refused, and it decided again
     assert figures["action restart"] > 0 and figures["action cordon_and_move"] > 0
+    # Issue 39: the kubelet acts beside the remediator, a human pauses and lifts the pause, and the
+    # remediator's own look decides held targets again between Alertmanager's re-sends.
+    assert figures["action kubelet_restart"] > 0
+    assert figures["human pause"] > 0 and figures["human unpause"] > 0
+    assert figures["redecided allowed"] > 0
     # A pod replaced after the exporter's poll was refused by the identity check, on one store or the other.
     assert sum(r.figures.get("decision identity_mismatch", 0) for r in reports.values()) > 0
     again = soak_module.run(soak_module.SoakConfig(SHORT, "lease"))
@@ -315,3 +321,58 @@ def test_the_budget_spent_within_the_window_is_forgotten_when_the_state_drops_a_
     assert check(h, one, now=3700.0)["nothing_forgotten"] == []  # the first is out of the window by now
     human(h, 1100.0, "reset_circuit", "Deployment/llm/a")
     assert check(h, replace(both, restart_times={}), now=1200.0)["nothing_forgotten"] == []  # a human forgave it
+
+
+# -- issue 39: the hang bound counts the hung pod itself, and only untold time -----------------------
+
+
+def test_an_action_on_another_pod_of_the_workload_does_not_handle_a_hang():
+    h = history()
+    h.record_action(invariants.Action(h.next_seq(), 600.0, "restart", "Deployment/llm/a", "a-2", "n1", "r", True))
+    episode = fleet_sim.Episode(0, "a-1", "Deployment/llm/a", "u", "n1", "hang", 0.0)
+    assert check(h, now=invariants.HANG_BOUND + 1, episodes=[episode])["hangs_handled_within_bound"] == [0]
+    act(h, 700.0)  # the hung pod itself ("a-1")
+    assert check(h, now=invariants.HANG_BOUND + 1, episodes=[episode])["hangs_handled_within_bound"] == []
+
+
+def test_one_early_refusal_then_untold_answers_does_not_handle_a_hang():
+    """Before, a single refusal a human sees at any time within the bound counted as handled."""
+    h = history()
+    h.record_decision(invariants.Seen(h.next_seq(), 300.0, "a-1", "Deployment/llm/a", "circuit_open", "r"))
+    h.record_decision(invariants.Seen(h.next_seq(), 400.0, "a-1", "Deployment/llm/a", "cooldown", "r"))
+    episode = fleet_sim.Episode(0, "a-1", "Deployment/llm/a", "u", "n1", "hang", 0.0)
+    # 100 s told, the rest untold: past the bound by the 100 s the hold stopped the clock.
+    assert check(h, now=invariants.HANG_BOUND + 99, episodes=[episode])["hangs_handled_within_bound"] == []
+    assert check(h, now=invariants.HANG_BOUND + 101, episodes=[episode])["hangs_handled_within_bound"] == [0]
+
+
+def test_a_hang_held_for_a_human_stops_the_clock_while_the_hold_is_told():
+    h = history()
+    h.record_decision(invariants.Seen(h.next_seq(), 60.0, "a-1", "Deployment/llm/a", "escalated_to_human", "r"))
+    episode = fleet_sim.Episode(0, "a-1", "Deployment/llm/a", "u", "n1", "hang", 0.0)
+    assert check(h, now=10 * invariants.HANG_BOUND, episodes=[episode])["hangs_handled_within_bound"] == []
+    assert invariants.hang_outcome(episode, h, 10 * invariants.HANG_BOUND) is None  # still the human's
+
+
+def test_the_kubelets_restart_of_the_hung_pod_handles_its_hang():
+    h = history()
+    h.record_action(invariants.Action(h.next_seq(), 900.0, "kubelet_restart", "Deployment/llm/a", "a-1", "n1",
+                                      "kubelet", True))
+    episode = fleet_sim.Episode(0, "a-1", "Deployment/llm/a", "u", "n1", "hang", 0.0)
+    assert invariants.hang_outcome(episode, h, invariants.HANG_BOUND + 1) == "handled"
+
+
+def test_alertmanager_resends_at_the_first_flush_after_repeat_interval():
+    assert fleet_sim.resend_after(900.0, 60.0) == 960.0  # 15m is 16m in practice
+    assert fleet_sim.resend_after(900.0, 300.0) == 1200.0
+    assert fleet_sim.resend_after(3600.0, 1.0) == 3601.0
+
+
+def test_a_cordon_after_another_workloads_node_hang_there_has_node_evidence():
+    h = history()
+    h.record_action(invariants.Action(h.next_seq(), 100.0, "restart", "Deployment/llm/b", "b-1", "n1", "r", True,
+                                      node_at_fault=True))
+    act(h, 200.0, "cordon_and_move", node="n1", cordoned=1)  # workload a's own hang, but n1 keeps hanging pods
+    act(h, 300.0, "cordon_and_move", node="n2", cordoned=2)  # nothing about n2
+    act(h, 100.0 + invariants.ESCALATE_WITHIN + 1, "cordon_and_move", node="n1", cordoned=2)  # too long after
+    assert check(h)["no_cordon_without_node_evidence"] == [3, 4]

@@ -27,7 +27,8 @@ HALF_DAY = fleet_sim.FleetConfig(days=0.5, workloads=20, seed=15)
 async def paused_soak(directory: Path, obey: bool) -> tuple[int, dict[str, int]]:
     """Half a day of the seeded fleet with the remediator paused throughout: the kubelet's restarts."""
     logging.getLogger("llm_vitals").setLevel(logging.ERROR)
-    soak = soak_module.Soak(soak_module.SoakConfig(HALF_DAY, "sqlite"), directory)
+    # Only this kubelet (obeying or not): the soak's own is left out.
+    soak = soak_module.Soak(soak_module.SoakConfig(HALF_DAY, "sqlite", kubelet=False), directory)
     kubelet = backstop_module.KubeletBackstop(obey=obey)
     soak.actors.append(kubelet)
     for replica in soak.replicas:

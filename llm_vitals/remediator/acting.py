@@ -224,7 +224,8 @@ class Actor:
         workload = intent.workload or target
 
         def taken_back(state: JournalState) -> JournalState:
-            state = shared.undone(state, intent, facts.key)
+            # The hang is left as it is, on purpose: held (the kubelet too) until the remediator tries again.
+            state = shared.held_for(shared.undone(state, intent, facts.key), facts, workload, reason, self.store.now())
             # Only a disruption budget starts or extends the streak its alert reads; a throttled API server does not.
             return shared.disruption_refused(state, workload, self.store.now()) if reason == "disruption_budget" else state
 

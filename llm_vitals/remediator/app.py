@@ -37,6 +37,7 @@ from .follow import follow
 from .gate import JournalState
 from .journal import Journal
 from .payload import WebhookPayload, describe_errors
+from .redecide import redecide
 from .service import Remediator, log, store_for
 from .settings import KubernetesSettings, Settings
 from .store import StateLost, StateUnavailable
@@ -96,10 +97,13 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
                 follower = None
                 if not store.last_is_current and settings.kubernetes and settings.kubernetes.lease:
                     follower = asyncio.create_task(follow(store, settings.kubernetes.lease.duration))
+                # The remediator's own look between Alertmanager's re-sends (redecide.py).
+                looker = asyncio.create_task(redecide(service.loop), name="redecide")
                 yield
-                if follower is not None:
-                    follower.cancel()
-                    await asyncio.gather(follower, return_exceptions=True)
+                for task in (follower, looker):
+                    if task is not None:
+                        task.cancel()
+                        await asyncio.gather(task, return_exceptions=True)
                 await service.shutdown()
         finally:
             if kube is not None:
@@ -181,6 +185,16 @@ async def _read_capped(request: web.Request, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
+def _parsed(body: bytes) -> object:
+    """The body's JSON, or the 400 to answer: malformed, or nested too deeply to parse (never a 500)."""
+    try:
+        return json.loads(body)
+    except ValueError as exc:  # includes UnicodeDecodeError
+        return _error(400, f"invalid JSON: {exc}")
+    except RecursionError:
+        return _error(400, "invalid JSON: nested too deeply")
+
+
 async def _query_or_body(request: web.Request) -> object:
     """What an operator's call names, from its query or its JSON body (never both), or the error to answer."""
     body = await _read_capped(request, 64 * 1024)
@@ -190,10 +204,7 @@ async def _query_or_body(request: web.Request) -> object:
         return dict(request.query)
     if request.query:
         return _error(400, "name the workload in the query or in the body, not both")
-    try:
-        return json.loads(body)
-    except ValueError as exc:
-        return _error(400, f"invalid JSON: {exc}")
+    return _parsed(body)
 
 
 async def webhook(request: web.Request) -> web.Response:
@@ -202,12 +213,9 @@ async def webhook(request: web.Request) -> web.Response:
     body = await _read_capped(request, limit)
     if body is None:
         return _error(413, f"body larger than {limit} bytes")
-    try:
-        data = json.loads(body)
-    except ValueError as exc:  # includes UnicodeDecodeError
-        return _error(400, f"invalid JSON: {exc}")
-    except RecursionError:
-        return _error(400, "invalid JSON: nested too deeply")
+    data = _parsed(body)
+    if isinstance(data, web.Response):
+        return data
     try:
         payload = WebhookPayload.model_validate(data)
     except ValidationError as exc:
@@ -243,6 +251,8 @@ async def action(request: web.Request) -> web.Response:
         action_id = int(request.match_info["id"])
     except ValueError:
         return _error(400, "the action id is an integer")
+    if not 1 <= action_id < 2**63:  # past SQLite's integers: no such row (a 20-digit id is not a 500)
+        return _error(404, f"no action {request.match_info['id'][:30]}")
     row = await request.app[SERVICE].journal.action(action_id)
     if row is None:
         return _error(404, f"no action {action_id}")
@@ -283,10 +293,9 @@ async def state_reinit(request: web.Request) -> web.Response:
     body = await _read_capped(request, 64 * 1024)
     if body is None:
         return _error(413, "body too large")
-    try:
-        data = json.loads(body or b"null")
-    except ValueError as exc:
-        return _error(400, f"invalid JSON: {exc}")
+    data = _parsed(body or b"null")
+    if isinstance(data, web.Response):
+        return data
     if not isinstance(data, dict) or set(data) != {"from", "reason"} or data["from"] not in ("empty", "journal") \
             or not isinstance(data["reason"], str) or not data["reason"].strip() or len(data["reason"]) > 500:
         return _error(422, 'expected {"from": "empty" | "journal", "reason": TEXT}: say where the new state comes'
@@ -304,10 +313,9 @@ async def pause_post(request: web.Request) -> web.Response:
     body = await _read_capped(request, 64 * 1024)
     if body is None:
         return _error(413, "body too large")
-    try:
-        data = json.loads(body)
-    except ValueError as exc:
-        return _error(400, f"invalid JSON: {exc}")
+    data = _parsed(body)
+    if isinstance(data, web.Response):
+        return data
     parsed = parse_pause(data, request.app[CLOCK]())
     if isinstance(parsed, BadRequest):
         return _error(400, str(parsed))

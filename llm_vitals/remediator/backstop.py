@@ -5,46 +5,46 @@ through the liveness probe each server's shim answers. Only one may decide. The 
 remediator (GET /api/v1/backstop, read token) for its workload's word, and while the word is `hold`
 its liveness answers 200 however long the server is stuck (llm_vitals/exporter/backstop.py).
 
-`hold` means the remediator holds the workload, for one of HOLD_REASONS:
+The word walks the gate's own table of checks (`gate.CHECKS`, the list `decide` walks), asked about
+the workload rather than an alert, then the shared state's holds; the first that holds wins:
 - `state_lost`: the shared state is lost, and the gate restarts nothing until a human re-initialises it;
-- `paused`: a human paused the remediator;
-- `escalated_to_human`: the workload was paged and not released;
-- `circuit_open`: its restart budget is used up (open circuit, or the window's restarts);
-- `restart_in_progress`: a restart of this workload is running (its claim is held);
-- `cooldown`: the global cooldown since the last restart of any workload (one at a time, fleet-wide);
-- `backoff`: the workload restarts in a loop and its backoff has not passed;
-- `fleet_gate`: the fleet was refused as a storm (a fleet_gate or storm_cooldown refusal of any
-  workload within `REFUSAL_HOLD`, or the state's storm within its storm cooldown): a fleet-wide hang
-  must not be restarted everywhere by the kubelets either;
-- `gpu_fault`: the gate refused a restart of this workload for a GPU fault lately: a restart on the
-  same GPU does not fix it.
+- each check of `gate.CHECKS` that needs no fresh reading of a target: `paused`, `escalated_to_human`
+  (paged), `restart_in_progress` (a restart of this workload; another's is the cooldown's),
+  `cooldown`, `circuit_open`, `backoff`, `fleet_gate` (a storm the state saw, for `gate.STORM_HOLD`
+  or the storm cooldown when longer), `storm_cooldown`;
+- a target of the workload the gate refused for a hold (`JournalState.held`: `gpu_fault`,
+  `cordon_limit`, `fleet_gate`, a pause lifted but not re-decided yet, any of `gate.HOLDING`), with
+  the reason of that refusal, until the remediator has decided it again (redecide.py); an entry no
+  replica re-decided for HELD_STALE holds nothing (the remediator cannot decide: the kubelet may);
+- `unknown_workload`: a workload the remediator has never heard of (a typo, a shim without
+  `workload:`), for UNKNOWN_HOLD after it was first asked about (service.py keeps when), then `act`;
+  counted and alerted all along (`LLMVitalsBackstopUnknownWorkload`).
 Anything else is `act`: the gate would decide this workload's alert on its merits, so the kubelet's
-backstop may act as it always did. A remediator in `dry_run` restarts nothing and holds nothing of
-its own: its word is the gate's all the same, and `act` leaves the backstop as it was without it.
+backstop may act as it always did. A remediator in `dry_run` restarts nothing: its word is the gate's
+all the same, and `act` leaves the backstop as it was without it.
 
-The word is computed from the gate's own state and policy (the same helpers `gate.decide` uses), and
-from the refusals this replica made lately (`Refusals`), with the time as an input.
+Every input is shared state (the Lease, or the one replica's SQLite row), so every replica answers the
+same word, and a restarted replica the word it answered before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from llm_vitals.remediator import gate
 from llm_vitals.remediator.gate import GatePolicy, JournalState, TargetStatus
 
 Word = Literal["act", "hold"]
-HOLD_REASONS = ("state_lost", "paused", "escalated_to_human", "circuit_open", "restart_in_progress", "cooldown",
-                "backoff", "fleet_gate", "gpu_fault")
-# How long a refusal the gate made holds the backstop after it: longer than Alertmanager's
-# group_interval (5 m), so a storm's refusals, re-sent while it lasts, keep the kubelets held.
-REFUSAL_HOLD = 600.0
-# Refusals of one workload that hold the fleet's backstop: a storm is fleet-wide.
-FLEET_REFUSALS = frozenset({"fleet_gate", "storm_cooldown"})
-# Refusals that hold their own workload's backstop: a restart would not help.
-WORKLOAD_REFUSALS = frozenset({"gpu_fault"})
+HOLD_REASONS = ("state_lost", *dict.fromkeys(c.reason for c in gate.CHECKS), *sorted(gate.HOLDING - {
+    c.reason for c in gate.CHECKS}), "unknown_workload")
+# A held target's entry older than this (no replica re-decided it: the exporter unreadable, the
+# remediator stuck) holds its workload no more: the kubelet's backstop is all there is then.
+HELD_STALE = 600.0
+# How long a workload the remediator never heard of is held after the first ask about it: long
+# enough for a new workload's first pods to reach the exporter's discovery, short enough that a typo
+# leaves the kubelet's backstop off for a bounded time only (its alert tells a human at once).
+UNKNOWN_HOLD = 900.0
 
 
 @dataclass(frozen=True)
@@ -62,26 +62,6 @@ class BackstopWord:
                 "detail": self.detail}
 
 
-@dataclass(frozen=True)
-class Refusals:
-    """The gate's recent refusals that hold a backstop, as this replica made them (not shared state).
-
-    `fleet`: the last fleet_gate/storm_cooldown refusal (any workload); `workloads`: each workload's
-    last refusal among WORKLOAD_REFUSALS, as (reason, at)."""
-
-    fleet: float | None = None
-    workloads: Mapping[str, tuple[str, float]] = field(default_factory=dict)
-
-
-def noted(refusals: Refusals, workload: str, reason: str, now: float) -> Refusals:
-    """`refusals` with the gate's refusal of `workload` for `reason` at `now` (unchanged for other reasons)."""
-    if reason in FLEET_REFUSALS:
-        return Refusals(now, refusals.workloads)
-    if reason in WORKLOAD_REFUSALS:
-        return Refusals(refusals.fleet, {**refusals.workloads, workload: (reason, now)})
-    return refusals
-
-
 def restart_actor(status: TargetStatus | None, journal: JournalState, workload: str, alert_start: float) -> str:
     """Who restarted a server the exporter saw restart after its alert began (the journal's `actor`).
 
@@ -94,18 +74,19 @@ def restart_actor(status: TargetStatus | None, journal: JournalState, workload: 
     return "kubelet" if status is not None and status.pod else "other"
 
 
-def _restarting(journal: JournalState, workload: str, now: float) -> bool:
-    """Whether the restart running now (its claim held) is one of `workload`: its latest restart is the last one."""
-    if gate.in_progress(journal, now) is None or journal.last_restart_started is None:
-        return False
-    times = journal.restart_times.get(workload, ())
-    last = times[-1] if times else (journal.backoff.get(workload) or (0, None))[1]
-    return last == journal.last_restart_started or journal.in_progress == workload
+def known(workload: str, journal: JournalState, policy: GatePolicy, reported: frozenset[str]) -> bool:
+    """Whether the remediator has heard of `workload`: a static target, one the exporter reports
+    (`reported`), or one its state keeps anything of."""
+    return (workload in policy.targets or workload in reported or workload in journal.restart_times
+            or workload in journal.open_circuits or workload in journal.ladder or workload in journal.pages
+            or workload in journal.backoff or workload in journal.outside_restarts
+            or any(h.workload == workload for h in journal.held.values()))
 
 
-def word_for(workload: str, journal: JournalState, policy: GatePolicy, now: float,
-             refusals: Refusals = Refusals(), *, lost: bool = False) -> BackstopWord:
-    """The gate's word for `workload`'s liveness backstop now; the first hold reason wins."""
+def word_for(workload: str, journal: JournalState, policy: GatePolicy, now: float, *, lost: bool = False,
+             unknown_since: float | None = None) -> BackstopWord:
+    """The gate's word for `workload`'s liveness backstop now; the first hold reason wins.
+    `unknown_since`: when the remediator was first asked about a workload it has never heard of (None: known)."""
 
     def hold(reason: str, since: float | None, detail: str) -> BackstopWord:
         return BackstopWord(workload, "hold", reason, since, detail[:500])
@@ -113,30 +94,18 @@ def word_for(workload: str, journal: JournalState, policy: GatePolicy, now: floa
     if lost:
         return hold("state_lost", None, "the remediator's shared state is lost: nothing restarts until a human"
                                         " re-initialises it")
-    if gate.paused(journal, now):
-        return hold("paused", None, f"the remediator is paused until {journal.paused_until:.0f}"
-                                    f"{': ' + journal.pause_reason if journal.pause_reason else ''}")
-    if gate.paged(journal, workload):
-        return hold("escalated_to_human", journal.pages.get(workload),
-                    f"{workload} was paged: POST /api/v1/workloads/release once a human has looked")
-    times = journal.restart_times.get(workload, ())
-    if workload in journal.open_circuits or gate.restarts_in_window(journal, policy, workload, now) >= policy.max_restarts:
-        return hold("circuit_open", times[-1] if times else None,
-                    f"restart budget exhausted for {workload}; POST /api/v1/circuit/reset")
-    last = journal.last_restart_started
-    if _restarting(journal, workload, now):
-        return hold("restart_in_progress", last, f"the remediator is restarting {workload}")
-    if last is not None and policy.global_cooldown > 0 and 0 <= now - last < policy.global_cooldown:
-        return hold("cooldown", last, f"global cooldown: {policy.global_cooldown - (now - last):.0f}s left")
-    wait = gate.backoff_left(journal, policy, workload, now)
-    if wait > 0:
-        return hold("backoff", journal.backoff[workload][1], f"{workload} restarts in a loop: {wait:.0f}s of backoff left")
-    storm = journal.storm_seen_at
-    if storm is not None and 0 <= now - storm < max(policy.storm_cooldown, REFUSAL_HOLD):
-        return hold("fleet_gate", storm, "the fleet was in a storm: no restart anywhere until it has passed")
-    if refusals.fleet is not None and 0 <= now - refusals.fleet < REFUSAL_HOLD:
-        return hold("fleet_gate", refusals.fleet, "the fleet gate refused a restart lately: too many unhealthy at once")
-    refused = refusals.workloads.get(workload)
-    if refused is not None and 0 <= now - refused[1] < REFUSAL_HOLD:
-        return hold(refused[0], refused[1], f"the gate refused {workload} for {refused[0]}: a restart would not help")
+    subject = gate.Subject(journal, policy, workload, now)
+    for check in gate.CHECKS:
+        held = check.held(subject)
+        if held is not None:
+            return hold(check.reason, held.since, held.detail)
+    entries = sorted((h.since, t, h) for t, h in journal.held.items()
+                     if h.workload == workload and 0 <= now - h.at < HELD_STALE)
+    if entries:
+        since, target, entry = entries[0]
+        return hold(entry.reason, since, f"the gate refused {target} for {entry.reason}: the remediator decides it"
+                                         " again itself when that hold ends")
+    if unknown_since is not None and 0 <= now - unknown_since < UNKNOWN_HOLD:
+        return hold("unknown_workload", unknown_since, f"the remediator has never heard of {workload} (a typo, a shim"
+                                                       f" without workload:?): held for {UNKNOWN_HOLD:.0f}s at most")
     return BackstopWord(workload, "act")

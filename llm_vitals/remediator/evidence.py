@@ -53,6 +53,15 @@ class Evidence:
                   target=target, fingerprint=facts.fingerprint, decision=word, reason=decision.reason,
                   detail=decision.detail)
 
+    def restart_seen(self, target: str, workload: str, at: float, actor: str, status: TargetStatus, now: float) -> None:
+        """A restart no remediator made, counted in the workload's budget: its row (`actor`), count and log."""
+        detail = (f"the exporter saw {target} restart at {at:.0f}, not by a remediator: it counts in {workload}'s"
+                  " budget, circuit and backoff")
+        self.journal.record_decision(now, AlertFacts("", {"target": target}, "", 0.0), "restart_seen",
+                                     "outside_restart", detail, **evidence_of(target, status), actor=actor)
+        self.metrics.outside_restarts.labels(actor).inc()
+        log_event(log, "restart seen", target=target, workload=workload, actor=actor, at=at)
+
     async def restart(
         self, facts: AlertFacts, decision: Decision, now: float, executor: str, status: TargetStatus | None
     ) -> int:

@@ -16,9 +16,10 @@ not replace. A pod the remediator evicts comes back under a new name; its Deploy
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from functools import cached_property
 from itertools import chain
 from typing import Any, Literal, NamedTuple, get_args
 
@@ -273,6 +274,48 @@ class JournalState:
     # a restart of it is committed. A backoff can hold a stuck server for hours, longer than any other
     # wait of the gate: LLMVitalsRemediatorBackoffHolding tells a human while it lasts.
     backoff_refused: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    # The alert whose restart the claim above holds: when the claim ends unfinished (it expired, or its
+    # replica stopped), that alert is judged afresh instead of being a `duplicate` (shared.claim_lapsed).
+    in_progress_key: tuple[str, float] | None = None
+    # Stuck targets the gate refused for a hold (HOLDING), by target: every replica's backstop word holds
+    # their workloads, and the remediator re-decides them itself when the hold ends (redecide.py), not
+    # at Alertmanager's next re-send. An entry ends when the target is decided otherwise.
+    held: Mapping[str, HeldAlert] = field(default_factory=dict)
+    # Restarts of a workload no remediator made (the kubelet's liveness, the server's own exit), as the
+    # exporter saw them (redecide.py): they count in its budget, circuit and backoff as its own do.
+    outside_restarts: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    # The last restart the exporter showed for each target (its `last_restart_time`): a restart is counted once.
+    seen_restarts: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HeldAlert:
+    """A stuck target's alert the gate refused for a hold: what the remediator re-decides when the hold ends."""
+
+    workload: str
+    reason: str  # the last refusal's (one of HOLDING)
+    since: float  # the first refusal of this hang
+    at: float  # the last refusal written
+    fingerprint: str
+    starts_at: float
+    alertname: str = ""
+
+    def facts(self, target: str) -> AlertFacts:
+        """The alert as Alertmanager sent it (the labels the gate reads), to decide again."""
+        labels = {"alertname": self.alertname, "target": target, "remediation": "restart"}
+        return AlertFacts("firing", labels, self.fingerprint, self.starts_at)
+
+
+# Refusals that leave a stuck target unhandled on purpose (the checks' reasons): the target is kept in
+# `JournalState.held`, its workload's backstop holds, and the remediator re-decides it when the hold ends.
+# The API server's refusals of an allowed restart (AFTER_GATE: a PodDisruptionBudget, throttling) hold it too.
+HOLDING: frozenset[Reason] = frozenset({"paused", "escalated_to_human", "gpu_fault", "cordon_limit",
+                                        "restart_in_progress", "cooldown", "circuit_open", "backoff", "fleet_gate",
+                                        "storm_cooldown", "disruption_budget", "api_throttled"})
+# Decisions that end a target's hold: it was acted on, or is no longer a hang the gate may act on.
+UNHOLDING: frozenset[Reason] = frozenset({"allowed", "cordon_and_move", "dry_run", "duplicate", "not_firing",
+                                          "not_stuck", "restarted_since_alert", "unknown_target", "no_restart_label",
+                                          "no_pod_uid"})
 
 
 @dataclass(frozen=True)
@@ -360,7 +403,8 @@ def in_progress(journal: JournalState, now: float) -> str | None:
 def restarts_in_window(journal: JournalState, policy: GatePolicy, workload: str, now: float) -> int:
     """Restarts of `workload` within the budget window ending now (since its last circuit reset)."""
     since = now - policy.budget_window
-    return sum(1 for started in journal.restart_times.get(workload, ()) if started > since)
+    times = chain(journal.restart_times.get(workload, ()), journal.outside_restarts.get(workload, ()))
+    return sum(1 for started in times if started > since)
 
 
 def ladder_step(journal: JournalState, policy: GatePolicy, workload: str, now: float, node: str | None = None) -> Step:
@@ -441,6 +485,191 @@ def gpu_refusal(status: TargetStatus, policy: GatePolicy) -> str:
     return f"a GPU fault is flagged{fault}{where}; a restart would not help: {todo}"
 
 
+# How long a storm the gate saw holds every workload's backstop after it (backstop.py), when the storm
+# cooldown is shorter: the remediator re-decides the targets it refused in the storm itself
+# (`JournalState.held`), and a stuck server whose alert has not reached it yet is held this long too.
+STORM_HOLD = 600.0
+
+
+@dataclass(frozen=True)
+class Held:
+    """Why a check holds: since when (None where the state does not say) and what a human reads."""
+
+    since: float | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What the checks read: the state, the policy, the workload and the time, and for a decision the
+    target's status and the fleet. The backstop's word has neither (`status` None): it asks about a
+    workload, not an alert, and a check that needs the target's own reading holds nothing there."""
+
+    journal: JournalState
+    policy: GatePolicy
+    workload: str
+    now: float
+    status: TargetStatus | None = None
+    fleet: FleetView | None = None
+
+    @cached_property
+    def step(self) -> Step:
+        """The step the target's hang takes: `cordon_and_move` for a GPU fault that may be moved, else the ladder's."""
+        status = self.status
+        step: Step = "restart"
+        if status is not None and status.gpu_fault:
+            step = "cordon_and_move"
+        node = status.node if status is not None else None
+        climbed = ladder_step(self.journal, self.policy, self.workload, self.now, node)
+        return climbed if LADDER.index(climbed) > LADDER.index(step) else step
+
+
+@dataclass(frozen=True)
+class Check:
+    """One reason not to restart (kured's blockers): `held` says since when and why, or None."""
+
+    reason: Reason
+    held: Callable[[Subject], Held | None]
+
+
+def _paused(s: Subject) -> Held | None:
+    if not paused(s.journal, s.now):
+        return None
+    reason = f": {s.journal.pause_reason}" if s.journal.pause_reason else ""
+    return Held(None, f"the remediator is paused until {s.journal.paused_until:.0f}{reason}"[:500])
+
+
+def _paged(s: Subject) -> Held | None:
+    if not paged(s.journal, s.workload):
+        return None
+    return Held(s.journal.pages.get(s.workload) or (s.journal.ladder.get(s.workload) or ("", None))[1],
+                f"{s.workload} was paged and not released yet: POST /api/v1/workloads/release once a human has looked")
+
+
+def _gpu_fault(s: Subject) -> Held | None:
+    status = s.status
+    if status is None or not status.gpu_fault:
+        return None
+    if s.policy.gpu_fault_action != "cordon_and_move" or status.node is None or status.pod is None:
+        return Held(None, gpu_refusal(status, s.policy))
+    if status.node in s.journal.gpu_nodes:
+        return Held(None, f"a GPU fault is flagged; node {status.node} was already cordoned")
+    return None
+
+
+def _ladder(s: Subject) -> Held | None:
+    """The ladder: stuck again within escalate_within of its last step, the workload takes the next."""
+    status = s.status
+    if status is None:
+        return None
+    if s.step == "page":
+        return Held(None, page_detail(s.journal, s.workload, status))
+    if s.step == "cordon_and_move" and not status.gpu_fault:
+        if status.node is None or status.pod is None:
+            return Held(None, f"{s.workload} is stuck again within escalate_within of its restart and has no node"
+                              " to move it off: a human must look")
+        if status.node in s.journal.gpu_nodes:
+            return Held(None, f"{s.workload} is stuck again within escalate_within of its restart; node {status.node}"
+                              " was already cordoned")
+    return None
+
+
+def _cordon_limit(s: Subject) -> Held | None:
+    if s.status is None or s.step != "cordon_and_move" or cordoned_count(s.journal) < s.policy.max_cordoned_nodes:
+        return None
+    held = ", ".join(sorted(s.journal.gpu_nodes)) or "none"
+    return Held(None, f"node {s.status.node} would be cordoned, but {cordoned_count(s.journal)} of max_cordoned_nodes"
+                      f" {s.policy.max_cordoned_nodes} are cordoned and not released ({held}): a human must look"[:500])
+
+
+def _restart_in_progress(s: Subject) -> Held | None:
+    running = in_progress(s.journal, s.now)
+    if running is None:
+        return None
+    # The word holds a workload only for its own restart: a shim told `restart_in_progress` holds until it
+    # reads its new process (exporter/backstop.py); another workload's restart is the cooldown's to hold.
+    if s.status is None and not restarting(s.journal, s.workload, s.now):
+        return None
+    return Held(s.journal.last_restart_started, f"a restart of {running} is running")
+
+
+def _cooldown(s: Subject) -> Held | None:
+    # (Replicas' estimates of the API server's clock differ by a fraction of a second: with no
+    # cooldown, a restart a replica dates a moment "ahead" of another's clock is no reason to wait.)
+    last = s.journal.last_restart_started
+    if last is None or s.policy.global_cooldown <= 0 or s.now - last >= s.policy.global_cooldown:
+        return None
+    return Held(last, f"global cooldown: {s.policy.global_cooldown - (s.now - last):.0f}s left")
+
+
+def _circuit_open(s: Subject) -> Held | None:
+    times = s.journal.restart_times.get(s.workload, ())
+    since = times[-1] if times else None
+    if s.workload in s.journal.open_circuits:
+        return Held(since, f"restart budget exhausted for {s.workload}; POST /api/v1/circuit/reset")
+    used = restarts_in_window(s.journal, s.policy, s.workload, s.now)
+    if used >= s.policy.max_restarts:
+        return Held(since, f"{used} restarts of {s.workload} within the budget window")
+    return None
+
+
+def _backoff(s: Subject) -> Held | None:
+    """Each restart of a streak makes the next wait longer (a loop slower than the window is still a loop)."""
+    wait = backoff_left(s.journal, s.policy, s.workload, s.now)
+    if wait <= 0:
+        return None
+    streak = backoff_streak(s.journal, s.policy, s.workload, s.now)
+    return Held(s.journal.backoff[s.workload][1], f"{streak} restarts of {s.workload} in a row (none quiet for"
+                                                  f" {s.policy.backoff_reset:.0f}s): {wait:.0f}s of backoff left")
+
+
+def _fleet_gate(s: Subject) -> Held | None:
+    """A mass failure points elsewhere (network, storage, the exporter). The word has no fleet: it holds
+    for STORM_HOLD after the storm the state saw (the storm cooldown, where it runs, holds as itself)."""
+    if s.fleet is not None:
+        storm = fleet_storm(s.fleet, s.policy)
+        return None if storm is None else Held(s.now, storm)
+    seen = s.journal.storm_seen_at
+    if s.status is None and seen is not None and 0 <= s.now - seen < STORM_HOLD and _storm_cooldown(s) is None:
+        return Held(seen, "the fleet was in a storm: no restart anywhere until it has passed")
+    return None
+
+
+def _storm_cooldown(s: Subject) -> Held | None:
+    """After a storm the fleet must stay healthy for `storm_cooldown` (medik8s NHC's stormCooldownDuration)."""
+    seen = s.journal.storm_seen_at
+    if seen is None or s.policy.storm_cooldown <= 0 or s.now - seen >= s.policy.storm_cooldown:
+        return None
+    return Held(seen, f"the fleet was in a storm; {s.policy.storm_cooldown - (s.now - seen):.0f}s of storm cooldown left")
+
+
+PAUSED = Check("paused", _paused)
+# Every reason the gate holds a stuck target back, in the order they are checked: `decide` walks it
+# after the target's own checks, and the backstop's word walks it for a workload (backstop.py).
+CHECKS: tuple[Check, ...] = (
+    PAUSED,
+    Check("escalated_to_human", _paged),  # a page holds until a human releases the workload
+    Check("gpu_fault", _gpu_fault),  # a GPU fault fails the same way after a restart: refuse, or move it
+    Check("escalated_to_human", _ladder),
+    Check("cordon_limit", _cordon_limit),  # cordons are bounded fleet-wide
+    Check("restart_in_progress", _restart_in_progress),  # one restart at a time, fleet-wide
+    Check("cooldown", _cooldown),  # from the start of the last restart of any target
+    Check("circuit_open", _circuit_open),  # per-workload budget; open until a human resets it
+    Check("backoff", _backoff),
+    Check("fleet_gate", _fleet_gate),
+    Check("storm_cooldown", _storm_cooldown),
+)
+
+
+def restarting(journal: JournalState, workload: str, now: float) -> bool:
+    """Whether the restart running now (its claim held) is one of `workload`: its latest restart is the last one."""
+    if in_progress(journal, now) is None or journal.last_restart_started is None:
+        return False
+    times = journal.restart_times.get(workload, ())
+    last = times[-1] if times else (journal.backoff.get(workload) or (0, None))[1]
+    return last == journal.last_restart_started or journal.in_progress == workload
+
+
 def precheck(alert: AlertFacts, journal: JournalState, policy: GatePolicy, now: float | None = None) -> Decision | None:
     """Steps 1-3, which need no exporter: a refusal, or None when the exporter must be asked.
 
@@ -456,8 +685,8 @@ def precheck(alert: AlertFacts, journal: JournalState, policy: GatePolicy, now: 
         return _UNKNOWN
     if alert.key in journal.decided_keys:
         return Decision(False, "duplicate", "this fingerprint and startsAt were already decided")
-    if now is not None and paused(journal, now):
-        return Decision(False, "paused", f"paused: {journal.pause_reason}"[:500])
+    if now is not None and (held := PAUSED.held(Subject(journal, policy, target, now))) is not None:
+        return Decision(False, PAUSED.reason, held.detail)
     return None
 
 
@@ -504,80 +733,15 @@ def decide(
         return Decision(False, "no_pod_uid", f"the exporter names no {what} for this target; a pod is never acted on"
                                              " by name")
 
-    # 5. A page holds until a human releases the workload: nothing it does is the remediator's any more.
+    # 5-9b. The table of checks (CHECKS), in order; the first that holds refuses. The backstop's word
+    #       (backstop.py) walks the same table.
     workload = workload_of(target, status)
-    if paged(journal, workload):
-        return Decision(False, "escalated_to_human", f"{workload} was paged and not released yet:"
-                                                     " POST /api/v1/workloads/release once a human has looked")
-
-    # 5a. A GPU fault fails the same way after a restart: refuse, or move the pod off its node
-    #     (once per node, under the same cooldown and fleet gate as a restart).
-    step: Step = "restart"
-    if status.gpu_fault:
-        if policy.gpu_fault_action != "cordon_and_move" or status.node is None or status.pod is None:
-            return Decision(False, "gpu_fault", gpu_refusal(status, policy))
-        if status.node in journal.gpu_nodes:
-            return Decision(False, "gpu_fault", f"a GPU fault is flagged; node {status.node} was already cordoned")
-        step = "cordon_and_move"
-
-    # 5b. The ladder: stuck again within escalate_within of its last step, the workload takes the next.
-    climbed = ladder_step(journal, policy, workload, now, status.node)
-    if LADDER.index(climbed) > LADDER.index(step):
-        step = climbed
-    if step == "page":
-        return Decision(False, "escalated_to_human", page_detail(journal, workload, status))
-    if step == "cordon_and_move" and not status.gpu_fault:
-        if status.node is None or status.pod is None:
-            return Decision(False, "escalated_to_human", f"{workload} is stuck again within escalate_within of its"
-                                                         " restart and has no node to move it off: a human must look")
-        if status.node in journal.gpu_nodes:
-            return Decision(False, "escalated_to_human", f"{workload} is stuck again within escalate_within of its"
-                                                         f" restart; node {status.node} was already cordoned")
-
-    # 5c. Cordons are bounded fleet-wide: past max_cordoned_nodes unreleased, a human decides.
-    if step == "cordon_and_move" and cordoned_count(journal) >= policy.max_cordoned_nodes:
-        held = ", ".join(sorted(journal.gpu_nodes)) or "none"
-        return Decision(False, "cordon_limit", f"node {status.node} would be cordoned, but {cordoned_count(journal)}"
-                                               f" of max_cordoned_nodes {policy.max_cordoned_nodes} are cordoned and"
-                                               f" not released ({held}): a human must look"[:500])
-
-    # 6. One restart at a time, fleet-wide.
-    running = in_progress(journal, now)
-    if running is not None:
-        return Decision(False, "restart_in_progress", f"a restart of {running} is running")
-
-    # 7. The global cooldown counts from the start of the last restart of any target.
-    # (Replicas' estimates of the API server's clock differ by a fraction of a second: with no
-    # cooldown, a restart a replica dates a moment "ahead" of another's clock is no reason to wait.)
-    last = journal.last_restart_started
-    if last is not None and policy.global_cooldown > 0 and now - last < policy.global_cooldown:
-        remaining = policy.global_cooldown - (now - last)
-        return Decision(False, "cooldown", f"global cooldown: {remaining:.0f}s left")
-
-    # 8. Per-workload budget; once exhausted the circuit stays open until a human resets it.
-    if workload in journal.open_circuits:
-        return Decision(False, "circuit_open", f"restart budget exhausted for {workload}; POST /api/v1/circuit/reset")
-    used = restarts_in_window(journal, policy, workload, now)
-    if used >= policy.max_restarts:
-        return Decision(False, "circuit_open", f"{used} restarts of {workload} within the budget window")
-    # 8b. The backoff: each restart of a streak makes the next wait longer (a loop slower than the
-    #     window is still a loop).
-    wait = backoff_left(journal, policy, workload, now)
-    if wait > 0:
-        streak = backoff_streak(journal, policy, workload, now)
-        return Decision(False, "backoff", f"{streak} restarts of {workload} in a row (none quiet for"
-                                          f" {policy.backoff_reset:.0f}s): {wait:.0f}s of backoff left")
-
-    # 9. The fleet gate: a mass failure points elsewhere (network, storage, the exporter).
-    storm = fleet_storm(fleet, policy)
-    if storm is not None:
-        return Decision(False, "fleet_gate", storm)
-    # 9b. After a storm, the fleet must stay healthy for `storm_cooldown` (medik8s NHC's
-    #     stormCooldownDuration): the stragglers of a mass failure are not lone failures.
-    if (journal.storm_seen_at is not None and policy.storm_cooldown > 0
-            and now - journal.storm_seen_at < policy.storm_cooldown):
-        remaining = policy.storm_cooldown - (now - journal.storm_seen_at)
-        return Decision(False, "storm_cooldown", f"the fleet was in a storm; {remaining:.0f}s of storm cooldown left")
+    subject = Subject(journal, policy, workload, now, status, fleet)
+    for check in CHECKS:
+        held = check.held(subject)
+        if held is not None:
+            return Decision(False, check.reason, held.detail)
+    step = subject.step
 
     # 10. Dry-run records what it would have done.
     moving = step == "cordon_and_move"
@@ -706,15 +870,21 @@ class Effects:
     page: bool = False  # the workload is paged now: held until a human releases it
     backoff: tuple[int, float] | None = None  # the workload's restart streak after this restart
     backoff_refused: bool = False  # the workload's alert was refused for its backoff now (a human is told)
+    hold: Reason | None = None  # the target is held for this reason now (`JournalState.held`)
+    unhold: bool = False  # the target's hold ends: it was decided otherwise
 
     def __bool__(self) -> bool:
         return (self.intent or self.open_circuit or self.storm_seen_at is not None or self.remember
-                or self.step is not None or self.page or self.backoff is not None or self.backoff_refused)
+                or self.step is not None or self.page or self.backoff is not None or self.backoff_refused
+                or self.hold is not None or self.unhold)
 
 
 # A storm seen again within this many seconds of the last record is not written again: a storm of
 # webhooks must not become a storm of writes to the shared state.
 STORM_RECORD_GRANULARITY = 1.0
+# A held target's entry is written again only when its reason changes, or this long after the last
+# write: re-sends and re-decisions of a hang that stays held must not each become a write.
+HELD_REFRESH = 120.0
 # A backoff refusal is written again only this long after the last one written: Alertmanager's HA
 # copies and re-sends of one hang must not each become a write to the shared state.
 BACKOFF_REFUSAL_GRANULARITY = 300.0
@@ -728,7 +898,8 @@ def effects_of(
     status = fleet.targets.get(target) if fleet is not None else None
     workload = workload_of(target, status)
     storm_at = None
-    if (fleet is not None and policy.storm_cooldown > 0 and decision.reason not in _BEFORE_FLEET
+    # The storm is recorded whatever the storm cooldown: every replica's backstop word holds the fleet after it.
+    if (fleet is not None and decision.reason not in _BEFORE_FLEET
             and fleet_storm(fleet, policy) is not None
             and (journal.storm_seen_at is None or now - journal.storm_seen_at >= STORM_RECORD_GRANULARITY)):
         storm_at = now
@@ -740,7 +911,7 @@ def effects_of(
             node = status.node if status is not None else None
         backoff = (backoff_streak(journal, policy, workload, now) + 1, now) if policy.backoff_initial > 0 else None
         return Effects(intent=True, open_circuit=used + 1 >= policy.max_restarts, storm_seen_at=storm_at,
-                       workload=workload, step=step, node=node, backoff=backoff)
+                       workload=workload, step=step, node=node, backoff=backoff, unhold=target in journal.held)
     opens = decision.reason == "circuit_open" and workload not in journal.open_circuits
     # The page is written once, when the workload reaches it: its copies change nothing. A ladder
     # cordon refused by the cordon limit pages too: else the ladder would start over at a restart.
@@ -750,7 +921,19 @@ def effects_of(
     held = journal.backoff_refused.get(workload)
     backoff_refused = decision.reason == "backoff" and (held is None or now - held[1] >= BACKOFF_REFUSAL_GRANULARITY)
     return Effects(open_circuit=opens, storm_seen_at=storm_at, remember=decision.reason == "dry_run",
-                   workload=workload, step="page" if page else None, page=page, backoff_refused=backoff_refused)
+                   workload=workload, step="page" if page else None, page=page, backoff_refused=backoff_refused,
+                   hold=decision.reason if holds_anew(journal, alert, workload, decision.reason, now) else None,
+                   unhold=decision.reason in UNHOLDING and target in journal.held)
+
+
+def holds_anew(journal: JournalState, alert: AlertFacts, workload: str, reason: Reason, now: float) -> bool:
+    """Whether a refusal for `reason` must be written to the target's hold: a hold it is, and the entry
+    is missing, says another reason, workload or alert, or was written HELD_REFRESH ago."""
+    if reason not in HOLDING or not alert.target:
+        return False
+    entry = journal.held.get(alert.target)
+    return (entry is None or entry.reason != reason or entry.workload != workload or now - entry.at >= HELD_REFRESH
+            or (entry.fingerprint, entry.starts_at) != (alert.fingerprint, alert.starts_at))
 
 
 # Decisions made before the fleet was read (or about an alert the gate does not act on).

@@ -2,7 +2,7 @@
 
 For one alert:
   1. steps 1-3 of the gate on the store's last state, without I/O (most of a storm ends here as
-     `duplicate`); the pause too where that state is the committed one (one replica);
+     `duplicate`); the pause is decided in step 3, as it holds the target (`JournalState.held`);
      every time here is the store's (`GateStore.now`: replicas judge by the API server's clock);
   2. re-check through the exporter, or every exporter shard at once (shared in-flight reads);
   3. under this replica's decision lock: read the state and its version, decide (the pure gate),
@@ -24,15 +24,16 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
+from itertools import chain
 from typing import Any, Protocol
 
-from . import backstop, gate, identity, shared
+from . import backstop, gate, holds, identity, shared
 from .acting import Actor
 from .evidence import Evidence
 from .executors import Executor
 from .gate import AlertFacts, Decision, FleetView, GatePolicy, JournalState, TargetStatus
 from .shared import Intent
-from .store import GateStore, StateLost, StateUnavailable, transact
+from .store import Ambiguous, GateStore, StateLost, StateUnavailable, transact, update
 
 log = logging.getLogger("llm_vitals.remediator")
 
@@ -82,15 +83,24 @@ class GateLoop:
         self.evidence = evidence
         self.clock = clock
         self._decision_lock = asyncio.Lock()
-        # The refusals that hold a liveness backstop (backstop.py): this replica's, kept in memory.
-        self.refusals = backstop.Refusals()
+        # Restart intents whose commit's outcome is not known yet (its answer lost, the state unreadable
+        # since), with their alert's key: re-read at each alert until carried out or released.
+        self.unresolved: dict[str, tuple[Intent, tuple[str, float]]] = {}
+        # The workloads the exporter reported at the last look (redecide): what a backstop may ask about.
+        self.reported: frozenset[str] = frozenset()
 
     async def handle(self, facts: AlertFacts) -> Decision:
         """Decide one alert, journal the decision, and start the restart when it is allowed."""
         now = self.store.now()
-        refused = gate.precheck(facts, self.store.last, self.policy, now if self.store.last_is_current else None)
+        if self.unresolved:
+            await self.resolve()
+        # The pause is not checked here: a paused refusal holds the target (JournalState.held), which is
+        # committed with the decision under the lock.
+        refused = gate.precheck(facts, shared.claim_lapsed(self.store.last, now), self.policy)
         if refused is not None:
             self._refused(facts, refused, now, None)
+            if refused.reason in gate.UNHOLDING and (facts.target or "") in self.store.last.held:
+                await self._unhold(facts)
             return refused
         fleet = await self.exporter.fleet()
         status = fleet.targets.get(facts.target or "") if fleet is not None else None
@@ -101,6 +111,13 @@ class GateLoop:
             async with self._decision_lock:
                 try:
                     decided = await transact(self.store, partial(self._decide, facts, fleet, status, checked))
+                except Ambiguous as exc:
+                    landed = await self._landed(exc.result, facts)
+                    if landed is None:
+                        decision = Decision(False, "state_unreachable", str(exc)[:500])
+                        self._refused(facts, decision, self.store.now(), status)
+                        return decision
+                    decided = landed
                 except StateUnavailable as exc:
                     lost = isinstance(exc, StateLost)
                     decision = Decision(False, "state_lost" if lost else "state_unreachable", str(exc)[:500])
@@ -125,12 +142,57 @@ class GateLoop:
         try:
             action_id = await self.evidence.restart(facts, decided.decision, decided.now, decided.executor.kind, status)
         except Exception:
-            # Nothing will run: end the claim (the cooldown and the budget stay spent).
-            await self.actor.release(decided.intent.holder)
+            # Nothing will run: the commit is taken back, so that the re-send is judged afresh (never a
+            # `duplicate` of a restart that did not happen).
+            await self._release(decided.intent, facts.key)
             raise
         assert decided.decision.plan is not None
         self.actor.start(action_id, facts, decided.executor, decided.intent, status, decided.decision.plan)
         return decided.decision
+
+    async def _landed(self, decided: Decided, facts: AlertFacts) -> Decided | None:
+        """A commit whose answer was lost: re-read. Its intent is there: carry it out (the decision
+        returned, once). It is not: nothing was committed, the decision is a plain refusal (retry-safe).
+        The state unreadable: the intent waits in `unresolved`, and None is answered (state_unreachable)."""
+        if decided.intent is None:
+            return decided  # a refusal stands whether or not its marks were written
+        try:
+            state, _ = await self.store.read()
+        except StateUnavailable:
+            self._unresolved(decided.intent, facts.key)
+            return None
+        if state.in_progress_by == decided.intent.holder:
+            log.warning("a commit's answer was lost but it holds: carrying out its restart once (%s)", facts.target)
+            return decided
+        return None
+
+    async def resolve(self) -> None:
+        """Re-read the intents whose outcome is unknown: one that holds now, too late to carry out, is
+        released (shared.undone: its alert judged afresh); one that is absent is forgotten."""
+        for holder, (intent, key) in list(self.unresolved.items()):
+            try:
+                state, _ = await self.store.read()
+            except StateUnavailable:
+                return
+            if state.in_progress_by == holder:
+                await self._release(intent, key)
+            else:
+                self.unresolved.pop(holder, None)
+            self.store.health.unresolved = len(self.unresolved)
+
+    async def _release(self, intent: Intent, key: tuple[str, float]) -> None:
+        """Take back a committed intent that was not carried out; one that cannot be, waits unresolved."""
+        try:
+            await update(self.store, lambda state: shared.undone(state, intent, key))
+        except StateUnavailable:
+            self._unresolved(intent, key)
+            return
+        self.unresolved.pop(intent.holder, None)
+        self.store.health.unresolved = len(self.unresolved)
+
+    def _unresolved(self, intent: Intent, key: tuple[str, float]) -> None:
+        self.unresolved[intent.holder] = (intent, key)
+        self.store.health.unresolved = len(self.unresolved)
 
     def _checks(self, target: str) -> bool:
         """Whether a pod the exporter names for `target` must be checked: always where this remediator
@@ -151,8 +213,10 @@ class GateLoop:
         """One pass of the pure gate over `state`: the decision, and the state its effects make.
         A restart of a pod not `checked` yet commits nothing: it asks for the identity check first."""
         now = self.store.now()
+        state = shared.claim_lapsed(state, now)
         decision = gate.decide(facts, fleet, state, self.policy, now)
-        if decision.allowed and not checked:
+        # A dry run runs every check a live run does, the identity included: its "would restart" is then true.
+        if (decision.allowed or decision.reason == "dry_run") and not checked:
             return Decided(decision, now, needs_identity=True), state
         effects = gate.effects_of(decision, facts, fleet, state, self.policy, now)
         decided = Decided(decision, now)
@@ -168,6 +232,65 @@ class GateLoop:
         if decision.reason == "restarted_since_alert":
             actor = backstop.restart_actor(status, self.store.last, workload, facts.starts_at)
         self.evidence.decided(facts, decision, now, status, actor=actor)
-        self.refusals = backstop.noted(self.refusals, workload, decision.reason, now)
         if decision.reason in gate.HUMAN_REFUSALS:
             self.actor.tell_refusal(facts, decision, status)
+
+    async def _unhold(self, facts: AlertFacts) -> None:
+        """The held target's alert resolved (or is no longer the gate's): its hold ends, for every replica."""
+        target = facts.target or ""
+
+        def step(state: JournalState) -> tuple[None, JournalState]:
+            return None, shared.unheld(state, target)
+
+        try:
+            await transact(self.store, step)
+        except StateUnavailable as exc:  # the next re-decision ends it (redecide.py), or its memory does
+            log.warning("cannot end the hold of %s now: %s", target, exc)
+
+    async def redecide(self) -> list[Decision]:
+        """The remediator's own look between re-sends (holds.py): the restarts the exporter shows that no
+        remediator made are counted, then each held target whose decision is another now is decided
+        again, the longest held first, as a re-sent alert would be (one restart at a time all the same)."""
+        fleet = await self.read_fleet()
+        if fleet is None:
+            return []
+        try:
+            state, _ = await self.store.read()  # fresh: a pause lifted on another replica a moment ago
+            await self._count_restarts(fleet, state)
+        except StateUnavailable as exc:
+            log.warning("cannot look at the held targets now: %s", exc)
+            return []
+        decisions = []
+        for item in holds.due(self.store.last, fleet, self.policy, self.store.now()):
+            decisions.append(await self.handle(item.held.facts(item.target)))
+        return decisions
+
+    async def read_fleet(self) -> FleetView | None:
+        """The exporter's view now, and the workloads it reports kept (`reported`: what a backstop may ask about)."""
+        fleet = await self.exporter.fleet()
+        if fleet is not None:
+            self.reported = frozenset(gate.workload_of(t, s) for t, s in chain(fleet.targets.items(),
+                                                                                fleet.withheld.items()))
+        return fleet
+
+    async def _count_restarts(self, fleet: FleetView, last: JournalState) -> None:
+        """Count the restarts no remediator made in their workloads' budgets, once each (holds.py)."""
+        present = set(gate.managed_targets(self.policy, fleet))
+        if not holds.outside_restarts(last, fleet, self.policy) and set(last.seen_restarts) <= present:
+            return
+        now = self.store.now()
+
+        def step(state: JournalState) -> tuple[list[holds.Seen], JournalState]:
+            found = holds.outside_restarts(state, fleet, self.policy)
+            new = shared.seen_kept(state, present)
+            for seen in found:
+                new = shared.restart_seen(new, seen.target, seen.workload, seen.at, seen.actor is not None,
+                                          self.policy.backoff_initial > 0)
+                if (seen.actor is not None and seen.workload not in new.open_circuits
+                        and gate.restarts_in_window(new, self.policy, seen.workload, now) >= self.policy.max_restarts):
+                    new = shared.circuit_opened(new, seen.workload)
+            return found, new
+
+        for seen in await transact(self.store, step):
+            if seen.actor is not None and seen.at is not None:
+                self.evidence.restart_seen(seen.target, seen.workload, seen.at, seen.actor, seen.status, now)

@@ -63,6 +63,21 @@ class RemediatorMetrics:
             buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
             registry=self.registry,
         )
+        self.outside_restarts = Counter(
+            "llm_vitals_remediator_outside_restarts_total",
+            "Restarts of a server no remediator made, as the exporter saw them (a new start time of the same"
+            " target), by who made them (kubelet: its liveness probe or the server's own exit in a pod; other:"
+            " systemd, Docker, a person). Each counts in its workload's budget, circuit and backoff.",
+            ["actor"],
+            registry=self.registry,
+        )
+        self.unknown_workload_asks = Counter(
+            "llm_vitals_remediator_backstop_unknown_workload_total",
+            "Backstop asks (GET /api/v1/backstop) about a workload this remediator never heard of: a shim's"
+            " `workload:` with a typo, or none (the target's name is asked). Such a workload is held for a bounded"
+            " time, then the kubelet's backstop acts alone for it: fix the shim's workload.",
+            registry=self.registry,
+        )
         self.registry.register(_JournalCollector(sorted(targets), journal, state, clock, health, budget_window,
                                                  backoff_reset))
 
@@ -93,6 +108,7 @@ class _JournalCollector(Collector):
     llm_vitals_remediator_backoff_refused_seconds{workload="Deployment/llm/vllm"} 1800.0
     llm_vitals_remediator_state_up 1.0
     llm_vitals_remediator_state_lost 0.0
+    llm_vitals_remediator_unresolved_intents 0.0
     llm_vitals_remediator_state_errors_total{operation="read"} 3.0
     """
 
@@ -213,6 +229,13 @@ class _JournalCollector(Collector):
                 "created again by another replica): nothing is restarted, paused or reset until a human "
                 "re-initialises it (POST /api/v1/state/reinit, see the runbook); 0 otherwise.",
                 value=1.0 if health.lost else 0.0,
+            )
+            yield GaugeMetricFamily(
+                "llm_vitals_remediator_unresolved_intents",
+                "Restart intents this replica committed whose outcome it could not learn yet (the write's answer was "
+                "lost and the gate's state has been unreadable since): each is re-read at the next alert and carried "
+                "out once or released. Above 0 for long, a hang may go unhandled: LLMVitalsRemediatorIntentUnresolved.",
+                value=float(health.unresolved),
             )
             errors = CounterMetricFamily(
                 "llm_vitals_remediator_state_errors",

@@ -47,6 +47,9 @@ log = logging.getLogger("llm_vitals.remediator")
 # GET /api/v1/pause answers from a read of the shared state no older than this.
 STATE_MAX_AGE = 1.0
 
+# Unknown workloads remembered at most (backstop_words): the oldest is forgotten first.
+UNKNOWN_MEMORY = 1000
+
 # Reasons for which nothing was decided for good and a redelivery is safe (503).
 # `owner_pending` and `identity_unverified` pass too: the API server can answer on the next try.
 # `state_lost` too: nothing is done until a human re-initialises the state, and then the re-send is judged.
@@ -99,6 +102,9 @@ class Remediator:
                              clock, IdentityReader(kube) if kube is not None else None)
         self._read_lock = asyncio.Lock()  # GET /api/v1/pause: one read of the shared state at a time
         self._read_at = -math.inf
+        # Workloads a backstop asked about that this remediator never heard of, and when first asked
+        # (this replica's memory: the hold they get is bounded, backstop.UNKNOWN_HOLD).
+        self._unknown: dict[str, float] = {}
 
     def gate_state_now(self) -> JournalState:
         """The state as last seen, without I/O (for the metrics and /healthz)."""
@@ -204,17 +210,38 @@ class Remediator:
         if self.store.last_is_current:
             return self.store.last
         async with self._read_lock:
-            if time.monotonic() - self._read_at >= STATE_MAX_AGE:
+            # By the service's clock (the soak's is virtual: a real-time second there spans minutes);
+            # a clock stepped back reads again too.
+            age = self.clock() - self._read_at
+            if not 0 <= age < STATE_MAX_AGE:
                 await self.store.read()
-                self._read_at = time.monotonic()
+                self._read_at = self.clock()
         return self.store.last
 
     async def backstop_words(self, workloads: list[str]) -> tuple[float, list[backstop.BackstopWord]]:
         """The gate's word for each workload's liveness backstop (backstop.py), on the state read at
         most STATE_MAX_AGE ago, at the store's clock. Raises StateUnavailable (StateLost: lost)."""
         state = await self.recent_state()
+        if any(not backstop.known(w, state, self.policy, self.loop.reported) for w in workloads):
+            await self.loop.read_fleet()  # a workload discovered since the last look is known (one cached read)
         now, lost = self.store.now(), bool(self.store.health.lost)
-        return now, [backstop.word_for(w, state, self.policy, now, self.loop.refusals, lost=lost) for w in workloads]
+        return now, [backstop.word_for(w, state, self.policy, now, lost=lost,
+                                       unknown_since=self._unknown_since(w, state, now)) for w in workloads]
+
+    def _unknown_since(self, workload: str, state: JournalState, now: float) -> float | None:
+        """When a backstop first asked about `workload`, which this remediator never heard of; None when known.
+        Each such ask is counted (LLMVitalsBackstopUnknownWorkload), the first logged."""
+        if backstop.known(workload, state, self.policy, self.loop.reported):
+            self._unknown.pop(workload, None)
+            return None
+        self.metrics.unknown_workload_asks.inc()
+        if workload not in self._unknown:
+            if len(self._unknown) >= UNKNOWN_MEMORY:  # bounded: a caller cannot grow it without end
+                self._unknown.pop(next(iter(self._unknown)))
+            self._unknown[workload] = now
+            log_event(log, "backstop asked about an unknown workload", level=logging.WARNING, workload=workload[:200],
+                      hold_seconds=backstop.UNKNOWN_HOLD)
+        return self._unknown[workload]
 
     def state_view(self) -> dict[str, Any]:
         """What the state holds as last seen (no I/O: the follower keeps a replica's view fresh), and
@@ -231,7 +258,8 @@ class Remediator:
                              " others, and there is no shared state to re-initialise")
         source = JournalState()
         if origin == "journal":
-            found = read_local_state(self.settings.state_path)
+            budget = self.settings.budget
+            found = read_local_state(self.settings.state_path, budget.max_restarts, budget.window)
             if found is None:
                 raise ValueError(f"{self.settings.state_path} holds no state to import")
             source = found

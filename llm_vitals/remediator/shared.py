@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .gate import AlertFacts, Effects, JournalState, dedupe_key
+from .gate import AlertFacts, Effects, HeldAlert, JournalState, dedupe_key
 
 # Alert keys older than this are dropped from the Lease's state.
 KEY_MEMORY_SECONDS = 24 * 3600.0
@@ -32,6 +32,12 @@ LADDER_MEMORY_SECONDS = 24 * 3600.0
 DISRUPTION_MEMORY_SECONDS = 2 * 3600.0
 # A streak of backoff refusals ends when no refusal came for this long (as the disruption budget's).
 BACKOFF_REFUSAL_MEMORY_SECONDS = DISRUPTION_MEMORY_SECONDS
+# A held target no replica re-decided for this long is forgotten (the re-decision refreshes it every
+# gate.HELD_REFRESH while the hold lasts), and at most MAX_HELD are kept, the newest.
+HELD_MEMORY_SECONDS = 3600.0
+MAX_HELD = 500
+# State keys written only when they hold something (a state without them reads as before).
+SPARSE_KEYS = frozenset({"held", "outside_restarts", "seen_restarts"})
 # A backoff streak older than this is over (settings.py caps `budget.backoff.reset_after` at 7d).
 BACKOFF_MEMORY_SECONDS = 7 * 86400.0
 
@@ -79,6 +85,7 @@ def with_effects(state: JournalState, effects: Effects, alert: AlertFacts, now: 
             in_progress=alert.target or "",
             in_progress_expires=intent.expires,
             in_progress_by=intent.holder,
+            in_progress_key=alert.key,
             last_restart_started=max(new.last_restart_started or now, now),
             restart_times={**new.restart_times, workload: (*new.restart_times.get(workload, ()), now)},
         )
@@ -101,7 +108,54 @@ def with_effects(state: JournalState, effects: Effects, alert: AlertFacts, now: 
     if effects.backoff_refused and workload:
         first = new.backoff_refused[workload][0] if workload in new.backoff_refused else now
         new = replace(new, backoff_refused={**new.backoff_refused, workload: (first, now)})
+    target = alert.target or ""
+    if effects.unhold and target in new.held:
+        new = replace(new, held={t: h for t, h in new.held.items() if t != target})
+    if effects.hold is not None and target:
+        new = held_for(new, alert, workload, effects.hold, now)
     return new
+
+
+def held_for(state: JournalState, alert: AlertFacts, workload: str, reason: str, now: float) -> JournalState:
+    """The alert's target is held for `reason` now: the backstop holds its workload, and the remediator
+    decides it again when the hold ends (holds.py). A hold of the same workload keeps its start."""
+    target = alert.target or ""
+    was = state.held.get(target)
+    since = was.since if was is not None and was.workload == workload else now
+    entry = HeldAlert(workload, reason, since, now, alert.fingerprint, alert.starts_at, alert.alertname)
+    return replace(state, held={**state.held, target: entry})
+
+
+def restart_seen(state: JournalState, target: str, workload: str, at: float | None, counted: bool,
+                 backoff_on: bool) -> JournalState:
+    """The exporter shows `target`'s last restart at `at` (None: none yet). `counted`: a restart no
+    remediator made (the kubelet's), to count in the workload's budget and, with `backoff_on`, its
+    backoff streak; else only remembered, so that it is never counted twice."""
+    new = replace(state, seen_restarts={**state.seen_restarts, target: at if at is not None else -1.0})
+    if not counted or at is None:
+        return new
+    new = replace(new, outside_restarts={**new.outside_restarts,
+                                         workload: (*new.outside_restarts.get(workload, ()), at)})
+    if backoff_on:
+        streak = new.backoff.get(workload)
+        new = replace(new, backoff={**new.backoff, workload: ((streak[0] if streak else 0) + 1, max(at, streak[1])
+                                                              if streak else at)})
+    return new
+
+
+def seen_kept(state: JournalState, present: set[str]) -> JournalState:
+    """Only the targets the exporter reports now keep their last restart seen (a target back later is new)."""
+    return replace(state, seen_restarts={t: v for t, v in state.seen_restarts.items() if t in present})
+
+
+def unheld(state: JournalState, target: str) -> JournalState:
+    """The held target's alert resolved, or is no longer the gate's: its hold ends."""
+    return replace(state, held={t: h for t, h in state.held.items() if t != target})
+
+
+def circuit_opened(state: JournalState, workload: str) -> JournalState:
+    """The workload's budget is used up (by restarts no remediator made): its circuit opens."""
+    return replace(state, open_circuits=state.open_circuits | {workload})
 
 
 def finished(state: JournalState, holder: str, ran: str | None = None) -> JournalState:
@@ -111,7 +165,25 @@ def finished(state: JournalState, holder: str, ran: str | None = None) -> Journa
         state = replace(state, disrupted={w: v for w, v in state.disrupted.items() if w != ran})
     if state.in_progress_by != holder:
         return state
-    return replace(state, in_progress=None, in_progress_expires=None, in_progress_by=None)
+    return replace(state, in_progress=None, in_progress_expires=None, in_progress_by=None, in_progress_key=None)
+
+
+def claim_lapsed(state: JournalState, now: float | None = None) -> JournalState:
+    """A claim that ended without its holder finishing it (`now` past its expiry; None: whatever its
+    expiry, as at a one-replica start): the claim is over, and its alert is judged afresh at the next
+    re-send instead of being a `duplicate` for a day or a month. Its outcome is unknown (its commit's
+    answer was lost, its journal row failed, its replica died), so the budget and the cooldown it spent
+    stay spent (the safe side), and a restart that did run is seen by the gate's `restarted_since_alert`."""
+    if state.in_progress is None and state.in_progress_by is None:
+        return state
+    if now is not None and (state.in_progress_expires is None or now < state.in_progress_expires):
+        return state
+    key = state.in_progress_key
+    new = replace(state, in_progress=None, in_progress_expires=None, in_progress_by=None, in_progress_key=None)
+    if key is None:
+        return new
+    return replace(new, decided_keys=new.decided_keys - {key},
+                   decided_at={k: v for k, v in new.decided_at.items() if k != key})
 
 
 def disruption_refused(state: JournalState, workload: str, now: float) -> JournalState:
@@ -194,6 +266,7 @@ def circuits_reset(state: JournalState, workloads: list[str]) -> JournalState:
         state,
         open_circuits=state.open_circuits - set(workloads),
         restart_times={w: v for w, v in state.restart_times.items() if w not in workloads},
+        outside_restarts={w: v for w, v in state.outside_restarts.items() if w not in workloads},
         ladder={w: v for w, v in state.ladder.items() if w not in workloads or v[0] == "page"},
         ladder_nodes={w: v for w, v in state.ladder_nodes.items() if w not in workloads},
         backoff={w: v for w, v in state.backoff.items() if w not in workloads},
@@ -220,8 +293,12 @@ def pruned(
     disrupted = {w: v for w, v in state.disrupted.items() if v[1] > now - DISRUPTION_MEMORY_SECONDS}
     backoff = {w: v for w, v in state.backoff.items() if v[1] > now - BACKOFF_MEMORY_SECONDS}
     backoff_refused = {w: v for w, v in state.backoff_refused.items() if v[1] > now - BACKOFF_REFUSAL_MEMORY_SECONDS}
+    outside = {w: kept for w, v in state.outside_restarts.items() if (kept := tuple(x for x in v if x > now - budget_window))}
+    held = dict(sorted(((t, h) for t, h in state.held.items() if h.at > now - HELD_MEMORY_SECONDS),
+                       key=lambda item: item[1].since)[-MAX_HELD:])
     return replace(state, restart_times=times, decided_at=keep, decided_keys=frozenset(keep), ladder=ladder,
-                   disrupted=disrupted, ladder_nodes=ladder_nodes, backoff=backoff, backoff_refused=backoff_refused)
+                   disrupted=disrupted, ladder_nodes=ladder_nodes, backoff=backoff, backoff_refused=backoff_refused,
+                   outside_restarts=outside, held=held)
 
 
 def to_json(state: JournalState) -> str:
@@ -230,6 +307,7 @@ def to_json(state: JournalState) -> str:
         "in_progress": state.in_progress,
         "in_progress_expires": state.in_progress_expires,
         "in_progress_by": state.in_progress_by,
+        "in_progress_key": list(state.in_progress_key) if state.in_progress_key is not None else None,
         "last_restart_started": state.last_restart_started,
         "restart_times": {t: list(v) for t, v in state.restart_times.items()},
         "open_circuits": sorted(state.open_circuits),
@@ -244,7 +322,14 @@ def to_json(state: JournalState) -> str:
         "pages": dict(sorted(state.pages.items())),
         "backoff": {w: [count, at] for w, (count, at) in sorted(state.backoff.items())},
         "backoff_refused": {w: [first, last] for w, (first, last) in sorted(state.backoff_refused.items())},
+        "held": {t: [h.workload, h.reason, h.since, h.at, h.fingerprint, h.starts_at, h.alertname]
+                 for t, h in sorted(state.held.items())},
+        "outside_restarts": {w: list(v) for w, v in sorted(state.outside_restarts.items())},
+        "seen_restarts": dict(sorted(state.seen_restarts.items())),
     }
+    for key in SPARSE_KEYS:  # written only when they hold something: the document of a state without them is as before
+        if not doc[key]:
+            del doc[key]
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
@@ -265,6 +350,7 @@ def from_json(text: str | None) -> JournalState:
             in_progress=_opt_str(doc.get("in_progress")),
             in_progress_expires=_opt_float(doc.get("in_progress_expires")),
             in_progress_by=_opt_str(doc.get("in_progress_by")),
+            in_progress_key=_opt_key(doc.get("in_progress_key")),
             last_restart_started=_opt_float(doc.get("last_restart_started")),
             restart_times={str(t): tuple(float(x) for x in v) for t, v in doc.get("restart_times", {}).items()},
             open_circuits=frozenset(str(t) for t in doc.get("open_circuits", [])),
@@ -278,6 +364,10 @@ def from_json(text: str | None) -> JournalState:
             pages={str(w): float(at) for w, at in (doc.get("pages") or {}).items()},
             backoff={str(w): (int(c), float(at)) for w, (c, at) in (doc.get("backoff") or {}).items()},
             backoff_refused={str(w): (float(a), float(b)) for w, (a, b) in (doc.get("backoff_refused") or {}).items()},
+            held={str(t): HeldAlert(str(w), str(r), float(since), float(at), str(fp), float(sa), str(name))
+                  for t, (w, r, since, at, fp, sa, name) in (doc.get("held") or {}).items()},
+            outside_restarts={str(w): tuple(float(x) for x in v) for w, v in (doc.get("outside_restarts") or {}).items()},
+            seen_restarts={str(t): float(at) for t, at in (doc.get("seen_restarts") or {}).items()},
         )
     except (ValueError, TypeError, AttributeError) as exc:
         raise BadState(f"the shared state is not readable: {type(exc).__name__}: {exc}") from None
@@ -307,7 +397,7 @@ class Stored:
 
 def known_keys() -> frozenset[str]:
     """Every key this version writes (the state's, whatever fields it has, and the store's)."""
-    return frozenset(json.loads(to_json(JournalState()))) | STORE_KEYS
+    return frozenset(json.loads(to_json(JournalState()))) | SPARSE_KEYS | STORE_KEYS
 
 
 def load(text: str) -> Stored:
@@ -357,6 +447,8 @@ def summary(state: JournalState) -> dict[str, Any]:
         "ladder": {w: step for w, (step, _) in sorted(state.ladder.items())},
         "restart_in_progress": state.in_progress,
         "decided_alerts": len(state.decided_at),
+        # Stuck targets held on purpose, by the reason of their last refusal (the backstop holds them too).
+        "held_targets": dict(sorted((t, h.reason) for t, h in state.held.items())[:100]),
     }
 
 
@@ -399,6 +491,14 @@ def decode_annotation(value: str) -> str:
 
 def _opt_float(value: object) -> float | None:
     return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+def _opt_key(value: object) -> tuple[str, float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 2:
+        raise ValueError("in_progress_key is not [fingerprint, startsAt]")
+    return dedupe_key(str(value[0]), float(value[1]))
 
 
 def _opt_str(value: object) -> str | None:

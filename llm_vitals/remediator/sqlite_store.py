@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from . import shared
 from .gate import JournalState, dedupe_key
-from .store import StoreHealth
+from .store import StateUnavailable, StoreHealth
 
 T = TypeVar("T")
 
@@ -94,10 +94,26 @@ class SqliteStore:
                 await self._run(self._write, version, version + 1, self._text(new))
             except Exception as exc:
                 self.health.failed("write", f"{type(exc).__name__}: {exc}")
-                raise
+                # A failed COMMIT may still have reached the file: memory follows the file again, or
+                # every later commit would meet a version it does not know (GateLoop re-reads the intent).
+                await self._reload()
+                raise StateUnavailable(f"{self.path}: write the gate's state: {type(exc).__name__}: {exc}") from None
             self.health.ok()
             self._state, self._version = new, version + 1
         return True
+
+    async def _reload(self) -> None:
+        """Memory as the file holds it now (after a write whose outcome is unknown); kept when unreadable."""
+        try:
+            row = await self._run(self._row)
+        except Exception as exc:
+            self.health.failed("read", f"{type(exc).__name__}: {exc}")
+            return
+        if row is not None:
+            try:
+                self._state, self._version = shared.load(row[1]).state, int(row[0])
+            except shared.BadState as exc:
+                self.health.failed("read", str(exc))
 
     # -- on the database thread ------------------------------------------------------------------
 
@@ -117,11 +133,15 @@ class SqliteStore:
                 raise shared.BadState(f"{self.path}: table gate_state: {exc}") from None
             state, self._carried = stored.state, dict(stored.carried)
         # A restart in progress here was this replica's own, and it stopped with it.
-        opened = self._pruned(replace(state, in_progress=None, in_progress_expires=None, in_progress_by=None), now)
+        opened = self._pruned(ended_claim(conn, state), now)
         if row is None or opened != state:
             self._write(version, version + 1, self._text(opened))
             version += 1
         return opened, version
+
+    def _row(self) -> tuple[int, str] | None:
+        assert self._conn is not None, "the gate's state is not open"
+        return self._conn.execute("SELECT version, state FROM gate_state WHERE id=1").fetchone()
 
     def _write(self, version: int, new_version: int, text: str) -> None:
         conn = self._conn
@@ -150,9 +170,31 @@ class SqliteStore:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
 
-def state_from_journal(conn: sqlite3.Connection) -> JournalState:
-    """The state as a journal written before this store says it (what that version rebuilt at each
-    start): decided alerts, restarts since each circuit's reset, open circuits, pause, storm, nodes."""
+def ended_claim(conn: sqlite3.Connection, state: JournalState) -> JournalState:
+    """The state a start finds, with the restart its last process held over. The journal in the same
+    file is the witness: a row for the claim's alert says the restart began (it is `interrupted` now,
+    and its alert stays decided); no row says it never began (the process stopped, or the journal
+    failed, between the commit and the row), and its alert is judged afresh at its next re-send
+    instead of being a `duplicate` for a month. Its budget and cooldown stay spent either way."""
+    if state.in_progress is None and state.in_progress_by is None:
+        return state
+    key = state.in_progress_key
+    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if key is not None and "actions" in tables and conn.execute(
+        "SELECT 1 FROM actions WHERE decision='restart' AND fingerprint=? AND round(starts_at, 3)=? LIMIT 1", key
+    ).fetchone() is not None:
+        key = None
+    return shared.claim_lapsed(replace(state, in_progress_key=key))
+
+
+def state_from_journal(conn: sqlite3.Connection, max_restarts: int | None = None,
+                       budget_window: float | None = None) -> JournalState:
+    """The state as a journal's rows say it: what an older version rebuilt at each start, and what a
+    human's re-initialisation `from: journal` starts the replicas' Lease from. Keyed by workload (the
+    row's `workload`; a row written before workloads, by its target, a static target's workload):
+    decided alerts, restarts since each circuit's reset, open circuits (the old `circuits` table, a
+    `circuit_open` refusal since the reset, or `max_restarts` restarts within `budget_window`), pages
+    not released, the pause, the storm and escalated nodes."""
     tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     if not {"actions", "circuits", "shared"} <= tables:
         return JournalState()
@@ -165,11 +207,30 @@ def state_from_journal(conn: sqlite3.Connection) -> JournalState:
         decided_at[key] = max(at, decided_at.get(key, at))
     (last_started,) = conn.execute("SELECT max(time) FROM actions WHERE decision='restart'").fetchone()
     circuits = {t: (bool(o), r) for t, o, r in conn.execute("SELECT target, open, reset_at FROM circuits")}
+    reset_at: dict[str, float] = {t: r for t, (_, r) in circuits.items() if r is not None}
+    for workload, at in conn.execute(
+        "SELECT coalesce(workload, target), max(time) FROM actions WHERE decision='circuit_reset' GROUP BY 1"
+    ):
+        reset_at[workload] = max(at, reset_at.get(workload, at))
     times: dict[str, list[float]] = {}
-    for target, started in conn.execute("SELECT target, time FROM actions WHERE decision='restart' ORDER BY time"):
-        reset_at = circuits.get(target, (False, None))[1]
-        if reset_at is None or started > reset_at:
-            times.setdefault(target, []).append(started)
+    for workload, started in conn.execute(
+        "SELECT coalesce(workload, target), time FROM actions WHERE decision='restart' ORDER BY time"
+    ):
+        if workload is not None and started > reset_at.get(workload, -1.0):
+            times.setdefault(workload, []).append(started)
+    opened = {t for t, (is_open, _) in circuits.items() if is_open}
+    for workload, at in conn.execute(
+        "SELECT coalesce(workload, target), max(time) FROM actions WHERE reason='circuit_open' GROUP BY 1"
+    ):
+        if workload is not None and at > reset_at.get(workload, -1.0):
+            opened.add(workload)
+    if max_restarts is not None and budget_window is not None:
+        opened |= {w for w, v in times.items() if spent(v, max_restarts, budget_window)}
+    released: dict[str, float] = dict(conn.execute(
+        "SELECT coalesce(workload, target), max(time) FROM actions WHERE decision='workload_release' GROUP BY 1"))
+    pages = {w: at for w, at in conn.execute(
+        "SELECT coalesce(workload, target), max(time) FROM actions WHERE reason='escalated_to_human' GROUP BY 1")
+        if w is not None and at > released.get(w, -1.0)}
     kept = {k: json.loads(v) for k, v in conn.execute("SELECT key, value FROM shared")}
     pause = kept.get("pause") or {}
     return JournalState(
@@ -177,15 +238,23 @@ def state_from_journal(conn: sqlite3.Connection) -> JournalState:
         decided_at=decided_at,
         last_restart_started=last_started,
         restart_times={t: tuple(v) for t, v in times.items()},
-        open_circuits=frozenset(t for t, (is_open, _) in circuits.items() if is_open),
+        open_circuits=frozenset(opened),
         paused_until=pause.get("until"),
         pause_reason=pause.get("reason", "") if pause.get("until") is not None else "",
         storm_seen_at=kept.get("storm_seen_at"),
         gpu_nodes=frozenset(kept.get("gpu_nodes", ())),
+        pages=pages,
     )
 
 
-def read_local_state(path: Path | str) -> JournalState | None:
+def spent(times: list[float], max_restarts: int, window: float) -> bool:
+    """Whether `max_restarts` of `times` (sorted) ever fell within one `window`: the budget was spent
+    and the circuit opened (it stays open until a reset, past the window)."""
+    return any(times[i + max_restarts - 1] - times[i] < window for i in range(len(times) - max_restarts + 1))
+
+
+def read_local_state(path: Path | str, max_restarts: int | None = None,
+                     budget_window: float | None = None) -> JournalState | None:
     """This replica's own state as its SQLite file holds it (the gate_state row, else what an older
     journal's rows say), or None when the file holds neither: what a first Lease, or a human's
     re-initialisation `from: journal`, starts from (switching from one replica to replicas keeps
@@ -201,7 +270,7 @@ def read_local_state(path: Path | str) -> JournalState | None:
             if row is not None:
                 return shared.from_json(row[0])
         if {"actions", "circuits", "shared"} <= tables:
-            return state_from_journal(conn)
+            return state_from_journal(conn, max_restarts, budget_window)
         return None
     finally:
         conn.close()

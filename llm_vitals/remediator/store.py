@@ -32,7 +32,7 @@ import math
 import os
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -45,6 +45,11 @@ from .gate import JournalState
 from .settings import LeaseRef
 
 STATE_ANNOTATION = "llm-vitals.io/state"
+# The epoch's marker: a second Lease beside the state's (`<name>-epoch`), holding the epoch of the state
+# the fleet runs on. It outlives a deletion of the state's Lease, so that a replica with no memory of its
+# own (no epoch file: scaled up, a new volume) still knows the fleet ran before (`LeaseStore.read`).
+EPOCH_ANNOTATION = "llm-vitals.io/epoch"
+MARKER_SUFFIX = "-epoch"
 # A conflict means another writer committed in between: read again and retry, this many times.
 CONFLICT_RETRIES = 8
 
@@ -63,6 +68,15 @@ class StateLost(StateUnavailable):
     that would forget open circuits, spent budgets, the pause, the ladder and cordoned nodes."""
 
 
+class Ambiguous(StateUnavailable):
+    """A write whose answer was lost: the store may or may not hold it now. `result` is what the
+    step decided with it; the caller re-reads to learn which (`GateLoop`: carried out once, or released)."""
+
+    def __init__(self, message: str, result: Any):
+        super().__init__(message)
+        self.result = result
+
+
 class Conflicted(StateUnavailable):
     """Every try met a conflict: other writers keep committing first (retry-safe, as unavailable)."""
 
@@ -75,6 +89,9 @@ class StoreHealth:
     errors: dict[str, int] = field(default_factory=dict)  # failures by operation: read, write, follow
     last_error: str = ""
     lost: str = ""  # why the state is lost (StateLost) until a human re-initialises it; "" when it is not
+    # Restart intents whose commit's outcome this replica could not learn yet (a write's answer lost and
+    # the state unreadable since): each is re-read until it is carried out or released.
+    unresolved: int = 0
 
     def ok(self) -> None:
         self.up = True
@@ -155,7 +172,16 @@ async def transact(store: GateStore[Any], step: Callable[[JournalState], tuple[T
     for _ in range(CONFLICT_RETRIES):
         state, version = await store.read()
         result, new = step(state)
-        if new == state or await store.commit(version, new):
+        if new == state:
+            return result
+        try:
+            committed = await store.commit(version, new)
+        except StateLost:
+            raise
+        except StateUnavailable as exc:
+            # The write may have been applied with its answer lost: the caller must find out.
+            raise Ambiguous(str(exc), result) from None
+        if committed:
             return result
     raise Conflicted(f"the gate's state kept changing ({CONFLICT_RETRIES} conflicts)")
 
@@ -248,6 +274,7 @@ class LeaseStore:
         self.server_clock = ServerClock()
         # The last state read or written, for the metrics (a scrape does no I/O).
         self.last = JournalState()
+        self._marked: str | None = None  # the epoch the marker was last seen or written to hold
 
     def now(self) -> float:
         return self.clock() + self.server_clock.offset
@@ -256,15 +283,51 @@ class LeaseStore:
         if server_time is not None:
             self.server_clock = self.server_clock.observed(server_time, sent, self.clock())
 
-    async def _get(self) -> dict[str, Any] | None:
+    async def _get(self, name: str | None = None) -> dict[str, Any] | None:
         sent = self.clock()
+        name = name or self.ref.name
         try:
-            answer = await self.leases.get_lease(self.ref.namespace, self.ref.name)
+            answer = await self.leases.get_lease(self.ref.namespace, name)
         except KubeError as exc:
             self.health.failed("read", str(exc))
-            raise StateUnavailable(f"read Lease {self.ref.name}: {exc}") from None
+            raise StateUnavailable(f"read Lease {name}: {exc}") from None
         self._observe(answer.server_time, sent)
         return answer.value
+
+    @property
+    def marker_name(self) -> str:
+        return self.ref.name + MARKER_SUFFIX
+
+    async def _marked_epoch(self) -> str | None:
+        """The epoch the marker beside the Lease holds (None: no marker). Raises StateUnavailable."""
+        marker = await self._get(self.marker_name)
+        epoch = ((marker or {}).get("metadata", {}).get("annotations") or {}).get(EPOCH_ANNOTATION)
+        self._marked = epoch if isinstance(epoch, str) and epoch else None
+        return self._marked
+
+    async def _mark(self, epoch: str) -> None:
+        """Write `epoch` into the marker (create it, or replace it at the version read). A failure is
+        counted and tried again after the next commit: the state's commit stands."""
+        try:
+            marker = await self._get(self.marker_name)
+            old = ((marker or {}).get("metadata", {}).get("annotations") or {}).get(EPOCH_ANNOTATION)
+            if old == epoch:
+                self._marked = epoch
+                return
+            meta = {k: v for k, v in (marker or {}).get("metadata", {}).items() if k != "managedFields"}
+            meta.update(name=self.marker_name, namespace=self.ref.namespace,
+                        annotations={**(meta.get("annotations") or {}), EPOCH_ANNOTATION: epoch},
+                        labels={**(meta.get("labels") or {}), "app.kubernetes.io/name": "llm-vitals-remediator"})
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": {}}
+            if marker is None:
+                written = await self.leases.create_lease(self.ref.namespace, body)
+            else:
+                written = await self.leases.replace_lease(self.ref.namespace, self.marker_name, body)
+        except (KubeError, StateUnavailable) as exc:
+            self.health.failed("write", f"marker {self.marker_name}: {exc}")
+            return
+        if written.value:
+            self._marked = epoch
 
     def _lost(self, why: str) -> StateLost:
         self.health.failed("read", why)
@@ -276,18 +339,22 @@ class LeaseStore:
         local = self.local_state()
         if local is None:
             return JournalState()
-        return replace(local, in_progress=None, in_progress_expires=None, in_progress_by=None)
+        return shared.claim_lapsed(local)
 
     async def read(self) -> tuple[JournalState, Snapshot]:
         lease = await self._get()
         where = f"Lease {self.ref.namespace}/{self.ref.name}"
         seen = self.memory.epoch
+        if seen is None:
+            # No memory of its own (no epoch file): the marker beside the Lease is the fleet's.
+            seen = await self._marked_epoch()
         text = ((lease or {}).get("metadata", {}).get("annotations") or {}).get(STATE_ANNOTATION)
         if not text:
             if seen is not None:
                 held = f"epoch {seen}" if seen else "a state"
-                raise self._lost(f"{where} is gone" if lease is None else f"{where} lost its state annotation"
-                                 f" (it held {held})")
+                witness = "" if self.memory.epoch is not None else f" (its marker {self.marker_name} says so)"
+                raise self._lost((f"{where} is gone" if lease is None else f"{where} lost its state annotation")
+                                 + f" (it held {held}){witness}")
             # Nothing was ever seen here: the first start of all (the first commit creates it).
             self.health.ok()
             first = self._first()
@@ -303,8 +370,10 @@ class LeaseStore:
         assert lease is not None  # it has a state annotation
         self.memory.remember(stored.epoch if stored.epoch is not None else LEGACY_EPOCH)
         self.health.ok()
-        self.last = stored.state
-        return stored.state, Snapshot(lease["metadata"]["resourceVersion"], lease, stored)
+        # A claim past its expiry is over, its alert judged afresh (written with the next commit).
+        state = shared.claim_lapsed(stored.state, self.now())
+        self.last = state
+        return state, Snapshot(lease["metadata"]["resourceVersion"], lease, stored)
 
     async def commit(self, snap: Snapshot, new: JournalState) -> bool:
         """Write `new` if the Lease is still at `snap`'s version. False on a conflict (someone else wrote)."""
@@ -337,6 +406,8 @@ class LeaseStore:
         assert stored.epoch is not None
         self.memory.remember(stored.epoch)
         self.last = stored.state
+        if self._marked != stored.epoch:
+            await self._mark(stored.epoch)
         return True
 
     async def reinitialise(self, source: JournalState, by: str, reason: str, origin: str) -> dict[str, Any]:
@@ -359,7 +430,7 @@ class LeaseStore:
                     discarded = {"lease": "present, unreadable", "error": str(exc)[:300], "characters": len(text)}
             epoch = uuid.uuid4().hex
             record = {"epoch": epoch, "at": self.now(), "by": by[:200], "reason": reason[:500], "from": origin}
-            fresh = replace(source, in_progress=None, in_progress_expires=None, in_progress_by=None)
+            fresh = shared.claim_lapsed(source)
             version = None if lease is None else lease["metadata"]["resourceVersion"]
             stored = shared.Stored(shared.pruned(fresh, self.now(), self.budget_window), epoch, self.budget_window,
                                    record)
