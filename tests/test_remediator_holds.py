@@ -177,6 +177,16 @@ async def test_the_kubelets_restarts_count_in_the_budget_backoff_and_circuit_onc
     assert [(r["target"], r["actor"], r["reason"]) for r in rows] == [("a", "kubelet", "outside_restart")] * 3
 
 
+async def test_a_restart_read_again_a_little_apart_is_the_same_restart(replicas):  # noqa: F811
+    """The exporter converts a restart's time from its monotonic clock at each read: it moves by milliseconds."""
+    clock = Clock(T0)
+    store = MemoryStore(clock)
+    store.state = JournalState(seen_restarts={"a": T0 - 20})
+    replica = await replicas(store, clock, Fleet(FleetView({**QUIET.targets, "a": pod(T0 - 19.997)})))
+    await replica.loop.redecide()
+    assert store.state.outside_restarts == {} and store.state.seen_restarts["a"] == T0 - 20
+
+
 async def test_the_remediators_own_restart_is_not_counted_twice(replicas):  # noqa: F811
     clock = Clock(T0)
     store = MemoryStore(clock)

@@ -98,7 +98,9 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
                 if not store.last_is_current and settings.kubernetes and settings.kubernetes.lease:
                     follower = asyncio.create_task(follow(store, settings.kubernetes.lease.duration))
                 # The remediator's own look between Alertmanager's re-sends (redecide.py).
-                looker = asyncio.create_task(redecide(service.loop), name="redecide")
+                looker = None
+                if settings.redecide_interval > 0:
+                    looker = asyncio.create_task(redecide(service.loop, settings.redecide_interval), name="redecide")
                 yield
                 for task in (follower, looker):
                     if task is not None:

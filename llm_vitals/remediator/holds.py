@@ -29,6 +29,9 @@ REDECIDE_INTERVAL = 10.0
 OWN_RESTART_WINDOW = 900.0
 # The exporter's clock and the state's (the API server's) may differ by this much.
 CLOCK_MARGIN = 30.0
+# The exporter shows a restart's time converted from its monotonic clock at each read: the same restart
+# reads a few milliseconds apart from one read to the next. A restart is another only this much later.
+RESTART_RESOLUTION = 5.0
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ def outside_restarts(state: JournalState, fleet: FleetView, policy: GatePolicy) 
         if before is None:
             found.append(Seen(target, gate.workload_of(target, status), at, None, status))
             continue
-        if at is None or at <= before:
+        if at is None or at <= before + RESTART_RESOLUTION:
             continue
         workload = gate.workload_of(target, status)
         own = any(max(before, at - OWN_RESTART_WINDOW) < started <= at + CLOCK_MARGIN

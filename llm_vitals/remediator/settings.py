@@ -322,6 +322,9 @@ class Settings(StrictModel):
     max_unhealthy: int | str = "40%"
     # After a fleet_gate refusal, no restart until the fleet has been healthy this long.
     storm_cooldown: Duration = 0.0
+    # The remediator's own look (redecide.py): how often it decides again the stuck targets it held,
+    # and counts the restarts it did not make. 0: off (a hold then ends only at Alertmanager's re-send).
+    redecide_interval: Duration = 10.0
     gpu_fault_action: Literal["refuse", "cordon_and_move"] = "refuse"
     # How a pod is restarted or moved: the Eviction API (PodDisruptionBudgets are respected), or a delete.
     pod_action: Literal["evict", "delete"] = "evict"
