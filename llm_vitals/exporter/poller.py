@@ -28,6 +28,7 @@ from llm_vitals.exporter.gpu_faults.nvml_pynvml import PynvmlBackend
 from llm_vitals.exporter.gpu_faults.nvml_source import NvmlFaultSource, NvmlSource
 from llm_vitals.exporter.gpu_faults.reader import GpuFaultReader
 from llm_vitals.exporter.loop_lag import LoopLag
+from llm_vitals.exporter.pace import peer_group
 from llm_vitals.exporter.settings import ExporterSettings
 from llm_vitals.exporter.state import StateStore, TargetRecord, log_gpu_fault_change
 from llm_vitals.exporter.upstream import METRICS_HEADERS, bounded_get, bounded_get_with_headers, parsed_url, read_models
@@ -212,6 +213,10 @@ class Poller:
         # Its /metrics lines are not rendered here: the next scrape renders what changed (llm_vitals/exporter/page.py).
         record.record_poll(judge(before, observation, now.mono, record.settings, health=health, canary_overlap=overlap),
                            now.mono, duration, wall=now.wall)
+        # Its pace beside its workload's peers (exporter/pace.py): `degraded`, never a state.
+        record.set_pace(self.store.pace.observe(
+            record.name, peer_group(record.settings.effective_workload),
+            observation if isinstance(observation, Snapshot) else None, now.mono, self.settings.pace.rules, record.pace))
         if record.draining and not drain_holds(record.draining, before, record.verdict):
             record.set_draining(False)
             log_event(log, "undrain", target=record.name, reason="restart_detected")

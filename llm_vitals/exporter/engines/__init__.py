@@ -53,6 +53,8 @@ class Unit(NamedTuple):
     deferred: float  # waiting on a peer (a remote KV transfer), as the engine itself marks it
     counters: tuple[float | None, ...]  # grow with work; a fall is the unit started again
     gauges: tuple[float | None, ...] = ()  # move with work (KV usage during a long prefill)
+    # (seconds, work): the unit's own pace counters, as Snapshot.pace.
+    pace: tuple[float, float] | None = None
 
     @property
     def pending(self) -> bool:
@@ -102,6 +104,11 @@ class Snapshot:
     # The page's units, when it has more than one (a single unit is the sums above): each is judged
     # on its own signals, so one hung unit is not hidden by a busy one.
     units: tuple[Unit, ...] = ()
+    # (seconds, work): two counters that only grow, whose quotient over a window is the engine's pace,
+    # seconds of decode per unit of work (vLLM's inter-token latency sum and count, llama.cpp's
+    # tokens_predicted_seconds_total and tokens_predicted_total): compared with the workload's
+    # peers (llm_vitals/exporter/pace.py). None: the page has no such counters.
+    pace: tuple[float, float] | None = None
 
     # The counters that only ever grow within one process lifetime.
     MONOTONE = ("steps", "generation_tokens", "prompt_tokens", "finished")

@@ -112,6 +112,9 @@ def parse_text(text: str) -> Snapshot:
         series=_series(found, trt),
         # One model writes one pending line: the per-model work only where several are loaded.
         units=_units(found, trt) if len(found[PENDING]) > 1 else (),
+        # Pace (llm_vitals/exporter/pace.py): compute seconds per successful request, over every model
+        # (its models are not peers of one another; the same models on another replica are).
+        pace=(more[1][1] / 1e6, finite_sum(SUCCESS, found[SUCCESS])),
     )
 
 

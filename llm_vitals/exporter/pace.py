@@ -1,0 +1,165 @@
+"""A replica's pace beside its peers': the rule that finds a replica limping (gray failure). Pure.
+
+A replica that keeps stepping at a third of its peers' pace reads `busy` forever: a throttled GPU,
+a downtrained link, a node whose CPU is starved. Its own counters cannot tell slow from loaded, but
+its workload's other replicas (same model, same settings) can.
+
+- **Pace** (`measure`): seconds of decode per unit of work over the last `pace.window`, from two
+  cumulative counters each engine adapter reads (`Snapshot.pace`, `Unit.pace`: seconds, work):
+  vLLM's and SGLang's inter-token latency histogram (sum, count), llama.cpp's
+  `tokens_predicted_seconds_total` and `tokens_predicted_total`, Triton's compute time and
+  inferences, TGI's decode time and tokens. Time per token, not tokens per second: more clients
+  give a replica more tokens per second, not slower tokens (docs/states.md has the figures).
+- **Peers**: every other unit of the same peer group (`peer_group`: the workload; a
+  LeaderWorkerSet's groups are peers of one another) with enough work in the window. A
+  data-parallel server's units are peers too: one limping rank is compared with its siblings.
+- **Judged** (`judge_pace`) only with `min_peers` peers and `min_work` of its own work in the
+  window; otherwise the view says why (`basis`). `ratio` is its pace over the median of its peers'.
+- **Degraded**: the ratio at or above `pace.ratio` for `pace.degraded_after` without a break. A
+  workload slowing as a whole moves the median with it: no replica is degraded. Degraded is no
+  verdict state: the state stays busy or idle, and a degraded replica that hangs is `stuck` (with
+  no work in the window it is no longer judged).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+# Why a replica is or is not judged: `judged`, or what it lacks.
+Basis = Literal["judged", "no_signal", "too_little_work", "alone", "too_few_peers"]
+
+
+@dataclass(frozen=True, slots=True)
+class PaceRules:
+    """The pace settings the rule reads (exporter/settings.py's PaceSettings has the same fields)."""
+
+    ratio: float = 2.0
+    degraded_after: float = 600.0
+    min_peers: int = 2
+    window: float = 120.0
+    min_work: float = 100.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One poll's cumulative pace counters of one unit: seconds spent and work done (tokens, inferences)."""
+
+    at: float
+    seconds: float
+    work: float
+
+
+@dataclass(frozen=True, slots=True)
+class Measure:
+    """A unit's pace over its window: seconds per unit of work (None without work) and the work done."""
+
+    seconds_per_work: float | None
+    work: float
+
+
+NO_MEASURE = Measure(None, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """A target's pace judgement: its view's `pace` (targets.py's PaceView) and the clock of its degradation.
+
+    `slow_since` is when the ratio last rose to `pace.ratio` or above (None while under it);
+    `since` when the target became degraded (None while not).
+    """
+
+    basis: Basis = "no_signal"
+    ratio: float | None = None
+    peers: int = 0
+    degraded: bool = False
+    slow_since: float | None = None
+    since: float | None = None
+    detail: str = ""
+
+
+NOT_JUDGED = Pace()
+
+
+def peer_group(workload: str) -> str:
+    """The peers' key of a workload: the workload itself, but a LeaderWorkerSet's groups
+    (`LeaderWorkerSet/<ns>/<name>/<group-index>`) are replicas of one another."""
+    if workload.startswith("LeaderWorkerSet/") and workload.count("/") == 3:
+        return workload.rsplit("/", 1)[0]
+    return workload
+
+
+def add_reading(readings: tuple[Reading, ...], reading: Reading | None, window: float) -> tuple[Reading, ...]:
+    """The readings within `window` of `reading`, it included; a counter that fell (a restart) starts afresh.
+
+    None (the page had no pace counters, or no reading came) keeps the readings as they are: a
+    missed read is no evidence either way, and the window ages out at the next one.
+    """
+    if reading is None:
+        return readings
+    if readings and (reading.seconds < readings[-1].seconds or reading.work < readings[-1].work):
+        return (reading,)
+    horizon = reading.at - window
+    kept = [old for old in readings if old.at >= horizon]
+    kept.append(reading)
+    return tuple(kept)
+
+
+def measure(readings: Sequence[Reading]) -> Measure:
+    """The pace over the readings: seconds per unit of work between the first and the last."""
+    if len(readings) < 2:
+        return NO_MEASURE
+    work = readings[-1].work - readings[0].work
+    seconds = readings[-1].seconds - readings[0].seconds
+    if work <= 0:
+        return Measure(None, 0.0)
+    return Measure(max(seconds, 0.0) / work, work)
+
+
+def judge_unit(own: Measure, peers: Iterable[Measure], rules: PaceRules) -> tuple[Basis, float | None, int, str]:
+    """(basis, ratio, peers counted, detail) of one unit against its peers' measures."""
+    # A peer whose seconds never moved (0 per unit of work) can scale nothing: it is no peer.
+    counted = [peer.seconds_per_work for peer in peers
+               if peer.seconds_per_work is not None and peer.seconds_per_work > 0 and peer.work >= rules.min_work]
+    if own.seconds_per_work is None and own.work <= 0:
+        return "too_little_work", None, len(counted), "no work done in the window"
+    if own.work < rules.min_work or own.seconds_per_work is None:
+        return "too_little_work", None, len(counted), f"{own.work:g} work done in the window, fewer than {rules.min_work:g}"
+    if len(counted) < rules.min_peers:
+        basis: Basis = "alone" if not counted else "too_few_peers"
+        return basis, None, len(counted), (f"{len(counted)} peer(s) with enough work in the window, "
+                                           f"fewer than pace.min_peers {rules.min_peers}")
+    median = statistics.median(counted)
+    mine = own.seconds_per_work
+    ratio = mine / median
+    return "judged", ratio, len(counted), (f"{mine * 1000:.3g} ms per unit of work against the peers' median "
+                                          f"{median * 1000:.3g} ms ({len(counted)} peers)")
+
+
+def judge_pace(units: Sequence[tuple[str, Measure, Sequence[Measure]]], previous: Pace, now: float, rules: PaceRules,
+               ) -> Pace:
+    """A target's pace judgement now: each of its units against its peers, the slowest counting.
+
+    `units` holds (the unit's name, its measure, its peers' measures) for each unit of the target:
+    one, named '', for a server without data-parallel units; none for an engine without pace counters.
+    """
+    if not units:
+        return NOT_JUDGED
+    judged = [(name, *judge_unit(own, peers, rules)) for name, own, peers in units]
+    with_ratio = [unit for unit in judged if unit[2] is not None]
+    if not with_ratio:
+        _, basis, _, count, detail = judged[0]
+        return Pace(basis=basis, peers=count, detail=detail)
+    name, basis, ratio, count, detail = max(with_ratio, key=lambda unit: unit[2] or 0.0)
+    assert ratio is not None
+    if name:
+        detail = f"{name}: {detail}"
+    if ratio < rules.ratio:
+        return Pace(basis=basis, ratio=ratio, peers=count, detail=detail)
+    slow_since = previous.slow_since if previous.slow_since is not None else now
+    degraded = now - slow_since >= rules.degraded_after
+    since = (previous.since if previous.degraded and previous.since is not None else now) if degraded else None
+    return Pace(basis=basis, ratio=ratio, peers=count, degraded=degraded, slow_since=slow_since, since=since,
+                detail=detail)

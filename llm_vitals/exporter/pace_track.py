@@ -1,0 +1,79 @@
+"""The fleet's pace readings, by peer group: what the pace rule (pace.py) needs of every target's peers.
+
+The poller hands each target's snapshot in after its poll (`observe`); the tracker keeps each
+unit's readings within `pace.window`, its measure, and which targets are peers, and answers the
+target's `Pace` by the pure rule. No I/O, no clock of its own: `now` comes in. A target removed
+from the store is forgotten (`forget`), so it is nobody's peer any more.
+"""
+
+from __future__ import annotations
+
+from llm_vitals.exporter.engines import Snapshot
+from llm_vitals.exporter.pace import Measure, Pace, PaceRules, Reading, add_reading, judge_pace, measure
+
+
+def unit_readings(snapshot: Snapshot, now: float) -> dict[str, Reading]:
+    """The snapshot's pace readings by unit: each data-parallel unit that carries its own, else the whole server ('')."""
+    units = {unit.name: Reading(now, *unit.pace) for unit in snapshot.units if unit.pace is not None}
+    if units:
+        return units
+    return {"": Reading(now, *snapshot.pace)} if snapshot.pace is not None else {}
+
+
+class PaceTracker:
+    """Every target's pace readings and measures, and its peer group."""
+
+    def __init__(self) -> None:
+        self._group: dict[str, str] = {}  # target -> its peer group
+        self._members: dict[str, set[str]] = {}  # peer group -> its targets
+        self._readings: dict[str, dict[str, tuple[Reading, ...]]] = {}  # target -> unit -> readings in the window
+        self._measures: dict[str, tuple[float, dict[str, Measure]]] = {}  # target -> (last read at, unit -> measure)
+
+    def observe(self, name: str, group: str, snapshot: Snapshot | None, now: float, rules: PaceRules,
+                previous: Pace) -> Pace:
+        """Take in a poll of target `name` (None: no snapshot: a failed read, a proxy) and judge its pace now.
+
+        A poll without a snapshot is no evidence: the judgement stays as it was, and the target's
+        measure ages out of its peers' view once its last reading is older than the window.
+        """
+        self._join(name, group)
+        if snapshot is None:
+            return previous
+        readings = unit_readings(snapshot, now)
+        kept = self._readings.get(name, {})
+        updated = {unit: add_reading(kept.get(unit, ()), reading, rules.window) for unit, reading in readings.items()}
+        self._readings[name] = updated
+        mine = {unit: measure(values) for unit, values in updated.items()}
+        self._measures[name] = (now, mine)
+        if not mine:
+            return judge_pace([], previous, now, rules)
+        others = [m for peer in self._members[group] if peer != name
+                  for m in self._fresh(peer, now, rules.window)]
+        units = [(unit, own, others + [m for other, m in mine.items() if other != unit])
+                 for unit, own in mine.items()]
+        return judge_pace([(unit if len(mine) > 1 else "", own, peers) for unit, own, peers in units],
+                          previous, now, rules)
+
+    def _fresh(self, name: str, now: float, window: float) -> list[Measure]:
+        at, measures = self._measures.get(name, (None, {}))
+        return list(measures.values()) if at is not None and now - at <= window else []
+
+    def _join(self, name: str, group: str) -> None:
+        before = self._group.get(name)
+        if before == group:
+            return
+        if before is not None:
+            self._members[before].discard(name)
+        self._group[name] = group
+        self._members.setdefault(group, set()).add(name)
+
+    def forget(self, name: str) -> None:
+        """The target is gone: its readings and its place among its peers."""
+        group = self._group.pop(name, None)
+        if group is not None:
+            members = self._members[group]
+            members.discard(name)
+            if not members:
+                del self._members[group]
+        self._readings.pop(name, None)
+        self._measures.pop(name, None)
