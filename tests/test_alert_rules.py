@@ -39,6 +39,7 @@ EXPECTED_ALERTS = {
     "LLMVitalsExporterAbsent",
     "LLMServerSaturated",
     "LLMServerWaitingOnPeer",  # deferred work, nothing moving: the peer's fault, remediation none (issue 29)
+    "LLMServerDegraded",  # a replica at a fraction of its peers' pace: its node's fault, remediation none (issue 40)
     # The remediator's own (issue 22).
     "LLMVitalsRemediatorCircuitOpen",
     "LLMVitalsRemediatorExecutorErrors",
