@@ -97,6 +97,11 @@ LWS_GROUP_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 DEFAULT_POD_TIMEOUT = 30.0
 # The taint value of the ladder's cordon (a GPU fault's is the fault's reason: `taint_value`).
 LADDER_TAINT = "LadderEscalation"
+# The alert of a replica degraded beside its peers (alerts/llm-vitals.rules.yml): shipped with
+# remediation="none"; relabelled "restart" by an operator, it is still never a restart, only a move
+# off a node that other evidence points at (`node_suspect`), with gpu_fault_action: cordon_and_move.
+DEGRADED_ALERT = "LLMServerDegraded"
+DEGRADED_TAINT = "PaceDegraded"
 
 Action = Literal["restart", "restart_pod", "restart_group", "cordon_and_move"]
 
@@ -184,6 +189,9 @@ class TargetStatus:
     unknown_verdict: str | None = None
     # The target's address (the exporter's `url`): the pod's IP must be its host (identity.py).
     url: str | None = None
+    # Its pace is limping beside its workload's peers (the exporter's pace.degraded): evidence
+    # against its node, never a reason to restart it.
+    degraded: bool = False
     # The exporter's whole TARGET object, kept as evidence in the journal; never decided on.
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     # The exporter (its URL, without userinfo) that reported this object: journaled beside the evidence.
@@ -363,7 +371,8 @@ def restarts_in_window(journal: JournalState, policy: GatePolicy, workload: str,
     return sum(1 for started in journal.restart_times.get(workload, ()) if started > since)
 
 
-def ladder_step(journal: JournalState, policy: GatePolicy, workload: str, now: float, node: str | None = None) -> Step:
+def ladder_step(journal: JournalState, policy: GatePolicy, workload: str, now: float, node: str | None = None,
+                fleet: FleetView | None = None) -> Step:
     """The ladder's next step for `workload`, whose stuck pod is on `node` now: within `escalate_within`
     of a restart, `cordon_and_move` when the hang came back on the node the restart left it on and that
     node is suspect on its own (`node_suspect`), else `page`; after a move, `page`. Outside
@@ -373,18 +382,27 @@ def ladder_step(journal: JournalState, policy: GatePolicy, workload: str, now: f
         return "restart"
     if last[0] == "restart":
         same_node = node is not None and journal.ladder_nodes.get(workload) == node
-        return "cordon_and_move" if same_node and node_suspect(journal, policy, workload, node, now) else "page"
+        return "cordon_and_move" if same_node and node_suspect(journal, policy, workload, node, now, fleet) else "page"
     if last[0] in ("cordon_and_move", "page"):
         return "page"
     return "restart"
 
 
-def node_suspect(journal: JournalState, policy: GatePolicy, workload: str, node: str | None, now: float) -> str | None:
+def node_suspect(journal: JournalState, policy: GatePolicy, workload: str, node: str | None, now: float,
+                 fleet: FleetView | None = None) -> str | None:
     """Another workload whose last ladder step (a restart or a move) acted on a pod on `node` within
-    `escalate_within` of `now`, or None: the node's own evidence. One workload hanging again on its
-    node is not: its pod may be pinned there (a StatefulSet's, a LeaderWorkerSet group's), and then its
-    own bug comes back on that node whatever the node is worth."""
-    if node is None or policy.escalate_within is None:
+    `escalate_within` of `now`, or (in `fleet`, as the exporter sees it now) whose replica on `node`
+    is degraded beside its peers or has a GPU fault; None: the node has no evidence of its own. One
+    workload hanging again on its node is not: its pod may be pinned there (a StatefulSet's, a
+    LeaderWorkerSet group's), and then its own bug comes back on that node whatever the node is worth;
+    one replica degraded alone may be its own fault too."""
+    if node is None:
+        return None
+    for name, status in sorted((fleet.targets if fleet is not None else {}).items()):
+        other = workload_of(name, status)
+        if status.node == node and other != workload and (status.degraded or status.gpu_fault):
+            return f"{other} ({'a GPU fault' if status.gpu_fault else 'degraded'} there)"
+    if policy.escalate_within is None:
         return None
     for other, (step, at) in sorted(journal.ladder.items()):
         if (other != workload and step in ("restart", "cordon_and_move") and now - at < policy.escalate_within
@@ -441,6 +459,17 @@ def gpu_refusal(status: TargetStatus, policy: GatePolicy) -> str:
     return f"a GPU fault is flagged{fault}{where}; a restart would not help: {todo}"
 
 
+def degraded_refusal(status: TargetStatus, policy: GatePolicy, evidence: str | None) -> str:
+    """Why a degraded replica is not moved: degraded alone never restarts or moves anything."""
+    if evidence is None:
+        where = f"node {status.node}" if status.node else "an unknown node"
+        return (f"degraded beside its peers, but nothing else points at {where} (no other workload's replica degraded"
+                " or with a GPU fault there): degraded alone never restarts or moves anything")
+    if policy.gpu_fault_action != "cordon_and_move":
+        return f"degraded on node {status.node}, where {evidence}: set gpu_fault_action: cordon_and_move to move it"
+    return f"degraded on node {status.node}, where {evidence}, but the exporter names no pod to move"
+
+
 def precheck(alert: AlertFacts, journal: JournalState, policy: GatePolicy, now: float | None = None) -> Decision | None:
     """Steps 1-3, which need no exporter: a refusal, or None when the exporter must be asked.
 
@@ -492,7 +521,10 @@ def decide(
     if status.unknown_verdict is not None:
         return Decision(False, "unknown_verdict", status.unknown_verdict[:500])
     acceptable = RESTARTABLE_STATES | ({"down"} if alert.alertname in policy.down_alertnames else frozenset())
-    if status.state not in acceptable:
+    degraded_alert = alert.alertname == DEGRADED_ALERT  # only ever a move (5a), never a restart
+    if degraded_alert and not status.degraded:
+        return Decision(False, "not_stuck", f"the exporter says {status.state}, not degraded, now")
+    if status.state not in acceptable and not degraded_alert:
         return Decision(False, "not_stuck", f"the exporter says {status.state} now")
     since = restarted_since(status, alert.starts_at)
     if since is not None:
@@ -519,9 +551,17 @@ def decide(
         if status.node in journal.gpu_nodes:
             return Decision(False, "gpu_fault", f"a GPU fault is flagged; node {status.node} was already cordoned")
         step = "cordon_and_move"
+    elif degraded_alert:
+        # Degraded beside its peers: moved only off a node that other evidence points at, never restarted.
+        evidence = node_suspect(journal, policy, workload, status.node, now, fleet)
+        if policy.gpu_fault_action != "cordon_and_move" or evidence is None or status.pod is None:
+            return Decision(False, "not_stuck", degraded_refusal(status, policy, evidence))
+        if status.node in journal.gpu_nodes:
+            return Decision(False, "gpu_fault", f"degraded; node {status.node} was already cordoned")
+        step = "cordon_and_move"
 
     # 5b. The ladder: stuck again within escalate_within of its last step, the workload takes the next.
-    climbed = ladder_step(journal, policy, workload, now, status.node)
+    climbed = "restart" if degraded_alert else ladder_step(journal, policy, workload, now, status.node, fleet)
     if LADDER.index(climbed) > LADDER.index(step):
         step = climbed
     if step == "page":
@@ -585,9 +625,10 @@ def decide(
         return Decision(False, "dry_run", "would cordon and move" if moving else "would restart")
     plan = plan_of(target, workload, status, policy, moving)
     if moving:
+        suspect = node_suspect(journal, policy, workload, status.node, now, fleet)
         why = "GPU fault" if status.gpu_fault else (
-            f"{workload} stuck again on this node within escalate_within, where"
-            f" {node_suspect(journal, policy, workload, status.node, now)} hung too (ladder)")
+            f"{workload} degraded beside its peers on this node, where {suspect} too" if degraded_alert else
+            f"{workload} stuck again on this node within escalate_within, where {suspect} hung too (ladder)")
         return Decision(True, "cordon_and_move", f"{why} on node {status.node}: cordon, taint, move the pod", plan)
     # Said, never skipped in silence: nothing from the exporter could show a restart since the alert.
     unchecked = "" if has_start_evidence(status) else (
@@ -614,6 +655,8 @@ def plan_of(target: str, workload: str, status: TargetStatus, policy: GatePolicy
         if status.gpu_fault:
             detail = str(status.raw.get("gpu_fault_detail") or status.gpu_fault_detail or "GPU fault")
             cause, taint = f"GPU fault ({detail})", taint_value(detail)
+        elif status.degraded and status.state not in RESTARTABLE_STATES:
+            cause, taint = f"{workload} degraded beside its peers on this node", DEGRADED_TAINT
         else:
             cause, taint = f"{workload} stuck again on this node within escalate_within of its restart here", LADDER_TAINT
         return Plan(target, workload, "cordon_and_move", timeout, pre + timeout, status.namespace, status.pod,
