@@ -23,7 +23,6 @@ its workload's other replicas (same model, same settings) can.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -68,7 +67,8 @@ class Pace:
     """A target's pace judgement: its view's `pace` (targets.py's PaceView) and the clock of its degradation.
 
     `slow_since` is when the ratio last rose to `pace.ratio` or above (None while under it);
-    `since` when the target became degraded (None while not).
+    `since` when the target became degraded (None while not). `unit`, `own` and `median` (seconds
+    per unit of work) are what a judged ratio rests on; `note` why it is not judged.
     """
 
     basis: Basis = "no_signal"
@@ -77,7 +77,19 @@ class Pace:
     degraded: bool = False
     slow_since: float | None = None
     since: float | None = None
-    detail: str = ""
+    note: str = ""
+    unit: str = ""
+    own: float | None = None
+    median: float | None = None
+
+    @property
+    def detail(self) -> str:
+        """What it rests on, for people: written when asked, not at every poll (a tenth of a poll's pace work)."""
+        if self.own is None or self.median is None:
+            return self.note
+        text = (f"{self.own * 1000:.3g} ms per unit of work against the peers' median {self.median * 1000:.3g} ms "
+                f"({self.peers} peers)")
+        return f"{self.unit}: {text}" if self.unit else text
 
 
 NOT_JUDGED = Pace()
@@ -120,24 +132,28 @@ def measure(readings: Sequence[Reading]) -> Measure:
     return Measure(max(seconds, 0.0) / work, work)
 
 
-def judge_unit(own: Measure, peers: Iterable[Measure], rules: PaceRules) -> tuple[Basis, float | None, int, str]:
-    """(basis, ratio, peers counted, detail) of one unit against its peers' measures."""
+# (basis, ratio, peers counted, note, own seconds per work, the peers' median) of one unit.
+UnitJudgement = tuple[Basis, float | None, int, str, float | None, float | None]
+
+
+def judge_unit(own: Measure, peers: Iterable[Measure], rules: PaceRules) -> UnitJudgement:
+    """One unit against its peers' measures: (basis, ratio, peers counted, note, own, median)."""
+    min_work = rules.min_work
     # A peer whose seconds never moved (0 per unit of work) can scale nothing: it is no peer.
     counted = [peer.seconds_per_work for peer in peers
-               if peer.seconds_per_work is not None and peer.seconds_per_work > 0 and peer.work >= rules.min_work]
-    if own.seconds_per_work is None and own.work <= 0:
-        return "too_little_work", None, len(counted), "no work done in the window"
-    if own.work < rules.min_work or own.seconds_per_work is None:
-        return "too_little_work", None, len(counted), f"{own.work:g} work done in the window, fewer than {rules.min_work:g}"
-    if len(counted) < rules.min_peers:
-        basis: Basis = "alone" if not counted else "too_few_peers"
-        return basis, None, len(counted), (f"{len(counted)} peer(s) with enough work in the window, "
-                                           f"fewer than pace.min_peers {rules.min_peers}")
-    median = statistics.median(counted)
-    mine = own.seconds_per_work
-    ratio = mine / median
-    return "judged", ratio, len(counted), (f"{mine * 1000:.3g} ms per unit of work against the peers' median "
-                                          f"{median * 1000:.3g} ms ({len(counted)} peers)")
+               if peer.seconds_per_work is not None and peer.seconds_per_work > 0 and peer.work >= min_work]
+    count, mine = len(counted), own.seconds_per_work
+    if mine is None or own.work < min_work:
+        note = "no work done in the window" if own.work <= 0 else \
+            f"{own.work:g} work done in the window, fewer than pace.min_work {min_work:g}"
+        return "too_little_work", None, count, note, None, None
+    if count < rules.min_peers:
+        note = f"{count} peer(s) with enough work in the window, fewer than pace.min_peers {rules.min_peers}"
+        return ("alone" if not count else "too_few_peers"), None, count, note, None, None
+    counted.sort()
+    half = count // 2
+    median = counted[half] if count % 2 else (counted[half - 1] + counted[half]) / 2
+    return "judged", mine / median, count, "", mine, median
 
 
 def judge_pace(units: Sequence[tuple[str, Measure, Sequence[Measure]]], previous: Pace, now: float, rules: PaceRules,
@@ -149,19 +165,17 @@ def judge_pace(units: Sequence[tuple[str, Measure, Sequence[Measure]]], previous
     """
     if not units:
         return NOT_JUDGED
-    judged = [(name, *judge_unit(own, peers, rules)) for name, own, peers in units]
-    with_ratio = [unit for unit in judged if unit[2] is not None]
+    judged = [(name, judge_unit(own, peers, rules)) for name, own, peers in units]
+    with_ratio = [unit for unit in judged if unit[1][1] is not None]
     if not with_ratio:
-        _, basis, _, count, detail = judged[0]
-        return Pace(basis=basis, peers=count, detail=detail)
-    name, basis, ratio, count, detail = max(with_ratio, key=lambda unit: unit[2] or 0.0)
+        basis, _, count, note, _, _ = judged[0][1]
+        return Pace(basis=basis, peers=count, note=note)
+    name, (basis, ratio, count, note, own, median) = max(with_ratio, key=lambda unit: unit[1][1] or 0.0)
     assert ratio is not None
-    if name:
-        detail = f"{name}: {detail}"
     if ratio < rules.ratio:
-        return Pace(basis=basis, ratio=ratio, peers=count, detail=detail)
+        return Pace(basis=basis, ratio=ratio, peers=count, unit=name, own=own, median=median)
     slow_since = previous.slow_since if previous.slow_since is not None else now
     degraded = now - slow_since >= rules.degraded_after
     since = (previous.since if previous.degraded and previous.since is not None else now) if degraded else None
     return Pace(basis=basis, ratio=ratio, peers=count, degraded=degraded, slow_since=slow_since, since=since,
-                detail=detail)
+                unit=name, own=own, median=median)

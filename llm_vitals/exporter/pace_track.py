@@ -20,6 +20,9 @@ def unit_readings(snapshot: Snapshot, now: float) -> dict[str, Reading]:
     return {"": Reading(now, *snapshot.pace)} if snapshot.pace is not None else {}
 
 
+_NEVER: tuple[float, tuple[Measure, ...]] = (float("-inf"), ())
+
+
 class PaceTracker:
     """Every target's pace readings and measures, and its peer group."""
 
@@ -27,7 +30,7 @@ class PaceTracker:
         self._group: dict[str, str] = {}  # target -> its peer group
         self._members: dict[str, set[str]] = {}  # peer group -> its targets
         self._readings: dict[str, dict[str, tuple[Reading, ...]]] = {}  # target -> unit -> readings in the window
-        self._measures: dict[str, tuple[float, dict[str, Measure]]] = {}  # target -> (last read at, unit -> measure)
+        self._measures: dict[str, tuple[float, tuple[Measure, ...]]] = {}  # target -> (last read at, its units' measures)
 
     def observe(self, name: str, group: str, snapshot: Snapshot | None, now: float, rules: PaceRules,
                 previous: Pace) -> Pace:
@@ -36,32 +39,41 @@ class PaceTracker:
         A poll without a snapshot is no evidence: the judgement stays as it was, and the target's
         measure ages out of its peers' view once its last reading is older than the window.
         """
-        self._join(name, group)
+        if self._group.get(name) != group:
+            self._join(name, group)
         if snapshot is None:
             return previous
-        readings = unit_readings(snapshot, now)
-        kept = self._readings.get(name, {})
-        updated = {unit: add_reading(kept.get(unit, ()), reading, rules.window) for unit, reading in readings.items()}
-        self._readings[name] = updated
-        mine = {unit: measure(values) for unit, values in updated.items()}
-        self._measures[name] = (now, mine)
+        window = rules.window
+        kept = self._readings.get(name)
+        if kept is None:
+            kept = self._readings[name] = {}
+        if snapshot.units or snapshot.pace is None:
+            readings = unit_readings(snapshot, now)
+            for unit in [unit for unit in kept if unit not in readings]:
+                del kept[unit]
+            for unit, reading in readings.items():
+                kept[unit] = add_reading(kept.get(unit, ()), reading, window)
+        else:  # one server, one pace: the common case, without the per-unit dicts
+            if len(kept) != 1 or "" not in kept:
+                kept.clear()
+            kept[""] = add_reading(kept.get("", ()), Reading(now, *snapshot.pace), window)
+        mine = [(unit, measure(values)) for unit, values in kept.items()]
+        self._measures[name] = (now, tuple(m for _, m in mine))
         if not mine:
             return judge_pace([], previous, now, rules)
-        others = [m for peer in self._members[group] if peer != name
-                  for m in self._fresh(peer, now, rules.window)]
-        units = [(unit, own, others + [m for other, m in mine.items() if other != unit])
-                 for unit, own in mine.items()]
-        return judge_pace([(unit if len(mine) > 1 else "", own, peers) for unit, own, peers in units],
+        others: list[Measure] = []
+        for peer in self._members[group]:
+            if peer != name:
+                at, measures = self._measures.get(peer, _NEVER)
+                if now - at <= window:
+                    others.extend(measures)
+        if len(mine) == 1:
+            return judge_pace([("", mine[0][1], others)], previous, now, rules)
+        return judge_pace([(unit, own, others + [m for other, m in mine if other != unit]) for unit, own in mine],
                           previous, now, rules)
-
-    def _fresh(self, name: str, now: float, window: float) -> list[Measure]:
-        at, measures = self._measures.get(name, (None, {}))
-        return list(measures.values()) if at is not None and now - at <= window else []
 
     def _join(self, name: str, group: str) -> None:
         before = self._group.get(name)
-        if before == group:
-            return
         if before is not None:
             self._members[before].discard(name)
         self._group[name] = group

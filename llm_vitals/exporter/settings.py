@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -390,9 +391,9 @@ class PaceSettings(_FrozenStrict):
     # Work (tokens; Triton: requests) a replica must have done within the window to be judged, or to count as a peer.
     min_work: float = Field(100.0, gt=0, allow_inf_nan=False)
 
-    @property
+    @functools.cached_property
     def rules(self) -> PaceRules:
-        """The rule's own copy of these settings (pace.py takes no settings object)."""
+        """The rule's own copy of these settings (pace.py takes no settings object); made once, read every poll."""
         return PaceRules(ratio=self.ratio, degraded_after=self.degraded_after, min_peers=self.min_peers,
                          window=self.window, min_work=self.min_work)
 
