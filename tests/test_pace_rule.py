@@ -94,11 +94,25 @@ def test_a_replica_not_judged_says_why() -> None:
     assert judge_pace([], NOT_JUDGED, 0.0, RULES).basis == "no_signal"
 
 
-def test_a_degraded_replica_that_stops_working_is_no_longer_judged() -> None:
+def test_a_degraded_replica_that_stops_working_is_no_longer_judged_after_a_window() -> None:
     paces = run(fleet((FAST, 800), (FAST, 800), (3 * FAST, 300)), 600.0)
     assert paces[2].degraded
-    hung = judge_all(fleet((FAST, 800), (FAST, 800), (None, 0.0)), paces, 605.0)  # type: ignore[arg-type]
-    assert not hung[2].degraded and hung[2].basis == "too_little_work"
+    hung = fleet((FAST, 800), (FAST, 800), (None, 0.0))  # type: ignore[arg-type]
+    # Within one window of its last slow read: no evidence either way, it keeps its word and clock.
+    held = judge_all(hung, paces, 600.0 + RULES.window)
+    assert held[2].degraded and held[2].basis == "too_little_work" and held[2].ratio is None and held[2].since == 600.0
+    gone = judge_all(hung, held, 600.0 + RULES.window + 5)
+    assert not gone[2].degraded and gone[2].basis == "too_little_work" and gone[2].slow_since is None
+
+
+def test_a_slow_replica_whose_window_lacks_finished_work_keeps_its_clock() -> None:
+    # llama.cpp's counters move when a request ends: a slow replica's window may hold none for a while.
+    slow, gap = fleet((FAST, 800), (FAST, 800), (3 * FAST, 300)), fleet((FAST, 800), (FAST, 800), (3 * FAST, 20))
+    paces = run(slow, 300.0)
+    paces = judge_all(gap, paces, 360.0)
+    assert paces[2].slow_since == 0.0
+    paces = judge_all(slow, paces, 600.0)
+    assert paces[2].degraded and paces[2].since == 600.0
 
 
 def test_one_unit_of_a_data_parallel_server_is_judged_against_its_siblings() -> None:

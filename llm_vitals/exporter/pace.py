@@ -66,9 +66,10 @@ NO_MEASURE = Measure(None, 0.0)
 class Pace:
     """A target's pace judgement: its view's `pace` (targets.py's PaceView) and the clock of its degradation.
 
-    `slow_since` is when the ratio last rose to `pace.ratio` or above (None while under it);
-    `since` when the target became degraded (None while not). `unit`, `own` and `median` (seconds
-    per unit of work) are what a judged ratio rests on; `note` why it is not judged.
+    `slow_since` is when the ratio last rose to `pace.ratio` or above (None while under it), and
+    `slow_at` the last read that found it so; `since` when the target became degraded (None while
+    not). `unit`, `own` and `median` (seconds per unit of work) are what a judged ratio rests on;
+    `note` why it is not judged.
     """
 
     basis: Basis = "no_signal"
@@ -77,6 +78,7 @@ class Pace:
     degraded: bool = False
     slow_since: float | None = None
     since: float | None = None
+    slow_at: float | None = None
     note: str = ""
     unit: str = ""
     own: float | None = None
@@ -169,6 +171,12 @@ def judge_pace(units: Sequence[tuple[str, Measure, Sequence[Measure]]], previous
     with_ratio = [unit for unit in judged if unit[1][1] is not None]
     if not with_ratio:
         basis, _, count, note, _, _ = judged[0][1]
+        if previous.slow_at is not None and now - previous.slow_at <= rules.window:
+            # A slow replica whose window lacks finished work for a while (llama.cpp's counters move
+            # only when a request ends) keeps its clock and its word for up to one window: no
+            # evidence either way. Longer, it is idle or hung, and not judged.
+            return Pace(basis=basis, peers=count, note=note, degraded=previous.degraded,
+                        slow_since=previous.slow_since, since=previous.since, slow_at=previous.slow_at)
         return Pace(basis=basis, peers=count, note=note)
     name, (basis, ratio, count, note, own, median) = max(with_ratio, key=lambda unit: unit[1][1] or 0.0)
     assert ratio is not None
@@ -178,4 +186,4 @@ def judge_pace(units: Sequence[tuple[str, Measure, Sequence[Measure]]], previous
     degraded = now - slow_since >= rules.degraded_after
     since = (previous.since if previous.degraded and previous.since is not None else now) if degraded else None
     return Pace(basis=basis, ratio=ratio, peers=count, degraded=degraded, slow_since=slow_since, since=since,
-                unit=name, own=own, median=median)
+                slow_at=now, unit=name, own=own, median=median)
