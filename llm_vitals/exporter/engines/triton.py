@@ -98,15 +98,15 @@ def parse_text(text: str) -> Snapshot:
     blocks = found.get(TRT_KV_BLOCKS, [])
     used, most = _labelled(blocks, "kv_cache_block_type", "used"), _labelled(blocks, "kv_cache_block_type", "max")
     executions = finite_sum(EXEC_COUNT, found[EXEC_COUNT])
-    more = [("request_failure", finite_sum(FAILURE, found.get(FAILURE, []))),
-            ("compute_infer_duration_us", finite_sum(COMPUTE_INFER, found[COMPUTE_INFER]))]
+    compute_us, finished = finite_sum(COMPUTE_INFER, found[COMPUTE_INFER]), finite_sum(SUCCESS, found[SUCCESS])
+    more = [("request_failure", finite_sum(FAILURE, found.get(FAILURE, []))), ("compute_infer_duration_us", compute_us)]
     if iterations is not None:
         more.append(("exec_count", executions))  # the steps are TensorRT-LLM's iterations then
     return Snapshot(
         running=active if active is not None else 0.0,
         waiting=finite_sum(PENDING, found[PENDING]),
         steps=iterations if iterations is not None else executions,
-        finished=finite_sum(SUCCESS, found[SUCCESS]),
+        finished=finished,
         kv_usage=used / most if used is not None and most else None,
         more_counters=tuple(more),
         series=_series(found, trt),
@@ -114,7 +114,7 @@ def parse_text(text: str) -> Snapshot:
         units=_units(found, trt) if len(found[PENDING]) > 1 else (),
         # Pace (llm_vitals/exporter/pace.py): compute seconds per successful request, over every model
         # (its models are not peers of one another; the same models on another replica are).
-        pace=(more[1][1] / 1e6, finite_sum(SUCCESS, found[SUCCESS])),
+        pace=(compute_us / 1e6, finished),
     )
 
 
