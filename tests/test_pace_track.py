@@ -44,20 +44,25 @@ def test_a_peer_whose_reads_stopped_ages_out_after_the_window_and_a_forgotten_on
     tracker = PaceTracker()
     drive(tracker, {"a": ("w", 0.01), "b": ("w", 0.01), "c": ("w", 0.03)}, 10.0)
     tracker.forget("b")
-    assert tracker.observe("c", "w", snapshot(100 * 11 * 0.03, 1100), 11.0, RULES, NOT_JUDGED).basis == "too_few_peers"
+    assert tracker.observe("c", "w", snapshot(100 * 14 * 0.03, 1400), 14.0, RULES, NOT_JUDGED).basis == "too_few_peers"
 
 
-def test_a_missed_read_keeps_the_judgement() -> None:
+def test_a_missed_read_keeps_the_judgement_and_reads_are_taken_a_sixth_of_a_window_apart() -> None:
     tracker = PaceTracker()
     judged = drive(tracker, {"a": ("w", 0.01), "b": ("w", 0.01), "c": ("w", 0.03)}, 30.0)
     assert tracker.observe("c", "w", None, 31.0, RULES, judged["c"]) is judged["c"]
+    fresh = tracker.observe("c", "w", snapshot(100 * 40 * 0.03, 4000), 40.0, RULES, judged["c"])
+    assert fresh is not judged["c"] and fresh.degraded
+    # 3 s after its last reading (under 20 s / 6): the judgement stands, nothing is computed.
+    assert tracker.observe("c", "w", snapshot(100 * 43 * 0.03, 4300), 43.0, RULES, fresh) is fresh
+    assert tracker.observe("c", "w", snapshot(100 * 44 * 0.03, 4400), 44.0, RULES, fresh) is not fresh
 
 
 def test_a_target_that_changes_workload_changes_peers() -> None:
     tracker = PaceTracker()
     drive(tracker, {"a": ("w", 0.01), "b": ("w", 0.01), "c": ("w", 0.03)}, 5.0)
-    tracker.observe("c", "v", snapshot(100 * 6 * 0.03, 600), 6.0, RULES, NOT_JUDGED)
-    assert tracker.observe("a", "w", snapshot(100 * 6 * 0.01, 600), 6.0, RULES, NOT_JUDGED).peers == 1
+    tracker.observe("c", "v", snapshot(100 * 9 * 0.03, 900), 9.0, RULES, NOT_JUDGED)
+    assert tracker.observe("a", "w", snapshot(100 * 9 * 0.01, 900), 9.0, RULES, NOT_JUDGED).peers == 1
 
 
 def test_units_with_their_own_pace_are_peers_of_each_other() -> None:
