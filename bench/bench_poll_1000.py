@@ -19,6 +19,9 @@ probe p99 during scrapes at most 3x this commit's p99 alone.
 
     .venv/bin/python bench/bench_poll_1000.py [--targets 1000] [--interval 5] [--warmup 8] [--window 20] [--frozen]
     .venv/bin/python bench/bench_poll_1000.py --targets 5000 --baseline /tmp/wave1 --rounds 2
+    .venv/bin/python bench/bench_poll_1000.py --targets 5000 --workloads 1000 --baseline /tmp/main --rounds 2
+
+`--workloads N` spreads the targets over N workloads, so each is judged beside its peers (issue 40).
 """
 
 from __future__ import annotations
@@ -48,13 +51,21 @@ page = open(sys.argv[2], "rb").read()
 frozen = sys.argv[3] == "1"
 marker = b'vllm:iteration_tokens_total_count{engine="0",model_name="tiny"} 462.0'
 head, tail = page.split(marker)
+# The inter-token histogram's count and sum (the pace) move with the steps: each target is judged beside its peers.
+pace = (b'vllm:inter_token_latency_seconds_count{engine="0",model_name="tiny"} 900.0\n'
+        b'vllm:inter_token_latency_seconds_sum{engine="0",model_name="tiny"} 3.4581096600001047')
+tail_head, tail_tail = tail.split(pace) if pace in tail else (tail, b"")
 reads = 0
 async def metrics(request):
     global reads
     reads += 1
     if frozen:
         return web.Response(body=page, content_type="text/plain")
-    body = head + b'vllm:iteration_tokens_total_count{engine="0",model_name="tiny"} %d.0' % (462 + reads) + tail
+    body = head + b'vllm:iteration_tokens_total_count{engine="0",model_name="tiny"} %d.0' % (462 + reads) + tail_head
+    if tail_tail:
+        body += (b'vllm:inter_token_latency_seconds_count{engine="0",model_name="tiny"} %d.0\n'
+                 b'vllm:inter_token_latency_seconds_sum{engine="0",model_name="tiny"} %.4f' % (900 + 64 * reads, 3.46 + 0.25 * reads)
+                 + tail_tail)
     return web.Response(body=body, content_type="text/plain")
 async def health(request):
     return web.Response()
@@ -121,7 +132,8 @@ def measure(checkout: Path, args: argparse.Namespace) -> dict[str, float]:
         config = Path(tmp) / "exporter.yaml"
         lines = [f'listen: "127.0.0.1:{exporter_port}"', f"poll_interval: {args.interval}", "log_level: warning", "targets:"]
         for i in range(args.targets):
-            lines.append(f"  - {{name: t{i}, url: 'http://127.0.0.1:{page_port}/t{i}', canary: {{enabled: false}}}}")
+            workload = f", workload: w{i % args.workloads}" if args.workloads else ""
+            lines.append(f"  - {{name: t{i}, url: 'http://127.0.0.1:{page_port}/t{i}', canary: {{enabled: false}}{workload}}}")
         config.write_text("\n".join(lines) + "\n")
         server = subprocess.Popen([sys.executable, "-c", PAGE_SERVER, str(page_port), str(PAGE), "1" if args.frozen else "0"])
         exporter = None
@@ -188,6 +200,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=8.0, help="seconds before measuring (first polls are spread over one interval)")
     parser.add_argument("--window", type=float, default=20.0, help="seconds of measurement")
     parser.add_argument("--probes", type=int, default=300, help="probes timed alone, and again during scrapes")
+    parser.add_argument("--workloads", type=int, default=0,
+                        help="spread the targets over this many workloads (peers whose pace is compared); 0: each its own")
     parser.add_argument("--frozen", action="store_true", help="serve the page unchanged (stuck path: + /health each poll)")
     parser.add_argument("--baseline", type=Path, help="another commit's checkout (with its .venv), measured alternately with this one")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each checkout, alternating")

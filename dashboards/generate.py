@@ -236,6 +236,21 @@ def panels() -> list[dict]:
                 [target(of_engine(f"time() - llm_vitals_last_poll_timestamp_seconds{{{SEL}}}"), "{{target}}")],
                 unit="s", thresholds=[(60, "red")])),
         ],
+        [
+            (12, timeseries(
+                "Pace beside its peers (time per token / peers' median)",
+                "llm_vitals_pace_ratio: the target's seconds per output token over the median of its "
+                "workload's peers' (1 keeps pace; no line when it is alone, idle or did too little work). "
+                "At or above pace.ratio (2, the red line) for pace.degraded_after it is degraded.",
+                [target(of_engine(f"llm_vitals_pace_ratio{{{SEL}}}"), "{{target}}")],
+                unit="short", thresholds=[(2, "red")])),
+            (12, timeseries(
+                "Degraded (1 = limping beside its peers)",
+                "llm_vitals_degraded: serving at a fraction of its peers' pace for pace.degraded_after "
+                "(alert LLMServerDegraded). Not a state and never a restart: look at its node.",
+                [target(of_engine(f"llm_vitals_degraded{{{SEL}}}"), "{{target}}")],
+                unit="short")),
+        ],
     ]
     out: list[dict] = []
     y = 0

@@ -38,6 +38,8 @@ CONTRACT_METRICS = frozenset({
     "llm_vitals_live",
     "llm_vitals_draining",
     "llm_vitals_gpu_fault",
+    "llm_vitals_pace_ratio",
+    "llm_vitals_degraded",
     "llm_vitals_last_poll_timestamp_seconds",
     "llm_vitals_poll_duration_seconds",
     "llm_vitals_poll_errors_total",

@@ -94,6 +94,23 @@ class BackstopView(_View):
     answered_age_seconds: float | None = Field(None, description="seconds since the remediator last answered at all")
 
 
+class PaceView(_View):
+    """The target's pace beside its workload's peers (llm_vitals/exporter/pace.py): never a state, never a restart."""
+
+    ratio: float | None = Field(None, description=(
+        "its seconds of decode per token over the median of its peers' (the slowest unit's, on a data-parallel "
+        "server); null when not judged"))
+    peers: int = Field(0, description="peers with enough work in the window (other replicas of its workload, sibling units)")
+    degraded: bool = Field(False, description="the ratio at or above pace.ratio for pace.degraded_after")
+    since: float | None = Field(None, description="unix seconds when it became degraded; null while not")
+    basis: Literal["judged", "no_signal", "too_little_work", "alone", "too_few_peers"] = Field(
+        "no_signal", description=(
+            "judged, or why not: no_signal (the engine gives no pace counters, or no read yet), too_little_work (idle, "
+            "or less than pace.min_work in the window), alone (no peer with enough work), too_few_peers (fewer than "
+            "pace.min_peers)"))
+    detail: str = ""
+
+
 class TargetView(_View):
     """One target as the exporter sees it now (docs/interfaces.md, "Exporter API")."""
 
@@ -151,6 +168,7 @@ class TargetView(_View):
     counters: dict[str, float | None] = Field(
         default_factory=dict, description="the last reading of the current process lifetime, or {} before any")
     canary: CanaryView = Field(default_factory=CanaryView)
+    pace: PaceView = Field(default_factory=PaceView, description="its pace beside its workload's peers: `degraded`")
     poll_errors: dict[str, int] = Field(default_factory=dict, description="failed polls by reason")
     poll_duration_seconds: float | None = None
     polls: int = 0

@@ -41,6 +41,7 @@ EXPECTED_ALERTS = {
     "LLMServerSaturated",
     "LLMServerWaitingOnPeer",  # deferred work, nothing moving: the peer's fault, remediation none (issue 29)
     "LLMServerPausedTooLong",  # paused on purpose past pause_budget: a page, remediation none (issue 38)
+    "LLMServerDegraded",  # a replica at a fraction of its peers' pace: its node's fault, remediation none (issue 40)
     # The remediator's own (issue 22).
     "LLMVitalsRemediatorCircuitOpen",
     "LLMVitalsRemediatorExecutorErrors",

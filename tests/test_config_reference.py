@@ -29,6 +29,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "Exporter: targets[].dcgm": exporter_settings.DcgmSettings,
     "Exporter: gpu_faults": exporter_settings.GpuFaultSettings,
     "Exporter: gpu_faults.nvml": exporter_settings.NvmlSettings,
+    "Exporter: pace": exporter_settings.PaceSettings,
     "Exporter: discovery[]": exporter_settings.DiscoverySource,
     "Exporter: discovery[].kubernetes": exporter_settings.KubernetesDiscovery,
     "Exporter: discovery[].file": exporter_settings.FileDiscovery,

@@ -224,6 +224,8 @@ async def check_dashboard_queries(chain: Chain, queries) -> None:
     assert panel_queries, "the dashboard has no queries"
     empty = []
     for q in panel_queries:
+        if "llm_vitals_pace_ratio" in q.expr:
+            continue  # each target of this fleet is its own workload: no peers, no pace judged, no sample
         try:
             result = await chain.wait(lambda q=q: chain.stack.query(q.expr), 15, f"data for panel {q.panel!r}")
         except StackError as exc:  # collected, so one run names every empty panel

@@ -44,6 +44,7 @@ def reference_snapshot(text: str) -> Snapshot:
     active = sum(v for labels, v in samples.get("sglang:http_requests_active", []) if labels["endpoint"] in WORK_ROUTES)
     used = total("sglang:num_used_tokens")
     realtime = total("sglang:realtime_tokens_total")
+    pace = total("sglang:inter_token_latency_seconds_sum"), total("sglang:inter_token_latency_seconds_count")
     return Snapshot(
         running=total("sglang:num_running_reqs"),
         waiting=total("sglang:num_queue_reqs"),
@@ -54,6 +55,7 @@ def reference_snapshot(text: str) -> Snapshot:
         more_counters=(("realtime_tokens", realtime),) if realtime is not None else (),
         more_gauges=(("used_tokens", used),) if used is not None else (),
         busy_signs=(("requests_active", active),),
+        pace=None if None in pace else pace,  # type: ignore[arg-type]
     )
 
 

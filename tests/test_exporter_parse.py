@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from conftest import VLLM_FIXTURES
 from prometheus_client.parser import text_string_to_metric_families
@@ -35,10 +37,19 @@ def reference_snapshot(text: str) -> Snapshot:
     engines = list(per_engine.get("vllm:num_requests_running", {}))
     counters = ("vllm:iteration_tokens_total_count", "vllm:generation_tokens_total", "vllm:prompt_tokens_total",
                 "vllm:request_success_total")
+    itl = next((n for n in ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+                if f"{n}_sum" in samples and f"{n}_count" in samples), None)
+
+    def unit_pace(engine: str) -> tuple[float, float] | None:
+        if itl is None or engine not in per_engine[f"{itl}_sum"] or engine not in per_engine[f"{itl}_count"]:
+            return None
+        return per_engine[f"{itl}_sum"][engine], per_engine[f"{itl}_count"][engine]
+
     units = tuple(
         Unit(f'engine="{engine}"', per_engine["vllm:num_requests_running"][engine],
              per_engine.get("vllm:num_requests_waiting", {}).get(engine, 0.0), deferred.get(engine, 0.0),
-             tuple(per_engine.get(name, {}).get(engine) for name in counters), (per_engine.get(kv_name, {}).get(engine),))
+             tuple(per_engine.get(name, {}).get(engine) for name in counters), (per_engine.get(kv_name, {}).get(engine),),
+             unit_pace(engine))
         for engine in engines) if len(engines) > 1 else ()
     return Snapshot(
         running=total("vllm:num_requests_running"),
@@ -51,6 +62,7 @@ def reference_snapshot(text: str) -> Snapshot:
         process_start_time=samples["process_start_time_seconds"][0] if "process_start_time_seconds" in samples else None,
         deferred=sum(deferred.values()),
         units=units,
+        pace=(sum(samples[f"{itl}_sum"]), sum(samples[f"{itl}_count"])) if itl else None,
     )
 
 
@@ -77,7 +89,12 @@ EXPECTED = {
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_real_page_parses_to_the_expected_snapshot(name: str) -> None:
-    assert parse_page((VLLM_FIXTURES / name).read_bytes()) == EXPECTED[name]
+    snapshot = parse_page((VLLM_FIXTURES / name).read_bytes())
+    assert dataclasses.replace(snapshot, pace=None) == EXPECTED[name]
+    # The pace counters (seconds, tokens) of the inter-token histogram: a few ms per token on this CPU.
+    assert snapshot.pace is not None
+    seconds, tokens = snapshot.pace
+    assert tokens == 0 or 0.0005 < seconds / tokens < 0.05
 
 
 @pytest.mark.parametrize("name", ["vllm-0.32.0-cpu-metrics-enginecore-sigstop.txt", "vllm-0.32.0-cpu-metrics-worker-sigstop.txt"])

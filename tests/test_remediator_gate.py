@@ -55,6 +55,10 @@ OTHER = "StatefulSet/llm/other"  # another workload, whose restart on a node is 
 DEPLOYED = replace(POD, workload=DEPLOYMENT)
 LADDERED = replace(TEMPLATED, escalate_within=1800.0)
 GROUP = "LeaderWorkerSet/llm/big/0"
+DEGRADED_ALERT = replace(POD_ALERT, labels={**POD_ALERT.labels, "alertname": "LLMServerDegraded"})
+DEGRADED = replace(DEPLOYED, state="busy", degraded=True)
+# Another workload's replica on the same node, degraded beside its own peers: evidence against the node.
+NEIGHBOUR = replace(POD, state="busy", pod="q1", pod_uid="uq1", workload=OTHER, degraded=True)
 
 
 def labels(**over: str) -> dict[str, str]:
@@ -276,6 +280,34 @@ CASES = [
      fleet(**{"llm/p1": replace(GPU_POD, workload=DEPLOYMENT, node="node-b")}),
      JournalState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}), replace(MOVING, escalate_within=1800.0), T0,
      "escalated_to_human"),
+    # A replica degraded beside its peers (issue 40): LLMServerDegraded, relabelled remediation="restart" by an
+    # operator, is never a restart; it is a move only off a node other evidence points at, with cordon_and_move.
+    ("degraded alone: never a restart nor a move", DEGRADED_ALERT, fleet(**{"llm/p1": DEGRADED}), JOURNAL, MOVING, T0,
+     "not_stuck"),
+    ("degraded, another workload degraded on its node: cordon and move", DEGRADED_ALERT,
+     fleet(**{"llm/p1": DEGRADED, "llm/q1": NEIGHBOUR}), JOURNAL, MOVING, T0, "cordon_and_move"),
+    ("degraded, a GPU fault on another workload's replica there: cordon and move", DEGRADED_ALERT,
+     fleet(**{"llm/p1": DEGRADED, "llm/q1": replace(NEIGHBOUR, degraded=False, gpu_fault=True)}), JOURNAL, MOVING, T0,
+     "cordon_and_move"),
+    ("degraded, its own workload's other replica degraded there: no evidence against the node", DEGRADED_ALERT,
+     fleet(**{"llm/p1": DEGRADED, "llm/q1": replace(NEIGHBOUR, workload=DEPLOYMENT)}), JOURNAL, MOVING, T0,
+     "not_stuck"),
+    ("degraded, another workload degraded on another node: no evidence", DEGRADED_ALERT,
+     fleet(**{"llm/p1": DEGRADED, "llm/q1": replace(NEIGHBOUR, node="node-b")}), JOURNAL, MOVING, T0, "not_stuck"),
+    ("degraded with evidence, gpu_fault_action refuse: no move", DEGRADED_ALERT,
+     fleet(**{"llm/p1": DEGRADED, "llm/q1": NEIGHBOUR}), JOURNAL, TEMPLATED, T0, "not_stuck"),
+    ("degraded with evidence, under the usual limits: cordon_limit", DEGRADED_ALERT,
+     fleet(**{"llm/p1": DEGRADED, "llm/q1": NEIGHBOUR}), JournalState(gpu_nodes=frozenset({"node-z"})), MOVING, T0,
+     "cordon_limit"),
+    ("degraded with evidence, under the usual limits: cooldown", DEGRADED_ALERT,
+     fleet(**{"llm/p1": DEGRADED, "llm/q1": NEIGHBOUR}), JournalState(last_restart_started=T0 - 60), MOVING, T0,
+     "cooldown"),
+    ("the degraded alert, no longer degraded now", DEGRADED_ALERT,
+     fleet(**{"llm/p1": replace(DEGRADED, degraded=False), "llm/q1": NEIGHBOUR}), JOURNAL, MOVING, T0, "not_stuck"),
+    ("ladder: stuck again on its node, where another workload's replica is degraded: cordon and move", POD_ALERT,
+     fleet(**{"llm/p1": DEPLOYED, "llm/q1": NEIGHBOUR}),
+     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 1799)}, ladder_nodes={DEPLOYMENT: "node-a"}), LADDERED, T0,
+     "cordon_and_move"),
     # A LeaderWorkerSet group is one server in the fleet gate (max_unhealthy 2: a and the group).
     ("a stuck group counts once in the fleet gate", ALERT,
      fleet(**{f"llm/g{i}": replace(POD, pod=f"g{i}", pod_uid=f"ug{i}", workload=GROUP) for i in range(3)}),
@@ -585,3 +617,13 @@ def test_an_allowed_restart_says_when_nothing_could_show_a_restart_since_the_ale
     assert blind.allowed and "no process start time" in blind.detail
     seen = decide(ALERT, fleet(a=TargetStatus("stuck", STARTS - 3600)), JOURNAL, POLICY, T0)
     assert seen.allowed and seen.detail == ""
+
+
+def test_a_degraded_replica_moved_off_a_suspect_node_says_why_and_taints_it_as_such():
+    decision = decide(DEGRADED_ALERT, fleet(**{"llm/p1": DEGRADED, "llm/q1": NEIGHBOUR}), JOURNAL, MOVING, T0)
+    assert decision.allowed and decision.plan is not None
+    assert decision.plan.action == "cordon_and_move" and decision.plan.node == "node-a"
+    assert decision.plan.taint == "PaceDegraded" and "degraded beside its peers" in (decision.plan.cause or "")
+    assert f"where {OTHER} (degraded there) too" in decision.detail
+    alone = decide(DEGRADED_ALERT, fleet(**{"llm/p1": DEGRADED}), JOURNAL, MOVING, T0)
+    assert "degraded alone never restarts or moves anything" in alone.detail

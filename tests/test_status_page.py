@@ -117,6 +117,20 @@ def test_a_held_or_armed_liveness_backstop_is_marked_with_its_reason_and_the_wor
     assert "<i>" not in html
 
 
+def test_a_degraded_replica_is_marked_with_its_ratio_and_one_not_judged_says_why() -> None:
+    from llm_vitals.targets import PaceView
+
+    degraded = PaceView(ratio=3.04, peers=2, degraded=True, since=NOW - 60, basis="judged", detail="<i>slow</i>")
+    html = render_page([target("gpu-a", "busy", pace=degraded),
+                        target("gpu-b", "busy", pace=PaceView(ratio=1.02, peers=2, basis="judged")),
+                        target("gpu-c", "idle", pace=PaceView(basis="alone")),
+                        target("gpu-d", "idle")], {}, None, NOW)
+    assert html.count('class="degraded"') == 1 and "<i>" not in html
+    assert "<strong>degraded</strong> <span class=\"sub\">3.0x its 2 peers' time per token</span>" in html
+    assert "pace 1.0x of 2 peers" in html and "pace not judged: alone" in html
+    assert parse(html).targets == {"gpu-a": "busy", "gpu-b": "busy", "gpu-c": "idle", "gpu-d": "idle"}
+
+
 def test_sparkline_covers_only_the_window_and_shades_stuck_polls() -> None:
     points = [(NOW - 900, 99.0, "busy"), (NOW - 60, 10.0, "busy"), (NOW - 30, 0.0, "stuck"), (NOW - 1, 0.0, "stuck")]
     svg = sparkline(points, NOW)

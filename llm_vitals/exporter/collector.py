@@ -27,6 +27,7 @@ from prometheus_client.utils import floatToGoString
 from llm_vitals.exporter.backstop import MODES, Backstop, Heard
 from llm_vitals.exporter.discovery.manager import Discovery
 from llm_vitals.exporter.loop_lag import LoopLag
+from llm_vitals.exporter.pace import NOT_JUDGED, Pace
 from llm_vitals.exporter.reload import ReloadState
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.state import CANARY_RESULTS, STANDARD_ERROR_REASONS, TargetRecord
@@ -58,6 +59,7 @@ class Reading:
     heard: Heard | None = None
     held_back: bool = False  # held, and stuck past the liveness budget
     gpu_fault_lossy: bool = False  # a GPU-fault source read for it can lose fault events
+    pace: Pace = NOT_JUDGED  # beside its workload's peers (exporter/pace.py); immutable
 
     @property
     def name(self) -> str:
@@ -76,7 +78,7 @@ def read(record: TargetRecord, now: float, wall: float | None = None) -> Reading
     return Reading(record.settings, record.verdict, record.ready(now), record.live(now), record.draining,
                    record.gpu_fault is not None, record.poll_duration, dict(record.poll_errors), dict(record.canaries),
                    0.0 if wall is None else wall - now, record.backstop(now), record.heard, record.held_back(now),
-                   record.gpu_faults.lossy)
+                   record.gpu_faults.lossy, record.pace)
 
 
 # One sample of a family for one target: the values of the labels after `target`, and the value.
@@ -207,6 +209,16 @@ FAMILIES: tuple[Family, ...] = (
            " DCGM_EXP_XID_ERRORS_TOTAL keeps only the last Xid, so a fatal Xid followed by another within one"
            " read is never seen (gpu_fault_errors.dcgm says which GPU; docs/gpu-faults.md has the config line).",
            _flag(lambda r, now: r.gpu_fault_lossy)),
+    Family("llm_vitals_pace_ratio", "gauge",
+           "The target's seconds of decode per token over the median of its workload's peers' (other replicas, or"
+           " sibling data-parallel units) in the last pace.window: 1 keeps pace, 3 is three times slower. No sample"
+           " when it is not judged (alone, idle, too little work, no pace counters): see the API's pace.basis.",
+           _value(lambda r, now: r.pace.ratio)),
+    Family("llm_vitals_degraded", "gauge",
+           "1 when the target's pace ratio has stayed at or above pace.ratio for pace.degraded_after: it serves, at a"
+           " fraction of its peers' pace (a throttled GPU, a slow link, a starved node). Not a state: a restart"
+           " does not fix it; look at its node (docs/runbook.md, LLMServerDegraded).",
+           _flag(lambda r, now: r.pace.degraded)),
     Family("llm_vitals_last_poll_timestamp_seconds", "gauge",
            "Unix time of the target's last completed poll: alert when it stops moving.",
            _value(lambda r, now: r.shown(r.verdict.last_poll))),

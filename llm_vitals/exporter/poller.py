@@ -31,6 +31,7 @@ from llm_vitals.exporter.gpu_faults.nvml_source import NvmlFaultSource, NvmlSour
 from llm_vitals.exporter.gpu_faults.reader import GpuFaultReader
 from llm_vitals.exporter.keep_warm import warm_times
 from llm_vitals.exporter.loop_lag import LoopLag
+from llm_vitals.exporter.pace import peer_group
 from llm_vitals.exporter.settings import ExporterSettings
 from llm_vitals.exporter.state import StateStore, TargetRecord, log_gpu_fault_change
 from llm_vitals.exporter.upstream import (
@@ -276,6 +277,10 @@ class Poller:
         self._ask_pause_if_due(record, ask, now.mono)
         if record.verdict.restarts != before.restarts and record.model_config is not None:
             record.set_model_config(None, None)  # a new process may serve the model with another config
+        # Its pace beside its workload's peers (exporter/pace.py): `degraded`, never a state.
+        record.set_pace(self.store.pace.observe(
+            record.name, peer_group(record.settings.effective_workload),
+            observation if isinstance(observation, Snapshot) else None, now.mono, self.settings.pace.rules, record.pace))
         if record.draining and not drain_holds(record.draining, before, record.verdict):
             record.set_draining(False)
             log_event(log, "undrain", target=record.name, reason="restart_detected")

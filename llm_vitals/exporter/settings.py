@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,6 +16,7 @@ from llm_vitals.durations import Duration, PositiveDuration
 from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.gpu_faults import NVSENTINEL_CONDITIONS, READY_CONDITIONS, NodeRules, Taint
 from llm_vitals.exporter.gpu_faults.xids import Bucket, XidRules
+from llm_vitals.exporter.pace import PaceRules
 from llm_vitals.validators import ListenAddress, ParsedHttpUrl, TargetName, WorkloadName, parse_listen
 
 # The engines of llm_vitals/exporter/engines/table.py; a test keeps the two lists equal.
@@ -380,6 +382,27 @@ class GpuFaultSettings(_FrozenStrict):
                          tuple(Taint.parse(text) for text in self.node_taints))
 
 
+class PaceSettings(_FrozenStrict):
+    """A replica against its workload's peers (llm_vitals/exporter/pace.py): when its pace reads `degraded`."""
+
+    # Degraded: seconds per unit of work this many times the median of its peers' ...
+    ratio: float = Field(2.0, gt=1.0, allow_inf_nan=False)
+    # ... without a break for this long.
+    degraded_after: PositiveDuration = 600.0
+    # Judged only beside this many other replicas (or data-parallel units) with enough work in the window.
+    min_peers: int = Field(2, ge=1)
+    # The pace is measured over this much of the latest reads.
+    window: PositiveDuration = 120.0
+    # Work (tokens; Triton: requests) a replica must have done within the window to be judged, or to count as a peer.
+    min_work: float = Field(100.0, gt=0, allow_inf_nan=False)
+
+    @functools.cached_property
+    def rules(self) -> PaceRules:
+        """The rule's own copy of these settings (pace.py takes no settings object); made once, read every poll."""
+        return PaceRules(ratio=self.ratio, degraded_after=self.degraded_after, min_peers=self.min_peers,
+                         window=self.window, min_work=self.min_work)
+
+
 class ExporterSettings(_FrozenStrict):
     """The whole exporter config file."""
 
@@ -407,6 +430,8 @@ class ExporterSettings(_FrozenStrict):
     backstop: BackstopSettings | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     gpu_faults: GpuFaultSettings = GpuFaultSettings()
+    # Each replica's pace against its workload's peers: `degraded` (docs/states.md).
+    pace: PaceSettings = PaceSettings()
     targets: list[TargetSettings] = []
     # Sources of targets that come and go (docs/states.md): pods in Kubernetes, file_sd files.
     discovery: list[DiscoverySource] = []

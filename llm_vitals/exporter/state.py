@@ -12,6 +12,8 @@ from llm_vitals.exporter.backstop import Backstop, Heard, Word, backstop, held, 
 from llm_vitals.exporter.backstop import heard as with_answer
 from llm_vitals.exporter.engines import ModelConfig
 from llm_vitals.exporter.gpu_faults import GpuFault, GpuFaultState
+from llm_vitals.exporter.pace import NOT_JUDGED, Pace
+from llm_vitals.exporter.pace_track import PaceTracker
 from llm_vitals.exporter.settings import ExporterSettings, TargetSettings
 from llm_vitals.exporter.verdict import (
     Verdict,
@@ -23,7 +25,7 @@ from llm_vitals.exporter.verdict import (
     recently_unhealthy,
 )
 from llm_vitals.logs import log_event
-from llm_vitals.targets import BackstopView, CanaryView, TargetView
+from llm_vitals.targets import BackstopView, CanaryView, PaceView, TargetView
 
 log = logging.getLogger("llm_vitals.exporter")
 
@@ -45,8 +47,8 @@ class TargetRecord:
     """
 
     __slots__ = ("_canaries", "_canary_path", "_canary_task", "_draining", "_gpu_faults", "_heard", "_history",
-                 "_last_canary_sent", "_model", "_model_config", "_model_config_tried", "_poll_duration", "_poll_errors",
-                 "_polls", "_started_at", "_verdict",
+                 "_last_canary_sent", "_model", "_model_config", "_model_config_tried", "_pace", "_poll_duration",
+                 "_poll_errors", "_polls", "_started_at", "_verdict",
                  "_version", "backstop_after", "history_seconds", "poll_interval", "settings")
 
     def __init__(self, settings: TargetSettings, verdict: Verdict, *, history_seconds: float = 600.0,
@@ -76,6 +78,7 @@ class TargetRecord:
         self.backstop_after: Final = backstop_after
         self._heard = Heard()
         self._started_at = verdict.since
+        self._pace = NOT_JUDGED  # beside its peers (exporter/pace.py), judged after each poll
 
     # What it holds, read-only.
 
@@ -221,6 +224,17 @@ class TargetRecord:
             self._history.popleft()
         self._version += 1
 
+    @property
+    def pace(self) -> Pace:
+        """Its pace beside its workload's peers (exporter/pace.py): `degraded`, never a state."""
+        return self._pace
+
+    def set_pace(self, pace: Pace) -> None:
+        """The pace judged after a poll (pace_track.py)."""
+        if pace != self._pace:
+            self._pace = pace
+            self._version += 1
+
     def count_poll_error(self, reason: str) -> None:
         """A poll that ended without a verdict (`internal`: an exception in the exporter itself)."""
         self._poll_errors[reason] += 1
@@ -299,6 +313,7 @@ class StateStore:
         self.poll_interval = settings.poll_interval
         self.backstop_after = settings.backstop.after if settings.backstop is not None else None
         self.records: dict[str, TargetRecord] = {}
+        self.pace = PaceTracker()  # every target's pace readings, by peer group
         for target in settings.targets:
             self.add(target, now)
 
@@ -312,6 +327,7 @@ class StateStore:
 
     def remove(self, name: str) -> TargetRecord | None:
         """Forget the target `name` and all that is kept for it; its record, or None when unknown."""
+        self.pace.forget(name)
         return self.records.pop(name, None)
 
     def settings(self) -> dict[str, TargetSettings]:
@@ -394,7 +410,15 @@ def target_view(record: TargetRecord, now: float, wall: float | None = None) -> 
         poll_duration_seconds=_round(record.poll_duration, 4),
         polls=record.polls,
         backstop=backstop_view(record, now),
+        pace=pace_view(record.pace, offset),
     )
+
+
+def pace_view(pace: Pace, offset: float) -> PaceView:
+    """The view's `pace`: its instants in wall time (`offset` added)."""
+    return PaceView(ratio=_round(pace.ratio), peers=pace.peers, degraded=pace.degraded,
+                    since=None if pace.since is None else round(pace.since + offset, 3), basis=pace.basis,
+                    detail=pace.detail)
 
 
 def backstop_view(record: TargetRecord, now: float) -> BackstopView | None:

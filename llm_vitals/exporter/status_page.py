@@ -134,7 +134,7 @@ def _target_row(target: TargetView, history: Sequence[Sequence[Any]], now: float
         f'<td class="name"><span class="nowrap">{_text(target.name)}</span>'
         f'<div class="sub">{_text(target.role)} · {_text(target.url)}{owned}</div></td>'
         f'<td><span class="state" style="background:{colour}">{_text(state)}</span>{_gpu_fault_badge(target)}'
-        f'{_backstop_badge(target)}</td>'
+        f'{_backstop_badge(target)}{_pace_badge(target)}</td>'
         f'<td class="reason" title="{_text(detail)}">{_text(target.reason)}<div class="sub">{_text(detail)}</div></td>'
         f'<td class="num">{in_state}</td>'
         f'<td class="num">{_text(load)}</td>'
@@ -157,6 +157,19 @@ def _backstop_badge(target: TargetView) -> str:
     what = "liveness held" if backstop.mode == "hold" else "backstop armed"
     return (f'<div class="backstop" data-backstop="{_text(backstop.mode)}" title="{_text(backstop.detail)}">'
             f'<strong>{what}</strong> <span class="sub">{_text(backstop.reason)} · {heard}</span></div>')
+
+
+def _pace_badge(target: TargetView) -> str:
+    """Its pace beside its peers under the state: `degraded` and the ratio, the ratio alone, or why it is not judged."""
+    pace = target.pace
+    if pace.basis == "no_signal":
+        return ""
+    if pace.degraded:
+        return (f'<div class="degraded" data-pace="degraded" title="{_text(pace.detail)}"><strong>degraded</strong> '
+                f'<span class="sub">{_number(pace.ratio)}x its {pace.peers} peers\' time per token</span></div>')
+    shown = f"pace {_number(pace.ratio)}x of {pace.peers} peers" if pace.ratio is not None else \
+        f"pace not judged: {pace.basis.replace('_', ' ')}"
+    return f'<div class="sub" data-pace="{_text(pace.basis)}" title="{_text(pace.detail)}">{_text(shown)}</div>'
 
 
 def _gpu_fault_badge(target: TargetView) -> str:
@@ -210,6 +223,7 @@ th{font-size:.75rem;text-transform:uppercase;letter-spacing:.03em;color:#6b7280}
 .sub{color:#6b7280;font-size:.78rem;font-weight:normal}
 .reason .sub,td.detail{max-width:28rem;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
 .nowrap{white-space:nowrap}
+.degraded{color:#9a3412;font-size:.8rem}
 .gpu-fault{color:#991b1b;font-size:.8rem;max-width:22rem;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
 .note{color:#92400e;background:#fffbeb;border:1px solid #fde68a;padding:.4rem .6rem;display:inline-block}
 tr.decision.restart td:nth-child(4){color:#166534;font-weight:600}

@@ -173,6 +173,7 @@ def status_of(target: TargetView, whole: dict[str, Any], source: str | None = No
         last_restart_time=target.last_restart_at,
         gpu_fault=target.gpu_fault,
         gpu_fault_detail=target.gpu_fault_detail,
+        degraded=target.pace.degraded,
         recently_unhealthy=target.recently_unhealthy,
         engine=target.engine,
         namespace=target.namespace,

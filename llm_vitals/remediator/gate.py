@@ -98,6 +98,11 @@ LWS_GROUP_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 DEFAULT_POD_TIMEOUT = 30.0
 # The taint value of the ladder's cordon (a GPU fault's is the fault's reason: `taint_value`).
 LADDER_TAINT = "LadderEscalation"
+# The alert of a replica degraded beside its peers (alerts/llm-vitals.rules.yml): shipped with
+# remediation="none"; relabelled "restart" by an operator, it is still never a restart, only a move
+# off a node that other evidence points at (`node_suspect`), with gpu_fault_action: cordon_and_move.
+DEGRADED_ALERT = "LLMServerDegraded"
+DEGRADED_TAINT = "PaceDegraded"
 
 Action = Literal["restart", "restart_pod", "restart_group", "cordon_and_move"]
 
@@ -185,6 +190,9 @@ class TargetStatus:
     unknown_verdict: str | None = None
     # The target's address (the exporter's `url`): the pod's IP must be its host (identity.py).
     url: str | None = None
+    # Its pace is limping beside its workload's peers (the exporter's pace.degraded): evidence
+    # against its node, never a reason to restart it.
+    degraded: bool = False
     # The exporter's whole TARGET object, kept as evidence in the journal; never decided on.
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     # The exporter (its URL, without userinfo) that reported this object: journaled beside the evidence.
@@ -407,7 +415,8 @@ def restarts_in_window(journal: JournalState, policy: GatePolicy, workload: str,
     return sum(1 for started in times if started > since)
 
 
-def ladder_step(journal: JournalState, policy: GatePolicy, workload: str, now: float, node: str | None = None) -> Step:
+def ladder_step(journal: JournalState, policy: GatePolicy, workload: str, now: float, node: str | None = None,
+                fleet: FleetView | None = None) -> Step:
     """The ladder's next step for `workload`, whose stuck pod is on `node` now: within `escalate_within`
     of a restart, `cordon_and_move` when the hang came back on the node the restart left it on and that
     node is suspect on its own (`node_suspect`), else `page`; after a move, `page`. Outside
@@ -417,18 +426,27 @@ def ladder_step(journal: JournalState, policy: GatePolicy, workload: str, now: f
         return "restart"
     if last[0] == "restart":
         same_node = node is not None and journal.ladder_nodes.get(workload) == node
-        return "cordon_and_move" if same_node and node_suspect(journal, policy, workload, node, now) else "page"
+        return "cordon_and_move" if same_node and node_suspect(journal, policy, workload, node, now, fleet) else "page"
     if last[0] in ("cordon_and_move", "page"):
         return "page"
     return "restart"
 
 
-def node_suspect(journal: JournalState, policy: GatePolicy, workload: str, node: str | None, now: float) -> str | None:
+def node_suspect(journal: JournalState, policy: GatePolicy, workload: str, node: str | None, now: float,
+                 fleet: FleetView | None = None) -> str | None:
     """Another workload whose last ladder step (a restart or a move) acted on a pod on `node` within
-    `escalate_within` of `now`, or None: the node's own evidence. One workload hanging again on its
-    node is not: its pod may be pinned there (a StatefulSet's, a LeaderWorkerSet group's), and then its
-    own bug comes back on that node whatever the node is worth."""
-    if node is None or policy.escalate_within is None:
+    `escalate_within` of `now`, or (in `fleet`, as the exporter sees it now) whose replica on `node`
+    is degraded beside its peers or has a GPU fault; None: the node has no evidence of its own. One
+    workload hanging again on its node is not: its pod may be pinned there (a StatefulSet's, a
+    LeaderWorkerSet group's), and then its own bug comes back on that node whatever the node is worth;
+    one replica degraded alone may be its own fault too."""
+    if node is None:
+        return None
+    for name, status in sorted((fleet.targets if fleet is not None else {}).items()):
+        other = workload_of(name, status)
+        if status.node == node and other != workload and (status.degraded or status.gpu_fault):
+            return f"{other} ({'a GPU fault' if status.gpu_fault else 'degraded'} there)"
+    if policy.escalate_within is None:
         return None
     for other, (step, at) in sorted(journal.ladder.items()):
         if (other != workload and step in ("restart", "cordon_and_move") and now - at < policy.escalate_within
@@ -511,16 +529,19 @@ class Subject:
     now: float
     status: TargetStatus | None = None
     fleet: FleetView | None = None
+    degraded: bool = False  # the alert is LLMServerDegraded: only ever a move, never a restart
 
     @cached_property
     def step(self) -> Step:
-        """The step the target's hang takes: `cordon_and_move` for a GPU fault that may be moved, else the ladder's."""
+        """The step the target's hang takes: `cordon_and_move` for a GPU fault (or a degraded replica) that may be
+        moved, else the ladder's."""
         status = self.status
         step: Step = "restart"
-        if status is not None and status.gpu_fault:
+        if status is not None and (status.gpu_fault or self.degraded):
             step = "cordon_and_move"
         node = status.node if status is not None else None
-        climbed = ladder_step(self.journal, self.policy, self.workload, self.now, node)
+        climbed: Step = "restart" if self.degraded else ladder_step(self.journal, self.policy, self.workload, self.now,
+                                                                    node, self.fleet)
         return climbed if LADDER.index(climbed) > LADDER.index(step) else step
 
 
@@ -555,6 +576,24 @@ def _gpu_fault(s: Subject) -> Held | None:
     if status.node in s.journal.gpu_nodes:
         return Held(None, f"a GPU fault is flagged; node {status.node} was already cordoned")
     return None
+
+
+def _degraded(s: Subject) -> Held | None:
+    """Degraded beside its peers: moved only off a node that other evidence points at, never restarted."""
+    status = s.status
+    if status is None or not s.degraded or status.gpu_fault:
+        return None
+    evidence = node_suspect(s.journal, s.policy, s.workload, status.node, s.now, s.fleet)
+    if s.policy.gpu_fault_action != "cordon_and_move" or evidence is None or status.pod is None:
+        return Held(None, degraded_refusal(status, s.policy, evidence))
+    return None
+
+
+def _degraded_cordoned(s: Subject) -> Held | None:
+    status = s.status
+    if status is None or not s.degraded or status.gpu_fault or status.node not in s.journal.gpu_nodes:
+        return None
+    return Held(None, f"degraded; node {status.node} was already cordoned")
 
 
 def _ladder(s: Subject) -> Held | None:
@@ -650,6 +689,8 @@ CHECKS: tuple[Check, ...] = (
     PAUSED,
     Check("escalated_to_human", _paged),  # a page holds until a human releases the workload
     Check("gpu_fault", _gpu_fault),  # a GPU fault fails the same way after a restart: refuse, or move it
+    Check("not_stuck", _degraded),  # degraded alone never restarts or moves anything
+    Check("gpu_fault", _degraded_cordoned),
     Check("escalated_to_human", _ladder),
     Check("cordon_limit", _cordon_limit),  # cordons are bounded fleet-wide
     Check("restart_in_progress", _restart_in_progress),  # one restart at a time, fleet-wide
@@ -668,6 +709,17 @@ def restarting(journal: JournalState, workload: str, now: float) -> bool:
     times = journal.restart_times.get(workload, ())
     last = times[-1] if times else (journal.backoff.get(workload) or (0, None))[1]
     return last == journal.last_restart_started or journal.in_progress == workload
+
+
+def degraded_refusal(status: TargetStatus, policy: GatePolicy, evidence: str | None) -> str:
+    """Why a degraded replica is not moved: degraded alone never restarts or moves anything."""
+    if evidence is None:
+        where = f"node {status.node}" if status.node else "an unknown node"
+        return (f"degraded beside its peers, but nothing else points at {where} (no other workload's replica degraded"
+                " or with a GPU fault there): degraded alone never restarts or moves anything")
+    if policy.gpu_fault_action != "cordon_and_move":
+        return f"degraded on node {status.node}, where {evidence}: set gpu_fault_action: cordon_and_move to move it"
+    return f"degraded on node {status.node}, where {evidence}, but the exporter names no pod to move"
 
 
 def precheck(alert: AlertFacts, journal: JournalState, policy: GatePolicy, now: float | None = None) -> Decision | None:
@@ -721,7 +773,10 @@ def decide(
     if status.unknown_verdict is not None:
         return Decision(False, "unknown_verdict", status.unknown_verdict[:500])
     acceptable = RESTARTABLE_STATES | ({"down"} if alert.alertname in policy.down_alertnames else frozenset())
-    if status.state not in acceptable:
+    degraded_alert = alert.alertname == DEGRADED_ALERT  # only ever a move (5a), never a restart
+    if degraded_alert and not status.degraded:
+        return Decision(False, "not_stuck", f"the exporter says {status.state}, not degraded, now")
+    if status.state not in acceptable and not degraded_alert:
         return Decision(False, "not_stuck", f"the exporter says {status.state} now")
     since = restarted_since(status, alert.starts_at)
     if since is not None:
@@ -736,7 +791,7 @@ def decide(
     # 5-9b. The table of checks (CHECKS), in order; the first that holds refuses. The backstop's word
     #       (backstop.py) walks the same table.
     workload = workload_of(target, status)
-    subject = Subject(journal, policy, workload, now, status, fleet)
+    subject = Subject(journal, policy, workload, now, status, fleet, degraded_alert)
     for check in CHECKS:
         held = check.held(subject)
         if held is not None:
@@ -749,9 +804,10 @@ def decide(
         return Decision(False, "dry_run", "would cordon and move" if moving else "would restart")
     plan = plan_of(target, workload, status, policy, moving)
     if moving:
+        suspect = node_suspect(journal, policy, workload, status.node, now, fleet)
         why = "GPU fault" if status.gpu_fault else (
-            f"{workload} stuck again on this node within escalate_within, where"
-            f" {node_suspect(journal, policy, workload, status.node, now)} hung too (ladder)")
+            f"{workload} degraded beside its peers on this node, where {suspect} too" if degraded_alert else
+            f"{workload} stuck again on this node within escalate_within, where {suspect} hung too (ladder)")
         return Decision(True, "cordon_and_move", f"{why} on node {status.node}: cordon, taint, move the pod", plan)
     # Said, never skipped in silence: nothing from the exporter could show a restart since the alert.
     unchecked = "" if has_start_evidence(status) else (
@@ -778,6 +834,8 @@ def plan_of(target: str, workload: str, status: TargetStatus, policy: GatePolicy
         if status.gpu_fault:
             detail = str(status.raw.get("gpu_fault_detail") or status.gpu_fault_detail or "GPU fault")
             cause, taint = f"GPU fault ({detail})", taint_value(detail)
+        elif status.degraded and status.state not in RESTARTABLE_STATES:
+            cause, taint = f"{workload} degraded beside its peers on this node", DEGRADED_TAINT
         else:
             cause, taint = f"{workload} stuck again on this node within escalate_within of its restart here", LADDER_TAINT
         return Plan(target, workload, "cordon_and_move", timeout, pre + timeout, status.namespace, status.pod,

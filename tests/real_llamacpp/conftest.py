@@ -10,7 +10,7 @@ from real_engine.fixtures import summarize as pytest_terminal_summary  # noqa: F
 from .engine import ENGINE, LlamacppEngine
 
 # Only under the switch: the normal suite (`make test`, pytest -n 2 over tests/) never starts the engine.
-collect_ignore = ENGINE.tier.left_out("test_real_llamacpp_drills.py")
+collect_ignore = ENGINE.tier.left_out("test_real_llamacpp_drills.py", "test_real_llamacpp_pace.py")
 
 
 @pytest.fixture(scope="session")

@@ -61,6 +61,8 @@ class Unit(NamedTuple):
     deferred: float  # waiting on a peer (a remote KV transfer), as the engine itself marks it
     counters: tuple[float | None, ...]  # grow with work; a fall is the unit started again
     gauges: tuple[float | None, ...] = ()  # move with work (KV usage during a long prefill)
+    # (seconds, work): the unit's own pace counters, as Snapshot.pace.
+    pace: tuple[float, float] | None = None
 
     @property
     def pending(self) -> bool:
@@ -120,6 +122,11 @@ class Snapshot:
     # Set by the poller from the engine's own model config (exporter/decoupled.py), never by a parse:
     # the target's model answers in streams that none of the page's signals follows.
     unjudged: Unjudged | None = None
+    # (seconds, work): two counters that only grow, whose quotient over a window is the engine's pace,
+    # seconds of decode per unit of work (vLLM's inter-token latency sum and count, llama.cpp's
+    # tokens_predicted_seconds_total and tokens_predicted_total): compared with the workload's
+    # peers (llm_vitals/exporter/pace.py). None: the page has no such counters.
+    pace: tuple[float, float] | None = None
 
     # The counters that only ever grow within one process lifetime.
     MONOTONE = ("steps", "generation_tokens", "prompt_tokens", "finished")

@@ -90,6 +90,10 @@ DEFERRED = ("sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_infli
 # owed, and held on purpose, so with nothing moving the target is `paused`, not stuck.
 PAUSED = "sglang:num_paused_reqs"
 
+# Pace (llm_vitals/exporter/pace.py): the inter-token latency histogram's sum and count, seconds per
+# output token (the tokenizer manager's: one per server, no dp_rank, so its ranks are not paced apart).
+PACE = ("sglang:inter_token_latency_seconds_sum", "sglang:inter_token_latency_seconds_count")
+
 # Routes whose requests are engine work (HTTP_ACTIVE also counts /metrics itself, /health, ...).
 # An active request on any other route says nothing about the engine: counting it could make an
 # idle server read busy with nothing moving, i.e. stuck.
@@ -100,7 +104,7 @@ WORK_ROUTES = frozenset({
 })
 
 _SCANNER = Scanner((RUNNING, QUEUED, USED_TOKENS, REALTIME_TOKENS, STEPS, GENERATION_TOKENS, PROMPT_TOKENS,
-                    FINISHED, HTTP_ACTIVE, PAUSED, *DEFERRED))
+                    FINISHED, HTTP_ACTIVE, PAUSED, *DEFERRED, *PACE))
 
 
 def parse_text(text: str) -> Snapshot:
@@ -116,6 +120,7 @@ def parse_text(text: str) -> Snapshot:
     used = total(found, USED_TOKENS)
     realtime = total(found, REALTIME_TOKENS)
     deferred = [sample for name in DEFERRED for sample in found.get(name, ())]
+    pace_seconds, pace_tokens = (total(found, name) for name in PACE)
     return snapshot_of(
         found, running=RUNNING, waiting=QUEUED, steps=STEPS, generation_tokens=GENERATION_TOKENS,
         prompt_tokens=PROMPT_TOKENS, finished=FINISHED,
@@ -127,6 +132,7 @@ def parse_text(text: str) -> Snapshot:
         # One scheduler writes one running line: the per-rank work only where several do (searching
         # the whole page for a dp_rank label instead cost a fifth of its parse).
         units=_units(found, deferred) if len(found[RUNNING]) > 1 else (),
+        pace=(pace_seconds, pace_tokens) if pace_seconds is not None and pace_tokens is not None else None,
     )
 
 

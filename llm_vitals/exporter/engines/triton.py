@@ -121,8 +121,8 @@ def parse_text(text: str) -> Snapshot:
     blocks = found.get(TRT_KV_BLOCKS, [])
     used, most = _labelled(blocks, "kv_cache_block_type", "used"), _labelled(blocks, "kv_cache_block_type", "max")
     executions = finite_sum(EXEC_COUNT, found[EXEC_COUNT])
-    more = [("request_failure", finite_sum(FAILURE, found.get(FAILURE, []))),
-            ("compute_infer_duration_us", finite_sum(COMPUTE_INFER, found[COMPUTE_INFER]))]
+    compute_us, finished = finite_sum(COMPUTE_INFER, found[COMPUTE_INFER]), finite_sum(SUCCESS, found[SUCCESS])
+    more = [("request_failure", finite_sum(FAILURE, found.get(FAILURE, []))), ("compute_infer_duration_us", compute_us)]
     if iterations is not None:
         more.append(("exec_count", executions))  # the steps are TensorRT-LLM's iterations then
     running = active if active is not None else 0.0
@@ -138,12 +138,15 @@ def parse_text(text: str) -> Snapshot:
         steps=iterations if iterations is not None else executions,
         generation_tokens=finite_sum(VLLM_GENERATION, found[VLLM_GENERATION]) if VLLM_GENERATION in found else None,
         prompt_tokens=finite_sum(VLLM_PROMPT, found[VLLM_PROMPT]) if VLLM_PROMPT in found else None,
-        finished=finite_sum(SUCCESS, found[SUCCESS]),
+        finished=finished,
         kv_usage=kv_usage,
         more_counters=tuple(more),
         series=_series(found, trt),
         # One model writes one pending line: the per-model work only where several are loaded.
         units=_units(found, trt) if len(found[PENDING]) > 1 else (),
+        # Pace (llm_vitals/exporter/pace.py): compute seconds per successful request, over every model
+        # (its models are not peers of one another; the same models on another replica are).
+        pace=(compute_us / 1e6, finished),
     )
 
 

@@ -64,8 +64,30 @@ OPERATIONS = {WEIGHT_UPDATE_OPS: "weight_update", SLEEP_MODE_OPS: "sleep_mode"}
 PAUSE_PATH = "/is_paused"
 
 
+# Pace (llm_vitals/exporter/pace.py): the inter-token latency histogram's sum and count, seconds per
+# output token; before 0.11 it was `time_per_output_token_seconds`.
+PACE = ("vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count")
+PACE_BEFORE_0_11 = ("vllm:time_per_output_token_seconds_sum", "vllm:time_per_output_token_seconds_count")
+
+
 SCANNER = Scanner((RUNNING, WAITING, WAITING_BY_REASON, STEPS, GENERATION_TOKENS, PROMPT_TOKENS, FINISHED, KV_USAGE,
-                   KV_USAGE_BEFORE_0_10, START_TIME, SLEEP_STATE, WEIGHT_UPDATE_OPS, SLEEP_MODE_OPS))
+                   KV_USAGE_BEFORE_0_10, START_TIME, SLEEP_STATE, WEIGHT_UPDATE_OPS, SLEEP_MODE_OPS, *PACE,
+                   *PACE_BEFORE_0_11))
+
+
+def _pace_names(found: dict[str, list[Sample]]) -> tuple[str, str] | None:
+    for names in (PACE, PACE_BEFORE_0_11):
+        if names[0] in found and names[1] in found:
+            return names
+    return None
+
+
+def pace_of(found: dict[str, list[Sample]], names: tuple[str, str] | None) -> tuple[float, float] | None:
+    """(seconds, tokens) of the inter-token histogram, summed over engines; None without it (or not finite)."""
+    if names is None:
+        return None
+    seconds, count = (sum(s.value for s in found[name]) for name in names)
+    return (seconds, count) if finite(seconds) is not None and finite(count) is not None else None
 
 
 def sleep_level(samples: list[Sample]) -> int:
@@ -109,6 +131,7 @@ def parse_found(found: dict[str, list[Sample]]) -> Snapshot:
     by_reason = found.get(WAITING_BY_REASON)
     deferred = [s for s in by_reason if s.labels().get("reason") == "deferred"] if by_reason else []
     running = found[RUNNING]
+    pace_names = _pace_names(found)
     return Snapshot(
         running=finite_sum(RUNNING, running),
         waiting=finite_sum(WAITING, found[WAITING]),
@@ -123,11 +146,12 @@ def parse_found(found: dict[str, list[Sample]]) -> Snapshot:
         deferred=finite_sum(WAITING_BY_REASON, deferred) if deferred else 0.0,
         operations=operations(found),
         # One engine writes one running line: the per-engine work only for a data-parallel page.
-        units=_units(found, deferred) if len(running) > 1 else (),
+        units=_units(found, deferred, pace_names) if len(running) > 1 else (),
+        pace=pace_of(found, pace_names),
     )
 
 
-def _units(found: dict[str, list[Sample]], deferred: list[Sample]) -> tuple[Unit, ...]:
+def _units(found: dict[str, list[Sample]], deferred: list[Sample], pace: tuple[str, str] | None) -> tuple[Unit, ...]:
     """Each data-parallel engine's own load and signals, by its `engine` label."""
     running = by_label(found[RUNNING], "engine")
     if len(running) < 2:
@@ -136,9 +160,11 @@ def _units(found: dict[str, list[Sample]], deferred: list[Sample]) -> tuple[Unit
     held = by_label(deferred, "engine")
     counters = [by_label(found.get(name, ()), "engine") for name in (STEPS, GENERATION_TOKENS, PROMPT_TOKENS, FINISHED)]
     kv = by_label(found.get(KV_USAGE) or found.get(KV_USAGE_BEFORE_0_10) or (), "engine")
+    seconds, count = (by_label(found[name], "engine") for name in pace) if pace else ({}, {})
     return tuple(
         Unit(f'engine="{engine}"', running[engine], waiting.get(engine, 0.0), held.get(engine, 0.0),
-             tuple(values.get(engine) for values in counters), (kv.get(engine),))
+             tuple(values.get(engine) for values in counters), (kv.get(engine),),
+             _pair(seconds.get(engine), count.get(engine)))
         for engine in running
     )
 
@@ -165,6 +191,10 @@ def pause_answer(status: int, body: bytes) -> bool | None:
         return None
     value = answer.get("is_paused") if isinstance(answer, dict) else None
     return value if isinstance(value, bool) else None
+
+
+def _pair(seconds: float | None, work: float | None) -> tuple[float, float] | None:
+    return None if seconds is None or work is None else (seconds, work)
 
 
 def parse_page(body: bytes) -> Snapshot:
