@@ -151,10 +151,10 @@ class _Flagged:
     """A verdict as a later verdict.py may return it: with a `degraded` flag beside its state."""
 
     def __init__(self, verdict, degraded: bool) -> None:
-        self._verdict, self.degraded = verdict, degraded
+        self.inner, self.degraded = verdict, degraded
 
     def __getattr__(self, name: str):
-        return getattr(self._verdict, name)
+        return getattr(self.inner, name)
 
 
 def test_any_other_state_and_a_degraded_flag_are_episodes_without_a_change_here(monkeypatch) -> None:
@@ -166,7 +166,7 @@ def test_any_other_state_and_a_degraded_flag_are_episodes_without_a_change_here(
 
     def later_judge(previous, observation, now, *args):
         # Where a new rule would say so: `paused` for ten minutes, `degraded` for five within the busy hour.
-        real = previous._verdict if isinstance(previous, _Flagged) else previous
+        real = previous.inner if isinstance(previous, _Flagged) else previous
         verdict = judge(real, observation, now, *args)
         if T0 + 600 <= now < T0 + 1200:
             verdict = replaced(verdict, state="paused", reason="paused", detail="a weight sync")

@@ -23,6 +23,9 @@ _STATE = re.compile(r'llm_vitals_state\{state="([a-z_]+)"\}\s*==\s*1')
 # LLMServerUnresponsiveLoadUnknown: only for a target whose load cannot be read (`engine: openai`),
 # which has no counters in Prometheus to replay.
 _LOAD_UNKNOWN_ONLY = re.compile(r"\band on\b.*llm_vitals_unresponsive_restart_allowed\s*==\s*0", re.S)
+# LLMServerUnjudgedCanaryFailing: idle *and* its canaries failing; the canary's results are not in the
+# engine's history (replay.py), so a rule that needs them cannot be replayed (it would fire on every idle).
+_NEEDS_CANARY = re.compile(r"\band on\b.*llm_vitals_canary_requests_total", re.S)
 
 
 class RulesError(ValueError):
@@ -70,7 +73,7 @@ def parse_rules(text: str, source: str = SHIPPED) -> tuple[AlertRule, ...]:
                 continue
             expr = str(rule.get("expr", ""))
             match = _STATE.search(expr)
-            if match is None or _LOAD_UNKNOWN_ONLY.search(expr):
+            if match is None or _LOAD_UNKNOWN_ONLY.search(expr) or _NEEDS_CANARY.search(expr):
                 continue
             try:
                 for_seconds = parse_duration(rule.get("for", 0) or 0)

@@ -689,7 +689,6 @@ CHECKS: tuple[Check, ...] = (
     PAUSED,
     Check("escalated_to_human", _paged),  # a page holds until a human releases the workload
     Check("gpu_fault", _gpu_fault),  # a GPU fault fails the same way after a restart: refuse, or move it
-    Check("not_stuck", _degraded),  # degraded alone never restarts or moves anything
     Check("gpu_fault", _degraded_cordoned),
     Check("escalated_to_human", _ladder),
     Check("cordon_limit", _cordon_limit),  # cordons are bounded fleet-wide
@@ -792,6 +791,9 @@ def decide(
     #       (backstop.py) walks the same table.
     workload = workload_of(target, status)
     subject = Subject(journal, policy, workload, now, status, fleet, degraded_alert)
+    # A degraded replica is no hang to hold: without evidence against its node it is refused before the table.
+    if (unmoved := _degraded(subject)) is not None:
+        return Decision(False, "not_stuck", unmoved.detail)
     for check in CHECKS:
         held = check.held(subject)
         if held is not None:

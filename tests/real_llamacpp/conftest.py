@@ -16,3 +16,11 @@ collect_ignore = ENGINE.tier.left_out("test_real_llamacpp_drills.py", "test_real
 @pytest.fixture(scope="session")
 def engine() -> LlamacppEngine:
     return ENGINE
+
+
+@pytest.fixture
+def built(engine: LlamacppEngine) -> None:
+    """For a drill that starts servers of its own: the tier's one line when llama-server is not built, as the
+    kit's `server` fixture says it (a skip, or a failure where the tier is required)."""
+    if missing := engine.setup_missing():
+        engine.tier.skip_or_fail(missing)

@@ -60,7 +60,7 @@ def test_restart_on_the_same_port_counts_exactly_one_restart_then_idle_and_canar
     drills.restart(kit, drill)
 
 
-def test_starved_http_threads_at_the_shipped_timings_never_stuck_then_sigstop_is_stuck(engine, drill: Drill):
+def test_starved_http_threads_at_the_shipped_timings_never_stuck_then_sigstop_is_stuck(engine, built, drill: Drill):
     """Issue 38: `--threads-http 2` under 6 clients, judged at the shipped timings (stuck_after, down_after, poll,
     metrics_timeout), read busy, never stuck nor down, for 3 minutes; then SIGSTOPped under the same load: stuck
     (`metrics_unanswered`) within stuck_after and two unanswered polls. A server and an exporter of its own."""

@@ -1,4 +1,4 @@
-"""A real limping llama-server beside its peer (issue 40; /work/shared/fixtures/gray/RECIPE.md).
+"""A real limping llama-server beside its peer (issue 40; the gray-failure recipe: one server's CPU quota cut).
 
 Two real llama-servers of one workload under the same closed-loop load (2 clients each, 32 tokens
 a request), one exporter watching both (pace.min_peers 1: each is the other's peer). Once both
@@ -31,7 +31,7 @@ from real_engine.launcher import free_port, tail
 from real_engine.load import Load
 from real_engine.places import run_dir
 
-from .llamacpp_server import LlamaServer, setup_missing
+from .llamacpp_server import LlamaServer
 
 WINDOW_S = 15.0
 DEGRADED_AFTER_S = 15.0
@@ -126,9 +126,7 @@ def throttled(pid: int) -> Iterator[str]:
         os.kill(pid, signal.SIGCONT)
 
 
-def test_one_throttled_llama_server_reads_degraded_its_peer_never_and_none_stuck() -> None:
-    missing = setup_missing()
-    assert missing is None, missing
+def test_one_throttled_llama_server_reads_degraded_its_peer_never_and_none_stuck(built: None) -> None:
     log_dir = OUT / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     servers = [LlamaServer(port=free_port(), log_dir=log_dir, name=f"llama-server-pace-{i}") for i in (1, 2)]
