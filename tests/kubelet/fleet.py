@@ -216,8 +216,7 @@ def lift_fleet_gate(fleet: Fleet) -> float:
     tier.apply([d for d in remediator(tier.rendered, tier.image, f"http://{exporter}:{EXPORTER_PORT}", lifted=True)
                 if d["kind"] == "ConfigMap"])
     tier.cluster.kubectl("-n", NAMESPACE, "rollout", "restart", "statefulset/llm-vitals-remediator")
-    tier.cluster.kubectl("-n", NAMESPACE, "rollout", "status", "statefulset/llm-vitals-remediator", "--timeout=240s",
-                         timeout=300)
+    tier.cluster.kubectl("-n", NAMESPACE, "rollout", "status", "statefulset/llm-vitals-remediator", "--timeout=240s")
     wait_all_ready(tier, "llm-vitals-remediator", 2, 240)
     return time.time()
 
