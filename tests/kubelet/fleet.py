@@ -205,22 +205,6 @@ def hang_under_load(fleet: Fleet, w: Workload, pods: Sequence[PodSeen], until: C
     return asyncio.run(body())
 
 
-def lift_fleet_gate(fleet: Fleet) -> float:
-    """A human lifts the fleet gate's hold (the storm drill's end): the remediator's config raised
-    (workloads.remediator `lifted`) and its replicas restarted. Its held targets are in the Lease and
-    outlive the restart. Returns when both replicas are Ready again. Each replica comes back on its own
-    node: hostNetwork makes its port a host port, which the other replica holds on the other node, so
-    the shims and Alertmanager reach the same addresses."""
-    tier = fleet.tier
-    exporter = tier.report.facts["fleet"]["exporter"]
-    tier.apply([d for d in remediator(tier.rendered, tier.image, f"http://{exporter}:{EXPORTER_PORT}", lifted=True)
-                if d["kind"] == "ConfigMap"])
-    tier.cluster.kubectl("-n", NAMESPACE, "rollout", "restart", "statefulset/llm-vitals-remediator")
-    tier.cluster.kubectl("-n", NAMESPACE, "rollout", "status", "statefulset/llm-vitals-remediator", "--timeout=240s")
-    wait_all_ready(tier, "llm-vitals-remediator", 2, 240)
-    return time.time()
-
-
 def after_last_restart(tier: Tier) -> None:
     """One restart or move at a time: the global cooldown after an earlier drill's restart refuses
     restarts and holds every workload's word (`cooldown`); let it pass."""

@@ -8,9 +8,6 @@ Drill 5 (test_remediation.py) is the fourth case: everything up, one restart, by
 
 7. storm: both replicas of one Deployment hung at once; the remediator refuses `fleet_gate`, both
    shims hold liveness, LLMVitalsBackstopHeld fires, and no container restarts for HOLD_S (10 min);
-   then a human lifts the hold (the fleet gate raised, the remediator restarted: its held targets
-   outlive it in the Lease), and the remediator, not the kubelet, evicts the two hung servers one at a
-   time, the first within LIFT_BOUND_S of the lift;
 8. paused: one replica hung while the remediator is paused; no container restart for HOLD_S;
 9. the chain down: the same hang, the remediator then stopped (its StatefulSet scaled to 0); the
    backstop restarts the server container once, within backstop.after plus the probe window, and
@@ -24,14 +21,12 @@ import time
 from typing import Any
 
 from .fleet import (
-    COOLDOWN_S,
     PAUSED,
     STORM,
     Fleet,
     after_last_restart,
     deleted,
     hang_under_load,
-    lift_fleet_gate,
     live,
     server_restarts,
     wait_all_ready,
@@ -123,11 +118,6 @@ def test_a_fleet_wide_hang_is_refused_by_the_gate_and_the_kubelets_hold_too(flee
                           f"{first.get('refused fleet_gate')} s, shims held at "
                           f"{[first.get(f'held {p.name}') for p in pods]} s, LLMVitalsBackstopHeld firing at "
                           f"{first.get('LLMVitalsBackstopHeld firing')} s; container restarts {record['server_restarts']}")
-    if outcome == "held":
-        record["lifted"] = lifted = _lift(fleet, w, pods)
-        record["headline"] += (f"; the hold lifted: restarted by the remediator {lifted.get('evicted_after_lift_s')} s"
-                               f" after the lift, {lifted.get('gap_s')} s apart, container restarts "
-                               f"{lifted.get('server_restarts')}")
     tier.report.drill("two actors: storm", record)
     print(f"\ntwo actors, storm: {record}")
     # The storm is over for the next drills: these pods go (their hung servers end at the grace period).
@@ -139,39 +129,6 @@ def test_a_fleet_wide_hang_is_refused_by_the_gate_and_the_kubelets_hold_too(flee
     # against the chain's ~30 s); the kubelet needs 6 failures in a row, and none come once held.
     assert all(t <= first[f"held {pod}"] for t, pod, _ in record["live_failures"]), record
     assert all(n == 0 for n in record["server_restarts"].values()), record
-    # The hold lifted (issue 39): the remediator, not the kubelet, restarts the hung servers, one at a
-    # time, within its look's bound of the lift (not at Alertmanager's next re-send).
-    lifted = record["lifted"]
-    assert lifted["outcome"] == "evicted both", record
-    assert all(n == 0 for n in lifted["server_restarts"].values()), record
-    assert lifted["gap_s"] >= COOLDOWN_S, record
-    assert lifted["evicted_after_lift_s"][0] <= LIFT_BOUND_S, record
-
-
-# From the remediator's replicas Ready again to its first eviction: its look (10 s), the exporter's read,
-# the identity check and the eviction, with the tier's load.
-LIFT_BOUND_S = 60.0
-
-
-def _lift(fleet: Fleet, w: Workload, pods: list[PodSeen]) -> dict[str, Any]:
-    """Lift the storm's hold (fleet.lift_fleet_gate) with both servers still hung; watch who restarts them."""
-    tier = fleet.tier
-    lifted_at = lift_fleet_gate(fleet)
-
-    def both_gone() -> str | None:
-        if any(server_restarts(tier, w.name, p.name) for p in pods):
-            return "a server restarted in place"
-        return "evicted both" if all(deleted(tier, w.name, p.name) for p in pods) else None
-
-    # Two restarts one global cooldown (and the lifted backoff, as long) apart, each within the look's bound.
-    outcome = tier.history.wait(both_gone, 2 * LIFT_BOUND_S + 2 * COOLDOWN_S + 60, "the remediator to restart both"
-                                " hung servers", 2)
-    times = sorted(t for p in pods if (t := deleted(tier, w.name, p.name)) is not None)
-    if times:
-        tier.report.facts["last restart at"] = times[-1]
-    return {"outcome": outcome, "evicted_after_lift_s": [round(t - lifted_at, 1) for t in times],
-            "gap_s": round(times[-1] - times[0], 1) if len(times) == 2 else None,
-            "server_restarts": {p.name: server_restarts(tier, w.name, p.name) for p in pods}}
 
 
 def test_a_hang_is_held_while_paused_and_the_backstop_restarts_it_once_when_the_chain_is_down(fleet: Fleet):

@@ -67,10 +67,6 @@ CHANGES = (
     "and two-actor drills) ask a remediator replica's pod address (no cluster DNS); the probe drills' shims, "
     "deployed before it, keep the shipped Service name, which resolves nowhere here: never heard, their backstop "
     "acts alone, as those drills need",
-    "at the storm drill's end a human lifts the fleet gate's hold: the remediator's ConfigMap gets max_unhealthy 2, "
-    "storm_cooldown 0 s (the chart: 10 min) and budget.backoff.initial 30 s (shipped 15 min: the storm's two "
-    "replicas are one Deployment, whose second restart would wait for its backoff), and its StatefulSet is "
-    "restarted (kubectl rollout restart)",
 )
 BACKSTOP_AFTER = 90.0  # the shims' backstop.after here (CHANGES)
 SHIM_STUCK_AFTER = 15.0  # the shims' stuck_after here (CHANGES): their liveness budget is twice it
@@ -228,10 +224,8 @@ def fleet_exporter(rendered: Sequence[Mapping[str, Any]], image: str, port: int)
     return [*docs, config, deployment]
 
 
-def remediator(rendered: Sequence[Mapping[str, Any]], image: str, exporter_url: str,
-               lifted: bool = False) -> list[dict[str, Any]]:
-    """The remediator's StatefulSet of 2 with its RBAC as the chart renders them (CHANGES); `lifted`: as a
-    human sets it to lift the storm drill's fleet gate (CHANGES)."""
+def remediator(rendered: Sequence[Mapping[str, Any]], image: str, exporter_url: str) -> list[dict[str, Any]]:
+    """The remediator's StatefulSet of 2 with its RBAC as the chart renders them (CHANGES)."""
     docs = _as_rendered(rendered, "llm-vitals-remediator", "llm-vitals-remediator",
                         f"llm-vitals-remediator-{NAMESPACE}", "llm-vitals-remediator")
     config = find(rendered, "ConfigMap", "llm-vitals-remediator")
@@ -240,10 +234,6 @@ def remediator(rendered: Sequence[Mapping[str, Any]], image: str, exporter_url: 
     settings["global_cooldown"] = "30s"
     settings["gpu_fault_action"] = "cordon_and_move"
     settings["max_unhealthy"] = 1
-    if lifted:
-        settings["max_unhealthy"] = 2
-        settings["storm_cooldown"] = "0s"
-        settings["budget"] = {**settings.get("budget", {}), "backoff": {"initial": "30s"}}
     config["data"]["remediator.yaml"] = yaml.safe_dump(settings, sort_keys=False)
     stateful = find(rendered, "StatefulSet", "llm-vitals-remediator")
     _here(stateful, image)
