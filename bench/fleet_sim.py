@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from llm_vitals.remediator.gate import FleetView, TargetStatus
+from llm_vitals.remediator.model import FleetView, TargetStatus
 
 NAMESPACE = "llm"
 # The exporter calls a target stuck once its work has been pending with nothing moving this long.

@@ -12,7 +12,7 @@ simulated day takes seconds and every run prints the same table:
   snapshot of the engine's counters every 5 s, and the canary rule `canary_due`), the
   LLMServerStuck/Unresponsive rules (`for: 1m`, evaluated every 15 s by `demo.alert_rule.evaluate`,
   as the demo's relay does) and the remediator's own gate (`remediator.gate.decide`, its effects
-  applied by `remediator.shared.with_effects`, production defaults: 15 min cooldown, budget 3/h).
+  applied by `remediator.with_effects`, production defaults: 15 min cooldown, budget 3/h).
   No I/O object is built.
 
 A restart fails every request in flight with a 500 and the server reloads its weights for
@@ -42,7 +42,9 @@ from llm_vitals.demo.alert_rule import ALERT_FOR_STATE, RuleState, evaluate  # n
 from llm_vitals.exporter.engines import Snapshot  # noqa: E402
 from llm_vitals.exporter.settings import TargetSettings  # noqa: E402
 from llm_vitals.exporter.verdict import CanaryOutcome, PollError, Verdict, canary_due, initial, judge, record_canary  # noqa: E402
-from llm_vitals.remediator import gate, shared  # noqa: E402
+from llm_vitals.remediator import gate, model  # noqa: E402
+from llm_vitals.remediator.model import Intent  # noqa: E402
+from llm_vitals.remediator.state import finished, with_effects  # noqa: E402
 from llm_vitals.sim.config import SimConfig  # noqa: E402
 from llm_vitals.sim.engine import Engine, SimRequest  # noqa: E402
 
@@ -414,7 +416,7 @@ class Vitals:
             targets=frozenset({TARGET}), global_cooldown=config.global_cooldown, max_restarts=3,
             budget_window=3600.0, max_unhealthy=1,
         )
-        self.journal = gate.JournalState()
+        self.journal = model.GateState()
         clock.every(config.poll_interval, self._poll)
         clock.every(config.eval_interval, self._evaluate)
 
@@ -464,22 +466,22 @@ class Vitals:
     # -- remediator ------------------------------------------------------------------------------
     def _webhook(self, alertname: str, starts_at: float) -> None:
         now, verdict = self.clock.now, self.verdict
-        alert = gate.AlertFacts(
+        alert = model.AlertFacts(
             status="firing", labels={"alertname": alertname, "target": TARGET, "remediation": "restart"},
             fingerprint=f"{alertname}:{TARGET}", starts_at=starts_at,
         )
-        fleet = gate.FleetView({TARGET: gate.TargetStatus(
+        fleet = model.FleetView({TARGET: model.TargetStatus(
             state=verdict.state, process_start_time=verdict.process_start_time,
             last_restart_time=verdict.last_restart_at)})
         decision = gate.decide(alert, fleet, self.journal, self.policy, now)
         self.decisions.append((now, alertname, decision.reason))
         effects = gate.effects_of(decision, alert, fleet, self.journal, self.policy, now)
-        intent = shared.Intent("replay", TARGET, now + self.config.load_seconds) if effects.intent else None
-        self.journal = shared.with_effects(self.journal, effects, alert, now, intent)
+        intent = Intent("replay", TARGET, now + self.config.load_seconds) if effects.intent else None
+        self.journal = with_effects(self.journal, effects, alert, now, intent)
         if decision.allowed:
             self.server.restart(f"llm-vitals ({alertname})")
             # The restart is instant on the virtual clock; the server then loads its weights.
-            self.journal = shared.finished(self.journal, "replay")
+            self.journal = finished(self.journal, "replay")
 
 
 # ---------------------------------------------------------------------------------------------

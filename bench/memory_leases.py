@@ -18,7 +18,7 @@ from typing import Any
 
 from llm_vitals.kube.client import Dated
 from llm_vitals.kube.errors import KubeUnavailable
-from llm_vitals.remediator.store import STATE_ANNOTATION
+from llm_vitals.remediator.store.lease import STATE_ANNOTATION
 
 
 class MemoryLeases:

@@ -67,16 +67,19 @@ from soak_invariants import (  # noqa: E402
     unsettled,
 )
 
-from llm_vitals.remediator import identity, shared  # noqa: E402
+from llm_vitals.remediator import identity  # noqa: E402
 from llm_vitals.remediator.acting import Actor  # noqa: E402
 from llm_vitals.remediator.executors import ExecResult  # noqa: E402
-from llm_vitals.remediator.gate import AlertFacts, Decision, FleetView, JournalState, TargetStatus, group_of  # noqa: E402
+from llm_vitals.remediator.gate import Decision, group_of  # noqa: E402
 from llm_vitals.remediator.journal import Journal  # noqa: E402
+from llm_vitals.remediator.model import AlertFacts, FleetView, GateState, TargetStatus  # noqa: E402
 from llm_vitals.remediator.payload import WebhookPayload  # noqa: E402
 from llm_vitals.remediator.service import Remediator  # noqa: E402
 from llm_vitals.remediator.settings import LeaseRef, Settings, build_settings  # noqa: E402
-from llm_vitals.remediator.sqlite_store import SqliteStore  # noqa: E402
-from llm_vitals.remediator.store import GateStore, LeaseStore, StateUnavailable  # noqa: E402
+from llm_vitals.remediator.state_codec import BadState, from_json, to_json  # noqa: E402
+from llm_vitals.remediator.store import GateStore, StateUnavailable  # noqa: E402
+from llm_vitals.remediator.store.lease import LeaseStore  # noqa: E402
+from llm_vitals.remediator.store.sqlite import SqliteStore  # noqa: E402
 
 T0 = 1_800_000_000.0
 STEP = 60.0  # one rule evaluation, one exporter poll that matters
@@ -379,17 +382,17 @@ class Report:
         return not any(self.violations.values())
 
 
-def held_pages(state: JournalState) -> frozenset[str]:
+def held_pages(state: GateState) -> frozenset[str]:
     """The workloads the stored state holds a page for: its `pages`, or a ladder whose last step is
     `page` (an older state's page)."""
     return frozenset(state.pages) | {w for w, (step, _) in state.ladder.items() if step == "page"}
 
 
-def stored(state: JournalState, fields: frozenset[str]) -> StoredState:
+def stored(state: GateState, fields: frozenset[str]) -> StoredState:
     # The budget counts the remediator's own restarts and those it saw others make (the kubelet's).
     budget = {w: (*state.restart_times.get(w, ()), *state.outside_restarts.get(w, ()))
               for w in set(state.restart_times) | set(state.outside_restarts)}
-    return StoredState(held_pages(state), frozenset(state.open_circuits), frozenset(state.gpu_nodes), fields,
+    return StoredState(held_pages(state), frozenset(state.open_circuits), frozenset(state.cordoned_nodes), fields,
                        budget, frozenset(state.backoff_refused))
 
 
@@ -543,8 +546,8 @@ class Soak:
                     view = None
                 else:
                     try:
-                        view = stored(shared.from_json(text), frozenset(json.loads(text)))
-                    except (shared.BadState, ValueError):
+                        view = stored(from_json(text), frozenset(json.loads(text)))
+                    except (BadState, ValueError):
                         view = None
                 self._state = (text, view)
             return self._state[1]
@@ -552,7 +555,7 @@ class Soak:
         if store is None:
             return None
         if self._state is None or self._state[0] is not store.last:
-            self._state = (store.last, stored(store.last, frozenset(json.loads(shared.to_json(store.last)))))
+            self._state = (store.last, stored(store.last, frozenset(json.loads(to_json(store.last)))))
         return self._state[1]
 
     def check(self, now: float) -> None:

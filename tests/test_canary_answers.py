@@ -23,7 +23,8 @@ from llm_vitals.exporter.engines import Snapshot
 from llm_vitals.exporter.settings import ConfigError, TargetSettings
 from llm_vitals.exporter.verdict import CanaryOutcome, Verdict, initial, is_ready, judge, record_canary
 from llm_vitals.remediator.exporter_client import parse_targets
-from llm_vitals.remediator.gate import AlertFacts, FleetView, GatePolicy, JournalState, decide
+from llm_vitals.remediator.gate import GatePolicy, decide
+from llm_vitals.remediator.model import AlertFacts, FleetView, GateState
 from llm_vitals.sim.fleet import Fleet, SimConfig
 
 CHOICES = json.dumps({"choices": [{"index": 0, "text": " the"}]}).encode()
@@ -241,7 +242,7 @@ async def test_a_renamed_model_is_rejected_shown_and_never_restarted(aiohttp_ser
                        "fp", 0.0)
     policy = GatePolicy(targets=frozenset({"gpu-a"}), global_cooldown=0, max_restarts=3, budget_window=3600,
                         max_unhealthy=1)
-    decision = decide(alert, fleet, JournalState(), policy, 1e9)
+    decision = decide(alert, fleet, GateState(), policy, 1e9)
     assert (decision.allowed, decision.reason) == (False, "not_stuck")
 
 

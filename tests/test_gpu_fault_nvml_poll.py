@@ -23,7 +23,8 @@ from llm_vitals.exporter.gpu_faults.nvml_source import NvmlSource
 from llm_vitals.exporter.keys import POLLER
 from llm_vitals.exporter.settings import ConfigError, load_settings, parse_settings
 from llm_vitals.remediator.exporter_client import status_of
-from llm_vitals.remediator.gate import AlertFacts, FleetView, GatePolicy, JournalState, decide
+from llm_vitals.remediator.gate import GatePolicy, decide
+from llm_vitals.remediator.model import AlertFacts, FleetView, GateState
 from llm_vitals.remediator.settings import load_settings as load_remediator_settings
 from llm_vitals.targets import TargetView
 
@@ -110,7 +111,7 @@ async def test_a_gpu_fault_read_through_nvml_flags_the_target_everywhere_and_the
                        "fp", time.time() - 60)  # fmt: skip
     policy = GatePolicy(targets=frozenset({"gpu-a"}), global_cooldown=900, max_restarts=3, budget_window=3600,
                         max_unhealthy=1)  # fmt: skip
-    decision = decide(alert, FleetView({"gpu-a": status}), JournalState(), policy, time.time())
+    decision = decide(alert, FleetView({"gpu-a": status}), GateState(), policy, time.time())
     assert decision.reason == "gpu_fault" and not decision.allowed
     assert "row_remap_failure" in decision.detail
 

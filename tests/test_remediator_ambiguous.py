@@ -14,11 +14,13 @@ from conftest import REPO, load_script
 from test_remediator_helpers import Clock
 from test_remediator_loop import T0, Crash, Fleet, MemoryStore, alert, open_sqlite, replicas  # noqa: F401
 
-from llm_vitals.remediator import shared
-from llm_vitals.remediator.gate import Effects, FleetView, JournalState, TargetStatus
+from llm_vitals.remediator.gate import Effects
 from llm_vitals.remediator.metrics import RemediatorMetrics
+from llm_vitals.remediator.model import FleetView, GateState, Intent, TargetStatus
 from llm_vitals.remediator.settings import LeaseRef
-from llm_vitals.remediator.store import LeaseStore
+from llm_vitals.remediator.state import claim_lapsed, with_effects
+from llm_vitals.remediator.state_codec import from_json, to_json
+from llm_vitals.remediator.store.lease import LeaseStore
 
 MemoryLeases = load_script(REPO / "bench" / "memory_leases.py").MemoryLeases
 
@@ -26,19 +28,19 @@ STUCK = TargetStatus("stuck", process_start_time=T0 - 7200)
 IDLE = TargetStatus("idle", process_start_time=T0 - 7200)
 FLEET = Fleet(FleetView({"a": STUCK, "b": IDLE, "c": IDLE, "d": IDLE, "e": IDLE}))
 KEY = alert("a").key
-HELD = JournalState(in_progress="a", in_progress_expires=T0 + 60, in_progress_by="r/1", in_progress_key=KEY,
+HELD = GateState(in_progress="a", in_progress_expires=T0 + 60, in_progress_by="r/1", in_progress_key=KEY,
                     decided_keys=frozenset({KEY}), decided_at={KEY: T0}, restart_times={"a": (T0,)},
                     last_restart_started=T0)
 
 
 @pytest.mark.parametrize("now, after", [
     (T0 + 59, HELD),  # the claim holds: its alert is a duplicate while the restart may run
-    (T0 + 60, JournalState(restart_times={"a": (T0,)}, last_restart_started=T0)),  # lapsed: judged afresh
-    (None, JournalState(restart_times={"a": (T0,)}, last_restart_started=T0)),  # a one-replica start
+    (T0 + 60, GateState(restart_times={"a": (T0,)}, last_restart_started=T0)),  # lapsed: judged afresh
+    (None, GateState(restart_times={"a": (T0,)}, last_restart_started=T0)),  # a one-replica start
 ])
 def test_a_lapsed_claim_ends_and_its_alert_is_judged_afresh_with_its_budget_still_spent(now, after):
-    assert shared.claim_lapsed(HELD, now) == after
-    assert shared.from_json(shared.to_json(HELD)) == HELD  # the key travels with the claim
+    assert claim_lapsed(HELD, now) == after
+    assert from_json(to_json(HELD)) == HELD  # the key travels with the claim
 
 
 def lease_replica_store(leases: MemoryLeases, clock: Clock) -> LeaseStore:
@@ -109,8 +111,8 @@ async def test_sqlite_an_intent_without_its_journal_row_is_judged_afresh_at_the_
     clock = Clock(T0)
     journal, store = await open_sqlite(tmp_path / "j.db", clock)
     state, version = await store.read()
-    claim = shared.Intent("replica-0/abc", "a", None)
-    assert await store.commit(version, shared.with_effects(state, Effects(intent=True), alert("a"), T0, claim))
+    claim = Intent("replica-0/abc", "a", None)
+    assert await store.commit(version, with_effects(state, Effects(intent=True), alert("a"), T0, claim))
     await store.close()
     await journal.close()
 

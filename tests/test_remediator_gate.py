@@ -11,16 +11,11 @@ from llm_vitals.remediator.gate import (
     AT_EDGE,
     HUMAN_REFUSALS,
     REASONS,
-    AlertFacts,
     Decision,
     Effects,
-    FleetView,
     GatePolicy,
     Group,
-    HeldAlert,
-    JournalState,
     Plan,
-    TargetStatus,
     TemplateMatch,
     backoff_delay,
     decide,
@@ -30,6 +25,7 @@ from llm_vitals.remediator.gate import (
     ladder_step,
     node_suspect,
 )
+from llm_vitals.remediator.model import AlertFacts, FleetView, GateState, HeldAlert, TargetStatus
 
 T0 = 1_800_000_000.0
 STARTS = T0 - 300  # the alert began five minutes ago
@@ -44,7 +40,7 @@ POLICY = GatePolicy(
 )
 ALERT = AlertFacts("firing", {"alertname": "LLMServerStuck", "target": "a", "remediation": "restart"}, "fp1", STARTS)
 FLEET = FleetView({name: TargetStatus("idle", OLD) for name in "bcde"} | {"a": TargetStatus("stuck", OLD)})
-JOURNAL = JournalState()
+JOURNAL = GateState()
 POD = TargetStatus("stuck", OLD, engine="vllm", namespace="llm", pod="p1", pod_uid="u1", node="node-a")
 GPU_POD = replace(POD, gpu_fault=True)
 TEMPLATED = replace(POLICY, templates=(TemplateMatch(engine="vllm", namespace="llm"),))
@@ -82,7 +78,7 @@ CASES = [
     ("other remediation", replace(ALERT, labels=labels(remediation="page")), FLEET, JOURNAL, POLICY, T0, "no_restart_label"),
     ("unknown target", replace(ALERT, labels=labels(target="zz")), FLEET, JOURNAL, POLICY, T0, "unknown_target"),
     ("no target label", replace(ALERT, labels=labels(target=None)), FLEET, JOURNAL, POLICY, T0, "unknown_target"),
-    ("duplicate", ALERT, FLEET, JournalState(decided_keys=frozenset({ALERT.key})), POLICY, T0, "duplicate"),
+    ("duplicate", ALERT, FLEET, GateState(decided_keys=frozenset({ALERT.key})), POLICY, T0, "duplicate"),
     ("exporter unreachable", ALERT, None, JOURNAL, POLICY, T0, "exporter_unreachable"),
     ("busy now", ALERT, fleet(a=TargetStatus("busy", OLD)), JOURNAL, POLICY, T0, "not_stuck"),
     ("unknown to exporter", ALERT, FleetView({"b": TargetStatus("idle", OLD)}), JOURNAL, POLICY, T0, "not_stuck"),
@@ -96,10 +92,10 @@ CASES = [
      fleet(a=TargetStatus("stuck", STARTS - 590, last_restart_time=STARTS + 10)), JOURNAL, POLICY, T0,
      "restarted_since_alert"),
     ("gpu fault", ALERT, fleet(a=TargetStatus("stuck", OLD, gpu_fault=True)), JOURNAL, POLICY, T0, "gpu_fault"),
-    ("in progress", ALERT, FLEET, JournalState(in_progress="c"), POLICY, T0, "restart_in_progress"),
-    ("cooldown", ALERT, FLEET, JournalState(last_restart_started=T0 - 899), POLICY, T0, "cooldown"),
-    ("circuit open", ALERT, FLEET, JournalState(open_circuits=frozenset({"a"})), POLICY, T0, "circuit_open"),
-    ("budget used up", ALERT, FLEET, JournalState(restart_times={"a": (T0 - 3000, T0 - 2000, T0 - 1000)},
+    ("in progress", ALERT, FLEET, GateState(in_progress="c"), POLICY, T0, "restart_in_progress"),
+    ("cooldown", ALERT, FLEET, GateState(last_restart_started=T0 - 899), POLICY, T0, "cooldown"),
+    ("circuit open", ALERT, FLEET, GateState(open_circuits=frozenset({"a"})), POLICY, T0, "circuit_open"),
+    ("budget used up", ALERT, FLEET, GateState(restart_times={"a": (T0 - 3000, T0 - 2000, T0 - 1000)},
      last_restart_started=T0 - 1000), POLICY, T0, "circuit_open"),
     ("fleet gate", ALERT, fleet(b=TargetStatus("stuck", OLD), c=TargetStatus("down", None)), JOURNAL, POLICY, T0,
      "fleet_gate"),
@@ -112,27 +108,27 @@ CASES = [
     ("unresponsive allowed", ALERT, fleet(a=TargetStatus("unresponsive", OLD)), JOURNAL, POLICY, T0, "allowed"),
     ("labelled down alert", replace(ALERT, labels=labels(alertname="LLMServerDown")),
      fleet(a=TargetStatus("down", None)), JOURNAL, POLICY, T0, "allowed"),
-    ("cooldown just over", ALERT, FLEET, JournalState(last_restart_started=T0 - 900), POLICY, T0, "allowed"),
-    ("old restarts out of window", ALERT, FLEET, JournalState(restart_times={"a": (T0 - 9000, T0 - 8000, T0 - 7000)},
+    ("cooldown just over", ALERT, FLEET, GateState(last_restart_started=T0 - 900), POLICY, T0, "allowed"),
+    ("old restarts out of window", ALERT, FLEET, GateState(restart_times={"a": (T0 - 9000, T0 - 8000, T0 - 7000)},
      last_restart_started=T0 - 7000), POLICY, T0, "allowed"),
     ("two unhealthy within max", ALERT, fleet(b=TargetStatus("stuck", OLD)), JOURNAL, POLICY, T0, "allowed"),
     # Pause (shared across replicas, in the state the gate reads).
-    ("paused", ALERT, FLEET, JournalState(paused_until=T0 + 1, pause_reason="maintenance"), POLICY, T0, "paused"),
-    ("pause over", ALERT, FLEET, JournalState(paused_until=T0, pause_reason="maintenance"), POLICY, T0, "allowed"),
-    ("paused duplicate", ALERT, FLEET, JournalState(decided_keys=frozenset({ALERT.key}), paused_until=T0 + 1),
+    ("paused", ALERT, FLEET, GateState(paused_until=T0 + 1, pause_reason="maintenance"), POLICY, T0, "paused"),
+    ("pause over", ALERT, FLEET, GateState(paused_until=T0, pause_reason="maintenance"), POLICY, T0, "allowed"),
+    ("paused duplicate", ALERT, FLEET, GateState(decided_keys=frozenset({ALERT.key}), paused_until=T0 + 1),
      POLICY, T0, "duplicate"),
     ("shared state unreadable", ALERT, FLEET, None, POLICY, T0, "state_unreachable"),
     # A dead replica's intent ends at its executor's timeout.
-    ("intent not expired", ALERT, FLEET, JournalState(in_progress="c", in_progress_expires=T0 + 1), POLICY, T0,
+    ("intent not expired", ALERT, FLEET, GateState(in_progress="c", in_progress_expires=T0 + 1), POLICY, T0,
      "restart_in_progress"),
-    ("intent expired", ALERT, FLEET, JournalState(in_progress="c", in_progress_expires=T0), POLICY, T0, "allowed"),
+    ("intent expired", ALERT, FLEET, GateState(in_progress="c", in_progress_expires=T0), POLICY, T0, "allowed"),
     # Storm cooldown: the fleet is healthy again, but a storm was seen within storm_cooldown.
-    ("storm cooldown", ALERT, FLEET, JournalState(storm_seen_at=T0 - 599), replace(POLICY, storm_cooldown=600), T0,
+    ("storm cooldown", ALERT, FLEET, GateState(storm_seen_at=T0 - 599), replace(POLICY, storm_cooldown=600), T0,
      "storm_cooldown"),
-    ("storm cooldown over", ALERT, FLEET, JournalState(storm_seen_at=T0 - 600), replace(POLICY, storm_cooldown=600),
+    ("storm cooldown over", ALERT, FLEET, GateState(storm_seen_at=T0 - 600), replace(POLICY, storm_cooldown=600),
      T0, "allowed"),
     ("storm still on", ALERT, fleet(b=TargetStatus("stuck", OLD), c=TargetStatus("down", None)),
-     JournalState(storm_seen_at=T0 - 1), replace(POLICY, storm_cooldown=600), T0, "fleet_gate"),
+     GateState(storm_seen_at=T0 - 1), replace(POLICY, storm_cooldown=600), T0, "fleet_gate"),
     # Templates: a discovered target is known when a template takes it.
     ("template by engine", replace(ALERT, labels=labels(target="llm/p1")),
      fleet(**{"llm/p1": POD}), JOURNAL, TEMPLATED, T0, "allowed"),
@@ -151,11 +147,11 @@ CASES = [
     ("gpu fault, refuse by default", POD_ALERT, fleet(**{"llm/p1": GPU_POD}), JOURNAL, TEMPLATED, T0, "gpu_fault"),
     ("gpu fault, cordon_and_move", POD_ALERT, fleet(**{"llm/p1": GPU_POD}), JOURNAL, MOVING, T0, "cordon_and_move"),
     ("gpu fault, node done once", POD_ALERT, fleet(**{"llm/p1": GPU_POD}),
-     JournalState(gpu_nodes=frozenset({"node-a"})), MOVING, T0, "gpu_fault"),
+     GateState(cordoned_nodes=frozenset({"node-a"})), MOVING, T0, "gpu_fault"),
     ("gpu fault, no node known", POD_ALERT, fleet(**{"llm/p1": replace(GPU_POD, node=None)}), JOURNAL, MOVING, T0,
      "gpu_fault"),
     ("gpu move under cooldown", POD_ALERT, fleet(**{"llm/p1": GPU_POD}),
-     JournalState(last_restart_started=T0 - 10), MOVING, T0, "cooldown"),
+     GateState(last_restart_started=T0 - 10), MOVING, T0, "cooldown"),
     ("gpu move under fleet gate", POD_ALERT, fleet(**{"llm/p1": GPU_POD}, b=TargetStatus("stuck", OLD),
      c=TargetStatus("down", None)), JOURNAL, MOVING, T0, "fleet_gate"),
     # Sharded exporters (`exporter_urls`): a target two of them report is withheld (llm_vitals/remediator/shards.py):
@@ -187,98 +183,98 @@ CASES = [
     # Budgets and circuits per workload, across the pod names a Deployment's restarts make.
     ("a Deployment's budget spent by its earlier pods", replace(ALERT, labels=labels(target="llm/p2")),
      fleet(**{"llm/p2": replace(DEPLOYED, pod="p2", pod_uid="u2")}),
-     JournalState(restart_times={DEPLOYMENT: (T0 - 3000, T0 - 2000, T0 - 1000)}), TEMPLATED, T0, "circuit_open"),
+     GateState(restart_times={DEPLOYMENT: (T0 - 3000, T0 - 2000, T0 - 1000)}), TEMPLATED, T0, "circuit_open"),
     ("a Deployment's open circuit holds for its new pods", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(open_circuits=frozenset({DEPLOYMENT})), TEMPLATED, T0, "circuit_open"),
+     GateState(open_circuits=frozenset({DEPLOYMENT})), TEMPLATED, T0, "circuit_open"),
     ("another workload's budget is its own", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(restart_times={"Deployment/llm/other": (T0 - 3000, T0 - 2000, T0 - 1000)},
+     GateState(restart_times={"Deployment/llm/other": (T0 - 3000, T0 - 2000, T0 - 1000)},
                   open_circuits=frozenset({"Deployment/llm/other"})), TEMPLATED, T0, "allowed"),
     ("an older exporter (no workload): the target's name", POD_ALERT, fleet(**{"llm/p1": POD}),
-     JournalState(restart_times={"llm/p1": (T0 - 3000, T0 - 2000, T0 - 1000)}), TEMPLATED, T0, "circuit_open"),
+     GateState(restart_times={"llm/p1": (T0 - 3000, T0 - 2000, T0 - 1000)}), TEMPLATED, T0, "circuit_open"),
     # The escalation ladder: restart -> cordon_and_move -> page, per workload, within escalate_within.
     ("ladder: first a restart", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}), JOURNAL, LADDERED, T0, "allowed"),
     # The ladder's cordon is evidence about a node: the hang came back on the node the restart left it on,
     # and another workload was restarted on that node within escalate_within too.
     ("ladder: stuck again on the restart's node, where another hung too: cordon and move", POD_ALERT,
      fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 1799), OTHER: ("restart", T0 - 600)},
+     GateState(ladder={DEPLOYMENT: ("restart", T0 - 1799), OTHER: ("restart", T0 - 600)},
                   ladder_nodes={DEPLOYMENT: "node-a", OTHER: "node-a"}), LADDERED, T0, "cordon_and_move"),
     # A pinned pod (a StatefulSet's, a LeaderWorkerSet group's) comes back on its node by design: its own
     # bug hanging it there again says nothing about the node. Before: cordon_and_move of a healthy node.
     ("ladder: stuck again on the restart's node alone: page, never cordon", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 1799)}, ladder_nodes={DEPLOYMENT: "node-a"}), LADDERED, T0,
+     GateState(ladder={DEPLOYMENT: ("restart", T0 - 1799)}, ladder_nodes={DEPLOYMENT: "node-a"}), LADDERED, T0,
      "escalated_to_human"),
     ("ladder: stuck again, no node on record (an older state): page", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 1799)}), LADDERED, T0, "escalated_to_human"),
+     GateState(ladder={DEPLOYMENT: ("restart", T0 - 1799)}), LADDERED, T0, "escalated_to_human"),
     # p1 of the Deployment was restarted on node-a; p2, on node-b and never restarted, hangs 16 minutes
     # later: the hang follows the software, not a node. node-b is healthy and is not cordoned.
     ("ladder: a sibling's hang on another node pages, never cordons", replace(ALERT, labels=labels(target="llm/p2")),
      fleet(**{"llm/p2": replace(DEPLOYED, pod="p2", pod_uid="u2", node="node-b")}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 960)}, ladder_nodes={DEPLOYMENT: "node-a"}), LADDERED, T0,
+     GateState(ladder={DEPLOYMENT: ("restart", T0 - 960)}, ladder_nodes={DEPLOYMENT: "node-a"}), LADDERED, T0,
      "escalated_to_human"),
     # A page holds until a human releases the workload: past escalate_within, the same alert re-sent by
     # Alertmanager's repeat_interval, or a new one, is refused again (on main the ladder started over).
     ("page holds past escalate_within (an older state's page step)", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("page", T0 - 3600)}), LADDERED, T0, "escalated_to_human"),
+     GateState(ladder={DEPLOYMENT: ("page", T0 - 3600)}), LADDERED, T0, "escalated_to_human"),
     ("page holds for hours", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(pages={DEPLOYMENT: T0 - 14 * 3600}), LADDERED, T0, "escalated_to_human"),
+     GateState(pages={DEPLOYMENT: T0 - 14 * 3600}), LADDERED, T0, "escalated_to_human"),
     ("page holds with the ladder turned off since", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(pages={DEPLOYMENT: T0 - 60}), TEMPLATED, T0, "escalated_to_human"),
+     GateState(pages={DEPLOYMENT: T0 - 60}), TEMPLATED, T0, "escalated_to_human"),
     ("another workload's page is its own", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(pages={"Deployment/llm/other": T0 - 60}), LADDERED, T0, "allowed"),
+     GateState(pages={"Deployment/llm/other": T0 - 60}), LADDERED, T0, "allowed"),
     # Cordons are bounded fleet-wide (max_cordoned_nodes, 1 by default).
     ("gpu fault, a node already cordoned elsewhere: cordon_limit", POD_ALERT, fleet(**{"llm/p1": GPU_POD}),
-     JournalState(gpu_nodes=frozenset({"node-z"})), MOVING, T0, "cordon_limit"),
+     GateState(cordoned_nodes=frozenset({"node-z"})), MOVING, T0, "cordon_limit"),
     ("gpu fault, room for a second cordon", POD_ALERT, fleet(**{"llm/p1": GPU_POD}),
-     JournalState(gpu_nodes=frozenset({"node-z"})), replace(MOVING, max_cordoned_nodes=2), T0, "cordon_and_move"),
+     GateState(cordoned_nodes=frozenset({"node-z"})), replace(MOVING, max_cordoned_nodes=2), T0, "cordon_and_move"),
     ("ladder cordon, limit reached: cordon_limit", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60), OTHER: ("restart", T0 - 120)},
-                  ladder_nodes={DEPLOYMENT: "node-a", OTHER: "node-a"}, gpu_nodes=frozenset({"node-z"})), LADDERED,
+     GateState(ladder={DEPLOYMENT: ("restart", T0 - 60), OTHER: ("restart", T0 - 120)},
+                  ladder_nodes={DEPLOYMENT: "node-a", OTHER: "node-a"}, cordoned_nodes=frozenset({"node-z"})), LADDERED,
      T0, "cordon_limit"),
     ("max_cordoned_nodes 0: never a cordon", POD_ALERT, fleet(**{"llm/p1": GPU_POD}), JOURNAL,
      replace(MOVING, max_cordoned_nodes=0), T0, "cordon_limit"),
     # The backoff: 15 min after the first restart of a streak, 30 after the second, 1 h, ... capped at 4 h.
-    ("backoff after the first restart", ALERT, FLEET, JournalState(backoff={"a": (1, T0 - 899)}), POLICY, T0,
+    ("backoff after the first restart", ALERT, FLEET, GateState(backoff={"a": (1, T0 - 899)}), POLICY, T0,
      "backoff"),
-    ("backoff after the first restart, over", ALERT, FLEET, JournalState(backoff={"a": (1, T0 - 900)}), POLICY, T0,
+    ("backoff after the first restart, over", ALERT, FLEET, GateState(backoff={"a": (1, T0 - 900)}), POLICY, T0,
      "allowed"),
-    ("backoff grows: an hour after the third", ALERT, FLEET, JournalState(backoff={"a": (3, T0 - 3599)}), POLICY, T0,
+    ("backoff grows: an hour after the third", ALERT, FLEET, GateState(backoff={"a": (3, T0 - 3599)}), POLICY, T0,
      "backoff"),
-    ("backoff capped at max", ALERT, FLEET, JournalState(backoff={"a": (30, T0 - 4 * 3600)}), POLICY, T0, "allowed"),
+    ("backoff capped at max", ALERT, FLEET, GateState(backoff={"a": (30, T0 - 4 * 3600)}), POLICY, T0, "allowed"),
     ("backoff: a quiet reset_after ends the streak", ALERT, FLEET,
-     JournalState(backoff={"a": (30, T0 - 12 * 3600)}), replace(POLICY, backoff_max=1e6), T0, "allowed"),
-    ("backoff off", ALERT, FLEET, JournalState(backoff={"a": (3, T0 - 60)}), replace(POLICY, backoff_initial=0), T0,
+     GateState(backoff={"a": (30, T0 - 12 * 3600)}), replace(POLICY, backoff_max=1e6), T0, "allowed"),
+    ("backoff off", ALERT, FLEET, GateState(backoff={"a": (3, T0 - 60)}), replace(POLICY, backoff_initial=0), T0,
      "allowed"),
-    ("another workload's backoff is its own", ALERT, FLEET, JournalState(backoff={"b": (3, T0 - 60)}), POLICY, T0,
+    ("another workload's backoff is its own", ALERT, FLEET, GateState(backoff={"b": (3, T0 - 60)}), POLICY, T0,
      "allowed"),
     ("ladder: after escalate_within, a restart again", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 1800)}), LADDERED, T0, "allowed"),
+     GateState(ladder={DEPLOYMENT: ("restart", T0 - 1800)}), LADDERED, T0, "allowed"),
     ("ladder: stuck again after the move, page", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}), LADDERED, T0, "escalated_to_human"),
+     GateState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}), LADDERED, T0, "escalated_to_human"),
     ("ladder: paged, still paged", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("page", T0 - 60)}), LADDERED, T0, "escalated_to_human"),
+     GateState(ladder={DEPLOYMENT: ("page", T0 - 60)}), LADDERED, T0, "escalated_to_human"),
     ("ladder: no node to move off, page", POD_ALERT, fleet(**{"llm/p1": replace(DEPLOYED, node=None)}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}), LADDERED, T0, "escalated_to_human"),
+     GateState(ladder={DEPLOYMENT: ("restart", T0 - 60)}), LADDERED, T0, "escalated_to_human"),
     ("ladder: node already cordoned, page", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)}, ladder_nodes={DEPLOYMENT: "node-a"},
-                  gpu_nodes=frozenset({"node-a"})), LADDERED, T0,
+     GateState(ladder={DEPLOYMENT: ("restart", T0 - 60)}, ladder_nodes={DEPLOYMENT: "node-a"},
+                  cordoned_nodes=frozenset({"node-a"})), LADDERED, T0,
      "escalated_to_human"),
-    ("ladder: a static target has no node, page", ALERT, FLEET, JournalState(ladder={"a": ("restart", T0 - 60)}),
+    ("ladder: a static target has no node, page", ALERT, FLEET, GateState(ladder={"a": ("restart", T0 - 60)}),
      replace(POLICY, escalate_within=1800.0), T0, "escalated_to_human"),
     ("ladder: another workload's step is its own", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={"Deployment/llm/other": ("cordon_and_move", T0 - 60)}), LADDERED, T0, "allowed"),
+     GateState(ladder={"Deployment/llm/other": ("cordon_and_move", T0 - 60)}), LADDERED, T0, "allowed"),
     ("ladder off: a step on record changes nothing", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}), TEMPLATED, T0, "allowed"),
+     GateState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}), TEMPLATED, T0, "allowed"),
     ("ladder: the move waits for the cooldown", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60), OTHER: ("restart", T0 - 120)},
+     GateState(ladder={DEPLOYMENT: ("restart", T0 - 60), OTHER: ("restart", T0 - 120)},
                   ladder_nodes={DEPLOYMENT: "node-a", OTHER: "node-a"}, last_restart_started=T0 - 60), LADDERED, T0,
      "cooldown"),
     ("ladder: the page comes before the cooldown", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}, last_restart_started=T0 - 60), LADDERED, T0,
+     GateState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}, last_restart_started=T0 - 60), LADDERED, T0,
      "escalated_to_human"),
     ("ladder: a GPU fault moved once, stuck again: page", POD_ALERT,
      fleet(**{"llm/p1": replace(GPU_POD, workload=DEPLOYMENT, node="node-b")}),
-     JournalState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}), replace(MOVING, escalate_within=1800.0), T0,
+     GateState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}), replace(MOVING, escalate_within=1800.0), T0,
      "escalated_to_human"),
     # A replica degraded beside its peers (issue 40): LLMServerDegraded, relabelled remediation="restart" by an
     # operator, is never a restart; it is a move only off a node other evidence points at, with cordon_and_move.
@@ -297,16 +293,16 @@ CASES = [
     ("degraded with evidence, gpu_fault_action refuse: no move", DEGRADED_ALERT,
      fleet(**{"llm/p1": DEGRADED, "llm/q1": NEIGHBOUR}), JOURNAL, TEMPLATED, T0, "not_stuck"),
     ("degraded with evidence, under the usual limits: cordon_limit", DEGRADED_ALERT,
-     fleet(**{"llm/p1": DEGRADED, "llm/q1": NEIGHBOUR}), JournalState(gpu_nodes=frozenset({"node-z"})), MOVING, T0,
+     fleet(**{"llm/p1": DEGRADED, "llm/q1": NEIGHBOUR}), GateState(cordoned_nodes=frozenset({"node-z"})), MOVING, T0,
      "cordon_limit"),
     ("degraded with evidence, under the usual limits: cooldown", DEGRADED_ALERT,
-     fleet(**{"llm/p1": DEGRADED, "llm/q1": NEIGHBOUR}), JournalState(last_restart_started=T0 - 60), MOVING, T0,
+     fleet(**{"llm/p1": DEGRADED, "llm/q1": NEIGHBOUR}), GateState(last_restart_started=T0 - 60), MOVING, T0,
      "cooldown"),
     ("the degraded alert, no longer degraded now", DEGRADED_ALERT,
      fleet(**{"llm/p1": replace(DEGRADED, degraded=False), "llm/q1": NEIGHBOUR}), JOURNAL, MOVING, T0, "not_stuck"),
     ("ladder: stuck again on its node, where another workload's replica is degraded: cordon and move", POD_ALERT,
      fleet(**{"llm/p1": DEPLOYED, "llm/q1": NEIGHBOUR}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 1799)}, ladder_nodes={DEPLOYMENT: "node-a"}), LADDERED, T0,
+     GateState(ladder={DEPLOYMENT: ("restart", T0 - 1799)}, ladder_nodes={DEPLOYMENT: "node-a"}), LADDERED, T0,
      "cordon_and_move"),
     # A LeaderWorkerSet group is one server in the fleet gate (max_unhealthy 2: a and the group).
     ("a stuck group counts once in the fleet gate", ALERT,
@@ -317,7 +313,7 @@ CASES = [
      JOURNAL, TEMPLATED, T0, "fleet_gate"),
     ("a group's pod, allowed: the group restarts", replace(ALERT, labels=labels(target="llm/g1")),
      fleet(**{f"llm/g{i}": replace(POD, pod=f"g{i}", pod_uid=f"ug{i}", workload=GROUP) for i in range(3)}),
-     JournalState(restart_times={GROUP: (T0 - 3000,)}), TEMPLATED, T0, "allowed"),
+     GateState(restart_times={GROUP: (T0 - 3000,)}), TEMPLATED, T0, "allowed"),
 ]
 
 
@@ -341,7 +337,7 @@ def test_every_reason_has_a_case():
 
 def test_checks_run_in_the_documented_order():
     """With every refusal true at once, each check wins over all the later ones."""
-    journal = JournalState(
+    journal = GateState(
         in_progress="c", last_restart_started=T0, open_circuits=frozenset({"a"}), decided_keys=frozenset()
     )
     sick = fleet(a=TargetStatus("stuck", OLD, gpu_fault=True), b=TargetStatus("stuck", OLD), c=TargetStatus("down"))
@@ -357,7 +353,7 @@ def test_checks_run_in_the_documented_order():
     assert decide(ALERT, FLEET, journal, policy, T0).reason == "dry_run"
     # a resolved duplicate for an unknown target is first of all resolved
     weird = replace(ALERT, status="resolved", labels=labels(target="zz"))
-    assert decide(weird, None, JournalState(decided_keys=frozenset({weird.key})), policy, T0).reason == "not_firing"
+    assert decide(weird, None, GateState(decided_keys=frozenset({weird.key})), policy, T0).reason == "not_firing"
 
 
 ADVICE = "a restart would not help: move the workload off it, or set gpu_fault_action: cordon_and_move"
@@ -414,7 +410,7 @@ PLAN_CASES = [
      Plan("llm/p1", "llm/p1", "cordon_and_move", 45.0, 55.0, "llm", "p1", "u1", "node-a",
           taint="GpuMemWatch", cause="GPU fault (GpuMemWatch: Xid79: GPU has fallen off the bus)", template=0)),
     ("the ladder's cordon", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60), OTHER: ("restart", T0 - 120)},
+     GateState(ladder={DEPLOYMENT: ("restart", T0 - 60), OTHER: ("restart", T0 - 120)},
                   ladder_nodes={DEPLOYMENT: "node-a", OTHER: "node-a"}),
      replace(TIMED, escalate_within=1800.0),
      Plan("llm/p1", DEPLOYMENT, "cordon_and_move", 45.0, 55.0, "llm", "p1", "u1", "node-a", taint="LadderEscalation",
@@ -448,44 +444,44 @@ HELD_BACKOFF = {"a": HeldAlert("a", "backoff", T0 - 600, T0 - 60, ALERT.fingerpr
 EFFECT_CASES = [
     ("allowed: intent", ALERT, FLEET, JOURNAL, POLICY, Effects(intent=True, workload="a", backoff=(1, T0))),
     # A backoff refusal is written (LLMVitalsRemediatorBackoffHolding tells a human), its copies soon after are not.
-    ("a backoff refusal is recorded", ALERT, FLEET, JournalState(backoff={"a": (3, T0 - 60)}), POLICY,
+    ("a backoff refusal is recorded", ALERT, FLEET, GateState(backoff={"a": (3, T0 - 60)}), POLICY,
      Effects(workload="a", backoff_refused=True, hold="backoff")),
     ("a backoff refusal's copy within 5 minutes writes nothing", ALERT, FLEET,
-     JournalState(backoff={"a": (3, T0 - 60)}, backoff_refused={"a": (T0 - 600, T0 - 299)}, held=HELD_BACKOFF),
+     GateState(backoff={"a": (3, T0 - 60)}, backoff_refused={"a": (T0 - 600, T0 - 299)}, held=HELD_BACKOFF),
      POLICY, Effects(workload="a")),
     ("a backoff refusal's re-send 5 minutes on is recorded", ALERT, FLEET,
-     JournalState(backoff={"a": (3, T0 - 60)}, backoff_refused={"a": (T0 - 600, T0 - 300)}), POLICY,
+     GateState(backoff={"a": (3, T0 - 60)}, backoff_refused={"a": (T0 - 600, T0 - 300)}), POLICY,
      Effects(workload="a", backoff_refused=True, hold="backoff")),
     # A hold is written when it starts, changes reason or is HELD_REFRESH old; it ends when the target
     # is decided otherwise.
     ("a held target's hold refreshed", ALERT, FLEET,
-     JournalState(backoff={"a": (3, T0 - 60)}, backoff_refused={"a": (T0 - 600, T0 - 299)},
+     GateState(backoff={"a": (3, T0 - 60)}, backoff_refused={"a": (T0 - 600, T0 - 299)},
                   held={"a": replace(HELD_BACKOFF["a"], at=T0 - 120)}), POLICY, Effects(workload="a", hold="backoff")),
     ("a held target's hold changes reason", ALERT, FLEET,
-     JournalState(held={"a": replace(HELD_BACKOFF["a"], reason="paused")}, last_restart_started=T0 - 5), POLICY,
+     GateState(held={"a": replace(HELD_BACKOFF["a"], reason="paused")}, last_restart_started=T0 - 5), POLICY,
      Effects(workload="a", hold="cooldown")),
-    ("a held target restarted: its hold ends", ALERT, FLEET, JournalState(held=HELD_BACKOFF), POLICY,
+    ("a held target restarted: its hold ends", ALERT, FLEET, GateState(held=HELD_BACKOFF), POLICY,
      Effects(intent=True, workload="a", backoff=(1, T0), unhold=True)),
     ("a held target no longer stuck: its hold ends", ALERT, fleet(a=TargetStatus("busy", OLD)),
-     JournalState(held=HELD_BACKOFF), POLICY, Effects(workload="a", unhold=True)),
-    ("a held target not judged (exporter down): held as it was", ALERT, None, JournalState(held=HELD_BACKOFF),
+     GateState(held=HELD_BACKOFF), POLICY, Effects(workload="a", unhold=True)),
+    ("a held target not judged (exporter down): held as it was", ALERT, None, GateState(held=HELD_BACKOFF),
      POLICY, Effects(workload="a")),
     ("a held target's alert already decided (a restart by another replica): its hold ends", ALERT, FLEET,
-     JournalState(held=HELD_BACKOFF, decided_keys=frozenset({ALERT.key})), POLICY, Effects(workload="a", unhold=True)),
-    ("last of the budget opens the circuit", ALERT, FLEET, JournalState(restart_times={"a": (T0 - 3000, T0 - 2000)}),
+     GateState(held=HELD_BACKOFF, decided_keys=frozenset({ALERT.key})), POLICY, Effects(workload="a", unhold=True)),
+    ("last of the budget opens the circuit", ALERT, FLEET, GateState(restart_times={"a": (T0 - 3000, T0 - 2000)}),
      POLICY, Effects(intent=True, open_circuit=True, workload="a", backoff=(1, T0))),
     ("budget used up opens the circuit once", ALERT, FLEET,
-     JournalState(restart_times={"a": (T0 - 3000, T0 - 2000, T0 - 1000)}), POLICY,
+     GateState(restart_times={"a": (T0 - 3000, T0 - 2000, T0 - 1000)}), POLICY,
      Effects(open_circuit=True, workload="a", hold="circuit_open")),
-    ("already open: held", ALERT, FLEET, JournalState(open_circuits=frozenset({"a"})), POLICY,
+    ("already open: held", ALERT, FLEET, GateState(open_circuits=frozenset({"a"})), POLICY,
      Effects(workload="a", hold="circuit_open")),
     ("storm recorded", ALERT, fleet(b=TargetStatus("stuck", OLD), c=TargetStatus("down")), JOURNAL,
      replace(POLICY, storm_cooldown=600), Effects(storm_seen_at=T0, workload="a", hold="fleet_gate")),
     ("storm recorded under a cooldown too", ALERT, fleet(b=TargetStatus("stuck", OLD), c=TargetStatus("down")),
-     JournalState(last_restart_started=T0 - 5), replace(POLICY, storm_cooldown=600),
+     GateState(last_restart_started=T0 - 5), replace(POLICY, storm_cooldown=600),
      Effects(storm_seen_at=T0, workload="a", hold="cooldown")),
     ("storm just recorded: no second write", ALERT, fleet(b=TargetStatus("stuck", OLD), c=TargetStatus("down")),
-     JournalState(storm_seen_at=T0 - 0.5, held={"a": replace(HELD_BACKOFF["a"], reason="fleet_gate")}),
+     GateState(storm_seen_at=T0 - 0.5, held={"a": replace(HELD_BACKOFF["a"], reason="fleet_gate")}),
      replace(POLICY, storm_cooldown=600), Effects(workload="a")),
     # Every replica's backstop word holds the fleet after a storm, whatever the storm cooldown.
     ("no storm cooldown configured: recorded all the same", ALERT,
@@ -494,39 +490,39 @@ EFFECT_CASES = [
     # The node is marked only once its cordon succeeded (acting.py), never by the decision.
     ("gpu move: the node is not marked yet", POD_ALERT, fleet(**{"llm/p1": GPU_POD}), JOURNAL, MOVING,
      Effects(intent=True, workload="llm/p1", backoff=(1, T0))),
-    ("duplicate: nothing", ALERT, FLEET, JournalState(decided_keys=frozenset({ALERT.key})), POLICY,
+    ("duplicate: nothing", ALERT, FLEET, GateState(decided_keys=frozenset({ALERT.key})), POLICY,
      Effects(workload="a")),
     # Budgets, circuits and the ladder count the workload, not the pod.
     ("a pod's restart counts against its Deployment", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(restart_times={DEPLOYMENT: (T0 - 3000, T0 - 2000)}), TEMPLATED,
+     GateState(restart_times={DEPLOYMENT: (T0 - 3000, T0 - 2000)}), TEMPLATED,
      Effects(intent=True, open_circuit=True, workload=DEPLOYMENT, backoff=(1, T0))),
     ("ladder on: the restart is its first step", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}), JOURNAL, LADDERED,
      Effects(intent=True, workload=DEPLOYMENT, step="restart", node="node-a", backoff=(1, T0))),
     ("ladder: stuck again, the move is its second step", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60), OTHER: ("restart", T0 - 120)},
+     GateState(ladder={DEPLOYMENT: ("restart", T0 - 60), OTHER: ("restart", T0 - 120)},
                   ladder_nodes={DEPLOYMENT: "node-a", OTHER: "node-a"},
                   backoff={DEPLOYMENT: (1, T0 - 900)}), LADDERED,
      Effects(intent=True, workload=DEPLOYMENT, step="cordon_and_move", node="node-a", backoff=(2, T0))),
     ("ladder: the page is written once", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}), LADDERED,
+     GateState(ladder={DEPLOYMENT: ("cordon_and_move", T0 - 60)}), LADDERED,
      Effects(workload=DEPLOYMENT, step="page", page=True, hold="escalated_to_human")),
     ("a page held already: held", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(pages={DEPLOYMENT: T0 - 7200}), LADDERED, Effects(workload=DEPLOYMENT, hold="escalated_to_human")),
+     GateState(pages={DEPLOYMENT: T0 - 7200}), LADDERED, Effects(workload=DEPLOYMENT, hold="escalated_to_human")),
     ("a ladder cordon refused by the limit pages (the ladder must not start over)", POD_ALERT,
-     fleet(**{"llm/p1": DEPLOYED}), JournalState(ladder={DEPLOYMENT: ("restart", T0 - 60)},
-                                                 ladder_nodes={DEPLOYMENT: "node-a"}, gpu_nodes=frozenset({"node-z"})),
+     fleet(**{"llm/p1": DEPLOYED}), GateState(ladder={DEPLOYMENT: ("restart", T0 - 60)},
+                                                 ladder_nodes={DEPLOYMENT: "node-a"}, cordoned_nodes=frozenset({"node-z"})),
      LADDERED, Effects(workload=DEPLOYMENT, step="page", page=True, hold="escalated_to_human")),
     ("a GPU cordon refused by the limit is no page, but held", POD_ALERT, fleet(**{"llm/p1": GPU_POD}),
-     JournalState(gpu_nodes=frozenset({"node-z"})), replace(MOVING, escalate_within=1800.0),
+     GateState(cordoned_nodes=frozenset({"node-z"})), replace(MOVING, escalate_within=1800.0),
      Effects(workload="llm/p1", hold="cordon_limit")),
-    ("the backoff streak goes on", ALERT, FLEET, JournalState(backoff={"a": (2, T0 - 1800)}), POLICY,
+    ("the backoff streak goes on", ALERT, FLEET, GateState(backoff={"a": (2, T0 - 1800)}), POLICY,
      Effects(intent=True, workload="a", backoff=(3, T0))),
     ("the backoff streak starts again after a quiet reset_after", ALERT, FLEET,
-     JournalState(backoff={"a": (5, T0 - 12 * 3600)}), POLICY, Effects(intent=True, workload="a", backoff=(1, T0))),
+     GateState(backoff={"a": (5, T0 - 12 * 3600)}), POLICY, Effects(intent=True, workload="a", backoff=(1, T0))),
     ("backoff off: no streak kept", ALERT, FLEET, JOURNAL, replace(POLICY, backoff_initial=0),
      Effects(intent=True, workload="a")),
     ("ladder: paged already, held", POD_ALERT, fleet(**{"llm/p1": DEPLOYED}),
-     JournalState(ladder={DEPLOYMENT: ("page", T0 - 60)}), LADDERED, Effects(workload=DEPLOYMENT, hold="escalated_to_human")),
+     GateState(ladder={DEPLOYMENT: ("page", T0 - 60)}), LADDERED, Effects(workload=DEPLOYMENT, hold="escalated_to_human")),
     ("a group's restart counts once, against the group", replace(ALERT, labels=labels(target="llm/g1")),
      fleet(**{f"llm/g{i}": replace(POD, pod=f"g{i}", pod_uid=f"ug{i}", workload=GROUP) for i in range(3)}),
      JOURNAL, TEMPLATED, Effects(intent=True, workload=GROUP, backoff=(1, T0))),
@@ -571,7 +567,7 @@ def test_a_group_is_a_leaderworkerset_workload_of_a_pod_in_its_namespace(status,
 def test_the_ladder_takes_the_next_step_within_escalate_within(ladder, now, step):
     policy = replace(POLICY, escalate_within=600.0)
     neighbour = {"x": ("restart", T0 - 5)}  # another workload restarted on n1 meanwhile: the node's own evidence
-    state = JournalState(ladder={**ladder, **neighbour}, ladder_nodes={w: "n1" for w in {**ladder, **neighbour}})
+    state = GateState(ladder={**ladder, **neighbour}, ladder_nodes={w: "n1" for w in {**ladder, **neighbour}})
     assert ladder_step(state, policy, "w", now, "n1") == step
     assert ladder_step(state, POLICY, "w", now, "n1") == "restart"  # the ladder off
 
@@ -584,7 +580,7 @@ def test_the_ladder_takes_the_next_step_within_escalate_within(ladder, now, step
 ])
 def test_the_ladder_cordons_only_the_node_the_hang_came_back_on(recorded, node, step):
     nodes = ({"w": recorded} if recorded else {}) | {"x": "n1"}
-    state = JournalState(ladder={"w": ("restart", T0 - 10), "x": ("restart", T0 - 20)}, ladder_nodes=nodes)
+    state = GateState(ladder={"w": ("restart", T0 - 10), "x": ("restart", T0 - 20)}, ladder_nodes=nodes)
     assert ladder_step(state, replace(POLICY, escalate_within=600.0), "w", T0, node) == step
 
 
@@ -600,7 +596,7 @@ def test_the_ladder_cordons_only_the_node_the_hang_came_back_on(recorded, node, 
 def test_a_node_is_suspect_only_where_another_workload_hung_on_it_within_escalate_within(others, suspect):
     ladder = {w: (step, at) for w, (step, at, _) in others.items()}
     nodes = {w: node for w, (_, _, node) in others.items() if node}
-    state = JournalState(ladder=ladder, ladder_nodes=nodes)
+    state = GateState(ladder=ladder, ladder_nodes=nodes)
     assert node_suspect(state, replace(POLICY, escalate_within=600.0), "w", "n1", T0) == suspect
     assert node_suspect(state, POLICY, "w", "n1", T0) is None  # the ladder off
 

@@ -20,8 +20,11 @@ import pytest
 from test_remediator_helpers import Clock
 from test_remediator_loop import OLD, POLICY, T0, Fleet, MemoryStore, alert, replicas  # noqa: F401
 
-from llm_vitals.remediator import backstop, gate, holds, shared
-from llm_vitals.remediator.gate import CHECKS, AlertFacts, FleetView, JournalState, TargetStatus
+from llm_vitals.remediator import backstop, gate, holds, model
+from llm_vitals.remediator.gate import CHECKS
+from llm_vitals.remediator.model import AlertFacts, FleetView, GateState, TargetStatus
+from llm_vitals.remediator.state import held_for
+from llm_vitals.remediator.state_codec import summary
 
 STUCK = TargetStatus("stuck", process_start_time=OLD)
 IDLE = TargetStatus("idle", process_start_time=OLD)
@@ -31,18 +34,18 @@ QUIET = FleetView({"a": STUCK, "b": IDLE, "c": IDLE, "d": IDLE, "e": IDLE})
 # -- one table --------------------------------------------------------------------------------------
 
 STATES = [
-    ("paused", JournalState(paused_until=T0 + 60, pause_reason="upgrade")),
-    ("paged", JournalState(pages={"a": T0 - 60})),
-    ("restart of it running", JournalState(in_progress="a", in_progress_expires=T0 + 30, last_restart_started=T0 - 5,
+    ("paused", GateState(paused_until=T0 + 60, pause_reason="upgrade")),
+    ("paged", GateState(pages={"a": T0 - 60})),
+    ("restart of it running", GateState(in_progress="a", in_progress_expires=T0 + 30, last_restart_started=T0 - 5,
                                            restart_times={"a": (T0 - 5,)})),
-    ("cooldown", JournalState(last_restart_started=T0 - 60, restart_times={"b": (T0 - 60,)})),
-    ("circuit open, in the cooldown", JournalState(open_circuits=frozenset({"a"}), last_restart_started=T0 - 60,
+    ("cooldown", GateState(last_restart_started=T0 - 60, restart_times={"b": (T0 - 60,)})),
+    ("circuit open, in the cooldown", GateState(open_circuits=frozenset({"a"}), last_restart_started=T0 - 60,
                                                    restart_times={"a": (T0 - 60,)})),
-    ("budget used, backoff running", JournalState(restart_times={"a": (T0 - 3000, T0 - 2000, T0 - 1000)},
+    ("budget used, backoff running", GateState(restart_times={"a": (T0 - 3000, T0 - 2000, T0 - 1000)},
                                                   backoff={"a": (3, T0 - 1000)})),
-    ("backoff", JournalState(backoff={"a": (2, T0 - 1000)}, restart_times={"a": (T0 - 1000,)})),
-    ("storm cooldown", JournalState(storm_seen_at=T0 - 30)),
-    ("nothing", JournalState()),
+    ("backoff", GateState(backoff={"a": (2, T0 - 1000)}, restart_times={"a": (T0 - 1000,)})),
+    ("storm cooldown", GateState(storm_seen_at=T0 - 30)),
+    ("nothing", GateState()),
 ]
 
 
@@ -71,10 +74,10 @@ MOVABLE = replace(GPU, node="node-1", pod="a-pod")
 
 
 @pytest.mark.parametrize("fleet, over, state, reason", [
-    (FleetView({**QUIET.targets, "a": GPU}), {}, JournalState(), "gpu_fault"),
-    (STORM, {}, JournalState(), "fleet_gate"),  # storm_cooldown 0 (the default)
+    (FleetView({**QUIET.targets, "a": GPU}), {}, GateState(), "gpu_fault"),
+    (STORM, {}, GateState(), "fleet_gate"),  # storm_cooldown 0 (the default)
     (FleetView({**QUIET.targets, "a": MOVABLE}), {"gpu_fault_action": "cordon_and_move"},
-     JournalState(gpu_nodes=frozenset({"node-9"})), "cordon_limit"),
+     GateState(cordoned_nodes=frozenset({"node-9"})), "cordon_limit"),
 ], ids=["gpu_fault", "fleet_gate", "cordon_limit"])
 async def test_a_refusal_that_leaves_a_hang_unhandled_holds_every_replicas_word(replicas, fleet, over, state,  # noqa: F811
                                                                                 reason):
@@ -98,7 +101,7 @@ async def test_a_resolved_alert_ends_its_targets_hold(replicas):  # noqa: F811
     store = MemoryStore(clock)
     replica = await replicas(store, clock, Fleet(FleetView({**QUIET.targets, "a": GPU})))
     assert await replica.decide(alert("a")) == "gpu_fault"
-    assert shared.summary(store.state)["held_targets"] == {"a": "gpu_fault"}  # GET /api/v1/state shows it
+    assert summary(store.state)["held_targets"] == {"a": "gpu_fault"}  # GET /api/v1/state shows it
     assert await replica.decide(replace(alert("a"), status="resolved")) == "not_firing"
     assert store.state.held == {}
     assert backstop.word_for("a", store.state, replica.loop.policy, clock()).word == "act"
@@ -112,7 +115,7 @@ async def test_a_lifted_pause_is_decided_again_by_the_remediator_one_restart_at_
     fleet = Fleet(FleetView({"a": STUCK, "b": STUCK, "c": IDLE, "d": IDLE, "e": IDLE}))
     replica = await replicas(store, clock, fleet)
     replica.executor.hold.set()
-    store.state = JournalState(paused_until=T0 + 600, pause_reason="maintenance")
+    store.state = GateState(paused_until=T0 + 600, pause_reason="maintenance")
     assert [await replica.decide(alert(t)) for t in "ab"] == ["paused", "paused"]
     assert {t: h.reason for t, h in store.state.held.items()} == {"a": "paused", "b": "paused"}
     assert await replica.loop.redecide() == []  # still paused: nothing due, nothing written
@@ -181,7 +184,7 @@ async def test_a_restart_read_again_a_little_apart_is_the_same_restart(replicas)
     """The exporter converts a restart's time from its monotonic clock at each read: it moves by milliseconds."""
     clock = Clock(T0)
     store = MemoryStore(clock)
-    store.state = JournalState(seen_restarts={"a": T0 - 20})
+    store.state = GateState(seen_restarts={"a": T0 - 20})
     replica = await replicas(store, clock, Fleet(FleetView({**QUIET.targets, "a": pod(T0 - 19.997)})))
     await replica.loop.redecide()
     assert store.state.outside_restarts == {} and store.state.seen_restarts["a"] == T0 - 20
@@ -190,7 +193,7 @@ async def test_a_restart_read_again_a_little_apart_is_the_same_restart(replicas)
 async def test_the_remediators_own_restart_is_not_counted_twice(replicas):  # noqa: F811
     clock = Clock(T0)
     store = MemoryStore(clock)
-    store.state = JournalState(seen_restarts={"a": -1.0}, restart_times={"a": (T0 - 60,)})
+    store.state = GateState(seen_restarts={"a": -1.0}, restart_times={"a": (T0 - 60,)})
     fleet = Fleet(FleetView({**QUIET.targets, "a": pod(T0 - 20)}))
     replica = await replicas(store, clock, fleet)
     await replica.loop.redecide()
@@ -198,7 +201,7 @@ async def test_the_remediators_own_restart_is_not_counted_twice(replicas):  # no
 
 
 def test_a_held_alert_is_decided_again_as_alertmanager_sent_it():
-    held = gate.HeldAlert("a", "paused", T0, T0, "fp-a", T0 - 600, "LLMServerDown")
+    held = model.HeldAlert("a", "paused", T0, T0, "fp-a", T0 - 600, "LLMServerDown")
     assert held.facts("a") == AlertFacts("firing", {"alertname": "LLMServerDown", "target": "a",
                                                     "remediation": "restart"}, "fp-a", T0 - 600)
 
@@ -206,7 +209,7 @@ def test_a_held_alert_is_decided_again_as_alertmanager_sent_it():
 @pytest.mark.parametrize("age, due", [(gate.HELD_REFRESH - 1, False), (gate.HELD_REFRESH, True)])
 def test_an_eviction_a_disruption_budget_refused_is_held_and_tried_again_only_every_refresh(age, due):
     facts = alert("a")
-    state = shared.held_for(JournalState(), facts, "a", "disruption_budget", T0)
+    state = held_for(GateState(), facts, "a", "disruption_budget", T0)
     word = backstop.word_for("a", state, POLICY, T0 + age)
     assert (word.word, word.reason) == ("hold", "disruption_budget")  # the kubelet does not restart it either
     # The gate alone would allow it at once: without the wait, every look would evict (and be refused) again.

@@ -23,11 +23,11 @@ from test_remediator_pods import GROUP_LABELS, api  # noqa: F401
 
 from llm_vitals.remediator.acting import Actor
 from llm_vitals.remediator.evidence import Evidence
-from llm_vitals.remediator.gate import FleetView, TargetStatus
 from llm_vitals.remediator.identity import verified, workload_of_pod
 from llm_vitals.remediator.journal import Journal
 from llm_vitals.remediator.loop import GateLoop
 from llm_vitals.remediator.metrics import RemediatorMetrics
+from llm_vitals.remediator.model import FleetView, TargetStatus
 from llm_vitals.remediator.pods import IdentityReader
 from llm_vitals.remediator.policy import policy_from
 

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from llm_vitals.remediator import gate, shared
-from llm_vitals.remediator.gate import AlertFacts, FleetView, GatePolicy, JournalState, TargetStatus, TemplateMatch
+from llm_vitals.remediator import gate
+from llm_vitals.remediator.gate import GatePolicy, TemplateMatch
+from llm_vitals.remediator.model import AlertFacts, FleetView, GateState, Intent, TargetStatus
+from llm_vitals.remediator.state import finished, node_cordoned, pruned, undo_of, with_effects, workload_released
 
 T0 = 1_800_000_000.0
 MINUTE = 60.0
@@ -63,10 +65,10 @@ class Fleet:
         self.restarts.append(now)
 
 
-def run(fleet: Fleet, policy: GatePolicy, hours: float, state: JournalState | None = None,
-        start: float = T0) -> JournalState:
+def run(fleet: Fleet, policy: GatePolicy, hours: float, state: GateState | None = None,
+        start: float = T0) -> GateState:
     """Drive the gate minute by minute for `hours` from `start`; the state it commits is returned."""
-    state = state or JournalState()
+    state = state or GateState()
     now = start
     while now < start + hours * HOUR:
         if fleet.stuck_since is None and now >= fleet.started + fleet.hang_after:
@@ -78,7 +80,7 @@ def run(fleet: Fleet, policy: GatePolicy, hours: float, state: JournalState | No
     return state
 
 
-def webhook(fleet: Fleet, policy: GatePolicy, state: JournalState, now: float) -> JournalState:
+def webhook(fleet: Fleet, policy: GatePolicy, state: GateState, now: float) -> GateState:
     """One alert through the pure gate, its effects committed, an allowed action carried out."""
     assert fleet.stuck_since is not None
     labels = {"alertname": "LLMServerStuck", "target": TARGET, "remediation": "restart"}
@@ -89,16 +91,16 @@ def webhook(fleet: Fleet, policy: GatePolicy, state: JournalState, now: float) -
     effects = gate.effects_of(decision, alert, view, state, policy, now)
     intent = None
     if decision.allowed:
-        intent = shared.Intent("replica/x", TARGET, None, DEPLOYMENT, now, shared.undo_of(state, DEPLOYMENT))
-    state = shared.with_effects(state, effects, alert, now, intent)
+        intent = Intent("replica/x", TARGET, None, DEPLOYMENT, now, undo_of(state, DEPLOYMENT))
+    state = with_effects(state, effects, alert, now, intent)
     if intent is not None:
         cordon = fleet.status().node if decision.reason == "cordon_and_move" else None
         if cordon is not None:
             fleet.cordoned.append(cordon)
-            state = shared.node_marked(state, cordon)
-        state = shared.finished(state, intent.holder, DEPLOYMENT)
+            state = node_cordoned(state, cordon)
+        state = finished(state, intent.holder, DEPLOYMENT)
         fleet.replaced(now, cordon)
-    return shared.pruned(state, now, policy.budget_window)
+    return pruned(state, now, policy.budget_window)
 
 
 def test_a_page_holds_for_hours_and_no_healthy_node_is_cordoned():
@@ -114,7 +116,7 @@ def test_a_page_holds_for_hours_and_no_healthy_node_is_cordoned():
 
 
 # Another workload restarted on node-0 just before: the node's own evidence (gate.node_suspect).
-NEIGHBOUR = JournalState(ladder={"StatefulSet/llm/other": ("restart", T0)}, ladder_nodes={"StatefulSet/llm/other": "node-0"})
+NEIGHBOUR = GateState(ladder={"StatefulSet/llm/other": ("restart", T0)}, ladder_nodes={"StatefulSet/llm/other": "node-0"})
 
 
 def test_a_pinned_pod_hanging_again_on_its_node_alone_pages_and_cordons_nothing():
@@ -126,7 +128,7 @@ def test_a_pinned_pod_hanging_again_on_its_node_alone_pages_and_cordons_nothing(
     assert fleet.cordoned == []
     assert len(fleet.restarts) == 1  # the first restart; the next hang pages, and the page holds
     assert fleet.reasons[:2] == ["allowed", "escalated_to_human"]
-    assert state.gpu_nodes == frozenset() and gate.paged(state, DEPLOYMENT)
+    assert state.cordoned_nodes == frozenset() and gate.paged(state, DEPLOYMENT)
 
 
 def test_a_hang_that_comes_back_on_a_node_where_another_workload_hung_cordons_that_node_once_then_pages():
@@ -135,13 +137,13 @@ def test_a_hang_that_comes_back_on_a_node_where_another_workload_hung_cordons_th
     assert fleet.cordoned == ["node-0"]  # the restart left it on node-0 and it hung there again, as the other did
     assert len(fleet.restarts) == 2  # a restart, the move, then the page holds
     assert fleet.reasons[:3] == ["allowed", "cordon_and_move", "escalated_to_human"]
-    assert state.gpu_nodes == {"node-0"} and gate.paged(state, DEPLOYMENT)
+    assert state.cordoned_nodes == {"node-0"} and gate.paged(state, DEPLOYMENT)
 
 
 def test_a_released_workload_starts_the_ladder_again():
     fleet = Fleet(hang_after=29 * MINUTE, same_node=False)
     state = run(fleet, POLICY, 3)
-    state = shared.workload_released(state, DEPLOYMENT)
+    state = workload_released(state, DEPLOYMENT)
     assert not gate.paged(state, DEPLOYMENT)
     fleet.last_sent = None  # the next re-send is judged afresh
     fleet.reasons.clear()
@@ -152,10 +154,10 @@ def test_a_released_workload_starts_the_ladder_again():
 def test_cordons_stay_within_max_cordoned_nodes_and_the_refusal_pages():
     # Two Deployments' worth of evidence: node-0 is already cordoned (and not released).
     fleet = Fleet(hang_after=29 * MINUTE, same_node=True)
-    state = run(fleet, replace(POLICY, max_cordoned_nodes=1), 14, replace(NEIGHBOUR, gpu_nodes=frozenset({"node-x"})))
+    state = run(fleet, replace(POLICY, max_cordoned_nodes=1), 14, replace(NEIGHBOUR, cordoned_nodes=frozenset({"node-x"})))
     assert fleet.cordoned == []
     assert fleet.reasons[:3] == ["allowed", "cordon_limit", "escalated_to_human"]
-    assert state.gpu_nodes == {"node-x"} and gate.paged(state, DEPLOYMENT)
+    assert state.cordoned_nodes == {"node-x"} and gate.paged(state, DEPLOYMENT)
 
 
 @pytest.mark.parametrize("hang_after", [31 * MINUTE, 45 * MINUTE, 2 * HOUR])

@@ -20,9 +20,10 @@ from test_remediator_loop import T0, Fleet, alert, replicas  # noqa: F401
 
 from llm_vitals.kube.client import Dated
 from llm_vitals.kube.errors import KubeUnavailable
-from llm_vitals.remediator.gate import FleetView, TargetStatus
+from llm_vitals.remediator.model import FleetView, TargetStatus
 from llm_vitals.remediator.settings import LeaseRef
-from llm_vitals.remediator.store import STATE_ANNOTATION, LeaseStore, ServerClock, StateUnavailable
+from llm_vitals.remediator.store import StateUnavailable
+from llm_vitals.remediator.store.lease import STATE_ANNOTATION, LeaseStore, ServerClock
 
 MemoryLeases = load_script(REPO / "bench" / "memory_leases.py").MemoryLeases
 
@@ -91,12 +92,13 @@ async def test_a_dead_replicas_claim_expires_by_the_servers_clock_not_the_reader
     leases = MemoryLeases(server)
     dead = lease_store(leases, "replica-a", Clock(T0))
     state, snap = await dead.read()
-    from llm_vitals.remediator import shared
-    from llm_vitals.remediator.gate import AlertFacts, Effects, in_progress
+    from llm_vitals.remediator.gate import Effects, in_progress
+    from llm_vitals.remediator.model import AlertFacts, Intent
+    from llm_vitals.remediator.state import with_effects
 
     facts = AlertFacts("firing", {"target": "a", "remediation": "restart"}, "fp", T0 - 60)
-    claim = shared.Intent("replica-a/1", "a", T0 + 40)
-    assert await dead.commit(snap, shared.with_effects(state, Effects(intent=True), facts, T0, claim))
+    claim = Intent("replica-a/1", "a", T0 + 40)
+    assert await dead.commit(snap, with_effects(state, Effects(intent=True), facts, T0, claim))
     ahead = lease_store(leases, "replica-b", Clock(T0 + 60))
     state, _ = await ahead.read()
     assert in_progress(state, ahead.now()) == "a"  # by its own clock (T0 + 60) it would be over

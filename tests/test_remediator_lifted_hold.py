@@ -26,8 +26,10 @@ from llm_vitals.exporter.backstop import Heard, Word, backstop, heard, held, las
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict import Verdict, is_live
 from llm_vitals.remediator import backstop as word
-from llm_vitals.remediator import gate, holds, shared
-from llm_vitals.remediator.gate import AlertFacts, FleetView, GatePolicy, JournalState, TargetStatus
+from llm_vitals.remediator import gate, holds
+from llm_vitals.remediator.gate import GatePolicy
+from llm_vitals.remediator.model import AlertFacts, FleetView, GateState, Intent, TargetStatus
+from llm_vitals.remediator.state import finished, paused_state, with_effects
 
 T0 = 1_800_000_000.0
 PODS = [f"llm/vllm-{i:02d}" for i in range(20)]  # 20 single-replica workloads (a static target each)
@@ -59,7 +61,7 @@ class Chain:
 
     redecides: bool = True
     held_words: bool = True  # the word holds a held target's workload (False: as before, only the checks)
-    state: JournalState = field(default_factory=lambda: JournalState(paused_until=T0 + PAUSE_LIFTED,
+    state: GateState = field(default_factory=lambda: GateState(paused_until=T0 + PAUSE_LIFTED,
                                                                        pause_reason="maintenance"))
     pods: dict[str, Pod] = field(default_factory=lambda: {name: Pod() for name in PODS})
     sent: dict[str, float] = field(default_factory=dict)  # per alert group: when Alertmanager last sent
@@ -89,9 +91,9 @@ class Chain:
         fleet = self.fleet(now)
         decision = gate.decide(facts, fleet, self.state, POLICY, now)
         effects = gate.effects_of(decision, facts, fleet, self.state, POLICY, now)
-        intent = shared.Intent("replica/1", facts.target or "", now + EXECUTOR, facts.target or "", now) \
+        intent = Intent("replica/1", facts.target or "", now + EXECUTOR, facts.target or "", now) \
             if decision.allowed else None
-        self.state = shared.with_effects(self.state, effects, facts, now, intent)
+        self.state = with_effects(self.state, effects, facts, now, intent)
         self.decided.append((now, facts.target or "", decision.reason))
         if decision.allowed:
             self.claim_ends = now + EXECUTOR
@@ -104,9 +106,9 @@ class Chain:
     def second(self, t: float) -> None:
         now = T0 + t
         if t == PAUSE_LIFTED:
-            self.state = shared.paused_state(self.state, None, "")
+            self.state = paused_state(self.state, None, "")
         if now >= self.claim_ends:
-            self.state, self.claim_ends = shared.finished(self.state, "replica/1"), math.inf
+            self.state, self.claim_ends = finished(self.state, "replica/1"), math.inf
         for name, pod in self.pods.items():
             if pod.back_at is not None and now >= pod.back_at:
                 self.pods[name] = Pod(heard=pod.heard)  # serving again: a new process, no hang

@@ -18,17 +18,19 @@ import pytest
 from conftest import REPO
 from test_remediator_helpers import Clock, follow_for, make_settings
 
-from llm_vitals.remediator import shared
 from llm_vitals.remediator.acting import Actor, claim_seconds
 from llm_vitals.remediator.evidence import Evidence
 from llm_vitals.remediator.executors import ExecResult
-from llm_vitals.remediator.gate import AlertFacts, Effects, FleetView, JournalState, TargetStatus, decide, effects_of
+from llm_vitals.remediator.gate import Effects, decide, effects_of
 from llm_vitals.remediator.journal import Journal
 from llm_vitals.remediator.loop import GateLoop
 from llm_vitals.remediator.metrics import RemediatorMetrics
+from llm_vitals.remediator.model import AlertFacts, FleetView, GateState, Intent, TargetStatus
 from llm_vitals.remediator.policy import policy_from
-from llm_vitals.remediator.sqlite_store import SqliteStore
+from llm_vitals.remediator.state import node_cordoned, paused_state, pruned, with_effects
+from llm_vitals.remediator.state_codec import BadState, from_json, to_json
 from llm_vitals.remediator.store import CONFLICT_RETRIES, StoreHealth
+from llm_vitals.remediator.store.sqlite import SqliteStore
 
 T0 = 1_800_000_000.0
 OLD = T0 - 7200  # the servers' processes started two hours ago
@@ -51,7 +53,7 @@ class MemoryStore:
     claims_expire = True
 
     def __init__(self, clock: Clock | None = None) -> None:
-        self.state, self.version, self.last = JournalState(), 0, JournalState()
+        self.state, self.version, self.last = GateState(), 0, GateState()
         self.clock = clock  # the loop's time comes from its store (`now`); set by the fixture when None
         self.health = StoreHealth()
         self.meddle: Any = None  # called before each commit; a commit by it moves the version
@@ -62,11 +64,11 @@ class MemoryStore:
         assert self.clock is not None
         return self.clock()
 
-    async def read(self) -> tuple[JournalState, int]:
+    async def read(self) -> tuple[GateState, int]:
         self.last = self.state
         return self.state, self.version
 
-    async def commit(self, version: int, state: JournalState) -> bool:
+    async def commit(self, version: int, state: GateState) -> bool:
         if self.meddle is not None:
             self.meddle(self)
         if version != self.version:
@@ -77,7 +79,7 @@ class MemoryStore:
             raise Crash("the process died after its commit")
         return True
 
-    def write(self, state: JournalState) -> None:
+    def write(self, state: GateState) -> None:
         """Another replica's commit."""
         self.state, self.version = state, self.version + 1
 
@@ -159,27 +161,27 @@ async def replicas(tmp_path: Path):
 
 POLICY = policy_from(make_settings(Path("/nonexistent"), "http://127.0.0.1:1",
                                    {n: {"executor": "http", "url": "http://127.0.0.1:1/r"} for n in "abcde"}))
-INTENT = shared.Intent("replica-0/abc", "a", T0 + 10)
+INTENT = Intent("replica-0/abc", "a", T0 + 10)
 PURE_CASES = [
     # name, state, policy, alert, fleet, reason, what the committed state holds afterwards
-    ("allowed: claim, cooldown, budget, key", JournalState(), POLICY, alert("a"), FLEET, "allowed",
+    ("allowed: claim, cooldown, budget, key", GateState(), POLICY, alert("a"), FLEET, "allowed",
      {"in_progress": "a", "in_progress_by": "replica-0/abc", "last_restart_started": T0,
       "restart_times": {"a": (T0,)}, "decided_keys": {alert("a").key}}),
     ("last of the budget opens the circuit with the intent",
-     JournalState(restart_times={"a": (T0 - 900, T0 - 600)}), POLICY, alert("a"), FLEET, "allowed",
+     GateState(restart_times={"a": (T0 - 900, T0 - 600)}), POLICY, alert("a"), FLEET, "allowed",
      {"open_circuits": {"a"}, "restart_times": {"a": (T0 - 900, T0 - 600, T0)}}),
     ("budget spent: the circuit opens, nothing runs",
-     JournalState(restart_times={"a": (T0 - 2000, T0 - 1500, T0 - 1000)}), POLICY, alert("a"), FLEET,
+     GateState(restart_times={"a": (T0 - 2000, T0 - 1500, T0 - 1000)}), POLICY, alert("a"), FLEET,
      "circuit_open", {"open_circuits": {"a"}, "in_progress": None}),
-    ("dry run remembers the alert, claims nothing", JournalState(), replace(POLICY, dry_run=True), alert("a"), FLEET,
+    ("dry run remembers the alert, claims nothing", GateState(), replace(POLICY, dry_run=True), alert("a"), FLEET,
      "dry_run", {"decided_keys": {alert("a").key}, "in_progress": None, "last_restart_started": None}),
-    ("a storm is marked for the storm cooldown", JournalState(), replace(POLICY, storm_cooldown=600.0), alert("a"),
+    ("a storm is marked for the storm cooldown", GateState(), replace(POLICY, storm_cooldown=600.0), alert("a"),
      FleetView({**FLEET.targets, "c": STUCK}), "fleet_gate", {"storm_seen_at": T0, "decided_keys": set()}),
-    ("another's restart in progress: nothing changes", JournalState(in_progress="b", in_progress_expires=T0 + 5),
+    ("another's restart in progress: nothing changes", GateState(in_progress="b", in_progress_expires=T0 + 5),
      POLICY, alert("a"), FLEET, "restart_in_progress", {"in_progress": "b", "decided_keys": set()}),
-    ("an expired claim is over: allowed", JournalState(in_progress="b", in_progress_expires=T0 - 1), POLICY,
+    ("an expired claim is over: allowed", GateState(in_progress="b", in_progress_expires=T0 - 1), POLICY,
      alert("a"), FLEET, "allowed", {"in_progress": "a", "in_progress_expires": T0 + 10}),
-    ("paused: nothing changes", JournalState(paused_until=T0 + 60, pause_reason="x"), POLICY, alert("a"), FLEET,
+    ("paused: nothing changes", GateState(paused_until=T0 + 60, pause_reason="x"), POLICY, alert("a"), FLEET,
      "paused", {"decided_keys": set(), "paused_until": T0 + 60}),
 ]
 
@@ -190,31 +192,31 @@ def test_the_pure_step_decides_and_commits_exactly_its_effects(state, policy, fa
     decision = decide(facts, fleet, state, policy, T0)
     assert decision.reason == reason
     effects = effects_of(decision, facts, fleet, state, policy, T0)
-    new = shared.with_effects(state, effects, facts, T0, INTENT if decision.allowed else None)
+    new = with_effects(state, effects, facts, T0, INTENT if decision.allowed else None)
     for name, value in after.items():
         assert getattr(new, name) == value, name
     assert (new == state) == (not effects)  # no effects: nothing to commit
-    assert shared.from_json(shared.to_json(new)) == shared.pruned(new, T0, POLICY.budget_window)
+    assert from_json(to_json(new)) == pruned(new, T0, POLICY.budget_window)
 
 
 # -- the loop over the protocol: conflicts ---------------------------------------------------------
 
 def _restart_of_b(store: MemoryStore) -> None:
-    claim = shared.Intent("other/1", "b", T0 + 30)
-    store.write(shared.with_effects(store.state, Effects(intent=True), alert("b"), T0, claim))
+    claim = Intent("other/1", "b", T0 + 30)
+    store.write(with_effects(store.state, Effects(intent=True), alert("b"), T0, claim))
 
 
 def _pause(store: MemoryStore) -> None:
-    store.write(shared.paused_state(store.state, T0 + 600, "upgrade"))
+    store.write(paused_state(store.state, T0 + 600, "upgrade"))
 
 
 def _same_alert(store: MemoryStore) -> None:
-    claim = shared.Intent("other/1", "a", T0 + 30)
-    store.write(shared.with_effects(store.state, Effects(intent=True), alert("a"), T0, claim))
+    claim = Intent("other/1", "a", T0 + 30)
+    store.write(with_effects(store.state, Effects(intent=True), alert("a"), T0, claim))
 
 
 def _unrelated(store: MemoryStore) -> None:
-    store.write(shared.node_marked(store.state, f"n{store.version}"))
+    store.write(node_cordoned(store.state, f"n{store.version}"))
 
 
 CONFLICT_CASES = [
@@ -331,9 +333,9 @@ async def test_sqlite_commits_at_its_version_only_and_keeps_the_state_across_a_r
     clock = Clock(T0)
     journal, store = await open_sqlite(tmp_path / "j.db", clock)
     state, version = await store.read()
-    new = shared.paused_state(state, T0 + 60, "upgrade")
+    new = paused_state(state, T0 + 60, "upgrade")
     assert await store.commit(version, new) is True
-    assert await store.commit(version, shared.paused_state(state, None, "")) is False  # stale version
+    assert await store.commit(version, paused_state(state, None, "")) is False  # stale version
     assert store.last == new and (await store.read())[1] == version + 1
     await store.close()
     await journal.close()
@@ -349,8 +351,8 @@ async def test_sqlite_after_a_crash_mid_restart_the_restart_is_over_and_still_co
     clock = Clock(T0)
     journal, store = await open_sqlite(tmp_path / "j.db", clock)
     state, version = await store.read()
-    claim = shared.Intent("replica-0/abc", "a", None)
-    assert await store.commit(version, shared.with_effects(state, Effects(intent=True), alert("a"), T0, claim))
+    claim = Intent("replica-0/abc", "a", None)
+    assert await store.commit(version, with_effects(state, Effects(intent=True), alert("a"), T0, claim))
     await journal.record_intent(T0, alert("a"), "http")
     await store.close()  # ... and no finish: the process is gone
     await journal.close()
@@ -394,7 +396,7 @@ async def test_a_journal_written_before_the_store_is_read_once_into_it(tmp_path)
                                   ("fp-b", T0 - 900), ("fp-d", T0 - 100), ("fp-c", T0 - 50)}
     assert state.last_restart_started == T0 - 30 and state.in_progress is None
     assert state.restart_times == {"b": (T0 - 1800, T0 - 800), "c": (T0 - 30,)}  # a's were forgiven by its reset
-    assert state.open_circuits == {"b"} and state.gpu_nodes == {"node-7"} and state.storm_seen_at == T0 - 850
+    assert state.open_circuits == {"b"} and state.cordoned_nodes == {"node-7"} and state.storm_seen_at == T0 - 850
     assert (state.paused_until, state.pause_reason) == (T0 + 3600, "GPU driver upgrade")
     rows = await journal.actions(100)
     assert len(rows) == 9 and rows[0]["result"] == "interrupted"  # the audit rows are as they were
@@ -420,7 +422,7 @@ async def test_a_state_row_that_is_not_ours_stops_the_start_with_its_file_named(
     journal = Journal(tmp_path / "j.db")
     await journal.open(clock())
     store = SqliteStore(tmp_path / "j.db", 3600.0, clock)
-    with pytest.raises(shared.BadState, match=r"j\.db: table gate_state: the shared state is not readable"):
+    with pytest.raises(BadState, match=r"j\.db: table gate_state: the shared state is not readable"):
         await store.open()
     await store.close()
     await journal.close()
@@ -432,14 +434,14 @@ async def test_following_rereads_the_store_and_outlives_a_failed_read():
     reads: list[str] = []
 
     class Flaky(MemoryStore):
-        async def read(self) -> tuple[JournalState, int]:
+        async def read(self) -> tuple[GateState, int]:
             reads.append("read")
             if len(reads) == 2:
                 raise StateUnavailable("the API server is away")
             return await super().read()
 
     store = Flaky()
-    store.write(shared.paused_state(store.state, T0 + 60, "set by another replica"))
+    store.write(paused_state(store.state, T0 + 60, "set by another replica"))
     naps = await follow_for(store, 3)
     assert reads == ["read"] * 3 and naps == [15.0] * 3
     assert store.last.pause_reason == "set by another replica"
@@ -455,7 +457,7 @@ async def test_a_restart_the_api_server_refused_is_taken_back_and_the_resend_is_
     replica.executor.result = ExecResult("error", "the eviction of pod llm/p was refused: ...", refused="disruption_budget")
     assert await replica.decide(alert("a")) == "allowed"
     await replica.actor.wait_idle()
-    assert replace(store.state, disrupted={}, held={}) == JournalState()  # as it was before the decision
+    assert replace(store.state, disrupted={}, held={}) == GateState()  # as it was before the decision
     # ... but held (issue 39): the kubelet holds too, and the remediator tries it again itself.
     assert {t: h.reason for t, h in store.state.held.items()} == {"a": "disruption_budget"}
     assert store.state.disrupted == {"a": (T0, T0)}  # and the refusals' streak begins
@@ -488,4 +490,4 @@ async def test_only_a_cordon_that_succeeded_marks_its_node(replicas, result, mar
     replica.executor.result = result
     assert await replica.decide(alert("a")) == "allowed"
     await replica.actor.wait_idle()
-    assert store.state.gpu_nodes == marked
+    assert store.state.cordoned_nodes == marked

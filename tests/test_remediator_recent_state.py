@@ -11,11 +11,12 @@ from conftest import REPO, load_script
 from test_remediator_helpers import Clock, make_settings
 from test_remediator_loop import T0
 
-from llm_vitals.remediator import shared
 from llm_vitals.remediator.journal import Journal
 from llm_vitals.remediator.service import Remediator
 from llm_vitals.remediator.settings import LeaseRef
-from llm_vitals.remediator.store import LeaseStore, update
+from llm_vitals.remediator.state import paused_state
+from llm_vitals.remediator.store import update
+from llm_vitals.remediator.store.lease import LeaseStore
 
 MemoryLeases = load_script(REPO / "bench" / "memory_leases.py").MemoryLeases
 
@@ -31,12 +32,12 @@ async def test_a_pause_set_on_another_replica_a_minute_ago_is_seen(tmp_path):
     service = Remediator(settings, journal, mine, cast(httpx.AsyncClient, None), clock, {}, None)
     try:
         assert (await service.recent_state()).paused_until is None
-        await update(other, lambda s: shared.paused_state(s, T0 + 3600, "maintenance"))
+        await update(other, lambda s: paused_state(s, T0 + 3600, "maintenance"))
         assert (await service.recent_state()).paused_until is None  # within the same second: the cache
         clock.now += 60  # a minute of the service's clock, however little real time passed
         assert (await service.recent_state()).paused_until == T0 + 3600
         clock.now -= 120  # a clock stepped back reads again too
-        await update(other, lambda s: shared.paused_state(s, None, ""))
+        await update(other, lambda s: paused_state(s, None, ""))
         assert (await service.recent_state()).paused_until is None
     finally:
         await service.shutdown()

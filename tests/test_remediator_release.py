@@ -11,7 +11,7 @@ import pytest
 from test_remediator_helpers import AUTH, alert_payload
 from test_remediator_webhook import actions, exporter, metric, post, remediator, restarter  # noqa: F401
 
-from llm_vitals.remediator import shared
+from llm_vitals.remediator.state import workload_released
 from llm_vitals.remediator.store import update
 
 
@@ -99,7 +99,7 @@ async def test_a_page_holds_until_an_authenticated_release(remediator, restarter
         response = await client.post("/api/v1/workloads/release", json=bad, headers=AUTH)
         assert response.status == 400, bad
     assert (await client.post("/api/v1/workloads/release?workload=", headers=AUTH)).status == 400
-    assert shared.workload_released(client.service.store.last, "b") == client.service.store.last
+    assert workload_released(client.service.store.last, "b") == client.service.store.last
     assert "a" in client.service.store.last.pages
 
     response = await client.post("/api/v1/workloads/release", json={"workload": "a"}, headers=AUTH)

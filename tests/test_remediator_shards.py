@@ -18,7 +18,7 @@ from test_remediator_webhook import restarter  # noqa: F401 -- a fixture
 from llm_vitals.exporter.discovery.targetset import shard_of
 from llm_vitals.remediator.app import SERVICE, create_app
 from llm_vitals.remediator.exporter_client import ExporterClient, FleetReader
-from llm_vitals.remediator.gate import FleetView, TargetStatus
+from llm_vitals.remediator.model import FleetView, TargetStatus
 from llm_vitals.remediator.shards import merge_views
 
 A, B, C = "http://exporter-0:9471", "http://exporter-1:9471", "http://exporter-2:9471"

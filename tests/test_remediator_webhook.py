@@ -446,10 +446,11 @@ async def test_secrets_never_leak_into_logs_answers_or_the_journal(remediator, r
 
 async def test_journal_prunes_old_refusals_at_start_and_keeps_restarts(tmp_path):
     # The gate's state moved from the journal's rows to its store, a row of the same file.
-    from llm_vitals.remediator import shared
-    from llm_vitals.remediator.gate import AlertFacts, Effects
+    from llm_vitals.remediator.gate import Effects
     from llm_vitals.remediator.journal import Journal
-    from llm_vitals.remediator.sqlite_store import SqliteStore
+    from llm_vitals.remediator.model import AlertFacts, Intent
+    from llm_vitals.remediator.state import with_effects
+    from llm_vitals.remediator.store.sqlite import SqliteStore
 
     alert = AlertFacts("firing", {"target": "a", "alertname": "LLMServerStuck"}, "fp", 1000.0)
     journal = Journal(tmp_path / "j.db", retention=3600)
@@ -459,7 +460,7 @@ async def test_journal_prunes_old_refusals_at_start_and_keeps_restarts(tmp_path)
     journal.record_decision(2000, alert, "refused", "cooldown")
     journal.record_decision(9000, alert, "refused", "cooldown")
     state, version = await store.read()
-    intent = shared.with_effects(state, Effects(intent=True, open_circuit=True), alert, 2000, shared.Intent("r/1", "a", None))
+    intent = with_effects(state, Effects(intent=True, open_circuit=True), alert, 2000, Intent("r/1", "a", None))
     assert await store.commit(version, intent)
     await journal.record_intent(2000, alert, "http")
     await store.close()

@@ -13,8 +13,8 @@ import pytest
 from test_remediator_helpers import AUTH, alert_payload, target_json
 from test_remediator_webhook import actions, exporter, metric, post, remediator, restarter  # noqa: F401
 
-from llm_vitals.remediator import shared
 from llm_vitals.remediator.exporter_client import parse_targets
+from llm_vitals.remediator.state import node_cordoned
 from llm_vitals.remediator.store import update
 
 DEPLOYMENT = "Deployment/llm/vllm"
@@ -119,14 +119,14 @@ async def test_the_journal_takes_the_webhooks_auth(remediator):  # noqa: F811
 
 async def test_a_released_node_may_be_escalated_again(remediator):  # noqa: F811
     client = await remediator()
-    await update(client.service.store, lambda state: shared.node_marked(state, "gpu-node-7"))
+    await update(client.service.store, lambda state: node_cordoned(state, "gpu-node-7"))
     assert await metric(client, 'llm_vitals_remediator_node_escalated{node="gpu-node-7"}') == 1
     assert (await client.post("/api/v1/nodes/gpu-node-7/release")).status == 401
     assert (await client.post("/api/v1/nodes/Not_A_Node/release", headers=AUTH)).status == 400
     response = await client.post("/api/v1/nodes/gpu-node-7/release", headers=AUTH)
     assert response.status == 200
     assert await response.json() == {"node": "gpu-node-7", "released": True, "was_escalated": True}
-    assert client.service.store.last.gpu_nodes == frozenset()
+    assert client.service.store.last.cordoned_nodes == frozenset()
     assert await metric(client, 'llm_vitals_remediator_node_escalated{node="gpu-node-7"}') is None
     again = await (await client.post("/api/v1/nodes/gpu-node-7/release", headers=AUTH)).json()
     assert again["was_escalated"] is False

@@ -16,9 +16,11 @@ from dataclasses import replace
 import pytest
 from conftest import REPO, load_script
 
-from llm_vitals.remediator import gate, shared
-from llm_vitals.remediator.gate import Decision, JournalState
-from llm_vitals.remediator.store import LeaseStore, Snapshot, StateUnavailable
+from llm_vitals.remediator import gate, model
+from llm_vitals.remediator.gate import Decision
+from llm_vitals.remediator.model import GateState
+from llm_vitals.remediator.store import StateUnavailable, lease, sqlite
+from llm_vitals.remediator.store.lease import LeaseStore, Snapshot
 
 # One worker runs the module (under `pytest -n 2`, a module fixture is made once per worker).
 pytestmark = pytest.mark.xdist_group("soak")
@@ -97,7 +99,7 @@ class Allow:
         if plan_of is None:  # a gate whose decisions carry no plan (before "one plan carried out once")
             return Decision(True, reason, "switched off")
         status = fleet.targets[alert.target]
-        plan = plan_of(alert.target, gate.workload_of(alert.target, status), status, policy, self.moving)
+        plan = plan_of(alert.target, model.workload_of(alert.target, status), status, policy, self.moving)
         return Decision(True, reason, "switched off", plan)
 
 
@@ -149,7 +151,8 @@ def test_a_hang_nobody_handles_is_caught(monkeypatch):
 
 
 def test_a_state_that_forgets_is_caught(monkeypatch):
-    monkeypatch.setattr(shared, "pruned", lambda state, *args, **kwargs: JournalState())
+    for store in (lease, sqlite):  # each store prunes the state it commits
+        monkeypatch.setattr(store, "pruned", lambda state, *args, **kwargs: GateState())
     assert soak_count("nothing_forgotten") > 0
     assert soak_count("nothing_forgotten", store="sqlite") > 0
 
@@ -185,7 +188,7 @@ def test_a_lost_state_that_does_not_refuse_is_caught(monkeypatch):
         try:
             return await real(self)
         except StateUnavailable:  # the merge's `state_lost`: switched off, a lost Lease reads as a fresh one
-            return JournalState(), Snapshot(None)
+            return GateState(), Snapshot(None)
 
     monkeypatch.setattr(LeaseStore, "read", read)
     # ... or, where the gate refuses a lost state itself, that refusal is turned into a restart.
@@ -306,7 +309,7 @@ def test_a_hang_told_by_the_remediators_own_alert_is_handled():
 
 
 def test_a_page_is_held_where_the_ladders_last_step_is_page():
-    assert soak_module.held_pages(JournalState(ladder={"w": ("page", 1.0), "v": ("restart", 1.0)})) == {"w"}
+    assert soak_module.held_pages(GateState(ladder={"w": ("page", 1.0), "v": ("restart", 1.0)})) == {"w"}
 
 
 def test_the_budget_spent_within_the_window_is_forgotten_when_the_state_drops_a_restart():

@@ -12,7 +12,7 @@ Per target (`TargetReplay`, fed reads in time order, chunk after chunk):
   timeout (`Watchdog`), each such period one restart by a timeout-and-restart watchdog.
 
 The fleet (`gate_replay`): every firing notification of a restart rule, in time order, through the
-remediator's own gate (`gate.decide`, its effects applied by `shared.with_effects`), with the fleet
+remediator's own gate (`gate.decide`, its effects applied by `with_effects`), with the fleet
 as the verdicts stood at that time. What the gate allowed is a would-be restart. The history goes on
 as it was recorded: a would-be restart changes nothing that follows but the gate's own state.
 
@@ -39,7 +39,9 @@ from llm_vitals.exporter.engines.scan import Sample
 from llm_vitals.exporter.engines.table import read_page
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict import PollError, Verdict, judge
-from llm_vitals.remediator import gate, shared
+from llm_vitals.remediator import gate, model
+from llm_vitals.remediator.model import Intent
+from llm_vitals.remediator.state import with_effects
 from llm_vitals.targets import STATES, UNHEALTHY_STATES
 
 # States that are the server working as it should: not listed as episodes. Every other state the
@@ -520,27 +522,27 @@ def gate_replay(targets: Mapping[str, TargetReplay], policy: gate.GatePolicy,
     """Every firing restart notification, in time order, through the remediator's gate; its state carried over."""
     queue = sorted(notifications if notifications is not None else
                    (n for t in targets.values() for n in t.notifications), key=lambda n: (n.at, n.target, n.alert))
-    journal = gate.JournalState()
+    journal = model.GateState()
     decisions: list[GateDecision] = []
     for note in queue:
         now = note.at
-        fleet = gate.FleetView({name: _status(t, now) for name, t in targets.items()
+        fleet = model.FleetView({name: _status(t, now) for name, t in targets.items()
                                 if t.first_read is not None and t.first_read <= now
                                 and (t.gone_at is None or now < t.gone_at)})
-        alert = gate.AlertFacts(status="firing",
+        alert = model.AlertFacts(status="firing",
                                 labels={"alertname": note.alert, "target": note.target, "remediation": "restart"},
                                 fingerprint=f"{note.alert}:{note.target}", starts_at=note.active_at)
         decision = gate.decide(alert, fleet, journal, policy, now)
         effects = gate.effects_of(decision, alert, fleet, journal, policy, now)
-        intent = shared.Intent("backtest", note.target, now + RESTART_TIMEOUT) if effects.intent else None
-        journal = shared.with_effects(journal, effects, alert, now, intent)
+        intent = Intent("backtest", note.target, now + RESTART_TIMEOUT) if effects.intent else None
+        journal = with_effects(journal, effects, alert, now, intent)
         decisions.append(GateDecision(now, note.target, note.alert, decision.allowed, decision.reason, decision.detail))
     return decisions
 
 
-def _status(replay: TargetReplay, now: float) -> gate.TargetStatus:
+def _status(replay: TargetReplay, now: float) -> model.TargetStatus:
     # The exporter's fleet gate window: unhealthy within its last two polls (verdict.recently_unhealthy).
-    return gate.TargetStatus(
+    return model.TargetStatus(
         state=replay.state_at(now) or "starting",
         process_start_time=replay.process_start_at(now),
         last_restart_time=replay.last_restart_before(now),

@@ -12,11 +12,11 @@ becomes an Event on the target's pod, also in the background.
 
 Two outcomes change the gate's state after the fact:
 - a restart the API server refused outright did nothing: its commit is taken back
-  (`shared.undone`: budget, cooldown, alert key, circuit, ladder step) and its journal row becomes
+  (`state.undone`: budget, cooldown, alert key, circuit, ladder step) and its journal row becomes
   the refusal, so that Alertmanager's next re-send of the alert is judged afresh. An eviction a
   PodDisruptionBudget forbids (429 naming it) is `disruption_budget`, with an Event on the pod and
   the streak its alert reads; any other 429 (a throttled API server) is `api_throttled`, no more;
-- a cordon that succeeded marks its node (`shared.node_marked`); one that failed marks nothing.
+- a cordon that succeeded marks its node (`state.node_cordoned`); one that failed marks nothing.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from typing import Any, cast
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.logs import log_event
 
-from . import shared
 from .executors import ExecResult, Executor, run_argv
-from .gate import HUMAN_REFUSALS, AlertFacts, Decision, GatePolicy, JournalState, Plan, Reason, TargetStatus
+from .gate import HUMAN_REFUSALS, Decision, GatePolicy, Plan, Reason
 from .journal import Journal
 from .metrics import RemediatorMetrics
+from .model import AlertFacts, GateState, Intent, TargetStatus
 from .pods import (
     CordonAndMoveExecutor,
     GroupExecutor,
@@ -48,7 +48,7 @@ from .pods import (
 )
 from .policy import pre_restart_planned
 from .settings import Settings
-from .shared import Intent
+from .state import disruption_refused, finished, held_for, node_cordoned, undo_of, undone
 from .store import GateStore, StateUnavailable, update
 
 log = logging.getLogger("llm_vitals.remediator")
@@ -116,13 +116,13 @@ class Actor:
             return GroupExecutor(self.remover, plan.group, pod, self.identity, message, plan.timeout)
         return PodExecutor(self.remover, pod, self.identity, message, plan.timeout)
 
-    def claim(self, facts: AlertFacts, plan: Plan, now: float, state: JournalState) -> Intent:
+    def claim(self, facts: AlertFacts, plan: Plan, now: float, state: GateState) -> Intent:
         """This replica's claim on the planned restart, with what its commit replaces in `state` (to
         take it back if the API server refuses the restart outright). Where claims expire, it ends
         after the plan's pre_restart and executor timeouts: a replica that died mid-restart holds no
         one back for ever."""
         token = f"{self.identity}/{uuid.uuid4().hex[:12]}"
-        before = shared.undo_of(state, plan.workload)
+        before = undo_of(state, plan.workload)
         if not self.store.claims_expire:
             return Intent(token, plan.target, None, plan.workload, now, before)
         # plan.claim_for is the pre_restart command's and the executor's timeouts; the claim also
@@ -204,7 +204,7 @@ class Actor:
     async def _mark_node(self, node: str) -> None:
         """A cordon succeeded: the node is escalated once, until a human releases it."""
         try:
-            await update(self.store, lambda state: shared.node_marked(state, node))
+            await update(self.store, lambda state: node_cordoned(state, node))
         except Exception:  # the cordon stands; the mark is only what stops a second one (logged loudly)
             log.exception("cannot mark node %s as cordoned in the gate's state", node)
 
@@ -223,11 +223,11 @@ class Actor:
             log.exception("cannot journal a refused restart")
         workload = intent.workload or target
 
-        def taken_back(state: JournalState) -> JournalState:
+        def taken_back(state: GateState) -> GateState:
             # The hang is left as it is, on purpose: held (the kubelet too) until the remediator tries again.
-            state = shared.held_for(shared.undone(state, intent, facts.key), facts, workload, reason, self.store.now())
+            state = held_for(undone(state, intent, facts.key), facts, workload, reason, self.store.now())
             # Only a disruption budget starts or extends the streak its alert reads; a throttled API server does not.
-            return shared.disruption_refused(state, workload, self.store.now()) if reason == "disruption_budget" else state
+            return disruption_refused(state, workload, self.store.now()) if reason == "disruption_budget" else state
 
         try:
             await update(self.store, taken_back)
@@ -243,7 +243,7 @@ class Actor:
         """End this replica's claim on the restart (the cooldown and the budget stay spent); `ran`:
         the workload it restarted, whose streak of disruption-budget refusals is over."""
         try:
-            await update(self.store, lambda state: shared.finished(state, holder, ran))
+            await update(self.store, lambda state: finished(state, holder, ran))
         except StateUnavailable as exc:
             # A claim that expires ends then; no other restart starts before.
             log_event(log, "cannot release the restart in the gate's state", level=logging.WARNING, error=str(exc))

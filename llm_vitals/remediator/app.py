@@ -34,8 +34,8 @@ from llm_vitals.logs import log_event
 from .auth import Authenticator, Grant
 from .executors import Executor
 from .follow import follow
-from .gate import JournalState
 from .journal import Journal
+from .model import GateState
 from .payload import WebhookPayload, describe_errors
 from .redecide import redecide
 from .service import Remediator, log, store_for
@@ -261,7 +261,7 @@ async def action(request: web.Request) -> web.Response:
     return web.json_response(row)
 
 
-def _pause_view(state: JournalState, now: float) -> dict[str, object]:
+def _pause_view(state: GateState, now: float) -> dict[str, object]:
     paused = state.paused_until is not None and now < state.paused_until
     return {"paused": paused, "until": state.paused_until if paused else None, "reason": state.pause_reason if paused else ""}
 

@@ -12,7 +12,7 @@ the workload rather than an alert, then the shared state's holds; the first that
   (paged), `restart_in_progress` (a restart of this workload; another's is the cooldown's),
   `cooldown`, `circuit_open`, `backoff`, `fleet_gate` (a storm the state saw, for `gate.STORM_HOLD`
   or the storm cooldown when longer), `storm_cooldown`;
-- a target of the workload the gate refused for a hold (`JournalState.held`: `gpu_fault`,
+- a target of the workload the gate refused for a hold (`GateState.held`: `gpu_fault`,
   `cordon_limit`, `fleet_gate`, a pause lifted but not re-decided yet, any of `gate.HOLDING`), with
   the reason of that refusal, until the remediator has decided it again (redecide.py); an entry no
   replica re-decided for HELD_STALE holds nothing (the remediator cannot decide: the kubelet may);
@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from llm_vitals.remediator import gate
-from llm_vitals.remediator.gate import GatePolicy, JournalState, TargetStatus
+from llm_vitals.remediator.gate import GatePolicy
+from llm_vitals.remediator.model import GateState, TargetStatus
 
 Word = Literal["act", "hold"]
 HOLD_REASONS = ("state_lost", *dict.fromkeys(c.reason for c in gate.CHECKS), *sorted(gate.HOLDING - {
@@ -62,7 +63,7 @@ class BackstopWord:
                 "detail": self.detail}
 
 
-def restart_actor(status: TargetStatus | None, journal: JournalState, workload: str, alert_start: float) -> str:
+def restart_actor(status: TargetStatus | None, journal: GateState, workload: str, alert_start: float) -> str:
     """Who restarted a server the exporter saw restart after its alert began (the journal's `actor`).
 
     `remediator` when a restart of the workload by it started since the alert did; else, for a
@@ -74,7 +75,7 @@ def restart_actor(status: TargetStatus | None, journal: JournalState, workload: 
     return "kubelet" if status is not None and status.pod else "other"
 
 
-def known(workload: str, journal: JournalState, policy: GatePolicy, reported: frozenset[str]) -> bool:
+def known(workload: str, journal: GateState, policy: GatePolicy, reported: frozenset[str]) -> bool:
     """Whether the remediator has heard of `workload`: a static target, one the exporter reports
     (`reported`), or one its state keeps anything of."""
     return (workload in policy.targets or workload in reported or workload in journal.restart_times
@@ -83,7 +84,7 @@ def known(workload: str, journal: JournalState, policy: GatePolicy, reported: fr
             or any(h.workload == workload for h in journal.held.values()))
 
 
-def word_for(workload: str, journal: JournalState, policy: GatePolicy, now: float, *, lost: bool = False,
+def word_for(workload: str, journal: GateState, policy: GatePolicy, now: float, *, lost: bool = False,
              unknown_since: float | None = None) -> BackstopWord:
     """The gate's word for `workload`'s liveness backstop now; the first hold reason wins.
     `unknown_since`: when the remediator was first asked about a workload it has never heard of (None: known)."""

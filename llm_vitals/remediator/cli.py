@@ -14,7 +14,7 @@ from llm_vitals.logs import log_event, setup_logging
 
 from .journal import JournalBusy
 from .settings import load_settings
-from .shared import BadState
+from .state_codec import BadState
 
 
 def main(argv: list[str] | None = None) -> int:

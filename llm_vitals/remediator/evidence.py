@@ -14,9 +14,10 @@ from typing import Any
 
 from llm_vitals.logs import log_event
 
-from .gate import AlertFacts, Decision, GatePolicy, TargetStatus, workload_of
+from .gate import Decision, GatePolicy
 from .journal import Journal
 from .metrics import UNKNOWN_TARGET, RemediatorMetrics
+from .model import AlertFacts, TargetStatus, workload_of
 
 log = logging.getLogger("llm_vitals.remediator")
 

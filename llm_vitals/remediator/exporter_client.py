@@ -30,7 +30,7 @@ from llm_vitals.logs import log_event
 from llm_vitals.targets import TargetsAnswer, TargetView
 
 from .executors import redact_url
-from .gate import FleetView, TargetStatus
+from .model import FleetView, TargetStatus
 from .shards import merge_views
 
 log = logging.getLogger("llm_vitals.remediator.exporter")

@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from functools import cached_property
 from itertools import chain
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Literal, NamedTuple, get_args
 
 from llm_vitals.remediator import fleet_limit
 from llm_vitals.targets import RESTARTABLE_STATES, UNHEALTHY_STATES
+
+from .model import AlertFacts, FleetView, GateState, TargetStatus, workload_of
 
 # The `reason` of every decision: the `..._decisions_total{reason}` label and the journal's word.
 Reason = Literal[
@@ -78,10 +80,10 @@ HUMAN_REFUSALS = frozenset({"gpu_fault", "circuit_open", "fleet_gate", "escalate
 
 # The escalation ladder, per workload (NodeHealthCheck's escalating remediations): a workload stuck
 # again within `escalate_within` of its last step takes the next one. `page` is a refusal, and it
-# holds (`JournalState.pages`) until a human releases the workload: Alertmanager's re-sends of the
+# holds (`GateState.pages`) until a human releases the workload: Alertmanager's re-sends of the
 # alert, or a new alert once `escalate_within` has passed, never start the ladder over.
 # The ladder's cordon is evidence about a node: it is taken only when the hang came back on the node
-# the restart left it on (`JournalState.ladder_nodes`) *and* another workload's pod was restarted or
+# the restart left it on (`GateState.ladder_nodes`) *and* another workload's pod was restarted or
 # moved on that node within `escalate_within` too (`node_suspect`). A pinned pod (a StatefulSet's, a
 # LeaderWorkerSet group's, any pod held by its model cache) comes back on its node by design, so its
 # own bug hanging it again there says nothing about the node; two workloads hanging on one node do.
@@ -138,73 +140,6 @@ class Decision(NamedTuple):
 
 
 @dataclass(frozen=True)
-class AlertFacts:
-    """What the gate reads from one alert of a webhook payload."""
-
-    status: str
-    labels: Mapping[str, str]
-    fingerprint: str
-    starts_at: float  # unix seconds
-
-    @property
-    def target(self) -> str | None:
-        return self.labels.get("target")
-
-    @property
-    def alertname(self) -> str:
-        return self.labels.get("alertname", "")
-
-    @property
-    def key(self) -> tuple[str, float]:
-        """Alertmanager's identity of one firing episode: an HA pair and repeat_interval resend it."""
-        return dedupe_key(self.fingerprint, self.starts_at)
-
-
-def dedupe_key(fingerprint: str, starts_at: float) -> tuple[str, float]:
-    return (fingerprint, round(starts_at, 3))
-
-
-@dataclass(frozen=True)
-class TargetStatus:
-    """One target as the exporter's `/api/v1/targets` sees it now."""
-
-    # One of llm_vitals.targets.STATES, or (with `unknown_verdict`) a word a newer exporter sent.
-    state: str
-    process_start_time: float | None = None
-    last_restart_time: float | None = None
-    gpu_fault: bool = False
-    gpu_fault_detail: str | None = None  # the fault's reason first (`Xid79: ...`), for a human
-    # Unhealthy now or within the exporter's last two polls: a straggler of a fleet-wide fault
-    # that is clearing still counts against the fleet gate. False from an exporter without it.
-    recently_unhealthy: bool = False
-    engine: str | None = None
-    # For a target discovered in Kubernetes: where its own pod is, as the exporter saw it.
-    namespace: str | None = None
-    pod: str | None = None
-    pod_uid: str | None = None
-    node: str | None = None
-    # What the operator owns (docs/remediator.md); None from an exporter older than the field: the target's name.
-    workload: str | None = None
-    # Why this target's verdict is not one this remediator knows (a state or reason of a newer
-    # exporter); None for a known verdict. Such a target is never restarted.
-    unknown_verdict: str | None = None
-    # The target's address (the exporter's `url`): the pod's IP must be its host (identity.py).
-    url: str | None = None
-    # Its pace is limping beside its workload's peers (the exporter's pace.degraded): evidence
-    # against its node, never a reason to restart it.
-    degraded: bool = False
-    # The exporter's whole TARGET object, kept as evidence in the journal; never decided on.
-    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
-    # The exporter (its URL, without userinfo) that reported this object: journaled beside the evidence.
-    source: str | None = field(default=None, compare=False)
-
-
-def workload_of(target: str, status: TargetStatus | None) -> str:
-    """What the target's budget, circuit and ladder count: its workload, else (older exporter) its name."""
-    return status.workload if status is not None and status.workload else target
-
-
-@dataclass(frozen=True)
 class Group:
     """A LeaderWorkerSet group: restarted as one, every pod of it by UID (RecreateGroupOnRestart)."""
 
@@ -229,93 +164,8 @@ def group_of(status: TargetStatus | None) -> Group | None:
     return Group(parts[1], parts[2], parts[3])
 
 
-@dataclass(frozen=True)
-class FleetView:
-    targets: Mapping[str, TargetStatus]
-    # Targets that more than one exporter reported (overlapping shards): never acted on, so they
-    # are not in `targets`, but the fleet gate still counts them, at their least healthy copy.
-    withheld: Mapping[str, TargetStatus] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class JournalState:
-    """The gate's state, as its store holds it (`store.py`); a snapshot, not a live view.
-
-    (The name is older than the stores: this state once was rebuilt from the journal's rows.)
-    Budgets, circuits and the ladder are keyed by workload (`workload_of`); a state written before
-    workloads existed is keyed by target names, which are the workloads of static targets.
-    """
-
-    # (fingerprint, startsAt) of alerts already decided to restart (or would-restart in dry-run).
-    decided_keys: frozenset[tuple[str, float]] = frozenset()
-    in_progress: str | None = None  # target of the restart running right now
-    last_restart_started: float | None = None  # any target, any result
-    # Start times of restarts per workload since its circuit was last reset (any result).
-    restart_times: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
-    open_circuits: frozenset[str] = frozenset()  # workloads
-    # A restart intent whose replica died ends at this time (its executor's timeout); None = no expiry.
-    in_progress_expires: float | None = None
-    in_progress_by: str | None = None  # the replica (and its intent) that holds the restart
-    # When each decided key was decided (shared mode: to forget old keys); may be empty.
-    decided_at: Mapping[tuple[str, float], float] = field(default_factory=dict)
-    paused_until: float | None = None
-    pause_reason: str = ""
-    # Last time the fleet gate saw a storm (too many unhealthy at once); the storm cooldown counts from it.
-    storm_seen_at: float | None = None
-    # Nodes llm-vitals has cordoned (a GPU fault, or the ladder): each is escalated once, until released.
-    gpu_nodes: frozenset[str] = frozenset()
-    # The escalation ladder: each workload's last step and when it was taken.
-    ladder: Mapping[str, tuple[str, float]] = field(default_factory=dict)
-    # Restarts a PodDisruptionBudget refused, per workload: (first, last) refusal of the streak, until
-    # a restart of the workload runs (LLMVitalsRemediatorDisruptionBudget reads how long it lasts).
-    disrupted: Mapping[str, tuple[float, float]] = field(default_factory=dict)
-    # The node each workload's last ladder step acted on (its pod's node then): the ladder cordons a
-    # node only when the hang comes back on it. A step recorded without one never cordons.
-    ladder_nodes: Mapping[str, str] = field(default_factory=dict)
-    # Workloads paged (escalated_to_human), and when: held until a human releases them
-    # (POST /api/v1/workloads/release); never pruned.
-    pages: Mapping[str, float] = field(default_factory=dict)
-    # Each workload's restart streak for the backoff: (restarts in the streak, when the last started).
-    # A streak ends after `backoff_reset` without a restart.
-    backoff: Mapping[str, tuple[int, float]] = field(default_factory=dict)
-    # Alerts of a stuck workload refused for its backoff: (first, latest) refusal of the streak, until
-    # a restart of it is committed. A backoff can hold a stuck server for hours, longer than any other
-    # wait of the gate: LLMVitalsRemediatorBackoffHolding tells a human while it lasts.
-    backoff_refused: Mapping[str, tuple[float, float]] = field(default_factory=dict)
-    # The alert whose restart the claim above holds: when the claim ends unfinished (it expired, or its
-    # replica stopped), that alert is judged afresh instead of being a `duplicate` (shared.claim_lapsed).
-    in_progress_key: tuple[str, float] | None = None
-    # Stuck targets the gate refused for a hold (HOLDING), by target: every replica's backstop word holds
-    # their workloads, and the remediator re-decides them itself when the hold ends (redecide.py), not
-    # at Alertmanager's next re-send. An entry ends when the target is decided otherwise.
-    held: Mapping[str, HeldAlert] = field(default_factory=dict)
-    # Restarts of a workload no remediator made (the kubelet's liveness, the server's own exit), as the
-    # exporter saw them (redecide.py): they count in its budget, circuit and backoff as its own do.
-    outside_restarts: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
-    # The last restart the exporter showed for each target (its `last_restart_time`): a restart is counted once.
-    seen_restarts: Mapping[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class HeldAlert:
-    """A stuck target's alert the gate refused for a hold: what the remediator re-decides when the hold ends."""
-
-    workload: str
-    reason: str  # the last refusal's (one of HOLDING)
-    since: float  # the first refusal of this hang
-    at: float  # the last refusal written
-    fingerprint: str
-    starts_at: float
-    alertname: str = ""
-
-    def facts(self, target: str) -> AlertFacts:
-        """The alert as Alertmanager sent it (the labels the gate reads), to decide again."""
-        labels = {"alertname": self.alertname, "target": target, "remediation": "restart"}
-        return AlertFacts("firing", labels, self.fingerprint, self.starts_at)
-
-
 # Refusals that leave a stuck target unhandled on purpose (the checks' reasons): the target is kept in
-# `JournalState.held`, its workload's backstop holds, and the remediator re-decides it when the hold ends.
+# `GateState.held`, its workload's backstop holds, and the remediator re-decides it when the hold ends.
 # The API server's refusals of an allowed restart (AFTER_GATE: a PodDisruptionBudget, throttling) hold it too.
 HOLDING: frozenset[Reason] = frozenset({"paused", "escalated_to_human", "gpu_fault", "cordon_limit",
                                         "restart_in_progress", "cooldown", "circuit_open", "backoff", "fleet_gate",
@@ -395,11 +245,11 @@ def unhealthy_limit(policy: GatePolicy, fleet_size: int) -> int:
     return fleet_limit.unhealthy_limit(policy.max_unhealthy, policy.max_unhealthy_percent, fleet_size)
 
 
-def paused(journal: JournalState, now: float) -> bool:
+def paused(journal: GateState, now: float) -> bool:
     return journal.paused_until is not None and now < journal.paused_until
 
 
-def in_progress(journal: JournalState, now: float) -> str | None:
+def in_progress(journal: GateState, now: float) -> str | None:
     """The target of a restart running now; an intent past its expiry (a dead replica's) is over."""
     if journal.in_progress is None:
         return None
@@ -408,14 +258,14 @@ def in_progress(journal: JournalState, now: float) -> str | None:
     return journal.in_progress
 
 
-def restarts_in_window(journal: JournalState, policy: GatePolicy, workload: str, now: float) -> int:
+def restarts_in_window(journal: GateState, policy: GatePolicy, workload: str, now: float) -> int:
     """Restarts of `workload` within the budget window ending now (since its last circuit reset)."""
     since = now - policy.budget_window
     times = chain(journal.restart_times.get(workload, ()), journal.outside_restarts.get(workload, ()))
     return sum(1 for started in times if started > since)
 
 
-def ladder_step(journal: JournalState, policy: GatePolicy, workload: str, now: float, node: str | None = None,
+def ladder_step(journal: GateState, policy: GatePolicy, workload: str, now: float, node: str | None = None,
                 fleet: FleetView | None = None) -> Step:
     """The ladder's next step for `workload`, whose stuck pod is on `node` now: within `escalate_within`
     of a restart, `cordon_and_move` when the hang came back on the node the restart left it on and that
@@ -432,7 +282,7 @@ def ladder_step(journal: JournalState, policy: GatePolicy, workload: str, now: f
     return "restart"
 
 
-def node_suspect(journal: JournalState, policy: GatePolicy, workload: str, node: str | None, now: float,
+def node_suspect(journal: GateState, policy: GatePolicy, workload: str, node: str | None, now: float,
                  fleet: FleetView | None = None) -> str | None:
     """Another workload whose last ladder step (a restart or a move) acted on a pod on `node` within
     `escalate_within` of `now`, or (in `fleet`, as the exporter sees it now) whose replica on `node`
@@ -455,7 +305,7 @@ def node_suspect(journal: JournalState, policy: GatePolicy, workload: str, node:
     return None
 
 
-def paged(journal: JournalState, workload: str) -> bool:
+def paged(journal: GateState, workload: str) -> bool:
     """The workload was paged and no human has released it (a `page` ladder step of an older state counts)."""
     return workload in journal.pages or (journal.ladder.get(workload) or ("",))[0] == "page"
 
@@ -468,7 +318,7 @@ def backoff_delay(policy: GatePolicy, restarts: int) -> float:
     return min(policy.backoff_initial * 2.0 ** min(restarts - 1, 32), policy.backoff_max)
 
 
-def backoff_streak(journal: JournalState, policy: GatePolicy, workload: str, now: float) -> int:
+def backoff_streak(journal: GateState, policy: GatePolicy, workload: str, now: float) -> int:
     """Restarts in the workload's current streak: 0 once `backoff_reset` has passed without one."""
     entry = journal.backoff.get(workload)
     if entry is None or now - entry[1] >= policy.backoff_reset:
@@ -476,7 +326,7 @@ def backoff_streak(journal: JournalState, policy: GatePolicy, workload: str, now
     return entry[0]
 
 
-def backoff_left(journal: JournalState, policy: GatePolicy, workload: str, now: float) -> float:
+def backoff_left(journal: GateState, policy: GatePolicy, workload: str, now: float) -> float:
     """Seconds until the workload's backoff lets its next restart start (0: now)."""
     streak = backoff_streak(journal, policy, workload, now)
     if streak == 0:
@@ -484,9 +334,9 @@ def backoff_left(journal: JournalState, policy: GatePolicy, workload: str, now: 
     return max(0.0, journal.backoff[workload][1] + backoff_delay(policy, streak) - now)
 
 
-def cordoned_count(journal: JournalState) -> int:
+def cordoned_count(journal: GateState) -> int:
     """Nodes llm-vitals has cordoned and no human has released: what `max_cordoned_nodes` bounds."""
-    return len(journal.gpu_nodes)
+    return len(journal.cordoned_nodes)
 
 
 _UNKNOWN = Decision(False, "unknown_target", "target is not in the remediator's config")
@@ -505,7 +355,7 @@ def gpu_refusal(status: TargetStatus, policy: GatePolicy) -> str:
 
 # How long a storm the gate saw holds every workload's backstop after it (backstop.py), when the storm
 # cooldown is shorter: the remediator re-decides the targets it refused in the storm itself
-# (`JournalState.held`), and a stuck server whose alert has not reached it yet is held this long too.
+# (`GateState.held`), and a stuck server whose alert has not reached it yet is held this long too.
 STORM_HOLD = 600.0
 
 
@@ -523,7 +373,7 @@ class Subject:
     target's status and the fleet. The backstop's word has neither (`status` None): it asks about a
     workload, not an alert, and a check that needs the target's own reading holds nothing there."""
 
-    journal: JournalState
+    journal: GateState
     policy: GatePolicy
     workload: str
     now: float
@@ -573,7 +423,7 @@ def _gpu_fault(s: Subject) -> Held | None:
         return None
     if s.policy.gpu_fault_action != "cordon_and_move" or status.node is None or status.pod is None:
         return Held(None, gpu_refusal(status, s.policy))
-    if status.node in s.journal.gpu_nodes:
+    if status.node in s.journal.cordoned_nodes:
         return Held(None, f"a GPU fault is flagged; node {status.node} was already cordoned")
     return None
 
@@ -591,7 +441,7 @@ def _degraded(s: Subject) -> Held | None:
 
 def _degraded_cordoned(s: Subject) -> Held | None:
     status = s.status
-    if status is None or not s.degraded or status.gpu_fault or status.node not in s.journal.gpu_nodes:
+    if status is None or not s.degraded or status.gpu_fault or status.node not in s.journal.cordoned_nodes:
         return None
     return Held(None, f"degraded; node {status.node} was already cordoned")
 
@@ -607,7 +457,7 @@ def _ladder(s: Subject) -> Held | None:
         if status.node is None or status.pod is None:
             return Held(None, f"{s.workload} is stuck again within escalate_within of its restart and has no node"
                               " to move it off: a human must look")
-        if status.node in s.journal.gpu_nodes:
+        if status.node in s.journal.cordoned_nodes:
             return Held(None, f"{s.workload} is stuck again within escalate_within of its restart; node {status.node}"
                               " was already cordoned")
     return None
@@ -616,7 +466,7 @@ def _ladder(s: Subject) -> Held | None:
 def _cordon_limit(s: Subject) -> Held | None:
     if s.status is None or s.step != "cordon_and_move" or cordoned_count(s.journal) < s.policy.max_cordoned_nodes:
         return None
-    held = ", ".join(sorted(s.journal.gpu_nodes)) or "none"
+    held = ", ".join(sorted(s.journal.cordoned_nodes)) or "none"
     return Held(None, f"node {s.status.node} would be cordoned, but {cordoned_count(s.journal)} of max_cordoned_nodes"
                       f" {s.policy.max_cordoned_nodes} are cordoned and not released ({held}): a human must look"[:500])
 
@@ -701,7 +551,7 @@ CHECKS: tuple[Check, ...] = (
 )
 
 
-def restarting(journal: JournalState, workload: str, now: float) -> bool:
+def restarting(journal: GateState, workload: str, now: float) -> bool:
     """Whether the restart running now (its claim held) is one of `workload`: its latest restart is the last one."""
     if in_progress(journal, now) is None or journal.last_restart_started is None:
         return False
@@ -721,7 +571,7 @@ def degraded_refusal(status: TargetStatus, policy: GatePolicy, evidence: str | N
     return f"degraded on node {status.node}, where {evidence}, but the exporter names no pod to move"
 
 
-def precheck(alert: AlertFacts, journal: JournalState, policy: GatePolicy, now: float | None = None) -> Decision | None:
+def precheck(alert: AlertFacts, journal: GateState, policy: GatePolicy, now: float | None = None) -> Decision | None:
     """Steps 1-3, which need no exporter: a refusal, or None when the exporter must be asked.
 
     A target that is not static may still be taken by a template: that needs the exporter's view,
@@ -744,13 +594,13 @@ def precheck(alert: AlertFacts, journal: JournalState, policy: GatePolicy, now: 
 def decide(
     alert: AlertFacts,
     fleet: FleetView | None,
-    journal: JournalState | None,
+    journal: GateState | None,
     policy: GatePolicy,
     now: float,
 ) -> Decision:
     """The whole gate, steps 1-10. `fleet` is None when the exporter could not be reached, and
     `journal` None when the shared state (the Kubernetes Lease) could not be read."""
-    refused = precheck(alert, journal or JournalState(), policy, now)
+    refused = precheck(alert, journal or GateState(), policy, now)
     if refused is not None:
         return refused
     if journal is None:
@@ -857,7 +707,7 @@ def taint_value(detail: str) -> str:
     return word or "GpuFault"
 
 
-def page_detail(journal: JournalState, workload: str, status: TargetStatus) -> str:
+def page_detail(journal: GateState, workload: str, status: TargetStatus) -> str:
     """Why the ladder pages: what its last step was, and where the hang came back."""
     last = (journal.ladder.get(workload) or ("",))[0]
     if last == "restart" and status.node is not None and journal.ladder_nodes.get(workload) == status.node:
@@ -930,7 +780,7 @@ class Effects:
     page: bool = False  # the workload is paged now: held until a human releases it
     backoff: tuple[int, float] | None = None  # the workload's restart streak after this restart
     backoff_refused: bool = False  # the workload's alert was refused for its backoff now (a human is told)
-    hold: Reason | None = None  # the target is held for this reason now (`JournalState.held`)
+    hold: Reason | None = None  # the target is held for this reason now (`GateState.held`)
     unhold: bool = False  # the target's hold ends: it was decided otherwise
 
     def __bool__(self) -> bool:
@@ -951,7 +801,7 @@ BACKOFF_REFUSAL_GRANULARITY = 300.0
 
 
 def effects_of(
-    decision: Decision, alert: AlertFacts, fleet: FleetView | None, journal: JournalState, policy: GatePolicy, now: float
+    decision: Decision, alert: AlertFacts, fleet: FleetView | None, journal: GateState, policy: GatePolicy, now: float
 ) -> Effects:
     """The state change a decision implies (pure): what the caller must commit before acting."""
     target = alert.target or ""
@@ -986,7 +836,7 @@ def effects_of(
                    unhold=decision.reason in UNHOLDING and target in journal.held)
 
 
-def holds_anew(journal: JournalState, alert: AlertFacts, workload: str, reason: Reason, now: float) -> bool:
+def holds_anew(journal: GateState, alert: AlertFacts, workload: str, reason: Reason, now: float) -> bool:
     """Whether a refusal for `reason` must be written to the target's hold: a hold it is, and the entry
     is missing, says another reason, workload or alert, or was written HELD_REFRESH ago."""
     if reason not in HOLDING or not alert.target:

@@ -5,7 +5,7 @@ A hold ends (a pause lifted, a page released, a cooldown, backoff or storm over)
 Alertmanager re-sends the alert of a target it held: a firing alert comes back only every
 `repeat_interval` rounded up to its `group_interval` (16 min as shipped), while the kubelet restarts
 a stuck server about 6 min after its backstop's hold ends (a 240 s budget, then 6 probes 20 s apart).
-So the remediator keeps the stuck targets it refused for a hold (`JournalState.held`), the backstop's
+So the remediator keeps the stuck targets it refused for a hold (`GateState.held`), the backstop's
 word holds their workloads meanwhile, and every REDECIDE_INTERVAL it decides again each one whose
 decision would be another now (`due`), on a fresh read of the exporter, as a re-check does.
 
@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llm_vitals.remediator import gate
-from llm_vitals.remediator.gate import Decision, FleetView, GatePolicy, HeldAlert, JournalState, TargetStatus
+from llm_vitals.remediator import gate, model
+from llm_vitals.remediator.gate import Decision, GatePolicy
+from llm_vitals.remediator.model import FleetView, GateState, HeldAlert, TargetStatus
 
 # How often the remediator looks at its held targets and the exporter's restarts: what the bound from
 # a hold's end to its decision is made of (docs/remediator.md), far below the kubelet's ~6 minutes.
@@ -43,7 +44,7 @@ class Due:
     decision: Decision
 
 
-def due(state: JournalState, fleet: FleetView | None, policy: GatePolicy, now: float) -> list[Due]:
+def due(state: GateState, fleet: FleetView | None, policy: GatePolicy, now: float) -> list[Due]:
     """The held targets whose decision is another now (allowed, another refusal, not stuck any more),
     or whose hold is HELD_REFRESH old (still held: written again), the longest held first. Without a
     fleet (the exporter unreadable) nothing is due: a re-decision could only say so."""
@@ -75,7 +76,7 @@ class Seen:
     status: TargetStatus
 
 
-def outside_restarts(state: JournalState, fleet: FleetView, policy: GatePolicy) -> list[Seen]:
+def outside_restarts(state: GateState, fleet: FleetView, policy: GatePolicy) -> list[Seen]:
     """What changed in the restarts the exporter shows for the fleet the gate guards: a target seen the
     first time (remembered, not counted: what came before is not known), and a restart newer than the
     one remembered, counted as `kubelet` (a target in a pod) or `other` unless the remediator restarted
@@ -88,11 +89,11 @@ def outside_restarts(state: JournalState, fleet: FleetView, policy: GatePolicy) 
         at = status.last_restart_time
         before = state.seen_restarts.get(target)
         if before is None:
-            found.append(Seen(target, gate.workload_of(target, status), at, None, status))
+            found.append(Seen(target, model.workload_of(target, status), at, None, status))
             continue
         if at is None or at <= before + RESTART_RESOLUTION:
             continue
-        workload = gate.workload_of(target, status)
+        workload = model.workload_of(target, status)
         own = any(max(before, at - OWN_RESTART_WINDOW) < started <= at + CLOCK_MARGIN
                   for started in state.restart_times.get(workload, ()))
         found.append(Seen(target, workload, at, None if own else ("kubelet" if status.pod else "other"), status))

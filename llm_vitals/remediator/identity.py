@@ -29,7 +29,8 @@ from urllib.parse import urlsplit
 
 from llm_vitals.kube.owners import controller_of, group_of, replica_set_to_resolve, workload_name
 
-from .gate import Decision, TargetStatus
+from .gate import Decision
+from .model import TargetStatus
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The durable journal: the audit log of every decision, restart, pause and circuit reset, in SQLite (WAL).
 
 It records what happened (`GET /api/v1/actions` reads it); it is not the gate's state, which its
-store keeps (`store.py`; one replica keeps it in a table of its own in this same file). All SQLite
+store keeps (`store/`; one replica keeps it in a table of its own in this same file). All SQLite
 work runs on one dedicated thread, off the event loop.
 
 Durability: `record_intent` commits the restart row (result `pending`) before the caller starts
@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .gate import AlertFacts
+from .model import AlertFacts
 
 T = TypeVar("T")
 log = logging.getLogger("llm_vitals.remediator.journal")
@@ -48,7 +48,7 @@ CREATE TABLE IF NOT EXISTS actions (
 );
 CREATE INDEX IF NOT EXISTS actions_decision ON actions(decision, target, time);
 CREATE INDEX IF NOT EXISTS actions_time ON actions(time);
--- The two tables below held the gate's state before its store did (`sqlite_store.py`): read once,
+-- The two tables below held the gate's state before its store did (`store/sqlite.py`): read once,
 -- to start that store from a journal written by an older version; no longer written.
 CREATE TABLE IF NOT EXISTS shared (   -- pause, storm marker, escalated nodes (single-replica mode)
     key TEXT PRIMARY KEY,

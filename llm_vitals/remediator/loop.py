@@ -2,7 +2,7 @@
 
 For one alert:
   1. steps 1-3 of the gate on the store's last state, without I/O (most of a storm ends here as
-     `duplicate`); the pause is decided in step 3, as it holds the target (`JournalState.held`);
+     `duplicate`); the pause is decided in step 3, as it holds the target (`GateState.held`);
      every time here is the store's (`GateStore.now`: replicas judge by the API server's clock);
   2. re-check through the exporter, or every exporter shard at once (shared in-flight reads);
   3. under this replica's decision lock: read the state and its version, decide (the pure gate),
@@ -27,12 +27,13 @@ from functools import partial
 from itertools import chain
 from typing import Any, Protocol
 
-from . import backstop, gate, holds, identity, shared
+from . import backstop, gate, holds, identity, model
 from .acting import Actor
 from .evidence import Evidence
 from .executors import Executor
-from .gate import AlertFacts, Decision, FleetView, GatePolicy, JournalState, TargetStatus
-from .shared import Intent
+from .gate import Decision, GatePolicy
+from .model import AlertFacts, FleetView, GateState, Intent, TargetStatus
+from .state import circuit_opened, claim_lapsed, restart_seen, seen_kept, undone, unheld, with_effects
 from .store import Ambiguous, GateStore, StateLost, StateUnavailable, transact, update
 
 log = logging.getLogger("llm_vitals.remediator")
@@ -94,9 +95,9 @@ class GateLoop:
         now = self.store.now()
         if self.unresolved:
             await self.resolve()
-        # The pause is not checked here: a paused refusal holds the target (JournalState.held), which is
+        # The pause is not checked here: a paused refusal holds the target (GateState.held), which is
         # committed with the decision under the lock.
-        refused = gate.precheck(facts, shared.claim_lapsed(self.store.last, now), self.policy)
+        refused = gate.precheck(facts, claim_lapsed(self.store.last, now), self.policy)
         if refused is not None:
             self._refused(facts, refused, now, None)
             if refused.reason in gate.UNHOLDING and (facts.target or "") in self.store.last.held:
@@ -168,7 +169,7 @@ class GateLoop:
 
     async def resolve(self) -> None:
         """Re-read the intents whose outcome is unknown: one that holds now, too late to carry out, is
-        released (shared.undone: its alert judged afresh); one that is absent is forgotten."""
+        released (state.undone: its alert judged afresh); one that is absent is forgotten."""
         for holder, (intent, key) in list(self.unresolved.items()):
             try:
                 state, _ = await self.store.read()
@@ -183,7 +184,7 @@ class GateLoop:
     async def _release(self, intent: Intent, key: tuple[str, float]) -> None:
         """Take back a committed intent that was not carried out; one that cannot be, waits unresolved."""
         try:
-            await update(self.store, lambda state: shared.undone(state, intent, key))
+            await update(self.store, lambda state: undone(state, intent, key))
         except StateUnavailable:
             self._unresolved(intent, key)
             return
@@ -208,12 +209,12 @@ class GateLoop:
 
     def _decide(
         self, facts: AlertFacts, fleet: FleetView | None, status: TargetStatus | None, checked: bool,
-        state: JournalState,
-    ) -> tuple[Decided, JournalState]:
+        state: GateState,
+    ) -> tuple[Decided, GateState]:
         """One pass of the pure gate over `state`: the decision, and the state its effects make.
         A restart of a pod not `checked` yet commits nothing: it asks for the identity check first."""
         now = self.store.now()
-        state = shared.claim_lapsed(state, now)
+        state = claim_lapsed(state, now)
         decision = gate.decide(facts, fleet, state, self.policy, now)
         # A dry run runs every check a live run does, the identity included: its "would restart" is then true.
         if (decision.allowed or decision.reason == "dry_run") and not checked:
@@ -224,10 +225,10 @@ class GateLoop:
             # The gate's plan, carried out: its executor, and a claim for as long as it may take.
             executor = self.actor.executor_for(facts, decision, status)
             decided = Decided(decision, now, executor, self.actor.claim(facts, decision.plan, now, state))
-        return decided, shared.with_effects(state, effects, facts, now, decided.intent)
+        return decided, with_effects(state, effects, facts, now, decided.intent)
 
     def _refused(self, facts: AlertFacts, decision: Decision, now: float, status: TargetStatus | None) -> None:
-        workload = gate.workload_of(facts.target or "", status)
+        workload = model.workload_of(facts.target or "", status)
         actor = None
         if decision.reason == "restarted_since_alert":
             actor = backstop.restart_actor(status, self.store.last, workload, facts.starts_at)
@@ -239,8 +240,8 @@ class GateLoop:
         """The held target's alert resolved (or is no longer the gate's): its hold ends, for every replica."""
         target = facts.target or ""
 
-        def step(state: JournalState) -> tuple[None, JournalState]:
-            return None, shared.unheld(state, target)
+        def step(state: GateState) -> tuple[None, GateState]:
+            return None, unheld(state, target)
 
         try:
             await transact(self.store, step)
@@ -269,26 +270,26 @@ class GateLoop:
         """The exporter's view now, and the workloads it reports kept (`reported`: what a backstop may ask about)."""
         fleet = await self.exporter.fleet()
         if fleet is not None:
-            self.reported = frozenset(gate.workload_of(t, s) for t, s in chain(fleet.targets.items(),
+            self.reported = frozenset(model.workload_of(t, s) for t, s in chain(fleet.targets.items(),
                                                                                 fleet.withheld.items()))
         return fleet
 
-    async def _count_restarts(self, fleet: FleetView, last: JournalState) -> None:
+    async def _count_restarts(self, fleet: FleetView, last: GateState) -> None:
         """Count the restarts no remediator made in their workloads' budgets, once each (holds.py)."""
         present = set(gate.managed_targets(self.policy, fleet))
         if not holds.outside_restarts(last, fleet, self.policy) and set(last.seen_restarts) <= present:
             return
         now = self.store.now()
 
-        def step(state: JournalState) -> tuple[list[holds.Seen], JournalState]:
+        def step(state: GateState) -> tuple[list[holds.Seen], GateState]:
             found = holds.outside_restarts(state, fleet, self.policy)
-            new = shared.seen_kept(state, present)
+            new = seen_kept(state, present)
             for seen in found:
-                new = shared.restart_seen(new, seen.target, seen.workload, seen.at, seen.actor is not None,
+                new = restart_seen(new, seen.target, seen.workload, seen.at, seen.actor is not None,
                                           self.policy.backoff_initial > 0)
                 if (seen.actor is not None and seen.workload not in new.open_circuits
                         and gate.restarts_in_window(new, self.policy, seen.workload, now) >= self.policy.max_restarts):
-                    new = shared.circuit_opened(new, seen.workload)
+                    new = circuit_opened(new, seen.workload)
             return found, new
 
         for seen in await transact(self.store, step):

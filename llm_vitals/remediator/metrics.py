@@ -18,10 +18,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .shared import BACKOFF_REFUSAL_MEMORY_SECONDS, DISRUPTION_MEMORY_SECONDS
+from .state import BACKOFF_REFUSAL_MEMORY_SECONDS, DISRUPTION_MEMORY_SECONDS
 
 if TYPE_CHECKING:
-    from .gate import JournalState
+    from .gate import GateState
     from .journal import Journal
     from .store import StoreHealth
 
@@ -35,7 +35,7 @@ class RemediatorMetrics:
         self,
         targets: Iterable[str],
         journal: Journal,
-        state: Callable[[], JournalState],
+        state: Callable[[], GateState],
         clock: Callable[[], float] = time.time,
         health: Callable[[], StoreHealth] | None = None,
         budget_window: float = 3600.0,
@@ -113,7 +113,7 @@ class _JournalCollector(Collector):
     """
 
     def __init__(
-        self, targets: list[str], journal: Journal, state: Callable[[], JournalState], clock: Callable[[], float],
+        self, targets: list[str], journal: Journal, state: Callable[[], GateState], clock: Callable[[], float],
         health: Callable[[], StoreHealth] | None, budget_window: float, backoff_reset: float = 12 * 3600.0,
     ):
         self.targets = targets
@@ -184,7 +184,7 @@ class _JournalCollector(Collector):
             "been released: it is not escalated again. Uncordon it, then POST /api/v1/nodes/<node>/release.",
             labels=["node"],
         )
-        for node in sorted(state.gpu_nodes):
+        for node in sorted(state.cordoned_nodes):
             nodes.add_metric([node], 1.0)
         yield nodes
         pages = GaugeMetricFamily(

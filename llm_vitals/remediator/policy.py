@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from . import gate
 from .fleet_limit import percent_of
-from .gate import DEFAULT_POD_TIMEOUT, GatePolicy, Plan, TargetStatus, TemplateMatch
+from .gate import DEFAULT_POD_TIMEOUT, GatePolicy, Plan, TemplateMatch
+from .model import TargetStatus
 from .settings import PreRestart, Settings, TargetTemplate
 
 __all__ = ["DEFAULT_POD_TIMEOUT", "policy_from", "pre_restart_of", "pre_restart_planned", "restart_timeout",

@@ -26,21 +26,25 @@ from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.leases import LeaseTransport
 from llm_vitals.logs import log_event
 
-from . import backstop, gate, shared
+from . import backstop, gate
 from .acting import Actor
 from .evidence import Evidence, decision_word
 from .executors import Executor, build_executor
 from .exporter_client import FleetReader
-from .gate import AlertFacts, Decision, JournalState
+from .gate import Decision
 from .journal import Journal
 from .loop import GateLoop
 from .metrics import RemediatorMetrics
+from .model import AlertFacts, GateState
 from .payload import Alert, WebhookPayload
 from .pods import IdentityReader
 from .policy import policy_from
 from .settings import Settings
-from .sqlite_store import SqliteStore, read_local_state
-from .store import EpochMemory, GateStore, LeaseStore, transact, update
+from .state import circuits_reset, node_released, paused_state, workload_released
+from .state_codec import summary
+from .store import GateStore, transact, update
+from .store.lease import EpochMemory, LeaseStore
+from .store.sqlite import SqliteStore, read_local_state
 
 log = logging.getLogger("llm_vitals.remediator")
 
@@ -106,7 +110,7 @@ class Remediator:
         # (this replica's memory: the hold they get is bounded, backstop.UNKNOWN_HOLD).
         self._unknown: dict[str, float] = {}
 
-    def gate_state_now(self) -> JournalState:
+    def gate_state_now(self) -> GateState:
         """The state as last seen, without I/O (for the metrics and /healthz)."""
         return self.store.last
 
@@ -157,8 +161,8 @@ class Remediator:
         """Close the circuits of `workloads`, forgive their budget so far and start their ladder again.
         Returns those that were open. Raises StateUnavailable."""
 
-        def step(state: JournalState) -> tuple[list[str], JournalState]:
-            return [w for w in workloads if w in state.open_circuits], shared.circuits_reset(state, workloads)
+        def step(state: GateState) -> tuple[list[str], GateState]:
+            return [w for w in workloads if w in state.open_circuits], circuits_reset(state, workloads)
 
         was_open = await transact(self.store, step)
         await self.journal.record_circuit_reset(workloads, self.clock())
@@ -169,8 +173,8 @@ class Remediator:
         """Forget that llm-vitals cordoned `node` (a human has dealt with it): it may be escalated again.
         Returns whether it was escalated. Raises StateUnavailable."""
 
-        def step(state: JournalState) -> tuple[bool, JournalState]:
-            return node in state.gpu_nodes, shared.node_released(state, node)
+        def step(state: GateState) -> tuple[bool, GateState]:
+            return node in state.cordoned_nodes, node_released(state, node)
 
         was_escalated = await transact(self.store, step)
         await self.journal.record_node_release(node, was_escalated, self.clock())
@@ -181,8 +185,8 @@ class Remediator:
         """A human has looked at `workload`: its page ends and its ladder starts again. Returns whether it
         was paged. Raises StateUnavailable."""
 
-        def step(state: JournalState) -> tuple[bool, JournalState]:
-            return gate.paged(state, workload), shared.workload_released(state, workload)
+        def step(state: GateState) -> tuple[bool, GateState]:
+            return gate.paged(state, workload), workload_released(state, workload)
 
         was_paged = await transact(self.store, step)
         await self.journal.record_workload_release(workload, was_paged, self.clock())
@@ -196,14 +200,14 @@ class Remediator:
         return (set(self.settings.targets) | set(state.open_circuits) | set(state.restart_times) | set(state.ladder)
                 | set(state.backoff) | set(state.pages))
 
-    async def set_pause(self, until: float | None, reason: str) -> JournalState:
+    async def set_pause(self, until: float | None, reason: str) -> GateState:
         """Pause (or, with `until` None, resume) every replica; journaled here. Raises StateUnavailable."""
-        state = await update(self.store, lambda s: shared.paused_state(s, until, reason))
+        state = await update(self.store, lambda s: paused_state(s, until, reason))
         await self.journal.record_pause(self.clock(), until, reason)
         log_event(log, "paused" if until is not None else "resumed", until=until, reason=reason)
         return state
 
-    async def recent_state(self) -> JournalState:
+    async def recent_state(self) -> GateState:
         """The state read at most STATE_MAX_AGE ago (one read at a time, shared by the callers meanwhile):
         the pause a human just set on another replica shows here at once, and a flood of GETs costs the
         API server one read a second. Raises StateUnavailable."""
@@ -228,7 +232,7 @@ class Remediator:
         return now, [backstop.word_for(w, state, self.policy, now, lost=lost,
                                        unknown_since=self._unknown_since(w, state, now)) for w in workloads]
 
-    def _unknown_since(self, workload: str, state: JournalState, now: float) -> float | None:
+    def _unknown_since(self, workload: str, state: GateState, now: float) -> float | None:
         """When a backstop first asked about `workload`, which this remediator never heard of; None when known.
         Each such ask is counted (LLMVitalsBackstopUnknownWorkload), the first logged."""
         if backstop.known(workload, state, self.policy, self.loop.reported):
@@ -247,7 +251,7 @@ class Remediator:
         """What the state holds as last seen (no I/O: the follower keeps a replica's view fresh), and
         whether it is lost: for GET /api/v1/state."""
         state, health = self.store.last, self.store.health
-        return {"lost": health.lost or None, "up": health.up, **shared.summary(state)}
+        return {"lost": health.lost or None, "up": health.up, **summary(state)}
 
     async def reinitialise(self, origin: str, reason: str, by: str) -> dict[str, Any]:
         """A human re-initialises the replicas' shared state (`origin`: `empty`, or `journal`: this
@@ -256,7 +260,7 @@ class Remediator:
         if not isinstance(self.store, LeaseStore):
             raise ValueError("this remediator keeps its state in its own SQLite file: it is never lost to"
                              " others, and there is no shared state to re-initialise")
-        source = JournalState()
+        source = GateState()
         if origin == "journal":
             budget = self.settings.budget
             found = read_local_state(self.settings.state_path, budget.max_restarts, budget.window)
@@ -268,7 +272,7 @@ class Remediator:
                                                f" {reason}", discarded)
         log_event(log, "shared state re-initialised", level=logging.WARNING, origin=origin, reason=reason,
                   by=by, discarded=discarded)
-        return {"discarded": discarded, "now": shared.summary(self.store.last), "from": origin}
+        return {"discarded": discarded, "now": summary(self.store.last), "from": origin}
 
 
 @asynccontextmanager

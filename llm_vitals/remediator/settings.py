@@ -288,7 +288,7 @@ class Backoff(StrictModel):
 
     @model_validator(mode="after")
     def _ordered(self) -> Backoff:
-        # The shared state keeps a streak for 7 days (remediator/shared.py: BACKOFF_MEMORY_SECONDS).
+        # The shared state keeps a streak for 7 days (remediator/state.py: BACKOFF_MEMORY_SECONDS).
         if self.reset_after > 7 * 86400:
             raise ValueError("reset_after must be at most 7d")
         if self.initial > self.max:
@@ -351,7 +351,7 @@ class Settings(StrictModel):
     @field_validator("escalate_within")
     @classmethod
     def _escalate_within(cls, value: float | None) -> float | None:
-        # The shared state keeps a ladder step for a day (remediator/shared.py: LADDER_MEMORY_SECONDS).
+        # The shared state keeps a ladder step for a day (remediator/state.py: LADDER_MEMORY_SECONDS).
         if value is not None and not 0 < value <= 86400:
             raise ValueError("must be more than 0s and at most 24h (or left out: no ladder)")
         return value

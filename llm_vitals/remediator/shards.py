@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .gate import FleetView, TargetStatus, is_unhealthy
+from .gate import is_unhealthy
+from .model import FleetView, TargetStatus
 
 
 def merge_views(views: Sequence[tuple[str, FleetView]]) -> tuple[FleetView, dict[str, tuple[str, ...]]]:

@@ -30,7 +30,7 @@ import httpx
 import yaml
 from aiohttp import web
 
-from llm_vitals.remediator.store import STATE_ANNOTATION
+from llm_vitals.remediator.store.lease import STATE_ANNOTATION
 from llm_vitals.targets import TargetView
 
 from .control_plane import REPO, ControlPlane, log_tail

@@ -16,7 +16,7 @@ from test_exporter_helpers import FakeVllm, make_settings, start_exporter, wait_
 from waits import wait_until
 
 from llm_vitals.exporter.keys import STORE
-from llm_vitals.remediator.store import STATE_ANNOTATION
+from llm_vitals.remediator.store.lease import STATE_ANNOTATION
 
 from .control_plane import ControlPlane
 from .exec_credential import exec_kubeconfig, runs

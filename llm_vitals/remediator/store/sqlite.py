@@ -1,6 +1,6 @@
 """The gate's state for one replica: one versioned row in its SQLite file (`store.GateStore`).
 
-The row (table `gate_state`: a version number and the state as `shared.to_json` writes it) lives in
+The row (table `gate_state`: a version number and the state as `state_codec.to_json` writes it) lives in
 the journal's file, in a table of its own beside the audit tables. This process is its only writer
 (the journal's lock file refuses a second remediator), so `read` answers from memory and `commit`
 compares versions in memory before it writes: a conflict only comes from another task of this
@@ -28,9 +28,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from . import shared
-from .gate import JournalState, dedupe_key
-from .store import StateUnavailable, StoreHealth
+from .. import state_codec
+from ..model import GateState, dedupe_key
+from ..state import claim_lapsed, pruned
+from . import StateUnavailable, StoreHealth
 
 T = TypeVar("T")
 
@@ -38,10 +39,10 @@ T = TypeVar("T")
 LOCAL_KEY_MEMORY_SECONDS = 30 * 86400.0
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS gate_state (   -- the gate's state: one row, versioned (sqlite_store.py)
+CREATE TABLE IF NOT EXISTS gate_state (   -- the gate's state: one row, versioned (store/sqlite.py)
     id INTEGER PRIMARY KEY CHECK (id = 1),
     version INTEGER NOT NULL,
-    state TEXT NOT NULL                   -- JSON, as remediator/shared.py's to_json writes it
+    state TEXT NOT NULL                   -- JSON, as remediator/state_codec.py's to_json writes it
 );
 """
 
@@ -58,7 +59,7 @@ class SqliteStore:
         self.clock = clock
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-state")
         self._conn: sqlite3.Connection | None = None
-        self._state = JournalState()
+        self._state = GateState()
         self._version = 0
         # Fields a newer version wrote into the row (a downgrade): written back as they were.
         self._carried: dict[str, Any] = {}
@@ -66,7 +67,7 @@ class SqliteStore:
         self.health = StoreHealth()
 
     @property
-    def last(self) -> JournalState:
+    def last(self) -> GateState:
         return self._state
 
     def now(self) -> float:
@@ -82,10 +83,10 @@ class SqliteStore:
             self._conn = None
         self._thread.shutdown(wait=True)
 
-    async def read(self) -> tuple[JournalState, int]:
+    async def read(self) -> tuple[GateState, int]:
         return self._state, self._version
 
-    async def commit(self, version: int, state: JournalState) -> bool:
+    async def commit(self, version: int, state: GateState) -> bool:
         async with self._lock:
             if version != self._version:
                 return False
@@ -111,13 +112,13 @@ class SqliteStore:
             return
         if row is not None:
             try:
-                self._state, self._version = shared.load(row[1]).state, int(row[0])
-            except shared.BadState as exc:
+                self._state, self._version = state_codec.load(row[1]).state, int(row[0])
+            except state_codec.BadState as exc:
                 self.health.failed("read", str(exc))
 
     # -- on the database thread ------------------------------------------------------------------
 
-    def _open_sync(self, now: float) -> tuple[JournalState, int]:
+    def _open_sync(self, now: float) -> tuple[GateState, int]:
         conn = sqlite3.connect(self.path, isolation_level=None)
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA busy_timeout=5000")
@@ -128,9 +129,9 @@ class SqliteStore:
             state, version = state_from_journal(conn), 0
         else:
             try:
-                stored, version = shared.load(row[1]), int(row[0])
-            except shared.BadState as exc:
-                raise shared.BadState(f"{self.path}: table gate_state: {exc}") from None
+                stored, version = state_codec.load(row[1]), int(row[0])
+            except state_codec.BadState as exc:
+                raise state_codec.BadState(f"{self.path}: table gate_state: {exc}") from None
             state, self._carried = stored.state, dict(stored.carried)
         # A restart in progress here was this replica's own, and it stopped with it.
         opened = self._pruned(ended_claim(conn, state), now)
@@ -160,17 +161,17 @@ class SqliteStore:
             raise
         conn.execute("COMMIT")
 
-    def _text(self, state: JournalState) -> str:
-        return shared.dump(shared.Stored(state, carried=self._carried))
+    def _text(self, state: GateState) -> str:
+        return state_codec.dump(state_codec.Stored(state, carried=self._carried))
 
-    def _pruned(self, state: JournalState, now: float) -> JournalState:
-        return shared.pruned(state, now, self.budget_window, key_memory=LOCAL_KEY_MEMORY_SECONDS, max_keys=None)
+    def _pruned(self, state: GateState, now: float) -> GateState:
+        return pruned(state, now, self.budget_window, key_memory=LOCAL_KEY_MEMORY_SECONDS, max_keys=None)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
 
-def ended_claim(conn: sqlite3.Connection, state: JournalState) -> JournalState:
+def ended_claim(conn: sqlite3.Connection, state: GateState) -> GateState:
     """The state a start finds, with the restart its last process held over. The journal in the same
     file is the witness: a row for the claim's alert says the restart began (it is `interrupted` now,
     and its alert stays decided); no row says it never began (the process stopped, or the journal
@@ -184,11 +185,11 @@ def ended_claim(conn: sqlite3.Connection, state: JournalState) -> JournalState:
         "SELECT 1 FROM actions WHERE decision='restart' AND fingerprint=? AND round(starts_at, 3)=? LIMIT 1", key
     ).fetchone() is not None:
         key = None
-    return shared.claim_lapsed(replace(state, in_progress_key=key))
+    return claim_lapsed(replace(state, in_progress_key=key))
 
 
 def state_from_journal(conn: sqlite3.Connection, max_restarts: int | None = None,
-                       budget_window: float | None = None) -> JournalState:
+                       budget_window: float | None = None) -> GateState:
     """The state as a journal's rows say it: what an older version rebuilt at each start, and what a
     human's re-initialisation `from: journal` starts the replicas' Lease from. Keyed by workload (the
     row's `workload`; a row written before workloads, by its target, a static target's workload):
@@ -197,7 +198,7 @@ def state_from_journal(conn: sqlite3.Connection, max_restarts: int | None = None
     not released, the pause, the storm and escalated nodes."""
     tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     if not {"actions", "circuits", "shared"} <= tables:
-        return JournalState()
+        return GateState()
     decided_at: dict[tuple[str, float], float] = {}
     for fingerprint, starts_at, at in conn.execute(
         "SELECT fingerprint, starts_at, time FROM actions"
@@ -233,7 +234,7 @@ def state_from_journal(conn: sqlite3.Connection, max_restarts: int | None = None
         if w is not None and at > released.get(w, -1.0)}
     kept = {k: json.loads(v) for k, v in conn.execute("SELECT key, value FROM shared")}
     pause = kept.get("pause") or {}
-    return JournalState(
+    return GateState(
         decided_keys=frozenset(decided_at),
         decided_at=decided_at,
         last_restart_started=last_started,
@@ -242,7 +243,7 @@ def state_from_journal(conn: sqlite3.Connection, max_restarts: int | None = None
         paused_until=pause.get("until"),
         pause_reason=pause.get("reason", "") if pause.get("until") is not None else "",
         storm_seen_at=kept.get("storm_seen_at"),
-        gpu_nodes=frozenset(kept.get("gpu_nodes", ())),
+        cordoned_nodes=frozenset(kept.get("gpu_nodes", ())),
         pages=pages,
     )
 
@@ -254,7 +255,7 @@ def spent(times: list[float], max_restarts: int, window: float) -> bool:
 
 
 def read_local_state(path: Path | str, max_restarts: int | None = None,
-                     budget_window: float | None = None) -> JournalState | None:
+                     budget_window: float | None = None) -> GateState | None:
     """This replica's own state as its SQLite file holds it (the gate_state row, else what an older
     journal's rows say), or None when the file holds neither: what a first Lease, or a human's
     re-initialisation `from: journal`, starts from (switching from one replica to replicas keeps
@@ -268,7 +269,7 @@ def read_local_state(path: Path | str, max_restarts: int | None = None,
         if "gate_state" in tables:
             row = conn.execute("SELECT state FROM gate_state WHERE id=1").fetchone()
             if row is not None:
-                return shared.from_json(row[0])
+                return state_codec.from_json(row[0])
         if {"actions", "circuits", "shared"} <= tables:
             return state_from_journal(conn, max_restarts, budget_window)
         return None

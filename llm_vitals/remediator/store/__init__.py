@@ -1,0 +1,138 @@
+"""Where the gate's state lives, behind one protocol: `read() -> (state, version)` and
+`commit(version, state) -> bool`, as kured's lock and NodeHealthCheck's status are kept.
+
+A commit writes the state that a pure transition (state.py) makes of the state read at `version`,
+and only if nothing was committed since: False is a conflict, and the caller reads again and
+decides again (`transact`). Only `ledger.py` commits, each change with its journal row. Two stores
+implement the protocol:
+
+- `sqlite.SqliteStore`: one replica, one row in its SQLite file (beside the journal); the default.
+- `lease.LeaseStore`: replicas, one annotation of a `coordination.k8s.io/v1` Lease, written only
+  with the `resourceVersion` it read, judged by the API server's clock.
+
+Each store keeps its health (`StoreHealth`): whether its last read or write worked, and its
+failures by operation, for `llm_vitals_remediator_state_up` and `..._state_errors_total`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from ..model import GateState
+
+# A conflict means another writer committed in between: read again and retry, this many times.
+CONFLICT_RETRIES = 8
+
+V = TypeVar("V")
+T = TypeVar("T")
+
+
+class StateUnavailable(Exception):
+    """The gate's state cannot be read or written now: nothing may be restarted (503, retry-safe)."""
+
+
+class StateLost(StateUnavailable):
+    """The shared state is gone or not ours (a Lease deleted, an annotation unparseable, another
+    initialisation's state): nothing is restarted, nor paused or reset, until a human
+    re-initialises it (`reinitialise`, POST /api/v1/state/reinit). Never a fresh state in silence:
+    that would forget open circuits, spent budgets, the pause, the ladder and cordoned nodes."""
+
+
+class Ambiguous(StateUnavailable):
+    """A write whose answer was lost: the store may or may not hold it now. `result` is what the
+    step decided with it; the caller re-reads to learn which (`GateLoop`: carried out once, or released)."""
+
+    def __init__(self, message: str, result: Any):
+        super().__init__(message)
+        self.result = result
+
+
+class Conflicted(StateUnavailable):
+    """Every try met a conflict: other writers keep committing first (retry-safe, as unavailable)."""
+
+
+@dataclass
+class StoreHealth:
+    """Whether the gate's state could be read and written lately: the metrics and the follower's log."""
+
+    up: bool = True  # the last read or write worked
+    errors: dict[str, int] = field(default_factory=dict)  # failures by operation: read, write, follow
+    last_error: str = ""
+    lost: str = ""  # why the state is lost (StateLost) until a human re-initialises it; "" when it is not
+    # Restart intents whose commit's outcome this replica could not learn yet (a write's answer lost and
+    # the state unreadable since): each is re-read until it is carried out or released.
+    unresolved: int = 0
+
+    def ok(self) -> None:
+        self.up = True
+        self.lost = ""
+
+    def failed(self, operation: str, error: str) -> None:
+        self.up = False
+        self.errors[operation] = self.errors.get(operation, 0) + 1
+        self.last_error = error[:500]
+
+
+class GateStore(Protocol[V]):
+    """The gate's state with a version; `V` is whatever the store compares on commit."""
+
+    health: StoreHealth
+
+    def now(self) -> float:
+        """The time the state is written and judged by (for replicas: the API server's)."""
+        ...
+
+    @property
+    def last(self) -> GateState:
+        """The state as last read or committed, without I/O (metrics, /healthz, the duplicate check)."""
+        ...
+
+    @property
+    def last_is_current(self) -> bool:
+        """True when `last` is always the committed state (this process is the only writer)."""
+        ...
+
+    @property
+    def claims_expire(self) -> bool:
+        """True when a restart's claim must end by itself: a replica that dies leaves it to the others."""
+        ...
+
+    async def read(self) -> tuple[GateState, V]:
+        """The committed state and its version. Raises StateUnavailable."""
+        ...
+
+    async def commit(self, version: V, state: GateState) -> bool:
+        """Make `state` the committed state if it is still at `version`; False on a conflict."""
+        ...
+
+
+async def transact(store: GateStore[Any], step: Callable[[GateState], tuple[T, GateState]]) -> T:
+    """Read, apply `step` (no I/O: the state in, its result and the new state out), commit; on a
+    conflict read again and step again. An unchanged state is not written. Raises StateUnavailable."""
+    for _ in range(CONFLICT_RETRIES):
+        state, version = await store.read()
+        result, new = step(state)
+        if new == state:
+            return result
+        try:
+            committed = await store.commit(version, new)
+        except StateLost:
+            raise
+        except StateUnavailable as exc:
+            # The write may have been applied with its answer lost: the caller must find out.
+            raise Ambiguous(str(exc), result) from None
+        if committed:
+            return result
+    raise Conflicted(f"the gate's state kept changing ({CONFLICT_RETRIES} conflicts)")
+
+
+async def update(store: GateStore[Any], change: Callable[[GateState], GateState]) -> GateState:
+    """Apply a pure `change` to the state, retried on conflicts. Returns the state committed."""
+
+    def step(state: GateState) -> tuple[GateState, GateState]:
+        new = change(state)
+        return new, new
+
+    return await transact(store, step)
