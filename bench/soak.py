@@ -11,7 +11,7 @@ resolved), and each copy goes to a remediator replica through the service's own 
 (`Remediator.handle_payload`, the webhook handler's call). The humans then act (release a page, reset a circuit, repair a node,
 re-initialise a lost state) and the invariants (bench/soak_invariants.py) judge what happened.
 
-Real parts: `Remediator` (the service) with its `GateLoop`, the pure gate, `Actor`, `Evidence`, the
+Real parts: `Remediator` (the service) with its `GateLoop`, the pure gate, `Actor`, `Ledger`, the
 SQLite `Journal` of each replica, and the gate's store: the replicas' `LeaseStore` over an in-memory
 API server's Lease (resourceVersion preconditions, dated answers), or the one replica's
 `SqliteStore` in its journal's file. Swapped at the edges: the exporter's answer comes from the
@@ -169,7 +169,7 @@ class SimExecutor:
 
 
 class SimActor(Actor):
-    """The real Actor (claims, the restart lock, journaling, releases, marking a cordoned node), handing
+    """The real Actor (the restart lock, its ends through the ledger: releases, marking a cordoned node), handing
     out in-memory executors: the choice mirrors `Actor.executor_for` (a move for `cordon_and_move`, the
     whole group for a LeaderWorkerSet pod, else the pod), from the gate's decision."""
 
@@ -209,7 +209,7 @@ class Replica:
             await store.open()
             self.store = store
         service = Remediator(settings, self.journal, self.store, cast(httpx.AsyncClient, None), soak.clock, {}, None)
-        actor = SimActor(settings, service.policy, {}, None, self.identity, self.store, self.journal, service.metrics)
+        actor = SimActor(settings, {}, None, self.identity, service.ledger)
         actor.soak = soak
         service.actor = service.loop.actor = actor
         service.loop.exporter = SimExporter(soak)

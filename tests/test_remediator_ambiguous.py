@@ -77,7 +77,7 @@ async def test_an_intent_left_unknown_is_counted_then_released_and_the_resend_ac
     leases.create_lease = write_then_away
     assert await replica.decide(alert("a")) == "state_unreachable"
     assert store.health.unresolved == 1
-    assert replica.loop.unresolved
+    assert replica.loop.ledger.unresolved
     assert replica.executor.calls == 0
     # The unresolved intent is exported (LLMVitalsRemediatorIntentUnresolved reads it).
     metrics = RemediatorMetrics(["a"], replica.journal, lambda: store.last, clock, lambda: store.health)
@@ -87,7 +87,7 @@ async def test_an_intent_left_unknown_is_counted_then_released_and_the_resend_ac
     clock.now = T0 + 960  # Alertmanager's next re-send (repeat_interval rounded to group_interval)
     assert await replica.decide(alert("a")) == "allowed"  # released first, then judged afresh
     await replica.actor.wait_idle()
-    assert replica.executor.calls == 1 and store.health.unresolved == 0 and not replica.loop.unresolved
+    assert replica.executor.calls == 1 and store.health.unresolved == 0 and not replica.loop.ledger.unresolved
 
 
 async def test_a_replica_that_died_after_its_commit_leaves_its_alert_to_the_next_resend(replicas):  # noqa: F811

@@ -21,10 +21,10 @@ from test_remediator_helpers import Clock, make_settings
 from test_remediator_loop import OLD, T0, Fleet, MemoryStore, alert
 from test_remediator_pods import GROUP_LABELS, api  # noqa: F401
 
-from llm_vitals.remediator.acting import Actor
-from llm_vitals.remediator.evidence import Evidence
+from llm_vitals.remediator.acting import Actor, claim_seconds
 from llm_vitals.remediator.identity import verified, workload_of_pod
 from llm_vitals.remediator.journal import Journal
+from llm_vitals.remediator.ledger import Ledger
 from llm_vitals.remediator.loop import GateLoop
 from llm_vitals.remediator.metrics import RemediatorMetrics
 from llm_vitals.remediator.model import FleetView, TargetStatus
@@ -125,10 +125,10 @@ async def pod_loop(tmp_path: Path, api):  # noqa: F811
         journals.append(journal)
         policy = policy_from(settings)
         metrics = RemediatorMetrics(settings.targets, journal, lambda: store.last, clock)
-        actor = Actor(settings, policy, {}, kube if kube_access else None, "replica-a", store, journal, metrics)
+        ledger = Ledger(store, journal, metrics, policy, clock, "replica-a", claim_seconds(0.0, 0.0), {})
+        actor = Actor(settings, {}, kube if kube_access else None, "replica-a", ledger)
         fleet = Fleet(FleetView({"llm/vllm-0": status}))
-        loop = GateLoop(policy, store, fleet, actor, Evidence(journal, metrics, policy), clock,
-                        IdentityReader(kube) if kube_access else None)
+        loop = GateLoop(policy, ledger, fleet, actor, IdentityReader(kube) if kube_access else None)
         return loop, store, actor, journal
 
     yield server, make

@@ -1,6 +1,6 @@
 """The gate loop (decide -> commit -> act) over the store protocol, and the one-replica SQLite store.
 
-The loop runs with its real parts (policy from settings, `Actor`, `Evidence`, a SQLite journal on
+The loop runs with its real parts (policy from settings, `Ledger`, `Actor`, a SQLite journal on
 disk) over an in-memory store that implements the protocol as a Lease behaves: another writer may
 commit between the loop's read and its commit. The executor is an in-memory fake behind the
 `Executor` protocol, so a test can hold a restart and count runs. Time is the test's clock.
@@ -19,10 +19,10 @@ from conftest import REPO
 from test_remediator_helpers import Clock, follow_for, make_settings
 
 from llm_vitals.remediator.acting import Actor, claim_seconds
-from llm_vitals.remediator.evidence import Evidence
 from llm_vitals.remediator.executors import ExecResult
 from llm_vitals.remediator.gate import Effects, decide, effects_of
 from llm_vitals.remediator.journal import Journal
+from llm_vitals.remediator.ledger import Ledger
 from llm_vitals.remediator.loop import GateLoop
 from llm_vitals.remediator.metrics import RemediatorMetrics
 from llm_vitals.remediator.model import AlertFacts, FleetView, GateState, Intent, TargetStatus
@@ -146,9 +146,12 @@ async def replicas(tmp_path: Path):
         policy = policy_from(settings)
         metrics = RemediatorMetrics(settings.targets, journal, lambda: store.last, clock)
         executor = Held()
-        actor = Actor(settings, policy, dict.fromkeys("abcde", executor), None, f"replica-{len(started)}", store,
-                      journal, metrics)
-        loop = GateLoop(policy, store, fleet or Fleet(), actor, Evidence(journal, metrics, policy), clock)
+        executors = dict.fromkeys("abcde", executor)
+        identity = f"replica-{len(started)}"
+        ledger = Ledger(store, journal, metrics, policy, clock, identity, claim_seconds(0.0, 0.0),
+                        {name: e.kind for name, e in executors.items()})
+        actor = Actor(settings, executors, None, identity, ledger)
+        loop = GateLoop(policy, ledger, fleet or Fleet(), actor)
         started.append(Replica(loop, journal, actor, executor))
         return started[-1]
 
@@ -313,7 +316,7 @@ async def test_a_journal_that_cannot_take_the_intent_takes_the_commit_back_and_t
     assert store.state.restart_times == {}  # nothing ran: nothing is spent
     fresh = Journal(journal.path)
     await fresh.open(clock())
-    replica.journal = replica.loop.evidence.journal = replica.actor.journal = fresh
+    replica.journal = replica.loop.ledger.journal = fresh
     assert await replica.decide(alert("a")) == "allowed"  # the re-send
     await replica.actor.wait_idle()
     assert replica.executor.calls == 1
@@ -463,7 +466,7 @@ async def test_a_restart_the_api_server_refused_is_taken_back_and_the_resend_is_
     assert store.state.disrupted == {"a": (T0, T0)}  # and the refusals' streak begins
     [row] = await replica.journal.actions(10)
     assert (row["decision"], row["reason"], row["result"]) == ("refused", "disruption_budget", None)
-    metrics = replica.actor.metrics.registry
+    metrics = replica.loop.ledger.metrics.registry
     assert metrics.get_sample_value("llm_vitals_remediator_decisions_total",
                                     {"target": "a", "reason": "disruption_budget"}) == 1
     clock.advance(60)  # within the cooldown a real restart would have started

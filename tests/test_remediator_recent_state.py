@@ -12,10 +12,10 @@ from test_remediator_helpers import Clock, make_settings
 from test_remediator_loop import T0
 
 from llm_vitals.remediator.journal import Journal
+from llm_vitals.remediator.ledger import update
 from llm_vitals.remediator.service import Remediator
 from llm_vitals.remediator.settings import LeaseRef
 from llm_vitals.remediator.state import paused_state
-from llm_vitals.remediator.store import update
 from llm_vitals.remediator.store.lease import LeaseStore
 
 MemoryLeases = load_script(REPO / "bench" / "memory_leases.py").MemoryLeases

@@ -11,8 +11,8 @@ import pytest
 from test_remediator_helpers import AUTH, alert_payload
 from test_remediator_webhook import actions, exporter, metric, post, remediator, restarter  # noqa: F401
 
+from llm_vitals.remediator.ledger import update
 from llm_vitals.remediator.state import workload_released
-from llm_vitals.remediator.store import update
 
 
 async def open_circuits(client, *workloads: str) -> None:

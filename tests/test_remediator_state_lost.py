@@ -19,6 +19,7 @@ from test_remediator_helpers import Clock
 from test_remediator_lease_store import IDLE, STUCK, MemoryLeases
 from test_remediator_loop import T0, Fleet, alert, replicas  # noqa: F401
 
+from llm_vitals.remediator.ledger import update
 from llm_vitals.remediator.model import FleetView, GateState
 from llm_vitals.remediator.settings import LeaseRef
 from llm_vitals.remediator.state import circuits_reset, node_cordoned, paused_state
@@ -33,7 +34,7 @@ from llm_vitals.remediator.state_codec import (
     encode_annotation,
     to_json,
 )
-from llm_vitals.remediator.store import StateLost, StateUnavailable, update
+from llm_vitals.remediator.store import StateLost, StateUnavailable
 from llm_vitals.remediator.store.lease import STATE_ANNOTATION, EpochMemory, LeaseStore
 from llm_vitals.remediator.store.sqlite import read_local_state
 

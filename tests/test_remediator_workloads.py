@@ -14,8 +14,8 @@ from test_remediator_helpers import AUTH, alert_payload, target_json
 from test_remediator_webhook import actions, exporter, metric, post, remediator, restarter  # noqa: F401
 
 from llm_vitals.remediator.exporter_client import parse_targets
+from llm_vitals.remediator.ledger import update
 from llm_vitals.remediator.state import node_cordoned
-from llm_vitals.remediator.store import update
 
 DEPLOYMENT = "Deployment/llm/vllm"
 

@@ -1,22 +1,22 @@
-"""Acting on a decision: carry out the gate's plan, run the restart in the background, finish it.
+"""Acting on a committed decision: carry out the gate's plan, run the restart in the background.
 
 The plan (`gate.Plan`) says what to act on (the static target, the pod or the group by UID, the
-node to cordon with its taint) and for how long; it was decided once, by the gate. Here it only
-becomes an executor, a claim and the pre_restart command: nothing is worked out again.
+node to cordon with its taint) and for how long; it was decided once, by the gate, and committed
+with its claim and its journal row (ledger.py) before it reaches here. Here it only becomes an
+executor and the pre_restart command: nothing is worked out again, and nothing is written but
+through the ledger.
 
 A committed restart runs in a task of its own, one at a time (the restart lock): first the
 target's `pre_restart` command (bounded by its timeout, its output journaled), then the executor.
-Its outcome goes to the journal and the metrics, and its claim on the gate's state is released.
-The webhook answer never waits for any of it. A refusal a human must see (`gate.HUMAN_REFUSALS`)
-becomes an Event on the target's pod, also in the background.
+Its outcome goes to the ledger (`finished`: its row, its claim released, the node it cordoned
+marked). The webhook answer never waits for any of it. A refusal a human must see
+(`gate.HUMAN_REFUSALS`) becomes an Event on the target's pod, also in the background.
 
-Two outcomes change the gate's state after the fact:
-- a restart the API server refused outright did nothing: its commit is taken back
-  (`state.undone`: budget, cooldown, alert key, circuit, ladder step) and its journal row becomes
-  the refusal, so that Alertmanager's next re-send of the alert is judged afresh. An eviction a
-  PodDisruptionBudget forbids (429 naming it) is `disruption_budget`, with an Event on the pod and
-  the streak its alert reads; any other 429 (a throttled API server) is `api_throttled`, no more;
-- a cordon that succeeded marks its node (`state.node_cordoned`); one that failed marks nothing.
+A restart the API server refused outright did nothing: the ledger takes its commit back
+(`taken_back`: budget, cooldown, alert key, circuit, ladder step) and its row becomes the refusal,
+so that the next re-send of the alert is judged afresh. An eviction a PodDisruptionBudget forbids
+(429 naming it) is `disruption_budget`, with an Event on the pod and the streak its alert reads;
+any other 429 (a throttled API server) is `api_throttled`, no more.
 """
 
 from __future__ import annotations
@@ -24,18 +24,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Coroutine
 from typing import Any, cast
 
 from llm_vitals.kube.client import KubeClient
-from llm_vitals.logs import log_event
 
 from .executors import ExecResult, Executor, run_argv
-from .gate import HUMAN_REFUSALS, Decision, GatePolicy, Plan, Reason
-from .journal import Journal
-from .metrics import RemediatorMetrics
-from .model import AlertFacts, GateState, Intent, TargetStatus
+from .gate import HUMAN_REFUSALS, Decision, Plan, Reason
+from .ledger import POD_EXECUTORS, Committed, Ledger
+from .model import AlertFacts, Intent, TargetStatus
 from .pods import (
     CordonAndMoveExecutor,
     GroupExecutor,
@@ -48,8 +45,6 @@ from .pods import (
 )
 from .policy import pre_restart_planned
 from .settings import Settings
-from .state import disruption_refused, finished, held_for, node_cordoned, undo_of, undone
-from .store import GateStore, StateUnavailable, update
 
 log = logging.getLogger("llm_vitals.remediator")
 
@@ -70,33 +65,32 @@ def claim_seconds(pre_restart: float, executor: float) -> float:
 
 
 class Actor:
-    """Runs committed restarts and refusal Events in background tasks; owns those tasks."""
+    """Carries out committed decisions: runs restarts and refusal Events in background tasks; owns those tasks."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        policy: GatePolicy,
-        executors: dict[str, Executor],
-        kube: KubeClient | None,
-        identity: str,
-        store: GateStore[Any],
-        journal: Journal,
-        metrics: RemediatorMetrics,
-    ):
+    def __init__(self, settings: Settings, executors: dict[str, Executor], kube: KubeClient | None, identity: str,
+                 ledger: Ledger):
         self.settings = settings
-        self.policy = policy
         self.executors = executors
         self.kube = kube
         self.identity = identity
-        self.store = store
-        self.journal = journal
-        self.metrics = metrics
+        self.ledger = ledger
         self.remover = PodRemover(kube, settings.pod_action) if kube is not None else None
         self._restart_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self._evented: dict[tuple[tuple[str, float], str], None] = {}  # refusal Events sent, in order
 
-    # -- choosing ---------------------------------------------------------------------------------
+    def carry_out(self, facts: AlertFacts, committed: Committed, status: TargetStatus | None) -> None:
+        """Start the restart `committed` holds the claim and the row of; else tell a refusal a human
+        must see on the target's pod. Returns at once."""
+        decision = committed.decision
+        if committed.intent is None or committed.action_id is None:
+            if decision.reason in HUMAN_REFUSALS:
+                self.tell_refusal(facts, decision, status)
+            return
+        assert decision.plan is not None
+        executor = self.executor_for(facts, decision, status)
+        self._background(self._run(committed.action_id, facts, executor, committed.intent, status, decision.plan),
+                         f"restart-{facts.target or ''}")
 
     def executor_for(self, facts: AlertFacts, decision: Decision, status: TargetStatus | None) -> Executor:
         """The executor that carries out the decision's plan: the static target's own, or one acting
@@ -107,7 +101,8 @@ class Actor:
             return self.executors[plan.target]
         pod = planned_pod(plan)
         if self.remover is None or pod is None:
-            return Unrunnable(f"target {plan.target}: the exporter names no pod (namespace, pod) for it")
+            return Unrunnable(f"target {plan.target}: the exporter names no pod (namespace, pod) for it",
+                              POD_EXECUTORS[plan.action])
         if plan.action == "cordon_and_move":
             assert plan.cause is not None and plan.taint is not None
             return CordonAndMoveExecutor(self.remover, pod, self.identity, plan.cause, plan.timeout, plan.taint)
@@ -116,27 +111,7 @@ class Actor:
             return GroupExecutor(self.remover, plan.group, pod, self.identity, message, plan.timeout)
         return PodExecutor(self.remover, pod, self.identity, message, plan.timeout)
 
-    def claim(self, facts: AlertFacts, plan: Plan, now: float, state: GateState) -> Intent:
-        """This replica's claim on the planned restart, with what its commit replaces in `state` (to
-        take it back if the API server refuses the restart outright). Where claims expire, it ends
-        after the plan's pre_restart and executor timeouts: a replica that died mid-restart holds no
-        one back for ever."""
-        token = f"{self.identity}/{uuid.uuid4().hex[:12]}"
-        before = undo_of(state, plan.workload)
-        if not self.store.claims_expire:
-            return Intent(token, plan.target, None, plan.workload, now, before)
-        # plan.claim_for is the pre_restart command's and the executor's timeouts; the claim also
-        # covers the restart lock's wait and the Events (claim_seconds).
-        expires = now + claim_seconds(0.0, plan.claim_for)
-        return Intent(token, plan.target, expires, plan.workload, now, before)
-
     # -- restarts ---------------------------------------------------------------------------------
-
-    def start(self, action_id: int, facts: AlertFacts, executor: Executor, intent: Intent,
-              status: TargetStatus | None, plan: Plan) -> None:
-        """Run the committed restart in the background; returns at once."""
-        target = facts.target or ""
-        self._background(self._run(action_id, facts, executor, intent, status, plan), f"restart-{target}")
 
     async def _run(
         self, action_id: int, facts: AlertFacts, executor: Executor, intent: Intent, status: TargetStatus | None,
@@ -149,7 +124,7 @@ class Actor:
         except TimeoutError:
             late = ExecResult("error", f"another restart of this replica still held the restart lock after"
                                        f" {LOCK_WAIT_SECONDS:g}s; not run (the claim covers only that long a wait)")
-            await self._finish(action_id, target, late, 0.0, intent.holder)
+            await self.ledger.finished(action_id, target, late, 0.0, intent)
             return
         try:
             started = time.monotonic()
@@ -158,18 +133,17 @@ class Actor:
                 result = await executor.restart()
             except asyncio.CancelledError:
                 stopped = ExecResult("interrupted", "the remediator shut down during the restart")
-                await self._finish(action_id, target, stopped, time.monotonic() - started, intent.holder)
+                await self.ledger.finished(action_id, target, stopped, time.monotonic() - started, intent)
                 raise
             except Exception as exc:  # an executor bug must still end in the journal
                 log.exception("executor failed")
                 result = ExecResult("error", f"executor failed: {type(exc).__name__}")
-            if result.cordoned is not None:
-                await self._mark_node(result.cordoned)
             if result.refused is not None:
-                await self._taken_back(action_id, facts, result, time.monotonic() - started, intent, status)
+                await self.ledger.taken_back(action_id, facts, result, time.monotonic() - started, intent)
+                if result.refused in HUMAN_REFUSALS:
+                    self.tell_refusal(facts, Decision(False, cast(Reason, result.refused), result.detail), status)
             else:
-                ran = (intent.workload or target) if result.result == "ok" else None
-                await self._finish(action_id, target, result, time.monotonic() - started, intent.holder, ran)
+                await self.ledger.finished(action_id, target, result, time.monotonic() - started, intent)
         finally:
             self._restart_lock.release()
 
@@ -181,75 +155,8 @@ class Actor:
         argv = fill_argv(pre.argv, plan.target, status)
         began = time.monotonic()
         result = await run_argv(argv, pre.timeout, pre.output_limit)
-        record = {"argv": argv, "result": result.result, "output": result.detail,
-                  "duration_seconds": round(time.monotonic() - began, 3)}
-        try:
-            await self.journal.record_pre_restart(action_id, record)
-        except Exception:
-            log.exception("cannot journal the pre_restart output")
-
-    async def _finish(self, action_id: int, target: str, result: ExecResult, duration: float, holder: str,
-                      ran: str | None = None) -> None:
-        self.metrics.restarts.labels(target, result.result).inc()
-        self.metrics.duration.labels(target).observe(duration)
-        log_event(log, "restart finished", level=logging.INFO if result.result == "ok" else logging.WARNING,
-                  target=target, action_id=action_id, result=result.result, duration_seconds=round(duration, 3),
-                  detail=result.detail[:500])
-        try:
-            await self.journal.finish(action_id, result.result, result.detail, duration)
-        except Exception:
-            log.exception("cannot journal a restart's result")
-        await self.release(holder, ran)
-
-    async def _mark_node(self, node: str) -> None:
-        """A cordon succeeded: the node is escalated once, until a human releases it."""
-        try:
-            await update(self.store, lambda state: node_cordoned(state, node))
-        except Exception:  # the cordon stands; the mark is only what stops a second one (logged loudly)
-            log.exception("cannot mark node %s as cordoned in the gate's state", node)
-
-    async def _taken_back(self, action_id: int, facts: AlertFacts, result: ExecResult, duration: float,
-                          intent: Intent, status: TargetStatus | None) -> None:
-        """The API server refused the restart outright (nothing happened): take its commit back,
-        journal and count the refusal, and tell the pod (an Event)."""
-        reason = result.refused or "disruption_budget"
-        target = facts.target or ""
-        log_event(log, "restart refused by the API server", level=logging.WARNING, target=target,
-                  action_id=action_id, reason=reason, detail=result.detail[:500])
-        self.metrics.decisions.labels(target, reason).inc()
-        try:
-            await self.journal.refuse_intent(action_id, reason, result.detail, duration)
-        except Exception:
-            log.exception("cannot journal a refused restart")
-        workload = intent.workload or target
-
-        def taken_back(state: GateState) -> GateState:
-            # The hang is left as it is, on purpose: held (the kubelet too) until the remediator tries again.
-            state = held_for(undone(state, intent, facts.key), facts, workload, reason, self.store.now())
-            # Only a disruption budget starts or extends the streak its alert reads; a throttled API server does not.
-            return disruption_refused(state, workload, self.store.now()) if reason == "disruption_budget" else state
-
-        try:
-            await update(self.store, taken_back)
-        except Exception as exc:
-            # The claim expires (replicas) or ends at the next start (one replica); the budget and the
-            # cooldown stay spent: the safe side.
-            log_event(log, "cannot take back a refused restart in the gate's state", level=logging.WARNING,
-                      error=str(exc))
-        if reason in HUMAN_REFUSALS:
-            self.tell_refusal(facts, Decision(False, cast(Reason, reason), result.detail), status)
-
-    async def release(self, holder: str, ran: str | None = None) -> None:
-        """End this replica's claim on the restart (the cooldown and the budget stay spent); `ran`:
-        the workload it restarted, whose streak of disruption-budget refusals is over."""
-        try:
-            await update(self.store, lambda state: finished(state, holder, ran))
-        except StateUnavailable as exc:
-            # A claim that expires ends then; no other restart starts before.
-            log_event(log, "cannot release the restart in the gate's state", level=logging.WARNING, error=str(exc))
-        except Exception:
-            # One replica: no restart starts until this remediator starts again (the safe side).
-            log.exception("cannot release the restart in the gate's state")
+        await self.ledger.pre_restart(action_id, {"argv": argv, "result": result.result, "output": result.detail,
+                                                  "duration_seconds": round(time.monotonic() - began, 3)})
 
     # -- refusals a human must see ----------------------------------------------------------------
 
@@ -323,13 +230,14 @@ def fill_argv(argv: list[str], target: str, status: TargetStatus | None) -> list
 
 
 class Unrunnable:
-    """An executor that cannot run (a template target the exporter gives no pod for): journaled as error."""
+    """An executor that cannot run (a template target the exporter gives no pod for): journaled as error,
+    under the kind of the plan's (its row's `executor`)."""
 
-    kind = "kubernetes_pod"
     timeout = 0.0
 
-    def __init__(self, why: str):
+    def __init__(self, why: str, kind: str):
         self.why = why
+        self.kind = kind
 
     async def restart(self) -> ExecResult:
         return ExecResult("error", self.why)

@@ -38,6 +38,16 @@ def dedupe_key(fingerprint: str, starts_at: float) -> tuple[str, float]:
     return (fingerprint, round(starts_at, 3))
 
 
+def decision_word(alert: AlertFacts, allowed: bool, reason: str) -> str:
+    """What a decision on `alert` is called in the journal's `decision` column and the webhook's answer:
+    restart | refused | dry_run | paused | resolved."""
+    if allowed:
+        return "restart"
+    if reason in ("dry_run", "paused"):
+        return reason
+    return "resolved" if alert.status == "resolved" else "refused"
+
+
 @dataclass(frozen=True)
 class TargetStatus:
     """One target as the exporter's `/api/v1/targets` sees it now."""
@@ -163,6 +173,15 @@ class HeldAlert:
         """The alert as Alertmanager sent it (the labels the gate reads), to decide again."""
         labels = {"alertname": self.alertname, "target": target, "remediation": "restart"}
         return AlertFacts("firing", labels, self.fingerprint, self.starts_at)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The terms of a restart's claim, settled before the decision: its holder, and how long it outlives
+    its plan's timeouts (None: it holds until the restart ends; a store whose claims never expire)."""
+
+    holder: str  # "<replica>/<action token>"
+    margin: float | None
 
 
 @dataclass(frozen=True)

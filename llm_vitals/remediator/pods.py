@@ -66,7 +66,7 @@ EVENT_TIMEOUT_SECONDS = 5.0
 
 def notes_seconds() -> float:
     """How long all the Events of one action may take together, after its outcome (a group's one per
-    pod, a move's two): the restart's claim covers this too (acting.Actor.claim)."""
+    pod, a move's two): the restart's claim covers this too (acting.claim_seconds)."""
     return 2 * (EVENT_TIMEOUT_SECONDS + 1.0)
 
 

@@ -1,8 +1,9 @@
-"""The remediator's service: wires the policy, the gate's store, the loop, acting and evidence,
+"""The remediator's service: wires the policy, the gate's store, the ledger, the loop and acting,
 and answers what the routes ask (a webhook's decisions, pause, circuit reset, the state now).
 
-One alert goes through `loop.GateLoop`; a restart runs in `acting.Actor`; every decision is kept by
-`evidence.Evidence`; the state lives in a `store.GateStore` (`store_for`); `follow.follow` keeps a
+One alert goes through `loop.GateLoop` (decide once, commit once, carry out); every write, of the
+state and of the journal, goes through `ledger.Ledger`, each change with its row; a restart runs in
+`acting.Actor`; the state lives in a `store.GateStore` (`store_for`); `follow.follow` keeps a
 replica's view of the Lease fresh. See each module for its part.
 """
 
@@ -26,23 +27,22 @@ from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.leases import LeaseTransport
 from llm_vitals.logs import log_event
 
-from . import backstop, gate
-from .acting import Actor
-from .evidence import Evidence, decision_word
+from . import backstop
+from .acting import Actor, claim_seconds
 from .executors import Executor, build_executor
 from .exporter_client import FleetReader
 from .gate import Decision
 from .journal import Journal
+from .ledger import Ledger
 from .loop import GateLoop
 from .metrics import RemediatorMetrics
-from .model import AlertFacts, GateState
+from .model import AlertFacts, GateState, decision_word
 from .payload import Alert, WebhookPayload
 from .pods import IdentityReader
 from .policy import policy_from
 from .settings import Settings
-from .state import circuits_reset, node_released, paused_state, workload_released
 from .state_codec import summary
-from .store import GateStore, transact, update
+from .store import GateStore
 from .store.lease import EpochMemory, LeaseStore
 from .store.sqlite import SqliteStore, read_local_state
 
@@ -94,16 +94,14 @@ class Remediator:
         self.metrics = RemediatorMetrics(settings.targets, journal, lambda: store.last, store.now,
                                          lambda: store.health, settings.budget.window,
                                          settings.budget.backoff.reset_after)
-        self.actor = Actor(
-            settings, self.policy,
-            executors or {name: build_executor(config, http_client, settings.pod_action)
-                          for name, config in settings.targets.items()},
-            kube, self.identity, store, journal, self.metrics,
-        )
+        executors = executors or {name: build_executor(config, http_client, settings.pod_action)
+                                  for name, config in settings.targets.items()}
+        self.ledger = Ledger(store, journal, self.metrics, self.policy, clock, self.identity, claim_seconds(0.0, 0.0),
+                             {name: executor.kind for name, executor in executors.items()})
+        self.actor = Actor(settings, executors, kube, self.identity, self.ledger)
         # Every exporter shard, read at once: the fleet gate needs the whole fleet in one view.
         exporter = FleetReader.of(settings.exporters(), http_client, settings.exporter_timeout, settings.exporter_max_age)
-        self.loop = GateLoop(self.policy, store, exporter, self.actor, Evidence(journal, self.metrics, self.policy),
-                             clock, IdentityReader(kube) if kube is not None else None)
+        self.loop = GateLoop(self.policy, self.ledger, exporter, self.actor, IdentityReader(kube) if kube is not None else None)
         self._read_lock = asyncio.Lock()  # GET /api/v1/pause: one read of the shared state at a time
         self._read_at = -math.inf
         # Workloads a backstop asked about that this remediator never heard of, and when first asked
@@ -135,7 +133,8 @@ class Remediator:
                 entry.update(decision="error", reason="internal_error", detail=type(exc).__name__)
                 retry_safe_failure = True
             else:
-                entry.update(decision=decision_word(facts, decision), reason=decision.reason, detail=decision.detail)
+                entry.update(decision=decision_word(facts, decision.allowed, decision.reason), reason=decision.reason,
+                             detail=decision.detail)
                 started |= decision.allowed
                 retry_safe_failure |= decision.reason in RETRY_SAFE_REASONS
             outcome.decisions.append(entry)
@@ -160,38 +159,17 @@ class Remediator:
     async def reset_circuits(self, workloads: list[str]) -> list[str]:
         """Close the circuits of `workloads`, forgive their budget so far and start their ladder again.
         Returns those that were open. Raises StateUnavailable."""
-
-        def step(state: GateState) -> tuple[list[str], GateState]:
-            return [w for w in workloads if w in state.open_circuits], circuits_reset(state, workloads)
-
-        was_open = await transact(self.store, step)
-        await self.journal.record_circuit_reset(workloads, self.clock())
-        log_event(log, "circuits reset", workloads=workloads, were_open=was_open)
-        return was_open
+        return await self.ledger.reset_circuits(workloads)
 
     async def release_node(self, node: str) -> bool:
-        """Forget that llm-vitals cordoned `node` (a human has dealt with it): it may be escalated again.
-        Returns whether it was escalated. Raises StateUnavailable."""
-
-        def step(state: GateState) -> tuple[bool, GateState]:
-            return node in state.cordoned_nodes, node_released(state, node)
-
-        was_escalated = await transact(self.store, step)
-        await self.journal.record_node_release(node, was_escalated, self.clock())
-        log_event(log, "node released", node=node, was_escalated=was_escalated)
-        return was_escalated
+        """Forget that llm-vitals cordoned `node` (a human has dealt with it): it may be cordoned again.
+        Returns whether it was cordoned. Raises StateUnavailable."""
+        return await self.ledger.release_node(node)
 
     async def release_workload(self, workload: str) -> bool:
         """A human has looked at `workload`: its page ends and its ladder starts again. Returns whether it
         was paged. Raises StateUnavailable."""
-
-        def step(state: GateState) -> tuple[bool, GateState]:
-            return gate.paged(state, workload), workload_released(state, workload)
-
-        was_paged = await transact(self.store, step)
-        await self.journal.record_workload_release(workload, was_paged, self.clock())
-        log_event(log, "workload released", workload=workload, was_paged=was_paged)
-        return was_paged
+        return await self.ledger.release_workload(workload)
 
     async def workloads_known(self) -> set[str]:
         """What a circuit reset may name: the static targets and every workload the state has a circuit,
@@ -201,11 +179,8 @@ class Remediator:
                 | set(state.backoff) | set(state.pages))
 
     async def set_pause(self, until: float | None, reason: str) -> GateState:
-        """Pause (or, with `until` None, resume) every replica; journaled here. Raises StateUnavailable."""
-        state = await update(self.store, lambda s: paused_state(s, until, reason))
-        await self.journal.record_pause(self.clock(), until, reason)
-        log_event(log, "paused" if until is not None else "resumed", until=until, reason=reason)
-        return state
+        """Pause (or, with `until` None, resume) every replica; journaled. Raises StateUnavailable."""
+        return await self.ledger.set_pause(until, reason)
 
     async def recent_state(self) -> GateState:
         """The state read at most STATE_MAX_AGE ago (one read at a time, shared by the callers meanwhile):
@@ -267,11 +242,7 @@ class Remediator:
             if found is None:
                 raise ValueError(f"{self.settings.state_path} holds no state to import")
             source = found
-        discarded = await self.store.reinitialise(source, by, reason, origin)
-        await self.journal.record_state_reinit(self.clock(), f"shared state re-initialised from {origin} by {by}:"
-                                               f" {reason}", discarded)
-        log_event(log, "shared state re-initialised", level=logging.WARNING, origin=origin, reason=reason,
-                  by=by, discarded=discarded)
+        discarded = await self.ledger.reinitialise(source, origin, reason, by)
         return {"discarded": discarded, "now": summary(self.store.last), "from": origin}
 
 

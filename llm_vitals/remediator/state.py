@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .gate import Effects
-from .model import AlertFacts, GateState, HeldAlert, Intent, Undo
+from . import gate
+from .gate import Decision, Effects, GatePolicy, Plan
+from .model import AlertFacts, Claim, FleetView, GateState, HeldAlert, Intent, Undo
 
 # Alert keys older than this are dropped from the Lease's state.
 KEY_MEMORY_SECONDS = 24 * 3600.0
@@ -31,6 +32,25 @@ HELD_MEMORY_SECONDS = 3600.0
 MAX_HELD = 500
 # A backoff streak older than this is over (settings.py caps `budget.backoff.reset_after` at 7d).
 BACKOFF_MEMORY_SECONDS = 7 * 86400.0
+
+
+def decided(alert: AlertFacts, fleet: FleetView | None, state: GateState, policy: GatePolicy, now: float,
+            claim: Claim) -> tuple[Decision, Intent | None, GateState]:
+    """The gate's decision on `state` (a claim past its expiry ended first), the claim an allowed one
+    takes, and the state its effects make: the one pure step an alert's commit applies (ledger.py)."""
+    state = claim_lapsed(state, now)
+    decision = gate.decide(alert, fleet, state, policy, now)
+    intent = claim_of(claim, decision.plan, now, state) if decision.allowed and decision.plan is not None else None
+    effects = gate.effects_of(decision, alert, fleet, state, policy, now)
+    return decision, intent, with_effects(state, effects, alert, now, intent)
+
+
+def claim_of(claim: Claim, plan: Plan, now: float, state: GateState) -> Intent:
+    """The claim on the planned restart, with what its commit replaces in `state` (to take it back if
+    the API server refuses the restart outright). It ends `claim.margin` after the plan's pre_restart
+    and executor timeouts (None: when the restart ends)."""
+    expires = None if claim.margin is None else now + plan.claim_for + claim.margin
+    return Intent(claim.holder, plan.target, expires, plan.workload, now, undo_of(state, plan.workload))
 
 
 def undo_of(state: GateState, workload: str) -> Undo:

@@ -3,8 +3,8 @@
 
 A commit writes the state that a pure transition (state.py) makes of the state read at `version`,
 and only if nothing was committed since: False is a conflict, and the caller reads again and
-decides again (`transact`). Only `ledger.py` commits, each change with its journal row. Two stores
-implement the protocol:
+decides again (`ledger.transact`: the ledger is the only writer, each change with its journal row).
+Two stores implement the protocol:
 
 - `sqlite.SqliteStore`: one replica, one row in its SQLite file (beside the journal); the default.
 - `lease.LeaseStore`: replicas, one annotation of a `coordination.k8s.io/v1` Lease, written only
@@ -16,7 +16,6 @@ failures by operation, for `llm_vitals_remediator_state_up` and `..._state_error
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -26,7 +25,6 @@ from ..model import GateState
 CONFLICT_RETRIES = 8
 
 V = TypeVar("V")
-T = TypeVar("T")
 
 
 class StateUnavailable(Exception):
@@ -106,33 +104,3 @@ class GateStore(Protocol[V]):
     async def commit(self, version: V, state: GateState) -> bool:
         """Make `state` the committed state if it is still at `version`; False on a conflict."""
         ...
-
-
-async def transact(store: GateStore[Any], step: Callable[[GateState], tuple[T, GateState]]) -> T:
-    """Read, apply `step` (no I/O: the state in, its result and the new state out), commit; on a
-    conflict read again and step again. An unchanged state is not written. Raises StateUnavailable."""
-    for _ in range(CONFLICT_RETRIES):
-        state, version = await store.read()
-        result, new = step(state)
-        if new == state:
-            return result
-        try:
-            committed = await store.commit(version, new)
-        except StateLost:
-            raise
-        except StateUnavailable as exc:
-            # The write may have been applied with its answer lost: the caller must find out.
-            raise Ambiguous(str(exc), result) from None
-        if committed:
-            return result
-    raise Conflicted(f"the gate's state kept changing ({CONFLICT_RETRIES} conflicts)")
-
-
-async def update(store: GateStore[Any], change: Callable[[GateState], GateState]) -> GateState:
-    """Apply a pure `change` to the state, retried on conflicts. Returns the state committed."""
-
-    def step(state: GateState) -> tuple[GateState, GateState]:
-        new = change(state)
-        return new, new
-
-    return await transact(store, step)

@@ -1,0 +1,62 @@
+"""One door for writes (issue 42): only `ledger.py` commits the gate's state or writes the journal,
+and an alert's decision is made once, pure, before anything acts on it.
+
+Before: gate state was committed from three modules (loop, acting, service: 11 call sites) and the
+journal written from three (evidence, acting, service), and the decision's transaction called into
+the `Actor` (`executor_for`, `claim`) before acting began.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import REPO
+from test_remediator_loop import FLEET, INTENT, POLICY, T0, alert
+
+from llm_vitals.remediator import gate
+from llm_vitals.remediator.model import Claim, GateState
+from llm_vitals.remediator.state import decided, with_effects
+
+REMEDIATOR = REPO / "llm_vitals" / "remediator"
+# What writes: a commit of the state (the store protocol's, or the ledger's transaction), and the journal's writes.
+WRITES = {"commit", "transact", "update", "record_decision", "record_intent", "record_pause", "record_pre_restart",
+          "finish", "refuse_intent", "record_circuit_reset", "record_node_release", "record_workload_release",
+          "record_state_reinit"}
+
+
+def calls_in(path: Path) -> set[str]:
+    """The names of the functions and methods a module calls."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            found.add(func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", ""))
+    return found
+
+
+def test_only_the_ledger_writes_the_state_or_the_journal():
+    writers = {path.relative_to(REMEDIATOR).as_posix(): sorted(calls_in(path) & WRITES)
+               for path in REMEDIATOR.rglob("*.py")}
+    # The stores implement the commit (store/), the journal its own writes; the ledger alone calls them.
+    assert {path: names for path, names in writers.items()
+            if names and path not in ("ledger.py", "journal.py") and not path.startswith("store/")} == {}
+    assert {"transact", "update", "record_intent", "finish", "refuse_intent"} <= set(writers["ledger.py"])
+
+
+def test_the_decision_is_one_pure_step_with_its_claim():
+    """`state.decided`: the gate's decision, the claim it takes and the state its effects make, from
+    plain data (no Actor, no store): what the ledger commits, and all it commits for an alert."""
+    claim = Claim("replica-0/abc", 15.0)
+    decision, intent, state = decided(alert("a"), FLEET, GateState(), POLICY, T0, claim)
+    assert decision.allowed and decision.plan is not None and intent is not None
+    # The claim outlives the plan's timeouts by its margin, and remembers what its commit replaced.
+    assert (intent.holder, intent.target, intent.expires) == ("replica-0/abc", "a", T0 + decision.plan.claim_for + 15.0)
+    effects = gate.effects_of(decision, alert("a"), FLEET, GateState(), POLICY, T0)
+    assert state == with_effects(GateState(), effects, alert("a"), T0, intent)
+    # A store whose claims never expire (one replica): the claim holds until its restart ends.
+    assert decided(alert("a"), FLEET, GateState(), POLICY, T0, Claim("r/1", None))[1].expires is None  # type: ignore[union-attr]
+    # A refusal takes no claim.
+    busy = with_effects(GateState(), effects, alert("a"), T0, INTENT)
+    refused, none, _ = decided(alert("b"), FLEET, busy, POLICY, T0 + 1, claim)
+    assert (refused.allowed, none) == (False, None)
