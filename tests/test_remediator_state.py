@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from conftest import REPO
 
 from llm_vitals.remediator.gate import Effects
 from llm_vitals.remediator.model import AlertFacts, GateState, Intent
@@ -22,7 +23,7 @@ from llm_vitals.remediator.state import (
     with_effects,
     workload_released,
 )
-from llm_vitals.remediator.state_codec import BadState, from_json, to_json
+from llm_vitals.remediator.state_codec import BadState, dump, from_json, load, to_json
 
 T0 = 1_800_000_000.0
 ALERT = AlertFacts("firing", {"target": "llm/p1", "remediation": "restart"}, "fp", T0 - 60)
@@ -177,3 +178,15 @@ def test_a_streak_of_disruption_budget_refusals_lasts_until_a_restart_runs_or_tw
     assert finished(state, "nobody", ran=UNDO_WORKLOAD).disrupted == {}
     assert pruned(state, T0 + 3600 + 7199, 3600).disrupted == state.disrupted
     assert pruned(state, T0 + 3600 + 7200, 3600).disrupted == {}
+
+
+def test_a_document_written_before_the_renames_reads_as_it_was_and_is_written_back_byte_for_byte():
+    """Issue 42 renamed the state's types and modules (`JournalState` is `GateState`, `gpu_nodes`
+    is `cordoned_nodes`), never its stored form: a fleet upgrades, and downgrades, in place."""
+    text = (REPO / "tests" / "fixtures" / "remediator" / "state-c455e69.json").read_text().strip()
+    stored = load(text)
+    assert stored.state.cordoned_nodes == {"gpu-7"} and stored.state.in_progress == "llm/vllm-0"
+    assert stored.state.held["llm/vllm-1"].reason == "cooldown" and stored.state.seen_restarts["llm/vllm-1"] == -1.0
+    assert (stored.epoch, stored.budget_window, dict(stored.carried)) == (
+        "0f1e2d3c4b5a69788796a5b4c3d2e1f0", 3600.0, {"from_a_newer_version": {"kept": True}})
+    assert dump(stored) == text
