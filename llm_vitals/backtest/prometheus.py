@@ -24,10 +24,8 @@ import httpx
 
 from llm_vitals.backtest.history import Series
 
-# Reads per series in one chunk: a week at 15 s is 28 chunks of 6 h.
+# Reads per series in one chunk: a week at 15 s is 28 chunks of 6 h; Prometheus refuses over 11,000 a series.
 CHUNK_POINTS = 1440
-# Prometheus's own bound on a query_range answer, per series: a chunk never comes near it.
-PROMETHEUS_MAX_POINTS = 11_000
 RETRIES = 2  # on 503, 429 and timeouts: Prometheus busy or restarting
 MIN_SPLIT_SECONDS = 60.0  # a 422 range is halved down to this
 
