@@ -1,6 +1,6 @@
 """The one Kubernetes layer: the only package that talks to the API server (kubernetes-asyncio).
 
-    connect.py   the client constructor: kubeconfig (file or content, exec plugins), in-cluster service account
+    connect.py   the client constructor: a KubeAccess (llm_vitals/config.py): kubeconfig (exec plugins), or the service account
     client.py    KubeClient: one request in, JSON or a KubeError out; watches as event streams
     errors.py    KubeConfigError, KubeUnavailable, ApiError and `api_error`, the one reader of an error answer
     objects.py   the calls the project makes: list/watch (pods, replicasets, nodes), pods, evictions, Events, nodes

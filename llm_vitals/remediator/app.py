@@ -28,7 +28,6 @@ from pydantic import ValidationError
 
 from llm_vitals.exposition import TEXT_CONTENT_TYPE
 from llm_vitals.kube.client import KubeClient
-from llm_vitals.kube.connect import Access
 from llm_vitals.logs import log_event
 
 from .auth import Authenticator, Grant
@@ -118,9 +117,7 @@ def kube_client(settings: Settings) -> KubeClient | None:
     """The Kubernetes API client, when the shared Lease or a target template needs one."""
     if settings.kubernetes is None and not settings.target_templates:
         return None
-    config = settings.kubernetes or KubernetesSettings()
-    return KubeClient(Access(kubeconfig=config.kubeconfig, api_url=config.api_url, token_path=config.token_path,
-                             ca_path=config.ca_path, timeout=config.timeout))
+    return KubeClient(settings.kubernetes or KubernetesSettings())
 
 
 def _error(status: int, message: str, **extra: object) -> web.Response:

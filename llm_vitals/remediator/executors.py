@@ -18,7 +18,6 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import httpx
 
 from llm_vitals.kube.client import KubeClient
-from llm_vitals.kube.connect import Access
 from llm_vitals.kube.errors import ApiError, KubeConfigError, KubeTimeout, KubeUnavailable
 from llm_vitals.kube.evictions import Evictions, remove_pod
 from llm_vitals.kube.objects import list_pods
@@ -251,7 +250,7 @@ class KubernetesExecutor:
 
     async def restart(self) -> ExecResult:
         cfg = self.config
-        kube = KubeClient(Access(api_url=cfg.api_url, token_path=cfg.token_path, ca_path=cfg.ca_path, timeout=cfg.timeout))
+        kube = KubeClient(cfg)
         try:
             return await self._restart(kube)
         except KubeTimeout:
