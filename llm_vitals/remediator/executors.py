@@ -19,7 +19,7 @@ import httpx
 
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.errors import ApiError, KubeConfigError, KubeTimeout, KubeUnavailable
-from llm_vitals.kube.evictions import Evictions, remove_pod
+from llm_vitals.kube.evictions import PodAction, PodRef, PodRemover, Sweep
 from llm_vitals.kube.objects import list_pods
 
 from .settings import CommandTarget, DockerTarget, HttpTarget, KubernetesTarget, TargetConfig
@@ -234,8 +234,8 @@ class KubernetesExecutor:
     """Evicts (or, with `pod_action: delete`, deletes) the pod(s) matching a label selector, each by
     name and UID; their controller recreates them.
 
-    Uses the in-cluster service account (llm_vitals.kube): the token is re-read from its file on
-    every request (projected tokens rotate) and the API server is verified against the mounted CA.
+    Reaches the API server as the target's keys say (a KubeAccess: a kubeconfig, else the in-cluster
+    service account, whose token is re-read for every request and whose CA verifies the server).
     The UID precondition makes an eviction or a delete hit only the pod that was listed: a pod
     recreated under the same name in between is left alone (it is the restart we wanted). An
     eviction a PodDisruptionBudget forbids (429) deletes nothing: for the first pod it refuses the
@@ -244,7 +244,7 @@ class KubernetesExecutor:
 
     kind = "kubernetes"
 
-    def __init__(self, config: KubernetesTarget, pod_action: str = "evict"):
+    def __init__(self, config: KubernetesTarget, pod_action: PodAction = "evict"):
         self.config = config
         self.pod_action = pod_action
 
@@ -276,24 +276,19 @@ class KubernetesExecutor:
         if len(pods) > cfg.max_pods:
             return ExecResult(
                 "error", f"{len(pods)} pods match {cfg.pod_selector!r}, more than max_pods={cfg.max_pods}; nothing deleted")
-        evictions = Evictions(kube) if self.pod_action == "evict" else None
-        verb = "evicted" if evictions is not None else "deleted"
-        done: list[str] = []
-        for name, uid in pods:
-            before = f" ({verb} before: {', '.join(done)})" if done else ""
-            # One set of rules for what the API server answers (llm_vitals/kube/evictions.py).
-            removal = await remove_pod(kube, evictions, cfg.namespace, name, uid)
-            if removal.refused is not None:
-                return ExecResult("error", removal.detail + before, refused=None if done else removal.refused)
-            # Gone already, or the UID precondition failed (a new pod has the name): either way the pod
-            # that was listed is gone, which is what we wanted.
-            if not removal.done and not removal.absent:
-                return ExecResult("error", f"{removal.detail}{before}")
-            done.append(name)
-        return ExecResult("ok", f"{verb} pod(s) {', '.join(done)} in {cfg.namespace}")
+        # The one eviction path (llm_vitals/kube/evictions.py): a pod gone already, or whose name a new pod
+        # has (the UID precondition failed), is passed over: the pod that was listed is gone, as wanted.
+        remover = PodRemover(kube, self.pod_action)
+        sweep = await remover.remove_each([PodRef(cfg.namespace, name, uid) for name, uid in pods], Sweep())
+        names = ", ".join(pod.name for pod, _ in sweep.passed)
+        if sweep.stopped is None:
+            return ExecResult("ok", f"{remover.verb} pod(s) {names} in {cfg.namespace}")
+        before = f" ({remover.verb} before: {names})" if names else ""
+        result = "timeout" if sweep.stopped.outcome == "no_answer" else "error"
+        return ExecResult(result, sweep.stopped.detail + before, refused=sweep.refused)
 
 
-def build_executor(config: TargetConfig, http_client: httpx.AsyncClient, pod_action: str = "evict") -> Executor:
+def build_executor(config: TargetConfig, http_client: httpx.AsyncClient, pod_action: PodAction = "evict") -> Executor:
     """The executor for one configured target (`pod_action`: how the kubernetes executor restarts a pod)."""
     if isinstance(config, CommandTarget):
         return CommandExecutor(config)

@@ -32,14 +32,7 @@ from pydantic import ValidationError
 
 from llm_vitals.exporter.discovery.source import Report, SourceStatus
 from llm_vitals.exporter.discovery.targetset import DiscoveredTarget, build_target, pod_target_name
-from llm_vitals.exporter.discovery.workload import (
-    Controller,
-    ReplicaSets,
-    controller_of,
-    group_of,
-    pod_workload,
-    replica_set_controller,
-)
+from llm_vitals.exporter.discovery.workload import Controller, ReplicaSets, controller_of, group_of, pod_workload, replica_set_controller
 from llm_vitals.exporter.settings import ConfigError, KubernetesDiscovery, TargetSettings
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.errors import ApiError, KubeError
