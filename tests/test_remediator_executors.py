@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -113,7 +113,7 @@ async def test_http_executor_posts_and_reads_the_status(aiohttp_server):
     app = web.Application()
     app.router.add_post("/admin/restart", restart)
     server = await aiohttp_server(app)
-    async with httpx.AsyncClient() as client:
+    async with aiohttp.ClientSession() as client:
         executor = HttpExecutor(HttpTarget(executor="http", url=str(server.make_url("/admin/restart"))), client)
         assert (await executor.restart()).result == "ok"
         second = await executor.restart()
@@ -131,7 +131,7 @@ async def test_http_executor_timeout(aiohttp_server):
     app = web.Application()
     app.router.add_post("/r", slow)
     server = await aiohttp_server(app)
-    async with httpx.AsyncClient() as client:
+    async with aiohttp.ClientSession() as client:
         result = await HttpExecutor(
             HttpTarget(executor="http", url=str(server.make_url("/r")), timeout=0.2), client
         ).restart()

@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 
-import httpx
+import aiohttp
 from aiohttp import web
 from prometheus_client import generate_latest
 from pydantic import ValidationError
@@ -89,8 +89,10 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         kube = kube_client(settings)
         try:
-            # One client for the exporter and the http executors; never one per request.
-            async with store_for(settings, kube, app[CLOCK]) as store, httpx.AsyncClient(follow_redirects=False) as client:
+            # One client for the exporter and the http executors; never one per request. Each request
+            # has its own timeout and follows no redirect; the environment's proxies apply, as before.
+            async with store_for(settings, kube, app[CLOCK]) as store, \
+                    aiohttp.ClientSession(trust_env=True, timeout=aiohttp.ClientTimeout(total=None)) as client:
                 service = Remediator(settings, journal, store, client, app[CLOCK], app[EXECUTORS] or None, kube)
                 app[SERVICE] = service
                 follower = None

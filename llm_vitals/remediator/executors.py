@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
 import signal
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import quote, urlsplit, urlunsplit
 
-import httpx
+import aiohttp
 
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.errors import ApiError, KubeConfigError, KubeTimeout, KubeUnavailable
@@ -117,28 +118,39 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+# Of an answer's body, at most this much is read: a few hundred characters of it are journaled.
+_BODY_LIMIT = 64 * 1024
+
+
+async def _answer(request: Any) -> tuple[int, bytes]:
+    """The status and the start of the body of an aiohttp request (`session.get(...)`), its connection released."""
+    async with request as response:
+        return response.status, await response.content.read(_BODY_LIMIT)
+
+
 class HttpExecutor:
-    """POSTs to a fixed URL; any 2xx is success."""
+    """POSTs to a fixed URL (no redirect followed, the whole answer within `timeout`); any 2xx is success."""
 
     kind = "http"
 
-    def __init__(self, config: HttpTarget, client: httpx.AsyncClient):
+    def __init__(self, config: HttpTarget, session: aiohttp.ClientSession):
         self.url = config.url
         self.timeout = config.timeout
-        self.client = client
+        self.session = session
 
     async def restart(self) -> ExecResult:
         where = redact_url(self.url)
         try:
-            response = await self.client.post(self.url, timeout=self.timeout)
-        except httpx.TimeoutException:
+            status, body = await _answer(self.session.post(self.url, allow_redirects=False,
+                                                           timeout=aiohttp.ClientTimeout(total=self.timeout)))
+        except TimeoutError:  # aiohttp's own timeouts are TimeoutErrors too
             return ExecResult("timeout", f"POST {where}: no answer within {self.timeout:g}s")
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             return ExecResult("error", f"POST {where}: {type(exc).__name__}")
-        body = _truncate(response.text, 500)
-        if 200 <= response.status_code < 300:
-            return ExecResult("ok", f"HTTP {response.status_code}: {body}")
-        return ExecResult("error", f"POST {where}: HTTP {response.status_code}: {body}")
+        text = _truncate(body.decode("utf-8", "replace"), 500)
+        if 200 <= status < 300:
+            return ExecResult("ok", f"HTTP {status}: {text}")
+        return ExecResult("error", f"POST {where}: HTTP {status}: {text}")
 
 
 class DockerExecutor:
@@ -163,25 +175,22 @@ class DockerExecutor:
         self.path = f"{base}/restart"
 
     async def restart(self) -> ExecResult:
-        transport = httpx.AsyncHTTPTransport(uds=self.socket_path)
         try:
-            async with httpx.AsyncClient(transport=transport, base_url="http://docker") as client:
+            async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=self.socket_path)) as client:
                 async with asyncio.timeout(self.timeout):
-                    inspected = await client.get(self.inspect_path, timeout=self.timeout)
-                    refusal = _not_restartable(self.container, inspected)
+                    inspected = await _answer(client.get(f"http://docker{self.inspect_path}"))
+                    refusal = _not_restartable(self.container, *inspected)
                     if refusal is not None:
                         return ExecResult("error", refusal)
-                    response = await client.post(self.path, params={"t": str(self.stop_timeout)}, timeout=self.timeout)
-        except (httpx.TimeoutException, TimeoutError):
+                    status, body = await _answer(client.post(f"http://docker{self.path}", params={"t": str(self.stop_timeout)}))
+        except TimeoutError:
             return ExecResult("timeout", f"docker restart {self.container}: no answer within {self.timeout:g}s")
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             hint = socket_hint(_os_errno(exc))
             return ExecResult("error", f"docker socket {self.socket_path}: {_describe(exc)}" + (f" ({hint})" if hint else ""))
-        if response.status_code == 204:
+        if status == 204:
             return ExecResult("ok", f"docker restarted {self.container}")
-        return ExecResult(
-            "error", f"docker restart {self.container}: HTTP {response.status_code}: {_engine_message(response)}"
-        )
+        return ExecResult("error", f"docker restart {self.container}: HTTP {status}: {_engine_message(body)}")
 
 
 _SOCKET_HINTS = {
@@ -197,7 +206,7 @@ def socket_hint(code: int | None) -> str:
 
 
 def _os_errno(exc: BaseException) -> int | None:
-    """The errno of the OSError under an httpx error (httpx -> httpcore -> OSError), if any."""
+    """The errno of the OSError an aiohttp error is (a connect error is one) or wraps, if any."""
     seen: BaseException | None = exc
     for _ in range(5):
         if seen is None:
@@ -208,12 +217,12 @@ def _os_errno(exc: BaseException) -> int | None:
     return None
 
 
-def _not_restartable(container: str, inspected: httpx.Response) -> str | None:
-    """Why a container must not be restarted, from its inspect answer; None when it is running."""
-    if inspected.status_code != 200:
-        return f"docker inspect {container}: HTTP {inspected.status_code}: {_engine_message(inspected)}"
+def _not_restartable(container: str, code: int, body: bytes) -> str | None:
+    """Why a container must not be restarted, from its inspect answer (HTTP status and body); None when it is running."""
+    if code != 200:
+        return f"docker inspect {container}: HTTP {code}: {_engine_message(body)}"
     try:
-        state = inspected.json()["State"]
+        state = json.loads(body)["State"]
         status, running = str(state.get("Status", "")), bool(state.get("Running"))
     except (ValueError, KeyError, TypeError, AttributeError):
         return f"docker inspect {container}: unexpected answer (no State)"
@@ -223,11 +232,11 @@ def _not_restartable(container: str, inspected: httpx.Response) -> str | None:
     return None
 
 
-def _engine_message(response: httpx.Response) -> str:
+def _engine_message(body: bytes) -> str:
     try:
-        return str(response.json().get("message", ""))[:500]
+        return str(json.loads(body).get("message", ""))[:500]
     except (ValueError, AttributeError):
-        return _truncate(response.text, 500)
+        return _truncate(body.decode("utf-8", "replace"), 500)
 
 
 class KubernetesExecutor:
@@ -288,7 +297,7 @@ class KubernetesExecutor:
         return ExecResult(result, sweep.stopped.detail + before, refused=sweep.refused)
 
 
-def build_executor(config: TargetConfig, http_client: httpx.AsyncClient, pod_action: PodAction = "evict") -> Executor:
+def build_executor(config: TargetConfig, http_client: aiohttp.ClientSession, pod_action: PodAction = "evict") -> Executor:
     """The executor for one configured target (`pod_action`: how the kubernetes executor restarts a pod)."""
     if isinstance(config, CommandTarget):
         return CommandExecutor(config)
