@@ -292,7 +292,8 @@ class KubernetesExecutor:
         names = ", ".join(pod.name for pod, _ in sweep.passed)
         if sweep.stopped is None:
             return ExecResult("ok", f"{remover.verb} pod(s) {names} in {cfg.namespace}")
-        before = f" ({remover.verb} before: {names})" if names else ""
+        removed = ", ".join(pod.name for pod in sweep.removed)
+        before = f" ({remover.verb} before: {removed})" if removed else ""
         result = "timeout" if sweep.stopped.outcome == "no_answer" else "error"
         return ExecResult(result, sweep.stopped.detail + before, refused=sweep.refused)
 
