@@ -219,11 +219,11 @@ class SecretRef(StrictModel):
 
     def problem(self) -> str | None:
         """Why the pair cannot be used as written (both keys set; neither, when one is required), else None."""
-        name = self.key.rpartition(".")[2]
-        if self.required and self.env is None and self.file is None:
+        name, given = self.key.rpartition(".")[2], (self.env is not None) + (self.file is not None)
+        if self.required and given != 1:
             return f"set exactly one of {name}_env or {name}_file"
-        if self.env is not None and self.file is not None:
-            return f"set {'exactly' if self.required else 'at most'} one of {name}_env and {name}_file"
+        if given == 2:
+            return f"set at most one of {name}_env and {name}_file"
         return None
 
     def resolve(self, environ: Mapping[str, str]) -> SecretStr | None:

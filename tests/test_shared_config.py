@@ -291,7 +291,7 @@ class _Section(WithSecrets):
 @pytest.mark.parametrize(("document", "problem"), [
     ({"password_env": "P", "token_env": "T", "token_file": "/t"}, "set at most one of token_env and token_file"),
     ({}, "set exactly one of password_env or password_file"),
-    ({"password_env": "P", "password_file": "/p"}, "set exactly one of password_env and password_file"),
+    ({"password_env": "P", "password_file": "/p"}, "set exactly one of password_env or password_file"),
 ])
 def test_every_secret_pair_is_checked_by_the_one_validator(document: dict, problem: str) -> None:
     with pytest.raises(ConfigError) as caught:
