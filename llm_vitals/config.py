@@ -175,6 +175,11 @@ def validate_document(model: type[Model], document: object, source: str) -> Mode
         raise ConfigError(describe_validation_error(exc, source, document, model)) from None
 
 
+def keys_set(section: BaseModel, *names: str) -> list[str]:
+    """Which of the keys `names` a section sets (not None), in that order: for "exactly one of" rules."""
+    return [name for name in names if getattr(section, name) is not None]
+
+
 # Blank secrets are refused, never read as "no secret": an empty bearer token would let a bare
 # `Bearer ` through. Values are stripped, so a trailing newline in a secret file is not part of it.
 

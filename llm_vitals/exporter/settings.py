@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
 # ConfigError is re-exported: the CLI and callers catch it as exporter.settings.ConfigError.
-from llm_vitals.config import ConfigError, KubeAccess, StrictModel, WithSecrets, read_yaml, validate_document
+from llm_vitals.config import ConfigError, KubeAccess, StrictModel, WithSecrets, keys_set, read_yaml, validate_document
 from llm_vitals.durations import Duration, PositiveDuration
 from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.gpu_faults import NVSENTINEL_CONDITIONS, READY_CONDITIONS, NodeRules, Taint
@@ -67,7 +67,7 @@ class DcgmSettings(_FrozenStrict):
 
     @model_validator(mode="after")
     def _one_gpu(self) -> DcgmSettings:
-        if (self.pod is None) == (self.uuid is None):
+        if len(keys_set(self, "pod", "uuid")) != 1:
             raise ValueError("name the GPU by exactly one of pod and uuid")
         if self.namespace is not None and self.pod is None:
             raise ValueError("namespace goes with pod")
@@ -290,7 +290,7 @@ class DiscoverySource(_FrozenStrict):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> DiscoverySource:
-        if (self.kubernetes is None) == (self.file is None):
+        if len(keys_set(self, "kubernetes", "file")) != 1:
             raise ValueError("each discovery entry has exactly one of kubernetes and file")
         return self
 

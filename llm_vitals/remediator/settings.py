@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 
 # ConfigError is re-exported: the CLI and callers catch it as remediator.settings.ConfigError.
-from llm_vitals.config import ConfigError, KubeAccess, StrictModel, WithSecrets, read_yaml, validate_document
+from llm_vitals.config import ConfigError, KubeAccess, StrictModel, WithSecrets, keys_set, read_yaml, validate_document
 from llm_vitals.durations import Duration
 from llm_vitals.remediator.fleet_limit import parse_max_unhealthy, percent_of, unhealthy_limit
 from llm_vitals.validators import HttpUrl, ListenAddress, parse_listen, target_name
@@ -49,15 +49,7 @@ class AuthSettings(WithSecrets):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> AuthSettings:
-        chosen = [
-            name
-            for name, value in (
-                ("bearer_token_env", self.bearer_token_env),
-                ("bearer_token_file", self.bearer_token_file),
-                ("basic_auth", self.basic_auth),
-            )
-            if value is not None
-        ]
+        chosen = keys_set(self, "bearer_token_env", "bearer_token_file", "basic_auth")
         if self.none and chosen:
             raise ValueError(f"`none: true` contradicts {chosen[0]}")
         if self.none and (self.read_token_env or self.read_token_file):
