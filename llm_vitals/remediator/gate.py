@@ -23,7 +23,6 @@ from functools import cached_property
 from itertools import chain
 from typing import Any, Literal, NamedTuple, get_args
 
-from llm_vitals.kube.owners import LWS_GROUP_INDEX_LABEL, LWS_NAME_LABEL
 from llm_vitals.remediator import fleet_limit
 from llm_vitals.targets import RESTARTABLE_STATES, UNHEALTHY_STATES
 
@@ -89,6 +88,10 @@ HUMAN_REFUSALS = frozenset({"gpu_fault", "circuit_open", "fleet_gate", "escalate
 # A hang that comes back on another node, or on the same node alone, pages.
 Step = Literal["restart", "cordon_and_move", "page"]
 LADDER: tuple[Step, ...] = ("restart", "cordon_and_move", "page")
+
+# A LeaderWorkerSet group's pods carry these labels (leaderworkerset.sigs.k8s.io/...).
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+LWS_GROUP_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 
 
 # A pod restart's timeout when neither a template nor a target names one.
@@ -212,7 +215,7 @@ class Group:
     @property
     def selector(self) -> str:
         """The label selector of the group's pods (leader and workers)."""
-        return f"{LWS_NAME_LABEL}={self.name},{LWS_GROUP_INDEX_LABEL}={self.index}"
+        return f"{LWS_NAME_LABEL}={self.name},{LWS_GROUP_LABEL}={self.index}"
 
 
 def group_of(status: TargetStatus | None) -> Group | None:
