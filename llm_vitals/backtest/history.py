@@ -171,7 +171,8 @@ class Columns:
     times: list[float]
     rows: list[tuple[float | None, ...]]  # per scrape, per column: its value, None where it wrote none
     duplicates: set[str] = field(default_factory=set)
-    _last: tuple[object, Mapping[str, list[Sample]] | None, dict[str, str]] | None = None
+    # The last scrape built: (its index, its row, key, samples, off-page lines).
+    _last: tuple[int, tuple[float | None, ...], object, Mapping[str, list[Sample]] | None, dict[str, str]] | None = None
     _groups: Layout | None = None
 
     @classmethod
@@ -182,6 +183,8 @@ class Columns:
         columns: list[Column] = []
         members: list[list[Series]] = []
         for one in series:
+            if not one.times:
+                continue  # a series with no sample in this chunk writes no line: no column
             prefix = line_prefix(one)
             place = index.get(prefix)
             if place is None:
@@ -190,7 +193,7 @@ class Columns:
                 members.append([one])
             else:
                 members[place].append(one)
-        first = series[0].times if series else ()
+        first = members[0][0].times if members else ()
         duplicates: set[str] = set()
         if all(len(group) == 1 and group[0].times == first for group in members):
             # The common case: every series was scraped at every scrape (arrays compare in C).
@@ -218,26 +221,33 @@ class Columns:
         index = bisect.bisect_right(self.times, at, start) - 1
         if index < 0 or self.times[index] <= at - step:
             return Read(at, None), max(start, index)
-        row = self.rows[index]
-        key = (self.columns, row)
-        if self._last is None or self._last[0] != key:
-            groups, off_page, label_texts, spans = self._layout()
-            found: dict[str, list[Sample]]
-            if label_texts and None not in row:
-                # Every line present (the common scrape): one pass over the row, sliced by family.
-                samples = [_new_sample(Sample, pair) for pair in zip(label_texts, row, strict=True)]
-                found = {name: samples[low:high] for name, low, high in spans}
-            else:
-                found = {}
-                for name, members in groups:
-                    some = [_new_sample(Sample, (label_text, row[i])) for label_text, i in members if row[i] is not None]
-                    if some:
-                        found[name] = some
-            extra = {prefix: format_value(value) for prefix, i in off_page if (value := row[i]) is not None}
-            self._last = (key, found or None, extra)
-        _, found_now, extra_now = self._last
+        last = self._last
+        if last is None or last[0] != index:
+            row = self.rows[index]
+            # A scrape equal to the last one built (an idle or hung server's) keeps its samples and key:
+            # the same objects, so what is read of them (the snapshot) is read once per run.
+            same = last is not None and (last[1] is row or last[1] == row)
+            self._last = last = (index, *last[1:]) if same and last is not None else (index, row, *self._found(row))
+        _, _, key, found_now, extra_now = last
         # A scrape with nothing of the engine's (only `up`, at 0: Prometheus's scrape failed) is no page.
-        return Read(at, None, self.times[index], extra_now, found_now, key if found_now else None), index
+        return Read(at, None, self.times[index], extra_now, found_now, key), index
+
+    def _found(self, row: tuple[float | None, ...]) -> tuple[object, Mapping[str, list[Sample]] | None, dict[str, str]]:
+        """(key, the samples by family the scanner would have found, the off-page lines) of one scrape's row."""
+        groups, off_page, label_texts, spans = self._layout()
+        found: dict[str, list[Sample]]
+        if label_texts and None not in row:
+            # Every line present (the common scrape): one pass over the row in C, sliced by family.
+            samples = list(map(_new_sample, itertools.repeat(Sample), zip(label_texts, row, strict=True)))
+            found = {name: samples[low:high] for name, low, high in spans}
+        else:
+            found = {}
+            for name, members in groups:
+                some = [_new_sample(Sample, (label_text, row[i])) for label_text, i in members if row[i] is not None]
+                if some:
+                    found[name] = some
+        extra = {prefix: format_value(value) for prefix, i in off_page if (value := row[i]) is not None}
+        return ((self.columns, row) if found else None), (found or None), extra
 
     def _layout(self) -> Layout:
         # The page's families in page order, each with its lines' (label set, column); the off-page

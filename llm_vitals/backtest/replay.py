@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from llm_vitals.backtest.history import Read
 from llm_vitals.backtest.rules import AlertRule
+from llm_vitals.backtest.steady import Steady, steady
 from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot
 from llm_vitals.exporter.engines.scan import Sample
 from llm_vitals.exporter.engines.table import read_page
@@ -247,27 +248,51 @@ def _moved(before: Snapshot, after: Snapshot) -> bool:
 
 
 def _queue_counts(lines: Mapping[str, str], timeout: float) -> tuple[float, float] | None:
-    """(requests scheduled, those that waited <= the smallest bucket bound >= timeout) in a read's lines, or None."""
+    """(requests scheduled, those that waited <= the smallest bucket bound >= timeout) in a read's lines, or None.
+
+    Only finite values count; the bound is the smallest one >= timeout with a finite value."""
+    counts, bounds = _queue_lines(tuple(lines), timeout)
     count: float | None = None
-    bounds: dict[float, float] = {}
-    for prefix, text in lines.items():
-        try:
-            value = float(text)
-        except ValueError:
-            continue
-        if not math.isfinite(value):
-            continue
+    for prefix in counts:
+        value = _finite(lines[prefix])
+        if value is not None:
+            count = (count or 0.0) + value
+    if count is None:
+        return None
+    for prefixes in bounds:
+        at_bound = [value for prefix in prefixes if (value := _finite(lines[prefix])) is not None]
+        if at_bound:
+            return count, sum(at_bound)
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _queue_lines(prefixes: tuple[str, ...], timeout: float) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    """Of a read's off-page lines (the same set scrape after scrape: worked out once): the queue-time count's,
+    and the bucket lines at each bound >= timeout, smallest bound first."""
+    counts: list[str] = []
+    bounds: dict[float, list[str]] = {}
+    for prefix in prefixes:
         name = prefix.partition("{")[0]
         if name == QUEUE_TIME_COUNT:
-            count = (count or 0.0) + value
+            counts.append(prefix)
         elif name == QUEUE_TIME_BUCKET:
             match = _LE.search(prefix)
-            le = float(match.group(1)) if match else math.nan
+            try:
+                le = float(match.group(1)) if match else math.nan
+            except ValueError:
+                le = math.nan
             if le >= timeout:
-                bounds[le] = bounds.get(le, 0.0) + value
-    if count is None or not bounds:
+                bounds.setdefault(le, []).append(prefix)
+    return tuple(counts), tuple(tuple(bounds[le]) for le in sorted(bounds))
+
+
+def _finite(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
         return None
-    return count, bounds[min(bounds)]
+    return value if math.isfinite(value) else None
 
 
 _LE = re.compile(r'[{,]le="([^"]*)"')
@@ -291,7 +316,7 @@ class TargetReplay:
 
     def __init__(self, name: str, engine: Engine, settings: TargetSettings, rules: Sequence[AlertRule], *,
                  watchdog_timeout: float, step: float, workload: str | None = None, trace: bool = False,
-                 record_from: float = -math.inf, labels: Mapping[str, str] | None = None) -> None:
+                 record_from: float = -math.inf, labels: Mapping[str, str] | None = None, skip: bool = True) -> None:
         self.name = name
         self.labels = dict(labels or {})  # its series' labels (no __name__): what --incidents' selectors match
         self.engine = engine
@@ -324,44 +349,35 @@ class TargetReplay:
         self._unscraped_since: float | None = None  # first of the reads since which nothing at all was scraped
         self.gone_at: float | None = None  # set by finish(): its scrapes stopped for good here
         self._last_snap: Snapshot | None = None
+        # Reads of one snapshot in a run judge answers alike but for the time are not judged again
+        # (steady.py); False: every read judged, the reference tests/test_backtest_steady.py holds it to.
+        self.skip = skip
+        self._steady: Steady | None = None
+        self._judged_snap: Snapshot | None = None  # the snapshot of the last read judged, and its time
+        self._judged_at: float | None = None
 
     def feed(self, read: Read) -> None:
         """Judge one read, as the exporter's poll would have."""
-        observation: Snapshot | PollError
-        snap: Snapshot | None = None
         self.reads += 1
-        if not read.scraped:
-            self.missed_reads += 1
-            if read.extra.get(UP) == "0.0":
-                observation = PollError("connect", "Prometheus's scrape of it failed (up 0)")
-            else:
-                observation = PollError("connect", f"no scrape in the history within the {self.step:g}s before this read")
-            if not read.extra and self._unscraped_since is None:
-                self._unscraped_since = read.at
-        if read.scraped or read.extra:
-            self._unscraped_since = None
-        if read.scraped:
-            try:
-                # The adapter is pure: the same page (a quiet or hung server's) is the same snapshot.
-                key = read.key if read.found is not None else read.page
-                if key != self._last_page or self._last_snap is None:
-                    self._last_snap, self._last_page = None, key
-                    self._last_snap = (read_found(self.engine, read.found) if read.found is not None
-                                       else read_page(self.engine, Page(str(read.page).encode())))
-                snap = self._last_snap
-                observation = snap
-            except PageError as exc:
-                observation = PollError(exc.reason, exc.detail)
-                if exc.reason not in self._page_errors:
-                    self.notes.append(Note(read.at, f"the {self.engine.name} adapter refused the page rebuilt from "
-                                                    f"the scrape at {read.scraped_at}: {exc.reason}: {exc.detail}"))
-                self._page_errors[exc.reason] = self._page_errors.get(exc.reason, 0) + 1
-        before = self.verdict
-        verdict = judge(before, observation, read.at, self.settings, self.engine.facts)
-        self.verdict = verdict
+        observation, snap = self._observe(read)
         if self.first_read is None:
             self.first_read = read.at
         self.last_read = read.at
+        run = self._steady
+        if run is not None and snap is not None and snap is self._judged_snap and run.covers(read.at):
+            # The same snapshot again, in a run judge answers alike but for the time (steady.py): its
+            # verdict stands, and only what counts time (the alert rules' for:, the watchdog) moves on.
+            verdict = run.verdict
+            self._evaluate(verdict, read.at)
+            self.watchdog.feed(read.at, snap, read.extra, False)
+            self._trace(read.at, verdict, snap)
+            return
+        before = self.verdict if run is None else run.current()
+        verdict = judge(before, observation, read.at, self.settings, self.engine.facts)
+        self.verdict = verdict
+        self._steady = (steady(before, self._judged_at, verdict, read.at, self.settings)
+                        if self.skip and snap is not None and snap is self._judged_snap else None)
+        self._judged_snap, self._judged_at = snap, read.at
         restarted = before is not None and verdict.restarts > before.restarts
         if restarted:
             old = before.snapshot.process_start_time if before is not None and before.snapshot else None
@@ -379,8 +395,38 @@ class TargetReplay:
                 self._close_flag(flag, read.at)
         self._evaluate(verdict, read.at)
         self.watchdog.feed(read.at, snap, read.extra, restarted, unreachable=not read.scraped and read.extra.get(UP) == "0.0")
+        self._trace(read.at, verdict, snap)
+
+    def _observe(self, read: Read) -> tuple[Snapshot | PollError, Snapshot | None]:
+        """What the exporter's poll would have seen: the adapter's snapshot of the scrape, or the PollError."""
+        if not read.scraped:
+            self.missed_reads += 1
+            if not read.extra and self._unscraped_since is None:
+                self._unscraped_since = read.at
+            elif read.extra:
+                self._unscraped_since = None
+            if read.extra.get(UP) == "0.0":
+                return PollError("connect", "Prometheus's scrape of it failed (up 0)"), None
+            return PollError("connect", f"no scrape in the history within the {self.step:g}s before this read"), None
+        self._unscraped_since = None
+        try:
+            # The adapter is pure: the same page (a quiet or hung server's) is the same snapshot.
+            key = read.key if read.found is not None else read.page
+            if (key is not self._last_page and key != self._last_page) or self._last_snap is None:
+                self._last_snap, self._last_page = None, key
+                self._last_snap = (read_found(self.engine, read.found) if read.found is not None
+                                   else read_page(self.engine, Page(str(read.page).encode())))
+            return self._last_snap, self._last_snap
+        except PageError as exc:
+            if exc.reason not in self._page_errors:
+                self.notes.append(Note(read.at, f"the {self.engine.name} adapter refused the page rebuilt from "
+                                                f"the scrape at {read.scraped_at}: {exc.reason}: {exc.detail}"))
+            self._page_errors[exc.reason] = self._page_errors.get(exc.reason, 0) + 1
+            return PollError(exc.reason, exc.detail), None
+
+    def _trace(self, at: float, verdict: Verdict, snap: Snapshot | None) -> None:
         if self.trace is not None:
-            self.trace.at.append(read.at)
+            self.trace.at.append(at)
             self.trace.state.append(STATE_INDEX.get(verdict.state, -1))
             last = verdict.snapshot
             self.trace.pending.append(last.running + last.waiting if last is not None and snap is not None else math.nan)
@@ -449,6 +495,8 @@ class TargetReplay:
         exporter stops watching such a target too, so nothing after its last scrape is judged; a
         target whose scrapes failed (`up` 0) is judged, and goes `down` as the exporter's would.
         """
+        if self._steady is not None:
+            self.verdict, self._steady = self._steady.current(), None
         gone = self._unscraped_since
         # Shorter than down_after, the last reads were only missed reads: nothing was invented of them.
         if gone is not None and self.first_read is not None and end - gone >= self.settings.down_after:

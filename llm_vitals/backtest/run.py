@@ -74,6 +74,9 @@ class Options:
     # Read the samples directly where the adapter can (history.Columns); False: write each scrape as a
     # page and scan it back (history.Scrapes), the reference the fast path is tested against.
     fast: bool = True
+    # Reads of one snapshot that judge would answer alike but for the time are not judged again
+    # (steady.py); False: every read judged, the reference the skipping is tested against.
+    skip: bool = True
     # Queries of one chunk in flight at once (one per family).
     concurrency: int = 4
     # --compare-live: the exporter's own llm_vitals_state in the same Prometheus, against the replay.
@@ -180,7 +183,7 @@ def discover(source: Source, window: Window, options: Options) -> tuple[dict[str
             instance, ENGINES[engine], settings, options.rules, watchdog_timeout=options.watchdog_timeout,
             step=window.step, workload=workload_of(first_labels.get(instance, {}), instance)
             if settings.workload is None else settings.workload, trace=options.trace, record_from=window.start,
-            labels={k: v for k, v in first_labels.get(instance, {}).items() if k != "__name__"})
+            labels={k: v for k, v in first_labels.get(instance, {}).items() if k != "__name__"}, skip=options.skip)
     for name in sorted(set(configured) - set(targets)):
         notes.append(Note(None, f"{name}: in the config, but no series with instance=\"{name}\" in the window"))
     le = _bound_at_or_above(buckets, options.watchdog_timeout)
