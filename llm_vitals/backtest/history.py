@@ -44,14 +44,14 @@ class Series:
 class Read:
     """One read the exporter would have made at `at`: a page, or None when no scrape fell in its window.
 
-    `extra` holds the scrape's lines of families the engine's adapter does not read (the watchdog's
-    queue-time histogram), by page line prefix: kept off the page the adapter scans.
+    `extra` holds the scrape's values of families the engine's adapter does not read (the watchdog's
+    queue-time histogram, Prometheus's `up`), by page line prefix: kept off the page the adapter scans.
     """
 
     at: float
     page: str | None
     scraped_at: float | None = None
-    extra: Mapping[str, str] = field(default_factory=dict)
+    extra: Mapping[str, float] = field(default_factory=dict)
     # The fast path (`Columns`): the samples the adapter's scanner would have found on the page,
     # instead of the page, and what makes two reads' scrapes the same (equal keys: equal samples).
     found: Mapping[str, list[Sample]] | None = None
@@ -92,7 +92,7 @@ class Scrapes:
     times: list[float] = field(default_factory=list)
     # Per scrape: its page lines (prefix -> the whole line) and the lines kept off the page (prefix -> value).
     lines: list[dict[str, str]] = field(default_factory=list)
-    extras: list[dict[str, str]] = field(default_factory=list)
+    extras: list[dict[str, float]] = field(default_factory=list)
     duplicates: set[str] = field(default_factory=set)  # page lines two series wrote at one scrape
 
     @classmethod
@@ -100,7 +100,7 @@ class Scrapes:
         """Gather the series of one target by scrape time (every series of one scrape shares its timestamp);
         series of `extra_names` are kept off the page (Read.extra)."""
         off_page = frozenset(extra_names)
-        rows: dict[float, tuple[dict[str, str], dict[str, str]]] = {}
+        rows: dict[float, tuple[dict[str, str], dict[str, float]]] = {}
         duplicates: set[str] = set()
         for one in series:
             prefix = line_prefix(one)
@@ -109,11 +109,12 @@ class Scrapes:
                 row = rows.get(at)
                 if row is None:
                     row = rows[at] = ({}, {})
-                kept = row[1] if extra else row[0]
-                if prefix in kept:
+                if prefix in row[extra]:
                     duplicates.add(prefix)
-                    continue
-                kept[prefix] = format_value(value) if extra else f"{prefix} {format_value(value)}\n"
+                elif extra:
+                    row[1][prefix] = value
+                else:
+                    row[0][prefix] = f"{prefix} {format_value(value)}\n"
         times = sorted(rows)
         return cls(times, [rows[at][0] for at in times], [rows[at][1] for at in times], duplicates)
 
@@ -172,7 +173,7 @@ class Columns:
     rows: list[tuple[float | None, ...]]  # per scrape, per column: its value, None where it wrote none
     duplicates: set[str] = field(default_factory=set)
     # The last scrape built: (its index, its row, key, samples, off-page lines).
-    _last: tuple[int, tuple[float | None, ...], object, Mapping[str, list[Sample]] | None, dict[str, str]] | None = None
+    _last: tuple[int, tuple[float | None, ...], object, Mapping[str, list[Sample]] | None, dict[str, float]] | None = None
     _groups: Layout | None = None
 
     @classmethod
@@ -232,7 +233,7 @@ class Columns:
         # A scrape with nothing of the engine's (only `up`, at 0: Prometheus's scrape failed) is no page.
         return Read(at, None, self.times[index], extra_now, found_now, key), index
 
-    def _found(self, row: tuple[float | None, ...]) -> tuple[object, Mapping[str, list[Sample]] | None, dict[str, str]]:
+    def _found(self, row: tuple[float | None, ...]) -> tuple[object, Mapping[str, list[Sample]] | None, dict[str, float]]:
         """(key, the samples by family the scanner would have found, the off-page lines) of one scrape's row."""
         groups, off_page, label_texts, spans = self._layout()
         found: dict[str, list[Sample]]
@@ -246,7 +247,7 @@ class Columns:
                 some = [_new_sample(Sample, (label_text, row[i])) for label_text, i in members if row[i] is not None]
                 if some:
                     found[name] = some
-        extra = {prefix: format_value(value) for prefix, i in off_page if (value := row[i]) is not None}
+        extra = {prefix: value for prefix, i in off_page if (value := row[i]) is not None}
         return ((self.columns, row) if found else None), (found or None), extra
 
     def _layout(self) -> Layout:

@@ -156,10 +156,10 @@ class Watchdog:
     _last_failing: float | None = None
     _waiting_since: float | None = None  # first of the reads since which requests have been waiting
     _finishes: deque[tuple[float, float]] = field(default_factory=deque)  # (time, finished) over the horizon
-    _lines: Mapping[str, str] | None = None
+    _lines: Mapping[str, float] | None = None
     _lines_queue: tuple[float, float] | None = None
 
-    def feed(self, at: float, snap: Snapshot | None, lines: Mapping[str, str], restarted: bool,
+    def feed(self, at: float, snap: Snapshot | None, lines: Mapping[str, float], restarted: bool,
              unreachable: bool = False) -> None:
         """Fold one read in; a missed read (`snap` None) changes nothing, it shows nothing either way, unless
         Prometheus's own scrape failed there (`unreachable`, `up` 0): a probe would have failed too."""
@@ -247,22 +247,18 @@ def _moved(before: Snapshot, after: Snapshot) -> bool:
     return steps or done
 
 
-def _queue_counts(lines: Mapping[str, str], timeout: float) -> tuple[float, float] | None:
+def _queue_counts(lines: Mapping[str, float], timeout: float) -> tuple[float, float] | None:
     """(requests scheduled, those that waited <= the smallest bucket bound >= timeout) in a read's lines, or None.
 
     Only finite values count; the bound is the smallest one >= timeout with a finite value."""
     counts, bounds = _queue_lines(tuple(lines), timeout)
-    count: float | None = None
-    for prefix in counts:
-        value = _finite(lines[prefix])
-        if value is not None:
-            count = (count or 0.0) + value
-    if count is None:
+    finite = [value for prefix in counts if math.isfinite(value := lines[prefix])]
+    if not finite:
         return None
     for prefixes in bounds:
-        at_bound = [value for prefix in prefixes if (value := _finite(lines[prefix])) is not None]
+        at_bound = [value for prefix in prefixes if math.isfinite(value := lines[prefix])]
         if at_bound:
-            return count, sum(at_bound)
+            return sum(finite), sum(at_bound)
     return None
 
 
@@ -285,14 +281,6 @@ def _queue_lines(prefixes: tuple[str, ...], timeout: float) -> tuple[tuple[str, 
             if le >= timeout:
                 bounds.setdefault(le, []).append(prefix)
     return tuple(counts), tuple(tuple(bounds[le]) for le in sorted(bounds))
-
-
-def _finite(text: str) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
 
 
 _LE = re.compile(r'[{,]le="([^"]*)"')
@@ -394,7 +382,7 @@ class TargetReplay:
             elif flag in self._flags:
                 self._close_flag(flag, read.at)
         self._evaluate(verdict, read.at)
-        self.watchdog.feed(read.at, snap, read.extra, restarted, unreachable=not read.scraped and read.extra.get(UP) == "0.0")
+        self.watchdog.feed(read.at, snap, read.extra, restarted, unreachable=not read.scraped and read.extra.get(UP) == 0.0)
         self._trace(read.at, verdict, snap)
 
     def _observe(self, read: Read) -> tuple[Snapshot | PollError, Snapshot | None]:
@@ -405,7 +393,7 @@ class TargetReplay:
                 self._unscraped_since = read.at
             elif read.extra:
                 self._unscraped_since = None
-            if read.extra.get(UP) == "0.0":
+            if read.extra.get(UP) == 0.0:
                 return PollError("connect", "Prometheus's scrape of it failed (up 0)"), None
             return PollError("connect", f"no scrape in the history within the {self.step:g}s before this read"), None
         self._unscraped_since = None
@@ -468,24 +456,27 @@ class TargetReplay:
         self._open = None
 
     def _evaluate(self, verdict: Verdict, at: float) -> None:
-        if not self._rules and verdict.state not in self._rule_states:
+        state = verdict.state
+        active = self._rules
+        if not active and state not in self._rule_states:
             return  # no rule holds, none was active: nothing to count (most reads of a healthy fleet)
         waiting = verdict.snapshot.waiting if verdict.snapshot is not None else 0.0
         for rule in self.rules:
-            holds = verdict.state == rule.state and (not rule.needs_waiting or waiting > 0)
-            active_at, firing_at, last_sent = self._rules.get(rule.name, (at, None, None))
-            if not holds:
-                if rule.name in self._rules:
-                    if firing_at is not None:
-                        self.alerts.append(AlertEpisode(rule.name, active_at, firing_at, at, rule.restart))
-                    del self._rules[rule.name]
+            held = active.get(rule.name)
+            if state != rule.state or (rule.needs_waiting and not waiting > 0):
+                if held is not None:
+                    if held[1] is not None:
+                        self.alerts.append(AlertEpisode(rule.name, held[0], held[1], at, rule.restart))
+                    del active[rule.name]
                 continue
+            active_at, firing_at, last_sent = held if held is not None else (at, None, None)
             if firing_at is None and at - active_at >= rule.for_seconds:
                 firing_at = at
             if firing_at is not None and rule.restart and (last_sent is None or at - last_sent >= REPEAT_INTERVAL):
                 self.notifications.append(Notification(at, self.name, rule.name, active_at))
                 last_sent = at
-            self._rules[rule.name] = (active_at, firing_at, last_sent)
+            if held is None or firing_at is not held[1] or last_sent is not held[2]:
+                active[rule.name] = (active_at, firing_at, last_sent)
 
     def finish(self, end: float) -> None:
         """Close what is still open at the window's end.
