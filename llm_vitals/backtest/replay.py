@@ -167,7 +167,8 @@ class Watchdog:
             if unreachable:
                 self._failing(at, True)
             return
-        if (snap is self._last and not restarted and not snap.pending and not self.failing and not self._slow_queue
+        pending = snap.pending
+        if (snap is self._last and not restarted and not pending and not self.failing and not self._slow_queue
                 and self._frozen_since is None and self._waiting_since is None and not self._finishes):
             # The same idle read again (a quiet server's run of identical scrapes): nothing below can
             # change but the time of the last read.
@@ -178,7 +179,7 @@ class Watchdog:
             # The same scrape's lines (a run of identical reads) are the same object: counted once.
             self._lines, self._lines_queue = lines, _queue_counts(lines, self.timeout) if lines else None
         queue = self._lines_queue
-        if restarted or not snap.pending:
+        if restarted or not pending:
             self._slow_queue = False
         elif queue is not None and self._queue is not None:
             scheduled, fast = queue[0] - self._queue[0], queue[1] - self._queue[1]
@@ -187,13 +188,13 @@ class Watchdog:
                 # scheduled, the last evidence stands (a probe would queue behind the same backlog).
                 self._slow_queue = scheduled > fast
         moved = last is not None and _moved(last, snap)
-        if not snap.pending or moved:
+        if not pending or moved:
             self._frozen_since = None
         elif self._frozen_since is None:
             # Pending and nothing moved since the last read: frozen since then (since now on a lifetime's first read).
             self._frozen_since = last_at if last_at is not None else at
         frozen = self._frozen_since is not None and at - self._frozen_since >= self.timeout
-        backlog = self._backlog(at, snap, restarted)
+        backlog = self._backlog(at, snap, restarted or not pending)
         self._failing(at, self._slow_queue or frozen or backlog)
         self._last, self._last_at, self._queue = snap, at, queue
 
@@ -208,10 +209,10 @@ class Watchdog:
             self.periods[-1] = (self.periods[-1][0], at)
             self.failing = False
 
-    def _backlog(self, at: float, snap: Snapshot, restarted: bool) -> bool:
+    def _backlog(self, at: float, snap: Snapshot, restarted_or_idle: bool) -> bool:
         """More waiting than the recent finish rate clears within `timeout`: a probe joins the queue's tail
         and waits for every request ahead of it to be scheduled, one per finished request."""
-        if restarted or snap.finished is None or not snap.pending:
+        if restarted_or_idle or snap.finished is None:
             # The finish rate measures the server's pace only while it has work throughout: an idle
             # spell's few finishes would make a request that just arrived look stuck behind a slow queue.
             self._finishes.clear()
