@@ -175,6 +175,7 @@ class Columns:
     # The last scrape built: (its index, its row, key, samples, off-page lines).
     _last: tuple[int, tuple[float | None, ...], object, Mapping[str, list[Sample]] | None, dict[str, float]] | None = None
     _groups: Layout | None = None
+    _built: tuple[list[Sample], tuple[float | None, ...]] | None = None  # the last full row's samples, and the row
 
     @classmethod
     def of(cls, series: Sequence[Series], extra_names: Iterable[str] = ()) -> Columns:
@@ -238,8 +239,16 @@ class Columns:
         groups, off_page, label_texts, spans = self._layout()
         found: dict[str, list[Sample]]
         if label_texts and None not in row:
-            # Every line present (the common scrape): one pass over the row in C, sliced by family.
-            samples = list(map(_new_sample, itertools.repeat(Sample), zip(label_texts, row, strict=True)))
+            # Every line present (the common scrape), sliced by family. A line whose value is that of the
+            # last row built (a gauge that held, a counter that did not move: most of them) keeps its
+            # sample: only the lines that moved are made anew.
+            built = self._built
+            if built is None:
+                samples = list(map(_new_sample, itertools.repeat(Sample), zip(label_texts, row, strict=True)))
+            else:
+                samples = [old if a == b and (a or math.copysign(1.0, a) == math.copysign(1.0, b))  # type: ignore[arg-type]
+                           else _new_sample(Sample, (old[0], b)) for old, a, b in zip(*built, row, strict=True)]
+            self._built = (samples, row)
             found = {name: samples[low:high] for name, low, high in spans}
         else:
             found = {}
