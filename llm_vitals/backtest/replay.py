@@ -81,7 +81,8 @@ def read_found(entry: Engine, found: Mapping[str, list[Sample]]) -> Snapshot:
     parser = found_parser(entry.name)
     if parser is None:
         raise PageError("bad_metrics", f"engine {entry.name} reads no samples directly")  # run.py never asks
-    return parser(dict(found))
+    # The adapter only reads what it is given (a run of identical reads shares one mapping).
+    return parser(found if isinstance(found, dict) else dict(found))
 
 
 @dataclass(frozen=True, slots=True)
