@@ -260,8 +260,8 @@ def run_child(checkout: Path, targets: int, days: float, step: float, jobs: int)
 
 
 def _range(values: list[float], fmt: str) -> str:
-    low, high = min(values), max(values)
-    return format(low, fmt) if low == high else f"{format(low, fmt)}-{format(high, fmt)}"
+    low, high = format(min(values), fmt), format(max(values), fmt)
+    return low if low == high else f"{low}-{high}"
 
 
 def main(argv: list[str] | None = None) -> int:
