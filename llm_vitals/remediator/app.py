@@ -26,6 +26,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from pydantic import ValidationError
 
+from llm_vitals.backstop_word import answer_json
 from llm_vitals.exposition import TEXT_CONTENT_TYPE
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.connect import Access
@@ -286,7 +287,7 @@ async def backstop_get(request: web.Request) -> web.Response:
     if not workloads or len(workloads) > 100 or any(not w or len(w) > 512 for w in workloads):
         return _error(400, "name 1 to 100 workloads: ?workload=Deployment/<namespace>/<name>")
     now, words = await request.app[SERVICE].backstop_words(list(dict.fromkeys(workloads)))
-    return web.json_response({"now": now, "words": [word.as_json() for word in words]})
+    return web.json_response(answer_json(now, words))
 
 
 async def state_reinit(request: web.Request) -> web.Response:

@@ -626,7 +626,7 @@ def _restart_in_progress(s: Subject) -> Held | None:
     if running is None:
         return None
     # The word holds a workload only for its own restart: a shim told `restart_in_progress` holds until it
-    # reads its new process (exporter/backstop.py); another workload's restart is the cooldown's to hold.
+    # reads its new process (exporter/backstop_rule.py); another workload's restart is the cooldown's to hold.
     if s.status is None and not restarting(s.journal, s.workload, s.now):
         return None
     return Held(s.journal.last_restart_started, f"a restart of {running} is running")
