@@ -6,15 +6,15 @@ remediator (GET /api/v1/backstop, read token) for its workload's word, and while
 its liveness answers 200 however long the server is stuck (llm_vitals/exporter/backstop_rule.py). The
 word's type and its wire shape are the shared contract's (llm_vitals/backstop_word.py).
 
-The word walks the gate's own table of checks (`gate.CHECKS`, the list `decide` walks), asked about
+The word walks the gate's own table of checks (checks.py `CHECKS`, the list `gate.decide` walks), asked about
 the workload rather than an alert, then the shared state's holds; the first that holds wins:
 - `state_lost`: the shared state is lost, and the gate restarts nothing until a human re-initialises it;
-- each check of `gate.CHECKS` that needs no fresh reading of a target: `paused`, `escalated_to_human`
+- each check of `CHECKS` that needs no fresh reading of a target: `paused`, `escalated_to_human`
   (paged), `restart_in_progress` (a restart of this workload; another's is the cooldown's),
-  `cooldown`, `circuit_open`, `backoff`, `fleet_gate` (a storm the state saw, for `gate.STORM_HOLD`
+  `cooldown`, `circuit_open`, `backoff`, `fleet_gate` (a storm the state saw, for `checks.STORM_HOLD`
   or the storm cooldown when longer), `storm_cooldown`;
 - a target of the workload the gate refused for a hold (`JournalState.held`: `gpu_fault`,
-  `cordon_limit`, `fleet_gate`, a pause lifted but not re-decided yet, any of `gate.HOLDING`), with
+  `cordon_limit`, `fleet_gate`, a pause lifted but not re-decided yet, any of `reasons.HOLDING`), with
   the reason of that refusal, until the remediator has decided it again (redecide.py); an entry no
   replica re-decided for HELD_STALE holds nothing (the remediator cannot decide: the kubelet may);
 - `unknown_workload`: a workload the remediator has never heard of (a typo, a shim without
@@ -31,11 +31,14 @@ same word, and a restarted replica the word it answered before.
 from __future__ import annotations
 
 from llm_vitals.backstop_word import BackstopWord, act, hold
-from llm_vitals.remediator import gate
-from llm_vitals.remediator.gate import GatePolicy, JournalState, TargetStatus
+from llm_vitals.remediator.checks import CHECKS, Subject
+from llm_vitals.remediator.model import JournalState, TargetStatus
+from llm_vitals.remediator.policy import GatePolicy
+from llm_vitals.remediator.reasons import HOLDING
 
-HOLD_REASONS = ("state_lost", *dict.fromkeys(c.reason for c in gate.CHECKS), *sorted(gate.HOLDING - {
-    c.reason for c in gate.CHECKS}), "unknown_workload")
+# Every reason the word may hold with, in the order the word walks them: derived, never kept by hand.
+HOLD_REASONS = ("state_lost", *dict.fromkeys(c.reason for c in CHECKS), *sorted(HOLDING - {c.reason for c in CHECKS}),
+                "unknown_workload")
 # A held target's entry older than this (no replica re-decided it: the exporter unreadable, the
 # remediator stuck) holds its workload no more: the kubelet's backstop is all there is then.
 HELD_STALE = 600.0
@@ -74,8 +77,8 @@ def word_for(workload: str, journal: JournalState, policy: GatePolicy, now: floa
     if lost:
         return hold(workload, "state_lost", None, "the remediator's shared state is lost: nothing restarts until a"
                                                   " human re-initialises it")
-    subject = gate.Subject(journal, policy, workload, now)
-    for check in gate.CHECKS:
+    subject = Subject(journal, policy, workload, now)
+    for check in CHECKS:
         held = check.held(subject)
         if held is not None:
             return hold(workload, check.reason, held.since, held.detail)

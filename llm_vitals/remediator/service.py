@@ -220,7 +220,7 @@ class Remediator:
         return self.store.last
 
     async def backstop_words(self, workloads: list[str]) -> tuple[float, list[BackstopWord]]:
-        """The gate's word for each workload's liveness backstop (backstop.py), on the state read at
+        """The gate's word for each workload's liveness backstop (gate_word.py), on the state read at
         most STATE_MAX_AGE ago, at the store's clock. Raises StateUnavailable (StateLost: lost)."""
         state = await self.recent_state()
         if any(not gate_word.known(w, state, self.policy, self.loop.reported) for w in workloads):
