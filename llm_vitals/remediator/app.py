@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 
-import httpx
+import aiohttp
 from aiohttp import web
 from prometheus_client import generate_latest
 from pydantic import ValidationError
@@ -29,7 +29,6 @@ from pydantic import ValidationError
 from llm_vitals.backstop_word import answer_json
 from llm_vitals.exposition import TEXT_CONTENT_TYPE
 from llm_vitals.kube.client import KubeClient
-from llm_vitals.kube.connect import Access
 from llm_vitals.logs import log_event
 
 from .auth import Authenticator, Grant
@@ -80,8 +79,10 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         kube = kube_client(settings)
         try:
-            # One client for the exporter and the http executors; never one per request.
-            async with store_for(settings, kube, app[CLOCK]) as store, httpx.AsyncClient(follow_redirects=False) as client:
+            # One client for the exporter and the http executors; never one per request. Each request
+            # has its own timeout and follows no redirect; the environment's proxies apply, as before.
+            async with store_for(settings, kube, app[CLOCK]) as store, \
+                    aiohttp.ClientSession(trust_env=True, timeout=aiohttp.ClientTimeout(total=None)) as client:
                 service = Remediator(settings, journal, store, client, app[CLOCK], app[EXECUTORS] or None, kube)
                 app[SERVICE] = service
                 follower = None
@@ -108,9 +109,7 @@ def kube_client(settings: Settings) -> KubeClient | None:
     """The Kubernetes API client, when the shared Lease or a target template needs one."""
     if settings.kubernetes is None and not settings.target_templates:
         return None
-    config = settings.kubernetes or KubernetesSettings()
-    return KubeClient(Access(kubeconfig=config.kubeconfig, api_url=config.api_url, token_path=config.token_path,
-                             ca_path=config.ca_path, timeout=config.timeout))
+    return KubeClient(settings.kubernetes or KubernetesSettings())
 
 
 def _error(status: int, message: str, **extra: object) -> web.Response:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
 from llm_vitals.backstop_word import BackstopWord
 from llm_vitals.kube.client import KubeClient
@@ -76,7 +76,7 @@ class Remediator:
         settings: Settings,
         journal: Journal,
         store: GateStore[Any],
-        http_client: httpx.AsyncClient,
+        http_client: aiohttp.ClientSession,
         clock: Callable[[], float] = time.time,
         executors: dict[str, Executor] | None = None,
         kube: KubeClient | None = None,
