@@ -81,7 +81,7 @@ class CanaryView(_View):
 
 
 class BackstopView(_View):
-    """The kubelet's liveness backstop and the remediator's word (exporter/backstop.py)."""
+    """The kubelet's liveness backstop and the remediator's word (exporter/backstop_rule.py)."""
 
     mode: Literal["act", "hold", "armed"] = Field(description=(
         "hold: the remediator holds the workload, liveness answers 200; act: liveness fails once stuck for the "

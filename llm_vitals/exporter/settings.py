@@ -309,7 +309,7 @@ class ShardSettings(_FrozenStrict):
 
 
 class BackstopSettings(_FrozenStrict):
-    """The kubelet's liveness backstop obeys the remediator's gate (llm_vitals/exporter/backstop.py):
+    """The kubelet's liveness backstop obeys the remediator's gate (llm_vitals/exporter/backstop_rule.py):
     the shim asks `remediator_url` for its targets' workloads' word every `interval`."""
 
     # Not heard from the remediator for this long: the alerting chain is down, and the backstop acts

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from llm_vitals.logs import log_event
 
-from . import backstop, gate, holds
+from . import gate, gate_word, holds
 from .executors import ExecResult
 from .gate import Decision, GatePolicy, Plan
 from .journal import Journal
@@ -205,7 +205,7 @@ class Ledger:
         target = facts.target if known else None
         actor = None  # who restarted the server meanwhile, when the decision is about such a restart
         if decision.reason == "restarted_since_alert":
-            actor = backstop.restart_actor(status, self.store.last, workload_of(facts.target or "", status),
+            actor = gate_word.restart_actor(status, self.store.last, workload_of(facts.target or "", status),
                                            facts.starts_at)
         word = decision_word(facts, decision.allowed, decision.reason)
         self.journal.record_decision(now, facts, word, decision.reason, decision.detail, **evidence_of(target, status),
