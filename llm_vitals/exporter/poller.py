@@ -31,7 +31,6 @@ from llm_vitals.exporter.gpu_faults.nvml_source import NvmlFaultSource, NvmlSour
 from llm_vitals.exporter.gpu_faults.reader import GpuFaultReader
 from llm_vitals.exporter.keep_warm import warm_times
 from llm_vitals.exporter.loop_lag import LoopLag
-from llm_vitals.exporter.pace import peer_group
 from llm_vitals.exporter.settings import ExporterSettings
 from llm_vitals.exporter.state import StateStore, TargetRecord, log_gpu_fault_change
 from llm_vitals.exporter.upstream import (
@@ -225,7 +224,10 @@ class Poller:
             now = loop.time()
             next_at = max(next_at, now)  # a poll overran the interval: re-anchor rather than fire a burst
             jitter = random.uniform(0, interval * self.settings.poll_jitter)
-            await self._wait(record, next_at - now + jitter)
+            if engine_of(record.settings.engine).keep_alive is None:
+                await asyncio.sleep(next_at - now + jitter)  # nothing to keep warm: most engines, every poll
+            else:
+                await self._wait(record, next_at - now + jitter)
 
     async def _wait(self, record: TargetRecord, wait: float) -> None:
         """Sleep `wait` seconds to the next poll, keeping the target's connection open meanwhile where its
@@ -279,7 +281,7 @@ class Poller:
             record.set_model_config(None, None)  # a new process may serve the model with another config
         # Its pace beside its workload's peers (exporter/pace.py): `degraded`, never a state.
         record.set_pace(self.store.pace.observe(
-            record.name, peer_group(record.settings.effective_workload),
+            record.name, record.peer_group,
             observation if isinstance(observation, Snapshot) else None, now.mono, self.settings.pace.rules, record.pace))
         if record.draining and not drain_holds(record.draining, before, record.verdict):
             record.set_draining(False)
@@ -308,8 +310,10 @@ class Poller:
             reading_metrics = True
             snapshot = await self._read_metrics(record, timeout)
             reading_metrics = False
-            if config_due(engine_of(target.engine), target.model, record.model_config, record.model_config_tried,
-                          asyncio.get_running_loop().time(), CONFIG_RETRY_SECONDS):
+            entry = engine_of(target.engine)
+            if entry.model_config_path is not None and config_due(
+                    entry, target.model, record.model_config, record.model_config_tried,
+                    asyncio.get_running_loop().time(), CONFIG_RETRY_SECONDS):
                 await self._read_model_config(record)
             health = await self._read_health(record) if health_check_due(record.verdict, snapshot) else None
             if not snapshot.pending:
@@ -317,7 +321,7 @@ class Poller:
                 reading_ready = True
                 await self._check_model_ready(record)
                 reading_ready = False
-            return self._judged_model(record, snapshot), health
+            return (snapshot if record.model_config is None else self._judged_model(record, snapshot)), health
         except PageError as exc:
             error = PollError(exc.reason, exc.detail, ready_route=reading_ready)
             if self.lag is not None:

@@ -827,6 +827,9 @@ def _on_purpose(previous: Verdict, snap: Snapshot, now: float, target: TargetSet
       (vLLM's /sleep?mode=keep, which leaves them pending on a sleeping engine). The stuck clock
       starts again from each paused read, so a hang right after a resume is found as fast as ever.
     """
+    if moved and not snap.operations:
+        changes["operation_since"] = None  # the common read: work moving, no operation on the page
+        return None
     ops = snap.in_flight()
     since = (previous.operation_since if previous.operation_since is not None else now) if ops else None
     changes.update(operation_since=since)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 
 from llm_vitals.exporter.engines import Engine, PageError, Snapshot, Unit
 from llm_vitals.exporter.engines.scan import Sample, Scanner, by_label, decode, finite, finite_sum, total
@@ -86,8 +87,13 @@ def pace_of(found: dict[str, list[Sample]], names: tuple[str, str] | None) -> tu
     """(seconds, tokens) of the inter-token histogram, summed over engines; None without it (or not finite)."""
     if names is None:
         return None
-    seconds, count = (sum(s.value for s in found[name]) for name in names)
-    return (seconds, count) if finite(seconds) is not None and finite(count) is not None else None
+    seconds, count = _summed(found[names[0]]), _summed(found[names[1]])
+    return (seconds, count) if math.isfinite(seconds) and math.isfinite(count) else None
+
+
+def _summed(samples: list[Sample]) -> float:
+    # One engine writes one line (the common case): its value, with no generator to sum over (each poll).
+    return 0.0 + samples[0].value if len(samples) == 1 else sum(sample.value for sample in samples)
 
 
 def sleep_level(samples: list[Sample]) -> int:
@@ -171,6 +177,8 @@ def _units(found: dict[str, list[Sample]], deferred: list[Sample], pace: tuple[s
 
 def operations(found: dict[str, list[Sample]]) -> tuple[tuple[str, float], ...]:
     """The weight-update and sleep-mode operations the page has in flight, as `weight_update:update` etc."""
+    if WEIGHT_UPDATE_OPS not in found and SLEEP_MODE_OPS not in found:
+        return ()  # a page without them (no dev mode, an older release): every poll of most servers
     ops: dict[str, float] = {}
     for family, word in OPERATIONS.items():
         for sample in found.get(family, ()):
