@@ -22,7 +22,7 @@ from test_exporter_helpers import (
 )
 
 from llm_vitals.exporter.app import STORE, create_app
-from llm_vitals.exporter.canary import send_canary
+from llm_vitals.exporter.canary import run_canaries
 from llm_vitals.exporter.verdict import CanaryOutcome, PollError, judge, record_canary
 
 # docs/metrics.md: the public contract (name -> type, labels besides `target`).
@@ -316,8 +316,8 @@ async def test_a_canary_answer_that_arrives_in_pieces_is_ok(aiohttp_server) -> N
     server = await aiohttp_server(app)
     target = make_settings([make_target("gpu-a", str(server.make_url("")))]).targets[0]
     async with aiohttp.ClientSession() as session:
-        outcome = await send_canary(session, target, "tiny")
-    assert (outcome.result, outcome.detail) == ("ok", "")
+        run = await run_canaries(session, target, "tiny")
+    assert (run.outcome.result, run.outcome.detail) == ("ok", "")
 
 
 async def test_a_slow_health_check_does_not_turn_stuck_into_down(aiohttp_server, aiohttp_client) -> None:

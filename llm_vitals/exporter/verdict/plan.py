@@ -1,0 +1,79 @@
+"""The poller's one question per read: what to do (`plan_read`, before it) and what it came to (`conclude`, after).
+
+The poller does the I/O and nothing else: the plan says the read's deadline, when the health route
+is asked beside the page, and how a failed read is judged (the exporter's own lateness, a second
+probe); the conclusion says the new verdict, whether to ask the pause route, and whether a canary
+goes out. Both are pure and plain data, table-tested in tests/test_verdict_plan.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llm_vitals.exporter.engines import Snapshot
+from llm_vitals.exporter.settings import TargetSettings
+from llm_vitals.exporter.verdict.judge import judge
+from llm_vitals.exporter.verdict.model import Observation, PollError, Verdict
+from llm_vitals.exporter.verdict.reads import (
+    canary_due,
+    canary_overlapped,
+    exporter_late,
+    health_check_due,
+    pause_ask_due,
+    read_deadline,
+    second_probe_due,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPlan:
+    """What one read does, decided from the verdict before it: carried out by the poller as it says."""
+
+    previous: Verdict  # the verdict the read starts from
+    deadline: float  # the /metrics read's (read_deadline: longer after a slow page)
+
+    def health_due(self, snapshot: Snapshot) -> bool:
+        """Ask the engine's health route beside this page (health_check_due)."""
+        return health_check_due(self.previous, snapshot)
+
+    def failed(self, error: PollError, loop_lag: float | None, timeout: float, *, metrics: bool) -> tuple[PollError, bool]:
+        """A failed read (of `timeout` seconds) as judged: `exporter_late` given the loop's worst lag during
+        it (None: not known); and whether a second probe follows it (only a /metrics read, this plan's
+        deadline, that connected and got no answer)."""
+        if loop_lag is not None:
+            error = exporter_late(error, loop_lag, timeout)
+        return error, metrics and second_probe_due(error)
+
+    def probe_failed(self, answer: PollError, loop_lag: float | None) -> PollError:
+        """The second probe's own failure, judged for the exporter's lateness as the read was."""
+        return answer if loop_lag is None else exporter_late(answer, loop_lag, self.deadline)
+
+
+def plan_read(previous: Verdict, metrics_timeout: float) -> ReadPlan:
+    """The plan of the read that follows `previous`."""
+    return ReadPlan(previous, read_deadline(previous, metrics_timeout))
+
+
+@dataclass(frozen=True, slots=True)
+class Conclusion:
+    """What one read came to: the new verdict, and what the poller does next."""
+
+    verdict: Verdict
+    ask_pause: bool  # ask the engine's pause route in the background, for the next read (pause_ask_due)
+    send_canary: bool  # send a canary now (canary_due)
+
+
+def conclude(previous: Verdict, observation: Observation, now: float, target: TargetSettings, *,
+             health: tuple[str, int] | None, poll_interval: float, last_canary_sent: float | None,
+             canary_in_flight: bool, paused: bool | None, pause_route: bool) -> Conclusion:
+    """The verdict after the read that saw `observation`, and whether to ask the pause route and send a canary.
+
+    `paused` is the pause route's answer asked since the last read (None: none); `pause_route`
+    whether the engine has one (and no ask of it is still out).
+    """
+    overlap = canary_overlapped(last_canary_sent, canary_in_flight, previous.snapshot_at)
+    verdict = judge(previous, observation, now, target, health=health, canary_overlap=overlap, paused=paused)
+    ask_pause = pause_route and pause_ask_due(verdict, now, target, poll_interval)
+    send = canary_due(verdict, observation, last_canary_sent, now, target, poll_interval=poll_interval,
+                      in_flight=canary_in_flight)
+    return Conclusion(verdict, ask_pause, send)
