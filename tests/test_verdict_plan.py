@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from llm_vitals.exporter.engines import Snapshot
+from llm_vitals.exporter.engines import PageReading
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict import (
     LATE_SHARE,
@@ -36,11 +36,11 @@ def target(**overrides: object) -> TargetSettings:
     return TargetSettings.model_validate(config)
 
 
-def snap(running: float = 0, steps: float = 0) -> Snapshot:
-    return Snapshot(running, 0, steps, process_start_time=1.0)
+def snap(running: float = 0, steps: float = 0) -> PageReading:
+    return PageReading(running, 0, steps, process_start_time=1.0)
 
 
-def after(*reads: tuple[float, Snapshot | PollError], settings: TargetSettings | None = None) -> Verdict:
+def after(*reads: tuple[float, PageReading | PollError], settings: TargetSettings | None = None) -> Verdict:
     verdict: Verdict | None = None
     for now, seen in reads:
         verdict = judge(verdict, seen, now, settings or target())
@@ -71,7 +71,7 @@ def test_the_plan_gives_the_reads_deadline(previous: Verdict, deadline: float) -
     (FAILED_CANARY, snap(), True),  # idle-looking, and its last canary failed
     (initial(0), snap(2, 1), False),  # nothing to compare with yet
 ])
-def test_the_plan_asks_the_health_route_as_the_rule_says(previous: Verdict, page: Snapshot, asked: bool) -> None:
+def test_the_plan_asks_the_health_route_as_the_rule_says(previous: Verdict, page: PageReading, asked: bool) -> None:
     assert plan_read(previous, TIMEOUT).health_due(page) is asked is health_check_due(previous, page)
 
 
@@ -94,7 +94,7 @@ def test_a_failed_probe_is_judged_late_on_the_reads_deadline() -> None:
     assert plan.probe_failed(PollError("timeout", "no answer"), None).reason == "timeout"
 
 
-def concluded(previous: Verdict, seen: Snapshot | PollError | ModelsOk, now: float, settings: TargetSettings, *,
+def concluded(previous: Verdict, seen: PageReading | PollError | ModelsOk, now: float, settings: TargetSettings, *,
               last_sent: float | None = None, in_flight: bool = False, paused: bool | None = None,
               pause_route: bool = True) -> Conclusion:
     return conclude(previous, seen, now, settings, health=None, poll_interval=5.0, last_canary_sent=last_sent,
@@ -112,7 +112,7 @@ def concluded(previous: Verdict, seen: Snapshot | PollError | ModelsOk, now: flo
     (BUSY, PollError("refused", "refused"), 10, None, False, None, True),  # a failed read
     (IDLE, ModelsOk(("tiny",)), 10, None, False, None, True),  # an engine with a page judged by its model list
 ])
-def test_the_conclusion_is_each_rule_it_gathers(previous: Verdict, seen: Snapshot | PollError | ModelsOk, now: float,
+def test_the_conclusion_is_each_rule_it_gathers(previous: Verdict, seen: PageReading | PollError | ModelsOk, now: float,
                                                 last_sent: float | None, in_flight: bool, paused: bool | None,
                                                 pause_route: bool) -> None:
     settings = target()

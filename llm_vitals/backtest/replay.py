@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from llm_vitals.backtest.history import Read
 from llm_vitals.backtest.rules import AlertRule
-from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot
+from llm_vitals.exporter.engines import Engine, Page, PageError, PageReading
 from llm_vitals.exporter.engines.scan import Sample
 from llm_vitals.exporter.engines.table import read_page
 from llm_vitals.exporter.settings import TargetSettings
@@ -64,8 +64,8 @@ QUEUE_TIME_FAMILIES = (QUEUE_TIME_BUCKET, QUEUE_TIME_COUNT)
 
 
 @functools.cache
-def found_parser(engine: str) -> Callable[[dict[str, list[Sample]]], Snapshot] | None:
-    """The adapter's own `parse_found` (what its scanner found on a page -> its Snapshot), where it has one."""
+def found_parser(engine: str) -> Callable[[dict[str, list[Sample]]], PageReading] | None:
+    """The adapter's own `parse_found` (what its scanner found on a page -> its PageReading), where it has one."""
     from llm_vitals.exporter.engines.table import ENGINES
 
     entry = ENGINES[engine]
@@ -75,8 +75,8 @@ def found_parser(engine: str) -> Callable[[dict[str, list[Sample]]], Snapshot] |
     return parser if callable(parser) else None
 
 
-def read_found(entry: Engine, found: Mapping[str, list[Sample]]) -> Snapshot:
-    """`entry`'s Snapshot of the samples its scanner would have found on the page (Read.found)."""
+def read_found(entry: Engine, found: Mapping[str, list[Sample]]) -> PageReading:
+    """`entry`'s PageReading of the samples its scanner would have found on the page (Read.found)."""
     parser = found_parser(entry.name)
     if parser is None:
         raise PageError("bad_metrics", f"engine {entry.name} reads no samples directly")  # run.py never asks
@@ -148,7 +148,7 @@ class Watchdog:
     failing: bool = False
     periods: list[tuple[float, float | None]] = field(default_factory=list)
     _frozen_since: float | None = None
-    _last: Snapshot | None = None
+    _last: PageReading | None = None
     _last_at: float | None = None
     _queue: tuple[float, float] | None = None  # (count, bucket at the bound) at the last read
     _slow_queue: bool = False  # the last requests scheduled waited longer than the bound
@@ -158,7 +158,7 @@ class Watchdog:
     _lines: Mapping[str, str] | None = None
     _lines_queue: tuple[float, float] | None = None
 
-    def feed(self, at: float, snap: Snapshot | None, lines: Mapping[str, str], restarted: bool,
+    def feed(self, at: float, snap: PageReading | None, lines: Mapping[str, str], restarted: bool,
              unreachable: bool = False) -> None:
         """Fold one read in; a missed read (`snap` None) changes nothing, it shows nothing either way, unless
         Prometheus's own scrape failed there (`unreachable`, `up` 0): a probe would have failed too."""
@@ -207,7 +207,7 @@ class Watchdog:
             self.periods[-1] = (self.periods[-1][0], at)
             self.failing = False
 
-    def _backlog(self, at: float, snap: Snapshot, restarted: bool) -> bool:
+    def _backlog(self, at: float, snap: PageReading, restarted: bool) -> bool:
         """More waiting than the recent finish rate clears within `timeout`: a probe joins the queue's tail
         and waits for every request ahead of it to be scheduled, one per finished request."""
         if restarted or snap.finished is None or not snap.pending:
@@ -239,7 +239,7 @@ class Watchdog:
         return len(self.periods)
 
 
-def _moved(before: Snapshot, after: Snapshot) -> bool:
+def _moved(before: PageReading, after: PageReading) -> bool:
     """An engine step or a finished request between two reads (what moves a request-based probe along)."""
     steps = before.steps is not None and after.steps is not None and after.steps > before.steps
     done = before.finished is not None and after.finished is not None and after.finished > before.finished
@@ -323,12 +323,12 @@ class TargetReplay:
         self._last_page: object = None  # the page (or Read.key) the last snapshot was parsed from
         self._unscraped_since: float | None = None  # first of the reads since which nothing at all was scraped
         self.gone_at: float | None = None  # set by finish(): its scrapes stopped for good here
-        self._last_snap: Snapshot | None = None
+        self._last_snap: PageReading | None = None
 
     def feed(self, read: Read) -> None:
         """Judge one read, as the exporter's poll would have."""
-        observation: Snapshot | PollError
-        snap: Snapshot | None = None
+        observation: PageReading | PollError
+        snap: PageReading | None = None
         self.reads += 1
         if not read.scraped:
             self.missed_reads += 1

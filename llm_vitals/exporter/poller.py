@@ -19,7 +19,7 @@ from llm_vitals.exporter.canary import ModelRejected, resolve_model, run_canarie
 from llm_vitals.exporter.clock import Clock, as_clock
 from llm_vitals.exporter.decoupled import CONFIG_RETRY_SECONDS, config_due, unjudged
 from llm_vitals.exporter.discovery.targetset import Changes
-from llm_vitals.exporter.engines import Page, PageError, Snapshot
+from llm_vitals.exporter.engines import Page, PageError, PageReading
 from llm_vitals.exporter.engines.table import engine_of, read_page
 from llm_vitals.exporter.gpu_faults import GpuFaultState
 from llm_vitals.exporter.gpu_faults.dcgm import DcgmSource, SharedPages, fetch_page
@@ -264,7 +264,7 @@ class Poller:
         # Its pace beside its workload's peers (exporter/pace.py): `degraded`, never a state.
         record.set_pace(self.store.pace.observe(
             record.name, record.peer_group,
-            observation if isinstance(observation, Snapshot) else None, now.mono, self.settings.pace.rules, record.pace))
+            observation if isinstance(observation, PageReading) else None, now.mono, self.settings.pace.rules, record.pace))
         if record.draining and not drain_holds(record.draining, before, record.verdict):
             record.set_draining(False)
             log_event(log, "undrain", target=record.name, reason="restart_detected")
@@ -273,7 +273,7 @@ class Poller:
             record.canary_sent(asyncio.create_task(self._canary(record), name=f"canary:{record.name}"), now.mono)
 
     async def observe(self, record: TargetRecord) -> tuple[Observation, tuple[str, int] | None]:
-        """What one poll sees (a Snapshot, the model list, or a PollError) and `/health`'s status when asked.
+        """What one poll sees (a PageReading, the model list, or a PollError) and `/health`'s status when asked.
 
         Never raises for upstream trouble. A read that timed out while the exporter's own loop
         lagged comes back as `exporter_late` (verdict.exporter_late); one that connected and got no
@@ -340,7 +340,7 @@ class Poller:
                                        self.lag.worst_since(started) if self.lag is not None else None)
         return with_second_probe(error, path, answer, health_route=health)
 
-    async def _read_metrics(self, record: TargetRecord, timeout: float) -> Snapshot:
+    async def _read_metrics(self, record: TargetRecord, timeout: float) -> PageReading:
         entry = engine_of(record.settings.engine)
         # Worked out once per record (its settings never change): a poll only reads it.
         known = self._metrics_urls.get(record)
@@ -410,7 +410,7 @@ class Poller:
             record.set_model_config(None, now)
             log_event(log, "model config unread", logging.DEBUG, target=record.name, reason=exc.reason, detail=exc.detail)
 
-    def _judged_model(self, record: TargetRecord, snapshot: Snapshot) -> Snapshot:
+    def _judged_model(self, record: TargetRecord, snapshot: PageReading) -> PageReading:
         """`snapshot`, naming the target's model where no signal of the page can judge it (exporter/decoupled.py)."""
         found = unjudged(engine_of(record.settings.engine), record.settings.model, record.model_config, snapshot)
         return snapshot if found is None else replace(snapshot, unjudged=found)

@@ -42,7 +42,7 @@ import functools
 import json
 import math
 
-from llm_vitals.exporter.engines import Engine, PageError, Snapshot, Unit
+from llm_vitals.exporter.engines import Engine, PageError, PageReading, Unit
 from llm_vitals.exporter.engines.scan import Sample, Scanner, by_label, decode, finite, finite_sum, total
 
 RUNNING = "vllm:num_requests_running"
@@ -121,13 +121,13 @@ def _sleep_level(samples: tuple[Sample, ...]) -> int:
     return min((levels.get(engine, 0) for engine in engines), default=0)
 
 
-def parse_text(text: str) -> Snapshot:
-    """Turn a vLLM `/metrics` page into a Snapshot, summed over engines; raises PageError."""
+def parse_text(text: str) -> PageReading:
+    """Turn a vLLM `/metrics` page into a PageReading, summed over engines; raises PageError."""
     return parse_found(SCANNER.scan(text))
 
 
-def parse_found(found: dict[str, list[Sample]]) -> Snapshot:
-    """The Snapshot of the samples `SCANNER.scan` found (the backtest builds them from Prometheus's samples)."""
+def parse_found(found: dict[str, list[Sample]]) -> PageReading:
+    """The PageReading of the samples `SCANNER.scan` found (the backtest builds them from Prometheus's samples)."""
     if RUNNING not in found or WAITING not in found:
         missing = RUNNING if RUNNING not in found else WAITING
         raise PageError("bad_metrics", f"no {missing} on the page (not a vLLM /metrics page?)")
@@ -138,7 +138,7 @@ def parse_found(found: dict[str, list[Sample]]) -> Snapshot:
     deferred = [s for s in by_reason if s.labels().get("reason") == "deferred"] if by_reason else []
     running = found[RUNNING]
     pace_names = _pace_names(found)
-    return Snapshot(
+    return PageReading(
         running=finite_sum(RUNNING, running),
         waiting=finite_sum(WAITING, found[WAITING]),
         steps=total(found, STEPS),
@@ -205,7 +205,7 @@ def _pair(seconds: float | None, work: float | None) -> tuple[float, float] | No
     return None if seconds is None or work is None else (seconds, work)
 
 
-def parse_page(body: bytes) -> Snapshot:
+def parse_page(body: bytes) -> PageReading:
     """Decode (strict UTF-8) and parse a `/metrics` body; raises PageError."""
     return parse_text(decode(body))
 

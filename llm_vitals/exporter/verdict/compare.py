@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from llm_vitals.exporter.engines import Snapshot, Unit
+from llm_vitals.exporter.engines import PageReading, Unit
 
 if TYPE_CHECKING:
     from llm_vitals.exporter.settings import TargetSettings
     from llm_vitals.exporter.verdict.model import Verdict
     from llm_vitals.targets import State
 
-def progressed(before: Snapshot, after: Snapshot) -> bool:
+def progressed(before: PageReading, after: PageReading) -> bool:
     """True when any of the engine's named work signals moved between two reads of one process lifetime.
 
     A counter moves when it grew, a gauge when it changed. Only signals both reads carry are
@@ -32,14 +32,14 @@ def progressed(before: Snapshot, after: Snapshot) -> bool:
     return False
 
 
-def went_backwards(before: Snapshot, after: Snapshot, *, gap: bool = False) -> str | None:
+def went_backwards(before: PageReading, after: PageReading, *, gap: bool = False) -> str | None:
     """Name of a monotone counter that shows the process started again, or None.
 
     A counter that fell, or a fresh page: every counter the earlier read had is gone (TGI shows a
     family only once it is first touched, so its new process has none). A counter only one read has
     is no reset by itself. `gap`: reads failed between the two (the server was away).
 
-    Per series (Snapshot.series, named `unit|family`), a series falling is its unit (a Triton model)
+    Per series (PageReading.series, named `unit|family`), a series falling is its unit (a Triton model)
     started again, and the process restarted only when every unit both reads carry did (a failure
     counter growing meanwhile is no series, so it hides nothing). A unit that had counted nothing
     cannot show a reset: with one on both pages and no gap, the fall is a reload, not a restart.
@@ -78,7 +78,7 @@ def _series_reset(before: tuple[tuple[str, float], ...], after: tuple[tuple[str,
     return next(iter(fell.values()))
 
 
-def same_lifetime(before: Snapshot, after: Snapshot) -> bool | None:
+def same_lifetime(before: PageReading, after: PageReading) -> bool | None:
     """True/False when the two reads say which process they come from, None when only counters can tell.
 
     An opaque restart token (llama.cpp's header) wins over a start time; either is compared for
@@ -91,7 +91,7 @@ def same_lifetime(before: Snapshot, after: Snapshot) -> bool | None:
     return None
 
 
-def saturated(snap: Snapshot | None) -> bool:
+def saturated(snap: PageReading | None) -> bool:
     """Work queued behind running work: every slot busy and requests waiting for one (llama.cpp's
     `requests_deferred`, vLLM's waiting queue), as one read shows it.
 
@@ -110,7 +110,7 @@ def rate(before: float | None, after: float | None, seconds: float) -> float | N
     return (after - before) / seconds
 
 
-def unit_pairs(base: Snapshot, snap: Snapshot) -> list[tuple[Unit, Unit | None]]:
+def unit_pairs(base: PageReading, snap: PageReading) -> list[tuple[Unit, Unit | None]]:
     """Each unit of `snap` with the same unit in `base` (None where `base` did not have it)."""
     before = {unit.name: unit for unit in base.units}
     return [(unit, before.get(unit.name)) for unit in snap.units]
@@ -127,7 +127,7 @@ def unit_restarted(before: Unit, after: Unit) -> bool:
     return any(old is not None and new is not None and new < old for old, new in zip(before.counters, after.counters, strict=False))
 
 
-def unit_clocks(previous: Verdict, base: Snapshot | None, snap: Snapshot, now: float) -> tuple[tuple[str, float, int], ...]:
+def unit_clocks(previous: Verdict, base: PageReading | None, snap: PageReading, now: float) -> tuple[tuple[str, float, int], ...]:
     """Each unit's stuck clock after this read: (name, its last progress, its reads without progress).
 
     A unit's clock runs while it has work pending and none of its own signals moves, as the
@@ -147,7 +147,7 @@ def unit_clocks(previous: Verdict, base: Snapshot | None, snap: Snapshot, now: f
     return tuple(out)
 
 
-def worst_unit(snap: Snapshot, clocks: tuple[tuple[str, float, int], ...], now: float,
+def worst_unit(snap: PageReading, clocks: tuple[tuple[str, float, int], ...], now: float,
                target: TargetSettings) -> tuple[State, Unit, float, int] | None:
     """The unit that makes the target `stuck` (first) or `waiting_on_peer`, with its clock; None: none does."""
     worst: tuple[State, Unit, float, int] | None = None
@@ -173,7 +173,7 @@ def unit_load(unit: Unit) -> str:
     return text + (f" ({unit.deferred:g} deferred by the engine)" if unit.deferred else "")
 
 
-def moved_beside(before: Snapshot, after: Snapshot, unit: str) -> bool:
+def moved_beside(before: PageReading, after: PageReading, unit: str) -> bool:
     """Whether a signal moved other than `unit`'s own series (`unit`: `model="m"`, its series `model="m",version=...|family`)."""
     if not after.series:
         return progressed(before, after)

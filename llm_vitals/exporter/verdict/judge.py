@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from llm_vitals.exporter.engines import EngineFacts, Snapshot
+from llm_vitals.exporter.engines import EngineFacts, PageReading
 from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict.compare import (
@@ -39,7 +39,7 @@ def judge(previous: Verdict | None, observation: Observation, now: float, target
     """
     previous = previous or initial(now)
     facts = facts if facts is not None else engine_of(target.engine).facts
-    if isinstance(observation, Snapshot) and health is not None and health[1] == 503:
+    if isinstance(observation, PageReading) and health is not None and health[1] == 503:
         # The engine's word that it is dead. Any other answer (or none) is no news: it must not
         # replace the page just read, or a stuck server would read `down`, which liveness never acts on.
         return on_error(previous, PollError("health_503", f"{health[0]} answered 503: the engine is dead"), now, target)
@@ -65,7 +65,7 @@ def _on_models(previous: Verdict, seen: ModelsOk, now: float, target: TargetSett
     return move(previous, now, "idle", "models_ok", f"/v1/models lists {len(seen.models)} model(s)", **common)
 
 
-def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSettings,
+def _on_snapshot(previous: Verdict, snap: PageReading, now: float, target: TargetSettings,
                  canary_overlap: bool = False, paused: bool | None = None) -> Verdict:
     restarted, bad = _lifetime(previous, snap, now, target)
     if bad is not None:
@@ -119,7 +119,7 @@ def _on_snapshot(previous: Verdict, snap: Snapshot, now: float, target: TargetSe
     return _on_pending(previous, snap, now, target, moved, same_life is not None, load, changes)
 
 
-def _lifetime(previous: Verdict, snap: Snapshot, now: float, target: TargetSettings) -> tuple[bool, Verdict | None]:
+def _lifetime(previous: Verdict, snap: PageReading, now: float, target: TargetSettings) -> tuple[bool, Verdict | None]:
     """Whether `snap` comes from a new process, and the verdict of a page that is no one process's counters (else None)."""
     base = previous.snapshot
     if base is None:
@@ -142,7 +142,7 @@ def _lifetime(previous: Verdict, snap: Snapshot, now: float, target: TargetSetti
     return False, None
 
 
-def _good_read(previous: Verdict, snap: Snapshot, now: float, same_life: Snapshot | None, restarted: bool) -> dict[str, Any]:
+def _good_read(previous: Verdict, snap: PageReading, now: float, same_life: PageReading | None, restarted: bool) -> dict[str, Any]:
     """What every good read sets: the reading, its rates against the last one of this lifetime, the units' clocks."""
     elapsed = now - previous.snapshot_at if same_life is not None and previous.snapshot_at is not None else 0.0
     return dict(
@@ -157,7 +157,7 @@ def _good_read(previous: Verdict, snap: Snapshot, now: float, same_life: Snapsho
     )
 
 
-def _on_quiet(previous: Verdict, snap: Snapshot, now: float, target: TargetSettings, same_life: Snapshot | None,
+def _on_quiet(previous: Verdict, snap: PageReading, now: float, target: TargetSettings, same_life: PageReading | None,
               moved: bool, canary_overlap: bool, load: str, changes: dict[str, Any]) -> Verdict:
     """A read with nothing pending: starting, busy (work flowed since the last read), unresponsive or idle."""
     if same_life is None:
@@ -191,7 +191,7 @@ def _on_quiet(previous: Verdict, snap: Snapshot, now: float, target: TargetSetti
 
 
 
-def _on_pending(previous: Verdict, snap: Snapshot, now: float, target: TargetSettings, moved: bool, comparable: bool,
+def _on_pending(previous: Verdict, snap: PageReading, now: float, target: TargetSettings, moved: bool, comparable: bool,
                 load: str, changes: dict[str, Any]) -> Verdict:
     """A read with work pending: busy while it moves, stuck or waiting on a peer once nothing moved for stuck_after."""
     clocks = changes["unit_clocks"]
@@ -235,7 +235,7 @@ def _on_pending(previous: Verdict, snap: Snapshot, now: float, target: TargetSet
     return move(previous, now, state, reason, detail, **changes)
 
 
-def _on_purpose(previous: Verdict, snap: Snapshot, now: float, target: TargetSettings, moved: bool,
+def _on_purpose(previous: Verdict, snap: PageReading, now: float, target: TargetSettings, moved: bool,
                 paused: bool | None, changes: dict[str, Any]) -> Verdict | None:
     """The verdict of an engine that stopped on purpose (docs/states.md, "paused"), or None: judge it as any read.
 

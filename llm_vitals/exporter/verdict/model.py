@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from llm_vitals.exporter.engines import Snapshot
+from llm_vitals.exporter.engines import PageReading
 from llm_vitals.targets import UNHEALTHY_STATES, PollErrorReason, Reason, State
 
 # vLLM's sleep levels (POST /sleep?level=N), as a verdict's detail names them.
@@ -47,7 +47,7 @@ class CanaryOutcome:
     detail: str = ""
 
 
-Observation = Snapshot | PollError | ModelsOk
+Observation = PageReading | PollError | ModelsOk
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +63,7 @@ class Verdict:
     up: bool = False  # the last poll gave a usable reading
     last_poll: float | None = None
     error_reason: PollErrorReason | None = None  # set when the last poll failed: the poll_errors_total label
-    snapshot: Snapshot | None = None  # last good reading, in the current process lifetime
+    snapshot: PageReading | None = None  # last good reading, in the current process lifetime
     snapshot_at: float | None = None
     last_progress: float | None = None  # last read that saw progress, or saw nothing owed
     last_served: float | None = None  # last evidence the server serves: progress or a good canary
@@ -94,7 +94,7 @@ class Verdict:
     unit: str | None = None
     # Per unit of the last read (when it has several): (name, last progress, reads without progress).
     unit_clocks: tuple[tuple[str, float, int], ...] = ()
-    # When the engine operations now in flight (a weight update, a wake-up: Snapshot.operations)
+    # When the engine operations now in flight (a weight update, a wake-up: PageReading.operations)
     # were first seen, over consecutive reads; None while none is. Past `pause_budget`: stuck.
     operation_since: float | None = None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llm_vitals.exporter.engines import Snapshot
+from llm_vitals.exporter.engines import PageReading
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict.judge import judge
 from llm_vitals.exporter.verdict.model import Observation, PollError, Verdict
@@ -32,7 +32,7 @@ class ReadPlan:
     previous: Verdict  # the verdict the read starts from
     deadline: float  # the /metrics read's (read_deadline: longer after a slow page)
 
-    def health_due(self, snapshot: Snapshot) -> bool:
+    def health_due(self, snapshot: PageReading) -> bool:
         """Ask the engine's health route beside this page (health_check_due)."""
         return health_check_due(self.previous, snapshot)
 

@@ -4,7 +4,7 @@ does the I/O, each rule here says when and what it means (ReadPlan, in plan.py, 
 
 from __future__ import annotations
 
-from llm_vitals.exporter.engines import Snapshot
+from llm_vitals.exporter.engines import PageReading
 from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict.compare import progressed, unit_moved, unit_pairs
@@ -78,7 +78,7 @@ def with_second_probe(error: PollError, path: str, answer: int | PollError, *, h
     return error
 
 
-def health_check_due(previous: Verdict, snap: Snapshot) -> bool:
+def health_check_due(previous: Verdict, snap: PageReading) -> bool:
     """Whether this poll should also ask the engine's health route (vLLM answers 503 when dead).
 
     - Work pending and nothing moved since the last read: is the engine dead, or only slow?
@@ -157,7 +157,7 @@ def canary_due(
     due_after = target.canary.interval - poll_interval / 2
     if last_sent is not None and not before_restart and now - last_sent < due_after:
         return False
-    if isinstance(observation, Snapshot):
+    if isinstance(observation, PageReading):
         # Idle by the verdict: a whole interval with nothing pending and nothing moving, not just
         # gauges at 0 at the instant of this read.
         return not observation.pending and verdict.state in ("idle", "unresponsive")
