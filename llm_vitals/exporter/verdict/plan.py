@@ -12,17 +12,9 @@ from dataclasses import dataclass
 
 from llm_vitals.exporter.engines import PageReading
 from llm_vitals.exporter.settings import TargetSettings
+from llm_vitals.exporter.verdict import reads
 from llm_vitals.exporter.verdict.judge import judge
 from llm_vitals.exporter.verdict.model import Observation, PollError, Verdict
-from llm_vitals.exporter.verdict.reads import (
-    canary_due,
-    canary_overlapped,
-    exporter_late,
-    health_check_due,
-    pause_ask_due,
-    read_deadline,
-    second_probe_due,
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,24 +26,24 @@ class ReadPlan:
 
     def health_due(self, snapshot: PageReading) -> bool:
         """Ask the engine's health route beside this page (health_check_due)."""
-        return health_check_due(self.previous, snapshot)
+        return reads.health_check_due(self.previous, snapshot)
 
     def failed(self, error: PollError, loop_lag: float | None, timeout: float, *, metrics: bool) -> tuple[PollError, bool]:
         """A failed read (of `timeout` seconds) as judged: `exporter_late` given the loop's worst lag during
         it (None: not known); and whether a second probe follows it (only a /metrics read, this plan's
         deadline, that connected and got no answer)."""
         if loop_lag is not None:
-            error = exporter_late(error, loop_lag, timeout)
-        return error, metrics and second_probe_due(error)
+            error = reads.exporter_late(error, loop_lag, timeout)
+        return error, metrics and reads.second_probe_due(error)
 
     def probe_failed(self, answer: PollError, loop_lag: float | None) -> PollError:
         """The second probe's own failure, judged for the exporter's lateness as the read was."""
-        return answer if loop_lag is None else exporter_late(answer, loop_lag, self.deadline)
+        return answer if loop_lag is None else reads.exporter_late(answer, loop_lag, self.deadline)
 
 
 def plan_read(previous: Verdict, metrics_timeout: float) -> ReadPlan:
     """The plan of the read that follows `previous`."""
-    return ReadPlan(previous, read_deadline(previous, metrics_timeout))
+    return ReadPlan(previous, reads.read_deadline(previous, metrics_timeout))
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +63,9 @@ def conclude(previous: Verdict, observation: Observation, now: float, target: Ta
     `paused` is the pause route's answer asked since the last read (None: none); `pause_route`
     whether the engine has one (and no ask of it is still out).
     """
-    overlap = canary_overlapped(last_canary_sent, canary_in_flight, previous.snapshot_at)
+    overlap = reads.canary_overlapped(last_canary_sent, canary_in_flight, previous.snapshot_at)
     verdict = judge(previous, observation, now, target, health=health, canary_overlap=overlap, paused=paused)
-    ask_pause = pause_route and pause_ask_due(verdict, now, target, poll_interval)
-    send = canary_due(verdict, observation, last_canary_sent, now, target, poll_interval=poll_interval,
+    ask_pause = pause_route and reads.pause_ask_due(verdict, now, target, poll_interval)
+    send = reads.canary_due(verdict, observation, last_canary_sent, now, target, poll_interval=poll_interval,
                       in_flight=canary_in_flight)
     return Conclusion(verdict, ask_pause, send)
