@@ -87,18 +87,28 @@ def test_the_plan_judges_a_failed_read(error: PollError, lag: float | None, metr
     assert (judged.reason, second) == (reason, probe)
 
 
-def test_a_failed_probe_is_judged_late_on_the_reads_deadline() -> None:
-    plan = plan_read(SLOW, TIMEOUT)  # deadline 30 s: 2 s of lag is under a tenth of it
-    assert plan.probe_failed(PollError("timeout", "no answer"), 2.0).reason == "timeout"
-    assert plan.probe_failed(PollError("timeout", "no answer"), 3.0).reason == "exporter_late"
-    assert plan.probe_failed(PollError("timeout", "no answer"), None).reason == "timeout"
+UNANSWERED = PollError("timeout", "/metrics took longer than 30s")
+
+
+@pytest.mark.parametrize(("answer", "lag", "reason", "probe"), [
+    (200, 5.0, "timeout", "answered"),  # an HTTP answer is an answer, however late the loop
+    (503, None, "health_503", None),  # a health route's word that the engine is dead
+    (PollError("timeout", "no answer"), 2.0, "timeout", "unanswered"),  # deadline 30 s: 2 s of lag is under a tenth
+    (PollError("timeout", "no answer"), 3.0, "exporter_late", None),  # ... 3 s is not: evidence of nothing
+    (PollError("timeout", "no answer"), None, "timeout", "unanswered"),
+    (PollError("refused", "refused"), 3.0, "refused", None),
+])
+def test_the_plan_judges_the_second_probe_on_the_reads_deadline(answer: int | PollError, lag: float | None, reason: str,
+                                                                 probe: str | None) -> None:
+    judged = plan_read(SLOW, TIMEOUT).probed(UNANSWERED, "/health", answer, lag, health_route=True)
+    assert (judged.reason, judged.probe) == (reason, probe)
 
 
 def concluded(previous: Verdict, seen: PageReading | PollError | ModelsOk, now: float, settings: TargetSettings, *,
               last_sent: float | None = None, in_flight: bool = False, paused: bool | None = None,
-              pause_route: bool = True) -> Conclusion:
+              pause_route: bool = True, draining: bool = False) -> Conclusion:
     return conclude(previous, seen, now, settings, health=None, poll_interval=5.0, last_canary_sent=last_sent,
-                    canary_in_flight=in_flight, paused=paused, pause_route=pause_route)
+                    canary_in_flight=in_flight, paused=paused, pause_route=pause_route, draining=draining)
 
 
 @pytest.mark.parametrize(("previous", "seen", "now", "last_sent", "in_flight", "paused", "pause_route"), [
@@ -122,7 +132,15 @@ def test_the_conclusion_is_each_rule_it_gathers(previous: Verdict, seen: PageRea
     verdict = judge(previous, seen, now, settings, canary_overlap=overlap, paused=paused)
     assert got == Conclusion(
         verdict, pause_route and pause_ask_due(verdict, now, settings, 5.0),
-        canary_due(verdict, seen, last_sent, now, settings, poll_interval=5.0, in_flight=in_flight))
+        canary_due(verdict, seen, last_sent, now, settings, poll_interval=5.0, in_flight=in_flight), False)
+
+
+def test_a_restart_ends_a_drain_and_nothing_else_does() -> None:
+    settings = target()
+    restarted = PageReading(2, 0, 1, process_start_time=2.0)  # another process
+    assert concluded(BUSY, snap(2, 12), 10, settings, draining=True).draining
+    assert not concluded(BUSY, restarted, 10, settings, draining=True).draining
+    assert not concluded(BUSY, snap(2, 12), 10, settings).draining
 
 
 def test_the_conclusion_of_the_cases_above() -> None:

@@ -48,10 +48,8 @@ from llm_vitals.exporter.verdict import (
     PollError,
     ReadPlan,
     conclude,
-    drain_holds,
     plan_read,
     record_canary,
-    with_second_probe,
 )
 from llm_vitals.logs import log_event
 from llm_vitals.targets import UNHEALTHY_STATES
@@ -254,7 +252,7 @@ class Poller:
             before, observation, now.mono, record.settings, health=health, poll_interval=self.settings.poll_interval,
             last_canary_sent=record.last_canary_sent, canary_in_flight=record.canary_task is not None,
             paused=ask.fresh_for(before.last_poll) if ask is not None else None,
-            pause_route=entry.pause_path is not None and (ask is None or ask.task is None))
+            pause_route=entry.pause_path is not None and (ask is None or ask.task is None), draining=record.draining)
         record.record_poll(concluded.verdict, now.mono, duration, wall=now.wall)
         if concluded.ask_pause:
             ask = self._pause_asks[record] = PauseAsk(now.mono)
@@ -265,7 +263,7 @@ class Poller:
         record.set_pace(self.store.pace.observe(
             record.name, record.peer_group,
             observation if isinstance(observation, PageReading) else None, now.mono, self.settings.pace.rules, record.pace))
-        if record.draining and not drain_holds(record.draining, before, record.verdict):
+        if record.draining and not concluded.draining:
             record.set_draining(False)
             log_event(log, "undrain", target=record.name, reason="restart_detected")
         self._log_change(record, before)
@@ -336,9 +334,9 @@ class Poller:
         try:
             answer, _ = await bounded_get(self.session, url, timeout=plan.deadline, max_bytes=64 * 1024)
         except PageError as exc:
-            answer = plan.probe_failed(PollError(exc.reason, exc.detail),
-                                       self.lag.worst_since(started) if self.lag is not None else None)
-        return with_second_probe(error, path, answer, health_route=health)
+            answer = PollError(exc.reason, exc.detail)
+        return plan.probed(error, path, answer, self.lag.worst_since(started) if self.lag is not None else None,
+                           health_route=health)
 
     async def _read_metrics(self, record: TargetRecord, timeout: float) -> PageReading:
         entry = engine_of(record.settings.engine)

@@ -15,6 +15,7 @@ from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict import reads
 from llm_vitals.exporter.verdict.judge import judge
 from llm_vitals.exporter.verdict.model import Observation, PollError, Verdict
+from llm_vitals.exporter.verdict.probes import drain_holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +37,13 @@ class ReadPlan:
             error = reads.exporter_late(error, loop_lag, timeout)
         return error, metrics and reads.second_probe_due(error)
 
-    def probe_failed(self, answer: PollError, loop_lag: float | None) -> PollError:
-        """The second probe's own failure, judged for the exporter's lateness as the read was."""
-        return answer if loop_lag is None else reads.exporter_late(answer, loop_lag, self.deadline)
+    def probed(self, error: PollError, path: str, answer: int | PollError, loop_lag: float | None, *,
+               health_route: bool) -> PollError:
+        """`error` judged with the second probe's answer at `path` (`with_second_probe`): its HTTP status, or its
+        own failure, judged for the exporter's lateness (the loop's worst lag during it) as the read was."""
+        if isinstance(answer, PollError) and loop_lag is not None:
+            answer = reads.exporter_late(answer, loop_lag, self.deadline)
+        return reads.with_second_probe(error, path, answer, health_route=health_route)
 
 
 def plan_read(previous: Verdict, metrics_timeout: float) -> ReadPlan:
@@ -53,19 +58,20 @@ class Conclusion:
     verdict: Verdict
     ask_pause: bool  # ask the engine's pause route in the background, for the next read (pause_ask_due)
     send_canary: bool  # send a canary now (canary_due)
+    draining: bool  # the target still drains (drain_holds: a restart ends the drain asked of the old process)
 
 
 def conclude(previous: Verdict, observation: Observation, now: float, target: TargetSettings, *,
              health: tuple[str, int] | None, poll_interval: float, last_canary_sent: float | None,
-             canary_in_flight: bool, paused: bool | None, pause_route: bool) -> Conclusion:
+             canary_in_flight: bool, paused: bool | None, pause_route: bool, draining: bool = False) -> Conclusion:
     """The verdict after the read that saw `observation`, and whether to ask the pause route and send a canary.
 
     `paused` is the pause route's answer asked since the last read (None: none); `pause_route`
-    whether the engine has one (and no ask of it is still out).
+    whether the engine has one (and no ask of it is still out); `draining` whether the target drained before it.
     """
     overlap = reads.canary_overlapped(last_canary_sent, canary_in_flight, previous.snapshot_at)
     verdict = judge(previous, observation, now, target, health=health, canary_overlap=overlap, paused=paused)
     ask_pause = pause_route and reads.pause_ask_due(verdict, now, target, poll_interval)
     send = reads.canary_due(verdict, observation, last_canary_sent, now, target, poll_interval=poll_interval,
                       in_flight=canary_in_flight)
-    return Conclusion(verdict, ask_pause, send)
+    return Conclusion(verdict, ask_pause, send, drain_holds(draining, previous, verdict))
