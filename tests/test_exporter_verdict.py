@@ -404,7 +404,7 @@ def test_readiness_table(state: str, draining: bool, gpu_fault: bool, ready: boo
 
 def _asleep(level: int = 1, **kw: Any) -> PageReading:
     return PageReading(**{"running": 0, "waiting": 0, "steps": 5, "generation_tokens": 9, "process_start_time": PST, **kw},
-                    sleep_level=level)
+                       sleep_level=level)
 
 
 @pytest.mark.parametrize(("rows", "state", "reason", "detail"), [

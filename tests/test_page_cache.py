@@ -76,7 +76,7 @@ def _verdict(rng: random.Random, previous: Verdict, now: float) -> Verdict:
         return now - rng.choice([0.0, 0.25, 5.0, 19.5, 20.0, 29.0, 31.0, 90.0, 400.0])
 
     snapshot = PageReading(running=rng.choice([0, 1, 3]), waiting=rng.choice([0, 2, 12]),
-                        process_start_time=_maybe(rng, rng.choice([NOW - 3600.5, NOW - 1e6])))
+                           process_start_time=_maybe(rng, rng.choice([NOW - 3600.5, NOW - 1e6])))
     return replace(
         previous,
         state=rng.choice(STATES), up=rng.random() < 0.7, started=rng.random() < 0.8,

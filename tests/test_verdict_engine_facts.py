@@ -27,8 +27,8 @@ def snap(running: float = 0, waiting: float = 0, steps: float | None = 0, *, tok
          start: float | None = None, counters: dict[str, float] | None = None,
          gauges: dict[str, float] | None = None, signs: dict[str, float] | None = None) -> PageReading:
     return PageReading(running, waiting, steps, process_start_time=start, restart_token=token,
-                    more_counters=tuple((counters or {}).items()), more_gauges=tuple((gauges or {}).items()),
-                    busy_signs=tuple((signs or {}).items()))
+                       more_counters=tuple((counters or {}).items()), more_gauges=tuple((gauges or {}).items()),
+                       busy_signs=tuple((signs or {}).items()))
 
 
 def run(rows: list[tuple[float, Observation]], facts: EngineFacts = VLLM, settings: TargetSettings | None = None) -> Verdict:

@@ -252,8 +252,8 @@ def snapshot_of(found: dict[str, list[Sample]], *, running: str, waiting: str, s
         return total(found, name) if name else None
 
     return PageReading(running=total(found, running) or 0.0, waiting=total(found, waiting) or 0.0, steps=of(steps),
-                    generation_tokens=of(generation_tokens), prompt_tokens=of(prompt_tokens), finished=of(finished),
-                    **more)
+                       generation_tokens=of(generation_tokens), prompt_tokens=of(prompt_tokens), finished=of(finished),
+                       **more)
 
 
 def decode(body: bytes) -> str:
