@@ -28,7 +28,7 @@ from llm_vitals.remediator.loop import GateLoop
 from llm_vitals.remediator.metrics import RemediatorMetrics
 from llm_vitals.remediator.policy import policy_from
 from llm_vitals.remediator.sqlite_store import SqliteStore
-from llm_vitals.remediator.store import CONFLICT_RETRIES, StoreHealth
+from llm_vitals.remediator.store import CONFLICT_RETRIES, StoreHealth, update
 
 T0 = 1_800_000_000.0
 OLD = T0 - 7200  # the servers' processes started two hours ago
@@ -489,3 +489,28 @@ async def test_only_a_cordon_that_succeeded_marks_its_node(replicas, result, mar
     assert await replica.decide(alert("a")) == "allowed"
     await replica.actor.wait_idle()
     assert store.state.gpu_nodes == marked
+
+
+async def test_sqlite_a_claim_whose_release_lost_to_other_commits_ends_at_the_next_decision(tmp_path, replicas):
+    """The soak's SQLite seed 2 (issue 39): a restart ended while this process's other tasks kept
+    committing (the look's refusals); its release lost every round to them (`Conflicted`), and the
+    claim, which never expires on one replica, refused every restart from then on."""
+    clock = Clock(T0)
+    journal, store = await open_sqlite(tmp_path / "j.db", clock)
+    await journal.close()
+    replica = await replicas(store, clock, global_cooldown="0s")
+    replica.executor.hold.clear()
+    assert await replica.decide(alert("a")) == "allowed"
+
+    async def others() -> None:  # commits back to back, as the look's held refusals do
+        for n in range(4 * CONFLICT_RETRIES):
+            await update(store, lambda state, n=n: replace(state, storm_seen_at=T0 + n))
+
+    replica.executor.hold.set()
+    await asyncio.gather(others(), replica.actor.wait_idle())
+    assert store.last.in_progress == "a"  # the release lost: the claim outlived its restart
+    assert await replica.decide(alert("b")) == "allowed"  # ended by the next decision, never held for ever
+    assert store.last.restart_times["a"] == (T0,)  # its budget stays spent
+    await replica.actor.wait_idle()
+    assert store.last.in_progress is None
+    await store.close()

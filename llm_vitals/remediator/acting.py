@@ -94,6 +94,8 @@ class Actor:
         self.remover = PodRemover(kube, settings.pod_action) if kube is not None else None
         self._restart_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
+        # The claims whose restart this process runs now (committed and started, not finished yet).
+        self.running: set[str] = set()
         self._evented: dict[tuple[tuple[str, float], str], None] = {}  # refusal Events sent, in order
 
     # -- choosing ---------------------------------------------------------------------------------
@@ -136,9 +138,19 @@ class Actor:
               status: TargetStatus | None, plan: Plan) -> None:
         """Run the committed restart in the background; returns at once."""
         target = facts.target or ""
+        self.running.add(intent.holder)
         self._background(self._run(action_id, facts, executor, intent, status, plan), f"restart-{target}")
 
     async def _run(
+        self, action_id: int, facts: AlertFacts, executor: Executor, intent: Intent, status: TargetStatus | None,
+        plan: Plan,
+    ) -> None:
+        try:
+            await self._run_locked(action_id, facts, executor, intent, status, plan)
+        finally:
+            self.running.discard(intent.holder)  # its claim ended, or stays orphaned (`orphaned`)
+
+    async def _run_locked(
         self, action_id: int, facts: AlertFacts, executor: Executor, intent: Intent, status: TargetStatus | None,
         plan: Plan,
     ) -> None:
@@ -232,12 +244,22 @@ class Actor:
         try:
             await update(self.store, taken_back)
         except Exception as exc:
-            # The claim expires (replicas) or ends at the next start (one replica); the budget and the
-            # cooldown stay spent: the safe side.
+            # The claim expires (replicas) or is orphaned, ended by the next decision (one replica); the
+            # budget and the cooldown stay spent: the safe side.
             log_event(log, "cannot take back a refused restart in the gate's state", level=logging.WARNING,
                       error=str(exc))
         if reason in HUMAN_REFUSALS:
             self.tell_refusal(facts, Decision(False, cast(Reason, reason), result.detail), status)
+
+    def orphaned(self, state: JournalState) -> bool:
+        """Whether `state` holds a claim that no restart of this process runs, in a store whose claims
+        do not expire (one replica: every claim in its row is this process's). Its restart ended (or
+        never started) and the claim's end could not be written: a conflict with this process's other
+        commits, a failed write, a task cancelled. Asked under the decision lock, where no claim is
+        between its commit and its start; the loop then ends it (`shared.claim_lapsed`)."""
+        if self.store.claims_expire or state.in_progress_by is None:
+            return False
+        return state.in_progress_by not in self.running
 
     async def release(self, holder: str, ran: str | None = None) -> None:
         """End this replica's claim on the restart (the cooldown and the budget stay spent); `ran`:
@@ -248,7 +270,7 @@ class Actor:
             # A claim that expires ends then; no other restart starts before.
             log_event(log, "cannot release the restart in the gate's state", level=logging.WARNING, error=str(exc))
         except Exception:
-            # One replica: no restart starts until this remediator starts again (the safe side).
+            # One replica: the claim is orphaned; the next decision ends it (`orphaned`).
             log.exception("cannot release the restart in the gate's state")
 
     # -- refusals a human must see ----------------------------------------------------------------

@@ -214,6 +214,11 @@ class GateLoop:
         A restart of a pod not `checked` yet commits nothing: it asks for the identity check first."""
         now = self.store.now()
         state = shared.claim_lapsed(state, now)
+        if self.actor.orphaned(state):
+            # One replica's claim whose restart is over and whose release was never written: ended as a
+            # lapsed claim is (its budget and cooldown spent), never held for ever.
+            log.warning("a restart's claim outlived its restart (%s): ended", state.in_progress)
+            state = shared.claim_lapsed(state)
         decision = gate.decide(facts, fleet, state, self.policy, now)
         # A dry run runs every check a live run does, the identity included: its "would restart" is then true.
         if (decision.allowed or decision.reason == "dry_run") and not checked:
