@@ -511,6 +511,24 @@ async def test_sqlite_a_claim_whose_release_lost_to_other_commits_ends_at_the_ne
     assert store.last.in_progress == "a"  # the release lost: the claim outlived its restart
     assert await replica.decide(alert("b")) == "allowed"  # ended by the next decision, never held for ever
     assert store.last.restart_times["a"] == (T0,)  # its budget stays spent
+    assert alert("a").key in store.last.decided_keys  # released as its end would have: its re-send a duplicate
+    await replica.actor.wait_idle()
+    assert store.last.in_progress is None
+    await store.close()
+
+
+async def test_sqlite_a_claim_no_restart_of_this_process_runs_lapses_at_the_next_decision(tmp_path, replicas):
+    """A claim left by a path that wrote nothing at its end (a take-back that failed, a task cancelled):
+    ended as a lapsed claim is, its alert judged afresh and its budget spent."""
+    clock = Clock(T0)
+    journal, store = await open_sqlite(tmp_path / "j.db", clock)
+    await journal.close()
+    replica = await replicas(store, clock, global_cooldown="0s")
+    state, version = await store.read()
+    claim = shared.Intent("replica-0/gone", "a", None, "a", T0)
+    assert await store.commit(version, shared.with_effects(state, Effects(intent=True), alert("a"), T0, claim))
+    assert await replica.decide(alert("b")) == "allowed"
+    assert alert("a").key not in store.last.decided_keys and store.last.restart_times["a"] == (T0,)
     await replica.actor.wait_idle()
     assert store.last.in_progress is None
     await store.close()

@@ -96,6 +96,8 @@ class Actor:
         self._tasks: set[asyncio.Task] = set()
         # The claims whose restart this process runs now (committed and started, not finished yet).
         self.running: set[str] = set()
+        # Restarts that ended whose release could not be written: holder -> the workload it restarted.
+        self.unreleased: dict[str, str | None] = {}
         self._evented: dict[tuple[tuple[str, float], str], None] = {}  # refusal Events sent, in order
 
     # -- choosing ---------------------------------------------------------------------------------
@@ -257,21 +259,35 @@ class Actor:
         never started) and the claim's end could not be written: a conflict with this process's other
         commits, a failed write, a task cancelled. Asked under the decision lock, where no claim is
         between its commit and its start; the loop then ends it (`shared.claim_lapsed`)."""
-        if self.store.claims_expire or state.in_progress_by is None:
+        if self.store.claims_expire:
             return False
-        return state.in_progress_by not in self.running
+        holder = state.in_progress_by
+        for gone in [h for h in self.unreleased if h != holder]:  # their claims ended
+            del self.unreleased[gone]
+        return holder is not None and holder not in self.running
+
+    def ended(self, state: JournalState) -> JournalState:
+        """`state` without its orphaned claim: released as its restart's end would have (a release not
+        written), else lapsed (`shared.claim_lapsed`: its alert judged afresh, budget and cooldown spent)."""
+        holder = state.in_progress_by
+        if holder is not None and holder in self.unreleased:
+            return shared.finished(state, holder, self.unreleased[holder])
+        return shared.claim_lapsed(state)
 
     async def release(self, holder: str, ran: str | None = None) -> None:
         """End this replica's claim on the restart (the cooldown and the budget stay spent); `ran`:
         the workload it restarted, whose streak of disruption-budget refusals is over."""
         try:
             await update(self.store, lambda state: shared.finished(state, holder, ran))
+            return
         except StateUnavailable as exc:
             # A claim that expires ends then; no other restart starts before.
             log_event(log, "cannot release the restart in the gate's state", level=logging.WARNING, error=str(exc))
         except Exception:
             # One replica: the claim is orphaned; the next decision ends it (`orphaned`).
             log.exception("cannot release the restart in the gate's state")
+        if not self.store.claims_expire:
+            self.unreleased[holder] = ran
 
     # -- refusals a human must see ----------------------------------------------------------------
 

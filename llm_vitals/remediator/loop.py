@@ -215,10 +215,10 @@ class GateLoop:
         now = self.store.now()
         state = shared.claim_lapsed(state, now)
         if self.actor.orphaned(state):
-            # One replica's claim whose restart is over and whose release was never written: ended as a
-            # lapsed claim is (its budget and cooldown spent), never held for ever.
+            # One replica's claim whose restart is over and whose release was never written: ended now,
+            # never held for ever (its budget and cooldown spent).
             log.warning("a restart's claim outlived its restart (%s): ended", state.in_progress)
-            state = shared.claim_lapsed(state)
+            state = self.actor.ended(state)
         decision = gate.decide(facts, fleet, state, self.policy, now)
         # A dry run runs every check a live run does, the identity included: its "would restart" is then true.
         if (decision.allowed or decision.reason == "dry_run") and not checked:
