@@ -327,6 +327,13 @@ async def open_sqlite(path: Path, clock: Clock, budget_window: float = 3600.0) -
     return journal, store
 
 
+async def sqlite_replica(tmp_path: Path, replicas: Any, clock: Clock) -> tuple[SqliteStore, Replica]:
+    """One replica on its SQLite store (its journal, a second one, is the replica's), no cooldown."""
+    journal, store = await open_sqlite(tmp_path / "j.db", clock)
+    await journal.close()
+    return store, await replicas(store, clock, global_cooldown="0s")
+
+
 async def test_sqlite_commits_at_its_version_only_and_keeps_the_state_across_a_restart(tmp_path):
     clock = Clock(T0)
     journal, store = await open_sqlite(tmp_path / "j.db", clock)
@@ -367,9 +374,7 @@ async def test_sqlite_after_a_crash_mid_restart_the_restart_is_over_and_still_co
 
 async def test_sqlite_claims_do_not_expire_while_this_replica_runs_the_restart(tmp_path, replicas):
     clock = Clock(T0)
-    journal, store = await open_sqlite(tmp_path / "j.db", clock)
-    await journal.close()
-    replica = await replicas(store, clock, global_cooldown="0s")
+    store, replica = await sqlite_replica(tmp_path, replicas, clock)
     replica.executor.hold.clear()
     assert await replica.decide(alert("a")) == "allowed"
     assert store.last.in_progress_expires is None
@@ -496,9 +501,7 @@ async def test_sqlite_a_claim_whose_release_lost_to_other_commits_ends_at_the_ne
     committing (the look's refusals); its release lost every round to them (`Conflicted`), and the
     claim, which never expires on one replica, refused every restart from then on."""
     clock = Clock(T0)
-    journal, store = await open_sqlite(tmp_path / "j.db", clock)
-    await journal.close()
-    replica = await replicas(store, clock, global_cooldown="0s")
+    store, replica = await sqlite_replica(tmp_path, replicas, clock)
     replica.executor.hold.clear()
     assert await replica.decide(alert("a")) == "allowed"
 
@@ -521,9 +524,7 @@ async def test_sqlite_a_claim_no_restart_of_this_process_runs_lapses_at_the_next
     """A claim left by a path that wrote nothing at its end (a take-back that failed, a task cancelled):
     ended as a lapsed claim is, its alert judged afresh and its budget spent."""
     clock = Clock(T0)
-    journal, store = await open_sqlite(tmp_path / "j.db", clock)
-    await journal.close()
-    replica = await replicas(store, clock, global_cooldown="0s")
+    store, replica = await sqlite_replica(tmp_path, replicas, clock)
     state, version = await store.read()
     claim = shared.Intent("replica-0/gone", "a", None, "a", T0)
     assert await store.commit(version, shared.with_effects(state, Effects(intent=True), alert("a"), T0, claim))
