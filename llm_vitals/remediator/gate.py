@@ -235,6 +235,10 @@ class FleetView:
     # Targets that more than one exporter reported (overlapping shards): never acted on, so they
     # are not in `targets`, but the fleet gate still counts them, at their least healthy copy.
     withheld: Mapping[str, TargetStatus] = field(default_factory=dict)
+    # managed_targets' answer for this view, by the policy asked with (the remediator's look decides
+    # every held target over one view: once, not once a decision). A view is never changed once made.
+    managed: dict[int, tuple[GatePolicy, tuple[str, ...]]] = field(
+        default_factory=dict, init=False, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -385,9 +389,14 @@ def template_index(policy: GatePolicy, name: str, status: TargetStatus | None) -
 def managed_targets(policy: GatePolicy, fleet: FleetView) -> list[str]:
     """The fleet the gate guards: static targets, and the exporter's targets a template takes
     (withheld ones included: the fleet gate counts the whole fleet)."""
+    known = fleet.managed.get(id(policy))
+    if known is not None and known[0] is policy:
+        return list(known[1])
     reported = chain(fleet.targets.items(), fleet.withheld.items())
     extra = [n for n, s in reported if n not in policy.targets and template_index(policy, n, s) is not None]
-    return sorted(policy.targets) + sorted(extra)
+    found = sorted(policy.targets) + sorted(extra)
+    fleet.managed[id(policy)] = (policy, tuple(found))
+    return found
 
 
 def unhealthy_limit(policy: GatePolicy, fleet_size: int) -> int:
