@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from llm_vitals.remediator.checks import gpu_refusal
 from llm_vitals.remediator.gate import (
     AFTER_GATE,
     AT_EDGE,
@@ -25,7 +26,6 @@ from llm_vitals.remediator.gate import (
     backoff_delay,
     decide,
     effects_of,
-    gpu_refusal,
     group_of,
     ladder_step,
     managed_targets,

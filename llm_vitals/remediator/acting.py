@@ -189,7 +189,7 @@ class Actor:
 
     async def _pre_restart(self, action_id: int, plan: Plan, status: TargetStatus | None) -> None:
         """Run the planned target's pre_restart command, bounded by its timeout, and journal its output."""
-        pre = pre_restart_planned(self.settings, plan)
+        pre = pre_restart_planned(self.settings, plan.target, plan.template)
         if pre is None:
             return
         argv = fill_argv(pre.argv, plan.target, status)

@@ -27,7 +27,7 @@ from functools import partial
 from itertools import chain
 from typing import Any, Protocol
 
-from . import backstop, gate, holds, identity, shared
+from . import gate, gate_word, holds, identity, shared
 from .acting import Actor
 from .evidence import Evidence
 from .executors import Executor
@@ -235,7 +235,7 @@ class GateLoop:
         workload = gate.workload_of(facts.target or "", status)
         actor = None
         if decision.reason == "restarted_since_alert":
-            actor = backstop.restart_actor(status, self.store.last, workload, facts.starts_at)
+            actor = gate_word.restart_actor(status, self.store.last, workload, facts.starts_at)
         self.evidence.decided(facts, decision, now, status, actor=actor)
         if decision.reason in gate.HUMAN_REFUSALS:
             self.actor.tell_refusal(facts, decision, status)
