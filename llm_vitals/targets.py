@@ -40,7 +40,6 @@ PollErrorReason = Literal[
     "exporter_late",  # the read timed out while the exporter's own event loop lagged: evidence of nothing
     "refused",  # the connection was refused: no process listens (`connect` is one that never connected in time)
 ]
-POLL_ERROR_REASONS: tuple[PollErrorReason, ...] = get_args(PollErrorReason)
 # Every other reason a verdict gives.
 JudgedReason = Literal[
     "startup",  # not servable yet, within startup_grace
@@ -82,7 +81,7 @@ class CanaryView(_View):
 
 
 class BackstopView(_View):
-    """The kubelet's liveness backstop and the remediator's word (exporter/backstop.py)."""
+    """The kubelet's liveness backstop and the remediator's word (exporter/backstop_rule.py)."""
 
     mode: Literal["act", "hold", "armed"] = Field(description=(
         "hold: the remediator holds the workload, liveness answers 200; act: liveness fails once stuck for the "

@@ -8,8 +8,9 @@ from collections import Counter, deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Final
 
-from llm_vitals.exporter.backstop import Backstop, Heard, Word, backstop, held, last_held
-from llm_vitals.exporter.backstop import heard as with_answer
+from llm_vitals.backstop_word import BackstopWord
+from llm_vitals.exporter.backstop_rule import Backstop, Heard, backstop, held, last_held
+from llm_vitals.exporter.backstop_rule import heard as with_answer
 from llm_vitals.exporter.engines import ModelConfig
 from llm_vitals.exporter.gpu_faults import GpuFault, GpuFaultState
 from llm_vitals.exporter.pace import NOT_JUDGED, Pace, peer_group
@@ -74,7 +75,7 @@ class TargetRecord:
         # Each GPU-fault source's last read (llm_vitals/exporter/gpu_faults/); `fault` is their combination.
         self._gpu_faults = GpuFaultState()
         self._history: deque[tuple[float, float, str]] = deque()
-        # The remediator's word for this target's workload (exporter/backstop.py); None: not asked.
+        # The remediator's word for this target's workload (exporter/backstop_rule.py); None: not asked.
         self.backstop_after: Final = backstop_after
         self._heard = Heard()
         self._started_at = verdict.since
@@ -174,7 +175,7 @@ class TargetRecord:
         return self._heard
 
     def backstop(self, now: float) -> Backstop | None:
-        """The liveness backstop's mode now (exporter/backstop.py); None when the remediator is not asked."""
+        """The liveness backstop's mode now (exporter/backstop_rule.py); None when the remediator is not asked."""
         if self.backstop_after is None:
             return None
         return backstop(self._heard, now, self.backstop_after, self._started_at, self._verdict.restarts)
@@ -193,7 +194,7 @@ class TargetRecord:
         backstop = self.backstop(now)
         return backstop is not None and backstop.mode == "hold" and not is_live(self._verdict, self.settings, now)
 
-    def take_answer(self, answer: Word | str | None, now: float) -> None:
+    def take_answer(self, answer: BackstopWord | str | None, now: float) -> None:
         """The remediator's answer to the backstop's ask at `now` (exporter/backstop_ask.py): a word, why it
         could not be read, or None (no answer at all)."""
         if self.backstop_after is None:
