@@ -30,7 +30,7 @@ NOT_READY_STATES: frozenset[State] = frozenset({"starting", "down", "stuck", "un
 # kept, SGLang's paused requests): never unhealthy nor restartable, no canary, live; ready as the
 # engine's own health route says (vLLM's /health answers 200 while paused), so it is not in
 # NOT_READY_STATES; a paused engine whose page says it sleeps is not ready, as `asleep` is
-# (exporter/verdict.py `is_ready`). A pause longer than `pause_budget` pages (LLMServerPausedTooLong).
+# (exporter/verdict/probes.py `is_ready`). A pause longer than `pause_budget` pages (LLMServerPausedTooLong).
 
 # A poll that gave no usable reading: the `reason` of a `down` verdict and the `poll_errors_total` label.
 PollErrorReason = Literal[

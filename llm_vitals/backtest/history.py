@@ -2,7 +2,7 @@
 
 A read happens at each point of a grid `step` apart. It sees the target's latest scrape within
 `(at - step, at]`: every series of that scrape, written back as the lines of a `/metrics` page, so
-the engine's own adapter (exporter/engines/) parses it into its Snapshot, exactly as the exporter
+the engine's own adapter (exporter/engines/) parses it into its PageReading, exactly as the exporter
 would have. No scrape within the window is a missed read (the exporter's rule for a read that
 failed: evidence of nothing, `down` only after `down_after`).
 

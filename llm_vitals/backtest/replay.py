@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from llm_vitals.backtest.history import Read
 from llm_vitals.backtest.rules import AlertRule
 from llm_vitals.backtest.steady import Steady, steady
-from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot
+from llm_vitals.exporter.engines import Engine, Page, PageError, PageReading
 from llm_vitals.exporter.engines.scan import Sample
 from llm_vitals.exporter.engines.table import read_page
 from llm_vitals.exporter.settings import TargetSettings
@@ -67,8 +67,8 @@ QUEUE_TIME_FAMILIES = (QUEUE_TIME_BUCKET, QUEUE_TIME_COUNT)
 
 
 @functools.cache
-def found_parser(engine: str) -> Callable[[dict[str, list[Sample]]], Snapshot] | None:
-    """The adapter's own `parse_found` (what its scanner found on a page -> its Snapshot), where it has one."""
+def found_parser(engine: str) -> Callable[[dict[str, list[Sample]]], PageReading] | None:
+    """The adapter's own `parse_found` (what its scanner found on a page -> its PageReading), where it has one."""
     from llm_vitals.exporter.engines.table import ENGINES
 
     entry = ENGINES[engine]
@@ -78,8 +78,8 @@ def found_parser(engine: str) -> Callable[[dict[str, list[Sample]]], Snapshot] |
     return parser if callable(parser) else None
 
 
-def read_found(entry: Engine, found: Mapping[str, list[Sample]]) -> Snapshot:
-    """`entry`'s Snapshot of the samples its scanner would have found on the page (Read.found)."""
+def read_found(entry: Engine, found: Mapping[str, list[Sample]]) -> PageReading:
+    """`entry`'s PageReading of the samples its scanner would have found on the page (Read.found)."""
     parser = found_parser(entry.name)
     if parser is None:
         raise PageError("bad_metrics", f"engine {entry.name} reads no samples directly")  # run.py never asks
@@ -152,7 +152,7 @@ class Watchdog:
     failing: bool = False
     periods: list[tuple[float, float | None]] = field(default_factory=list)
     _frozen_since: float | None = None
-    _last: Snapshot | None = None
+    _last: PageReading | None = None
     _last_at: float | None = None
     _queue: tuple[float, float] | None = None  # (count, bucket at the bound) at the last read
     _slow_queue: bool = False  # the last requests scheduled waited longer than the bound
@@ -162,7 +162,7 @@ class Watchdog:
     _lines: Mapping[str, float] | None = None
     _lines_queue: tuple[float, float] | None = None
 
-    def feed(self, at: float, snap: Snapshot | None, lines: Mapping[str, float], restarted: bool,
+    def feed(self, at: float, snap: PageReading | None, lines: Mapping[str, float], restarted: bool,
              unreachable: bool = False) -> None:
         """Fold one read in; a missed read (`snap` None) changes nothing, it shows nothing either way, unless
         Prometheus's own scrape failed there (`unreachable`, `up` 0): a probe would have failed too."""
@@ -212,7 +212,7 @@ class Watchdog:
             self.periods[-1] = (self.periods[-1][0], at)
             self.failing = False
 
-    def _backlog(self, at: float, snap: Snapshot, restarted_or_idle: bool) -> bool:
+    def _backlog(self, at: float, snap: PageReading, restarted_or_idle: bool) -> bool:
         """More waiting than the recent finish rate clears within `timeout`: a probe joins the queue's tail
         and waits for every request ahead of it to be scheduled, one per finished request."""
         if restarted_or_idle or snap.finished is None:
@@ -244,7 +244,7 @@ class Watchdog:
         return len(self.periods)
 
 
-def _moved(before: Snapshot, after: Snapshot) -> bool:
+def _moved(before: PageReading, after: PageReading) -> bool:
     """An engine step or a finished request between two reads (what moves a request-based probe along)."""
     steps = before.steps is not None and after.steps is not None and after.steps > before.steps
     done = before.finished is not None and after.finished is not None and after.finished > before.finished
@@ -340,12 +340,12 @@ class TargetReplay:
         self._last_page: object = None  # the page (or Read.key) the last snapshot was parsed from
         self._unscraped_since: float | None = None  # first of the reads since which nothing at all was scraped
         self.gone_at: float | None = None  # set by finish(): its scrapes stopped for good here
-        self._last_snap: Snapshot | None = None
+        self._last_snap: PageReading | None = None
         # Reads of one snapshot in a run judge answers alike but for the time are not judged again
         # (steady.py); False: every read judged, the reference tests/test_backtest_steady.py holds it to.
         self.skip = skip
         self._steady: Steady | None = None
-        self._judged_snap: Snapshot | None = None  # the snapshot of the last read judged, and its time
+        self._judged_snap: PageReading | None = None  # the snapshot of the last read judged, and its time
         self._judged_at: float | None = None
 
     def feed(self, read: Read) -> None:
@@ -389,7 +389,7 @@ class TargetReplay:
         self.watchdog.feed(read.at, snap, read.extra, restarted, unreachable=not read.scraped and read.extra.get(UP) == 0.0)
         self._trace(read.at, verdict, snap)
 
-    def _observe(self, read: Read) -> tuple[Snapshot | PollError, Snapshot | None]:
+    def _observe(self, read: Read) -> tuple[PageReading | PollError, PageReading | None]:
         """What the exporter's poll would have seen: the adapter's snapshot of the scrape, or the PollError."""
         if not read.scraped:
             self.missed_reads += 1
@@ -416,7 +416,7 @@ class TargetReplay:
             self._page_errors[exc.reason] = self._page_errors.get(exc.reason, 0) + 1
             return PollError(exc.reason, exc.detail), None
 
-    def _trace(self, at: float, verdict: Verdict, snap: Snapshot | None) -> None:
+    def _trace(self, at: float, verdict: Verdict, snap: PageReading | None) -> None:
         if self.trace is not None:
             self.trace.at.append(at)
             self.trace.state.append(STATE_INDEX.get(verdict.state, -1))

@@ -182,7 +182,7 @@ async def reload_config(app: web.Application) -> tuple[bool, str, list[str]]:
         if runner is not None:
             await runner.follow(new.node_watch_access())  # the same rules as the poller's from now on; started or stopped as needed
             if poller is not None:
-                poller.nodes = _watched_nodes(app)
+                poller.node_source.cache = _watched_nodes(app)
         return True, "", record_success(state, app[CLOCK].wall(), old, new)
 
 

@@ -13,7 +13,7 @@ from llm_vitals.exporter.backstop_rule import Backstop, Heard, backstop, held, l
 from llm_vitals.exporter.backstop_rule import heard as with_answer
 from llm_vitals.exporter.engines import ModelConfig
 from llm_vitals.exporter.gpu_faults import GpuFault, GpuFaultState
-from llm_vitals.exporter.pace import NOT_JUDGED, Pace
+from llm_vitals.exporter.pace import NOT_JUDGED, Pace, peer_group
 from llm_vitals.exporter.pace_track import PaceTracker
 from llm_vitals.exporter.settings import ExporterSettings, TargetSettings
 from llm_vitals.exporter.verdict import (
@@ -50,7 +50,7 @@ class TargetRecord:
     __slots__ = ("_canaries", "_canary_path", "_canary_task", "_draining", "_gpu_faults", "_heard", "_history",
                  "_last_canary_sent", "_model", "_model_config", "_model_config_tried", "_pace", "_poll_duration",
                  "_poll_errors", "_polls", "_started_at", "_verdict",
-                 "_version", "backstop_after", "history_seconds", "poll_interval", "settings")
+                 "_version", "backstop_after", "history_seconds", "peer_group", "poll_interval", "settings")
 
     def __init__(self, settings: TargetSettings, verdict: Verdict, *, history_seconds: float = 600.0,
                  poll_interval: float = 5.0, backstop_after: float | None = None) -> None:
@@ -80,6 +80,7 @@ class TargetRecord:
         self._heard = Heard()
         self._started_at = verdict.since
         self._pace = NOT_JUDGED  # beside its peers (exporter/pace.py), judged after each poll
+        self.peer_group: Final = peer_group(settings.effective_workload)  # whose pace it is compared with
 
     # What it holds, read-only.
 
@@ -232,7 +233,7 @@ class TargetRecord:
 
     def set_pace(self, pace: Pace) -> None:
         """The pace judged after a poll (pace_track.py)."""
-        if pace != self._pace:
+        if pace is not self._pace and pace != self._pace:  # most polls hand back the judgement as it was
             self._pace = pace
             self._version += 1
 

@@ -132,6 +132,11 @@ class Ledger:
         # Restart intents whose commit's outcome is not known yet (its answer lost, the state unreadable
         # since), with their alert's key: re-read at each alert until carried out or released.
         self.unresolved: dict[str, tuple[Intent, tuple[str, float]]] = {}
+        # The claims this process committed whose restart's end is not written yet (one replica: every
+        # claim in its row is this process's), and those ended whose release could not be written:
+        # holder -> the workload it restarted. A claim in neither is orphaned (`_orphan_ended`).
+        self.running: set[str] = set()
+        self.unreleased: dict[str, str | None] = {}
 
     # -- an alert's decision ------------------------------------------------------------------
 
@@ -154,6 +159,7 @@ class Ledger:
 
         def step(state: GateState) -> tuple[Committed, GateState]:
             now = self.store.now()
+            state = self._orphan_ended(state)
             decision, intent, new = decided(facts, fleet, state, self.policy, now, claim)
             # A dry run runs every check a live run does, the identity included: its "would restart" is then true.
             if (decision.allowed or decision.reason == "dry_run") and not checked:
@@ -176,6 +182,7 @@ class Ledger:
         if committed.intent is None:
             self._decided_row(facts, committed.decision, committed.now, status)
             return committed
+        self.running.add(committed.intent.holder)
         try:
             action_id = await self._intent_row(facts, committed, status)
         except Exception:
@@ -184,6 +191,22 @@ class Ledger:
             await self._release(committed.intent, facts.key)
             raise
         return replace(committed, action_id=action_id)
+
+    def _orphan_ended(self, state: GateState) -> GateState:
+        """`state` without a claim no restart of this process runs, where claims never expire (one replica):
+        its restart ended (or never started) and its end could not be written (a conflict with this
+        process's other commits, a failed write, a task cancelled). It is released as its end would have
+        been, else lapsed (`state.claim_lapsed`: its alert judged afresh); its budget and cooldown spent.
+        Asked under the decision lock, where no claim is between its commit and its start."""
+        holder = state.in_progress_by
+        for gone in [h for h in self.unreleased if h != holder]:  # their claims ended
+            del self.unreleased[gone]
+        if self.store.claims_expire or holder is None or holder in self.running:
+            return state
+        log.warning("a restart's claim outlived its restart (%s): ended", state.in_progress)
+        if holder in self.unreleased:
+            return finished(state, holder, self.unreleased[holder])
+        return claim_lapsed(state)
 
     async def refused(self, facts: AlertFacts, decision: Decision, status: TargetStatus | None) -> Committed:
         """A refusal made without the transaction (on the state as last seen, or at the loop's edges):
@@ -265,6 +288,7 @@ class Ledger:
 
     async def _release(self, intent: Intent, key: tuple[str, float]) -> None:
         """Take back a committed intent that was not carried out; one that cannot be, waits unresolved."""
+        self.running.discard(intent.holder)
         try:
             await update(self.store, lambda state: undone(state, intent, key))
         except StateUnavailable:
@@ -305,16 +329,20 @@ class Ledger:
         def change(state: GateState) -> GateState:
             return finished(node_cordoned(state, node) if node is not None else state, intent.holder, ran)
 
+        self.running.discard(intent.holder)
         try:
             await update(self.store, change)
+            return
         except StateUnavailable as exc:
             # A claim that expires ends then; no other restart starts before. A cordon not marked stands,
             # and only its mark stops a second one: said loudly.
             log_event(log, "cannot release the restart in the gate's state", level=logging.WARNING, error=str(exc),
                       cordoned=node)
         except Exception:
-            # One replica: no restart starts until this remediator starts again (the safe side).
+            # One replica: the claim is orphaned; the next decision ends it (`_orphan_ended`).
             log.exception("cannot release the restart in the gate's state (cordoned: %s)", node)
+        if not self.store.claims_expire:
+            self.unreleased[intent.holder] = ran
 
     async def taken_back(self, action_id: int, facts: AlertFacts, result: ExecResult, duration: float,
                          intent: Intent) -> None:
@@ -331,6 +359,7 @@ class Ledger:
         except Exception:
             log.exception("cannot journal a refused restart")
         workload, node, now = intent.workload or target, result.cordoned, self.store.now()
+        self.running.discard(intent.holder)  # a take-back not written leaves an orphaned claim, lapsed later
 
         def change(state: GateState) -> GateState:
             state = held_for(undone(state, intent, facts.key), facts, workload, reason, now)

@@ -95,6 +95,10 @@ class FleetView:
     # Targets that more than one exporter reported (overlapping shards): never acted on, so they
     # are not in `targets`, but the fleet gate still counts them, at their least healthy copy.
     withheld: Mapping[str, TargetStatus] = field(default_factory=dict)
+    # storm.managed_targets' answer for this view, by the policy asked with (the remediator's look decides
+    # every held target over one view: once, not once a decision). A view is never changed once made.
+    managed: dict[int, tuple[object, tuple[str, ...]]] = field(
+        default_factory=dict, init=False, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

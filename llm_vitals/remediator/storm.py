@@ -19,9 +19,14 @@ from .policy import GatePolicy, template_index
 def managed_targets(policy: GatePolicy, fleet: FleetView) -> list[str]:
     """The fleet the gate guards: static targets, and the exporter's targets a template takes
     (withheld ones included: the fleet gate counts the whole fleet)."""
+    known = fleet.managed.get(id(policy))
+    if known is not None and known[0] is policy:
+        return list(known[1])
     reported = chain(fleet.targets.items(), fleet.withheld.items())
     extra = [n for n, s in reported if n not in policy.targets and template_index(policy, n, s) is not None]
-    return sorted(policy.targets) + sorted(extra)
+    found = sorted(policy.targets) + sorted(extra)
+    fleet.managed[id(policy)] = (policy, tuple(found))
+    return found
 
 
 def unhealthy_limit(policy: GatePolicy, fleet_size: int) -> int:
