@@ -492,7 +492,7 @@ class Soak:
 
     def count_orphans(self) -> None:
         """Count one replica's claims that outlived their restart (every restart is over by a step's
-        end): a release never written, ended by the replica's next decision (acting.Actor.orphaned)."""
+        end): a release never written, ended by the replica's next decision (ledger.Ledger._orphan_ended)."""
         for replica in self.replicas:
             holder = replica.store.last.in_progress_by if replica.store is not None else None
             if holder is not None and not replica.store.claims_expire and holder not in self._orphans:

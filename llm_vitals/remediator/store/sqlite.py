@@ -52,7 +52,7 @@ class SqliteStore:
 
     last_is_current = True  # the only writer: memory is the committed state
     # This replica's claim ends when its restart does, or at its next start; one whose end could not be
-    # written (a conflict with its other commits) at the next decision (acting.Actor.orphaned).
+    # written (a conflict with its other commits) at the next decision (ledger.Ledger._orphan_ended).
     claims_expire = False
 
     def __init__(self, path: Path | str, budget_window: float, clock: Callable[[], float]):
