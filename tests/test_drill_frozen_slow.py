@@ -92,6 +92,20 @@ async def proxied(aiohttp_client, engine: str, every: int, workers: int,
 DRILLS = [(engine, "busy") for engine in sorted(SIM_ENGINES)] + [("vllm", "idle"), ("llamacpp", "idle")]
 
 
+@asynccontextmanager
+async def frozen_until_stuck(proxy: FlakyProxy, rec: Any, bound: float, what: str) -> AsyncIterator[tuple[float, int, float]]:
+    """Freeze the server whole and wait until it reads stuck by an unanswered /metrics within `bound` + two polls;
+    yields when it froze, the polls before it, and how long stuck took. Thawed on the way out."""
+    proxy.freeze()
+    frozen_at, polls = time.monotonic(), rec.polls
+    try:
+        await wait_for(lambda: rec.verdict.state == "stuck", timeout=bound + 2 * FROZEN_POLL + SLACK, what=f"stuck ({what})")
+        assert rec.verdict.reason == "metrics_unanswered", rec.verdict.detail
+        yield frozen_at, polls, time.monotonic() - frozen_at
+    finally:
+        proxy.thaw()
+
+
 @pytest.mark.parametrize(("engine", "last_seen"), DRILLS, ids=[f"{e}-{s}" for e, s in DRILLS])
 async def test_frozen_whole_is_restartable_within_down_after_liveness_and_two_polls(aiohttp_client, engine: str,
                                                                                    last_seen: str) -> None:
@@ -102,13 +116,7 @@ async def test_frozen_whole_is_restartable_within_down_after_liveness_and_two_po
                            and not saturated(rec.verdict.snapshot), timeout=20, what=f"busy with progress ({engine})")
         else:
             await wait_for(lambda: rec.verdict.state == "idle", timeout=20, what=f"idle ({engine})")
-        proxy.freeze()
-        frozen_at, polls = time.monotonic(), rec.polls
-        try:
-            await wait_for(lambda: rec.verdict.state == "stuck", timeout=DOWN_AFTER + 2 * FROZEN_POLL + SLACK,
-                           what=f"stuck ({engine}, frozen while {last_seen})")
-            stuck_s = time.monotonic() - frozen_at
-            assert rec.verdict.reason == "metrics_unanswered", rec.verdict.detail
+        async with frozen_until_stuck(proxy, rec, DOWN_AFTER, f"{engine}, frozen while {last_seen}") as (frozen_at, polls, stuck_s):
             assert (await client.get("/probe/t/ready")).status == 503
             await wait_for(lambda: not is_live(rec.verdict, rec.settings, time.monotonic()),
                            timeout=LIVENESS + 2 * FROZEN_POLL + SLACK, what="liveness failing")
@@ -120,8 +128,6 @@ async def test_frozen_whole_is_restartable_within_down_after_liveness_and_two_po
             assert rec.verdict.state in RESTARTABLE_STATES
             report(f"frozen-{engine}-{last_seen}", {"stuck_s": round(stuck_s, 2), "unlive_s": round(unlive_s, 2),
                                                     "bound_s": round(DOWN_AFTER + LIVENESS + 2 * FROZEN_POLL, 2)})
-        finally:
-            proxy.thaw()
 
 
 @pytest.mark.parametrize("engine", ["llamacpp", "vllm"])
@@ -132,21 +138,13 @@ async def test_frozen_whole_while_saturated_is_stuck_by_stuck_after_not_down_aft
                        stuck_after=SATURATED_STUCK_AFTER) as (proxy, _, rec):
         await wait_for(lambda: rec.verdict.reason == "progress" and saturated(rec.verdict.snapshot),
                        timeout=20, what=f"saturated with progress ({engine})")
-        proxy.freeze()
-        frozen_at, polls = time.monotonic(), rec.polls
-        try:
-            await wait_for(lambda: rec.verdict.state == "stuck", timeout=SATURATED_STUCK_AFTER + 2 * FROZEN_POLL + SLACK,
-                           what=f"stuck ({engine}, frozen while saturated)")
-            stuck_s = time.monotonic() - frozen_at
-            assert rec.verdict.reason == "metrics_unanswered", rec.verdict.detail
+        async with frozen_until_stuck(proxy, rec, SATURATED_STUCK_AFTER, f"{engine}, frozen while saturated") as (_, polls, stuck_s):
             # The last progress was at most one poll before the freeze.
             assert stuck_s >= SATURATED_STUCK_AFTER - POLL * 1.1, stuck_s
             since = [state for _, _, state in list(rec.history)[-(rec.polls - polls):]]
             assert set(since) <= {"busy", "stuck"}, since
             report(f"frozen-{engine}-saturated", {"stuck_s": round(stuck_s, 2), "stuck_after_s": SATURATED_STUCK_AFTER,
                                                   "bound_s": round(SATURATED_STUCK_AFTER + 2 * FROZEN_POLL, 2)})
-        finally:
-            proxy.thaw()
 
 
 @pytest.mark.parametrize("engine", sorted(SIM_ENGINES))

@@ -31,3 +31,9 @@ def missing(parts: list[tuple[str, Path, tuple[str, ...]]], fix: str) -> str | N
         if not all((folder / name).exists() for name in files):
             return f"no {what} at {folder}; run {fix}"
     return None
+
+
+def venv_and_model_missing(engine: str, venv: Path, model: Path, key: str) -> str | None:
+    """Why an engine tier that runs a tiny model from its own venv cannot run here (None when both are built)."""
+    parts = [(f"{engine} venv", venv, (".llm-vitals-installed", "bin/python")), ("tiny model", model, (".llm-vitals-built",))]
+    return missing(parts, f"`bash tools/real-{key}-setup.sh` (or `make test-{key}`)")

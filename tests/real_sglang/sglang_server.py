@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 from real_engine.launcher import ServerProcess
-from real_engine.places import cache_path, missing
+from real_engine.places import cache_path, venv_and_model_missing
 
 SGLANG_VERSION = "0.5.23"
 # Where tools/real-sglang-setup.sh put the venv and the model (outside the clone).
@@ -55,8 +55,7 @@ _ENV = {
 
 def setup_missing() -> str | None:
     """Why the tier cannot run here (None when the venv and the model are built)."""
-    parts = [("SGLang venv", SGLANG_VENV, (".llm-vitals-installed", "bin/python")), ("tiny model", TINY_MODEL, (".llm-vitals-built",))]
-    return missing(parts, "`bash tools/real-sglang-setup.sh` (or `make test-sglang`)")
+    return venv_and_model_missing("SGLang", SGLANG_VENV, TINY_MODEL, "sglang")
 
 
 @dataclass

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 from real_engine.launcher import ServerProcess
-from real_engine.places import REPO, missing
+from real_engine.places import REPO, venv_and_model_missing
 
 from .engine_death import death_line
 
@@ -106,8 +106,7 @@ VLLM_NICENESS = 3
 
 def setup_missing() -> str | None:
     """Why the tier cannot run here (None when the venv and the model are built)."""
-    parts = [("vLLM venv", VLLM_VENV, (".llm-vitals-installed", "bin/python")), ("tiny model", TINY_MODEL, (".llm-vitals-built",))]
-    return missing(parts, "`bash tools/real-vllm-setup.sh` (or `make test-vllm`)")
+    return venv_and_model_missing("vLLM", VLLM_VENV, TINY_MODEL, "vllm")
 
 
 @dataclass
