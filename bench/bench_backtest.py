@@ -243,6 +243,7 @@ def measure(targets: int, days: float, step: float, jobs: int) -> dict[str, obje
     stuck = {name: sum(1 for e in t.episodes if e.state == "stuck") for name, t in result.targets.items()}
     wrong = [name for name, count in stuck.items() if count != (1 if name in hung else 0)]
     return {"reads": reads, "wall": wall, "cpu": cpu, "made": fleet.made_seconds if jobs == 1 else None,
+            "load": os.getloadavg()[0],
             "peak_mb": own.ru_maxrss / 1024, "child_peak_mb": children.ru_maxrss / 1024, "wrong": wrong[:5],
             "hangs": len(hung), "allowed": sum(1 for d in result.decisions if d.allowed)}
 
@@ -259,8 +260,8 @@ def run_child(checkout: Path, targets: int, days: float, step: float, jobs: int)
 
 
 def _range(values: list[float], fmt: str) -> str:
-    low, high = min(values), max(values)
-    return format(low, fmt) if low == high else f"{format(low, fmt)}-{format(high, fmt)}"
+    low, high = format(min(values), fmt), format(max(values), fmt)
+    return low if low == high else f"{low}-{high}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
           f"--jobs {args.jobs}, {args.runs} run(s): wall {_range([float(r['wall']) for r in full], '.1f')} s, "  # type: ignore[arg-type]
           f"CPU {_range([float(r['cpu']) for r in full], '.1f')} s, {_range(rate, ',.0f')} reads per CPU second; "  # type: ignore[arg-type]
           f"peak RSS {_range([float(r['peak_mb']) for r in full], '.0f')} MB (main), "  # type: ignore[arg-type]
-          f"{_range([float(r['child_peak_mb']) for r in full], '.0f')} MB (largest reading process)")  # type: ignore[arg-type]
+          f"{_range([float(r['child_peak_mb']) for r in full], '.0f')} MB (largest reading process); "  # type: ignore[arg-type]
+          f"load average {_range([float(r['load']) for r in full], '.1f')} at the end of each run; CPU / {args.jobs} "  # type: ignore[arg-type]
+          f"(the wall time on {args.jobs} idle cores) {_range([float(r['cpu']) / args.jobs for r in full], '.1f')} s")  # type: ignore[arg-type]
     if args.baseline is not None:
         speeds = {name: [float(r["reads"]) / float(r["cpu"]) for r in runs] for name, runs in slices.items()}  # type: ignore[arg-type]
         ratios = [new / old for new, old in zip(speeds["this"], speeds["baseline"], strict=True)]

@@ -364,7 +364,7 @@ def page_steps(targets: int) -> dict[str, tuple[float, float]]:
     from whole_page import render_families
 
     from llm_vitals.exporter.collector import read
-    from llm_vitals.exporter.engines import Snapshot
+    from llm_vitals.exporter.engines import PageReading
     from llm_vitals.exporter.page import PageCache
     from llm_vitals.exporter.settings import parse_settings
     from llm_vitals.exporter.state import StateStore
@@ -372,7 +372,7 @@ def page_steps(targets: int) -> dict[str, tuple[float, float]]:
     now = time.time()
     store = StateStore(parse_settings({"targets": [{"name": f"t{i}", "url": f"http://127.0.0.1:9/t{i}"}
                                                    for i in range(targets)]}, environ={}), now - 60)
-    snapshot = Snapshot(running=2, waiting=6, steps=462, generation_tokens=903, process_start_time=now - 3600)
+    snapshot = PageReading(running=2, waiting=6, steps=462, generation_tokens=903, process_start_time=now - 3600)
 
     def poll_all() -> None:
         for record in store:

@@ -39,7 +39,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from llm_vitals.demo.alert_rule import ALERT_FOR_STATE, RuleState, evaluate  # noqa: E402
-from llm_vitals.exporter.engines import Snapshot  # noqa: E402
+from llm_vitals.exporter.engines import PageReading  # noqa: E402
 from llm_vitals.exporter.settings import TargetSettings  # noqa: E402
 from llm_vitals.exporter.verdict import CanaryOutcome, PollError, Verdict, canary_due, initial, judge, record_canary  # noqa: E402
 from llm_vitals.remediator import gate, shared  # noqa: E402
@@ -267,12 +267,12 @@ class Server:
             self.engine = Engine(self.sim)
 
     # -- what the exporter reads -----------------------------------------------------------------
-    def observe(self) -> Snapshot | PollError:
+    def observe(self) -> PageReading | PollError:
         """One `/metrics` read, reduced to the exporter's snapshot (the vLLM adapter's fields)."""
         if self.engine is None:
             return PollError("connect", "connection refused (loading)")
         engine, stats = self.engine, self.engine.stats
-        return Snapshot(
+        return PageReading(
             running=engine.num_running, waiting=engine.num_waiting, steps=stats.iteration_steps,
             generation_tokens=stats.generation_tokens, prompt_tokens=stats.prompt_tokens,
             finished=stats.finished, kv_usage=engine.kv_cache_usage, process_start_time=self.start_time,

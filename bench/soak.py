@@ -425,6 +425,7 @@ class Soak:
         self.tallies: Counter[str] = Counter()
         self.polled: FleetView = self.fleet.view(T0)
         self._state: tuple[Any, StoredState | None] | None = None
+        self._orphans: set[str] = set()
 
     # -- what the remediator sees and does --------------------------------------------------------
 
@@ -483,7 +484,17 @@ class Soak:
             await self.deliver(payload)
         for actor in self.actors:
             await actor.step(self, now)
+        self.count_orphans()
         self.check(now)
+
+    def count_orphans(self) -> None:
+        """Count one replica's claims that outlived their restart (every restart is over by a step's
+        end): a release never written, ended by the replica's next decision (acting.Actor.orphaned)."""
+        for replica in self.replicas:
+            holder = replica.store.last.in_progress_by if replica.store is not None else None
+            if holder is not None and not replica.store.claims_expire and holder not in self._orphans:
+                self._orphans.add(holder)
+                self.tallies["claims outliving their restart"] += 1
 
     async def incident(self, incident: Incident, now: float) -> None:
         self.tallies[f"incident {incident.kind}"] += 1

@@ -2,7 +2,7 @@
 
 Each step (one minute) every hung pod's shim asks a remediator replica for its workload's word
 (`Remediator.backstop_words`, what GET /api/v1/backstop answers, read by the shim's own
-`read_word`), and judges its liveness by the exporter's own pure rule (llm_vitals/exporter/backstop.py
+`word_in`), and judges its liveness by the exporter's own pure rule (llm_vitals/exporter/backstop_rule.py
 and `verdict.is_live`). The kubelet restarts a server whose liveness has failed for 6 probes of 20 s,
 and that restart is recorded as an action of the `kubelet`, so that the soak's invariants judge it as
 they judge the remediator's: one actor decides, and every restart obeys the gate (no restart of a
@@ -27,7 +27,8 @@ from typing import Any
 from fleet_sim import STUCK_AFTER
 from soak_invariants import Action
 
-from llm_vitals.exporter.backstop import Heard, Word, backstop, heard, held, last_held, read_word
+from llm_vitals.backstop_word import BackstopWord, answer_json, word_in
+from llm_vitals.exporter.backstop_rule import Heard, backstop, heard, held, last_held
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict import Verdict, is_live
 from llm_vitals.remediator.store import StateUnavailable
@@ -76,7 +77,7 @@ class KubeletBackstop:
             if now - first >= (PROBE_FAILURES - 1) * PROBE_PERIOD:
                 self._restart(soak, workload.key, pod, now)
 
-    async def _ask(self, soak: Any, workloads: list[str]) -> dict[str, Word | str] | None:
+    async def _ask(self, soak: Any, workloads: list[str]) -> dict[str, BackstopWord | str] | None:
         """The word for each workload from a replica the Service would pick; None when none runs."""
         replica = next((r for r in soak.replicas if r.service is not None), None)
         if replica is None:
@@ -85,8 +86,8 @@ class KubeletBackstop:
             _, words = await replica.service.backstop_words(workloads)
         except StateUnavailable:
             return dict.fromkeys(workloads, "the remediator answered HTTP 503")
-        answer = json.loads(json.dumps({"words": [w.as_json() for w in words]}))  # as the shim reads it
-        return {w: read_word(answer, w) for w in workloads}
+        answer = json.loads(json.dumps(answer_json(0.0, words)))  # as the shim reads it
+        return {w: word_in(answer, w) for w in workloads}
 
     def _restart(self, soak: Any, workload: str, pod: Any, now: float) -> None:
         at_fault = soak.fleet.node_at_fault(pod.uid)

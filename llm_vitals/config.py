@@ -7,14 +7,17 @@ quotes an input value or a secret's contents: config errors end up in logs, CI o
 from __future__ import annotations
 
 import difflib
+import os
 import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, ClassVar, Self, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, model_validator
+
+from llm_vitals.durations import Duration
 
 
 class ConfigError(Exception):
@@ -172,6 +175,11 @@ def validate_document(model: type[Model], document: object, source: str) -> Mode
         raise ConfigError(describe_validation_error(exc, source, document, model)) from None
 
 
+def keys_set(section: BaseModel, *names: str) -> list[str]:
+    """Which of the keys `names` a section sets (not None), in that order: for "exactly one of" rules."""
+    return [name for name in names if getattr(section, name) is not None]
+
+
 # Blank secrets are refused, never read as "no secret": an empty bearer token would let a bare
 # `Bearer ` through. Values are stripped, so a trailing newline in a secret file is not part of it.
 
@@ -200,12 +208,107 @@ def secret_from_file(key_path: str, path: Path) -> SecretStr:
     return SecretStr(value.strip())
 
 
-def secret_from_env_or_file(
-    key: str, env_name: str | None, file: Path | None, environ: Mapping[str, str]
-) -> SecretStr | None:
-    """The secret that the config keys `<key>_env` or `<key>_file` point at (env first); None when neither is set."""
-    if env_name is not None:
-        return secret_from_env(f"{key}_env", env_name, environ)
-    if file is not None:
-        return secret_from_file(f"{key}_file", file)
-    return None
+class SecretRef(StrictModel):
+    """Where one secret is read: the environment variable or the file that the keys `<key>_env` / `<key>_file` name.
+
+    `key` is the key path without the suffix (`auth.bearer_token`, `targets[0].api_key`): every
+    message names the key the user wrote. Never holds the secret itself.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    env: str | None = None
+    file: Path | None = None
+    required: bool = False
+
+    def problem(self) -> str | None:
+        """Why the pair cannot be used as written (both keys set; neither, when one is required), else None."""
+        name, given = self.key.rpartition(".")[2], (self.env is not None) + (self.file is not None)
+        if self.required and given != 1:
+            return f"set exactly one of {name}_env or {name}_file"
+        if given == 2:
+            return f"set at most one of {name}_env and {name}_file"
+        return None
+
+    def resolve(self, environ: Mapping[str, str]) -> SecretStr | None:
+        """The secret the pair points at (read now); None when neither key is set; ConfigError naming the key."""
+        if self.env is not None:
+            return secret_from_env(f"{self.key}_env", self.env, environ)
+        if self.file is not None:
+            return secret_from_file(f"{self.key}_file", self.file)
+        return None
+
+
+class WithSecrets(StrictModel):
+    """A config section whose secrets are each named by a pair of keys, `<name>_env` or `<name>_file`.
+
+    A subclass declares the two fields of each pair (they are keys users write, so they stay plain
+    fields) and lists the names in `secrets` (True: one of the pair is required). One validator
+    checks every pair, one method reads them all at load time (so --check-config finds a missing
+    variable or file), and `secret(name)` gives what was read.
+    """
+
+    secrets: ClassVar[dict[str, bool]] = {}
+    _resolved: dict[str, SecretStr | None] = PrivateAttr(default_factory=dict)
+
+    def secret_ref(self, name: str, prefix: str = "") -> SecretRef:
+        """The pair `<name>_env` / `<name>_file` of this section; `prefix` is the section's key path (`auth.`)."""
+        return SecretRef(key=f"{prefix}{name}", env=getattr(self, f"{name}_env"), file=getattr(self, f"{name}_file"),
+                         required=self.secrets[name])
+
+    @model_validator(mode="after")
+    def _one_source_per_secret(self) -> Self:
+        for name in self.secrets:
+            if problem := self.secret_ref(name).problem():
+                raise ValueError(problem)
+        return self
+
+    def read_secrets(self, environ: Mapping[str, str], prefix: str = "") -> None:
+        """Read every secret of this section now; ConfigError names the key (with `prefix`, the section's path)."""
+        self._resolved = {name: self.secret_ref(name, prefix).resolve(environ) for name in self.secrets}
+
+    def secret(self, name: str) -> SecretStr | None:
+        """The secret `name` as read by read_secrets; None when the config names none."""
+        return self._resolved.get(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kubernetes access: one definition for every client the tools build (llm_vitals/kube/connect.py opens it).
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def in_cluster_url(environ: Mapping[str, str] = os.environ) -> str:
+    """The API server as a pod sees it: $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT, else kubernetes.default.svc."""
+    host = environ.get("KUBERNETES_SERVICE_HOST")
+    if not host:
+        return "https://kubernetes.default.svc"
+    host = f"[{host}]" if ":" in host else host
+    return f"https://{host}:{environ.get('KUBERNETES_SERVICE_PORT', '443')}"
+
+
+def _https_api_url(url: str) -> str:
+    if not url.startswith("https://"):
+        raise ValueError("the Kubernetes API is reached over https:// only")
+    return url.rstrip("/")
+
+
+class KubeAccess(StrictModel):
+    """How to reach the API server: a kubeconfig (its current context), else the pod's service account.
+
+    A config section that reaches the API server is a KubeAccess (with its own `timeout` default);
+    one that names only a kubeconfig builds one with `KubeAccess(kubeconfig=...)`.
+    """
+
+    kubeconfig: Path | None = None
+    # Without a kubeconfig: the API server (https only, no trailing `/`), the token (re-read for
+    # each request: projected tokens rotate) and the CA of the pod's service account.
+    api_url: Annotated[str, AfterValidator(_https_api_url)] = Field(default_factory=in_cluster_url)
+    token_path: Path = SERVICE_ACCOUNT / "token"
+    ca_path: Path = SERVICE_ACCOUNT / "ca.crt"
+    timeout: Duration = 30.0  # each request's limit (a watch: for its first answer)
+
+    def describe(self) -> str:
+        """What these credentials are, for an error sentence."""
+        return f"the kubeconfig {self.kubeconfig}" if self.kubeconfig is not None else "the in-cluster service account"

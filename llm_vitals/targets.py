@@ -30,7 +30,7 @@ NOT_READY_STATES: frozenset[State] = frozenset({"starting", "down", "stuck", "un
 # kept, SGLang's paused requests): never unhealthy nor restartable, no canary, live; ready as the
 # engine's own health route says (vLLM's /health answers 200 while paused), so it is not in
 # NOT_READY_STATES; a paused engine whose page says it sleeps is not ready, as `asleep` is
-# (exporter/verdict.py `is_ready`). A pause longer than `pause_budget` pages (LLMServerPausedTooLong).
+# (exporter/verdict/probes.py `is_ready`). A pause longer than `pause_budget` pages (LLMServerPausedTooLong).
 
 # A poll that gave no usable reading: the `reason` of a `down` verdict and the `poll_errors_total` label.
 PollErrorReason = Literal[
@@ -40,7 +40,6 @@ PollErrorReason = Literal[
     "exporter_late",  # the read timed out while the exporter's own event loop lagged: evidence of nothing
     "refused",  # the connection was refused: no process listens (`connect` is one that never connected in time)
 ]
-POLL_ERROR_REASONS: tuple[PollErrorReason, ...] = get_args(PollErrorReason)
 # Every other reason a verdict gives.
 JudgedReason = Literal[
     "startup",  # not servable yet, within startup_grace
@@ -82,7 +81,7 @@ class CanaryView(_View):
 
 
 class BackstopView(_View):
-    """The kubelet's liveness backstop and the remediator's word (exporter/backstop.py)."""
+    """The kubelet's liveness backstop and the remediator's word (exporter/backstop_rule.py)."""
 
     mode: Literal["act", "hold", "armed"] = Field(description=(
         "hold: the remediator holds the workload, liveness answers 200; act: liveness fails once stuck for the "

@@ -18,7 +18,7 @@ from llm_vitals.exporter.clock import Clock
 from llm_vitals.exporter.keys import STORE
 from llm_vitals.exporter.settings import parse_settings
 from llm_vitals.exporter.verdict import Verdict
-from llm_vitals.remediator.backstop import UNKNOWN_HOLD
+from llm_vitals.remediator.gate_word import UNKNOWN_HOLD
 
 READ_TOKEN = "read-only-s3cret"
 READ = {"Authorization": f"Bearer {READ_TOKEN}"}

@@ -1,4 +1,5 @@
-"""The kubelet's liveness backstop obeys the remediator's gate (llm_vitals/exporter/backstop.py).
+"""The kubelet's liveness backstop obeys the remediator's gate (llm_vitals/exporter/backstop_rule.py), reading
+the word by its one wire shape (llm_vitals/backstop_word.py).
 
 Tables with the time as an input, over the stuck time, the word, the word's age and whether the
 remediator answers at all. Before this, `/probe/<t>/live` read only the shim's own verdict: a server
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from llm_vitals.exporter.backstop import Heard, Word, backstop, heard, held, last_held, read_word
+from llm_vitals.backstop_word import BackstopWord, word_in
+from llm_vitals.exporter.backstop_rule import Heard, backstop, heard, held, last_held
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.state import TargetRecord, backstop_view
 from llm_vitals.exporter.verdict import Verdict, is_live
@@ -19,8 +21,15 @@ W = "Deployment/llm/vllm"
 AFTER = 600.0  # backstop.after
 TARGET = TargetSettings(name="vllm", url="http://127.0.0.1:8000", engine="vllm", stuck_after=120, workload=W)
 BUDGET = TARGET.liveness  # 240 s
-HOLD = Word("hold", "paused", 1.7e9, "paused for maintenance")
-ACT = Word("act")
+
+
+def said(word: str, reason: str = "", since: float | None = None, detail: str = "") -> BackstopWord:
+    """A word for this test's workload, as the remediator would send it."""
+    return BackstopWord(workload=W, word=word, reason=reason, since=since, detail=detail)
+
+
+HOLD = said("hold", "paused", 1.7e9, "paused for maintenance")
+ACT = said("act")
 
 
 def stuck_since(progress: float) -> Verdict:
@@ -71,7 +80,7 @@ CASES = [
     # A hold that went silent before the act came ended `after` past its last answer.
     ("hold silent, then an act", [(T - 1000, HOLD), (T - 100, ACT)], T - 3000, T, "act", "", False),
     ("hold silent, then an act, budget not spent", [(T - 800, HOLD), (T - 100, ACT)], T - 3000, T, "act", "", True),
-    ("a restart in progress holds", [(T - 10, Word("hold", "restart_in_progress", 1.7e9))], T - 3000, T, "hold",
+    ("a restart in progress holds", [(T - 10, said("hold", "restart_in_progress", 1.7e9))], T - 3000, T, "hold",
      "restart_in_progress", True),
 ]
 
@@ -103,7 +112,7 @@ def test_a_hold_never_makes_a_healthy_server_fail():
 @pytest.mark.parametrize("answer, expected", [
     ({"words": [{"workload": W, "word": "act", "reason": "", "since": None}]}, ACT),
     ({"words": [{"workload": W, "word": "hold", "reason": "paused", "since": 5, "detail": "d"}]},
-     Word("hold", "paused", 5.0, "d")),
+     said("hold", "paused", 5.0, "d")),
     ({"words": [{"workload": "Deployment/llm/other", "word": "act"}]}, "the answer holds 0 words for " + W),
     ({"words": [{"workload": W, "word": "act"}, {"workload": W, "word": "hold", "reason": "paused"}]},
      "the answer holds 2 words for " + W),
@@ -116,7 +125,7 @@ def test_a_hold_never_makes_a_healthy_server_fail():
     ([], "the answer holds no `words` list"),
 ])
 def test_a_word_is_read_only_when_it_is_whole_and_ours(answer, expected):
-    assert read_word(answer, W) == expected
+    assert word_in(answer, W) == expected
 
 
 def test_the_end_of_a_hold_is_kept_across_answers():
@@ -165,8 +174,8 @@ def test_the_gauges_show_the_mode_the_reason_and_when_the_word_came():
     assert "llm_vitals_backstop" not in plain
 
 
-RESTARTING = Word("hold", "restart_in_progress", 1.7e9, "the remediator is restarting it")
-COOLDOWN = Word("hold", "cooldown", 1.7e9, "global cooldown")
+RESTARTING = said("hold", "restart_in_progress", 1.7e9, "the remediator is restarting it")
+COOLDOWN = said("hold", "cooldown", 1.7e9, "global cooldown")
 
 
 def test_one_restart_per_hang_the_shim_holds_until_it_reads_the_new_process():
@@ -202,6 +211,6 @@ def test_a_new_restart_latches_again():
     rec.record_poll(Verdict(state="stuck", reason="no_progress", detail="", since=T, first_seen=0.0, started=True,
                             up=True, last_progress=T - 1000, restarts=1), T, 0.01)
     rec.take_answer(ACT, T)
-    rec.take_answer(Word("hold", "restart_in_progress", 1.7e9 + 900), T + 900)
+    rec.take_answer(said("hold", "restart_in_progress", 1.7e9 + 900), T + 900)
     rec.take_answer(ACT, T + 910)
     assert rec.backstop(T + 910).reason == "restart_in_progress"

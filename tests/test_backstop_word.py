@@ -1,4 +1,4 @@
-"""The gate's word for the kubelet's liveness backstop, per workload (llm_vitals/remediator/backstop.py).
+"""The gate's word for the kubelet's liveness backstop, per workload (llm_vitals/remediator/gate_word.py).
 
 One table over the gate's state, with the time as an input: every reason the remediator holds a
 workload, the first one winning, and `act` only when the gate would decide the workload's alert on
@@ -8,10 +8,13 @@ a fleet-wide storm held the remediator and never the kubelet.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from llm_vitals.remediator.backstop import HELD_STALE, UNKNOWN_HOLD, word_for
+from llm_vitals.backstop_word import DETAIL_LIMIT, BackstopWord, act, answer_json, hold, word_in
 from llm_vitals.remediator.gate import STORM_HOLD, GatePolicy, HeldAlert, JournalState
+from llm_vitals.remediator.gate_word import HELD_STALE, UNKNOWN_HOLD, word_for
 
 W = "Deployment/llm/vllm"
 OTHER = "Deployment/llm/other"
@@ -105,8 +108,27 @@ def test_the_storm_cooldown_holds_as_long_as_it_is_longer():
     ({OTHER: (NOW - 50,)}, None, "other"),
 ])
 def test_a_restart_no_remediator_action_explains_is_the_kubelets_in_a_pod(restart_times, pod, actor):
-    from llm_vitals.remediator.backstop import restart_actor
     from llm_vitals.remediator.gate import TargetStatus
+    from llm_vitals.remediator.gate_word import restart_actor
 
     status = TargetStatus(state="starting", pod=pod, workload=W)
     assert restart_actor(status, JournalState(restart_times=restart_times), W, NOW - 100) == actor
+
+
+# -- one word, one wire shape (llm_vitals/backstop_word.py) -----------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_the_shim_reads_every_word_the_remediator_writes_as_it_was(case):
+    _, state, lost, unknown_since, _, _, _ = case
+    said = word_for(W, state, POLICY, NOW, lost=lost, unknown_since=unknown_since)
+    assert word_in(json.loads(json.dumps(answer_json(NOW, [said]))), W) == said
+
+
+def test_a_word_is_whole_or_not_made():
+    assert BackstopWord(workload=W, word="hold", reason="paused", detail="x" * 900).detail == "x" * DETAIL_LIMIT
+    assert word_in({"words": [{"workload": W, "word": "act", "reason": None, "detail": None}]}, W) == act(W)
+    with pytest.raises(ValueError, match="contradictory"):
+        hold(W, "", None, "a hold without a reason")
+    with pytest.raises(ValueError, match="contradictory"):
+        BackstopWord(workload=W, word="act", reason="paused")

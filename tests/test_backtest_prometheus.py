@@ -176,7 +176,7 @@ def incident_history(replay_module, config, t0: float) -> tuple[list[Series], li
 
     def scrape() -> None:
         snap = server.observe()
-        if not isinstance(snap, replay_module.Snapshot):
+        if not isinstance(snap, replay_module.PageReading):
             return
         rows.append((t0 + clock.now, [
             ("vllm:num_requests_running", base, snap.running), ("vllm:num_requests_waiting", base, snap.waiting),

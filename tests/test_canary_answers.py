@@ -19,7 +19,7 @@ from aiohttp import web
 from test_exporter_helpers import FakeVllm, make_settings, make_target, record, start_exporter, target_json, wait_for
 
 from llm_vitals.exporter.canary import CHAT, COMPLETION, EMBEDDINGS, canaries_of, judge_answer, run_canaries
-from llm_vitals.exporter.engines import Snapshot
+from llm_vitals.exporter.engines import PageReading
 from llm_vitals.exporter.settings import ConfigError, TargetSettings
 from llm_vitals.exporter.verdict import CanaryOutcome, Verdict, initial, is_ready, judge, record_canary
 from llm_vitals.remediator.exporter_client import parse_targets
@@ -121,7 +121,7 @@ def test_a_rejected_canary_in_the_verdict(case, start, outcomes, state, reason, 
 
 
 def test_the_next_idle_poll_keeps_showing_the_rejection() -> None:
-    snap = Snapshot(running=0.0, waiting=0.0, steps=5.0)
+    snap = PageReading(running=0.0, waiting=0.0, steps=5.0)
     verdict = judge(None, snap, 0.0, T)
     verdict = judge(verdict, snap, 5.0, T)
     assert verdict.state == "idle"

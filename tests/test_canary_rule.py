@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from llm_vitals.exporter.engines import Snapshot
+from llm_vitals.exporter.engines import PageReading
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict import ModelsOk, Observation, PollError, canary_due, initial, judge
 
 T0 = 1000.0
 POLL = 5.0
-IDLE = Snapshot(running=0, waiting=0)
-BUSY = Snapshot(running=1, waiting=0)
-QUEUED = Snapshot(running=0, waiting=3)
+IDLE = PageReading(running=0, waiting=0)
+BUSY = PageReading(running=1, waiting=0)
+QUEUED = PageReading(running=0, waiting=3)
 
 
 def target(**overrides: object) -> TargetSettings:
@@ -36,7 +36,7 @@ CASES: list[tuple[str, Observation, float | None, dict[str, object], bool, bool]
     ("not on a failed poll", PollError("connect", "refused"), None, {}, False, False),
     ("a vllm target's models answer is no load reading", ModelsOk(("m",)), None, {}, False, False),
     # A request to a sleeping vLLM has crashed it (vLLM issue #15483): it sleeps on purpose, unprobed.
-    ("never to a sleeping engine, however overdue", Snapshot(running=0, waiting=0, sleep_level=1), 600.0, {}, False,
+    ("never to a sleeping engine, however overdue", PageReading(running=0, waiting=0, sleep_level=1), 600.0, {}, False,
      False),
 ]
 
@@ -54,10 +54,10 @@ def test_canary_due(observation: Observation, since_last: float | None, override
 
 def test_a_restarted_process_gets_its_canary_at_its_first_quiet_interval_even_within_the_interval() -> None:
     settings = target()
-    old = Snapshot(running=0, waiting=0, steps=5, process_start_time=900.0)
+    old = PageReading(running=0, waiting=0, steps=5, process_start_time=900.0)
     first = judge(judge(None, old, T0 - 5, settings), old, T0, settings)
     assert canary_due(first, old, T0 - 1, T0, settings, poll_interval=POLL) is False
-    new = Snapshot(running=0, waiting=0, steps=0, process_start_time=1004.0)
+    new = PageReading(running=0, waiting=0, steps=0, process_start_time=1004.0)
     restarted = judge(first, new, T0 + 5, settings)
     assert restarted.reason == "restart"
     assert canary_due(restarted, new, T0 - 1, T0 + 5, settings, poll_interval=POLL) is False  # no quiet interval yet
@@ -65,9 +65,9 @@ def test_a_restarted_process_gets_its_canary_at_its_first_quiet_interval_even_wi
     assert canary_due(quiet, new, T0 - 1, T0 + 10, settings, poll_interval=POLL) is True
     # A busy restart read sends none, nor the read whose counters moved; the next quiet one does,
     # the old canary being the old process's.
-    busy = judge(first, Snapshot(running=2, waiting=0, steps=0, process_start_time=1004.0), T0 + 5, settings)
+    busy = judge(first, PageReading(running=2, waiting=0, steps=0, process_start_time=1004.0), T0 + 5, settings)
     assert canary_due(busy, BUSY, T0 - 1, T0 + 5, settings, poll_interval=POLL) is False
-    done = Snapshot(running=0, waiting=0, steps=9, process_start_time=1004.0)
+    done = PageReading(running=0, waiting=0, steps=9, process_start_time=1004.0)
     moved = judge(busy, done, T0 + 10, settings)
     assert canary_due(moved, done, T0 - 1, T0 + 10, settings, poll_interval=POLL) is False
     later = judge(moved, done, T0 + 15, settings)
@@ -80,7 +80,7 @@ def test_a_restarted_process_gets_its_canary_at_its_first_quiet_interval_even_wi
     ("the first read of a lifetime: no interval seen quiet yet", [IDLE], False),
     ("a whole quiet interval", [IDLE, IDLE], True),
     # vLLM's API server feeding its engine one request at a time: gauges at 0 at each read.
-    ("counters moved since the last read, gauges at 0", [Snapshot(0, 0, steps=5), Snapshot(0, 0, steps=9)], False),
+    ("counters moved since the last read, gauges at 0", [PageReading(0, 0, steps=5), PageReading(0, 0, steps=9)], False),
     ("work pending at the last read, none now", [BUSY, IDLE], False),
 ])
 def test_the_canary_needs_a_whole_interval_with_nothing_pending_and_nothing_moving(case, reads, due) -> None:

@@ -234,7 +234,7 @@ def test_remediator_rbac_is_exactly_the_verbs_it_uses():
 
 
 def test_exporter_rbac_is_exactly_the_node_watch_and_pod_discovery():
-    """The node watch (llm_vitals/exporter/node_watch.py) lists and watches Nodes; pod discovery lists and watches
+    """The node watch (llm_vitals/exporter/gpu_faults/node_watch.py) lists and watches Nodes; pod discovery lists and watches
     the pods and the ReplicaSets of its namespace; nothing else. tests/k8s/ runs both with exactly these rules."""
     assert _one("ClusterRole", "llm-vitals-exporter-nodes-llm")["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]

@@ -8,6 +8,7 @@ from functools import partial
 
 import pytest
 
+from llm_vitals.config import KubeAccess
 from llm_vitals.exporter.collector import read, target_texts
 from llm_vitals.exporter.discovery.file_sd import parse_file_sd
 from llm_vitals.exporter.discovery.kubernetes import PodSource, PodView, pod_target, pod_view, replica_set_list_error
@@ -23,7 +24,6 @@ from llm_vitals.exporter.settings import KubernetesDiscovery, parse_settings
 from llm_vitals.exporter.state import StateStore, target_view
 from llm_vitals.exporter.status_page import render_page
 from llm_vitals.kube.client import KubeClient
-from llm_vitals.kube.connect import Access
 from llm_vitals.kube.errors import ApiError, KubeUnavailable
 from llm_vitals.kube.informer import Informer
 from llm_vitals.kube.objects import Query
@@ -197,7 +197,7 @@ def test_a_replica_set_list_error_says_what_is_missing_and_what_happens_meanwhil
 
 
 def test_the_replica_sets_error_is_the_sources_error_and_the_pods_stay_targets() -> None:
-    source = PodSource("kubernetes[0]", KUBE, {}, kube=KubeClient(Access()))  # connects on first use: never here
+    source = PodSource("kubernetes[0]", KUBE, {}, kube=KubeClient(KubeAccess()))  # connects on first use: never here
     source.replica_set_errors["llm"] = "HTTP 403 listing replicasets in namespace llm: ..."
     targets, status = source.current()
     assert targets == [] and status.up is False and status.error == "HTTP 403 listing replicasets in namespace llm: ..."
@@ -222,7 +222,7 @@ def test_the_workload_shows_in_target_info_the_api_and_the_status_page() -> None
 
 def source_with(pods: dict[str, PodView], replica_sets: dict[str, Controller | None] | None) -> tuple[PodSource, list]:
     """A PodSource holding these pods (and ReplicaSets: None, not listed yet) as its informers would, reports kept."""
-    source = PodSource("kubernetes[0]", KUBE, {}, kube=KubeClient(Access()))
+    source = PodSource("kubernetes[0]", KUBE, {}, kube=KubeClient(KubeAccess()))
     reports: list = []
     source._report = lambda targets, status: reports.append((targets, status))
     source.informers["llm"] = Informer(source.kube, Query("pods", "llm", "app=vllm"), pod_view, source._changed)

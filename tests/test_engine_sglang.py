@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llm_vitals.exporter.engines import Page, PageError, Snapshot
+from llm_vitals.exporter.engines import Page, PageError, PageReading
 from llm_vitals.exporter.engines.sglang import ENGINE, WORK_ROUTES, parse_text
 from llm_vitals.exporter.engines.table import ENGINES, read_page
 from llm_vitals.exporter.settings import TargetSettings
@@ -31,8 +31,8 @@ def page(state: str) -> str:
     return (FIXTURES / f"{PREFIX}{state}.txt").read_text()
 
 
-def reference_snapshot(text: str) -> Snapshot:
-    """The same Snapshot, built with prometheus-client's full parser (samples looked up by full name)."""
+def reference_snapshot(text: str) -> PageReading:
+    """The same PageReading, built with prometheus-client's full parser (samples looked up by full name)."""
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -45,7 +45,7 @@ def reference_snapshot(text: str) -> Snapshot:
     used = total("sglang:num_used_tokens")
     realtime = total("sglang:realtime_tokens_total")
     pace = total("sglang:inter_token_latency_seconds_sum"), total("sglang:inter_token_latency_seconds_count")
-    return Snapshot(
+    return PageReading(
         running=total("sglang:num_running_reqs"),
         waiting=total("sglang:num_queue_reqs"),
         steps=total("sglang:cuda_graph_passes_total"),

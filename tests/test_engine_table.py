@@ -81,9 +81,9 @@ def test_a_page_of_no_known_engine_is_left_to_the_adapter() -> None:
 def test_the_restart_header_becomes_an_opaque_token_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
     from dataclasses import replace
 
-    from llm_vitals.exporter.engines import Snapshot
+    from llm_vitals.exporter.engines import PageReading
 
-    entry = replace(engine_of("llamacpp"), parse=lambda page: Snapshot(0, 0))
+    entry = replace(engine_of("llamacpp"), parse=lambda page: PageReading(0, 0))
     assert entry.restart_header == "Process-Start-Time-Unix"
     snap = read_page(entry, Page(LLAMACPP_PAGE, {"process-start-time-unix": " 1571301719 "}))
     assert snap.restart_token == "1571301719"
@@ -94,19 +94,20 @@ def test_vllm_pages_carry_no_token() -> None:
     assert read_page(engine_of("vllm"), Page(IDLE_PAGE, {"Process-Start-Time-Unix": "1"})).restart_token is None
 
 
-@pytest.mark.parametrize("path", ["llm_vitals/exporter/poller.py", "llm_vitals/exporter/verdict.py", "llm_vitals/exporter/canary.py",
-                                  "llm_vitals/exporter/state.py", "llm_vitals/exporter/collector.py"])
+@pytest.mark.parametrize("path", ["llm_vitals/exporter/poller.py", "llm_vitals/exporter/canary.py", "llm_vitals/exporter/state.py",
+                                  "llm_vitals/exporter/collector.py",
+                                  *sorted(str(p.relative_to(REPO)) for p in (REPO / "llm_vitals/exporter/verdict").glob("*.py"))])
 def test_no_module_outside_the_table_branches_on_an_engine_name(path: str) -> None:
     text = Path(REPO / path).read_text()
     assert not re.search(r"""engine\s*(==|!=|in)\s*["'(\[]""", text), f"{path} branches on an engine name"
 
 
 def test_a_snapshots_signals_are_its_progress_and_monotone_fields_in_order_then_the_engines_own() -> None:
-    from llm_vitals.exporter.engines import Snapshot
+    from llm_vitals.exporter.engines import PageReading
 
-    snap = Snapshot(1, 2, steps=3, generation_tokens=4, prompt_tokens=5, finished=6, kv_usage=0.5,
-                    more_counters=(("realtime_tokens", 7.0),), more_gauges=(("used_tokens", 8.0),))
-    fixed = {name: getattr(snap, name) for name in Snapshot.PROGRESS}
+    snap = PageReading(1, 2, steps=3, generation_tokens=4, prompt_tokens=5, finished=6, kv_usage=0.5,
+                       more_counters=(("realtime_tokens", 7.0),), more_gauges=(("used_tokens", 8.0),))
+    fixed = {name: getattr(snap, name) for name in PageReading.PROGRESS}
     assert list(snap.counters().items()) == [*fixed.items(), ("realtime_tokens", 7.0), ("used_tokens", 8.0)]
-    assert list(snap.monotone().items()) == [*((name, fixed[name]) for name in Snapshot.MONOTONE), ("realtime_tokens", 7.0)]
-    assert list(Snapshot(0, 0).counters()) == list(Snapshot.PROGRESS)
+    assert list(snap.monotone().items()) == [*((name, fixed[name]) for name in PageReading.MONOTONE), ("realtime_tokens", 7.0)]
+    assert list(PageReading(0, 0).counters()) == list(PageReading.PROGRESS)

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tgi_pages import FIXTURES, PAGES, render
 
-from llm_vitals.exporter.engines import Page, PageError, Snapshot
+from llm_vitals.exporter.engines import Page, PageError, PageReading
 from llm_vitals.exporter.engines.table import ENGINES, read_page
 from llm_vitals.exporter.engines.tgi import parse_text
 from llm_vitals.exporter.settings import TargetSettings
@@ -83,7 +83,7 @@ def test_bad_pages_are_page_errors(body: bytes, reason: str) -> None:
 
 
 def test_a_page_with_only_the_startup_gauge_is_idle() -> None:
-    assert read_page(TGI, Page(page("idle").encode())) == Snapshot(0.0, 0.0)
+    assert read_page(TGI, Page(page("idle").encode())) == PageReading(0.0, 0.0)
 
 
 async def test_the_simulated_tgi_page_has_the_families_and_types_of_the_built_pages() -> None:

@@ -22,7 +22,7 @@ from test_exporter_helpers import (
 )
 
 from llm_vitals.exporter.app import STORE, create_app
-from llm_vitals.exporter.canary import send_canary
+from llm_vitals.exporter.canary import run_canaries
 from llm_vitals.exporter.verdict import CanaryOutcome, PollError, judge, record_canary
 
 # docs/metrics.md: the public contract (name -> type, labels besides `target`).
@@ -132,10 +132,10 @@ async def test_probes_answer_from_the_cache(aiohttp_client) -> None:
         return (await client.get(f"/probe/gpu-a/{kind}")).status
 
     assert (await status("startup"), await status("ready"), await status("live")) == (503, 503, 200)
-    from llm_vitals.exporter.engines import Snapshot
+    from llm_vitals.exporter.engines import PageReading
     t0 = rec.verdict.first_seen
     for _ in range(2):  # idle: a whole interval with nothing pending and nothing moving
-        rec.record_poll(judge(rec.verdict, Snapshot(0, 0, 1, 1, 1, 1, 0.0, 5.0), t0, target), t0, 0.01)
+        rec.record_poll(judge(rec.verdict, PageReading(0, 0, 1, 1, 1, 1, 0.0, 5.0), t0, target), t0, 0.01)
     rec.record_canary("ok", record_canary(rec.verdict, CanaryOutcome("ok"), t0, target))
     assert (await status("startup"), await status("ready"), await status("live")) == (200, 200, 200)
     rec.record_poll(judge(rec.verdict, PollError("connect", "refused"), t0 + 1, target), t0 + 1, 0.01)
@@ -151,9 +151,9 @@ async def test_drain_is_guarded_by_the_bearer_token(aiohttp_client) -> None:
                              environ={"DRAIN_TOKEN": "drain-secret-789"}, drain_token_env="DRAIN_TOKEN")
     client = await aiohttp_client(create_app(settings, poll=False))
     rec = client.app[STORE].get("gpu-a")
-    from llm_vitals.exporter.engines import Snapshot
+    from llm_vitals.exporter.engines import PageReading
     t0 = rec.verdict.first_seen
-    rec.record_poll(judge(rec.verdict, Snapshot(1, 0, 1, 1, 1, 1, 0.0, 5.0), t0, rec.settings), t0, 0.01)
+    rec.record_poll(judge(rec.verdict, PageReading(1, 0, 1, 1, 1, 1, 0.0, 5.0), t0, rec.settings), t0, 0.01)
     assert (await client.get("/probe/gpu-a/ready")).status == 200
 
     assert (await client.post("/probe/gpu-a/drain")).status == 401
@@ -316,8 +316,8 @@ async def test_a_canary_answer_that_arrives_in_pieces_is_ok(aiohttp_server) -> N
     server = await aiohttp_server(app)
     target = make_settings([make_target("gpu-a", str(server.make_url("")))]).targets[0]
     async with aiohttp.ClientSession() as session:
-        outcome = await send_canary(session, target, "tiny")
-    assert (outcome.result, outcome.detail) == ("ok", "")
+        run = await run_canaries(session, target, "tiny")
+    assert (run.outcome.result, run.outcome.detail) == ("ok", "")
 
 
 async def test_a_slow_health_check_does_not_turn_stuck_into_down(aiohttp_server, aiohttp_client) -> None:

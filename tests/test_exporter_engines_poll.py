@@ -11,7 +11,7 @@ from aiohttp import web
 from fake_http import app_of
 from test_exporter_helpers import BUSY_PAGE, IDLE_PAGE, make_settings, make_target, record, start_exporter, wait_for
 
-from llm_vitals.exporter.engines import Page, Snapshot
+from llm_vitals.exporter.engines import Page, PageReading
 from llm_vitals.exporter.engines.table import ENGINES
 
 
@@ -63,9 +63,9 @@ async def test_a_target_reads_its_page_from_its_metrics_url(aiohttp_server, aioh
 def token_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     """llamacpp's table entry, its stub parse replaced by one reading `running` from the page's first byte."""
 
-    def parse(page: Page) -> Snapshot:
+    def parse(page: Page) -> PageReading:
         running = float(page.body[:1] or b"0")
-        return Snapshot(running, 0, steps=float(page.body[1:] or b"0"))
+        return PageReading(running, 0, steps=float(page.body[1:] or b"0"))
 
     monkeypatch.setitem(ENGINES, "llamacpp", replace(ENGINES["llamacpp"], parse=parse, signature=None))
 

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from whole_page import VitalsCollector, render_families, render_vitals
 
 from llm_vitals.exporter.collector import FAMILIES, read
-from llm_vitals.exporter.engines import Snapshot
+from llm_vitals.exporter.engines import PageReading
 from llm_vitals.exporter.gpu_faults import GpuFault, GpuFaultState, SourceRead
 from llm_vitals.exporter.settings import parse_settings
 from llm_vitals.exporter.state import StateStore, TargetRecord
@@ -30,7 +30,7 @@ def varied_store() -> StateStore:
     targets.append({"name": "proxy", "url": "https://user:pw@lb.example:443/", "role": "proxy", "engine": "openai"})
     store = StateStore(parse_settings({"targets": targets}, environ={}), NOW - 600)
     records = list(store)
-    busy = Snapshot(running=3, waiting=12, steps=1e12, generation_tokens=5, process_start_time=NOW - 3600.5)
+    busy = PageReading(running=3, waiting=12, steps=1e12, generation_tokens=5, process_start_time=NOW - 3600.5)
     poll(records[1], NOW - 1, state="busy", up=True, snapshot=busy, last_poll=NOW - 1, steps_per_second=31.5,
          generation_tokens_per_second=1234.5678, restarts=2, last_canary_ok=NOW - 90)
     poll(records[2], NOW - 1, state="stuck", up=True, snapshot=busy, last_poll=NOW - 1, last_progress=NOW - 75.125)

@@ -8,15 +8,15 @@ import pytest
 from conftest import VLLM_FIXTURES
 from prometheus_client.parser import text_string_to_metric_families
 
-from llm_vitals.exporter.engines import PageError, Snapshot, Unit
+from llm_vitals.exporter.engines import PageError, PageReading, Unit
 from llm_vitals.exporter.engines.vllm import parse_page, parse_text
 from llm_vitals.exporter.verdict import progressed
 
 PAGES = sorted(p.name for p in VLLM_FIXTURES.glob("vllm-*-metrics-*.txt") if not p.name.endswith(".headers.txt"))
 
 
-def reference_snapshot(text: str) -> Snapshot:
-    """The same Snapshot, built with prometheus-client's full parser (samples looked up by full name)."""
+def reference_snapshot(text: str) -> PageReading:
+    """The same PageReading, built with prometheus-client's full parser (samples looked up by full name)."""
     samples: dict[str, list[float]] = {}
     per_engine: dict[str, dict[str, float]] = {}
     deferred: dict[str, float] = {}
@@ -51,7 +51,7 @@ def reference_snapshot(text: str) -> Snapshot:
              tuple(per_engine.get(name, {}).get(engine) for name in counters), (per_engine.get(kv_name, {}).get(engine),),
              unit_pace(engine))
         for engine in engines) if len(engines) > 1 else ()
-    return Snapshot(
+    return PageReading(
         running=total("vllm:num_requests_running"),
         waiting=total("vllm:num_requests_waiting"),
         steps=total("vllm:iteration_tokens_total_count"),
@@ -77,13 +77,13 @@ def test_adapter_matches_prometheus_client_parser(name: str) -> None:
 
 
 EXPECTED = {
-    "vllm-0.32.0-cpu-metrics-idle.txt": Snapshot(0, 0, 0, 0, 0, 0, 0.0, 1796221991.91),
-    "vllm-0.32.0-cpu-metrics-busy.txt": Snapshot(2, 6, 462, 903, 29, 1, 0.0019536019536019467, 1796222422.26),
-    "vllm-0.32.0-cpu-metrics-after-load.txt": Snapshot(0, 0, 4021, 8020, 53, 9, 0.0, 1796222422.26),
-    "vllm-0.32.0-cpu-metrics-after-long-prefill.txt": Snapshot(0, 0, 32, 60, 57711, 60, 0.0, 1796222219.34),
-    "vllm-0.32.0-cpu-metrics-enginecore-sigstop.txt": Snapshot(2, 8, 10547, 20513, 159, 25, 0.0019536019536019467, 1796221991.91),
-    "vllm-0.32.0-cpu-metrics-worker-sigstop.txt": Snapshot(2, 4, 18726, 36869, 223, 41, 0.0024420024420024333, 1796221991.91),
-    "vllm-0.32.0-cpu-metrics-during-503-worker-sigkill.txt": Snapshot(2, 0, 1746, 3488, 57727, 62, 0.00293040293040292, 1796222219.34),
+    "vllm-0.32.0-cpu-metrics-idle.txt": PageReading(0, 0, 0, 0, 0, 0, 0.0, 1796221991.91),
+    "vllm-0.32.0-cpu-metrics-busy.txt": PageReading(2, 6, 462, 903, 29, 1, 0.0019536019536019467, 1796222422.26),
+    "vllm-0.32.0-cpu-metrics-after-load.txt": PageReading(0, 0, 4021, 8020, 53, 9, 0.0, 1796222422.26),
+    "vllm-0.32.0-cpu-metrics-after-long-prefill.txt": PageReading(0, 0, 32, 60, 57711, 60, 0.0, 1796222219.34),
+    "vllm-0.32.0-cpu-metrics-enginecore-sigstop.txt": PageReading(2, 8, 10547, 20513, 159, 25, 0.0019536019536019467, 1796221991.91),
+    "vllm-0.32.0-cpu-metrics-worker-sigstop.txt": PageReading(2, 4, 18726, 36869, 223, 41, 0.0024420024420024333, 1796221991.91),
+    "vllm-0.32.0-cpu-metrics-during-503-worker-sigkill.txt": PageReading(2, 0, 1746, 3488, 57727, 62, 0.00293040293040292, 1796222219.34),
 }
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from verdict_tables import T0, Case, replay
 
-from llm_vitals.exporter.engines import Snapshot
+from llm_vitals.exporter.engines import PageReading
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict import (
     CanaryOutcome,
@@ -38,8 +38,8 @@ def target(**overrides: object) -> TargetSettings:
 
 
 def snap(running: float = 0, waiting: float = 0, steps: float = 0, gen: float = 0, prompt: float = 0,
-         finished: float = 0, kv: float = 0.0, pst: float | None = PST) -> Snapshot:
-    return Snapshot(running, waiting, steps, gen, prompt, finished, kv, pst)
+         finished: float = 0, kv: float = 0.0, pst: float | None = PST) -> PageReading:
+    return PageReading(running, waiting, steps, gen, prompt, finished, kv, pst)
 
 
 def run(rows: list[tuple[float, object]], settings: TargetSettings | None = None) -> list[Verdict]:
@@ -396,15 +396,15 @@ def test_readiness_table(state: str, draining: bool, gpu_fault: bool, ready: boo
         "busy": run([(0, snap(running=1, steps=1)), (5, snap(running=1, steps=2))], settings)[-1],
         "served idle": run([*QUIET, (5, CanaryOutcome("ok"))], settings)[-1],
         "stuck": run([(0, snap(running=1)), (35, snap(running=1)), (65, snap(running=1))], settings)[-1],
-        "asleep": run([(0, snap()), (5, CanaryOutcome("ok")), (65, Snapshot(running=0, waiting=0, sleep_level=1))],
+        "asleep": run([(0, snap()), (5, CanaryOutcome("ok")), (65, PageReading(running=0, waiting=0, sleep_level=1))],
                       settings)[-1],
     }
     assert is_ready(verdicts[state], settings, T0 + 65, draining, gpu_fault=gpu_fault) is ready
 
 
-def _asleep(level: int = 1, **kw: Any) -> Snapshot:
-    return Snapshot(**{"running": 0, "waiting": 0, "steps": 5, "generation_tokens": 9, "process_start_time": PST, **kw},
-                    sleep_level=level)
+def _asleep(level: int = 1, **kw: Any) -> PageReading:
+    return PageReading(**{"running": 0, "waiting": 0, "steps": 5, "generation_tokens": 9, "process_start_time": PST, **kw},
+                       sleep_level=level)
 
 
 @pytest.mark.parametrize(("rows", "state", "reason", "detail"), [

@@ -8,8 +8,8 @@ from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_settings, make_targe
 from llm_vitals.demo.ports import free_port
 from llm_vitals.exporter.gpu_faults import GpuFault, NodeRules, SourceRead, Taint
 from llm_vitals.exporter.gpu_faults.node import NodeSource
+from llm_vitals.exporter.gpu_faults.node_watch import NodeCache, NodeView, NodeWatchRunner, node_view
 from llm_vitals.exporter.gpu_faults.reader import GpuFaultReader
-from llm_vitals.exporter.node_watch import NodeCache, NodeView, NodeWatchRunner, node_view, node_watch_wanted
 from llm_vitals.exporter.settings import ConfigError, parse_settings
 from llm_vitals.exporter.state import StateStore
 
@@ -128,7 +128,7 @@ async def test_the_node_watch_follows_each_config_started_and_stopped_and_the_so
                               "test", environ={})
 
     without, with_node = config(None, []), config("n1", [])
-    assert not node_watch_wanted(without) and node_watch_wanted(with_node)
+    assert without.node_watch_access() is None and with_node.node_watch_access() is not None
     [rec] = store("n1")
     cache = NodeCache({"n1": NodeView(taints=({"key": "nvidia.com/gpu-xid-error", "effect": "NoSchedule"},))}, synced=True)
     runner = NodeWatchRunner(cache)
@@ -139,22 +139,22 @@ async def test_the_node_watch_follows_each_config_started_and_stopped_and_the_so
         rec.set_gpu_faults(await reader.read(rec.settings, rec.gpu_faults))
 
     try:
-        await runner.follow(without)
+        await runner.follow(without.node_watch_access())
         assert not runner.running
-        await runner.follow(with_node)
+        await runner.follow(with_node.node_watch_access())
         assert runner.running and runner.watch is not None
         first = runner.watch
         await poll()
         assert rec.gpu_fault is None  # the taint is not listed
         # A reload lists the taint: the source's rules change (Poller.reconfigure) and the next poll judges on them.
         relisted = config("n1", ["nvidia.com/gpu-xid-error"])
-        await runner.follow(relisted)
+        await runner.follow(relisted.node_watch_access())
         source.rules = relisted.gpu_faults.node_rules
         assert runner.watch is first
         await poll()
         assert rec.gpu_fault is not None and rec.gpu_fault.startswith("nvidia.com/gpu-xid-error: node n1")
         # A reload that no target needs it for stops it and empties its cache: the next poll keeps nothing of it.
-        await runner.follow(without)
+        await runner.follow(without.node_watch_access())
         assert not runner.running and cache.nodes == {} and not cache.synced
         source.cache = None  # what the app hands the poller once the watch stopped
         await poll()

@@ -81,7 +81,7 @@ async def nvml_exporter(aiohttp_server, aiohttp_client, backend: Scripted, page:
     client = await start_exporter(aiohttp_client, settings)
     poller = client.app[POLLER]
     source = NvmlSource(backend, interval=0.01, event_wait=0.05, retry=0.01, **nvml)
-    before, poller.nvml = poller.nvml, source
+    before, poller.nvml_source.source = poller.nvml_source.source, source
     if before is not None:
         before.stop()
     return client, record(client, "gpu-a"), source

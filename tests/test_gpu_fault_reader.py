@@ -81,4 +81,4 @@ def test_one_home_one_writer_one_setter() -> None:
     assert writers == ["exporter/poller.py", "exporter/state.py"]  # the call, and its definition
     state = (exporter / "state.py").read_text()
     assert [line.strip() for line in state.splitlines() if "fault(self" in line and line.strip().startswith("def set_")] == []
-    assert "set_gpu_faults" not in (exporter / "node_watch.py").read_text()
+    assert "set_gpu_faults" not in (exporter / "gpu_faults" / "node_watch.py").read_text()

@@ -20,8 +20,8 @@ from aiohttp import web
 from fake_http import app_of
 from k8s.exec_credential import exec_kubeconfig, runs
 
+from llm_vitals.config import KubeAccess
 from llm_vitals.kube.client import KubeClient
-from llm_vitals.kube.connect import Access
 from llm_vitals.kube.errors import ApiError, KubeConfigError, KubeUnavailable
 from llm_vitals.kube.leases import LeaseTransport
 from llm_vitals.kube.objects import Query, delete_pod, list_objects, watch_objects
@@ -123,6 +123,13 @@ def kubeconfig(server: str, user: dict, cluster: dict | None = None) -> dict:
             "users": [{"name": "u", "user": user}], "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}]}
 
 
+def written(directory: Path, doc: dict) -> Path:
+    """The kubeconfig `doc` as a file (JSON is YAML) in `directory`."""
+    path = directory / "kubeconfig"
+    path.write_text(json.dumps(doc))
+    return path
+
+
 async def test_inline_keys_authenticate_and_never_touch_the_disk(api, pki, tmp_path, monkeypatch):
     """The CA, client certificate and key given inline reach TLS from memory: the temp dir stays empty."""
     scratch = tmp_path / "tmp"
@@ -130,7 +137,7 @@ async def test_inline_keys_authenticate_and_never_touch_the_disk(api, pki, tmp_p
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     doc = kubeconfig(api.url, {"client-certificate-data": b64(pki["client"][0]), "client-key-data": b64(pki["client"][1])},
                      {"certificate-authority-data": b64(pki["server"][0])})
-    kube = KubeClient(Access(kubeconfig_data=doc))
+    kube = KubeClient(KubeAccess(kubeconfig=written(tmp_path, doc)))
     try:
         lease = (await LeaseTransport(kube).get_lease("llm", "l1")).value
     finally:
@@ -140,9 +147,10 @@ async def test_inline_keys_authenticate_and_never_touch_the_disk(api, pki, tmp_p
     assert list(scratch.iterdir()) == []  # where the library would have written its temp files too
 
 
-async def test_an_inline_key_that_is_not_base64_is_one_sentence(api):
-    kube = KubeClient(Access(kubeconfig_data=kubeconfig(api.url, {"token": TOKEN}, {"certificate-authority-data": "%%%"})))
-    with pytest.raises(KubeConfigError, match=r"^cannot use the inline kubeconfig: ValueError: certificate-authority-data is not base64$"):
+async def test_an_inline_key_that_is_not_base64_is_one_sentence(api, tmp_path):
+    path = written(tmp_path, kubeconfig(api.url, {"token": TOKEN}, {"certificate-authority-data": "%%%"}))
+    kube = KubeClient(KubeAccess(kubeconfig=path))
+    with pytest.raises(KubeConfigError, match=r"^cannot use the kubeconfig .*: ValueError: certificate-authority-data is not base64$"):
         await LeaseTransport(kube).get_lease("llm", "l1")
 
 
@@ -157,7 +165,7 @@ async def test_a_kubeconfig_that_cannot_be_used_is_one_sentence_at_the_first_req
     path = tmp_path / "kubeconfig"
     if content is not None:
         path.write_text(content)
-    kube = KubeClient(Access(kubeconfig=path))  # constructing it does no I/O: a process starts either way
+    kube = KubeClient(KubeAccess(kubeconfig=path))  # constructing it does no I/O: a process starts either way
     with pytest.raises(KubeConfigError) as caught:
         await list_objects(kube, Query("nodes"))
     assert str(caught.value) == message.format(path=path)
@@ -167,7 +175,7 @@ async def test_an_exec_plugin_runs_once_and_again_after_a_401(api, pki, tmp_path
     token_file, log = tmp_path / "token", tmp_path / "runs"
     token_file.write_text("an-old-token")
     path = exec_kubeconfig(tmp_path / "kubeconfig", api.url, token_file, log, ca_file=pki["server"][0])
-    kube = KubeClient(Access(kubeconfig=path))
+    kube = KubeClient(KubeAccess(kubeconfig=path))
     try:
         with pytest.raises(ApiError, match="HTTP 401: Unauthorized"):  # run again, the plugin still says the old token
             await LeaseTransport(kube).get_lease("llm", "l1")
@@ -191,7 +199,7 @@ async def test_an_expiring_exec_credential_is_renewed_before_requests(api, pki, 
     token_file.write_text(TOKEN)
     # Expiring within the loader's 5 minutes of margin: expired for it, so run before each request.
     path = exec_kubeconfig(tmp_path / "kubeconfig", api.url, token_file, log, ca_file=pki["server"][0], expires_in=60)
-    kube = KubeClient(Access(kubeconfig=path))
+    kube = KubeClient(KubeAccess(kubeconfig=path))
     try:
         for _ in range(2):
             assert (await LeaseTransport(kube).get_lease("llm", "l1")).value is not None
@@ -203,7 +211,7 @@ async def test_an_expiring_exec_credential_is_renewed_before_requests(api, pki, 
 async def test_an_exec_plugin_that_fails_is_a_config_error_with_its_stderr(api, pki, tmp_path):
     path = exec_kubeconfig(tmp_path / "kubeconfig", api.url, tmp_path / "no-token", tmp_path / "runs",
                            ca_file=pki["server"][0])
-    kube = KubeClient(Access(kubeconfig=path))
+    kube = KubeClient(KubeAccess(kubeconfig=path))
     with pytest.raises(KubeConfigError, match=r"^cannot use the kubeconfig .*: ConfigException: exec: process returned 1\. "
                                               r"cannot log in: \[Errno 2\] No such file or directory"):
         await LeaseTransport(kube).get_lease("llm", "l1")
@@ -214,7 +222,7 @@ async def test_the_service_account_token_is_read_again_for_each_request(api, pki
     token = tmp_path / "token"
     token.write_text("first\n")
     api.tokens = {"Bearer first", "Bearer second"}
-    kube = KubeClient(Access(api_url=api.url, token_path=token, ca_path=pki["server"][0]))
+    kube = KubeClient(KubeAccess(api_url=api.url, token_path=token, ca_path=pki["server"][0]))
     try:
         await delete_pod(kube, "llm", "vllm-0", "uid-0")
         token.write_text("second\n")  # the kubelet rotated the projected token
@@ -233,26 +241,26 @@ async def test_the_service_account_token_is_read_again_for_each_request(api, pki
 async def test_a_ca_that_did_not_sign_the_server_is_refused_before_any_request(api, pki, tmp_path):
     token = tmp_path / "token"
     token.write_text(TOKEN)
-    kube = KubeClient(Access(api_url=api.url, token_path=token, ca_path=pki["client"][0]))
+    kube = KubeClient(KubeAccess(api_url=api.url, token_path=token, ca_path=pki["client"][0]))
     try:
         with pytest.raises(KubeUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
             await delete_pod(kube, "llm", "vllm-0", "uid-0")
     finally:
         await kube.close()
     assert api.requests == []
-    missing = KubeClient(Access(api_url=api.url, token_path=token, ca_path=tmp_path / "no-ca.crt"))
+    missing = KubeClient(KubeAccess(api_url=api.url, token_path=token, ca_path=tmp_path / "no-ca.crt"))
     with pytest.raises(KubeConfigError, match=r"^cannot load the cluster CA .*no-ca\.crt: FileNotFoundError"):
         await delete_pod(missing, "llm", "vllm-0", "uid-0")
 
 
-async def test_a_watch_yields_events_and_raises_its_error_event(api, pki):
+async def test_a_watch_yields_events_and_raises_its_error_event(api, pki, tmp_path):
     api.watch_lines = [
         b'{"type": "ADDED", "object": {"metadata": {"name": "a", "resourceVersion": "6"}}}\n',
         b'{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "8"}}}\n',
         b'{"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}}\n',
     ]
     doc = kubeconfig(api.url, {"token": TOKEN}, {"certificate-authority-data": b64(pki["server"][0])})
-    kube = KubeClient(Access(kubeconfig_data=doc))
+    kube = KubeClient(KubeAccess(kubeconfig=written(tmp_path, doc)))
     seen = []
     try:
         with pytest.raises(ApiError) as caught:

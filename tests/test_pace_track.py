@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from llm_vitals.exporter.engines import Snapshot, Unit
+from llm_vitals.exporter.engines import PageReading, Unit
 from llm_vitals.exporter.pace import NOT_JUDGED, Pace, PaceRules
 from llm_vitals.exporter.pace_track import PaceTracker, unit_readings
 
 RULES = PaceRules(ratio=2.0, degraded_after=10.0, min_peers=2, window=20.0, min_work=50.0)
 
 
-def snapshot(seconds: float, tokens: float) -> Snapshot:
-    return Snapshot(running=2, waiting=0, pace=(seconds, tokens))
+def snapshot(seconds: float, tokens: float) -> PageReading:
+    return PageReading(running=2, waiting=0, pace=(seconds, tokens))
 
 
 def drive(tracker: PaceTracker, paces: dict[str, tuple[str, float]], until: float, step: float = 1.0) -> dict[str, Pace]:
@@ -66,10 +66,10 @@ def test_a_target_that_changes_workload_changes_peers() -> None:
 
 
 def test_units_with_their_own_pace_are_peers_of_each_other() -> None:
-    def dp(now: float, slow: float) -> Snapshot:
+    def dp(now: float, slow: float) -> PageReading:
         units = tuple(Unit(f'engine="{i}"', 1, 0, 0, (), (), (100 * now * (slow if i == 1 else 0.01), 100 * now))
                       for i in range(3))
-        return Snapshot(running=3, waiting=0, units=units, pace=(0.0, 0.0))
+        return PageReading(running=3, waiting=0, units=units, pace=(0.0, 0.0))
 
     assert set(unit_readings(dp(1.0, 0.03), 1.0)) == {'engine="0"', 'engine="1"', 'engine="2"'}
     tracker, pace = PaceTracker(), NOT_JUDGED

@@ -21,7 +21,7 @@ from property import property_settings, record_examples
 from whole_page import render_vitals
 
 from llm_vitals.exporter.app import create_app
-from llm_vitals.exporter.engines import Snapshot
+from llm_vitals.exporter.engines import PageReading
 from llm_vitals.exporter.gpu_faults import DcgmState, GpuFault, SourceRead
 from llm_vitals.exporter.keys import PAGES, STORE
 from llm_vitals.exporter.page import PageCache
@@ -75,8 +75,8 @@ def _verdict(rng: random.Random, previous: Verdict, now: float) -> Verdict:
     def when() -> float:
         return now - rng.choice([0.0, 0.25, 5.0, 19.5, 20.0, 29.0, 31.0, 90.0, 400.0])
 
-    snapshot = Snapshot(running=rng.choice([0, 1, 3]), waiting=rng.choice([0, 2, 12]),
-                        process_start_time=_maybe(rng, rng.choice([NOW - 3600.5, NOW - 1e6])))
+    snapshot = PageReading(running=rng.choice([0, 1, 3]), waiting=rng.choice([0, 2, 12]),
+                           process_start_time=_maybe(rng, rng.choice([NOW - 3600.5, NOW - 1e6])))
     return replace(
         previous,
         state=rng.choice(STATES), up=rng.random() < 0.7, started=rng.random() < 0.8,

@@ -18,6 +18,14 @@ def test_readme_metrics_table_matches_the_collector() -> None:
     )
 
 
+def test_the_remediators_table_matches_its_metrics() -> None:
+    readme = (REPO / "docs" / "metrics.md").read_text()
+    table = metrics_table.readme_table(readme, metrics_table.REMEDIATOR_START, metrics_table.REMEDIATOR_END)
+    assert table == metrics_table.remediator_table(), (
+        "docs/metrics.md's remediator table is out of date: run `.venv/bin/python tools/metrics_table.py --write`"
+    )
+
+
 def test_every_metric_the_collector_emits_has_a_row_with_help() -> None:
     from whole_page import VitalsCollector
 
@@ -37,4 +45,29 @@ def test_the_script_prints_the_table() -> None:
     run = subprocess.run([sys.executable, str(REPO / "tools" / "metrics_table.py")], capture_output=True, text=True,
                          timeout=60)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == metrics_table.metrics_table()
+    assert run.stdout.strip() == f"{metrics_table.metrics_table()}\n\n{metrics_table.remediator_table()}"
+
+
+def test_every_metric_the_remediator_serves_is_a_row_of_its_table_and_every_one_read_is_served() -> None:
+    import re
+    from types import SimpleNamespace
+
+    from llm_vitals.remediator.gate import JournalState
+    from llm_vitals.remediator.metrics import EVENTS, FAMILIES, RemediatorMetrics
+    from llm_vitals.remediator.store import StoreHealth
+
+    journal = SimpleNamespace(last_restart_by_target={"a": 1.0})
+    state = JournalState(open_circuits=frozenset({"a"}), gpu_nodes=frozenset({"n"}), pages={"a": 1.0})
+    metrics = RemediatorMetrics(["a"], journal, lambda: state, lambda: 2.0, StoreHealth)
+    served = {family.name for family in metrics.registry.collect()}  # a counter's without _total
+    declared = {each.name.removesuffix("_total"): each for each in [*EVENTS, *FAMILIES]}
+    assert served == set(declared)
+    # What the alert rules, the dashboards and the docs read of the remediator is served, under that name.
+    read = set()
+    for path in [*(REPO / "alerts").glob("*.yml"), *(REPO / "dashboards").glob("*.json"), REPO / "docs" / "interfaces.md",
+                 REPO / "docs" / "remediator.md", REPO / "docs" / "runbook.md"]:
+        if path.exists():
+            read |= set(re.findall(r"llm_vitals_remediator_[a-z_]+", path.read_text()))
+    names = {each.name for each in [*EVENTS, *FAMILIES]}
+    suffixed = {n + s for n in names for s in ("", "_bucket", "_count", "_sum")}
+    assert read and read <= suffixed, sorted(read - suffixed)

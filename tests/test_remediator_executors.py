@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -113,7 +113,7 @@ async def test_http_executor_posts_and_reads_the_status(aiohttp_server):
     app = web.Application()
     app.router.add_post("/admin/restart", restart)
     server = await aiohttp_server(app)
-    async with httpx.AsyncClient() as client:
+    async with aiohttp.ClientSession() as client:
         executor = HttpExecutor(HttpTarget(executor="http", url=str(server.make_url("/admin/restart"))), client)
         assert (await executor.restart()).result == "ok"
         second = await executor.restart()
@@ -131,7 +131,7 @@ async def test_http_executor_timeout(aiohttp_server):
     app = web.Application()
     app.router.add_post("/r", slow)
     server = await aiohttp_server(app)
-    async with httpx.AsyncClient() as client:
+    async with aiohttp.ClientSession() as client:
         result = await HttpExecutor(
             HttpTarget(executor="http", url=str(server.make_url("/r")), timeout=0.2), client
         ).restart()
@@ -267,7 +267,7 @@ async def kube_api(aiohttp_server, tls_files, tmp_path):
     cert, key = tls_files
     state = {"pods": {"llm": {"vllm-d-0": {"app": "vllm", "shard": "d"}, "vllm-e-0": {"app": "vllm", "shard": "e"},
                               "vllm-e-1": {"app": "vllm", "shard": "e"}}}, "calls": [], "deletes": [],
-             "evictions": [], "blocked": set()}
+             "evictions": [], "blocked": set(), "gone": set()}
 
     def matches(labels: dict, selector: str) -> bool:
         return all(labels.get(k) == v for k, v in (term.split("=", 1) for term in selector.split(",")))
@@ -304,6 +304,9 @@ async def kube_api(aiohttp_server, tls_files, tmp_path):
         state["calls"].append(("POST", request.path, None))
         state["evictions"].append(await request.json())
         name = request.match_info["name"]
+        if name in state["gone"]:  # deleted by someone else since it was listed
+            return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+                                      "message": f'pods "{name}" not found', "code": 404}, status=404)
         if name in state["blocked"]:
             return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                       "message": "Cannot evict pod as it would violate the pod's disruption budget.",
@@ -354,6 +357,18 @@ async def test_kubernetes_eviction_refused_by_a_disruption_budget_deletes_nothin
     both = KubernetesTarget(**kube_api["config"], pod_selector="app=vllm,shard=e", max_pods=2)
     partial = await KubernetesExecutor(both).restart()
     assert partial.refused is None and partial.result == "error" and "(evicted before: vllm-e-0)" in partial.detail
+
+
+async def test_kubernetes_passes_over_a_pod_gone_since_it_was_listed_as_a_group_restart_does(kube_api):
+    """One eviction path (kube/evictions.py PodRemover.remove_each): a pod gone meanwhile is what was wanted,
+    and a budget's refusal after it still refuses the restart, since nothing was evicted."""
+    both = KubernetesTarget(**kube_api["config"], pod_selector="app=vllm,shard=e", max_pods=2)
+    kube_api["gone"], kube_api["blocked"] = {"vllm-e-0"}, {"vllm-e-1"}
+    refused = await KubernetesExecutor(both).restart()
+    assert refused.result == "error" and refused.refused == "disruption_budget"
+    assert "evicted before" not in refused.detail
+    kube_api["blocked"] = set()
+    assert await KubernetesExecutor(both).restart() == ExecResult("ok", "evicted pod(s) vllm-e-0, vllm-e-1 in llm")
 
 
 async def test_kubernetes_deletes_the_matching_pod_with_token_and_ca(kube_api):

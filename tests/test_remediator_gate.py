@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from llm_vitals.remediator.checks import gpu_refusal
 from llm_vitals.remediator.gate import (
     AFTER_GATE,
     AT_EDGE,
@@ -25,9 +26,9 @@ from llm_vitals.remediator.gate import (
     backoff_delay,
     decide,
     effects_of,
-    gpu_refusal,
     group_of,
     ladder_step,
+    managed_targets,
     node_suspect,
 )
 
@@ -441,6 +442,13 @@ def test_a_percentage_limit_is_taken_of_the_fleet_the_templates_make():
     other = fleet(**{"llm/p1": POD, "dev/x": replace(POD, namespace="dev", state="down")}, a=idle,
                   b=TargetStatus("stuck", OLD))
     assert decide(alert, other, JOURNAL, policy, T0).reason == "allowed"
+
+    # One view asked by two policies: each policy's fleet, each computed once and kept with the view.
+    view = fleet(**{"llm/p1": POD}, a=idle)
+    assert managed_targets(POLICY, view) == ["a", "b", "c", "d", "e"]
+    assert managed_targets(policy, view) == ["a", "b", "c", "d", "e", "llm/p1"]
+    assert managed_targets(POLICY, view) == ["a", "b", "c", "d", "e"] and len(view.managed) == 2
+    assert view == fleet(**{"llm/p1": POD}, a=idle)  # what it keeps is not part of the view
 
 
 HELD_BACKOFF = {"a": HeldAlert("a", "backoff", T0 - 600, T0 - 60, ALERT.fingerprint, ALERT.starts_at, "LLMServerStuck")}

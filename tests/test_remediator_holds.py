@@ -20,7 +20,7 @@ import pytest
 from test_remediator_helpers import Clock
 from test_remediator_loop import OLD, POLICY, T0, Fleet, MemoryStore, alert, replicas  # noqa: F401
 
-from llm_vitals.remediator import backstop, gate, holds, shared
+from llm_vitals.remediator import gate, gate_word, holds, shared
 from llm_vitals.remediator.gate import CHECKS, AlertFacts, FleetView, JournalState, TargetStatus
 
 STUCK = TargetStatus("stuck", process_start_time=OLD)
@@ -50,7 +50,7 @@ STATES = [
 def test_the_word_and_the_gate_walk_one_table_of_checks(state):
     policy = replace(POLICY, storm_cooldown=600.0)
     decision = gate.decide(alert("a"), QUIET, state, policy, T0)
-    word = backstop.word_for("a", state, policy, T0)
+    word = gate_word.word_for("a", state, policy, T0)
     if decision.allowed:
         assert word.word == "act"
     else:
@@ -60,7 +60,7 @@ def test_the_word_and_the_gate_walk_one_table_of_checks(state):
 
 def test_every_check_of_the_table_holds_a_target_it_refuses():
     assert {c.reason for c in CHECKS} <= gate.HOLDING
-    assert set(backstop.HOLD_REASONS) >= gate.HOLDING
+    assert set(gate_word.HOLD_REASONS) >= gate.HOLDING
 
 
 # -- holds shared by every replica -------------------------------------------------------------------
@@ -85,12 +85,12 @@ async def test_a_refusal_that_leaves_a_hang_unhandled_holds_every_replicas_word(
     second = await replicas(store, clock, Fleet(fleet), **over)
     assert await first.decide(alert("a")) == reason
     for replica in (first, second):  # what each answers, on the state it reads
-        word = backstop.word_for("a", store.state, replica.loop.policy, clock())
+        word = gate_word.word_for("a", store.state, replica.loop.policy, clock())
         assert (word.word, word.reason) == ("hold", reason)
     # A replica started afresh reads the same state, past any in-memory hold time too.
-    clock.advance(backstop.HELD_STALE - 1)
+    clock.advance(gate_word.HELD_STALE - 1)
     restarted = await replicas(store, clock, Fleet(fleet), **over)
-    assert backstop.word_for("a", store.state, restarted.loop.policy, clock()).reason == reason
+    assert gate_word.word_for("a", store.state, restarted.loop.policy, clock()).reason == reason
 
 
 async def test_a_resolved_alert_ends_its_targets_hold(replicas):  # noqa: F811
@@ -101,7 +101,7 @@ async def test_a_resolved_alert_ends_its_targets_hold(replicas):  # noqa: F811
     assert shared.summary(store.state)["held_targets"] == {"a": "gpu_fault"}  # GET /api/v1/state shows it
     assert await replica.decide(replace(alert("a"), status="resolved")) == "not_firing"
     assert store.state.held == {}
-    assert backstop.word_for("a", store.state, replica.loop.policy, clock()).word == "act"
+    assert gate_word.word_for("a", store.state, replica.loop.policy, clock()).word == "act"
 
 
 # -- the remediator goes first when a hold ends ---------------------------------------------------------
@@ -118,13 +118,13 @@ async def test_a_lifted_pause_is_decided_again_by_the_remediator_one_restart_at_
     assert await replica.loop.redecide() == []  # still paused: nothing due, nothing written
     store.state = replace(store.state, paused_until=None)  # a human lifts the pause
     # Still `hold` until the remediator has decided again.
-    assert backstop.word_for("b", store.state, replica.loop.policy, clock()).reason == "paused"
+    assert gate_word.word_for("b", store.state, replica.loop.policy, clock()).reason == "paused"
     decisions = await replica.loop.redecide()
     assert [d.reason for d in decisions] == ["allowed", "restart_in_progress"]  # the longest held first
     await replica.actor.wait_idle()
     assert replica.executor.calls == 1
     assert {t: h.reason for t, h in store.state.held.items()} == {"b": "restart_in_progress"}
-    word = backstop.word_for("b", store.state, replica.loop.policy, clock())
+    word = gate_word.word_for("b", store.state, replica.loop.policy, clock())
     assert (word.word, word.reason) == ("hold", "cooldown")
     clock.advance(replica.loop.policy.global_cooldown)  # the cooldown over: `b` goes next, no re-send needed
     fleet.view = FleetView({**fleet.view.targets, "a": IDLE})
@@ -207,7 +207,7 @@ def test_a_held_alert_is_decided_again_as_alertmanager_sent_it():
 def test_an_eviction_a_disruption_budget_refused_is_held_and_tried_again_only_every_refresh(age, due):
     facts = alert("a")
     state = shared.held_for(JournalState(), facts, "a", "disruption_budget", T0)
-    word = backstop.word_for("a", state, POLICY, T0 + age)
+    word = gate_word.word_for("a", state, POLICY, T0 + age)
     assert (word.word, word.reason) == ("hold", "disruption_budget")  # the kubelet does not restart it either
     # The gate alone would allow it at once: without the wait, every look would evict (and be refused) again.
     assert gate.decide(facts, QUIET, state, POLICY, T0 + age).allowed

@@ -3,7 +3,7 @@ restarts the stuck servers, not the kubelet.
 
 The clocks that ship: the kubelet restarts a server whose liveness failed 6 probes 20 s apart, and
 liveness fails a stuck server once its 240 s budget has passed since the end of the last hold
-(llm_vitals/exporter/backstop.py, `verdict.is_live`), so about 6 minutes after a hold ends. Alertmanager
+(llm_vitals/exporter/backstop_rule.py, `verdict.is_live`), so about 6 minutes after a hold ends. Alertmanager
 re-sends a firing alert to the remediator at `repeat_interval` (15m) rounded up to its
 `group_interval` (1m): 16 minutes. Before, the remediator waited for that re-send, and the kubelet
 restarted 10 of 10 hung servers 352-372 s after a pause was lifted. Now it decides the targets it
@@ -22,11 +22,12 @@ from itertools import pairwise
 
 import pytest
 
-from llm_vitals.exporter.backstop import Heard, Word, backstop, heard, held, last_held, read_word
+from llm_vitals.backstop_word import BackstopWord, answer_json, word_in
+from llm_vitals.exporter.backstop_rule import Heard, backstop, heard, held, last_held
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict import Verdict, is_live
-from llm_vitals.remediator import backstop as word
 from llm_vitals.remediator import gate, holds, shared
+from llm_vitals.remediator import gate_word as word
 from llm_vitals.remediator.gate import AlertFacts, FleetView, GatePolicy, JournalState, TargetStatus
 
 T0 = 1_800_000_000.0
@@ -148,9 +149,9 @@ class Chain:
                     self.restart(name, now, "kubelet")
 
 
-def as_read(said: word.BackstopWord) -> Word | str:
-    """The word as the shim reads it from GET /api/v1/backstop (exporter/backstop.py `read_word`)."""
-    return read_word({"words": [said.as_json()]}, said.workload)
+def as_read(said: BackstopWord) -> BackstopWord | str:
+    """The word as the shim reads it from GET /api/v1/backstop (backstop_word.py `word_in`)."""
+    return word_in(answer_json(0.0, [said]), said.workload)
 
 
 def run(chain: Chain, seconds: float) -> Chain:

@@ -28,7 +28,7 @@ from llm_vitals.remediator.loop import GateLoop
 from llm_vitals.remediator.metrics import RemediatorMetrics
 from llm_vitals.remediator.policy import policy_from
 from llm_vitals.remediator.sqlite_store import SqliteStore
-from llm_vitals.remediator.store import CONFLICT_RETRIES, StoreHealth
+from llm_vitals.remediator.store import CONFLICT_RETRIES, StoreHealth, update
 
 T0 = 1_800_000_000.0
 OLD = T0 - 7200  # the servers' processes started two hours ago
@@ -327,6 +327,13 @@ async def open_sqlite(path: Path, clock: Clock, budget_window: float = 3600.0) -
     return journal, store
 
 
+async def sqlite_replica(tmp_path: Path, replicas: Any, clock: Clock) -> tuple[SqliteStore, Replica]:
+    """One replica on its SQLite store (its journal, a second one, is the replica's), no cooldown."""
+    journal, store = await open_sqlite(tmp_path / "j.db", clock)
+    await journal.close()
+    return store, await replicas(store, clock, global_cooldown="0s")
+
+
 async def test_sqlite_commits_at_its_version_only_and_keeps_the_state_across_a_restart(tmp_path):
     clock = Clock(T0)
     journal, store = await open_sqlite(tmp_path / "j.db", clock)
@@ -367,9 +374,7 @@ async def test_sqlite_after_a_crash_mid_restart_the_restart_is_over_and_still_co
 
 async def test_sqlite_claims_do_not_expire_while_this_replica_runs_the_restart(tmp_path, replicas):
     clock = Clock(T0)
-    journal, store = await open_sqlite(tmp_path / "j.db", clock)
-    await journal.close()
-    replica = await replicas(store, clock, global_cooldown="0s")
+    store, replica = await sqlite_replica(tmp_path, replicas, clock)
     replica.executor.hold.clear()
     assert await replica.decide(alert("a")) == "allowed"
     assert store.last.in_progress_expires is None
@@ -489,3 +494,42 @@ async def test_only_a_cordon_that_succeeded_marks_its_node(replicas, result, mar
     assert await replica.decide(alert("a")) == "allowed"
     await replica.actor.wait_idle()
     assert store.state.gpu_nodes == marked
+
+
+async def test_sqlite_a_claim_whose_release_lost_to_other_commits_ends_at_the_next_decision(tmp_path, replicas):
+    """The soak's SQLite seed 2 (issue 39): a restart ended while this process's other tasks kept
+    committing (the look's refusals); its release lost every round to them (`Conflicted`), and the
+    claim, which never expires on one replica, refused every restart from then on."""
+    clock = Clock(T0)
+    store, replica = await sqlite_replica(tmp_path, replicas, clock)
+    replica.executor.hold.clear()
+    assert await replica.decide(alert("a")) == "allowed"
+
+    async def others() -> None:  # commits back to back, as the look's held refusals do
+        for n in range(4 * CONFLICT_RETRIES):
+            await update(store, lambda state, n=n: replace(state, storm_seen_at=T0 + n))
+
+    replica.executor.hold.set()
+    await asyncio.gather(others(), replica.actor.wait_idle())
+    assert store.last.in_progress == "a"  # the release lost: the claim outlived its restart
+    assert await replica.decide(alert("b")) == "allowed"  # ended by the next decision, never held for ever
+    assert store.last.restart_times["a"] == (T0,)  # its budget stays spent
+    assert alert("a").key in store.last.decided_keys  # released as its end would have: its re-send a duplicate
+    await replica.actor.wait_idle()
+    assert store.last.in_progress is None
+    await store.close()
+
+
+async def test_sqlite_a_claim_no_restart_of_this_process_runs_lapses_at_the_next_decision(tmp_path, replicas):
+    """A claim left by a path that wrote nothing at its end (a take-back that failed, a task cancelled):
+    ended as a lapsed claim is, its alert judged afresh and its budget spent."""
+    clock = Clock(T0)
+    store, replica = await sqlite_replica(tmp_path, replicas, clock)
+    state, version = await store.read()
+    claim = shared.Intent("replica-0/gone", "a", None, "a", T0)
+    assert await store.commit(version, shared.with_effects(state, Effects(intent=True), alert("a"), T0, claim))
+    assert await replica.decide(alert("b")) == "allowed"
+    assert alert("a").key not in store.last.decided_keys and store.last.restart_times["a"] == (T0,)
+    await replica.actor.wait_idle()
+    assert store.last.in_progress is None
+    await store.close()

@@ -17,8 +17,8 @@ from fake_http import app_of
 from test_remediator_executors import SA_TOKEN, tls_files  # noqa: F401
 
 import llm_vitals.remediator.pods as pods
+from llm_vitals.config import KubeAccess
 from llm_vitals.kube.client import KubeClient
-from llm_vitals.kube.connect import Access
 from llm_vitals.remediator.gate import Group
 from llm_vitals.remediator.pods import CordonAndMoveExecutor, GroupExecutor, PodExecutor, PodRef, PodRemover
 
@@ -167,7 +167,7 @@ async def api(aiohttp_server, tls_files, tmp_path):  # noqa: F811
     running = await aiohttp_server(server.app(), ssl=context)
     token = tmp_path / "token"
     token.write_text(SA_TOKEN)
-    kube = KubeClient(Access(api_url=f"https://127.0.0.1:{running.port}", token_path=token, ca_path=cert, timeout=5))
+    kube = KubeClient(KubeAccess(api_url=f"https://127.0.0.1:{running.port}", token_path=token, ca_path=cert, timeout=5))
     yield server, kube
     await kube.close()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import cast
 
-import httpx
+import aiohttp
 from conftest import REPO, load_script
 from test_remediator_helpers import Clock, make_settings
 from test_remediator_loop import T0
@@ -28,7 +28,7 @@ async def test_a_pause_set_on_another_replica_a_minute_ago_is_seen(tmp_path):
     settings = make_settings(tmp_path, "http://127.0.0.1:1", {"a": {"executor": "http", "url": "http://127.0.0.1:1/r"}})
     journal = Journal(tmp_path / "journal.db")
     await journal.open(T0)
-    service = Remediator(settings, journal, mine, cast(httpx.AsyncClient, None), clock, {}, None)
+    service = Remediator(settings, journal, mine, cast(aiohttp.ClientSession, None), clock, {}, None)
     try:
         assert (await service.recent_state()).paused_until is None
         await update(other, lambda s: shared.paused_state(s, T0 + 3600, "maintenance"))

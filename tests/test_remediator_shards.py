@@ -8,7 +8,7 @@ import logging
 import time
 from datetime import UTC, datetime
 
-import httpx
+import aiohttp
 import pytest
 from test_exporter_helpers import BUSY_PAGE, FakeVllm, make_target, record, start_exporter, wait_for
 from test_exporter_helpers import make_settings as exporter_settings
@@ -80,7 +80,7 @@ async def two_exporters(aiohttp_server):
 
 async def test_the_reader_joins_every_exporter_and_knows_where_each_target_came_from(two_exporters):
     one, two = two_exporters
-    async with httpx.AsyncClient() as http:
+    async with aiohttp.ClientSession() as http:
         reader = FleetReader.of([one.url, two.url], http, timeout=2, max_age=60)
         fleet = await reader.fleet()
         assert fleet is not None and sorted(fleet.targets) == ["a", "b", "c"] and not fleet.withheld
@@ -93,7 +93,7 @@ async def test_the_reader_joins_every_exporter_and_knows_where_each_target_came_
 async def test_one_exporter_that_cannot_be_read_makes_the_whole_view_none(two_exporters):
     one, two = two_exporters
     two.fail_with = 500
-    async with httpx.AsyncClient() as http:
+    async with aiohttp.ClientSession() as http:
         reader = FleetReader.of([one.url, two.url], http, timeout=2, max_age=0)
         assert await reader.fleet() is None
         two.fail_with = None
@@ -104,7 +104,7 @@ async def test_a_target_two_exporters_report_is_withheld_and_logged_once_with_bo
     one, two = two_exporters
     two.targets["a"] = dict(one.targets["a"])
     caplog.set_level(logging.WARNING, logger="llm_vitals.remediator.exporter")
-    async with httpx.AsyncClient() as http:
+    async with aiohttp.ClientSession() as http:
         reader = FleetReader.of([one.url, two.url], http, timeout=2, max_age=0)
         for _ in range(3):
             fleet = await reader.fleet()
@@ -138,7 +138,7 @@ async def sharded(aiohttp_server, aiohttp_client):
 
 
 async def test_every_target_of_two_real_shards_is_found_exactly_once_and_one_stopped_shard_means_none(sharded):
-    async with httpx.AsyncClient() as http:
+    async with aiohttp.ClientSession() as http:
         clients = [ExporterClient(c.url, http, timeout=2, max_age=0) for c in sharded]
         reader = FleetReader(clients)
         fleet = await reader.fleet()

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from property import property_settings, record_examples
 
-from llm_vitals.exporter.engines import Page, PageError, Snapshot
+from llm_vitals.exporter.engines import Page, PageError, PageReading
 from llm_vitals.exporter.engines.scan import _LABEL_SET, Sample, Scanner, _trie
 from llm_vitals.exporter.engines.scan import _value as value_of_line
 from llm_vitals.exporter.engines.table import ENGINES
@@ -99,7 +99,7 @@ def check(text: str, legal: bool) -> None:
             result = entry.parse(Page(body))
         except PageError:
             continue
-        assert isinstance(result, Snapshot), f"{name} adapter on {text!r}"
+        assert isinstance(result, PageReading), f"{name} adapter on {text!r}"
     try:
         ours: dict[str, list[Sample]] | None = ALL.scan(text)
         for samples in ours.values():

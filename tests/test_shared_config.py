@@ -12,11 +12,12 @@ import llm_vitals.exporter.settings
 import llm_vitals.remediator.settings
 from llm_vitals.config import (
     ConfigError,
+    SecretRef,
     StrictModel,
+    WithSecrets,
     describe_validation_error,
     read_yaml,
     secret_from_env,
-    secret_from_env_or_file,
     secret_from_file,
     validate_document,
 )
@@ -266,17 +267,45 @@ def test_secret_from_env_refuses_a_blank_variable_name() -> None:
         secret_from_env("auth.token_env", " ", {" ": SECRET})
 
 
-def test_secret_from_env_or_file_prefers_env_and_names_the_key_it_read(tmp_path: Path) -> None:
+def test_a_secret_ref_reads_env_or_file_and_names_the_key_it_read(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text("from-file")
-    assert secret_from_env_or_file("auth.token", None, None, {}) is None
-    assert secret_from_env_or_file("auth.token", None, path, {}).get_secret_value() == "from-file"
-    assert secret_from_env_or_file("auth.token", "T", path, {"T": "from-env"}).get_secret_value() == "from-env"
+    assert SecretRef(key="auth.token").resolve({}) is None
+    assert SecretRef(key="auth.token", file=path).resolve({}).get_secret_value() == "from-file"
     with pytest.raises(ConfigError, match=r"^auth\.token_env: environment variable T is not set$"):
-        secret_from_env_or_file("auth.token", "T", path, {})
+        SecretRef(key="auth.token", env="T").resolve({})
     path.write_text(" ")
     with pytest.raises(ConfigError, match=r"^auth\.token_file: .* is empty$"):
-        secret_from_env_or_file("auth.token", None, path, {})
+        SecretRef(key="auth.token", file=path).resolve({})
+
+
+class _Section(WithSecrets):
+    secrets = {"token": False, "password": True}
+
+    token_env: str | None = None
+    token_file: Path | None = None
+    password_env: str | None = None
+    password_file: Path | None = None
+
+
+@pytest.mark.parametrize(("document", "problem"), [
+    ({"password_env": "P", "token_env": "T", "token_file": "/t"}, "set at most one of token_env and token_file"),
+    ({}, "set exactly one of password_env or password_file"),
+    ({"password_env": "P", "password_file": "/p"}, "set exactly one of password_env or password_file"),
+])
+def test_every_secret_pair_is_checked_by_the_one_validator(document: dict, problem: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        validate_document(_Section, document, "cfg.yaml")
+    assert str(caught.value) == f"cfg.yaml: {problem}"
+
+
+def test_a_section_reads_each_secret_once_and_names_its_key_path() -> None:
+    section = _Section.model_validate({"password_env": "P"})
+    section.read_secrets({"P": f"{SECRET}\n"}, "auth.")
+    assert section.secret("password").get_secret_value() == SECRET and section.secret("token") is None
+    assert SECRET not in repr(section) + str(section.model_dump())
+    with pytest.raises(ConfigError, match=r"^auth\.password_env: environment variable P is not set$"):
+        section.read_secrets({}, "auth.")
 
 
 # ---------------------------------------------------------------------------------------------

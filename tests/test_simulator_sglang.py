@@ -9,7 +9,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llm_vitals.exporter.engines import Page, Snapshot
+from llm_vitals.exporter.engines import Page, PageReading
 from llm_vitals.exporter.engines.sglang import ENGINE
 from llm_vitals.exporter.engines.table import read_page
 from llm_vitals.exporter.verdict import progressed
@@ -34,12 +34,12 @@ def families(text: str) -> dict[str, tuple[str, dict[str, frozenset[str]]]]:
     return out
 
 
-async def read(client: httpx.AsyncClient, url: str) -> tuple[str, Snapshot]:
+async def read(client: httpx.AsyncClient, url: str) -> tuple[str, PageReading]:
     text = (await client.get(url + "/metrics")).text
     return text, read_page(ENGINE, Page(text.encode()))
 
 
-async def wait_for(client: httpx.AsyncClient, url: str, condition, timeout: float = 10.0) -> Snapshot:
+async def wait_for(client: httpx.AsyncClient, url: str, condition, timeout: float = 10.0) -> PageReading:
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         _, snap = await read(client, url)

@@ -16,7 +16,7 @@ from conftest import FIXTURES
 
 from llm_vitals.exporter.canary import canaries_of, judge_answer
 from llm_vitals.exporter.decoupled import canary_for, config_due, unjudged
-from llm_vitals.exporter.engines import ModelConfig, PageError, Snapshot
+from llm_vitals.exporter.engines import ModelConfig, PageError, PageReading
 from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.engines.triton import generate_body, generate_wrong, model_config, parse_text
 from llm_vitals.exporter.settings import TargetSettings
@@ -194,7 +194,7 @@ def test_a_hung_decoupled_vllm_backend_model_is_stuck_within_stuck_after_and_two
         assert found - hang <= 10.0 + 2 * 5.0
 
 
-def unjudged_reads(t: TargetSettings, reads: int, start: float = 0.0) -> list[Snapshot]:
+def unjudged_reads(t: TargetSettings, reads: int, start: float = 0.0) -> list[PageReading]:
     snap = parse_text(page("idle-after-busy"))
     return [replace(snap, unjudged=unjudged(ENTRY, "toy_lm_stream", DECOUPLED, snap))] * reads
 

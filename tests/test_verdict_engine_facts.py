@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from verdict_tables import T0, Case, replay
 
-from llm_vitals.exporter.engines import EngineFacts, Snapshot
+from llm_vitals.exporter.engines import EngineFacts, PageReading
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict import Observation, PollError, Verdict
 
@@ -25,10 +25,10 @@ def target(**overrides: object) -> TargetSettings:
 
 def snap(running: float = 0, waiting: float = 0, steps: float | None = 0, *, token: str | None = None,
          start: float | None = None, counters: dict[str, float] | None = None,
-         gauges: dict[str, float] | None = None, signs: dict[str, float] | None = None) -> Snapshot:
-    return Snapshot(running, waiting, steps, process_start_time=start, restart_token=token,
-                    more_counters=tuple((counters or {}).items()), more_gauges=tuple((gauges or {}).items()),
-                    busy_signs=tuple((signs or {}).items()))
+         gauges: dict[str, float] | None = None, signs: dict[str, float] | None = None) -> PageReading:
+    return PageReading(running, waiting, steps, process_start_time=start, restart_token=token,
+                       more_counters=tuple((counters or {}).items()), more_gauges=tuple((gauges or {}).items()),
+                       busy_signs=tuple((signs or {}).items()))
 
 
 def run(rows: list[tuple[float, Observation]], facts: EngineFacts = VLLM, settings: TargetSettings | None = None) -> Verdict:

@@ -24,7 +24,7 @@ from test_verdict_units import (
     target,
 )
 
-from llm_vitals.exporter.engines import Snapshot
+from llm_vitals.exporter.engines import PageReading
 from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.settings import parse_settings
 from llm_vitals.exporter.state import StateStore, target_view
@@ -62,7 +62,7 @@ def run(engine: str, reads: list[tuple[float, str, bool | None]], **overrides: o
     verdict, out = None, []
     for at, page, paused in reads:
         snap = observe(engine, page)
-        assert isinstance(snap, Snapshot), snap
+        assert isinstance(snap, PageReading), snap
         verdict = judge(verdict, snap, at, settings, paused=paused)
         out.append(verdict)
     return out
@@ -79,7 +79,7 @@ def asked(engine: str, reads: list[tuple[float, str, bool]], **overrides: object
     due, out = False, []
     for i, (at, page, answer) in enumerate(reads):
         snap = observe(engine, page)
-        assert isinstance(snap, Snapshot), snap
+        assert isinstance(snap, PageReading), snap
         verdict = judge(verdict, snap, at, settings, paused=answer if due else None)
         out.append((due, verdict))
         # The table's reads stand for polls: the poll interval is the gap to the next one.
@@ -150,7 +150,7 @@ def test_the_pause_route_is_asked_only_when_the_next_read_could_be_stuck(
         state: str, reason: str, page: str, failures: int, reads: int, at: float, due: bool) -> None:
     settings = target("vllm")
     snap = observe("vllm", page)
-    assert isinstance(snap, Snapshot)
+    assert isinstance(snap, PageReading)
     verdict = replace(judge(None, snap, 0, settings), state=state, reason=reason, up=True,  # type: ignore[arg-type]
                       canary_failures=failures, reads_without_progress=reads, last_progress=0.0)
     assert pause_ask_due(verdict, at, settings, POLL) is due
@@ -165,7 +165,7 @@ def test_an_idle_paused_vllm_is_paused_and_gets_no_canary_and_its_canary_failure
     verdict = record_canary(verdict, CanaryOutcome("timeout", "queued behind the pause"), 6, settings)
     assert pause_ask_due(verdict, 6, settings, POLL)
     snap = observe("vllm", VLLM_IDLE)
-    assert isinstance(snap, Snapshot)
+    assert isinstance(snap, PageReading)
     verdict = judge(verdict, snap, 10, settings, paused=True)
     assert (verdict.state, verdict.reason, verdict.canary_failures) == ("paused", "paused", 0)
     assert not canary_due(verdict, snap, None, 10, settings, poll_interval=5)
@@ -241,9 +241,9 @@ def test_an_operation_in_flight_is_paused_then_stuck_past_pause_budget(family: s
 
 def test_an_operation_gauge_at_zero_is_no_operation() -> None:
     snap = observe("vllm", ops(ops(VLLM_IDLE, WEIGHT_OPS, update=0, finish=0), SLEEP_OPS, wake=0, sleep=0))
-    assert isinstance(snap, Snapshot) and snap.in_flight() == ()
+    assert isinstance(snap, PageReading) and snap.in_flight() == ()
     snap = observe("vllm", ops(VLLM_IDLE, SLEEP_OPS, wake=1, sleep=0))
-    assert isinstance(snap, Snapshot) and snap.in_flight() == ("sleep_mode:wake",)
+    assert isinstance(snap, PageReading) and snap.in_flight() == ("sleep_mode:wake",)
 
 
 def test_a_wake_up_that_hangs_reads_paused_then_stuck_not_asleep_forever() -> None:
@@ -274,7 +274,7 @@ def with_gauge(text: str, name: str, value: float) -> str:
 def test_sglang_requests_paused_for_a_weight_sync_are_paused_not_stuck() -> None:
     page = sglang_page(SGLANG_FROZEN, num_running_reqs=0, num_queue_reqs=0, num_paused_reqs=3)
     snap = observe("sglang", page)
-    assert isinstance(snap, Snapshot) and snap.paused == 3 and snap.pending and "3 paused" in snap.load()
+    assert isinstance(snap, PageReading) and snap.paused == 3 and snap.pending and "3 paused" in snap.load()
     verdicts = run("sglang", [(0, page, None), (35, page, None), (70, page, None), (200, page, None)])
     assert {(v.state, v.reason) for v in verdicts} == {("paused", "paused")}
     # The same page with those requests running and nothing paused: stuck, as before.
@@ -282,7 +282,7 @@ def test_sglang_requests_paused_for_a_weight_sync_are_paused_not_stuck() -> None
     assert run("sglang", [(0, frozen, None), (35, frozen, None), (70, frozen, None)])[-1].state == "stuck"
     # An idle server with requests paused is owed them: no canary.
     idle = observe("sglang", sglang_page(SGLANG_IDLE, num_paused_reqs=2))
-    assert isinstance(idle, Snapshot) and idle.pending
+    assert isinstance(idle, PageReading) and idle.pending
 
 
 SGLANG_QUEUES_0_5_23 = ["num_prefill_bootstrap_queue_reqs", "num_prefill_inflight_queue_reqs",
@@ -296,7 +296,7 @@ def test_every_sglang_disaggregation_queue_name_waits_on_a_peer(queue: str) -> N
     quiet = sglang_page(SGLANG_FROZEN, num_running_reqs=0, num_queue_reqs=0)
     page = sglang_page(quiet, **{queue: 4}) if queue in SGLANG_QUEUES_0_5_23 else with_gauge(quiet, queue, 4)
     snap = observe("sglang", page)
-    assert isinstance(snap, Snapshot) and snap.deferred == 4
+    assert isinstance(snap, PageReading) and snap.deferred == 4
     last = run("sglang", [(0, page, None), (35, page, None), (70, page, None)])[-1]
     assert (last.state, last.reason) == ("waiting_on_peer", "waiting_on_peer")
 

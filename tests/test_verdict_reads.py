@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from verdict_tables import T0, Case, replay
 
-from llm_vitals.exporter.engines import EngineFacts, Snapshot
+from llm_vitals.exporter.engines import EngineFacts, PageReading
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict import (
     SLOW_READ_FACTOR,
@@ -44,8 +44,8 @@ def target(**overrides: object) -> TargetSettings:
     return TargetSettings.model_validate(config)
 
 
-def snap(running: float = 0, steps: float = 0) -> Snapshot:
-    return Snapshot(running, 0, steps, process_start_time=1.0)
+def snap(running: float = 0, steps: float = 0) -> PageReading:
+    return PageReading(running, 0, steps, process_start_time=1.0)
 
 
 BUSY = [(0.0, snap(2, 5)), (5.0, snap(2, 9))]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 from verdict_tables import T0, Case, replay
 
-from llm_vitals.exporter.engines import EngineFacts, Snapshot
+from llm_vitals.exporter.engines import EngineFacts, PageReading
 from llm_vitals.exporter.engines.table import ENGINES
 from llm_vitals.exporter.settings import ExporterSettings, TargetSettings
 from llm_vitals.exporter.verdict import Observation, PollError, Verdict, is_live, saturated
@@ -41,9 +41,9 @@ def target(**overrides: object) -> TargetSettings:
 SHIPPED = target()
 
 
-def full(steps: float, running: float = 2, deferred: float = 1) -> Snapshot:
+def full(steps: float, running: float = 2, deferred: float = 1) -> PageReading:
     """llama-server's page as the adapter reads it: busy slots running, deferred requests waiting."""
-    return Snapshot(running, deferred, steps, restart_token="1571301719")
+    return PageReading(running, deferred, steps, restart_token="1571301719")
 
 
 def unanswered(seen: Observation, start: float, stop: float, step: float = UNANSWERED_POLL) -> list[tuple[float, Observation]]:
@@ -114,7 +114,7 @@ def test_a_saturated_server_that_stops_is_stuck_within_stuck_after_and_two_polls
     (2, 0, VLLM, FROZEN),
 ])
 def test_a_server_not_saturated_that_stops_is_still_frozen_at_down_after(running, waiting, facts, seen) -> None:
-    rows = [(0.0, Snapshot(running, waiting, 700, restart_token="a")), (5.0, Snapshot(running, waiting, 800, restart_token="a")),
+    rows = [(0.0, PageReading(running, waiting, 700, restart_token="a")), (5.0, PageReading(running, waiting, 800, restart_token="a")),
             *unanswered(seen, 30, 200)]
     stuck_at = first(replay(rows, SHIPPED, facts), rows, "stuck")
     assert stuck_at <= 5 + SHIPPED.down_after + 2 * UNANSWERED_POLL and stuck_at < 5 + SHIPPED.stuck_after, stuck_at
@@ -129,5 +129,5 @@ def test_a_refused_read_breaks_the_saturated_chain() -> None:
     (2, 1, True), (1, 4, True), (2, 0, False), (0, 3, False), (0, 0, False),
 ])
 def test_saturated_is_work_queued_behind_running_work(running, waiting, expected) -> None:
-    assert saturated(Snapshot(running, waiting)) is expected
+    assert saturated(PageReading(running, waiting)) is expected
     assert saturated(None) is False

@@ -15,7 +15,7 @@ import pytest
 from conftest import FIXTURES
 from prometheus_client.parser import text_string_to_metric_families
 
-from llm_vitals.exporter.engines import Page, PageError, Snapshot
+from llm_vitals.exporter.engines import Page, PageError, PageReading
 from llm_vitals.exporter.engines.table import engine_of, read_page
 from llm_vitals.exporter.settings import TargetSettings, parse_settings
 from llm_vitals.exporter.state import StateStore, target_view
@@ -46,7 +46,7 @@ def setting(text: str, sample: str, value: float) -> str:
     return changed
 
 
-def observe(engine: str, text: str) -> Snapshot | PollError:
+def observe(engine: str, text: str) -> PageReading | PollError:
     try:
         return read_page(engine_of(engine), Page(text.encode()))
     except PageError as exc:
@@ -108,7 +108,7 @@ def test_the_two_engine_page_is_a_valid_page_with_both_engines() -> None:
     running = {dict(labels)["engine"]: v for (name, labels), v in values.items() if name == "vllm:num_requests_running"}
     assert running == {"0": 2.0, "1": 2.0}
     snap = observe("vllm", page)
-    assert isinstance(snap, Snapshot)
+    assert isinstance(snap, PageReading)
     assert (snap.running, snap.waiting) == (4, 14)  # the sums stay for the rates and the API
     assert [(u.name, u.running, u.waiting, u.counters[0]) for u in snap.units] == [
         ('engine="0"', 2, 6, 462), ('engine="1"', 2, 8, 10547)]
@@ -155,9 +155,9 @@ def test_a_unit_pending_without_its_own_progress_asks_the_health_route() -> None
     settings = target("vllm")
     first = judge(None, observe("vllm", two_engines(VLLM_BUSY, VLLM_FROZEN)), 0, settings)
     moving = observe("vllm", two_engines(stepping(VLLM_BUSY, 600), VLLM_FROZEN))
-    assert isinstance(moving, Snapshot) and health_check_due(first, moving)
+    assert isinstance(moving, PageReading) and health_check_due(first, moving)
     both = observe("vllm", two_engines(stepping(VLLM_BUSY, 600), stepping(VLLM_FROZEN, 10600)))
-    assert isinstance(both, Snapshot) and not health_check_due(first, both)
+    assert isinstance(both, PageReading) and not health_check_due(first, both)
 
 
 # -- vLLM: deferred work on one engine ---------------------------------------------------------------
@@ -194,7 +194,7 @@ def test_work_the_engine_deferred_waits_on_a_peer_never_a_restart(reads, state: 
 
 def test_the_deferred_count_is_read_and_shown() -> None:
     snap = observe("vllm", deferred(VLLM_FROZEN, 0, 8, 3))
-    assert isinstance(snap, Snapshot) and (snap.waiting, snap.deferred) == (8, 3)
+    assert isinstance(snap, PageReading) and (snap.waiting, snap.deferred) == (8, 3)
     assert observe("vllm", VLLM_BUSY).deferred == 0  # type: ignore[union-attr]
     assert "3 deferred" in snap.load()
 
@@ -387,7 +387,7 @@ def test_the_two_rank_page_is_a_valid_page_with_both_ranks() -> None:
     ranks = {dict(labels).get("dp_rank") for (name, labels) in client_values(page) if name == "sglang:num_running_reqs"}
     assert ranks == {"0", "1"}
     snap = observe("sglang", page)
-    assert isinstance(snap, Snapshot) and [u.name for u in snap.units] == ['dp_rank="0"', 'dp_rank="1"']
+    assert isinstance(snap, PageReading) and [u.name for u in snap.units] == ['dp_rank="0"', 'dp_rank="1"']
     assert observe("sglang", SGLANG_BUSY).units == ()  # type: ignore[union-attr]
 
 
@@ -420,7 +420,7 @@ def transfer_queued(text: str, queue: str, count: float) -> str:
 def test_sglang_requests_in_a_transfer_queue_with_nothing_moving_wait_on_a_peer(queue: str) -> None:
     page = transfer_queued(SGLANG_IDLE, queue, 4)
     snap = observe("sglang", page)
-    assert isinstance(snap, Snapshot) and snap.deferred == 4 and snap.pending
+    assert isinstance(snap, PageReading) and snap.deferred == 4 and snap.pending
     last = run("sglang", [(0, page), (35, page), (70, page)])[-1]
     assert (last.state, last.reason) == ("waiting_on_peer", "waiting_on_peer"), last.detail
 

@@ -63,19 +63,8 @@ def render_vitals(store: StateStore, now: float) -> str:
 
 
 class VitalsCollector(Collector):
-    """FAMILIES as prometheus-client metric families, for example::
-
-        llm_vitals_target_info{target="gpu-a",engine="vllm",role="backend",url="http://10.0.0.5:8000",workload="gpu-a"} 1
-        llm_vitals_up{target="gpu-a"} 1
-        llm_vitals_state{target="gpu-a",state="busy"} 1
-        llm_vitals_state{target="gpu-a",state="stuck"} 0
-        llm_vitals_requests_running{target="gpu-a"} 2
-        llm_vitals_engine_steps_per_second{target="gpu-a"} 31.5
-        llm_vitals_stuck_seconds{target="gpu-a"} 0
-        llm_vitals_restarts_total{target="gpu-a"} 1
-        llm_vitals_canary_requests_total{target="gpu-a",result="ok"} 12
-        llm_vitals_poll_errors_total{target="gpu-a",reason="timeout"} 0
-    """
+    """FAMILIES as prometheus-client metric families: the samples `collector.target_texts` writes (its
+    docstring has an example), built by the client library, to hold the exporter's own text to it."""
 
     def __init__(self, store: StateStore, clock: Callable[[], float] = time.time) -> None:
         self.store = store

@@ -1,8 +1,10 @@
-"""Print the metrics reference (docs/metrics.md): one markdown row per metric the exporter's collector emits.
+"""Print the metrics reference (docs/metrics.md): one markdown row per metric the exporter's collector
+emits, then one per metric of the remediator.
 
 The names, types, labels and HELP texts come from the exposition's own table,
 `llm_vitals.exporter.collector.FAMILIES`, and from `LifecycleCollector` and `LoopLagCollector` (run
-on a one-target store, no polling, no network), so docs/metrics.md cannot drift from the code:
+on a one-target store, no polling, no network), and from the remediator's tables
+(`llm_vitals.remediator.metrics.EVENTS` and `FAMILIES`), so docs/metrics.md cannot drift from the code:
 
     .venv/bin/python tools/metrics_table.py            # print the table
     .venv/bin/python tools/metrics_table.py --write    # replace it in docs/metrics.md, between the markers
@@ -20,6 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 REFERENCE = REPO / "docs" / "metrics.md"
 START = "<!-- metrics-table:start -->"
 END = "<!-- metrics-table:end -->"
+REMEDIATOR_START = "<!-- remediator-metrics-table:start -->"
+REMEDIATOR_END = "<!-- remediator-metrics-table:end -->"
 
 sys.path.insert(0, str(REPO))  # run from a checkout without installing, too
 
@@ -35,6 +39,7 @@ from llm_vitals.exporter.loop_lag import LoopLag  # noqa: E402
 from llm_vitals.exporter.reload import ReloadState  # noqa: E402
 from llm_vitals.exporter.settings import parse_settings  # noqa: E402
 from llm_vitals.exporter.state import StateStore  # noqa: E402
+from llm_vitals.remediator import metrics as remediator_metrics  # noqa: E402
 
 
 def _cell(text: str) -> str:
@@ -63,29 +68,39 @@ def metrics_table() -> str:
     return "\n".join(rows)
 
 
-def readme_table(text: str) -> str:
+def remediator_table() -> str:
+    """The remediator's metrics as a markdown table: its events, then what a scrape reads of its state."""
+    rows = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
+    for each in [*remediator_metrics.EVENTS, *remediator_metrics.FAMILIES]:
+        labels = ", ".join(f"`{label}`" for label in each.labels) or "–"
+        rows.append(f"| `{each.name}` | {each.kind} | {labels} | {_cell(each.help)} |")
+    return "\n".join(rows)
+
+
+def readme_table(text: str, start: str = START, end: str = END) -> str:
     """The table currently between the markers in the reference text."""
-    if START not in text or END not in text:
-        raise ValueError(f"docs/metrics.md has no {START} ... {END} block")
-    return text.split(START, 1)[1].split(END, 1)[0].strip()
+    if start not in text or end not in text:
+        raise ValueError(f"docs/metrics.md has no {start} ... {end} block")
+    return text.split(start, 1)[1].split(end, 1)[0].strip()
 
 
-def replace_table(text: str, table: str) -> str:
-    before, rest = text.split(START, 1)
-    after = rest.split(END, 1)[1]
-    return f"{before}{START}\n{table}\n{END}{after}"
+def replace_table(text: str, table: str, start: str = START, end: str = END) -> str:
+    before, rest = text.split(start, 1)
+    after = rest.split(end, 1)[1]
+    return f"{before}{start}\n{table}\n{end}{after}"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="update docs/metrics.md between the marker comments")
     args = parser.parse_args(argv)
-    table = metrics_table()
+    table, remediator = metrics_table(), remediator_table()
     if args.write:
-        REFERENCE.write_text(replace_table(REFERENCE.read_text(), table))
+        text = replace_table(REFERENCE.read_text(), table)
+        REFERENCE.write_text(replace_table(text, remediator, REMEDIATOR_START, REMEDIATOR_END))
         print(f"updated {REFERENCE}")
     else:
-        print(table)
+        print(f"{table}\n\n{remediator}")
     return 0
 
 

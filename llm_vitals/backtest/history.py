@@ -2,7 +2,7 @@
 
 A read happens at each point of a grid `step` apart. It sees the target's latest scrape within
 `(at - step, at]`: every series of that scrape, written back as the lines of a `/metrics` page, so
-the engine's own adapter (exporter/engines/) parses it into its Snapshot, exactly as the exporter
+the engine's own adapter (exporter/engines/) parses it into its PageReading, exactly as the exporter
 would have. No scrape within the window is a missed read (the exporter's rule for a read that
 failed: evidence of nothing, `down` only after `down_after`).
 
@@ -44,14 +44,14 @@ class Series:
 class Read:
     """One read the exporter would have made at `at`: a page, or None when no scrape fell in its window.
 
-    `extra` holds the scrape's lines of families the engine's adapter does not read (the watchdog's
-    queue-time histogram), by page line prefix: kept off the page the adapter scans.
+    `extra` holds the scrape's values of families the engine's adapter does not read (the watchdog's
+    queue-time histogram, Prometheus's `up`), by page line prefix: kept off the page the adapter scans.
     """
 
     at: float
     page: str | None
     scraped_at: float | None = None
-    extra: Mapping[str, str] = field(default_factory=dict)
+    extra: Mapping[str, float] = field(default_factory=dict)
     # The fast path (`Columns`): the samples the adapter's scanner would have found on the page,
     # instead of the page, and what makes two reads' scrapes the same (equal keys: equal samples).
     found: Mapping[str, list[Sample]] | None = None
@@ -92,7 +92,7 @@ class Scrapes:
     times: list[float] = field(default_factory=list)
     # Per scrape: its page lines (prefix -> the whole line) and the lines kept off the page (prefix -> value).
     lines: list[dict[str, str]] = field(default_factory=list)
-    extras: list[dict[str, str]] = field(default_factory=list)
+    extras: list[dict[str, float]] = field(default_factory=list)
     duplicates: set[str] = field(default_factory=set)  # page lines two series wrote at one scrape
 
     @classmethod
@@ -100,7 +100,7 @@ class Scrapes:
         """Gather the series of one target by scrape time (every series of one scrape shares its timestamp);
         series of `extra_names` are kept off the page (Read.extra)."""
         off_page = frozenset(extra_names)
-        rows: dict[float, tuple[dict[str, str], dict[str, str]]] = {}
+        rows: dict[float, tuple[dict[str, str], dict[str, float]]] = {}
         duplicates: set[str] = set()
         for one in series:
             prefix = line_prefix(one)
@@ -109,11 +109,12 @@ class Scrapes:
                 row = rows.get(at)
                 if row is None:
                     row = rows[at] = ({}, {})
-                kept = row[1] if extra else row[0]
-                if prefix in kept:
+                if prefix in row[extra]:
                     duplicates.add(prefix)
-                    continue
-                kept[prefix] = format_value(value) if extra else f"{prefix} {format_value(value)}\n"
+                elif extra:
+                    row[1][prefix] = value
+                else:
+                    row[0][prefix] = f"{prefix} {format_value(value)}\n"
         times = sorted(rows)
         return cls(times, [rows[at][0] for at in times], [rows[at][1] for at in times], duplicates)
 
@@ -171,8 +172,10 @@ class Columns:
     times: list[float]
     rows: list[tuple[float | None, ...]]  # per scrape, per column: its value, None where it wrote none
     duplicates: set[str] = field(default_factory=set)
-    _last: tuple[object, Mapping[str, list[Sample]] | None, dict[str, str]] | None = None
+    # The last scrape built: (its index, its row, key, samples, off-page lines).
+    _last: tuple[int, tuple[float | None, ...], object, Mapping[str, list[Sample]] | None, dict[str, float]] | None = None
     _groups: Layout | None = None
+    _built: tuple[list[Sample], tuple[float | None, ...]] | None = None  # the last full row's samples, and the row
 
     @classmethod
     def of(cls, series: Sequence[Series], extra_names: Iterable[str] = ()) -> Columns:
@@ -182,6 +185,8 @@ class Columns:
         columns: list[Column] = []
         members: list[list[Series]] = []
         for one in series:
+            if not one.times:
+                continue  # a series with no sample in this chunk writes no line: no column
             prefix = line_prefix(one)
             place = index.get(prefix)
             if place is None:
@@ -190,7 +195,7 @@ class Columns:
                 members.append([one])
             else:
                 members[place].append(one)
-        first = series[0].times if series else ()
+        first = members[0][0].times if members else ()
         duplicates: set[str] = set()
         if all(len(group) == 1 and group[0].times == first for group in members):
             # The common case: every series was scraped at every scrape (arrays compare in C).
@@ -218,26 +223,41 @@ class Columns:
         index = bisect.bisect_right(self.times, at, start) - 1
         if index < 0 or self.times[index] <= at - step:
             return Read(at, None), max(start, index)
-        row = self.rows[index]
-        key = (self.columns, row)
-        if self._last is None or self._last[0] != key:
-            groups, off_page, label_texts, spans = self._layout()
-            found: dict[str, list[Sample]]
-            if label_texts and None not in row:
-                # Every line present (the common scrape): one pass over the row, sliced by family.
-                samples = [_new_sample(Sample, pair) for pair in zip(label_texts, row, strict=True)]
-                found = {name: samples[low:high] for name, low, high in spans}
-            else:
-                found = {}
-                for name, members in groups:
-                    some = [_new_sample(Sample, (label_text, row[i])) for label_text, i in members if row[i] is not None]
-                    if some:
-                        found[name] = some
-            extra = {prefix: format_value(value) for prefix, i in off_page if (value := row[i]) is not None}
-            self._last = (key, found or None, extra)
-        _, found_now, extra_now = self._last
+        last = self._last
+        if last is None or last[0] != index:
+            row = self.rows[index]
+            # A scrape equal to the last one built (an idle or hung server's) keeps its samples and key:
+            # the same objects, so what is read of them (the snapshot) is read once per run.
+            same = last is not None and (last[1] is row or last[1] == row)
+            self._last = last = (index, *last[1:]) if same and last is not None else (index, row, *self._found(row))
+        _, _, key, found_now, extra_now = last
         # A scrape with nothing of the engine's (only `up`, at 0: Prometheus's scrape failed) is no page.
-        return Read(at, None, self.times[index], extra_now, found_now, key if found_now else None), index
+        return Read(at, None, self.times[index], extra_now, found_now, key), index
+
+    def _found(self, row: tuple[float | None, ...]) -> tuple[object, Mapping[str, list[Sample]] | None, dict[str, float]]:
+        """(key, the samples by family the scanner would have found, the off-page lines) of one scrape's row."""
+        groups, off_page, label_texts, spans = self._layout()
+        found: dict[str, list[Sample]]
+        if label_texts and None not in row:
+            # Every line present (the common scrape), sliced by family. A line whose value is that of the
+            # last row built (a gauge that held, a counter that did not move: most of them) keeps its
+            # sample: only the lines that moved are made anew.
+            built = self._built
+            if built is None:
+                samples = list(map(_new_sample, itertools.repeat(Sample), zip(label_texts, row, strict=True)))
+            else:
+                samples = [old if a == b and (a or math.copysign(1.0, a) == math.copysign(1.0, b))  # type: ignore[arg-type]
+                           else _new_sample(Sample, (old[0], b)) for old, a, b in zip(*built, row, strict=True)]
+            self._built = (samples, row)
+            found = {name: samples[low:high] for name, low, high in spans}
+        else:
+            found = {}
+            for name, members in groups:
+                some = [_new_sample(Sample, (label_text, row[i])) for label_text, i in members if row[i] is not None]
+                if some:
+                    found[name] = some
+        extra = {prefix: value for prefix, i in off_page if (value := row[i]) is not None}
+        return ((self.columns, row) if found else None), (found or None), extra
 
     def _layout(self) -> Layout:
         # The page's families in page order, each with its lines' (label set, column); the off-page

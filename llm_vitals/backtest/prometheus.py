@@ -13,21 +13,22 @@ what came back (HTTP status and Prometheus's own `error`), and what the backtest
 
 from __future__ import annotations
 
+import http.client
+import json
 import math
 import threading
 import time
+import urllib.error
+import urllib.request
 from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
-
-import httpx
+from urllib.parse import urlencode
 
 from llm_vitals.backtest.history import Series
 
-# Reads per series in one chunk: a week at 15 s is 28 chunks of 6 h.
+# Reads per series in one chunk: a week at 15 s is 28 chunks of 6 h; Prometheus refuses over 11,000 a series.
 CHUNK_POINTS = 1440
-# Prometheus's own bound on a query_range answer, per series: a chunk never comes near it.
-PROMETHEUS_MAX_POINTS = 11_000
 RETRIES = 2  # on 503, 429 and timeouts: Prometheus busy or restarting
 MIN_SPLIT_SECONDS = 60.0  # a 422 range is halved down to this
 
@@ -58,43 +59,59 @@ def name_selector(names: Sequence[str], matchers: str) -> str:
 
 
 class Prometheus:
-    """A synchronous client of one Prometheus, safe to share between threads (httpx.Client is)."""
+    """A synchronous client of one Prometheus, safe to share between threads (each request its own connection).
 
-    def __init__(self, url: str, *, timeout: float = 60.0, client: httpx.Client | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    The standard library's client: the reading threads (run.py) need a blocking one, and the
+    project's one HTTP client library, aiohttp's, is asynchronous. Proxies from the environment
+    are not used: the Prometheus asked for is the one named.
+    """
+
+    def __init__(self, url: str, *, timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
-        self._client = client or httpx.Client(timeout=timeout, trust_env=False)
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         self._sleep = sleep
         self.splits = 0  # queries Prometheus refused as too large (422), read again in halves
         self._lock = threading.Lock()  # the reading threads (run.py) share one client
 
     def close(self) -> None:
-        self._client.close()
+        """Nothing held between requests: kept so that a caller may close what it opened."""
 
-    def _get(self, path: str, params: list[tuple[str, str | int | float | bool | None]], what: str) -> Any:
+    def _answer(self, path: str, params: list[tuple[str, str]]) -> tuple[int, bytes]:
+        """The status and body of one GET; an error status is an answer too. Raises TimeoutError or OSError."""
+        try:
+            with self._opener.open(f"{self.url}{path}?{urlencode(params)}", timeout=self.timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            with exc:
+                return exc.code, exc.read()
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, TimeoutError):
+                raise exc.reason from None
+            raise
+
+    def _get(self, path: str, params: list[tuple[str, str]], what: str) -> Any:
         last = ""
         for attempt in range(RETRIES + 1):
             if attempt:
                 self._sleep(min(2.0 ** attempt, 10.0))
             try:
-                response = self._client.get(f"{self.url}{path}", params=params, timeout=self.timeout)
-            except httpx.TimeoutException:
+                status, content = self._answer(path, params)
+            except TimeoutError:
                 last = f"no answer within {self.timeout:g}s"
                 continue
-            except httpx.HTTPError as exc:
-                raise PrometheusError(f"{what}: cannot reach Prometheus at {self.url}: {exc}") from None
-            if response.status_code in (429, 502, 503, 504):
-                last = f"HTTP {response.status_code} {_error_of(response)}".strip()
+            except (OSError, http.client.HTTPException) as exc:  # URLError (refused, unknown host), a broken answer
+                raise PrometheusError(f"{what}: cannot reach Prometheus at {self.url}: {_reason(exc)}") from None
+            if status in (429, 502, 503, 504):
+                last = f"HTTP {status} {_error_of(content)}".strip()
                 continue
-            if response.status_code == 422 and _error_type(response) == "execution":
+            if status == 422 and _error_type(content) == "execution":
                 # Prometheus's only 422 on a well-formed instant query: it would load too many samples.
-                raise TooLarge(f"{what}: Prometheus answered HTTP 422 {_error_of(response)}".rstrip())
-            if response.status_code != 200:
-                raise PrometheusError(f"{what}: Prometheus answered HTTP {response.status_code} "
-                                      f"{_error_of(response)}".rstrip())
+                raise TooLarge(f"{what}: Prometheus answered HTTP 422 {_error_of(content)}".rstrip())
+            if status != 200:
+                raise PrometheusError(f"{what}: Prometheus answered HTTP {status} {_error_of(content)}".rstrip())
             try:
-                body = response.json()
+                body = json.loads(content)
             except ValueError:
                 raise PrometheusError(f"{what}: Prometheus's answer is not JSON") from None
             if not isinstance(body, dict) or body.get("status") != "success":
@@ -167,19 +184,25 @@ def _ts(seconds: float) -> str:
     return f"{seconds:.3f}"
 
 
-def _error_type(response: httpx.Response) -> str:
+def _reason(exc: OSError | http.client.HTTPException) -> str:
+    """What a failed connection was, in words: a URLError's reason, else the error itself."""
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    return str(getattr(reason, "strerror", None) or reason)
+
+
+def _error_type(content: bytes) -> str:
     try:
-        body = response.json()
+        body = json.loads(content)
     except ValueError:
         return ""
     return str(body.get("errorType", "")) if isinstance(body, dict) else ""
 
 
-def _error_of(response: httpx.Response) -> str:
+def _error_of(content: bytes) -> str:
     try:
-        body = response.json()
+        body = json.loads(content)
     except ValueError:
-        return response.text[:200]
+        return content.decode("utf-8", "replace")[:200]
     if isinstance(body, dict) and body.get("error"):
         return f"({body.get('errorType', 'error')}: {str(body['error'])[:300]})"
     return ""

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 
 from llm_vitals.backtest.history import Read
 from llm_vitals.backtest.rules import AlertRule
-from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot
+from llm_vitals.backtest.steady import Steady, steady
+from llm_vitals.exporter.engines import Engine, Page, PageError, PageReading
 from llm_vitals.exporter.engines.scan import Sample
 from llm_vitals.exporter.engines.table import read_page
 from llm_vitals.exporter.settings import TargetSettings
@@ -64,8 +65,8 @@ QUEUE_TIME_FAMILIES = (QUEUE_TIME_BUCKET, QUEUE_TIME_COUNT)
 
 
 @functools.cache
-def found_parser(engine: str) -> Callable[[dict[str, list[Sample]]], Snapshot] | None:
-    """The adapter's own `parse_found` (what its scanner found on a page -> its Snapshot), where it has one."""
+def found_parser(engine: str) -> Callable[[dict[str, list[Sample]]], PageReading] | None:
+    """The adapter's own `parse_found` (what its scanner found on a page -> its PageReading), where it has one."""
     from llm_vitals.exporter.engines.table import ENGINES
 
     entry = ENGINES[engine]
@@ -75,12 +76,13 @@ def found_parser(engine: str) -> Callable[[dict[str, list[Sample]]], Snapshot] |
     return parser if callable(parser) else None
 
 
-def read_found(entry: Engine, found: Mapping[str, list[Sample]]) -> Snapshot:
-    """`entry`'s Snapshot of the samples its scanner would have found on the page (Read.found)."""
+def read_found(entry: Engine, found: Mapping[str, list[Sample]]) -> PageReading:
+    """`entry`'s PageReading of the samples its scanner would have found on the page (Read.found)."""
     parser = found_parser(entry.name)
     if parser is None:
         raise PageError("bad_metrics", f"engine {entry.name} reads no samples directly")  # run.py never asks
-    return parser(dict(found))
+    # The adapter only reads what it is given (a run of identical reads shares one mapping).
+    return parser(found if isinstance(found, dict) else dict(found))
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,17 +150,17 @@ class Watchdog:
     failing: bool = False
     periods: list[tuple[float, float | None]] = field(default_factory=list)
     _frozen_since: float | None = None
-    _last: Snapshot | None = None
+    _last: PageReading | None = None
     _last_at: float | None = None
     _queue: tuple[float, float] | None = None  # (count, bucket at the bound) at the last read
     _slow_queue: bool = False  # the last requests scheduled waited longer than the bound
     _last_failing: float | None = None
     _waiting_since: float | None = None  # first of the reads since which requests have been waiting
     _finishes: deque[tuple[float, float]] = field(default_factory=deque)  # (time, finished) over the horizon
-    _lines: Mapping[str, str] | None = None
+    _lines: Mapping[str, float] | None = None
     _lines_queue: tuple[float, float] | None = None
 
-    def feed(self, at: float, snap: Snapshot | None, lines: Mapping[str, str], restarted: bool,
+    def feed(self, at: float, snap: PageReading | None, lines: Mapping[str, float], restarted: bool,
              unreachable: bool = False) -> None:
         """Fold one read in; a missed read (`snap` None) changes nothing, it shows nothing either way, unless
         Prometheus's own scrape failed there (`unreachable`, `up` 0): a probe would have failed too."""
@@ -166,7 +168,8 @@ class Watchdog:
             if unreachable:
                 self._failing(at, True)
             return
-        if (snap is self._last and not restarted and not snap.pending and not self.failing and not self._slow_queue
+        pending = snap.pending
+        if (snap is self._last and not restarted and not pending and not self.failing and not self._slow_queue
                 and self._frozen_since is None and self._waiting_since is None and not self._finishes):
             # The same idle read again (a quiet server's run of identical scrapes): nothing below can
             # change but the time of the last read.
@@ -177,7 +180,7 @@ class Watchdog:
             # The same scrape's lines (a run of identical reads) are the same object: counted once.
             self._lines, self._lines_queue = lines, _queue_counts(lines, self.timeout) if lines else None
         queue = self._lines_queue
-        if restarted or not snap.pending:
+        if restarted or not pending:
             self._slow_queue = False
         elif queue is not None and self._queue is not None:
             scheduled, fast = queue[0] - self._queue[0], queue[1] - self._queue[1]
@@ -186,13 +189,13 @@ class Watchdog:
                 # scheduled, the last evidence stands (a probe would queue behind the same backlog).
                 self._slow_queue = scheduled > fast
         moved = last is not None and _moved(last, snap)
-        if not snap.pending or moved:
+        if not pending or moved:
             self._frozen_since = None
         elif self._frozen_since is None:
             # Pending and nothing moved since the last read: frozen since then (since now on a lifetime's first read).
             self._frozen_since = last_at if last_at is not None else at
         frozen = self._frozen_since is not None and at - self._frozen_since >= self.timeout
-        backlog = self._backlog(at, snap, restarted)
+        backlog = self._backlog(at, snap, restarted or not pending)
         self._failing(at, self._slow_queue or frozen or backlog)
         self._last, self._last_at, self._queue = snap, at, queue
 
@@ -207,10 +210,10 @@ class Watchdog:
             self.periods[-1] = (self.periods[-1][0], at)
             self.failing = False
 
-    def _backlog(self, at: float, snap: Snapshot, restarted: bool) -> bool:
+    def _backlog(self, at: float, snap: PageReading, restarted_or_idle: bool) -> bool:
         """More waiting than the recent finish rate clears within `timeout`: a probe joins the queue's tail
         and waits for every request ahead of it to be scheduled, one per finished request."""
-        if restarted or snap.finished is None or not snap.pending:
+        if restarted_or_idle or snap.finished is None:
             # The finish rate measures the server's pace only while it has work throughout: an idle
             # spell's few finishes would make a request that just arrived look stuck behind a slow queue.
             self._finishes.clear()
@@ -239,35 +242,47 @@ class Watchdog:
         return len(self.periods)
 
 
-def _moved(before: Snapshot, after: Snapshot) -> bool:
+def _moved(before: PageReading, after: PageReading) -> bool:
     """An engine step or a finished request between two reads (what moves a request-based probe along)."""
     steps = before.steps is not None and after.steps is not None and after.steps > before.steps
     done = before.finished is not None and after.finished is not None and after.finished > before.finished
     return steps or done
 
 
-def _queue_counts(lines: Mapping[str, str], timeout: float) -> tuple[float, float] | None:
-    """(requests scheduled, those that waited <= the smallest bucket bound >= timeout) in a read's lines, or None."""
-    count: float | None = None
-    bounds: dict[float, float] = {}
-    for prefix, text in lines.items():
-        try:
-            value = float(text)
-        except ValueError:
-            continue
-        if not math.isfinite(value):
-            continue
+def _queue_counts(lines: Mapping[str, float], timeout: float) -> tuple[float, float] | None:
+    """(requests scheduled, those that waited <= the smallest bucket bound >= timeout) in a read's lines, or None.
+
+    Only finite values count; the bound is the smallest one >= timeout with a finite value."""
+    counts, bounds = _queue_lines(tuple(lines), timeout)
+    finite = [value for prefix in counts if math.isfinite(value := lines[prefix])]
+    if not finite:
+        return None
+    for prefixes in bounds:
+        at_bound = [value for prefix in prefixes if math.isfinite(value := lines[prefix])]
+        if at_bound:
+            return sum(finite), sum(at_bound)
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _queue_lines(prefixes: tuple[str, ...], timeout: float) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    """Of a read's off-page lines (the same set scrape after scrape: worked out once): the queue-time count's,
+    and the bucket lines at each bound >= timeout, smallest bound first."""
+    counts: list[str] = []
+    bounds: dict[float, list[str]] = {}
+    for prefix in prefixes:
         name = prefix.partition("{")[0]
         if name == QUEUE_TIME_COUNT:
-            count = (count or 0.0) + value
+            counts.append(prefix)
         elif name == QUEUE_TIME_BUCKET:
             match = _LE.search(prefix)
-            le = float(match.group(1)) if match else math.nan
+            try:
+                le = float(match.group(1)) if match else math.nan
+            except ValueError:
+                le = math.nan
             if le >= timeout:
-                bounds[le] = bounds.get(le, 0.0) + value
-    if count is None or not bounds:
-        return None
-    return count, bounds[min(bounds)]
+                bounds.setdefault(le, []).append(prefix)
+    return tuple(counts), tuple(tuple(bounds[le]) for le in sorted(bounds))
 
 
 _LE = re.compile(r'[{,]le="([^"]*)"')
@@ -291,7 +306,7 @@ class TargetReplay:
 
     def __init__(self, name: str, engine: Engine, settings: TargetSettings, rules: Sequence[AlertRule], *,
                  watchdog_timeout: float, step: float, workload: str | None = None, trace: bool = False,
-                 record_from: float = -math.inf, labels: Mapping[str, str] | None = None) -> None:
+                 record_from: float = -math.inf, labels: Mapping[str, str] | None = None, skip: bool = True) -> None:
         self.name = name
         self.labels = dict(labels or {})  # its series' labels (no __name__): what --incidents' selectors match
         self.engine = engine
@@ -323,45 +338,36 @@ class TargetReplay:
         self._last_page: object = None  # the page (or Read.key) the last snapshot was parsed from
         self._unscraped_since: float | None = None  # first of the reads since which nothing at all was scraped
         self.gone_at: float | None = None  # set by finish(): its scrapes stopped for good here
-        self._last_snap: Snapshot | None = None
+        self._last_snap: PageReading | None = None
+        # Reads of one snapshot in a run judge answers alike but for the time are not judged again
+        # (steady.py); False: every read judged, the reference tests/test_backtest_steady.py holds it to.
+        self.skip = skip
+        self._steady: Steady | None = None
+        self._judged_snap: PageReading | None = None  # the snapshot of the last read judged, and its time
+        self._judged_at: float | None = None
 
     def feed(self, read: Read) -> None:
         """Judge one read, as the exporter's poll would have."""
-        observation: Snapshot | PollError
-        snap: Snapshot | None = None
         self.reads += 1
-        if not read.scraped:
-            self.missed_reads += 1
-            if read.extra.get(UP) == "0.0":
-                observation = PollError("connect", "Prometheus's scrape of it failed (up 0)")
-            else:
-                observation = PollError("connect", f"no scrape in the history within the {self.step:g}s before this read")
-            if not read.extra and self._unscraped_since is None:
-                self._unscraped_since = read.at
-        if read.scraped or read.extra:
-            self._unscraped_since = None
-        if read.scraped:
-            try:
-                # The adapter is pure: the same page (a quiet or hung server's) is the same snapshot.
-                key = read.key if read.found is not None else read.page
-                if key != self._last_page or self._last_snap is None:
-                    self._last_snap, self._last_page = None, key
-                    self._last_snap = (read_found(self.engine, read.found) if read.found is not None
-                                       else read_page(self.engine, Page(str(read.page).encode())))
-                snap = self._last_snap
-                observation = snap
-            except PageError as exc:
-                observation = PollError(exc.reason, exc.detail)
-                if exc.reason not in self._page_errors:
-                    self.notes.append(Note(read.at, f"the {self.engine.name} adapter refused the page rebuilt from "
-                                                    f"the scrape at {read.scraped_at}: {exc.reason}: {exc.detail}"))
-                self._page_errors[exc.reason] = self._page_errors.get(exc.reason, 0) + 1
-        before = self.verdict
-        verdict = judge(before, observation, read.at, self.settings, self.engine.facts)
-        self.verdict = verdict
+        observation, snap = self._observe(read)
         if self.first_read is None:
             self.first_read = read.at
         self.last_read = read.at
+        run = self._steady
+        if run is not None and snap is not None and snap is self._judged_snap and run.covers(read.at):
+            # The same snapshot again, in a run judge answers alike but for the time (steady.py): its
+            # verdict stands, and only what counts time (the alert rules' for:, the watchdog) moves on.
+            verdict = run.verdict
+            self._evaluate(verdict, read.at)
+            self.watchdog.feed(read.at, snap, read.extra, False)
+            self._trace(read.at, verdict, snap)
+            return
+        before = self.verdict if run is None else run.current()
+        verdict = judge(before, observation, read.at, self.settings, self.engine.facts)
+        self.verdict = verdict
+        self._steady = (steady(before, self._judged_at, verdict, read.at, self.settings)
+                        if self.skip and snap is not None and snap is self._judged_snap else None)
+        self._judged_snap, self._judged_at = snap, read.at
         restarted = before is not None and verdict.restarts > before.restarts
         if restarted:
             old = before.snapshot.process_start_time if before is not None and before.snapshot else None
@@ -378,9 +384,39 @@ class TargetReplay:
             elif flag in self._flags:
                 self._close_flag(flag, read.at)
         self._evaluate(verdict, read.at)
-        self.watchdog.feed(read.at, snap, read.extra, restarted, unreachable=not read.scraped and read.extra.get(UP) == "0.0")
+        self.watchdog.feed(read.at, snap, read.extra, restarted, unreachable=not read.scraped and read.extra.get(UP) == 0.0)
+        self._trace(read.at, verdict, snap)
+
+    def _observe(self, read: Read) -> tuple[PageReading | PollError, PageReading | None]:
+        """What the exporter's poll would have seen: the adapter's snapshot of the scrape, or the PollError."""
+        if not read.scraped:
+            self.missed_reads += 1
+            if not read.extra and self._unscraped_since is None:
+                self._unscraped_since = read.at
+            elif read.extra:
+                self._unscraped_since = None
+            if read.extra.get(UP) == 0.0:
+                return PollError("connect", "Prometheus's scrape of it failed (up 0)"), None
+            return PollError("connect", f"no scrape in the history within the {self.step:g}s before this read"), None
+        self._unscraped_since = None
+        try:
+            # The adapter is pure: the same page (a quiet or hung server's) is the same snapshot.
+            key = read.key if read.found is not None else read.page
+            if (key is not self._last_page and key != self._last_page) or self._last_snap is None:
+                self._last_snap, self._last_page = None, key
+                self._last_snap = (read_found(self.engine, read.found) if read.found is not None
+                                   else read_page(self.engine, Page(str(read.page).encode())))
+            return self._last_snap, self._last_snap
+        except PageError as exc:
+            if exc.reason not in self._page_errors:
+                self.notes.append(Note(read.at, f"the {self.engine.name} adapter refused the page rebuilt from "
+                                                f"the scrape at {read.scraped_at}: {exc.reason}: {exc.detail}"))
+            self._page_errors[exc.reason] = self._page_errors.get(exc.reason, 0) + 1
+            return PollError(exc.reason, exc.detail), None
+
+    def _trace(self, at: float, verdict: Verdict, snap: PageReading | None) -> None:
         if self.trace is not None:
-            self.trace.at.append(read.at)
+            self.trace.at.append(at)
             self.trace.state.append(STATE_INDEX.get(verdict.state, -1))
             last = verdict.snapshot
             self.trace.pending.append(last.running + last.waiting if last is not None and snap is not None else math.nan)
@@ -422,24 +458,27 @@ class TargetReplay:
         self._open = None
 
     def _evaluate(self, verdict: Verdict, at: float) -> None:
-        if not self._rules and verdict.state not in self._rule_states:
+        state = verdict.state
+        active = self._rules
+        if not active and state not in self._rule_states:
             return  # no rule holds, none was active: nothing to count (most reads of a healthy fleet)
         waiting = verdict.snapshot.waiting if verdict.snapshot is not None else 0.0
         for rule in self.rules:
-            holds = verdict.state == rule.state and (not rule.needs_waiting or waiting > 0)
-            active_at, firing_at, last_sent = self._rules.get(rule.name, (at, None, None))
-            if not holds:
-                if rule.name in self._rules:
-                    if firing_at is not None:
-                        self.alerts.append(AlertEpisode(rule.name, active_at, firing_at, at, rule.restart))
-                    del self._rules[rule.name]
+            held = active.get(rule.name)
+            if state != rule.state or (rule.needs_waiting and not waiting > 0):
+                if held is not None:
+                    if held[1] is not None:
+                        self.alerts.append(AlertEpisode(rule.name, held[0], held[1], at, rule.restart))
+                    del active[rule.name]
                 continue
+            active_at, firing_at, last_sent = held if held is not None else (at, None, None)
             if firing_at is None and at - active_at >= rule.for_seconds:
                 firing_at = at
             if firing_at is not None and rule.restart and (last_sent is None or at - last_sent >= REPEAT_INTERVAL):
                 self.notifications.append(Notification(at, self.name, rule.name, active_at))
                 last_sent = at
-            self._rules[rule.name] = (active_at, firing_at, last_sent)
+            if held is None or firing_at is not held[1] or last_sent is not held[2]:
+                active[rule.name] = (active_at, firing_at, last_sent)
 
     def finish(self, end: float) -> None:
         """Close what is still open at the window's end.
@@ -449,6 +488,8 @@ class TargetReplay:
         exporter stops watching such a target too, so nothing after its last scrape is judged; a
         target whose scrapes failed (`up` 0) is judged, and goes `down` as the exporter's would.
         """
+        if self._steady is not None:
+            self.verdict, self._steady = self._steady.current(), None
         gone = self._unscraped_since
         # Shorter than down_after, the last reads were only missed reads: nothing was invented of them.
         if gone is not None and self.first_read is not None and end - gone >= self.settings.down_after:

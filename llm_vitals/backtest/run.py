@@ -52,6 +52,10 @@ class Source(Protocol):
     def samples(self, selector: str, start: float, end: float) -> list[Series]: ...
 
 
+# Groups of targets per reading process (run.py's --jobs): each process reads one group after another.
+GROUPS_PER_JOB = 4
+
+
 @dataclass(frozen=True, slots=True)
 class Window:
     start: float
@@ -74,6 +78,9 @@ class Options:
     # Read the samples directly where the adapter can (history.Columns); False: write each scrape as a
     # page and scan it back (history.Scrapes), the reference the fast path is tested against.
     fast: bool = True
+    # Reads of one snapshot that judge would answer alike but for the time are not judged again
+    # (steady.py); False: every read judged, the reference the skipping is tested against.
+    skip: bool = True
     # Queries of one chunk in flight at once (one per family).
     concurrency: int = 4
     # --compare-live: the exporter's own llm_vitals_state in the same Prometheus, against the replay.
@@ -180,7 +187,7 @@ def discover(source: Source, window: Window, options: Options) -> tuple[dict[str
             instance, ENGINES[engine], settings, options.rules, watchdog_timeout=options.watchdog_timeout,
             step=window.step, workload=workload_of(first_labels.get(instance, {}), instance)
             if settings.workload is None else settings.workload, trace=options.trace, record_from=window.start,
-            labels={k: v for k, v in first_labels.get(instance, {}).items() if k != "__name__"})
+            labels={k: v for k, v in first_labels.get(instance, {}).items() if k != "__name__"}, skip=options.skip)
     for name in sorted(set(configured) - set(targets)):
         notes.append(Note(None, f"{name}: in the config, but no series with instance=\"{name}\" in the window"))
     le = _bound_at_or_above(buckets, options.watchdog_timeout)
@@ -202,9 +209,9 @@ def _bound_at_or_above(bounds: Iterable[str], timeout: float) -> str | None:
 def backtest(source: Source, window: Window, options: Options) -> Result:
     """The whole pass; PrometheusError only when not even the list of series could be read.
 
-    With `options.jobs` > 1 the targets are split into that many groups, each read and replayed in
-    a process of its own from `options.source_factory()` (a target's replay needs no other's); the
-    gate then runs over all of them, in this process, in time order.
+    With `options.jobs` > 1 the targets are split into GROUPS_PER_JOB groups per job, each read and
+    replayed in one of `options.jobs` processes from its own `options.source_factory()` (a target's
+    replay needs no other's); the gate then runs over all of them, in this process, in time order.
     """
     targets, notes, le = discover(source, window, options)
     result = Result(window, targets, notes=notes)
@@ -414,7 +421,10 @@ def _read_in_processes(source_factory: Callable[[], Source], window: Window, opt
                        jobs: int) -> HistoryRead:
     say = options.progress or (lambda _: None)
     names = sorted(targets)
-    groups = [{name: targets[name] for name in names[i::jobs]} for i in range(jobs)]
+    # More groups than processes, each process taking the next group as it finishes one: a group of
+    # busy servers (every read judged) and one of idle ones (most reads steady) end together.
+    count = min(len(names), jobs * GROUPS_PER_JOB)
+    groups = [{name: targets[name] for name in names[i::count]} for i in range(count)]
     quiet = replace(options, progress=None, source_factory=None)
     merged = HistoryRead({})
     notes: dict[tuple[float | None, str], Note] = {}
@@ -428,7 +438,7 @@ def _read_in_processes(source_factory: Callable[[], Source], window: Window, opt
             merged.chunks_read = part.chunks_read if done == 1 else min(merged.chunks_read, part.chunks_read)
             for note in part.notes:
                 notes.setdefault((note.at, note.text), note)
-            say(f"group {done}/{jobs} read ({len(part.targets)} targets)")
+            say(f"group {done}/{count} read ({len(part.targets)} targets)")
     merged.targets = {name: merged.targets[name] for name in names}
     merged.notes = list(notes.values())
     return merged

@@ -22,7 +22,7 @@ import aiohttp
 
 from llm_vitals.demo import alerts
 from llm_vitals.demo.configs import TOKEN_ENV, backend_name, decisions_command, engine_target_name, write_all
-from llm_vitals.demo.ports import BACKENDS, MIXED_ENGINES, choose_ports
+from llm_vitals.demo.ports import BACKENDS, MIXED_ENGINES, Ports, choose_ports
 from llm_vitals.demo.processes import Children, StartError, answers_200
 from llm_vitals.demo.story import Observer, Status, StepResult, StepTimeout, Story
 from llm_vitals.demo.table import Screen, render
@@ -166,8 +166,44 @@ class Demo:
         if self.args.alerts == "prometheus" and binaries is None:
             raise StartError("--alerts prometheus: `prometheus` and `prometheus-alertmanager` are not both installed "
                              "(apt-get install prometheus prometheus-alertmanager)")
-        use_prometheus = binaries is not None and self.args.alerts != "relay"
+        await self.start_fleet(session, children, ports)
+        exporter = await children.start("exporter", [py, "-m", "llm_vitals.exporter.cli", "--config", str(files["exporter"])])
+        await exporter.wait_ready(session, f"{exporter_url}/healthz", timeout=30)
+        remediator = await children.start("remediator", [py, "-m", "llm_vitals.remediator.cli", "--config", str(files["remediator"])],
+                                          env={TOKEN_ENV: token})
+        await remediator.wait_ready(session, f"{remediator_url}/healthz", timeout=30)
+        tasks: list[asyncio.Task[Any]] = []
+        self.alert_path = path = await self.start_alert_path(session, children, binaries, ports, files, run_dir, token, tasks)
 
+        # The observer reads the journal as the status page does: with the read token only.
+        observer = Observer(session, exporter_url, remediator_url, self.event, files["read_token"].read_text().strip())
+        tasks.append(asyncio.create_task(observer.run(max(0.25, t.poll_interval / 2))))
+        self.show_header([
+            "llm-vitals demo: a simulated vLLM fleet, the exporter, the remediator" + (" (fast timings)" if self.args.fast else ""),
+            *(["  mixed fleet   also watched: " + ", ".join(f"{e} {base}:{p}" for e, p in ports.engines)] if ports.engines else []),
+            f"  status page   {exporter_url}/",
+            f"  exporter API  {exporter_url}/api/v1/targets     metrics {exporter_url}/metrics",
+            f"  remediator    {remediator_url}/api/v1/actions   (http executor -> {control_url}/backends/N/restart; "
+            f"cooldown {t.cooldown:g}s, max_unhealthy 2)",
+            f"  decisions     {decisions_command(remediator_url, files['read_token'])}",
+            f"  tokens        act {files['token']} (the webhook, pause, reset)   read {files['read_token']} "
+            "(the status page, the journal)",
+            f"  {path}",
+            f"  logs          {run_dir}    Ctrl-C stops everything",
+        ])
+        story = Story(session, observer, t, control_url, proxy_url, backend_urls, self.status)
+        if self.table:
+            tasks.append(asyncio.create_task(self.redraw(observer)))
+        main_task = asyncio.current_task()
+        assert main_task is not None
+        tasks.append(asyncio.create_task(self.watch(children, main_task)))
+        return story, tasks
+
+    async def start_fleet(self, session: aiohttp.ClientSession, children: Children, ports: Ports) -> None:
+        """The simulated vLLM backends behind their proxy, and one server of each other engine beside them."""
+        py, base, t = sys.executable, "http://127.0.0.1", self.timings
+        control_url, proxy_url = f"{base}:{ports.control}", f"{base}:{ports.proxy}"
+        backend_urls = [f"{base}:{ports.backend_port(i)}" for i in range(BACKENDS)]
         self.say(f"starting the simulated fleet: backends {backend_urls[0]}..:{ports.backend_port(BACKENDS - 1)}, "
                  f"proxy {proxy_url}, control {control_url}")
         sim = await children.start("simulator", [
@@ -187,15 +223,13 @@ class Demo:
                 "--max-num-seqs", "4", "--tokens-per-second", "60", "--log-level", "warning"])
             await other.wait_ready(session, f"{base}:{port}{sim_engine(engine).health[0][0]}", timeout=30)
 
-        exporter = await children.start("exporter", [py, "-m", "llm_vitals.exporter.cli", "--config", str(files["exporter"])])
-        await exporter.wait_ready(session, f"{exporter_url}/healthz", timeout=30)
-        remediator = await children.start("remediator", [py, "-m", "llm_vitals.remediator.cli", "--config", str(files["remediator"])],
-                                          env={TOKEN_ENV: token})
-        await remediator.wait_ready(session, f"{remediator_url}/healthz", timeout=30)
-
-        tasks: list[asyncio.Task[Any]] = []
-        if use_prometheus:
-            assert binaries is not None
+    async def start_alert_path(self, session: aiohttp.ClientSession, children: Children, binaries: tuple[str, str] | None, ports: Ports,
+                               files: dict[str, Path], run_dir: Path, token: str, tasks: list[asyncio.Task[Any]]) -> str:
+        """The real Prometheus and Alertmanager where installed (unless --alerts relay), else the demo's relay
+        (a task added to `tasks`); the alert path, in words."""
+        base, t = "http://127.0.0.1", self.timings
+        exporter_url, remediator_url = f"{base}:{ports.exporter}", f"{base}:{ports.remediator}"
+        if binaries is not None and self.args.alerts != "relay":
             self.say("starting the real Prometheus and Alertmanager (rules from alerts/llm-vitals.rules.yml, "
                      f"for: {t.rule_for:g}s; routing from alerts/alertmanager.yml)")
             await alerts.start_prometheus_stack(children, session, binaries, ports, files, run_dir)
@@ -208,41 +242,21 @@ class Demo:
             tasks.append(asyncio.create_task(relay.run(session)))
             path = (f"alert path: the demo's relay posts Alertmanager v4 webhooks to the remediator when the exporter "
                     f"says stuck ({why})")
-        self.alert_path = path
+        return path
 
-        # The observer reads the journal as the status page does: with the read token only.
-        observer = Observer(session, exporter_url, remediator_url, self.event, files["read_token"].read_text().strip())
-        tasks.append(asyncio.create_task(observer.run(max(0.25, t.poll_interval / 2))))
-        self.header = [
-            "llm-vitals demo: a simulated vLLM fleet, the exporter, the remediator" + (" (fast timings)" if self.args.fast else ""),
-            *(["  mixed fleet   also watched: " + ", ".join(f"{e} {base}:{p}" for e, p in ports.engines)] if ports.engines else []),
-            f"  status page   {exporter_url}/",
-            f"  exporter API  {exporter_url}/api/v1/targets     metrics {exporter_url}/metrics",
-            f"  remediator    {remediator_url}/api/v1/actions   (http executor -> {control_url}/backends/N/restart; "
-            f"cooldown {t.cooldown:g}s, max_unhealthy 2)",
-            f"  decisions     {decisions_command(remediator_url, files['read_token'])}",
-            f"  tokens        act {files['token']} (the webhook, pause, reset)   read {files['read_token']} "
-            "(the status page, the journal)",
-            f"  {path}",
-            f"  logs          {run_dir}    Ctrl-C stops everything",
-        ]
+    def show_header(self, header: list[str]) -> None:
+        """What runs where, said once; the table repeats it above itself each redraw."""
+        self.header = header
         if not self.table:
-            for line in self.header:
+            for line in header:
                 self.say(line)
             self.say("")
-        else:
-            # The table clips its lines to the terminal: the command and the token paths are said
-            # once in full above it, where they stay to be copied.
-            for line in self.header:
-                if line.startswith(("  decisions", "  tokens")):
-                    self.say(line)
-        story = Story(session, observer, t, control_url, proxy_url, backend_urls, self.status)
-        if self.table:
-            tasks.append(asyncio.create_task(self.redraw(observer)))
-        main_task = asyncio.current_task()
-        assert main_task is not None
-        tasks.append(asyncio.create_task(self.watch(children, main_task)))
-        return story, tasks
+            return
+        # The table clips its lines to the terminal: the command and the token paths are said
+        # once in full above it, where they stay to be copied.
+        for line in header:
+            if line.startswith(("  decisions", "  tokens")):
+                self.say(line)
 
     async def start_watching(self, session: aiohttp.ClientSession, children: Children, run_dir: Path) -> list[asyncio.Task[Any]]:
         """`--config`: the exporter on the user's own servers, and the table. Nothing else is started:
@@ -271,18 +285,14 @@ class Demo:
                             token or os.environ.get("LLM_VITALS_WEBHOOK_TOKEN"))
         self.status.step = "watching your servers"
         self.status.detail = "state changes other than idle <-> busy are listed below"
-        self.header = [
+        self.show_header([
             f"llm-vitals: watching the servers of {path}",
             f"  status page   {exporter_url}/",
             f"  exporter API  {exporter_url}/api/v1/targets     metrics {exporter_url}/metrics",
             f"  remediator    {remediator_url}/api/v1/actions" if remediator_url else
             "  remediator    (no remediator_url in the config: no decisions shown)",
             f"  logs          {run_dir}    Ctrl-C stops what the demo started",
-        ]
-        if not self.table:
-            for line in self.header:
-                self.say(line)
-            self.say("")
+        ])
         main_task = asyncio.current_task()
         assert main_task is not None
         tasks = [asyncio.create_task(observer.run(max(0.25, settings.poll_interval / 2))),

@@ -23,6 +23,7 @@ from llm_vitals.exporter import backstop_ask
 from llm_vitals.exporter.clock import Clock, as_clock
 from llm_vitals.exporter.collector import LifecycleCollector, LoopLagCollector, build_process_registry
 from llm_vitals.exporter.discovery.manager import Discovery, apply_to_store, sources_for
+from llm_vitals.exporter.gpu_faults.node_watch import NodeCache, NodeWatchRunner
 from llm_vitals.exporter.keys import (
     CLOCK,
     DISCOVERY,
@@ -38,7 +39,6 @@ from llm_vitals.exporter.keys import (
     STORE,
 )
 from llm_vitals.exporter.loop_lag import LoopLag
-from llm_vitals.exporter.node_watch import NodeCache, NodeWatchRunner
 from llm_vitals.exporter.page import PageCache
 from llm_vitals.exporter.poller import Poller
 from llm_vitals.exporter.reload import ReloadState, load_for_reload, record_success
@@ -180,9 +180,9 @@ async def reload_config(app: web.Application) -> tuple[bool, str, list[str]]:
         await discovery.reconfigure(new, sources_for(new) if poller is not None else [])
         runner = app.get(NODE_WATCH)
         if runner is not None:
-            await runner.follow(new)  # the same rules as the poller's from now on; started or stopped as needed
+            await runner.follow(new.node_watch_access())  # the same rules as the poller's from now on; started or stopped as needed
             if poller is not None:
-                poller.nodes = _watched_nodes(app)
+                poller.node_source.cache = _watched_nodes(app)
         return True, "", record_success(state, app[CLOCK].wall(), old, new)
 
 
@@ -195,7 +195,7 @@ def _watched_nodes(app: web.Application) -> NodeCache | None:
 async def _node_watch(app: web.Application) -> AsyncIterator[None]:
     """The watch of the targets' nodes (GPU faults from node conditions and taints), while the config wants it."""
     runner = app[NODE_WATCH]
-    await runner.follow(app[SETTINGS])
+    await runner.follow(app[SETTINGS].node_watch_access())
     yield
     await runner.stop()
 

@@ -1,10 +1,11 @@
 """The backstop's ask: every `backstop.interval`, the remediator's word for the watched workloads.
 
-I/O only; what an answer means is exporter/backstop.py's (`read_word`, `heard`, `held`). The channel
-is the remediator's read-only API (GET /api/v1/backstop, the read token `remediator_token_*`): the
-server's pod needs no Kubernetes API token, the word is as fresh as one ask (a ConfigMap the kubelet
-mounts lags by up to its sync period, a minute or two), and an answer is also the proof that the
-remediator is alive, which decides which way a doubt goes.
+I/O only; the answer's shape is llm_vitals/backstop_word.py's (`word_in`), what a word means is
+exporter/backstop_rule.py's (`heard`, `held`). The channel is the remediator's read-only API
+(GET /api/v1/backstop, the read token `remediator_token_*`): the server's pod needs no Kubernetes API
+token, the word is as fresh as one ask (a ConfigMap the kubelet mounts lags by up to its sync period,
+a minute or two), and an answer is also the proof that the remediator is alive, which decides which
+way a doubt goes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 import aiohttp
 from pydantic import SecretStr
 
-from llm_vitals.exporter.backstop import Word, read_word
+from llm_vitals.backstop_word import BackstopWord, word_in
 from llm_vitals.exporter.clock import Clock
 from llm_vitals.exporter.settings import BackstopSettings
 from llm_vitals.exporter.state import StateStore
@@ -30,7 +31,7 @@ ASK_LIMIT = 100  # workloads per ask: what GET /api/v1/backstop takes
 
 
 async def ask(session: aiohttp.ClientSession, base_url: str, token: SecretStr | None, workloads: Sequence[str],
-              timeout: float) -> dict[str, Word | str] | None:
+              timeout: float) -> dict[str, BackstopWord | str] | None:
     """Each workload's word, or why it cannot be read; None when the remediator did not answer at all."""
     url = f"{base_url.rstrip('/')}/api/v1/backstop"
     headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token is not None else {}
@@ -49,7 +50,7 @@ async def ask(session: aiohttp.ClientSession, base_url: str, token: SecretStr | 
         answer = json.loads(body)
     except ValueError:
         return dict.fromkeys(workloads, "the answer is not JSON")
-    return {w: read_word(answer, w) for w in workloads}
+    return {w: word_in(answer, w) for w in workloads}
 
 
 async def ask_once(store: StateStore, session: aiohttp.ClientSession, base_url: str, token: SecretStr | None,
@@ -57,7 +58,7 @@ async def ask_once(store: StateStore, session: aiohttp.ClientSession, base_url: 
     """One ask for every watched target's workload, and what each record heard."""
     records = list(store)
     workloads = sorted({r.settings.effective_workload for r in records})
-    answers: dict[str, Word | str] | None = None
+    answers: dict[str, BackstopWord | str] | None = None
     # The remediator takes at most ASK_LIMIT workloads an ask (a fleet exporter may watch more).
     for i in range(0, len(workloads), ASK_LIMIT):
         part = await ask(session, base_url, token, workloads[i:i + ASK_LIMIT], settings.timeout)

@@ -115,11 +115,6 @@ def canaries_of(target: TargetSettings, learned: str | None = None,
     return (*first, *(c for c in ladder if c not in first))
 
 
-def canary_of(target: TargetSettings) -> Canary:
-    """The first canary the target's engine takes."""
-    return canaries_of(target)[0]
-
-
 class ModelRejected(Exception):
     """`/v1/models` answered, and not with a model list the canary can use: a rejection, not a failure."""
 
@@ -199,12 +194,6 @@ class CanaryRun:
 
     outcome: CanaryOutcome
     path: str | None = None
-
-
-async def send_canary(session: aiohttp.ClientSession, target: TargetSettings, model: str,
-                      learned: str | None = None, config: ModelConfig | None = None) -> CanaryOutcome:
-    """The canary's outcome (see `run_canaries`)."""
-    return (await run_canaries(session, target, model, learned, config)).outcome
 
 
 async def run_canaries(session: aiohttp.ClientSession, target: TargetSettings, model: str,

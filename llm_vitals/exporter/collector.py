@@ -24,7 +24,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from llm_vitals.exporter.backstop import MODES, Backstop, Heard
+from llm_vitals.exporter.backstop_rule import MODES, Backstop, Heard
 from llm_vitals.exporter.discovery.manager import Discovery
 from llm_vitals.exporter.loop_lag import LoopLag
 from llm_vitals.exporter.pace import NOT_JUDGED, Pace

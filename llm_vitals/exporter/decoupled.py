@@ -17,7 +17,7 @@ here once per read. docs/engines.md ("Triton: decoupled models") says why:
 
 from __future__ import annotations
 
-from llm_vitals.exporter.engines import Canary, Engine, ModelConfig, Snapshot, Unjudged
+from llm_vitals.exporter.engines import Canary, Engine, ModelConfig, PageReading, Unjudged
 
 # A model config that could not be read is asked again after this long (PyTriton's locked APIs answer 403).
 CONFIG_RETRY_SECONDS = 30.0
@@ -38,7 +38,7 @@ def config_due(entry: Engine, model: str | None, config: ModelConfig | None, las
     return last_tried is None or now - last_tried >= retry_after
 
 
-def unjudged(entry: Engine, model: str | None, config: ModelConfig | None, snapshot: Snapshot) -> Unjudged | None:
+def unjudged(entry: Engine, model: str | None, config: ModelConfig | None, snapshot: PageReading) -> Unjudged | None:
     """The target's model when it is decoupled and the page has no signal of its own that moves mid-stream."""
     if not model or config is None or not config.decoupled:
         return None

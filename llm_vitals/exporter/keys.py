@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry
 
 from llm_vitals.exporter.clock import Clock
 from llm_vitals.exporter.discovery.manager import Discovery
+from llm_vitals.exporter.gpu_faults.node_watch import NodeCache, NodeWatchRunner
 from llm_vitals.exporter.loop_lag import LoopLag
-from llm_vitals.exporter.node_watch import NodeCache, NodeWatchRunner
 from llm_vitals.exporter.page import PageCache
 from llm_vitals.exporter.poller import Poller
 from llm_vitals.exporter.reload import ReloadState

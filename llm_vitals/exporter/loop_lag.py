@@ -6,7 +6,7 @@ Why: a read of a target's /metrics runs on the same loop as 5,000 others. When t
 in time can sit unread until the read's timeout fires first. A timeout then says nothing about the
 server, and on engines whose unanswered /metrics counts toward `stuck` it must not lead to a
 restart: the poller asks `worst_since(read_start)` and the verdict calls such a read
-`exporter_late` (llm_vitals/exporter/verdict.py). `llm_vitals_exporter_loop_lag_seconds` shows it.
+`exporter_late` (llm_vitals/exporter/verdict/reads.py). `llm_vitals_exporter_loop_lag_seconds` shows it.
 
 Cost: one timer every 0.1 s and a deque of the last two minutes of lateness (1,200 floats).
 """

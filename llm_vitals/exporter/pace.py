@@ -5,7 +5,7 @@ a downtrained link, a node whose CPU is starved. Its own counters cannot tell sl
 its workload's other replicas (same model, same settings) can.
 
 - **Pace** (`measure`): seconds of decode per unit of work over the last `pace.window`, from two
-  cumulative counters each engine adapter reads (`Snapshot.pace`, `Unit.pace`: seconds, work):
+  cumulative counters each engine adapter reads (`PageReading.pace`, `Unit.pace`: seconds, work):
   vLLM's and SGLang's inter-token latency histogram (sum, count), llama.cpp's
   `tokens_predicted_seconds_total` and `tokens_predicted_total`, Triton's compute time and
   inferences, TGI's decode time and tokens. Time per token, not tokens per second: more clients

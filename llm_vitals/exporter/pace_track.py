@@ -8,11 +8,11 @@ from the store is forgotten (`forget`), so it is nobody's peer any more.
 
 from __future__ import annotations
 
-from llm_vitals.exporter.engines import Snapshot
+from llm_vitals.exporter.engines import PageReading
 from llm_vitals.exporter.pace import Measure, Pace, PaceRules, Reading, add_reading, judge_pace, measure
 
 
-def unit_readings(snapshot: Snapshot, now: float) -> dict[str, Reading]:
+def unit_readings(snapshot: PageReading, now: float) -> dict[str, Reading]:
     """The snapshot's pace readings by unit: each data-parallel unit that carries its own, else the whole server ('')."""
     units = {unit.name: Reading(now, *unit.pace) for unit in snapshot.units if unit.pace is not None}
     if units:
@@ -33,7 +33,7 @@ class PaceTracker:
         self._readings: dict[str, dict[str, tuple[Reading, ...]]] = {}  # target -> unit -> readings in the window
         self._measures: dict[str, tuple[float, tuple[Measure, ...]]] = {}  # target -> (last read at, its units' measures)
 
-    def observe(self, name: str, group: str, snapshot: Snapshot | None, now: float, rules: PaceRules,
+    def observe(self, name: str, group: str, snapshot: PageReading | None, now: float, rules: PaceRules,
                 previous: Pace) -> Pace:
         """Take in a poll of target `name` (None: no snapshot: a failed read, a proxy) and judge its pace now.
 

@@ -19,7 +19,7 @@ from llm_vitals.exporter.canary import ModelRejected, resolve_model, run_canarie
 from llm_vitals.exporter.clock import Clock, as_clock
 from llm_vitals.exporter.decoupled import CONFIG_RETRY_SECONDS, config_due, unjudged
 from llm_vitals.exporter.discovery.targetset import Changes
-from llm_vitals.exporter.engines import Page, PageError, Snapshot
+from llm_vitals.exporter.engines import Page, PageError, PageReading
 from llm_vitals.exporter.engines.table import engine_of, read_page
 from llm_vitals.exporter.gpu_faults import GpuFaultState
 from llm_vitals.exporter.gpu_faults.dcgm import DcgmSource, SharedPages, fetch_page
@@ -31,7 +31,6 @@ from llm_vitals.exporter.gpu_faults.nvml_source import NvmlFaultSource, NvmlSour
 from llm_vitals.exporter.gpu_faults.reader import GpuFaultReader
 from llm_vitals.exporter.keep_warm import warm_times
 from llm_vitals.exporter.loop_lag import LoopLag
-from llm_vitals.exporter.pace import peer_group
 from llm_vitals.exporter.settings import ExporterSettings
 from llm_vitals.exporter.state import StateStore, TargetRecord, log_gpu_fault_change
 from llm_vitals.exporter.upstream import (
@@ -47,17 +46,10 @@ from llm_vitals.exporter.verdict import (
     ModelsOk,
     Observation,
     PollError,
-    canary_due,
-    canary_overlapped,
-    drain_holds,
-    exporter_late,
-    health_check_due,
-    judge,
-    pause_ask_due,
-    read_deadline,
+    ReadPlan,
+    conclude,
+    plan_read,
     record_canary,
-    second_probe_due,
-    with_second_probe,
 )
 from llm_vitals.logs import log_event
 from llm_vitals.targets import UNHEALTHY_STATES
@@ -110,7 +102,7 @@ class Poller:
         self._pause_asks: dict[TargetRecord, PauseAsk] = {}  # each record's last ask of its pause route
         # The GPU-fault sources (llm_vitals/exporter/gpu_faults/), read through one aggregate per poll.
         gpu = settings.gpu_faults
-        self._node_source = NodeSource(nodes, gpu.node_rules)  # the node watch's cache
+        self.node_source = NodeSource(nodes, gpu.node_rules)  # its `cache`: the node watch's, while it runs (app.py sets it)
         # Targets on one node share its dcgm-exporter page: one read per URL per poll interval (a
         # tenth less, so that two polls one interval apart never both reuse one read).
         self._dcgm_source = DcgmSource(SharedPages(
@@ -118,40 +110,22 @@ class Poller:
             fresh_for=0.9 * settings.poll_interval), gpu.dcgm_xid_rules)
         # The NVML source, made and started when a target first names `gpus` (a reload or discovery
         # may add one); its threads read the GPUs, a poll only copies what they left.
-        self._nvml_source = NvmlFaultSource(self._new_nvml, NvmlRules(gpu.nvml_xid_rules), self.clock.mono)
-        self._nvml_source.source = nvml
-        self.gpu_faults = GpuFaultReader([FileSource(), self._node_source, self._dcgm_source, self._nvml_source])
+        self.nvml_source = NvmlFaultSource(self._new_nvml, NvmlRules(gpu.nvml_xid_rules), self.clock.mono)
+        self.nvml_source.source = nvml  # its threads, once a target names `gpus`
+        self.gpu_faults = GpuFaultReader([FileSource(), self.node_source, self._dcgm_source, self.nvml_source])
 
     def reconfigure(self, settings: ExporterSettings) -> None:
         """A reloaded config's poll settings and GPU-fault rules, used from each loop's next poll."""
         self.settings = settings
         self._dcgm_source.rules = settings.gpu_faults.dcgm_xid_rules
-        self._node_source.rules = settings.gpu_faults.node_rules
+        self.node_source.rules = settings.gpu_faults.node_rules
         # The NVML source's interval and bounds stay those it was started with; its Xid rules follow.
-        self._nvml_source.rules = NvmlRules(settings.gpu_faults.nvml_xid_rules)
+        self.nvml_source.rules = NvmlRules(settings.gpu_faults.nvml_xid_rules)
 
     def _new_nvml(self) -> NvmlSource:
         nvml = self.settings.gpu_faults.nvml
         return NvmlSource(PynvmlBackend(), interval=nvml.interval, call_timeout=nvml.call_timeout,
                           init_timeout=nvml.init_timeout, clock=self.clock.mono, wall=self.clock.wall)
-
-    @property
-    def nodes(self) -> NodeCache | None:
-        """The node watch's cache while it runs (the `node` source reads it at each poll)."""
-        return self._node_source.cache
-
-    @nodes.setter
-    def nodes(self, cache: NodeCache | None) -> None:
-        self._node_source.cache = cache
-
-    @property
-    def nvml(self) -> NvmlSource | None:
-        """The NVML source's threads, once a target named `gpus`."""
-        return self._nvml_source.source
-
-    @nvml.setter
-    def nvml(self, source: NvmlSource | None) -> None:
-        self._nvml_source.source = source
 
     @property
     def dcgm_pages(self) -> SharedPages:
@@ -173,8 +147,8 @@ class Poller:
         await asyncio.gather(*tasks, return_exceptions=True)
         self.tasks.clear()
         await self.dcgm_pages.close()
-        if self.nvml is not None:
-            await asyncio.to_thread(self._nvml_source.stop)  # joins its threads for up to 3 s: not on the loop
+        if self.nvml_source.source is not None:
+            await asyncio.to_thread(self.nvml_source.stop)  # joins its threads for up to 3 s: not on the loop
 
     def apply(self, changes: Changes) -> None:
         """Follow a change of the target set (llm_vitals/exporter/discovery/targetset.py): stop the loops of the
@@ -225,7 +199,10 @@ class Poller:
             now = loop.time()
             next_at = max(next_at, now)  # a poll overran the interval: re-anchor rather than fire a burst
             jitter = random.uniform(0, interval * self.settings.poll_jitter)
-            await self._wait(record, next_at - now + jitter)
+            if engine_of(record.settings.engine).keep_alive is None:
+                await asyncio.sleep(next_at - now + jitter)  # nothing to keep warm: most engines, every poll
+            else:
+                await self._wait(record, next_at - now + jitter)
 
     async def _wait(self, record: TargetRecord, wait: float) -> None:
         """Sleep `wait` seconds to the next poll, keeping the target's connection open meanwhile where its
@@ -267,30 +244,34 @@ class Poller:
         log_gpu_fault_change(record, before_fault)
         now = self.clock.now()
         before = record.verdict
-        overlap = canary_overlapped(record.last_canary_sent, record.canary_task is not None, before.snapshot_at)
+        entry = engine_of(record.settings.engine)
         ask = self._pause_asks.get(record)
-        paused = ask.fresh_for(before.last_poll) if ask is not None else None
+        # The core's word on this read (verdict/plan.py): the new verdict, the pause ask, the canary.
         # Its /metrics lines are not rendered here: the next scrape renders what changed (llm_vitals/exporter/page.py).
-        record.record_poll(judge(before, observation, now.mono, record.settings, health=health, canary_overlap=overlap,
-                                 paused=paused),
-                           now.mono, duration, wall=now.wall)
-        self._ask_pause_if_due(record, ask, now.mono)
+        concluded = conclude(
+            before, observation, now.mono, record.settings, health=health, poll_interval=self.settings.poll_interval,
+            last_canary_sent=record.last_canary_sent, canary_in_flight=record.canary_task is not None,
+            paused=ask.fresh_for(before.last_poll) if ask is not None else None,
+            pause_route=entry.pause_path is not None and (ask is None or ask.task is None), draining=record.draining)
+        record.record_poll(concluded.verdict, now.mono, duration, wall=now.wall)
+        if concluded.ask_pause:
+            ask = self._pause_asks[record] = PauseAsk(now.mono)
+            ask.task = asyncio.create_task(self._ask_pause(record, ask), name=f"pause:{record.name}")
         if record.verdict.restarts != before.restarts and record.model_config is not None:
             record.set_model_config(None, None)  # a new process may serve the model with another config
         # Its pace beside its workload's peers (exporter/pace.py): `degraded`, never a state.
         record.set_pace(self.store.pace.observe(
-            record.name, peer_group(record.settings.effective_workload),
-            observation if isinstance(observation, Snapshot) else None, now.mono, self.settings.pace.rules, record.pace))
-        if record.draining and not drain_holds(record.draining, before, record.verdict):
+            record.name, record.peer_group,
+            observation if isinstance(observation, PageReading) else None, now.mono, self.settings.pace.rules, record.pace))
+        if record.draining and not concluded.draining:
             record.set_draining(False)
             log_event(log, "undrain", target=record.name, reason="restart_detected")
         self._log_change(record, before)
-        if canary_due(record.verdict, observation, record.last_canary_sent, now.mono, record.settings,
-                      poll_interval=self.settings.poll_interval, in_flight=record.canary_task is not None):
+        if concluded.send_canary:
             record.canary_sent(asyncio.create_task(self._canary(record), name=f"canary:{record.name}"), now.mono)
 
     async def observe(self, record: TargetRecord) -> tuple[Observation, tuple[str, int] | None]:
-        """What one poll sees (a Snapshot, the model list, or a PollError) and `/health`'s status when asked.
+        """What one poll sees (a PageReading, the model list, or a PollError) and `/health`'s status when asked.
 
         Never raises for upstream trouble. A read that timed out while the exporter's own loop
         lagged comes back as `exporter_late` (verdict.exporter_late); one that connected and got no
@@ -298,41 +279,44 @@ class Poller:
         """
         target = record.settings
         started = asyncio.get_running_loop().time()
-        timeout = read_deadline(record.verdict, self.settings.metrics_timeout)
+        plan = plan_read(record.verdict, self.settings.metrics_timeout)
+        timeout = plan.deadline
         reading_metrics = False  # a second probe follows only a /metrics read that got no answer
         reading_ready = False  # the model-ready route, read after a good page: its failure is no /metrics failure
         try:
-            if target.role == "proxy" or engine_of(target.engine).parse is None:
+            entry = engine_of(target.engine)
+            if target.role == "proxy" or entry.parse is None:
                 timeout = self.settings.models_timeout
                 return ModelsOk(tuple(await read_models(self.session, target, timeout))), None
             reading_metrics = True
             snapshot = await self._read_metrics(record, timeout)
             reading_metrics = False
-            if config_due(engine_of(target.engine), target.model, record.model_config, record.model_config_tried,
-                          asyncio.get_running_loop().time(), CONFIG_RETRY_SECONDS):
+            if entry.model_config_path is not None and config_due(
+                    entry, target.model, record.model_config, record.model_config_tried,
+                    asyncio.get_running_loop().time(), CONFIG_RETRY_SECONDS):
                 await self._read_model_config(record)
-            health = await self._read_health(record) if health_check_due(record.verdict, snapshot) else None
+            health = await self._read_health(record) if plan.health_due(snapshot) else None
             if not snapshot.pending:
                 timeout = self.settings.health_timeout
                 reading_ready = True
                 await self._check_model_ready(record)
                 reading_ready = False
-            return self._judged_model(record, snapshot), health
+            return (snapshot if record.model_config is None else self._judged_model(record, snapshot)), health
         except PageError as exc:
-            error = PollError(exc.reason, exc.detail, ready_route=reading_ready)
-            if self.lag is not None:
-                error = exporter_late(error, self.lag.worst_since(started), timeout)
-            if reading_metrics and second_probe_due(error):
-                error = await self._second_probe(record, error, timeout)
+            error, probe = plan.failed(PollError(exc.reason, exc.detail, ready_route=reading_ready),
+                                       self.lag.worst_since(started) if self.lag is not None else None,
+                                       timeout, metrics=reading_metrics)
+            if probe:
+                error = await self._second_probe(record, error, plan)
             return error, None
 
-    async def _second_probe(self, record: TargetRecord, error: PollError, timeout: float) -> PollError:
+    async def _second_probe(self, record: TargetRecord, error: PollError, plan: ReadPlan) -> PollError:
         """`error` (a /metrics read that connected and got no answer) with what one more request saw.
 
         The engine's first health route (vLLM's /health is answered by its API server, which stays
         quick while a saturated engine makes /metrics slow), else its model list (SGLang's HTTP
         server answers it without its scheduler; its /health submits a generation), else its
-        metrics page again, within the read's own deadline `timeout`: an API server starved by load
+        metrics page again, within the read's own deadline (`plan.deadline`): an API server starved by load
         answers every route late, and must not be read as frozen. Any answer is `answered`; a
         health route's 503 is the engine's word that it is dead, and a refused connection that it
         is gone; no answer is `unanswered` (frozen whole), unless the exporter's own loop was too
@@ -348,14 +332,13 @@ class Poller:
         started = asyncio.get_running_loop().time()
         answer: int | PollError
         try:
-            answer, _ = await bounded_get(self.session, url, timeout=timeout, max_bytes=64 * 1024)
+            answer, _ = await bounded_get(self.session, url, timeout=plan.deadline, max_bytes=64 * 1024)
         except PageError as exc:
             answer = PollError(exc.reason, exc.detail)
-            if self.lag is not None:
-                answer = exporter_late(answer, self.lag.worst_since(started), timeout)
-        return with_second_probe(error, path, answer, health_route=health)
+        return plan.probed(error, path, answer, self.lag.worst_since(started) if self.lag is not None else None,
+                           health_route=health)
 
-    async def _read_metrics(self, record: TargetRecord, timeout: float) -> Snapshot:
+    async def _read_metrics(self, record: TargetRecord, timeout: float) -> PageReading:
         entry = engine_of(record.settings.engine)
         # Worked out once per record (its settings never change): a poll only reads it.
         known = self._metrics_urls.get(record)
@@ -390,15 +373,6 @@ class Poller:
                 break
         return seen
 
-    def _ask_pause_if_due(self, record: TargetRecord, last: PauseAsk | None, now: float) -> None:
-        # The pure core says when (verdict.pause_ask_due); one ask at a time per target.
-        if engine_of(record.settings.engine).pause_path is None or (last is not None and last.task is not None):
-            return
-        if not pause_ask_due(record.verdict, now, record.settings, self.settings.poll_interval):
-            return
-        ask = self._pause_asks[record] = PauseAsk(now)
-        ask.task = asyncio.create_task(self._ask_pause(record, ask), name=f"pause:{record.name}")
-
     async def _ask_pause(self, record: TargetRecord, ask: PauseAsk) -> None:
         """Ask the engine's pause route (vLLM's GET /is_paused) once: True paused; None unanswered or unreadable."""
         entry = engine_of(record.settings.engine)
@@ -411,6 +385,7 @@ class Poller:
             ask.answer = None  # no answer is no pause: a hung vLLM EngineCore does not answer it
         finally:
             ask.task = None
+
     async def _read_model_config(self, record: TargetRecord) -> None:
         """The engine's own config of the target's model (Triton: is it decoupled?), kept for the process's life.
 
@@ -433,7 +408,7 @@ class Poller:
             record.set_model_config(None, now)
             log_event(log, "model config unread", logging.DEBUG, target=record.name, reason=exc.reason, detail=exc.detail)
 
-    def _judged_model(self, record: TargetRecord, snapshot: Snapshot) -> Snapshot:
+    def _judged_model(self, record: TargetRecord, snapshot: PageReading) -> PageReading:
         """`snapshot`, naming the target's model where no signal of the page can judge it (exporter/decoupled.py)."""
         found = unjudged(engine_of(record.settings.engine), record.settings.model, record.model_config, snapshot)
         return snapshot if found is None else replace(snapshot, unjudged=found)

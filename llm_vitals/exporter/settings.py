@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
 # ConfigError is re-exported: the CLI and callers catch it as exporter.settings.ConfigError.
-from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_env_or_file, validate_document
+from llm_vitals.config import ConfigError, KubeAccess, StrictModel, WithSecrets, keys_set, read_yaml, validate_document
 from llm_vitals.durations import Duration, PositiveDuration
 from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.gpu_faults import NVSENTINEL_CONDITIONS, READY_CONDITIONS, NodeRules, Taint
@@ -67,7 +67,7 @@ class DcgmSettings(_FrozenStrict):
 
     @model_validator(mode="after")
     def _one_gpu(self) -> DcgmSettings:
-        if (self.pod is None) == (self.uuid is None):
+        if len(keys_set(self, "pod", "uuid")) != 1:
             raise ValueError("name the GPU by exactly one of pod and uuid")
         if self.namespace is not None and self.pod is None:
             raise ValueError("namespace goes with pod")
@@ -83,8 +83,10 @@ def _gpu_ref(value: int | str) -> int | str:
     raise ValueError(f"a GPU is named by its index (0, 1, ...) or its UUID (GPU-...), not {value!r}")
 
 
-class TargetSettings(_FrozenStrict):
+class TargetSettings(_FrozenStrict, WithSecrets):
     """One LLM server (or proxy) to watch."""
+
+    secrets = {"api_key": False}
 
     name: TargetName
     url: ParsedHttpUrl
@@ -134,19 +136,10 @@ class TargetSettings(_FrozenStrict):
     # the target's own name (`effective_workload`).
     workload: WorkloadName | None = None
 
-    # Resolved at load time from api_key_env / api_key_file; never part of a dump.
-    _api_key: SecretStr | None = PrivateAttr(default=None)
-
     @field_validator("gpus")
     @classmethod
     def _gpus_named(cls, value: list[int | str] | None) -> list[int | str] | None:
         return None if value is None else [_gpu_ref(ref) for ref in value]
-
-    @model_validator(mode="after")
-    def _one_key_source(self) -> TargetSettings:
-        if self.api_key_env and self.api_key_file:
-            raise ValueError("set at most one of api_key_env and api_key_file")
-        return self
 
     @model_validator(mode="after")
     def _canary_request_fits_the_engine(self) -> TargetSettings:
@@ -226,11 +219,8 @@ class TargetSettings(_FrozenStrict):
 
     @property
     def api_key(self) -> SecretStr | None:
-        return self._api_key
-
-    def resolve_secrets(self, environ: Mapping[str, str], key_path: str) -> None:
-        """Read the API key from its env var or file; a missing or blank one is a ConfigError naming `key_path`."""
-        self._api_key = secret_from_env_or_file(f"{key_path}.api_key", self.api_key_env, self.api_key_file, environ)
+        """Read at load time from api_key_env / api_key_file (`read_secrets`); never part of a dump."""
+        return self.secret("api_key")
 
 
 # Keys a discovery template may not set: the source fills them from what it discovered.
@@ -257,6 +247,11 @@ class KubernetesDiscovery(_FrozenStrict):
     template: dict[str, Any] = {}
     # Default: the in-cluster service account.
     kubeconfig: Path | None = None
+
+    @property
+    def access(self) -> KubeAccess:
+        """The API server these pods are listed from: the kubeconfig, else the in-cluster service account."""
+        return KubeAccess(kubeconfig=self.kubeconfig)
 
     @field_validator("template")
     @classmethod
@@ -295,7 +290,7 @@ class DiscoverySource(_FrozenStrict):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> DiscoverySource:
-        if (self.kubernetes is None) == (self.file is None):
+        if len(keys_set(self, "kubernetes", "file")) != 1:
             raise ValueError("each discovery entry has exactly one of kubernetes and file")
         return self
 
@@ -314,7 +309,7 @@ class ShardSettings(_FrozenStrict):
 
 
 class BackstopSettings(_FrozenStrict):
-    """The kubelet's liveness backstop obeys the remediator's gate (llm_vitals/exporter/backstop.py):
+    """The kubelet's liveness backstop obeys the remediator's gate (llm_vitals/exporter/backstop_rule.py):
     the shim asks `remediator_url` for its targets' workloads' word every `interval`."""
 
     # Not heard from the remediator for this long: the alerting chain is down, and the backstop acts
@@ -403,8 +398,10 @@ class PaceSettings(_FrozenStrict):
                          window=self.window, min_work=self.min_work)
 
 
-class ExporterSettings(_FrozenStrict):
+class ExporterSettings(_FrozenStrict, WithSecrets):
     """The whole exporter config file."""
+
+    secrets = {"drain_token": False, "remediator_token": False}
 
     listen: ListenAddress = "127.0.0.1:9471"
     poll_interval: PositiveDuration = 5.0
@@ -438,9 +435,6 @@ class ExporterSettings(_FrozenStrict):
     # Split the targets (static and discovered) between `count` replicas by a stable hash of the name.
     shard: ShardSettings | None = None
 
-    _drain_token: SecretStr | None = PrivateAttr(default=None)
-    _remediator_token: SecretStr | None = PrivateAttr(default=None)
-
     @model_validator(mode="after")
     def _unique_names(self) -> ExporterSettings:
         if not self.targets and not self.discovery:
@@ -450,10 +444,6 @@ class ExporterSettings(_FrozenStrict):
             if target.name in seen:
                 raise ValueError(f"duplicate target name {target.name!r}")
             seen.add(target.name)
-        if self.drain_token_env and self.drain_token_file:
-            raise ValueError("set at most one of drain_token_env and drain_token_file")
-        if self.remediator_token_env and self.remediator_token_file:
-            raise ValueError("set at most one of remediator_token_env and remediator_token_file")
         if self.backstop is not None and self.remediator_url is None:
             raise ValueError("backstop asks the remediator for its word: set remediator_url too")
         return self
@@ -468,12 +458,13 @@ class ExporterSettings(_FrozenStrict):
 
     @property
     def drain_token(self) -> SecretStr | None:
-        return self._drain_token
+        """The token that /drain and /reload ask for; None: trusted to the listen address."""
+        return self.secret("drain_token")
 
     @property
     def remediator_token(self) -> SecretStr | None:
         """The bearer token for the remediator's `/api/v1/actions`; None sends no auth."""
-        return self._remediator_token
+        return self.secret("remediator_token")
 
     def warnings(self) -> list[str]:
         """What loads but is likely wrong, each naming its key: a `stuck_after` below its engine's floor,
@@ -491,6 +482,14 @@ class ExporterSettings(_FrozenStrict):
                 found.append(f"discovery[{index}].{kind}.template.{warning}")
         return found
 
+    def node_watch_access(self) -> KubeAccess | None:
+        """The node watch's API server (gpu_faults.kubeconfig, else pod discovery's, else in-cluster), when the
+        config needs the watch: a static target names a node, or pods are discovered. None: no watch."""
+        discovered = [entry.kubernetes for entry in self.discovery if entry.kubernetes is not None]
+        if not discovered and not any(target.node for target in self.targets):
+            return None
+        return KubeAccess(kubeconfig=self.gpu_faults.kubeconfig or next((d.kubeconfig for d in discovered), None))
+
     def target(self, name: str) -> TargetSettings | None:
         for target in self.targets:
             if target.name == name:
@@ -500,10 +499,8 @@ class ExporterSettings(_FrozenStrict):
     def resolve_secrets(self, environ: Mapping[str, str]) -> ExporterSettings:
         """Resolve every secret source now, so a missing key fails at start, not at the first canary."""
         for index, target in enumerate(self.targets):
-            target.resolve_secrets(environ, f"targets[{index}]")
-        self._drain_token = secret_from_env_or_file("drain_token", self.drain_token_env, self.drain_token_file, environ)
-        self._remediator_token = secret_from_env_or_file(
-            "remediator_token", self.remediator_token_env, self.remediator_token_file, environ)
+            target.read_secrets(environ, f"targets[{index}].")
+        self.read_secrets(environ)
         return self
 
 

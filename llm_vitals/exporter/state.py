@@ -8,11 +8,12 @@ from collections import Counter, deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Final
 
-from llm_vitals.exporter.backstop import Backstop, Heard, Word, backstop, held, last_held
-from llm_vitals.exporter.backstop import heard as with_answer
+from llm_vitals.backstop_word import BackstopWord
+from llm_vitals.exporter.backstop_rule import Backstop, Heard, backstop, held, last_held
+from llm_vitals.exporter.backstop_rule import heard as with_answer
 from llm_vitals.exporter.engines import ModelConfig
 from llm_vitals.exporter.gpu_faults import GpuFault, GpuFaultState
-from llm_vitals.exporter.pace import NOT_JUDGED, Pace
+from llm_vitals.exporter.pace import NOT_JUDGED, Pace, peer_group
 from llm_vitals.exporter.pace_track import PaceTracker
 from llm_vitals.exporter.settings import ExporterSettings, TargetSettings
 from llm_vitals.exporter.verdict import (
@@ -49,7 +50,7 @@ class TargetRecord:
     __slots__ = ("_canaries", "_canary_path", "_canary_task", "_draining", "_gpu_faults", "_heard", "_history",
                  "_last_canary_sent", "_model", "_model_config", "_model_config_tried", "_pace", "_poll_duration",
                  "_poll_errors", "_polls", "_started_at", "_verdict",
-                 "_version", "backstop_after", "history_seconds", "poll_interval", "settings")
+                 "_version", "backstop_after", "history_seconds", "peer_group", "poll_interval", "settings")
 
     def __init__(self, settings: TargetSettings, verdict: Verdict, *, history_seconds: float = 600.0,
                  poll_interval: float = 5.0, backstop_after: float | None = None) -> None:
@@ -74,11 +75,12 @@ class TargetRecord:
         # Each GPU-fault source's last read (llm_vitals/exporter/gpu_faults/); `fault` is their combination.
         self._gpu_faults = GpuFaultState()
         self._history: deque[tuple[float, float, str]] = deque()
-        # The remediator's word for this target's workload (exporter/backstop.py); None: not asked.
+        # The remediator's word for this target's workload (exporter/backstop_rule.py); None: not asked.
         self.backstop_after: Final = backstop_after
         self._heard = Heard()
         self._started_at = verdict.since
         self._pace = NOT_JUDGED  # beside its peers (exporter/pace.py), judged after each poll
+        self.peer_group: Final = peer_group(settings.effective_workload)  # whose pace it is compared with
 
     # What it holds, read-only.
 
@@ -173,7 +175,7 @@ class TargetRecord:
         return self._heard
 
     def backstop(self, now: float) -> Backstop | None:
-        """The liveness backstop's mode now (exporter/backstop.py); None when the remediator is not asked."""
+        """The liveness backstop's mode now (exporter/backstop_rule.py); None when the remediator is not asked."""
         if self.backstop_after is None:
             return None
         return backstop(self._heard, now, self.backstop_after, self._started_at, self._verdict.restarts)
@@ -192,7 +194,7 @@ class TargetRecord:
         backstop = self.backstop(now)
         return backstop is not None and backstop.mode == "hold" and not is_live(self._verdict, self.settings, now)
 
-    def take_answer(self, answer: Word | str | None, now: float) -> None:
+    def take_answer(self, answer: BackstopWord | str | None, now: float) -> None:
         """The remediator's answer to the backstop's ask at `now` (exporter/backstop_ask.py): a word, why it
         could not be read, or None (no answer at all)."""
         if self.backstop_after is None:
@@ -231,7 +233,7 @@ class TargetRecord:
 
     def set_pace(self, pace: Pace) -> None:
         """The pace judged after a poll (pace_track.py)."""
-        if pace != self._pace:
+        if pace is not self._pace and pace != self._pace:  # most polls hand back the judgement as it was
             self._pace = pace
             self._version += 1
 

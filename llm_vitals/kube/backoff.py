@@ -21,7 +21,6 @@ CAP_SECONDS = 30.0
 JITTER = 1.0  # a wait of d becomes d * (1 + JITTER * random): [d, 2d)
 RESET_AFTER_SECONDS = 120.0  # no wait for this long: the next one starts at INITIAL_SECONDS again
 WATCH_SECONDS = 300.0  # the shortest watch asked for; each is WATCH_SECONDS * (1 + random)
-REQUEST_SECONDS = 30.0  # a list, or the wait for a watch's first answer
 SHORT_WATCH_SECONDS = 1.0  # a watch that ends sooner with no event is relisted after a backoff, not resumed at once
 
 

@@ -24,7 +24,9 @@ from typing import Any, Generic, TypeVar
 import aiohttp
 from kubernetes_asyncio.client import ApiClient
 
-from .connect import Access, Credentials, open_api_client
+from llm_vitals.config import KubeAccess
+
+from .connect import Credentials, open_api_client
 from .errors import KubeTimeout, KubeUnavailable, api_error
 
 # One generated call, given the ApiClient and the options this client adds (`_preload_content`,
@@ -63,7 +65,7 @@ def unreachable(exc: BaseException, timeout: float) -> KubeUnavailable:
 class KubeClient:
     """The API server, reached as `access` says. Shared by every informer and action of a process; close it once."""
 
-    def __init__(self, access: Access):
+    def __init__(self, access: KubeAccess):
         self.access = access
         self.timeout = access.timeout
         self._api: ApiClient | None = None

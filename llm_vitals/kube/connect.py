@@ -1,4 +1,4 @@
-"""The client constructor: a kubeconfig (a file or its content) or the in-cluster service account, to an ApiClient.
+"""The client constructor: a kubeconfig or the in-cluster service account (a `KubeAccess`), to an ApiClient.
 
 kubernetes-asyncio's kubeconfig loader reads the context, the cluster, the user and runs an exec
 plugin (`users[].user.exec`, as EKS, GKE and AKS kubeconfigs use). What it leaves to us:
@@ -29,7 +29,6 @@ import shutil
 import ssl
 import tempfile
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +37,10 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config.config_exception import ConfigException
 from kubernetes_asyncio.config.kube_config import KubeConfigLoader
 
-from .backoff import REQUEST_SECONDS
+from llm_vitals.config import KubeAccess
+
 from .errors import KubeConfigError
 
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # The kubeconfig keys that carry key material inline, base64-encoded: (section, data key, path key).
 _INLINE_KEYS = (
     ("cluster", "certificate-authority-data", "certificate-authority"),
@@ -51,35 +50,6 @@ _INLINE_KEYS = (
 # What the loader and the TLS setup raise for a config that cannot be used.
 _CONFIG_ERRORS = (ConfigException, OSError, ValueError, KeyError, TypeError, AssertionError, AttributeError,
                   ssl.SSLError, yaml.YAMLError)
-
-
-def in_cluster_url(environ: Mapping[str, str] = os.environ) -> str:
-    """The API server as a pod sees it: $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT, else kubernetes.default.svc."""
-    host = environ.get("KUBERNETES_SERVICE_HOST")
-    if not host:
-        return "https://kubernetes.default.svc"
-    host = f"[{host}]" if ":" in host else host
-    return f"https://{host}:{environ.get('KUBERNETES_SERVICE_PORT', '443')}"
-
-
-@dataclass(frozen=True)
-class Access:
-    """How to reach the API server: a kubeconfig file, a kubeconfig's content, else the pod's service account."""
-
-    kubeconfig: Path | None = None
-    kubeconfig_data: Mapping[str, Any] | None = None  # a parsed kubeconfig (its current context is used)
-    api_url: str | None = None  # in-cluster only; None: from the environment (in_cluster_url)
-    token_path: Path = SERVICE_ACCOUNT / "token"
-    ca_path: Path = SERVICE_ACCOUNT / "ca.crt"
-    timeout: float = REQUEST_SECONDS  # each request's limit (a watch: for its first answer)
-
-    def describe(self) -> str:
-        """What these credentials are, for an error sentence."""
-        if self.kubeconfig is not None:
-            return f"the kubeconfig {self.kubeconfig}"
-        if self.kubeconfig_data is not None:
-            return "the inline kubeconfig"
-        return "the in-cluster service account"
 
 
 class Credentials:
@@ -196,9 +166,7 @@ def _without_inline_keys(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
     return doc, inline
 
 
-def _read_kubeconfig(access: Access) -> tuple[dict[str, Any], Path]:
-    if access.kubeconfig_data is not None:
-        return copy.deepcopy(dict(access.kubeconfig_data)), Path.cwd()
+def _read_kubeconfig(access: KubeAccess) -> tuple[dict[str, Any], Path]:
     assert access.kubeconfig is not None
     doc = yaml.safe_load(access.kubeconfig.read_text())
     if not isinstance(doc, dict):
@@ -206,7 +174,7 @@ def _read_kubeconfig(access: Access) -> tuple[dict[str, Any], Path]:
     return doc, access.kubeconfig.resolve().parent
 
 
-async def _from_kubeconfig(access: Access) -> tuple[ApiClient, Credentials]:
+async def _from_kubeconfig(access: KubeAccess) -> tuple[ApiClient, Credentials]:
     doc, base = _read_kubeconfig(access)
     doc, inline = _without_inline_keys(doc)
     user = _current(doc)["user"]
@@ -229,9 +197,9 @@ async def _from_kubeconfig(access: Access) -> tuple[ApiClient, Credentials]:
     return api, credentials
 
 
-def _in_cluster(access: Access) -> tuple[ApiClient, Credentials]:
+def _in_cluster(access: KubeAccess) -> tuple[ApiClient, Credentials]:
     configuration = Configuration()
-    configuration.host = (access.api_url or in_cluster_url()).rstrip("/")
+    configuration.host = access.api_url
     configuration.ssl_ca_cert = str(access.ca_path)
     try:
         api = ApiClient(configuration)
@@ -240,9 +208,9 @@ def _in_cluster(access: Access) -> tuple[ApiClient, Credentials]:
     return api, TokenFile(access.token_path, "the service account token")
 
 
-async def open_api_client(access: Access) -> tuple[ApiClient, Credentials]:
+async def open_api_client(access: KubeAccess) -> tuple[ApiClient, Credentials]:
     """A kubernetes-asyncio ApiClient and its credentials; KubeConfigError (one sentence) when they cannot be had."""
-    if access.kubeconfig is None and access.kubeconfig_data is None:
+    if access.kubeconfig is None:
         return _in_cluster(access)
     try:
         return await _from_kubeconfig(access)

@@ -2,8 +2,9 @@
 API as this API server serves it, found once: `policy/v1` (1.22 and later) or `policy/v1beta1`
 (1.20, 1.21), read from the core group's resource list, as `kubectl drain` does.
 
-Every eviction and delete of the project goes through `remove_pod`, and what its answer means is
-decided once (`judged`, pure), by status, reason and causes, never by the message text:
+Every eviction and delete of the project goes through one `PodRemover` (a pod, by its UID; or pods
+in turn, `remove_each`), and what its answer means is decided once (`judged`, pure), by status,
+reason and causes, never by the message text:
 
 - 429 with a `DisruptionBudget` cause: a PodDisruptionBudget forbids it; nothing was deleted
   (`disruption_budget`);
@@ -11,6 +12,7 @@ decided once (`judged`, pure), by status, reason and causes, never by the messag
   (`api_throttled`), never read as a disruption budget;
 - 404: the pod is gone already (`gone`); 409: the UID precondition failed, the name belongs to a
   newer pod (`replaced`): either way the pod that was meant is not there to remove;
+- no answer within the client's timeout: `no_answer` (nothing is known to be done);
 - anything else: `failed`.
 
 A failed lookup (the API server away) is tried again at the next eviction; an error answer to it, or
@@ -21,14 +23,16 @@ callers read as an answer about the pod). The answer, once read, is kept for the
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .client import KubeClient
-from .errors import ApiError, KubeConfigError
+from .errors import ApiError, KubeConfigError, KubeError, KubeTimeout
 from .objects import delete_pod, evict_pod, served_eviction_version
 
-Outcome = Literal["done", "gone", "replaced", "disruption_budget", "api_throttled", "failed"]
+Outcome = Literal["done", "gone", "replaced", "disruption_budget", "api_throttled", "no_answer", "failed"]
+PodAction = Literal["evict", "delete"]
 # The cause an eviction's 429 carries when a PodDisruptionBudget refused it (StatusCause `reason`).
 DISRUPTION_BUDGET_CAUSE = "DisruptionBudget"
 
@@ -77,20 +81,6 @@ def judged(error: ApiError, evicting: bool, where: str, uid: str) -> Removal:
     return Removal("failed", f"{action} {where}: {error}")
 
 
-async def remove_pod(kube: KubeClient, evictions: Evictions | None, namespace: str, name: str, uid: str) -> Removal:
-    """Evict (with `evictions`) or delete one pod if it still has `uid`. An error answer becomes a
-    Removal; no answer at all (KubeUnavailable, KubeTimeout) or no usable config is raised."""
-    where = f"pod {namespace}/{name}"
-    try:
-        if evictions is not None:
-            await evictions.evict(namespace, name, uid)
-        else:
-            await delete_pod(kube, namespace, name, uid)
-    except ApiError as exc:
-        return judged(exc, evictions is not None, where, uid)
-    return Removal("done", f"{'evicted' if evictions is not None else 'deleted'} {where} (uid {uid})")
-
-
 class Evictions:
     """Evicts pods by UID through the shared client, in the eviction version the server serves."""
 
@@ -116,3 +106,76 @@ class Evictions:
     async def evict(self, namespace: str, name: str, uid: str) -> dict[str, Any]:
         """Evict one pod if it still has `uid`. Raises a KubeError (429: a PodDisruptionBudget forbids it)."""
         return await evict_pod(self.kube, namespace, name, uid, await self.version())
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """A pod as the remediator acts on it: by namespace, name and the UID it was seen with (and its node)."""
+
+    namespace: str
+    name: str
+    uid: str | None
+    node: str | None = None
+
+
+@dataclass
+class Sweep:
+    """Pods removed in turn: each one's removal so far, and the removal that stopped the sweep (None: all went).
+
+    Kept up to date while the sweep runs, so that a caller whose timeout cut it short still knows what was done.
+    """
+
+    passed: list[tuple[PodRef, Removal]] = field(default_factory=list)
+    stopped: Removal | None = None
+
+    @property
+    def removed(self) -> list[PodRef]:
+        """The pods this sweep evicted or deleted (not those found gone or replaced)."""
+        return [pod for pod, removal in self.passed if removal.done]
+
+    @property
+    def refused(self) -> str | None:
+        """Why the API server refused the restart outright: its first removal refused, nothing removed before."""
+        return self.stopped.refused if self.stopped is not None and not self.removed else None
+
+
+class PodRemover:
+    """Evicts (the default) or deletes pods by UID, through the shared client: the project's one eviction path."""
+
+    def __init__(self, client: KubeClient, action: PodAction, evictions: Evictions | None = None):
+        self.client = client
+        self.action = action
+        self.evictions = evictions or Evictions(client)
+
+    @property
+    def verb(self) -> str:
+        return "evicted" if self.action == "evict" else "deleted"
+
+    async def remove(self, pod: PodRef) -> Removal:
+        """Evict or delete one pod if it still has its UID; never raises for the API server's answers (or its silence)."""
+        where = f"pod {pod.namespace}/{pod.name}"
+        if not pod.uid:  # the gate refuses these (no_pod_uid); this is the last line
+            return Removal("failed", f"{where} has no UID: never acted on by name; nothing {self.verb}")
+        try:
+            if self.action == "evict":
+                await self.evictions.evict(pod.namespace, pod.name, pod.uid)
+            else:
+                await delete_pod(self.client, pod.namespace, pod.name, pod.uid)
+        except ApiError as exc:
+            return judged(exc, self.action == "evict", where, pod.uid)
+        except KubeTimeout as exc:
+            return Removal("no_answer", f"{self.action} {where}: {exc}")
+        except KubeError as exc:  # no answer (or no usable config): nothing is known to be done
+            return Removal("failed", f"{self.action} {where}: {exc}")
+        return Removal("done", f"{self.verb} {where} (uid {pod.uid})")
+
+    async def remove_each(self, pods: Sequence[PodRef], sweep: Sweep) -> Sweep:
+        """Remove `pods` in order into `sweep`, stopping at the first refused or failed; a pod gone or
+        replaced meanwhile is passed over (what was wanted: the pod that was listed is not there)."""
+        for pod in pods:
+            removal = await self.remove(pod)
+            if not removal.done and not removal.absent:
+                sweep.stopped = removal
+                break
+            sweep.passed.append((pod, removal))
+        return sweep

@@ -94,6 +94,10 @@ class Actor:
         self.remover = PodRemover(kube, settings.pod_action) if kube is not None else None
         self._restart_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
+        # The claims whose restart this process runs now (committed and started, not finished yet).
+        self.running: set[str] = set()
+        # Restarts that ended whose release could not be written: holder -> the workload it restarted.
+        self.unreleased: dict[str, str | None] = {}
         self._evented: dict[tuple[tuple[str, float], str], None] = {}  # refusal Events sent, in order
 
     # -- choosing ---------------------------------------------------------------------------------
@@ -136,9 +140,19 @@ class Actor:
               status: TargetStatus | None, plan: Plan) -> None:
         """Run the committed restart in the background; returns at once."""
         target = facts.target or ""
+        self.running.add(intent.holder)
         self._background(self._run(action_id, facts, executor, intent, status, plan), f"restart-{target}")
 
     async def _run(
+        self, action_id: int, facts: AlertFacts, executor: Executor, intent: Intent, status: TargetStatus | None,
+        plan: Plan,
+    ) -> None:
+        try:
+            await self._run_locked(action_id, facts, executor, intent, status, plan)
+        finally:
+            self.running.discard(intent.holder)  # its claim ended, or stays orphaned (`orphaned`)
+
+    async def _run_locked(
         self, action_id: int, facts: AlertFacts, executor: Executor, intent: Intent, status: TargetStatus | None,
         plan: Plan,
     ) -> None:
@@ -175,7 +189,7 @@ class Actor:
 
     async def _pre_restart(self, action_id: int, plan: Plan, status: TargetStatus | None) -> None:
         """Run the planned target's pre_restart command, bounded by its timeout, and journal its output."""
-        pre = pre_restart_planned(self.settings, plan)
+        pre = pre_restart_planned(self.settings, plan.target, plan.template)
         if pre is None:
             return
         argv = fill_argv(pre.argv, plan.target, status)
@@ -232,24 +246,48 @@ class Actor:
         try:
             await update(self.store, taken_back)
         except Exception as exc:
-            # The claim expires (replicas) or ends at the next start (one replica); the budget and the
-            # cooldown stay spent: the safe side.
+            # The claim expires (replicas) or is orphaned, ended by the next decision (one replica); the
+            # budget and the cooldown stay spent: the safe side.
             log_event(log, "cannot take back a refused restart in the gate's state", level=logging.WARNING,
                       error=str(exc))
         if reason in HUMAN_REFUSALS:
             self.tell_refusal(facts, Decision(False, cast(Reason, reason), result.detail), status)
+
+    def orphaned(self, state: JournalState) -> bool:
+        """Whether `state` holds a claim that no restart of this process runs, in a store whose claims
+        do not expire (one replica: every claim in its row is this process's). Its restart ended (or
+        never started) and the claim's end could not be written: a conflict with this process's other
+        commits, a failed write, a task cancelled. Asked under the decision lock, where no claim is
+        between its commit and its start; the loop then ends it (`shared.claim_lapsed`)."""
+        if self.store.claims_expire:
+            return False
+        holder = state.in_progress_by
+        for gone in [h for h in self.unreleased if h != holder]:  # their claims ended
+            del self.unreleased[gone]
+        return holder is not None and holder not in self.running
+
+    def ended(self, state: JournalState) -> JournalState:
+        """`state` without its orphaned claim: released as its restart's end would have (a release not
+        written), else lapsed (`shared.claim_lapsed`: its alert judged afresh, budget and cooldown spent)."""
+        holder = state.in_progress_by
+        if holder is not None and holder in self.unreleased:
+            return shared.finished(state, holder, self.unreleased[holder])
+        return shared.claim_lapsed(state)
 
     async def release(self, holder: str, ran: str | None = None) -> None:
         """End this replica's claim on the restart (the cooldown and the budget stay spent); `ran`:
         the workload it restarted, whose streak of disruption-budget refusals is over."""
         try:
             await update(self.store, lambda state: shared.finished(state, holder, ran))
+            return
         except StateUnavailable as exc:
             # A claim that expires ends then; no other restart starts before.
             log_event(log, "cannot release the restart in the gate's state", level=logging.WARNING, error=str(exc))
         except Exception:
-            # One replica: no restart starts until this remediator starts again (the safe side).
+            # One replica: the claim is orphaned; the next decision ends it (`orphaned`).
             log.exception("cannot release the restart in the gate's state")
+        if not self.store.claims_expire:
+            self.unreleased[holder] = ran
 
     # -- refusals a human must see ----------------------------------------------------------------
 

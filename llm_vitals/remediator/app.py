@@ -21,14 +21,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 
-import httpx
+import aiohttp
 from aiohttp import web
 from prometheus_client import generate_latest
 from pydantic import ValidationError
 
+from llm_vitals.backstop_word import answer_json
 from llm_vitals.exposition import TEXT_CONTENT_TYPE
 from llm_vitals.kube.client import KubeClient
-from llm_vitals.kube.connect import Access
 from llm_vitals.logs import log_event
 
 from .auth import Authenticator, Grant
@@ -47,6 +47,8 @@ CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 AUTH = web.AppKey("auth", Authenticator)
 SERVICE = web.AppKey("service", Remediator)
 EXECUTORS = web.AppKey("executors", dict)
+# Every route of the API, each declared on its handler below.
+ROUTES = web.RouteTableDef()
 
 _CHUNK = 64 * 1024
 
@@ -64,20 +66,7 @@ def create_app(
     app[AUTH] = Authenticator(settings.auth)
     app[EXECUTORS] = executors or {}
     app.cleanup_ctx.append(_service_ctx)
-    app.router.add_post("/webhook", webhook)
-    app.router.add_get("/api/v1/actions", actions)
-    app.router.add_get("/api/v1/actions/{id}", action)
-    app.router.add_post("/api/v1/circuit/reset", circuit_reset)
-    app.router.add_post("/api/v1/nodes/{node}/release", node_release)
-    app.router.add_post("/api/v1/workloads/release", workload_release)
-    app.router.add_get("/api/v1/pause", pause_get)
-    app.router.add_post("/api/v1/pause", pause_post)
-    app.router.add_delete("/api/v1/pause", pause_delete)
-    app.router.add_get("/api/v1/state", state_get)
-    app.router.add_get("/api/v1/backstop", backstop_get)
-    app.router.add_post("/api/v1/state/reinit", state_reinit)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
+    app.router.add_routes(ROUTES)
     return app
 
 
@@ -90,8 +79,10 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         kube = kube_client(settings)
         try:
-            # One client for the exporter and the http executors; never one per request.
-            async with store_for(settings, kube, app[CLOCK]) as store, httpx.AsyncClient(follow_redirects=False) as client:
+            # One client for the exporter and the http executors; never one per request. Each request
+            # has its own timeout and follows no redirect; the environment's proxies apply, as before.
+            async with store_for(settings, kube, app[CLOCK]) as store, \
+                    aiohttp.ClientSession(trust_env=True, timeout=aiohttp.ClientTimeout(total=None)) as client:
                 service = Remediator(settings, journal, store, client, app[CLOCK], app[EXECUTORS] or None, kube)
                 app[SERVICE] = service
                 follower = None
@@ -118,9 +109,7 @@ def kube_client(settings: Settings) -> KubeClient | None:
     """The Kubernetes API client, when the shared Lease or a target template needs one."""
     if settings.kubernetes is None and not settings.target_templates:
         return None
-    config = settings.kubernetes or KubernetesSettings()
-    return KubeClient(Access(kubeconfig=config.kubeconfig, api_url=config.api_url, token_path=config.token_path,
-                             ca_path=config.ca_path, timeout=config.timeout))
+    return KubeClient(settings.kubernetes or KubernetesSettings())
 
 
 def _error(status: int, message: str, **extra: object) -> web.Response:
@@ -209,6 +198,7 @@ async def _query_or_body(request: web.Request) -> object:
     return _parsed(body)
 
 
+@ROUTES.post("/webhook")
 async def webhook(request: web.Request) -> web.Response:
     """POST /webhook: one Alertmanager v4 payload."""
     limit = request.app[SETTINGS].body_limit
@@ -229,6 +219,7 @@ async def webhook(request: web.Request) -> web.Response:
     )
 
 
+@ROUTES.get("/api/v1/actions")
 @needs("read")
 async def actions(request: web.Request) -> web.Response:
     """GET /api/v1/actions?limit=N: the journal, newest first (the read token: it names pods, nodes, alerts)."""
@@ -246,6 +237,7 @@ async def actions(request: web.Request) -> web.Response:
     return web.json_response({"actions": rows, "pause": _pause_view(state, now)})
 
 
+@ROUTES.get("/api/v1/actions/{id}")
 @needs("read")
 async def action(request: web.Request) -> web.Response:
     """GET /api/v1/actions/{id}: one decision with its evidence (the exporter's TARGET, pre_restart output)."""
@@ -266,29 +258,33 @@ def _pause_view(state: JournalState, now: float) -> dict[str, object]:
     return {"paused": paused, "until": state.paused_until if paused else None, "reason": state.pause_reason if paused else ""}
 
 
+@ROUTES.get("/api/v1/pause")
 @needs("read")
 async def pause_get(request: web.Request) -> web.Response:
     """GET /api/v1/pause: the pause as stored, read at most a second ago (never one Lease read per request)."""
     return web.json_response(_pause_view(await request.app[SERVICE].recent_state(), request.app[CLOCK]()))
 
 
+@ROUTES.get("/api/v1/state")
 @needs("read")
 async def state_get(request: web.Request) -> web.Response:
     """GET /api/v1/state: whether the shared state is lost, and its circuits, nodes, pause and ladder as last seen."""
     return web.json_response(request.app[SERVICE].state_view())
 
 
+@ROUTES.get("/api/v1/backstop")
 @needs("read")
 async def backstop_get(request: web.Request) -> web.Response:
     """GET /api/v1/backstop?workload=W[&workload=W2...]: the gate's word for each workload's liveness
-    backstop (backstop.py): `act` or `hold`, with the reason and since when, at the remediator's clock."""
+    backstop (gate_word.py): `act` or `hold`, with the reason and since when, at the remediator's clock."""
     workloads = request.query.getall("workload", [])
     if not workloads or len(workloads) > 100 or any(not w or len(w) > 512 for w in workloads):
         return _error(400, "name 1 to 100 workloads: ?workload=Deployment/<namespace>/<name>")
     now, words = await request.app[SERVICE].backstop_words(list(dict.fromkeys(workloads)))
-    return web.json_response({"now": now, "words": [word.as_json() for word in words]})
+    return web.json_response(answer_json(now, words))
 
 
+@ROUTES.post("/api/v1/state/reinit")
 async def state_reinit(request: web.Request) -> web.Response:
     """POST /api/v1/state/reinit {"from": "empty" | "journal", "reason": TEXT}: a human re-initialises
     the replicas' shared state (lost, or on purpose). The answer says what it discarded."""
@@ -310,6 +306,7 @@ async def state_reinit(request: web.Request) -> web.Response:
     return web.json_response(answer)
 
 
+@ROUTES.post("/api/v1/pause")
 async def pause_post(request: web.Request) -> web.Response:
     """POST /api/v1/pause {"until": RFC 3339 or unix seconds, "reason": TEXT}: restart nothing until then."""
     body = await _read_capped(request, 64 * 1024)
@@ -328,6 +325,7 @@ async def pause_post(request: web.Request) -> web.Response:
     return web.json_response(_pause_view(state, request.app[CLOCK]()))
 
 
+@ROUTES.delete("/api/v1/pause")
 async def pause_delete(request: web.Request) -> web.Response:
     """DELETE /api/v1/pause: resume now."""
     state = await request.app[SERVICE].set_pause(None, "")
@@ -373,6 +371,7 @@ def parse_pause(data: object, now: float) -> tuple[float, str] | str:
     return float(until), reason.strip()
 
 
+@ROUTES.post("/api/v1/circuit/reset")
 async def circuit_reset(request: web.Request) -> web.Response:
     """POST /api/v1/circuit/reset {"workload": NAME} | {"target": NAME} | {"all": true} (or the same as a
     query parameter): close one circuit, or every one when asked by name.
@@ -424,6 +423,7 @@ def named_workload(name: object) -> str | BadRequest:
     return name
 
 
+@ROUTES.post("/api/v1/workloads/release")
 async def workload_release(request: web.Request) -> web.Response:
     """POST /api/v1/workloads/release {"workload": NAME}: a human has looked at a paged workload; its page
     ends and its ladder starts again at a restart (its circuit and budget are the circuit reset's)."""
@@ -443,6 +443,7 @@ async def workload_release(request: web.Request) -> web.Response:
 _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
+@ROUTES.post("/api/v1/nodes/{node}/release")
 async def node_release(request: web.Request) -> web.Response:
     """POST /api/v1/nodes/{node}/release: forget that llm-vitals cordoned the node (a human uncordons it)."""
     node = request.match_info["node"]
@@ -452,12 +453,14 @@ async def node_release(request: web.Request) -> web.Response:
     return web.json_response({"node": node, "released": True, "was_escalated": was_escalated})
 
 
+@ROUTES.get("/metrics")
 @needs(None)
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[SERVICE].metrics.registry)
     return web.Response(body=body, headers={"Content-Type": TEXT_CONTENT_TYPE})
 
 
+@ROUTES.get("/healthz")
 @needs(None)
 async def healthz(request: web.Request) -> web.Response:
     state = request.app[SERVICE].gate_state_now()

@@ -34,9 +34,6 @@ def main(argv: list[str] | None = None) -> int:
         return settings
 
     setup_logging(args.log_level)
-    # httpx logs every request URL at INFO; ours carry no secrets, but a configured URL might.
-    for chatty in ("httpx", "httpcore"):
-        logging.getLogger(chatty).setLevel(logging.WARNING)
     log = logging.getLogger("llm_vitals.remediator")
     from .app import create_app  # after logging is set up
 

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
 import signal
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import quote, urlsplit, urlunsplit
 
-import httpx
+import aiohttp
 
 from llm_vitals.kube.client import KubeClient
-from llm_vitals.kube.connect import Access
 from llm_vitals.kube.errors import ApiError, KubeConfigError, KubeTimeout, KubeUnavailable
-from llm_vitals.kube.evictions import Evictions, remove_pod
+from llm_vitals.kube.evictions import PodAction, PodRef, PodRemover, Sweep
 from llm_vitals.kube.objects import list_pods
 
 from .settings import CommandTarget, DockerTarget, HttpTarget, KubernetesTarget, TargetConfig
@@ -118,28 +118,39 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+# Of an answer's body, at most this much is read: a few hundred characters of it are journaled.
+_BODY_LIMIT = 64 * 1024
+
+
+async def _answer(request: Any) -> tuple[int, bytes]:
+    """The status and the start of the body of an aiohttp request (`session.get(...)`), its connection released."""
+    async with request as response:
+        return response.status, await response.content.read(_BODY_LIMIT)
+
+
 class HttpExecutor:
-    """POSTs to a fixed URL; any 2xx is success."""
+    """POSTs to a fixed URL (no redirect followed, the whole answer within `timeout`); any 2xx is success."""
 
     kind = "http"
 
-    def __init__(self, config: HttpTarget, client: httpx.AsyncClient):
+    def __init__(self, config: HttpTarget, session: aiohttp.ClientSession):
         self.url = config.url
         self.timeout = config.timeout
-        self.client = client
+        self.session = session
 
     async def restart(self) -> ExecResult:
         where = redact_url(self.url)
         try:
-            response = await self.client.post(self.url, timeout=self.timeout)
-        except httpx.TimeoutException:
+            status, body = await _answer(self.session.post(self.url, allow_redirects=False,
+                                                           timeout=aiohttp.ClientTimeout(total=self.timeout)))
+        except TimeoutError:  # aiohttp's own timeouts are TimeoutErrors too
             return ExecResult("timeout", f"POST {where}: no answer within {self.timeout:g}s")
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             return ExecResult("error", f"POST {where}: {type(exc).__name__}")
-        body = _truncate(response.text, 500)
-        if 200 <= response.status_code < 300:
-            return ExecResult("ok", f"HTTP {response.status_code}: {body}")
-        return ExecResult("error", f"POST {where}: HTTP {response.status_code}: {body}")
+        text = _truncate(body.decode("utf-8", "replace"), 500)
+        if 200 <= status < 300:
+            return ExecResult("ok", f"HTTP {status}: {text}")
+        return ExecResult("error", f"POST {where}: HTTP {status}: {text}")
 
 
 class DockerExecutor:
@@ -164,25 +175,22 @@ class DockerExecutor:
         self.path = f"{base}/restart"
 
     async def restart(self) -> ExecResult:
-        transport = httpx.AsyncHTTPTransport(uds=self.socket_path)
         try:
-            async with httpx.AsyncClient(transport=transport, base_url="http://docker") as client:
+            async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=self.socket_path)) as client:
                 async with asyncio.timeout(self.timeout):
-                    inspected = await client.get(self.inspect_path, timeout=self.timeout)
-                    refusal = _not_restartable(self.container, inspected)
+                    inspected = await _answer(client.get(f"http://docker{self.inspect_path}"))
+                    refusal = _not_restartable(self.container, *inspected)
                     if refusal is not None:
                         return ExecResult("error", refusal)
-                    response = await client.post(self.path, params={"t": str(self.stop_timeout)}, timeout=self.timeout)
-        except (httpx.TimeoutException, TimeoutError):
+                    status, body = await _answer(client.post(f"http://docker{self.path}", params={"t": str(self.stop_timeout)}))
+        except TimeoutError:
             return ExecResult("timeout", f"docker restart {self.container}: no answer within {self.timeout:g}s")
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             hint = socket_hint(_os_errno(exc))
             return ExecResult("error", f"docker socket {self.socket_path}: {_describe(exc)}" + (f" ({hint})" if hint else ""))
-        if response.status_code == 204:
+        if status == 204:
             return ExecResult("ok", f"docker restarted {self.container}")
-        return ExecResult(
-            "error", f"docker restart {self.container}: HTTP {response.status_code}: {_engine_message(response)}"
-        )
+        return ExecResult("error", f"docker restart {self.container}: HTTP {status}: {_engine_message(body)}")
 
 
 _SOCKET_HINTS = {
@@ -198,7 +206,7 @@ def socket_hint(code: int | None) -> str:
 
 
 def _os_errno(exc: BaseException) -> int | None:
-    """The errno of the OSError under an httpx error (httpx -> httpcore -> OSError), if any."""
+    """The errno of the OSError an aiohttp error is (a connect error is one) or wraps, if any."""
     seen: BaseException | None = exc
     for _ in range(5):
         if seen is None:
@@ -209,12 +217,12 @@ def _os_errno(exc: BaseException) -> int | None:
     return None
 
 
-def _not_restartable(container: str, inspected: httpx.Response) -> str | None:
-    """Why a container must not be restarted, from its inspect answer; None when it is running."""
-    if inspected.status_code != 200:
-        return f"docker inspect {container}: HTTP {inspected.status_code}: {_engine_message(inspected)}"
+def _not_restartable(container: str, code: int, body: bytes) -> str | None:
+    """Why a container must not be restarted, from its inspect answer (HTTP status and body); None when it is running."""
+    if code != 200:
+        return f"docker inspect {container}: HTTP {code}: {_engine_message(body)}"
     try:
-        state = inspected.json()["State"]
+        state = json.loads(body)["State"]
         status, running = str(state.get("Status", "")), bool(state.get("Running"))
     except (ValueError, KeyError, TypeError, AttributeError):
         return f"docker inspect {container}: unexpected answer (no State)"
@@ -224,19 +232,19 @@ def _not_restartable(container: str, inspected: httpx.Response) -> str | None:
     return None
 
 
-def _engine_message(response: httpx.Response) -> str:
+def _engine_message(body: bytes) -> str:
     try:
-        return str(response.json().get("message", ""))[:500]
+        return str(json.loads(body).get("message", ""))[:500]
     except (ValueError, AttributeError):
-        return _truncate(response.text, 500)
+        return _truncate(body.decode("utf-8", "replace"), 500)
 
 
 class KubernetesExecutor:
     """Evicts (or, with `pod_action: delete`, deletes) the pod(s) matching a label selector, each by
     name and UID; their controller recreates them.
 
-    Uses the in-cluster service account (llm_vitals.kube): the token is re-read from its file on
-    every request (projected tokens rotate) and the API server is verified against the mounted CA.
+    Reaches the API server as the target's keys say (a KubeAccess: a kubeconfig, else the in-cluster
+    service account, whose token is re-read for every request and whose CA verifies the server).
     The UID precondition makes an eviction or a delete hit only the pod that was listed: a pod
     recreated under the same name in between is left alone (it is the restart we wanted). An
     eviction a PodDisruptionBudget forbids (429) deletes nothing: for the first pod it refuses the
@@ -245,13 +253,13 @@ class KubernetesExecutor:
 
     kind = "kubernetes"
 
-    def __init__(self, config: KubernetesTarget, pod_action: str = "evict"):
+    def __init__(self, config: KubernetesTarget, pod_action: PodAction = "evict"):
         self.config = config
         self.pod_action = pod_action
 
     async def restart(self) -> ExecResult:
         cfg = self.config
-        kube = KubeClient(Access(api_url=cfg.api_url, token_path=cfg.token_path, ca_path=cfg.ca_path, timeout=cfg.timeout))
+        kube = KubeClient(cfg)
         try:
             return await self._restart(kube)
         except KubeTimeout:
@@ -277,24 +285,20 @@ class KubernetesExecutor:
         if len(pods) > cfg.max_pods:
             return ExecResult(
                 "error", f"{len(pods)} pods match {cfg.pod_selector!r}, more than max_pods={cfg.max_pods}; nothing deleted")
-        evictions = Evictions(kube) if self.pod_action == "evict" else None
-        verb = "evicted" if evictions is not None else "deleted"
-        done: list[str] = []
-        for name, uid in pods:
-            before = f" ({verb} before: {', '.join(done)})" if done else ""
-            # One set of rules for what the API server answers (llm_vitals/kube/evictions.py).
-            removal = await remove_pod(kube, evictions, cfg.namespace, name, uid)
-            if removal.refused is not None:
-                return ExecResult("error", removal.detail + before, refused=None if done else removal.refused)
-            # Gone already, or the UID precondition failed (a new pod has the name): either way the pod
-            # that was listed is gone, which is what we wanted.
-            if not removal.done and not removal.absent:
-                return ExecResult("error", f"{removal.detail}{before}")
-            done.append(name)
-        return ExecResult("ok", f"{verb} pod(s) {', '.join(done)} in {cfg.namespace}")
+        # The one eviction path (llm_vitals/kube/evictions.py): a pod gone already, or whose name a new pod
+        # has (the UID precondition failed), is passed over: the pod that was listed is gone, as wanted.
+        remover = PodRemover(kube, self.pod_action)
+        sweep = await remover.remove_each([PodRef(cfg.namespace, name, uid) for name, uid in pods], Sweep())
+        names = ", ".join(pod.name for pod, _ in sweep.passed)
+        if sweep.stopped is None:
+            return ExecResult("ok", f"{remover.verb} pod(s) {names} in {cfg.namespace}")
+        removed = ", ".join(pod.name for pod in sweep.removed)
+        before = f" ({remover.verb} before: {removed})" if removed else ""
+        result = "timeout" if sweep.stopped.outcome == "no_answer" else "error"
+        return ExecResult(result, sweep.stopped.detail + before, refused=sweep.refused)
 
 
-def build_executor(config: TargetConfig, http_client: httpx.AsyncClient, pod_action: str = "evict") -> Executor:
+def build_executor(config: TargetConfig, http_client: aiohttp.ClientSession, pod_action: PodAction = "evict") -> Executor:
     """The executor for one configured target (`pod_action`: how the kubernetes executor restarts a pod)."""
     if isinstance(config, CommandTarget):
         return CommandExecutor(config)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-import httpx
+import aiohttp
 from pydantic import ValidationError
 
 from llm_vitals.logs import log_event
@@ -40,7 +40,7 @@ _MAX_BYTES = 8 * 1024 * 1024
 
 
 class ExporterClient:
-    def __init__(self, base_url: str, client: httpx.AsyncClient, timeout: float, max_age: float = 1.0):
+    def __init__(self, base_url: str, client: aiohttp.ClientSession, timeout: float, max_age: float = 1.0):
         self.url = base_url.rstrip("/") + "/api/v1/targets"
         self.source = redact_url(base_url.rstrip("/"))  # named in logs and journaled with the evidence
         self.client = client
@@ -64,11 +64,11 @@ class ExporterClient:
 
     async def _read(self) -> bytes:
         """The answer's body, refused as soon as it passes the cap (the rest is never read)."""
-        async with self.client.stream("GET", self.url, timeout=self.timeout) as response:
-            if response.status_code != 200:
-                raise ValueError(f"HTTP {response.status_code}")
+        async with self.client.get(self.url, allow_redirects=False, timeout=aiohttp.ClientTimeout(total=self.timeout)) as response:
+            if response.status != 200:
+                raise ValueError(f"HTTP {response.status}")
             body = bytearray()
-            async for chunk in response.aiter_bytes():
+            async for chunk in response.content.iter_chunked(64 * 1024):
                 body += chunk
                 if len(body) > _MAX_BYTES:
                     raise ValueError("answer too large")
@@ -77,12 +77,12 @@ class ExporterClient:
     async def _fetch(self) -> FleetView | None:
         read_at = time.monotonic()
         try:
-            # httpx's timeout is per read; this bounds the whole answer, so an exporter that
-            # trickles bytes cannot hold every waiting webhook past `timeout`.
+            # This bounds the whole answer and its parsing, so an exporter that trickles bytes
+            # cannot hold every waiting webhook past `timeout`.
             async with asyncio.timeout(self.timeout):
                 body = await self._read()
                 statuses = parse_targets(json.loads(body), self.source)
-        except (httpx.HTTPError, ValueError, ValidationError, TimeoutError) as exc:
+        except (aiohttp.ClientError, ValueError, ValidationError, TimeoutError) as exc:
             log_event(log, "exporter unreachable", level=logging.WARNING, url=redact_url(self.url),
                       error=type(exc).__name__, detail=str(exc)[:200])
             return None
@@ -108,7 +108,7 @@ class FleetReader:
         self._reported: frozenset[str] = frozenset()  # duplicates already logged
 
     @classmethod
-    def of(cls, urls: Sequence[str], client: httpx.AsyncClient, timeout: float, max_age: float) -> FleetReader:
+    def of(cls, urls: Sequence[str], client: aiohttp.ClientSession, timeout: float, max_age: float) -> FleetReader:
         return cls([ExporterClient(url, client, timeout, max_age) for url in urls])
 
     async def fleet(self) -> FleetView | None:

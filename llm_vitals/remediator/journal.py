@@ -69,7 +69,7 @@ _COLUMNS = (
 # Columns added after the first release, holding JSON: added to an older journal at open.
 _ADDED_COLUMNS = {"evidence": "TEXT", "pre_restart": "TEXT", "evidence_from": "TEXT"}
 # Columns added after the first release, holding text (and listed by `actions`).
-# `actor`: who restarted the server the row is about (remediator/backstop.py `restart_actor`), or NULL.
+# `actor`: who restarted the server the row is about (remediator/gate_word.py `restart_actor`), or NULL.
 _ADDED_TEXT_COLUMNS = {"workload": "TEXT", "actor": "TEXT"}
 
 

@@ -27,7 +27,7 @@ from functools import partial
 from itertools import chain
 from typing import Any, Protocol
 
-from . import backstop, gate, holds, identity, shared
+from . import gate, gate_word, holds, identity, shared
 from .acting import Actor
 from .evidence import Evidence
 from .executors import Executor
@@ -214,6 +214,11 @@ class GateLoop:
         A restart of a pod not `checked` yet commits nothing: it asks for the identity check first."""
         now = self.store.now()
         state = shared.claim_lapsed(state, now)
+        if self.actor.orphaned(state):
+            # One replica's claim whose restart is over and whose release was never written: ended now,
+            # never held for ever (its budget and cooldown spent).
+            log.warning("a restart's claim outlived its restart (%s): ended", state.in_progress)
+            state = self.actor.ended(state)
         decision = gate.decide(facts, fleet, state, self.policy, now)
         # A dry run runs every check a live run does, the identity included: its "would restart" is then true.
         if (decision.allowed or decision.reason == "dry_run") and not checked:
@@ -230,7 +235,7 @@ class GateLoop:
         workload = gate.workload_of(facts.target or "", status)
         actor = None
         if decision.reason == "restarted_since_alert":
-            actor = backstop.restart_actor(status, self.store.last, workload, facts.starts_at)
+            actor = gate_word.restart_actor(status, self.store.last, workload, facts.starts_at)
         self.evidence.decided(facts, decision, now, status, actor=actor)
         if decision.reason in gate.HUMAN_REFUSALS:
             self.actor.tell_refusal(facts, decision, status)

@@ -28,11 +28,11 @@ import logging
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.errors import ApiError, KubeError
-from llm_vitals.kube.evictions import Evictions, Removal, remove_pod
+from llm_vitals.kube.evictions import PodRef, PodRemover, Sweep
 from llm_vitals.kube.objects import create_event, get_node, get_pod, get_replica_set, list_pods, merge_patch_node
 from llm_vitals.kube.times import micro_time
 from llm_vitals.logs import log_event
@@ -85,16 +85,6 @@ async def within_notes(*events: Coroutine[Any, Any, bool]) -> list[bool]:
     for event in pending:
         event.close()
     return recorded + [False] * (len(events) - len(recorded))
-
-PodAction = Literal["evict", "delete"]
-
-
-@dataclass(frozen=True)
-class PodRef:
-    namespace: str
-    name: str
-    uid: str | None
-    node: str | None = None
 
 
 # What this component's Event names carry after the involved object's name (`vllm-0.llm-vitals-...`).
@@ -169,38 +159,17 @@ async def pod_event(
                               identity, name)
 
 
-class PodRemover:
-    """Evicts (the default) or deletes pods by UID, through the shared client (llm_vitals/kube/evictions.py
-    decides what each answer means)."""
-
-    def __init__(self, client: KubeClient, action: PodAction, evictions: Evictions | None = None):
-        self.client = client
-        self.action = action
-        self.evictions = evictions or Evictions(client)
-
-    async def remove(self, pod: PodRef) -> Removal:
-        """Evict or delete one pod by UID; never raises for the API server's answers."""
-        if not pod.uid:  # the gate refuses these (no_pod_uid); this is the last line
-            verb = "evicted" if self.action == "evict" else "deleted"
-            return Removal("failed", f"pod {pod.namespace}/{pod.name} has no UID: never acted on by name; nothing {verb}")
-        evictions = self.evictions if self.action == "evict" else None
-        try:
-            return await remove_pod(self.client, evictions, pod.namespace, pod.name, pod.uid)
-        except KubeError as exc:  # no answer (or no usable config): nothing is known to be done
-            return Removal("failed", f"{'evict' if evictions else 'delete'} pod {pod.namespace}/{pod.name}: {exc}")
-
-
+@dataclass(eq=False)
 class PodExecutor:
     """Restart = evict (or delete) the target's own pod by UID, then an Event on it (its own timeout)."""
 
     kind = "kubernetes_pod"
 
-    def __init__(self, remover: PodRemover, pod: PodRef, identity: str, message: str, timeout: float):
-        self.remover = remover
-        self.pod = pod
-        self.identity = identity
-        self.message = message
-        self.timeout = timeout
+    remover: PodRemover
+    pod: PodRef
+    identity: str
+    message: str
+    timeout: float
 
     async def restart(self) -> ExecResult:
         try:
@@ -218,6 +187,7 @@ class PodExecutor:
         return ExecResult("ok", removal.detail)
 
 
+@dataclass(eq=False)
 class GroupExecutor:
     """Restart a LeaderWorkerSet group as one: every pod of the group, listed by its labels, each by UID.
 
@@ -227,28 +197,28 @@ class GroupExecutor:
 
     kind = "kubernetes_group"
 
-    def __init__(self, remover: PodRemover, group: Group, pod: PodRef, identity: str, message: str, timeout: float):
-        self.remover = remover
-        self.group = group
-        self.pod = pod
-        self.identity = identity
-        self.message = message
-        self.timeout = timeout
+    remover: PodRemover
+    group: Group
+    pod: PodRef
+    identity: str
+    message: str
+    timeout: float
 
     async def restart(self) -> ExecResult:
-        done: list[PodRef] = []
+        sweep = Sweep()
         steps: list[str] = []
         try:
             async with asyncio.timeout(self.timeout):
-                result = await self._restart(done, steps)
+                result = await self._restart(sweep, steps)
         except TimeoutError:
-            result = ExecResult("timeout", "; ".join([*steps, f"not done within {self.timeout:g}s"]))
+            said = [removal.detail for _, removal in sweep.passed]
+            result = ExecResult("timeout", "; ".join([*steps, *said, f"not done within {self.timeout:g}s"]))
         # After the outcome: an Event never changes it; all of them within the notes' time.
         await within_notes(*(pod_event(self.remover.client, pod, "allowed", self.message, self.identity)
-                             for pod in done))
+                             for pod in sweep.removed))
         return result
 
-    async def _restart(self, done: list[PodRef], steps: list[str]) -> ExecResult:
+    async def _restart(self, sweep: Sweep, steps: list[str]) -> ExecResult:
         where = f"group {self.group.name}/{self.group.index} in {self.group.namespace}"
         try:
             listed = await list_pods(self.remover.client, self.group.namespace, self.group.selector)
@@ -264,16 +234,11 @@ class GroupExecutor:
             return ExecResult("error", f"pod {self.pod.name} (uid {self.pod.uid}) is no longer in {where} (recreated"
                                        " since?); nothing done")
         steps.append(f"{where}: {len(pods)} pods")
-        for pod in pods:
-            removal = await self.remover.remove(pod)
-            if removal.refused is not None and not done:
-                return ExecResult("error", "; ".join([*steps, removal.detail]), refused=removal.refused)
-            steps.append(removal.detail)
-            if removal.done:
-                done.append(pod)
-            elif not removal.absent:
-                return ExecResult("error", "; ".join(steps))  # a pod gone or replaced meanwhile is what we wanted
-        return ExecResult("ok", "; ".join(steps))
+        await self.remover.remove_each(pods, sweep)
+        said = [*steps, *(removal.detail for _, removal in sweep.passed)]
+        if sweep.stopped is None:
+            return ExecResult("ok", "; ".join(said))
+        return ExecResult("error", "; ".join([*said, sweep.stopped.detail]), refused=sweep.refused)
 
 
 class CordonAndMoveExecutor:

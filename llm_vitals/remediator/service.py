@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
+from llm_vitals.backstop_word import BackstopWord
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.leases import LeaseTransport
 from llm_vitals.logs import log_event
 
-from . import backstop, gate, shared
+from . import gate, gate_word, shared
 from .acting import Actor
 from .evidence import Evidence, decision_word
 from .executors import Executor, build_executor
@@ -75,7 +76,7 @@ class Remediator:
         settings: Settings,
         journal: Journal,
         store: GateStore[Any],
-        http_client: httpx.AsyncClient,
+        http_client: aiohttp.ClientSession,
         clock: Callable[[], float] = time.time,
         executors: dict[str, Executor] | None = None,
         kube: KubeClient | None = None,
@@ -103,7 +104,7 @@ class Remediator:
         self._read_lock = asyncio.Lock()  # GET /api/v1/pause: one read of the shared state at a time
         self._read_at = -math.inf
         # Workloads a backstop asked about that this remediator never heard of, and when first asked
-        # (this replica's memory: the hold they get is bounded, backstop.UNKNOWN_HOLD).
+        # (this replica's memory: the hold they get is bounded, gate_word.UNKNOWN_HOLD).
         self._unknown: dict[str, float] = {}
 
     def gate_state_now(self) -> JournalState:
@@ -218,20 +219,20 @@ class Remediator:
                 self._read_at = self.clock()
         return self.store.last
 
-    async def backstop_words(self, workloads: list[str]) -> tuple[float, list[backstop.BackstopWord]]:
-        """The gate's word for each workload's liveness backstop (backstop.py), on the state read at
+    async def backstop_words(self, workloads: list[str]) -> tuple[float, list[BackstopWord]]:
+        """The gate's word for each workload's liveness backstop (gate_word.py), on the state read at
         most STATE_MAX_AGE ago, at the store's clock. Raises StateUnavailable (StateLost: lost)."""
         state = await self.recent_state()
-        if any(not backstop.known(w, state, self.policy, self.loop.reported) for w in workloads):
+        if any(not gate_word.known(w, state, self.policy, self.loop.reported) for w in workloads):
             await self.loop.read_fleet()  # a workload discovered since the last look is known (one cached read)
         now, lost = self.store.now(), bool(self.store.health.lost)
-        return now, [backstop.word_for(w, state, self.policy, now, lost=lost,
+        return now, [gate_word.word_for(w, state, self.policy, now, lost=lost,
                                        unknown_since=self._unknown_since(w, state, now)) for w in workloads]
 
     def _unknown_since(self, workload: str, state: JournalState, now: float) -> float | None:
         """When a backstop first asked about `workload`, which this remediator never heard of; None when known.
         Each such ask is counted (LLMVitalsBackstopUnknownWorkload), the first logged."""
-        if backstop.known(workload, state, self.policy, self.loop.reported):
+        if gate_word.known(workload, state, self.policy, self.loop.reported):
             self._unknown.pop(workload, None)
             return None
         self.metrics.unknown_workload_asks.inc()
@@ -240,7 +241,7 @@ class Remediator:
                 self._unknown.pop(next(iter(self._unknown)))
             self._unknown[workload] = now
             log_event(log, "backstop asked about an unknown workload", level=logging.WARNING, workload=workload[:200],
-                      hold_seconds=backstop.UNKNOWN_HOLD)
+                      hold_seconds=gate_word.UNKNOWN_HOLD)
         return self._unknown[workload]
 
     def state_view(self) -> dict[str, Any]:

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 
 # ConfigError is re-exported: the CLI and callers catch it as remediator.settings.ConfigError.
-from llm_vitals.config import ConfigError, StrictModel, read_yaml, secret_from_env_or_file, validate_document
+from llm_vitals.config import ConfigError, KubeAccess, StrictModel, WithSecrets, keys_set, read_yaml, validate_document
 from llm_vitals.durations import Duration
 from llm_vitals.remediator.fleet_limit import parse_max_unhealthy, percent_of, unhealthy_limit
 from llm_vitals.validators import HttpUrl, ListenAddress, parse_listen, target_name
@@ -24,23 +24,21 @@ from llm_vitals.validators import HttpUrl, ListenAddress, parse_listen, target_n
 # Auth
 
 
-class BasicAuth(StrictModel):
+class BasicAuth(WithSecrets):
+    secrets = {"password": True}
+
     username: str = Field(min_length=1)
     password_env: str | None = None
     password_file: Path | None = None
 
-    @model_validator(mode="after")
-    def _one_source(self) -> BasicAuth:
-        if (self.password_env is None) == (self.password_file is None):
-            raise ValueError("set exactly one of password_env or password_file")
-        return self
 
-
-class AuthSettings(StrictModel):
+class AuthSettings(WithSecrets):
     """How callers authenticate. Exactly one method for the act token (the webhook, pause, reset,
     release, re-initialise; it reads too), or `none: true`. An optional read token (bearer) reads
     only: the status, the journal, the pause, circuits and nodes. Give the exporter's status page
     the read token, never the act token. A config without one keeps working: the act token reads."""
+
+    secrets = {"bearer_token": False, "read_token": False}
 
     bearer_token_env: str | None = None
     bearer_token_file: Path | None = None
@@ -49,26 +47,11 @@ class AuthSettings(StrictModel):
     read_token_env: str | None = None
     read_token_file: Path | None = None
 
-    # Resolved at load time so that --check-config catches a missing env var or file.
-    _bearer: SecretStr | None = PrivateAttr(default=None)
-    _password: SecretStr | None = PrivateAttr(default=None)
-    _read: SecretStr | None = PrivateAttr(default=None)
-
     @model_validator(mode="after")
     def _exactly_one(self) -> AuthSettings:
-        chosen = [
-            name
-            for name, value in (
-                ("bearer_token_env", self.bearer_token_env),
-                ("bearer_token_file", self.bearer_token_file),
-                ("basic_auth", self.basic_auth),
-            )
-            if value is not None
-        ]
+        chosen = keys_set(self, "bearer_token_env", "bearer_token_file", "basic_auth")
         if self.none and chosen:
             raise ValueError(f"`none: true` contradicts {chosen[0]}")
-        if self.read_token_env and self.read_token_file:
-            raise ValueError("set at most one of read_token_env and read_token_file")
         if self.none and (self.read_token_env or self.read_token_file):
             raise ValueError("`none: true` contradicts a read token: without auth every route is open")
         if not self.none and len(chosen) != 1:
@@ -81,32 +64,26 @@ class AuthSettings(StrictModel):
         return self
 
     def resolve(self, environ: Mapping[str, str]) -> None:
-        """Read the secret from the environment or a file. Raises ConfigError naming the config key."""
-        self._bearer = secret_from_env_or_file(
-            "auth.bearer_token", self.bearer_token_env, self.bearer_token_file, environ
-        )
+        """Read the secrets from the environment or files now (--check-config finds a missing one); ConfigError names the key."""
+        self.read_secrets(environ, "auth.")
         if self.basic_auth is not None:
-            basic = self.basic_auth
-            self._password = secret_from_env_or_file(
-                "auth.basic_auth.password", basic.password_env, basic.password_file, environ
-            )
-        self._read = secret_from_env_or_file("auth.read_token", self.read_token_env, self.read_token_file, environ)
-        if self._read is not None and self._bearer is not None \
-                and self._read.get_secret_value() == self._bearer.get_secret_value():
+            self.basic_auth.read_secrets(environ, "auth.basic_auth.")
+        read, bearer = self.read_token, self.bearer_token
+        if read is not None and bearer is not None and read.get_secret_value() == bearer.get_secret_value():
             raise ConfigError("auth.read_token: the read token must differ from the act token (bearer_token),"
                               " else whoever reads may also restart")
 
     @property
     def bearer_token(self) -> SecretStr | None:
-        return self._bearer
+        return self.secret("bearer_token")
 
     @property
     def basic_password(self) -> SecretStr | None:
-        return self._password
+        return self.basic_auth.secret("password") if self.basic_auth is not None else None
 
     @property
     def read_token(self) -> SecretStr | None:
-        return self._read
+        return self.secret("read_token")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,7 +148,6 @@ class DockerTarget(StrictModel):
         return version.lstrip("v") if version else None
 
 
-_SA = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -181,37 +157,19 @@ def _namespace(ns: str) -> str:
     return ns
 
 
-def _https_api_url(url: str) -> str:
-    if not url.startswith("https://"):
-        raise ValueError("the Kubernetes API is reached over https:// only")
-    return url.rstrip("/")
-
-
-# A Kubernetes namespace (a DNS label), and the API server's URL (https only, no trailing `/`).
+# A Kubernetes namespace (a DNS label).
 Namespace = Annotated[str, AfterValidator(_namespace)]
-ApiUrl = Annotated[str, AfterValidator(_https_api_url)]
 
 
-def _in_cluster_api_url() -> str:
-    host = os.environ.get("KUBERNETES_SERVICE_HOST")
-    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    if host:
-        host = f"[{host}]" if ":" in host else host
-        return f"https://{host}:{port}"
-    return "https://kubernetes.default.svc"
+class KubernetesTarget(KubeAccess):
+    """Pods deleted (or evicted) by a label selector, through the API server this target's own keys reach."""
 
-
-class KubernetesTarget(StrictModel):
     executor: Literal["kubernetes"]
     namespace: Namespace
     pod_selector: str = Field(min_length=1)
     # A selector that matches more pods than this is refused: deleting a whole deployment's pods
     # at once is exactly the cascade the remediator exists to prevent.
     max_pods: int = Field(default=1, ge=1)
-    api_url: ApiUrl = Field(default_factory=_in_cluster_api_url)
-    token_path: Path = _SA / "token"
-    ca_path: Path = _SA / "ca.crt"
-    timeout: Duration = 30.0
     pre_restart: PreRestart | None = None
 
 
@@ -239,14 +197,10 @@ class LeaseRef(StrictModel):
         return name
 
 
-class KubernetesSettings(StrictModel):
+class KubernetesSettings(KubeAccess):
     """The client for the shared state and the pod executor; in-cluster service account by default."""
 
-    kubeconfig: Path | None = None
-    api_url: ApiUrl = Field(default_factory=_in_cluster_api_url)
-    token_path: Path = _SA / "token"
-    ca_path: Path = _SA / "ca.crt"
-    timeout: Duration = 10.0
+    timeout: Duration = 10.0  # an API server that does not answer means no restart (the webhook answers 503)
     # None: the single-replica SQLite mode. Set, the replicas share their state in this Lease.
     lease: LeaseRef | None = None
     # This replica's name in the Lease and in Events; default: $POD_NAME, else the host name.

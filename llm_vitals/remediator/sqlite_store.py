@@ -50,7 +50,9 @@ class SqliteStore:
     """The gate's state in one row of this replica's SQLite file, read from memory, committed durably."""
 
     last_is_current = True  # the only writer: memory is the committed state
-    claims_expire = False  # this replica's claim ends when its restart does, or at its next start
+    # This replica's claim ends when its restart does, or at its next start; one whose end could not be
+    # written (a conflict with its other commits) at the next decision (acting.Actor.orphaned).
+    claims_expire = False
 
     def __init__(self, path: Path | str, budget_window: float, clock: Callable[[], float]):
         self.path = Path(path)

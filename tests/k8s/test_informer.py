@@ -26,8 +26,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from waits import wait_until
 
+from llm_vitals.config import KubeAccess
 from llm_vitals.kube.client import KubeClient
-from llm_vitals.kube.connect import Access
 from llm_vitals.kube.errors import ApiError
 from llm_vitals.kube.informer import Health, Informer
 from llm_vitals.kube.objects import Query
@@ -151,7 +151,7 @@ async def test_the_informer_on_the_real_api_server(control_plane: ControlPlane, 
         waits.append(round(seconds, 3))
         await asyncio.sleep(seconds)
 
-    kube = KubeClient(Access(kubeconfig=control_plane.kubeconfig(EXPORTER)))
+    kube = KubeClient(KubeAccess(kubeconfig=control_plane.kubeconfig(EXPORTER)))
     informer: Informer[dict[str, Any]] = Informer(kube, Query("pods", namespace, "app=vllm"), dict, lambda name: None,
                                                   on_health=healths.append, sleep=sleep, draw=lambda: 0.0,
                                                   watch_seconds=watch_seconds)

@@ -32,17 +32,9 @@ from pydantic import ValidationError
 
 from llm_vitals.exporter.discovery.source import Report, SourceStatus
 from llm_vitals.exporter.discovery.targetset import DiscoveredTarget, build_target, pod_target_name
-from llm_vitals.exporter.discovery.workload import (
-    Controller,
-    ReplicaSets,
-    controller_of,
-    group_of,
-    pod_workload,
-    replica_set_controller,
-)
+from llm_vitals.exporter.discovery.workload import Controller, ReplicaSets, controller_of, group_of, pod_workload, replica_set_controller
 from llm_vitals.exporter.settings import ConfigError, KubernetesDiscovery, TargetSettings
 from llm_vitals.kube.client import KubeClient
-from llm_vitals.kube.connect import Access
 from llm_vitals.kube.errors import ApiError, KubeError
 from llm_vitals.kube.informer import Health, Informer
 from llm_vitals.kube.objects import Query
@@ -165,7 +157,7 @@ class PodSource:
         self.id = source_id
         self.config = config
         self.environ = environ
-        self.kube = kube or KubeClient(Access(kubeconfig=config.kubeconfig))
+        self.kube = kube or KubeClient(config.access)
         self.informers: dict[str, Informer[PodView]] = {}  # namespace -> its informer
         # namespace -> its ReplicaSets' informer; none when the template names the workload itself.
         self.replica_set_informers: dict[str, Informer[Controller | None]] = {}

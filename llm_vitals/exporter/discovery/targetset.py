@@ -51,7 +51,7 @@ def build_target(template: Mapping[str, Any], environ: Mapping[str, str], **foun
     """The template's keys with what was found (name, url, source, node, namespace, ...) on top;
     ValueError (pydantic's) or ConfigError when they do not make a target."""
     target = DiscoveredTarget.model_validate({**template, **found})
-    target.resolve_secrets(environ, f"{found['source']}.template")
+    target.read_secrets(environ, f"{found['source']}.template.")
     return target
 
 

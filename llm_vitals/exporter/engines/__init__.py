@@ -1,4 +1,4 @@
-"""Engine adapters: each turns what a server kind exposes into one engine-neutral `Snapshot`.
+"""Engine adapters: each turns what a server kind exposes into one engine-neutral `PageReading`.
 
 One module per engine, each defining `ENGINE`, an `Engine` entry; `llm_vitals/exporter/engines/table.py`
 gathers them into `ENGINES`, the one table the poller and the verdict look an engine up in (as
@@ -16,7 +16,7 @@ blackbox_exporter's `Probers` map). Nothing outside this package says `if engine
 Until an engine's helper lands its adapter, its module is a stub whose parse raises PageError
 (the target reads `down`), with the table facts already filled in from its RECIPE.
 
-An adapter's `parse(page)` returns a Snapshot or raises PageError; `table.read_page` wraps it so
+An adapter's `parse(page)` returns a PageReading or raises PageError; `table.read_page` wraps it so
 that another engine's page on a target is `wrong_engine`, never a crash and never idle.
 """
 
@@ -34,7 +34,7 @@ Signals = tuple[tuple[str, float], ...]
 
 
 def signals(**values: float | None) -> Signals:
-    """Named signals for a Snapshot's `more_counters` or `more_gauges`: one the page lacks (None) is left out."""
+    """Named signals for a PageReading's `more_counters` or `more_gauges`: one the page lacks (None) is left out."""
     return tuple((name, value) for name, value in values.items() if value is not None)
 
 
@@ -61,7 +61,7 @@ class Unit(NamedTuple):
     deferred: float  # waiting on a peer (a remote KV transfer), as the engine itself marks it
     counters: tuple[float | None, ...]  # grow with work; a fall is the unit started again
     gauges: tuple[float | None, ...] = ()  # move with work (KV usage during a long prefill)
-    # (seconds, work): the unit's own pace counters, as Snapshot.pace.
+    # (seconds, work): the unit's own pace counters, as PageReading.pace.
     pace: tuple[float, float] | None = None
 
     @property
@@ -70,7 +70,7 @@ class Unit(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
+class PageReading:
     """One read of an engine's own counters, summed over its units (data parallel engines, models).
 
     Counters are None when the page does not carry them; gauges running/waiting are always present.
@@ -283,8 +283,8 @@ class Engine:
     """One row of the engine table: where an engine's signals live and how they read."""
 
     name: str
-    # Page -> Snapshot, raising PageError; None for an engine with no /metrics worth reading.
-    parse: Callable[[Page], Snapshot] | None
+    # Page -> PageReading, raising PageError; None for an engine with no /metrics worth reading.
+    parse: Callable[[Page], PageReading] | None
     # A metric name prefix that only this engine's pages carry: how another engine's page is told apart.
     signature: str | None = None
     metrics_path: str = "/metrics"
@@ -320,7 +320,7 @@ class Engine:
     decoupled_canary: Canary | None = None
     # (snapshot, unit) -> True when the page carries a signal of that unit's that moves with its
     # responses or iterations (TensorRT-LLM's iteration counter, the vLLM backend's tokens).
-    in_flight_signal: Callable[[Snapshot, str], bool] | None = None
+    in_flight_signal: Callable[[PageReading, str], bool] | None = None
 
     def metrics_url(self, target: WatchedTarget) -> str:
         """Where this target's page is read: its `metrics_url`, else the engine's port or its url."""

@@ -52,7 +52,7 @@ and the response carries the header `Process-Start-Time-Unix: 1571301719`.
 
 from __future__ import annotations
 
-from llm_vitals.exporter.engines import Engine, EngineFacts, PageError, Snapshot
+from llm_vitals.exporter.engines import Engine, EngineFacts, PageError, PageReading
 from llm_vitals.exporter.engines.scan import Scanner, snapshot_of, text_parse, total
 
 PROCESSING = "llamacpp:requests_processing"
@@ -72,8 +72,8 @@ _SCANNER = Scanner((PROCESSING, DEFERRED, DECODES, TOKENS_PREDICTED, PROMPT_TOKE
 _REQUIRED = (PROCESSING, DEFERRED, DECODES)
 
 
-def parse_text(text: str) -> Snapshot:
-    """Turn a llama-server `/metrics` body into a Snapshot; raises PageError."""
+def parse_text(text: str) -> PageReading:
+    """Turn a llama-server `/metrics` body into a PageReading; raises PageError."""
     found = _SCANNER.scan(text)
     for name in _REQUIRED:
         if name not in found:

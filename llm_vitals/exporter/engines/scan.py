@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from llm_vitals.exporter.engines import Page, PageError, Snapshot
+from llm_vitals.exporter.engines import Page, PageError, PageReading
 
 _NAME_CHARS = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 # A label set, from `{` to the first `}` outside a quoted value; inside quotes `\` escapes one char.
@@ -244,16 +244,16 @@ def total(found: dict[str, list[Sample]], name: str) -> float | None:
 
 def snapshot_of(found: dict[str, list[Sample]], *, running: str, waiting: str, steps: str | None = None,
                 generation_tokens: str | None = None, prompt_tokens: str | None = None, finished: str | None = None,
-                **more: Any) -> Snapshot:
-    """The Snapshot of an engine that names one family for each of these fields: each the family's
+                **more: Any) -> PageReading:
+    """The PageReading of an engine that names one family for each of these fields: each the family's
     `total` (None where the page has none; running and waiting read 0 then), and `more` as given."""
 
     def of(name: str | None) -> float | None:
         return total(found, name) if name else None
 
-    return Snapshot(running=total(found, running) or 0.0, waiting=total(found, waiting) or 0.0, steps=of(steps),
-                    generation_tokens=of(generation_tokens), prompt_tokens=of(prompt_tokens), finished=of(finished),
-                    **more)
+    return PageReading(running=total(found, running) or 0.0, waiting=total(found, waiting) or 0.0, steps=of(steps),
+                       generation_tokens=of(generation_tokens), prompt_tokens=of(prompt_tokens), finished=of(finished),
+                       **more)
 
 
 def decode(body: bytes) -> str:
@@ -265,10 +265,10 @@ def decode(body: bytes) -> str:
 
 
 
-def text_parse(parse_text: Callable[[str], Snapshot]) -> Callable[[Page], Snapshot]:
+def text_parse(parse_text: Callable[[str], PageReading]) -> Callable[[Page], PageReading]:
     """An engine's `parse` from a parser of the page's text: the body decoded (strict UTF-8) first; raises PageError."""
 
-    def parse(page: Page) -> Snapshot:
+    def parse(page: Page) -> PageReading:
         return parse_text(decode(page.body))
 
     return parse

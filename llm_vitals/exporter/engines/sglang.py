@@ -66,7 +66,7 @@ scheduler series carry `engine_type,model_name,moe_ep_rank,pp_rank,tp_rank`):
 
 from __future__ import annotations
 
-from llm_vitals.exporter.engines import Engine, EngineFacts, PageError, Snapshot, Unit, signals
+from llm_vitals.exporter.engines import Engine, EngineFacts, PageError, PageReading, Unit, signals
 from llm_vitals.exporter.engines.scan import Sample, Scanner, by_label, finite_sum, snapshot_of, text_parse, total
 
 RUNNING = "sglang:num_running_reqs"
@@ -107,8 +107,8 @@ _SCANNER = Scanner((RUNNING, QUEUED, USED_TOKENS, REALTIME_TOKENS, STEPS, GENERA
                     FINISHED, HTTP_ACTIVE, PAUSED, *DEFERRED, *PACE))
 
 
-def parse_text(text: str) -> Snapshot:
-    """Turn an SGLang `/metrics` page into a Snapshot, summed over ranks and modes; raises PageError."""
+def parse_text(text: str) -> PageReading:
+    """Turn an SGLang `/metrics` page into a PageReading, summed over ranks and modes; raises PageError."""
     found = _SCANNER.scan(text)
     if RUNNING not in found or QUEUED not in found:
         missing = RUNNING if RUNNING not in found else QUEUED

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from llm_vitals.exporter.engines import Engine, Page, PageError, Snapshot, header, llamacpp, openai, sglang, tgi, triton, vllm
+from llm_vitals.exporter.engines import Engine, Page, PageError, PageReading, header, llamacpp, openai, sglang, tgi, triton, vllm
 
 ENGINES: dict[str, Engine] = {
     entry.name: entry
@@ -29,8 +29,8 @@ def identify(body: bytes) -> str | None:
     return None
 
 
-def read_page(entry: Engine, page: Page) -> Snapshot:
-    """`entry`'s Snapshot of `page`; another engine's page is PageError("wrong_engine") naming both."""
+def read_page(entry: Engine, page: Page) -> PageReading:
+    """`entry`'s PageReading of `page`; another engine's page is PageError("wrong_engine") naming both."""
     if entry.parse is None:
         raise PageError("bad_metrics", f"engine {entry.name} has no /metrics adapter")
     if entry.signature is not None and entry.signature.encode() not in page.body:

@@ -50,7 +50,7 @@ family appears only once it was first touched. A sample of a busy page as that c
 
 from __future__ import annotations
 
-from llm_vitals.exporter.engines import Engine, PageError, Snapshot, signals
+from llm_vitals.exporter.engines import Engine, PageError, PageReading, signals
 from llm_vitals.exporter.engines.scan import Scanner, snapshot_of, text_parse, total
 
 QUEUE = "tgi_queue_size"
@@ -64,8 +64,8 @@ STATIC = "tgi_batch_max_total_tokens"  # set once at start-up, after the warmup
 SCANNER = Scanner((QUEUE, BATCH, STEPS, FORWARDS, FINISHED, GENERATED_TOKENS, STATIC))
 
 
-def parse_text(text: str) -> Snapshot:
-    """Turn a TGI router `/metrics` page into a Snapshot; raises PageError."""
+def parse_text(text: str) -> PageReading:
+    """Turn a TGI router `/metrics` page into a PageReading; raises PageError."""
     found = SCANNER.scan(text)
     if not found and "tgi_" not in text:
         raise PageError("bad_metrics", f"no {QUEUE} nor any tgi_ family on the page (not a TGI /metrics page?)")

@@ -44,7 +44,7 @@ models. A sample of a real page (Triton 2.51 via nvidia-pytriton 0.7.0; tests/fi
   counter reset, judged per model (a fall of any of a model's counters is that model started again).
 - **Models come and go**: a model unloaded takes its series off the page, one loaded (or a new
   version) brings series starting at 0, so the sums fall or stand still while nothing restarted.
-  The snapshot carries each model's counters as series of their own (`Snapshot.series`, named
+  The snapshot carries each model's counters as series of their own (`PageReading.series`, named
   `model="m",version="1"|family`), and the verdict compares a series only with itself: an unload
   or a version change is neither a restart nor progress. The server restarted when every model both
   reads carry started again; a model that had counted nothing cannot show a reset, so with one on
@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import json
 
-from llm_vitals.exporter.engines import Canary, Engine, EngineFacts, ModelConfig, PageError, Snapshot, Unit, WatchedTarget
+from llm_vitals.exporter.engines import Canary, Engine, EngineFacts, ModelConfig, PageError, PageReading, Unit, WatchedTarget
 from llm_vitals.exporter.engines.scan import Sample, Scanner, finite, finite_sum, text_parse
 
 PENDING = "nv_inference_pending_request_count"
@@ -104,8 +104,8 @@ def _labelled(samples: list[Sample], label: str, value: str) -> float | None:
     return sum(values) if values else None
 
 
-def parse_text(text: str) -> Snapshot:
-    """Turn a Triton metrics page into a Snapshot, summed over models; raises PageError."""
+def parse_text(text: str) -> PageReading:
+    """Turn a Triton metrics page into a PageReading, summed over models; raises PageError."""
     found = _SCANNER.scan(text)
     if PENDING not in found:
         raise PageError(
@@ -132,7 +132,7 @@ def parse_text(text: str) -> Snapshot:
     if kv_usage is None and found.get(VLLM_KV):
         finite_sum(VLLM_KV, found[VLLM_KV])  # a NaN is bad_metrics, as for every signal
         kv_usage = max(sample.value for sample in found[VLLM_KV])  # a ratio per model: the fullest
-    return Snapshot(
+    return PageReading(
         running=running,
         waiting=finite_sum(PENDING, found[PENDING]) + finite_sum(VLLM_WAITING, found.get(VLLM_WAITING, [])),
         steps=iterations if iterations is not None else executions,
@@ -177,7 +177,7 @@ _IN_FLIGHT_VLLM = (VLLM_GENERATION, VLLM_PROMPT)
 _IN_FLIGHT = (f"|{TRT_GENERAL}", *(f"|{name}" for name in _IN_FLIGHT_VLLM))
 
 
-def in_flight_signal(snapshot: Snapshot, model: str) -> bool:
+def in_flight_signal(snapshot: PageReading, model: str) -> bool:
     """Whether the page carries a signal of `model`'s own that moves per iteration or token (any version)."""
     prefix = f'model="{model}",'
     return any(name.startswith(prefix) and name.endswith(_IN_FLIGHT) for name, _ in snapshot.series)

@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 
-from llm_vitals.exporter.engines import Engine, PageError, Snapshot, Unit
+from llm_vitals.exporter.engines import Engine, PageError, PageReading, Unit
 from llm_vitals.exporter.engines.scan import Sample, Scanner, by_label, decode, finite, finite_sum, total
 
 RUNNING = "vllm:num_requests_running"
@@ -86,8 +87,13 @@ def pace_of(found: dict[str, list[Sample]], names: tuple[str, str] | None) -> tu
     """(seconds, tokens) of the inter-token histogram, summed over engines; None without it (or not finite)."""
     if names is None:
         return None
-    seconds, count = (sum(s.value for s in found[name]) for name in names)
-    return (seconds, count) if finite(seconds) is not None and finite(count) is not None else None
+    seconds, count = _summed(found[names[0]]), _summed(found[names[1]])
+    return (seconds, count) if math.isfinite(seconds) and math.isfinite(count) else None
+
+
+def _summed(samples: list[Sample]) -> float:
+    # One engine writes one line (the common case): its value, with no generator to sum over (each poll).
+    return 0.0 + samples[0].value if len(samples) == 1 else sum(sample.value for sample in samples)
 
 
 def sleep_level(samples: list[Sample]) -> int:
@@ -115,13 +121,13 @@ def _sleep_level(samples: tuple[Sample, ...]) -> int:
     return min((levels.get(engine, 0) for engine in engines), default=0)
 
 
-def parse_text(text: str) -> Snapshot:
-    """Turn a vLLM `/metrics` page into a Snapshot, summed over engines; raises PageError."""
+def parse_text(text: str) -> PageReading:
+    """Turn a vLLM `/metrics` page into a PageReading, summed over engines; raises PageError."""
     return parse_found(SCANNER.scan(text))
 
 
-def parse_found(found: dict[str, list[Sample]]) -> Snapshot:
-    """The Snapshot of the samples `SCANNER.scan` found (the backtest builds them from Prometheus's samples)."""
+def parse_found(found: dict[str, list[Sample]]) -> PageReading:
+    """The PageReading of the samples `SCANNER.scan` found (the backtest builds them from Prometheus's samples)."""
     if RUNNING not in found or WAITING not in found:
         missing = RUNNING if RUNNING not in found else WAITING
         raise PageError("bad_metrics", f"no {missing} on the page (not a vLLM /metrics page?)")
@@ -132,7 +138,7 @@ def parse_found(found: dict[str, list[Sample]]) -> Snapshot:
     deferred = [s for s in by_reason if s.labels().get("reason") == "deferred"] if by_reason else []
     running = found[RUNNING]
     pace_names = _pace_names(found)
-    return Snapshot(
+    return PageReading(
         running=finite_sum(RUNNING, running),
         waiting=finite_sum(WAITING, found[WAITING]),
         steps=total(found, STEPS),
@@ -171,6 +177,8 @@ def _units(found: dict[str, list[Sample]], deferred: list[Sample], pace: tuple[s
 
 def operations(found: dict[str, list[Sample]]) -> tuple[tuple[str, float], ...]:
     """The weight-update and sleep-mode operations the page has in flight, as `weight_update:update` etc."""
+    if WEIGHT_UPDATE_OPS not in found and SLEEP_MODE_OPS not in found:
+        return ()  # a page without them (no dev mode, an older release): every poll of most servers
     ops: dict[str, float] = {}
     for family, word in OPERATIONS.items():
         for sample in found.get(family, ()):
@@ -197,7 +205,7 @@ def _pair(seconds: float | None, work: float | None) -> tuple[float, float] | No
     return None if seconds is None or work is None else (seconds, work)
 
 
-def parse_page(body: bytes) -> Snapshot:
+def parse_page(body: bytes) -> PageReading:
     """Decode (strict UTF-8) and parse a `/metrics` body; raises PageError."""
     return parse_text(decode(body))
 

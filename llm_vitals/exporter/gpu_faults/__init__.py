@@ -7,8 +7,9 @@ record one `GpuFaultState`, written by one setter (`TargetRecord.set_gpu_faults`
 is the user's view.
 
 - `file.py`: the `gpu_fault_file` a node agent writes;
-- `node.py`: the Kubernetes node's conditions and taints, from the cache the node watch fills
-  (llm_vitals/exporter/node_watch.py only feeds the cache: the poller's aggregate is the one writer);
+- `node.py`: the Kubernetes node's conditions and taints, from the cache the node watch fills;
+- `node_watch.py`: the list-then-watch of the cluster's Nodes, which only feeds that cache (the
+  poller's aggregate is the one writer);
 - `dcgm.py`: the target's GPUs on a dcgm-exporter page;
 - `nvml_source.py` (threads), `nvml_pynvml.py` (the binding) and `nvml.py` (the rules): NVML;
 - `xids.py`: NVIDIA's Xid catalog, shared by dcgm and NVML.

@@ -1,6 +1,6 @@
 """The `node` source: the Kubernetes node's conditions and taints, as the node watch last saw them.
 
-llm_vitals/exporter/node_watch.py lists and watches the nodes and fills a `NodeCache`; it writes
+llm_vitals/exporter/gpu_faults/node_watch.py lists and watches the nodes and fills a `NodeCache`; it writes
 nothing else. This source reads the cache for each target at each poll (no I/O) and judges it with
 the pure rule `node_fault`: the poller's aggregate is the one writer of a target's node fault, and
 a target discovered on an already faulty node is flagged within a poll.

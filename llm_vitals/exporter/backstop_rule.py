@@ -2,7 +2,8 @@
 
 A shim (the exporter beside one server, whose `/probe/<t>/live` the kubelet asks) learns the gate's
 word for its target's workload from the remediator (GET /api/v1/backstop with the read token; the
-word is computed by llm_vitals/remediator/backstop.py). Only one actor may decide a restart:
+word is computed by llm_vitals/remediator/gate_word.py, and read by llm_vitals/backstop_word.py's
+`word_in`, the one wire shape). Only one actor may decide a restart:
 
 - `hold`: the remediator holds the workload (paused, paged, circuit open, a restart of it running or
   in cooldown, the fleet gate refused, ...): liveness answers 200 however long the server is stuck;
@@ -36,20 +37,12 @@ remediator's wall clock, only shown.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Literal
+
+from llm_vitals.backstop_word import BackstopWord
 
 Mode = Literal["act", "hold", "armed"]
 MODES: tuple[Mode, ...] = ("act", "hold", "armed")
-
-
-@dataclass(frozen=True, slots=True)
-class Word:
-    """A word as the remediator gave it for this shim's workload."""
-
-    word: Literal["act", "hold"]
-    reason: str = ""
-    since: float | None = None  # the remediator's clock (Unix seconds)
-    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +52,7 @@ class Heard:
     `word` is None when the last answer could not be read (`unreadable` says why)."""
 
     answered_at: float | None = None  # monotonic: the remediator's last answer, readable or not
-    word: Word | None = None
+    word: BackstopWord | None = None
     heard_at: float | None = None  # monotonic: when the last readable word came
     unreadable: str | None = None
     held_at: float | None = None  # monotonic: the last instant the backstop was found holding
@@ -79,35 +72,13 @@ class Backstop:
     detail: str = ""
 
 
-def read_word(answer: Any, workload: str) -> Word | str:
-    """The word for `workload` in a GET /api/v1/backstop answer, or why it cannot be read.
-
-    Contradictory answers are unreadable: `act` with a hold reason, `hold` without one, a word for
-    another workload (the shim must never obey a word that is not its own)."""
-    words = answer.get("words") if isinstance(answer, dict) else None
-    if not isinstance(words, list):
-        return "the answer holds no `words` list"
-    mine = [w for w in words if isinstance(w, dict) and w.get("workload") == workload]
-    if len(mine) != 1:
-        return f"the answer holds {len(mine)} words for {workload}"
-    entry = mine[0]
-    word, reason, since, detail = entry.get("word"), entry.get("reason") or "", entry.get("since"), entry.get("detail") or ""
-    if word not in ("act", "hold") or not isinstance(reason, str) or not isinstance(detail, str):
-        return f"unknown word {str(word)[:40]!r}"
-    if since is not None and (isinstance(since, bool) or not isinstance(since, int | float)):
-        return "`since` is not a number"
-    if (word == "hold") != bool(reason):
-        return f"contradictory word: {word} with reason {reason[:60]!r}"
-    return Word(word, reason, None if since is None else float(since), detail[:500])
-
-
 def restart_pending(heard: Heard, now: float, after: float, restarts: int) -> bool:
     """The remediator restarted this workload and the shim has not read the new process yet (for at most `after`)."""
     return (heard.restart_heard_at is not None and restarts <= heard.restarts_then
             and now - heard.restart_heard_at <= after)
 
 
-def heard(previous: Heard, answer: Word | str | None, now: float, restarts: int = 0, after: float = 0.0) -> Heard:
+def heard(previous: Heard, answer: BackstopWord | str | None, now: float, restarts: int = 0, after: float = 0.0) -> Heard:
     """`previous` after an ask at `now`: a word, why an answer was unreadable, or None (no answer at all).
     `restarts`: the restarts the shim's verdict has counted, for `restart_in_progress`."""
     if answer is None:

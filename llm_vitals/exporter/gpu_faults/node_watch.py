@@ -26,12 +26,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from pathlib import Path
 
+from llm_vitals.config import KubeAccess
 from llm_vitals.exporter.gpu_faults.node import NodeCache, NodeView, node_view
-from llm_vitals.exporter.settings import ExporterSettings
 from llm_vitals.kube.client import KubeClient
-from llm_vitals.kube.connect import Access
 from llm_vitals.kube.errors import ApiError, KubeError
 from llm_vitals.kube.informer import Health, Informer
 from llm_vitals.kube.objects import Query
@@ -42,18 +40,7 @@ log = logging.getLogger("llm_vitals.exporter")
 RBAC_HINT = "the exporter needs a ClusterRole with list and watch on nodes (deploy/kubernetes/base/exporter.yaml)"
 
 
-__all__ = ["NodeCache", "NodeView", "NodeWatch", "NodeWatchRunner", "node_view", "node_watch_wanted"]
-
-
-def node_watch_wanted(settings: ExporterSettings) -> bool:
-    """Whether a config needs the node watch: a static target names a node, or pods are discovered."""
-    return any(target.node for target in settings.targets) or any(entry.kubernetes for entry in settings.discovery)
-
-
-def node_watch_kubeconfig(settings: ExporterSettings) -> Path | None:
-    """The node watch's API server: the gpu_faults section's kubeconfig, else pod discovery's, else in-cluster."""
-    return settings.gpu_faults.kubeconfig or next(
-        (entry.kubernetes.kubeconfig for entry in settings.discovery if entry.kubernetes), None)
+__all__ = ["NodeCache", "NodeView", "NodeWatch", "NodeWatchRunner", "node_view"]
 
 
 class NodeWatch:
@@ -103,31 +90,29 @@ def nodes_error(error: KubeError) -> str:
 
 
 class NodeWatchRunner:
-    """The one node watch, as the current config wants it: `follow(settings)` at start and after each reload."""
+    """The one node watch, as the current config wants it: `follow(settings.node_watch_access())` at start and
+    after each reload."""
 
-    def __init__(self, cache: NodeCache,
-                 client: Callable[[Path | None], KubeClient] = lambda kubeconfig: KubeClient(Access(kubeconfig=kubeconfig))
-                 ) -> None:
+    def __init__(self, cache: NodeCache, client: Callable[[KubeAccess], KubeClient] = KubeClient) -> None:
         self.cache = cache
         self.client = client
         self.watch: NodeWatch | None = None
         self._task: asyncio.Task[None] | None = None
-        self._kubeconfig: Path | None = None
+        self._access: KubeAccess | None = None
 
     @property
     def running(self) -> bool:
         return self._task is not None
 
-    async def follow(self, settings: ExporterSettings) -> None:
-        """Start, stop or restart (another kubeconfig) the watch to match `settings`."""
-        kubeconfig = node_watch_kubeconfig(settings)
-        if self._task is not None and (not node_watch_wanted(settings) or kubeconfig != self._kubeconfig):
+    async def follow(self, access: KubeAccess | None) -> None:
+        """Start, stop (None: the config needs no watch) or restart (another API server) the watch."""
+        if self._task is not None and access != self._access:
             await self.stop()
-        if not node_watch_wanted(settings):
+        if access is None:
             return
         if self.watch is None or self._task is None:
-            self._kubeconfig = kubeconfig
-            self.watch = NodeWatch(self.cache, self.client(kubeconfig))
+            self._access = access
+            self.watch = NodeWatch(self.cache, self.client(access))
             self._task = asyncio.create_task(self.watch.run(), name="node-watch")
             log_event(log, "node watch started", logging.INFO)
 

@@ -3,17 +3,18 @@
 On Kubernetes two actors restart a stuck server: the remediator, behind its gate, and the kubelet,
 through the liveness probe each server's shim answers. Only one may decide. The shim asks the
 remediator (GET /api/v1/backstop, read token) for its workload's word, and while the word is `hold`
-its liveness answers 200 however long the server is stuck (llm_vitals/exporter/backstop.py).
+its liveness answers 200 however long the server is stuck (llm_vitals/exporter/backstop_rule.py). The
+word's type and its wire shape are the shared contract's (llm_vitals/backstop_word.py).
 
-The word walks the gate's own table of checks (`gate.CHECKS`, the list `decide` walks), asked about
+The word walks the gate's own table of checks (checks.py `CHECKS`, the list `gate.decide` walks), asked about
 the workload rather than an alert, then the shared state's holds; the first that holds wins:
 - `state_lost`: the shared state is lost, and the gate restarts nothing until a human re-initialises it;
-- each check of `gate.CHECKS` that needs no fresh reading of a target: `paused`, `escalated_to_human`
+- each check of `CHECKS` that needs no fresh reading of a target: `paused`, `escalated_to_human`
   (paged), `restart_in_progress` (a restart of this workload; another's is the cooldown's),
-  `cooldown`, `circuit_open`, `backoff`, `fleet_gate` (a storm the state saw, for `gate.STORM_HOLD`
+  `cooldown`, `circuit_open`, `backoff`, `fleet_gate` (a storm the state saw, for `checks.STORM_HOLD`
   or the storm cooldown when longer), `storm_cooldown`;
 - a target of the workload the gate refused for a hold (`JournalState.held`: `gpu_fault`,
-  `cordon_limit`, `fleet_gate`, a pause lifted but not re-decided yet, any of `gate.HOLDING`), with
+  `cordon_limit`, `fleet_gate`, a pause lifted but not re-decided yet, any of `reasons.HOLDING`), with
   the reason of that refusal, until the remediator has decided it again (redecide.py); an entry no
   replica re-decided for HELD_STALE holds nothing (the remediator cannot decide: the kubelet may);
 - `unknown_workload`: a workload the remediator has never heard of (a typo, a shim without
@@ -29,15 +30,15 @@ same word, and a restarted replica the word it answered before.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from llm_vitals.backstop_word import BackstopWord, act, hold
+from llm_vitals.remediator.checks import CHECKS, Subject
+from llm_vitals.remediator.model import JournalState, TargetStatus
+from llm_vitals.remediator.policy import GatePolicy
+from llm_vitals.remediator.reasons import HOLDING
 
-from llm_vitals.remediator import gate
-from llm_vitals.remediator.gate import GatePolicy, JournalState, TargetStatus
-
-Word = Literal["act", "hold"]
-HOLD_REASONS = ("state_lost", *dict.fromkeys(c.reason for c in gate.CHECKS), *sorted(gate.HOLDING - {
-    c.reason for c in gate.CHECKS}), "unknown_workload")
+# Every reason the word may hold with, in the order the word walks them: derived, never kept by hand.
+HOLD_REASONS = ("state_lost", *dict.fromkeys(c.reason for c in CHECKS), *sorted(HOLDING - {c.reason for c in CHECKS}),
+                "unknown_workload")
 # A held target's entry older than this (no replica re-decided it: the exporter unreadable, the
 # remediator stuck) holds its workload no more: the kubelet's backstop is all there is then.
 HELD_STALE = 600.0
@@ -45,21 +46,6 @@ HELD_STALE = 600.0
 # enough for a new workload's first pods to reach the exporter's discovery, short enough that a typo
 # leaves the kubelet's backstop off for a bounded time only (its alert tells a human at once).
 UNKNOWN_HOLD = 900.0
-
-
-@dataclass(frozen=True)
-class BackstopWord:
-    """The word for one workload: what GET /api/v1/backstop answers (`since` in the remediator's clock)."""
-
-    workload: str
-    word: Word
-    reason: str = ""  # one of HOLD_REASONS with `hold`; empty with `act`
-    since: float | None = None  # when the hold began, where the state says so
-    detail: str = ""
-
-    def as_json(self) -> dict[str, object]:
-        return {"workload": self.workload, "word": self.word, "reason": self.reason, "since": self.since,
-                "detail": self.detail}
 
 
 def restart_actor(status: TargetStatus | None, journal: JournalState, workload: str, alert_start: float) -> str:
@@ -88,24 +74,21 @@ def word_for(workload: str, journal: JournalState, policy: GatePolicy, now: floa
     """The gate's word for `workload`'s liveness backstop now; the first hold reason wins.
     `unknown_since`: when the remediator was first asked about a workload it has never heard of (None: known)."""
 
-    def hold(reason: str, since: float | None, detail: str) -> BackstopWord:
-        return BackstopWord(workload, "hold", reason, since, detail[:500])
-
     if lost:
-        return hold("state_lost", None, "the remediator's shared state is lost: nothing restarts until a human"
-                                        " re-initialises it")
-    subject = gate.Subject(journal, policy, workload, now)
-    for check in gate.CHECKS:
+        return hold(workload, "state_lost", None, "the remediator's shared state is lost: nothing restarts until a"
+                                                  " human re-initialises it")
+    subject = Subject(journal, policy, workload, now)
+    for check in CHECKS:
         held = check.held(subject)
         if held is not None:
-            return hold(check.reason, held.since, held.detail)
+            return hold(workload, check.reason, held.since, held.detail)
     entries = sorted((h.since, t, h) for t, h in journal.held.items()
                      if h.workload == workload and 0 <= now - h.at < HELD_STALE)
     if entries:
         since, target, entry = entries[0]
-        return hold(entry.reason, since, f"the gate refused {target} for {entry.reason}: the remediator decides it"
-                                         " again itself when that hold ends")
+        return hold(workload, entry.reason, since, f"the gate refused {target} for {entry.reason}: the remediator"
+                                                   " decides it again itself when that hold ends")
     if unknown_since is not None and 0 <= now - unknown_since < UNKNOWN_HOLD:
-        return hold("unknown_workload", unknown_since, f"the remediator has never heard of {workload} (a typo, a shim"
-                                                       f" without workload:?): held for {UNKNOWN_HOLD:.0f}s at most")
-    return BackstopWord(workload, "act")
+        return hold(workload, "unknown_workload", unknown_since, f"the remediator has never heard of {workload} (a"
+                    f" typo, a shim without workload:?): held for {UNKNOWN_HOLD:.0f}s at most")
+    return act(workload)

@@ -1,0 +1,77 @@
+"""The poller's one question per read: what to do (`plan_read`, before it) and what it came to (`conclude`, after).
+
+The poller does the I/O and nothing else: the plan says the read's deadline, when the health route
+is asked beside the page, and how a failed read is judged (the exporter's own lateness, a second
+probe); the conclusion says the new verdict, whether to ask the pause route, and whether a canary
+goes out. Both are pure and plain data, table-tested in tests/test_verdict_plan.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llm_vitals.exporter.engines import PageReading
+from llm_vitals.exporter.settings import TargetSettings
+from llm_vitals.exporter.verdict import reads
+from llm_vitals.exporter.verdict.judge import judge
+from llm_vitals.exporter.verdict.model import Observation, PollError, Verdict
+from llm_vitals.exporter.verdict.probes import drain_holds
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPlan:
+    """What one read does, decided from the verdict before it: carried out by the poller as it says."""
+
+    previous: Verdict  # the verdict the read starts from
+    deadline: float  # the /metrics read's (read_deadline: longer after a slow page)
+
+    def health_due(self, snapshot: PageReading) -> bool:
+        """Ask the engine's health route beside this page (health_check_due)."""
+        return reads.health_check_due(self.previous, snapshot)
+
+    def failed(self, error: PollError, loop_lag: float | None, timeout: float, *, metrics: bool) -> tuple[PollError, bool]:
+        """A failed read (of `timeout` seconds) as judged: `exporter_late` given the loop's worst lag during
+        it (None: not known); and whether a second probe follows it (only a /metrics read, this plan's
+        deadline, that connected and got no answer)."""
+        if loop_lag is not None:
+            error = reads.exporter_late(error, loop_lag, timeout)
+        return error, metrics and reads.second_probe_due(error)
+
+    def probed(self, error: PollError, path: str, answer: int | PollError, loop_lag: float | None, *,
+               health_route: bool) -> PollError:
+        """`error` judged with the second probe's answer at `path` (`with_second_probe`): its HTTP status, or its
+        own failure, judged for the exporter's lateness (the loop's worst lag during it) as the read was."""
+        if isinstance(answer, PollError) and loop_lag is not None:
+            answer = reads.exporter_late(answer, loop_lag, self.deadline)
+        return reads.with_second_probe(error, path, answer, health_route=health_route)
+
+
+def plan_read(previous: Verdict, metrics_timeout: float) -> ReadPlan:
+    """The plan of the read that follows `previous`."""
+    return ReadPlan(previous, reads.read_deadline(previous, metrics_timeout))
+
+
+@dataclass(frozen=True, slots=True)
+class Conclusion:
+    """What one read came to: the new verdict, and what the poller does next."""
+
+    verdict: Verdict
+    ask_pause: bool  # ask the engine's pause route in the background, for the next read (pause_ask_due)
+    send_canary: bool  # send a canary now (canary_due)
+    draining: bool  # the target still drains (drain_holds: a restart ends the drain asked of the old process)
+
+
+def conclude(previous: Verdict, observation: Observation, now: float, target: TargetSettings, *,
+             health: tuple[str, int] | None, poll_interval: float, last_canary_sent: float | None,
+             canary_in_flight: bool, paused: bool | None, pause_route: bool, draining: bool = False) -> Conclusion:
+    """The verdict after the read that saw `observation`, and whether to ask the pause route and send a canary.
+
+    `paused` is the pause route's answer asked since the last read (None: none); `pause_route`
+    whether the engine has one (and no ask of it is still out); `draining` whether the target drained before it.
+    """
+    overlap = reads.canary_overlapped(last_canary_sent, canary_in_flight, previous.snapshot_at)
+    verdict = judge(previous, observation, now, target, health=health, canary_overlap=overlap, paused=paused)
+    ask_pause = pause_route and reads.pause_ask_due(verdict, now, target, poll_interval)
+    send = reads.canary_due(verdict, observation, last_canary_sent, now, target, poll_interval=poll_interval,
+                      in_flight=canary_in_flight)
+    return Conclusion(verdict, ask_pause, send, drain_holds(draining, previous, verdict))

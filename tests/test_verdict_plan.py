@@ -1,0 +1,153 @@
+"""The poller's one question per read (exporter/verdict/plan.py), as tables: before the read, its
+deadline, when the health route is asked and how a failed read is judged; after it, the verdict,
+the pause ask and the canary, each the rule it gathers would give alone."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from llm_vitals.exporter.engines import PageReading
+from llm_vitals.exporter.settings import TargetSettings
+from llm_vitals.exporter.verdict import (
+    LATE_SHARE,
+    SLOW_READ_FACTOR,
+    Conclusion,
+    ModelsOk,
+    PollError,
+    Verdict,
+    canary_due,
+    conclude,
+    health_check_due,
+    initial,
+    judge,
+    pause_ask_due,
+    plan_read,
+)
+
+TIMEOUT = 10.0
+
+
+def target(**overrides: object) -> TargetSettings:
+    config: dict[str, object] = {"name": "t", "url": "http://127.0.0.1:1", "stuck_after": 20, "startup_grace": 0,
+                                 "canary": {"interval": 30}}
+    config.update(overrides)
+    return TargetSettings.model_validate(config)
+
+
+def snap(running: float = 0, steps: float = 0) -> PageReading:
+    return PageReading(running, 0, steps, process_start_time=1.0)
+
+
+def after(*reads: tuple[float, PageReading | PollError], settings: TargetSettings | None = None) -> Verdict:
+    verdict: Verdict | None = None
+    for now, seen in reads:
+        verdict = judge(verdict, seen, now, settings or target())
+    assert verdict is not None
+    return verdict
+
+
+IDLE = after((0, snap()), (5, snap()))
+BUSY = after((0, snap(2, 1)), (5, snap(2, 9)))
+FROZEN = after((0, snap(2, 1)), (5, snap(2, 1)), (10, snap(2, 1)))  # work pending, nothing moving
+SLOW = after((0, snap(2, 1)), (5, PollError("timeout", "/metrics took longer than 10s", probe="answered")))
+FAILED_CANARY = replace(IDLE, canary_failures=1)
+
+
+@pytest.mark.parametrize(("previous", "deadline"), [
+    (initial(0), TIMEOUT),
+    (BUSY, TIMEOUT),
+    (SLOW, SLOW_READ_FACTOR * TIMEOUT),  # a slow page earns the next read a longer deadline
+])
+def test_the_plan_gives_the_reads_deadline(previous: Verdict, deadline: float) -> None:
+    assert plan_read(previous, TIMEOUT).deadline == deadline
+
+
+@pytest.mark.parametrize(("previous", "page", "asked"), [
+    (BUSY, snap(2, 12), False),  # work moving
+    (BUSY, snap(2, 9), True),  # work pending, nothing moved: dead or only slow?
+    (IDLE, snap(), False),  # idle, its canaries answer
+    (FAILED_CANARY, snap(), True),  # idle-looking, and its last canary failed
+    (initial(0), snap(2, 1), False),  # nothing to compare with yet
+])
+def test_the_plan_asks_the_health_route_as_the_rule_says(previous: Verdict, page: PageReading, asked: bool) -> None:
+    assert plan_read(previous, TIMEOUT).health_due(page) is asked is health_check_due(previous, page)
+
+
+@pytest.mark.parametrize(("error", "lag", "metrics", "reason", "probe"), [
+    (PollError("timeout", "no answer"), None, True, "timeout", True),  # connected, no answer: ask again elsewhere
+    (PollError("timeout", "no answer"), 0.0, False, "timeout", False),  # not the /metrics read: no second probe
+    (PollError("timeout", "no answer"), LATE_SHARE * TIMEOUT, True, "exporter_late", False),  # the exporter's own lateness
+    (PollError("refused", "refused"), 5.0, True, "refused", False),  # its own evidence, late or not
+    (PollError("timeout", "no answer", probe="unanswered"), None, True, "timeout", False),  # already probed
+])
+def test_the_plan_judges_a_failed_read(error: PollError, lag: float | None, metrics: bool, reason: str, probe: bool) -> None:
+    judged, second = plan_read(BUSY, TIMEOUT).failed(error, lag, TIMEOUT, metrics=metrics)
+    assert (judged.reason, second) == (reason, probe)
+
+
+UNANSWERED = PollError("timeout", "/metrics took longer than 30s")
+
+
+@pytest.mark.parametrize(("answer", "lag", "reason", "probe"), [
+    (200, 5.0, "timeout", "answered"),  # an HTTP answer is an answer, however late the loop
+    (503, None, "health_503", None),  # a health route's word that the engine is dead
+    (PollError("timeout", "no answer"), 2.0, "timeout", "unanswered"),  # deadline 30 s: 2 s of lag is under a tenth
+    (PollError("timeout", "no answer"), 3.0, "exporter_late", None),  # ... 3 s is not: evidence of nothing
+    (PollError("timeout", "no answer"), None, "timeout", "unanswered"),
+    (PollError("refused", "refused"), 3.0, "refused", None),
+])
+def test_the_plan_judges_the_second_probe_on_the_reads_deadline(answer: int | PollError, lag: float | None, reason: str,
+                                                                 probe: str | None) -> None:
+    judged = plan_read(SLOW, TIMEOUT).probed(UNANSWERED, "/health", answer, lag, health_route=True)
+    assert (judged.reason, judged.probe) == (reason, probe)
+
+
+def concluded(previous: Verdict, seen: PageReading | PollError | ModelsOk, now: float, settings: TargetSettings, *,
+              last_sent: float | None = None, in_flight: bool = False, paused: bool | None = None,
+              pause_route: bool = True, draining: bool = False) -> Conclusion:
+    return conclude(previous, seen, now, settings, health=None, poll_interval=5.0, last_canary_sent=last_sent,
+                    canary_in_flight=in_flight, paused=paused, pause_route=pause_route, draining=draining)
+
+
+@pytest.mark.parametrize(("previous", "seen", "now", "last_sent", "in_flight", "paused", "pause_route"), [
+    (IDLE, snap(), 10, None, False, None, True),  # idle: a canary goes
+    (IDLE, snap(), 10, 5.0, False, None, True),  # one went a poll ago: none
+    (IDLE, snap(), 10, None, True, None, True),  # one in flight: none
+    (BUSY, snap(2, 12), 10, None, False, None, True),  # working: never a canary
+    (FROZEN, snap(2, 1), 15, None, False, None, True),  # stuck_after within two polls: ask the pause route
+    (FROZEN, snap(2, 1), 15, None, False, None, False),  # ... only where the engine has one, and no ask is out
+    (FROZEN, snap(2, 1), 15, None, False, True, True),  # the pause route said paused
+    (BUSY, PollError("refused", "refused"), 10, None, False, None, True),  # a failed read
+    (IDLE, ModelsOk(("tiny",)), 10, None, False, None, True),  # an engine with a page judged by its model list
+])
+def test_the_conclusion_is_each_rule_it_gathers(previous: Verdict, seen: PageReading | PollError | ModelsOk, now: float,
+                                                last_sent: float | None, in_flight: bool, paused: bool | None,
+                                                pause_route: bool) -> None:
+    settings = target()
+    got = concluded(previous, seen, now, settings, last_sent=last_sent, in_flight=in_flight, paused=paused,
+                    pause_route=pause_route)
+    overlap = in_flight or (last_sent is not None and previous.snapshot_at is not None and last_sent >= previous.snapshot_at)
+    verdict = judge(previous, seen, now, settings, canary_overlap=overlap, paused=paused)
+    assert got == Conclusion(
+        verdict, pause_route and pause_ask_due(verdict, now, settings, 5.0),
+        canary_due(verdict, seen, last_sent, now, settings, poll_interval=5.0, in_flight=in_flight), False)
+
+
+def test_a_restart_ends_a_drain_and_nothing_else_does() -> None:
+    settings = target()
+    restarted = PageReading(2, 0, 1, process_start_time=2.0)  # another process
+    assert concluded(BUSY, snap(2, 12), 10, settings, draining=True).draining
+    assert not concluded(BUSY, restarted, 10, settings, draining=True).draining
+    assert not concluded(BUSY, snap(2, 12), 10, settings).draining
+
+
+def test_the_conclusion_of_the_cases_above() -> None:
+    settings = target()
+    assert concluded(IDLE, snap(), 10, settings).send_canary
+    assert not concluded(BUSY, snap(2, 12), 10, settings).send_canary
+    frozen = concluded(FROZEN, snap(2, 1), 15, settings)
+    assert (frozen.verdict.state, frozen.ask_pause, frozen.send_canary) == ("busy", True, False)
+    assert concluded(FROZEN, snap(2, 1), 15, settings, paused=True).verdict.state == "paused"
+    assert not concluded(FROZEN, snap(2, 1), 15, settings, pause_route=False).ask_pause
