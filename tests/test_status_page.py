@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
 import time
 from datetime import UTC, datetime
+from html import escape as html_escape
+from html import unescape as html_unescape
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -326,3 +329,97 @@ def test_the_remediator_token_comes_from_the_environment_and_one_source_only() -
     assert parse_settings(base, environ={}).remediator_token is None
     with pytest.raises(ConfigError, match="set at most one of remediator_token_env and remediator_token_file"):
         parse_settings({**base, "remediator_token_env": "RT", "remediator_token_file": "/x"}, environ={"RT": "s"})
+
+
+# ----------------------------------------------------------------------------------------------
+# The page fits a 1,280-pixel screen (issue 42), in the real Chromium
+
+SCREEN_WIDTH = 1280
+# Appended to the rendered page: after layout, what overflows the viewport, as JSON in the DOM that
+# `--dump-dom` prints (the page's own markup never runs a script).
+MEASURE = """<script>
+const w = window.innerWidth, out = {viewport: w, scroll: document.documentElement.scrollWidth,
+  body: document.body.scrollWidth, tables: {}, past: []};
+for (const t of document.querySelectorAll("table")) {
+  const r = t.getBoundingClientRect();
+  out.tables[t.id] = {right: Math.round(r.right), scroll: t.scrollWidth, client: t.clientWidth};
+}
+for (const e of document.querySelectorAll("body *")) {
+  const r = e.getBoundingClientRect();
+  if (r.right > w + 0.5 && out.past.length < 12) out.past.push(`${e.tagName}.${e.className} ${Math.round(r.right)}`);
+}
+const pre = document.createElement("pre"); pre.id = "measured"; pre.textContent = JSON.stringify(out);
+document.body.appendChild(pre);
+</script>"""
+
+
+REASONS = {"stuck": "no_progress", "unresponsive": "canary_failed", "down": "refused", "paused": "operation_in_flight",
+           "waiting_on_peer": "waiting_on_peer", "asleep": "asleep", "starting": "startup", "idle": "idle"}
+
+
+def realistic_fleet() -> tuple[list[TargetView], dict[str, list[tuple[float, float, str]]], Decisions]:
+    """Every state, the badges (GPU fault, held and armed backstops, degraded, pace not judged), long
+    Kubernetes pod, workload and model names, and a remediator's decisions with long details."""
+    from llm_vitals.targets import BackstopView, PaceView
+
+    ns = "inference-production-eu-west"
+    models = ["meta-llama-3-1-405b-instruct-fp8", "qwen2-5-coder-32b-instruct-awq", "mixtral-8x22b-instruct-v0-1",
+              "deepseek-r1-distill-llama-70b", "mistral-large-instruct-2411", "gemma-2-27b-it-speculative-decoding"]
+    states = ["idle", "busy", "stuck", "unresponsive", "asleep", "down", "starting", "waiting_on_peer", "paused"]
+    long_detail = ("no engine progress for 95 s while 6 requests are running and 14 waiting; the KV cache is 97% used and "
+                   "the scheduler has not stepped since the last poll at 10.42.17.203:8000/metrics")
+    targets, histories = [], {}
+    for i, state in enumerate([*states, "busy", "busy", "idle"]):
+        model = models[i % len(models)]
+        name = f"{ns}/vllm-{model}-7f9c8d6b5d-x{i:02d}k4p"
+        extra: dict = {"url": f"http://10.42.{i}.203:8000", "workload": f"LeaderWorkerSet/{ns}/{model}",
+                       "reason": REASONS.get(state, "waiting_for_progress"),
+                       "detail": long_detail if state in ("stuck", "unresponsive", "down") else f"{state} as read",
+                       "stuck_seconds": 95.0 if state == "stuck" else 0.0, "restarts": i, "running": 6, "waiting": 14,
+                       "role": "decode" if i % 2 else "prefill"}
+        if state == "stuck":
+            extra |= {"gpu_fault": True, "gpu_fault_source": "node",
+                      "gpu_fault_detail": "GpuMemWatchIsNotHealthy: node gpu-node-a100-80gb-0042 condition GpuMemWatch=True "
+                                          "(DCGM_FR_VOLATILE_DBE_DETECTED)",
+                      "backstop": BackstopView(mode="hold", reason="fleet_gate", detail="3 of 12 targets unhealthy (max 1)",
+                                               word_age_seconds=12.0)}
+        if state == "unresponsive":
+            extra["backstop"] = BackstopView(mode="armed", reason="remediator_silent", word_age_seconds=None)
+        if state == "busy" and i >= len(states):
+            extra["pace"] = PaceView(ratio=3.04 if i == len(states) else 1.02, peers=11, degraded=i == len(states),
+                                     since=NOW - 60, basis="judged", detail="time per output token 3.0x the median of 11 peers")
+        if state == "idle":
+            extra["pace"] = PaceView(basis="too_few_peers")
+        targets.append(target(name, state, **extra))
+        histories[name] = [(NOW - 300 + 5 * k, float((k * 7 + i) % 40), "stuck" if state == "stuck" and k > 50 else "busy")
+                           for k in range(60)]
+    actions = [{"time": NOW - 30 * k, "target": targets[k].name, "alertname": "LLMServerStuck",
+                "decision": "refused" if k % 2 else "restart", "reason": "fleet_gate" if k % 2 else "allowed",
+                "result": "skipped" if k % 2 else "evicted", "detail": long_detail} for k in range(10)]
+    pause = {"paused": True, "until": NOW + 1800, "reason": "driver upgrade on the gpu-node-a100-80gb pool, ticket OPS-4711"}
+    return targets, histories, Decisions(actions=actions, url="http://llm-vitals-remediator.inference-production-eu-west:9472",
+                                         pause=pause)
+
+
+async def test_the_page_of_a_realistic_fleet_fits_a_1280_pixel_screen_in_chromium(tmp_path) -> None:
+    binary = require_binary("chromium")
+    targets, histories, decisions = realistic_fleet()
+    html = render_page(targets, histories, decisions, NOW)
+    page = tmp_path / "status.html"
+    page.write_text(html.replace("</body>", MEASURE + "</body>"))
+    dom = (await chromium(binary, tmp_path / "chromium-profile", f"--window-size={SCREEN_WIDTH},900", "--dump-dom",
+                          page.as_uri())).decode()
+    found = re.search(r'<pre id="measured">(.*?)</pre>', dom)
+    assert found, dom[-2000:]
+    measured = json.loads(html_unescape(found.group(1)))
+    print(f"status page at {SCREEN_WIDTH} px: {measured}")
+    assert measured["viewport"] == SCREEN_WIDTH, measured
+    assert measured["scroll"] <= SCREEN_WIDTH and measured["body"] <= SCREEN_WIDTH, measured
+    assert all(t["right"] <= SCREEN_WIDTH and t["scroll"] <= t["client"] for t in measured["tables"].values()), measured
+    assert measured["past"] == [], measured
+    # Every piece is still on the page, whole: each name, workload, URL, reason, detail and badge.
+    shown = parse(dom)
+    assert shown.targets == {t.name: t.state for t in targets} and shown.decisions == len(decisions.actions)
+    for t in targets:
+        for text in (t.workload, t.url, t.detail, t.reason, t.gpu_fault_detail):
+            assert text is None or html_escape(text) in dom, text

@@ -113,7 +113,8 @@ def sparkline(points: Iterable[Sequence[Any]], now: float, window: float = SPARK
                            f'fill="{STATE_COLOURS[state]}" fill-opacity="0.18"/>')
     line = " ".join(f"{x(t)},{y(v)}" for t, v, _ in recent)
     label = f"steps per second over the last {elapsed_text(window)}, peak {top:.1f}"
-    return (f'<svg class="spark" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" aria-label="{label}">'
+    return (f'<svg class="spark" width="{w}" height="{h}" viewBox="0 0 {w} {h}" preserveAspectRatio="none" role="img" '
+            f'aria-label="{label}">'
             f'{"".join(shading)}<polyline points="{line}" fill="none" stroke="#2563eb" stroke-width="1.5"/></svg>')
 
 
@@ -131,15 +132,15 @@ def _target_row(target: TargetView, history: Sequence[Sequence[Any]], now: float
     owned = f' · <span class="workload">{_text(workload)}</span>' if workload != target.name else ""
     return (
         f'<tr class="target" data-target="{_text(target.name)}" data-state="{_text(state)}" data-workload="{_text(workload)}">'
-        f'<td class="name"><span class="nowrap">{_text(target.name)}</span>'
+        f'<td class="name"><span>{_text(target.name)}</span>'
         f'<div class="sub">{_text(target.role)} · {_text(target.url)}{owned}</div></td>'
-        f'<td><span class="state" style="background:{colour}">{_text(state)}</span>{_gpu_fault_badge(target)}'
+        f'<td class="badges"><span class="state" style="background:{colour}">{_text(state)}</span>{_gpu_fault_badge(target)}'
         f'{_backstop_badge(target)}{_pace_badge(target)}</td>'
         f'<td class="reason" title="{_text(detail)}">{_text(target.reason)}<div class="sub">{_text(detail)}</div></td>'
         f'<td class="num">{in_state}</td>'
         f'<td class="num">{_text(load)}</td>'
         f'<td class="num">{_number(target.steps_per_second)}</td>'
-        f'<td>{sparkline(history, now)}</td>'
+        f'<td class="spark">{sparkline(history, now)}</td>'
         f'<td class="num">{_number(target.generation_tokens_per_second)}</td>'
         f'<td class="num">{elapsed_text(stuck) if stuck else "–"}</td>'
         f'<td class="num">{_text(target.restarts)}</td>'
@@ -200,9 +201,9 @@ def _decisions_section(decisions: Decisions | None, now: float) -> str:
             ago = f"{elapsed_text(now - when)} ago" if isinstance(when, (int, float)) else ""
             decision = str(action.get("decision") or "")
             parts.append(
-                f'<tr class="decision {_text(decision)}"><td class="num">{ago}</td><td class="nowrap">{_text(action.get("target"))}</td>'
-                f'<td>{_text(action.get("alertname"))}</td><td>{_text(decision)}</td>'
-                f'<td>{_text(action.get("reason"))}</td><td>{_text(action.get("result"))}</td>'
+                f'<tr class="decision {_text(decision)}"><td class="num">{ago}</td><td class="target">{_text(action.get("target"))}</td>'
+                f'<td class="nowrap">{_text(action.get("alertname"))}</td><td class="nowrap">{_text(decision)}</td>'
+                f'<td class="nowrap">{_text(action.get("reason"))}</td><td class="nowrap">{_text(action.get("result"))}</td>'
                 f'<td class="sub detail" title="{_text(action.get("detail"))}">{_text(action.get("detail"))}</td></tr>'
             )
         parts.append("</tbody></table>")
@@ -216,19 +217,27 @@ _STYLE = """
 body{font:14px/1.4 system-ui,-apple-system,Segoe UI,sans-serif;margin:1.5rem;color:#111827;background:#f9fafb}
 h1{font-size:1.3rem;margin:0 0 .2rem}h2{font-size:1.05rem;margin:1.5rem 0 .4rem}
 table{border-collapse:collapse;background:#fff;box-shadow:0 1px 2px #0001;width:100%}
-th,td{padding:.35rem .6rem;border-bottom:1px solid #e5e7eb;text-align:left;vertical-align:middle}
-th{font-size:.75rem;text-transform:uppercase;letter-spacing:.03em;color:#6b7280}
+th,td{padding:.35rem .5rem;border-bottom:1px solid #e5e7eb;text-align:left;vertical-align:middle}
+th{font-size:.72rem;text-transform:uppercase;letter-spacing:.03em;color:#6b7280}
+td.name,td.reason .sub,td.detail,td.target,.gpu-fault,.backstop .sub{overflow-wrap:anywhere}
 .num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-.state{color:#fff;border-radius:.6rem;padding:.1rem .55rem;font-weight:600;font-size:.85rem}
+.state{color:#fff;border-radius:.6rem;padding:.1rem .55rem;font-weight:600;font-size:.85rem;white-space:nowrap}
 .sub{color:#6b7280;font-size:.78rem;font-weight:normal}
-.reason .sub,td.detail{max-width:28rem;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+td.name{min-width:12rem;max-width:22rem}
+td.reason{min-width:8rem;max-width:18rem}
+td.badges{max-width:14rem}
+td.detail{max-width:26rem}
+td.spark{padding:.2rem .3rem}
+svg.spark{width:120px;height:28px;display:block}
 .nowrap{white-space:nowrap}
 .degraded{color:#9a3412;font-size:.8rem}
-.gpu-fault{color:#991b1b;font-size:.8rem;max-width:22rem;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
-.note{color:#92400e;background:#fffbeb;border:1px solid #fde68a;padding:.4rem .6rem;display:inline-block}
+.gpu-fault{color:#991b1b;font-size:.8rem}
+.note{color:#92400e;background:#fffbeb;border:1px solid #fde68a;padding:.4rem .6rem;display:inline-block;max-width:100%;
+overflow-wrap:anywhere}
 tr.decision.restart td:nth-child(4){color:#166534;font-weight:600}
 tr.decision.refused td:nth-child(4){color:#92400e}
 footer{margin-top:1rem;color:#6b7280;font-size:.78rem}
+@media (max-width:1100px){body{margin:.75rem}th,td{padding:.3rem .35rem}td.name{min-width:9rem}}
 """
 
 

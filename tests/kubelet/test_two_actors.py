@@ -8,6 +8,9 @@ Drill 5 (test_remediation.py) is the fourth case: everything up, one restart, by
 
 7. storm: both replicas of one Deployment hung at once; the remediator refuses `fleet_gate`, both
    shims hold liveness, LLMVitalsBackstopHeld fires, and no container restarts for HOLD_S (10 min);
+   then the storm ends as a real one does, its cause gone from one server (freed): the fleet is back
+   under the gate's limit, and once the storm cooldown has passed the remediator, not the kubelet,
+   deletes the pod still hung (issue 39), and restarts nothing else;
 8. paused: one replica hung while the remediator is paused; no container restart for HOLD_S;
 9. the chain down: the same hang, the remediator then stopped (its StatefulSet scaled to 0); the
    backstop restarts the server container once, within backstop.after plus the probe window, and
@@ -19,6 +22,8 @@ from __future__ import annotations
 import os
 import time
 from typing import Any
+
+import httpx
 
 from .fleet import (
     PAUSED,
@@ -34,7 +39,7 @@ from .fleet import (
 )
 from .history import PodSeen
 from .tier import restarts
-from .workloads import BACKSTOP_AFTER, NAMESPACE, SHIM_STUCK_AFTER, Workload, server_workload
+from .workloads import BACKSTOP_AFTER, NAMESPACE, SHIM_STUCK_AFTER, STORM_COOLDOWN_S, Workload, server_workload
 
 # The issue's ten minutes; a shorter hold only to try a change of the drills themselves.
 HOLD_S = float(os.environ.get("LLM_VITALS_KUBELET_HOLD_S", "600"))
@@ -113,14 +118,31 @@ def test_a_fleet_wide_hang_is_refused_by_the_gate_and_the_kubelets_hold_too(flee
     _heard_act(fleet, pods, w)
     after_last_restart(tier)
     watch = HoldWatch(fleet, w, pods, "fleet_gate", ("fleet_gate", "storm_cooldown"))
-    _, outcome = hang_under_load(fleet, w, pods, lambda: watch.hold(HOLD_S))
-    record = {**watch.record(outcome), "pods": {p.name: p.node for p in pods},
+    held: dict[str, Any] = {}
+    lifted: dict[str, Any] = {}
+
+    def hold_then_end_the_storm() -> str:
+        outcome = watch.hold(HOLD_S)
+        held.update(watch.record(outcome))  # the hold alone, before the lift's restart
+        if outcome == "held":
+            try:
+                lifted.update(_end_the_storm(fleet, w, *_freed_and_hung(fleet, pods)))
+            except Exception as exc:  # recorded; the storm's pods still go below
+                lifted["outcome"] = f"{type(exc).__name__}: {exc}"[:1000]
+        return outcome
+
+    _, outcome = hang_under_load(fleet, w, pods, hold_then_end_the_storm)
+    record = {**held, "pods": {p.name: p.node for p in pods}, "lifted": lifted,
               "restarts": {p.name: restarts(tier.history.latest(w.name).get(p.name)) for p in pods}}
     first = record["first_seen_s"]
     record["headline"] = (f"both replicas hung {record['held_s']:.0f} s: fleet_gate refused at "
                           f"{first.get('refused fleet_gate')} s, shims held at "
                           f"{[first.get(f'held {p.name}') for p in pods]} s, LLMVitalsBackstopHeld firing at "
-                          f"{first.get('LLMVitalsBackstopHeld firing')} s; container restarts {record['server_restarts']}")
+                          f"{first.get('LLMVitalsBackstopHeld firing')} s; container restarts {record['server_restarts']}"
+                          f"; the storm ended ({lifted.get('freed')} freed): {lifted.get('outcome')} "
+                          f"{lifted.get('deleted_after_lift_s')} s after the lift, restarts run "
+                          f"{lifted.get('restarts_run')}, container restarts {lifted.get('server_restarts')}, "
+                          f"journal actors {lifted.get('journal_actors')}")
     tier.report.drill("two actors: storm", record)
     print(f"\ntwo actors, storm: {record}")
     # The storm is over for the next drills: these pods go (their hung servers end at the grace period).
@@ -132,6 +154,62 @@ def test_a_fleet_wide_hang_is_refused_by_the_gate_and_the_kubelets_hold_too(flee
     # against the chain's ~30 s); the kubelet needs 6 failures in a row, and none come once held.
     assert all(t <= first[f"held {pod}"] for t, pod, _ in record["live_failures"]), record
     assert all(n == 0 for n in record["server_restarts"].values()), record
+    # The storm over (issue 39): the remediator, not the kubelet, deletes the pod still hung, once the storm
+    # cooldown has passed, and restarts nothing else: the freed pod stays, no container restarted in place.
+    assert lifted["outcome"] == f"{lifted.get('hung')} deleted", record
+    assert lifted["deleted_after_lift_s"] <= STORM_COOLDOWN_S + LIFT_BOUND_S, record
+    assert lifted["restarts_run"] == 1 and not lifted["freed_deleted"], record
+    assert all(n == 0 for n in lifted["server_restarts"].values()), record
+    assert "kubelet" not in lifted["journal_actors"], record
+    tier.report.facts["last restart at"] = lifted["deleted_at"]
+
+
+# From the storm cooldown's end to the remediator's deletion of the pod still hung: the exporter's reads of
+# the freed server (two polls of `recently_unhealthy`), the remediator's look (10 s) or the next webhook
+# (Alertmanager's 10 s here), the identity check and the eviction, with the tier's load.
+LIFT_BOUND_S = 90.0
+
+
+def _freed_and_hung(fleet: Fleet, pods: list[PodSeen]) -> tuple[PodSeen, PodSeen]:
+    """Which replica's hang is cleared and which stays hung: the one left hung is the one on a node that
+    drill 6 did not cordon. There the GPU condition it set still stands: the exporter flags the pod's GPU
+    fault, and the gate refuses it (`gpu_fault`, its node already cordoned) whatever the storm."""
+    cordoned = {p.node for p in pods if fleet.tier.get(f"/api/v1/nodes/{p.node}")["spec"].get("unschedulable")}
+    freed, hung = sorted(pods, key=lambda p: p.node not in cordoned)
+    return freed, hung
+
+
+def _end_the_storm(fleet: Fleet, w: Workload, freed: PodSeen, hung: PodSeen) -> dict[str, Any]:
+    """The storm's cause gone from one server (its hang cleared: `none` on the simulator): one of two hung
+    is within the gate's limit (max_unhealthy 1), so the storm is over. Watch who restarts the other."""
+    tier = fleet.tier
+    restarts_before = fleet.restarts_run()
+    answer = httpx.post(f"{tier.url(freed.node, w.server_port)}/admin/fault", json={"fault": "none"}, timeout=10,
+                        trust_env=False)
+    assert answer.status_code == 200, answer.text
+    lifted_at = time.time()
+    serving = tier.history.wait(lambda: (t := fleet.target(freed.name)) and t["state"] in ("idle", "busy") and time.time(),
+                                60, f"the exporter to read {freed.name} serving again", 1)
+
+    def who() -> str | None:
+        if any(server_restarts(tier, w.name, p.name) for p in (freed, hung)):
+            return "a server restarted in place"
+        if deleted(tier, w.name, freed.name):
+            return f"{freed.name} deleted"
+        return f"{hung.name} deleted" if deleted(tier, w.name, hung.name) else None
+
+    outcome = tier.history.wait(who, STORM_COOLDOWN_S + LIFT_BOUND_S + 60, f"the remediator to delete {hung.name}", 1)
+    deleted_at = deleted(tier, w.name, hung.name)
+    if deleted_at is not None:
+        tier.history.wait(lambda: fleet.restarts_run() - restarts_before >= 1, 30, "the restart counted")
+    time.sleep(5)  # a second restart (the other replica's, or the freed pod's) would be counted by now
+    return {"freed": freed.name, "hung": hung.name, "outcome": outcome, "serving_again_s": round(serving - lifted_at, 1),
+            "deleted_at": deleted_at,
+            "deleted_after_lift_s": None if deleted_at is None else round(deleted_at - lifted_at, 1),
+            "restarts_run": fleet.restarts_run() - restarts_before,
+            "freed_deleted": deleted(tier, w.name, freed.name) is not None,
+            "server_restarts": {p.name: server_restarts(tier, w.name, p.name) for p in (freed, hung)},
+            "journal_actors": sorted({row.get("actor") or "-" for row in fleet.actions(w.name)})}
 
 
 def test_a_hang_is_held_while_paused_and_the_backstop_restarts_it_once_when_the_chain_is_down(fleet: Fleet):

@@ -127,7 +127,8 @@ def test_the_exporter_and_remediator_keep_their_rbac_and_change_only_what_the_cl
                               ["data"]["remediator.yaml"])
     shipped = yaml.safe_load(find(rendered, "ConfigMap", "llm-vitals-remediator")["data"]["remediator.yaml"])
     changed = {k for k in shipped.keys() | settings.keys() if shipped.get(k) != settings.get(k)}
-    assert changed == {"exporter_url", "global_cooldown", "gpu_fault_action", "max_unhealthy"}
+    assert changed == {"exporter_url", "global_cooldown", "gpu_fault_action", "max_unhealthy",
+                       "storm_cooldown"}
     stateful = find(remediator(rendered, IMAGE, "http://x:1"), "StatefulSet", "llm-vitals-remediator")
     shipped_stateful = find(rendered, "StatefulSet", "llm-vitals-remediator")
     assert stateful["spec"]["replicas"] == 2 and stateful["spec"]["volumeClaimTemplates"] == \

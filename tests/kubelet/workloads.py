@@ -41,6 +41,7 @@ MODEL_CACHE = f"{SERVER}-model-cache"  # its PersistentVolumeClaim, not deployed
 SHIPPED_IMAGE = "llm-vitals:0.1.0"
 SHIM_PORT = 9471  # the shipped shim port, which the server's probes and preStop hook name
 
+STORM_COOLDOWN_S = 60.0  # the remediator's storm_cooldown here (CHANGES)
 CHANGES = (
     "values: shim.sidecar classic (native sidecars need 1.29), vllm.enabled, serviceMonitor and prometheusRule "
     "off (no Prometheus Operator CRDs), podDisruptionBudget off (the chart renders policy/v1 PDBs; 1.20 has "
@@ -62,7 +63,9 @@ CHANGES = (
     "global_cooldown 30 s (shipped 15 min); the probes' periods and thresholds stay as shipped",
     "the remediator's exporter_url names the fleet exporter's pod address (no cluster DNS), "
     "gpu_fault_action is cordon_and_move (shipped: refuse) for the GPU-fault drill, and max_unhealthy is 1 "
-    "(shipped 40%): the tier's fleet is a dozen one-replica drills, and two hung at once must be a storm",
+    "(shipped 40%): the tier's fleet is a dozen one-replica drills, and two hung at once must be a storm; "
+    f"storm_cooldown {STORM_COOLDOWN_S:g} s (shipped 10 min): the storm drill ends its storm by freeing one of "
+    "its two hung servers and shows the remediator restarting the other once the cooldown has passed",
     "the shims' backstop.after is 90 s (shipped 10 min); the shims deployed after the remediator (the remediation "
     "and two-actor drills) ask a remediator replica's pod address (no cluster DNS); the probe drills' shims, "
     "deployed before it, keep the shipped Service name, which resolves nowhere here: never heard, their backstop "
@@ -234,6 +237,7 @@ def remediator(rendered: Sequence[Mapping[str, Any]], image: str, exporter_url: 
     settings["global_cooldown"] = "30s"
     settings["gpu_fault_action"] = "cordon_and_move"
     settings["max_unhealthy"] = 1
+    settings["storm_cooldown"] = f"{STORM_COOLDOWN_S:g}s"
     config["data"]["remediator.yaml"] = yaml.safe_dump(settings, sort_keys=False)
     stateful = find(rendered, "StatefulSet", "llm-vitals-remediator")
     _here(stateful, image)
