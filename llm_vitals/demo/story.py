@@ -185,23 +185,26 @@ class Status:
     events: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=8))
 
 
+@dataclass(eq=False)
 class Story:
     """Runs the steps against the running demo processes."""
 
-    def __init__(self, session: aiohttp.ClientSession, observer: Observer, timings: Timings, control_url: str,
-                 proxy_url: str, backend_urls: list[str], status: Status) -> None:
-        self.session = session
-        self.observer = observer
-        self.t = timings
-        self.control_url = control_url
-        self.proxy_url = proxy_url
-        self.backend_urls = backend_urls
-        self.status = status
+    session: aiohttp.ClientSession
+    observer: Observer
+    timings: Timings
+    control_url: str
+    proxy_url: str
+    backend_urls: list[str]
+    status: Status
+    background: list[Load] = field(init=False)
+    batch: Load = field(init=False)
+
+    def __post_init__(self) -> None:
         # Two clients pinned to each backend keep work in flight on every one of them, so that a hang
         # is "work pending, no progress" (stuck) at once; three more go through the proxy.
-        self.background = [Load(session, url, workers=2, max_tokens=48) for url in backend_urls]
-        self.background.append(Load(session, proxy_url, workers=3, max_tokens=48))
-        self.batch = Load(session, backend_urls[0], workers=16, max_tokens=64)
+        self.background = [Load(self.session, url, workers=2, max_tokens=48) for url in self.backend_urls]
+        self.background.append(Load(self.session, self.proxy_url, workers=3, max_tokens=48))
+        self.batch = Load(self.session, self.backend_urls[0], workers=16, max_tokens=64)
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -223,7 +226,7 @@ class Story:
         self.observer.on_event("story: hang cleared on every backend")
 
     async def until(self, what: str, predicate: Callable[[], bool], timeout: float | None = None) -> None:
-        deadline = time.monotonic() + (timeout if timeout is not None else self.t.step_timeout)
+        deadline = time.monotonic() + (timeout if timeout is not None else self.timings.step_timeout)
         while not predicate():
             if time.monotonic() > deadline:
                 raise StepTimeout(f"timed out waiting for {what}")
@@ -241,7 +244,7 @@ class Story:
         restarts = [a["time"] for a in self.observer.actions if a.get("decision") == "restart"]
         if not restarts:
             return
-        ready_at = max(restarts) + self.t.cooldown + self.t.poll_interval
+        ready_at = max(restarts) + self.timings.cooldown + self.timings.poll_interval
         while (left := ready_at - time.time()) > 0:
             self.status.detail = f"waiting {left:.0f}s for the global cooldown of the last restart to pass"
             await asyncio.sleep(min(left, 0.5))
@@ -267,7 +270,7 @@ class Story:
             await self.until("backend-1 busy with a queue",
                              lambda: self.observer.state(b1) == "busy" and (self.observer.targets[b1].get("waiting") or 0) > 0)
             deepest = 0
-            end = time.monotonic() + self.t.batch_seconds
+            end = time.monotonic() + self.timings.batch_seconds
             while (left := end - time.monotonic()) > 0:
                 target = self.observer.targets.get(b1, {})
                 deepest = max(deepest, int(target.get("waiting") or 0))
@@ -283,7 +286,7 @@ class Story:
     async def step_hang_one(self, result: StepResult) -> None:
         b2 = backend_name(1)
         await self.fault(1, "hang")
-        self.status.detail = f"backend-2's engine stopped stepping; stuck after {self.t.stuck_after:g}s without progress"
+        self.status.detail = f"backend-2's engine stopped stepping; stuck after {self.timings.stuck_after:g}s without progress"
         await self.until("a restart of backend-2", lambda: bool(self.restarts(result, b2)))
         self.status.detail = "backend-2 restarted; waiting for it to serve again"
         restarted_at = time.time()
@@ -299,10 +302,10 @@ class Story:
         first = self.restarts(result)[0]
         other = b3 if first["target"] == b1 else b1
         while not self.restarts(result, other):
-            left = first["time"] + self.t.cooldown - time.time()
+            left = first["time"] + self.timings.cooldown - time.time()
             self.status.detail = (f"{first['target']} restarted; {other} waits out the global cooldown"
                                   + (f" ({left:.0f}s left)" if left > 0 else " (over: next alert re-send restarts it)"))
-            if time.time() > first["time"] + self.t.cooldown + self.t.step_timeout:
+            if time.time() > first["time"] + self.timings.cooldown + self.timings.step_timeout:
                 raise StepTimeout(f"timed out waiting for the restart of {other}")
             await asyncio.sleep(0.25)
         second = self.restarts(result, other)[0]
@@ -315,7 +318,7 @@ class Story:
                      and len(self.restarts(result, b3)) == 1 and len(self.restarts(result)) == 2)
         result.check(f"{other} was refused (cooldown) before its restart", bool(refused))
         gap = second["time"] - first["time"]
-        result.check(f"the two restarts are {gap:.0f}s apart (cooldown {self.t.cooldown:g}s)", gap >= self.t.cooldown - 0.5)
+        result.check(f"the two restarts are {gap:.0f}s apart (cooldown {self.timings.cooldown:g}s)", gap >= self.timings.cooldown - 0.5)
 
     async def step_hang_all(self, result: StepResult) -> None:
         await asyncio.gather(*(self.fault(i, "hang") for i in range(BACKENDS)))
@@ -326,7 +329,7 @@ class Story:
 
         try:
             await self.until("a fleet_gate refusal", lambda: bool(gate_refusals()))
-            end = time.monotonic() + self.t.hold_seconds
+            end = time.monotonic() + self.timings.hold_seconds
             while (left := end - time.monotonic()) > 0:
                 self.status.detail = (f"fleet gate holding: 3 of 3 unhealthy, nothing restarted "
                                       f"({left:.0f}s, then the shared cause is 'fixed')")
@@ -363,7 +366,7 @@ class Story:
                 result.error = str(exc)
                 await self.clear_faults()
             # Decisions for this step may still be in flight (an alert re-sent once more).
-            await asyncio.sleep(self.t.poll_interval)
+            await asyncio.sleep(self.timings.poll_interval)
             await self.observer.refresh()
             result.last_action = self.observer.last_action_id
             result.ended_at = time.time()

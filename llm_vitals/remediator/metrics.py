@@ -261,20 +261,17 @@ class RemediatorMetrics:
                                                backoff_reset))
 
 
+@dataclass(eq=False)
 class _StateCollector(Collector):
     """FAMILIES, read from the gate's state, its store and the journal on each scrape."""
 
-    def __init__(
-        self, targets: list[str], journal: Journal, state: Callable[[], GateState], clock: Callable[[], float],
-        health: Callable[[], StoreHealth] | None, budget_window: float, backoff_reset: float = 12 * 3600.0,
-    ):
-        self.targets = targets
-        self.journal = journal
-        self.state = state
-        self.clock = clock
-        self.health = health
-        self.budget_window = budget_window
-        self.backoff_reset = backoff_reset
+    targets: list[str]
+    journal: Journal
+    state: Callable[[], GateState]
+    clock: Callable[[], float]
+    health: Callable[[], StoreHealth] | None
+    budget_window: float
+    backoff_reset: float = 12 * 3600.0
 
     def describe(self) -> list:
         return []

@@ -148,6 +148,7 @@ class HttpStats:
         self.highr.observe(seconds)
 
 
+@dataclass(eq=False)
 class VllmCollector:
     """Yields one server's page: python_/process_ families, then vllm:*, then http_*.
 
@@ -155,15 +156,16 @@ class VllmCollector:
     beyond what prometheus_client's process collector reads from /proc.
     """
 
-    def __init__(self, config: SimConfig, engine: Engine, http: HttpStats, process_start_time: float,
-                 created: float, sleep_level: Callable[[], int] = lambda: 0):
-        self.config = config
-        self.sleep_level = sleep_level
-        self.engine = engine
-        self.http = http
-        self.process_start_time = process_start_time
-        self.created = created
-        self.labels = {"engine": "0", "model_name": config.model}
+    config: SimConfig
+    engine: Engine
+    http: HttpStats
+    process_start_time: float
+    created: float
+    sleep_level: Callable[[], int] = lambda: 0
+    labels: dict[str, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.labels = {"engine": "0", "model_name": self.config.model}
 
     def collect(self) -> Iterator[Metric]:
         yield from _GC.collect()

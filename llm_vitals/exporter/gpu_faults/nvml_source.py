@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, InitVar, dataclass, replace
 from typing import Protocol
 
 from llm_vitals.exporter.gpu_faults import GpuTarget, SourceRead
@@ -125,26 +125,29 @@ class Lane:
         return overdue(current[0], current[1], now, current[2], self.where) if current else None
 
 
+@dataclass(eq=False)
 class NvmlSource:
-    """NVML read in threads (opener, a reader per GPU, the Xid watcher); `view(now)` is what a poll reads."""
+    """NVML read in threads (opener, a reader per GPU, the Xid watcher); `view(now)` is what a poll reads.
 
-    def __init__(self, backend: NvmlBackend, *, interval: float = 5.0, call_timeout: float = 1.0,
-                 init_timeout: float = 10.0, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time,
-                 event_wait: float = EVENT_WAIT_S, retry: float = RETRY_S) -> None:
-        # `clock` (monotonic) times the bounds and reads; `wall` dates the Xid events a detail shows.
-        self.backend = backend
-        self.wall = wall
-        self.interval = interval
-        self.call_timeout = call_timeout
-        self.event_wait = event_wait
-        self.retry = retry
-        self.clock = clock
+    `clock` (monotonic) times the bounds and reads; `wall` dates the Xid events a detail shows.
+    """
+
+    backend: NvmlBackend
+    _: KW_ONLY
+    interval: float = 5.0
+    call_timeout: float = 1.0
+    init_timeout: InitVar[float] = 10.0
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+    event_wait: float = EVENT_WAIT_S
+    retry: float = RETRY_S
+
+    def __post_init__(self, init_timeout: float) -> None:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._opener = Lane("starting NVML", init_timeout, clock)
-        self._watcher = Lane("Xid events", call_timeout, clock)
+        self._opener = Lane("starting NVML", init_timeout, self.clock)
+        self._watcher = Lane("Xid events", self.call_timeout, self.clock)
         self._readers: dict[int, Lane] = {}
         # Written by the threads under _lock, copied by view().
         self._opened: Opened | None = None
