@@ -24,7 +24,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 
@@ -342,7 +342,7 @@ class Story:
         result.check(f"the fleet gate refused {len(gate_refusals())} time(s)", bool(gate_refusals()))
         result.check("nothing was restarted", not self.restarts(result))
 
-    STEPS: tuple[tuple[str, str, str], ...] = (
+    STEPS: ClassVar[tuple[tuple[str, str, str], ...]] = (
         ("batch", "A batch job saturates backend-1 (busy, never restarted)", "step_batch"),
         ("hang-one", "backend-2 hangs (stuck, one restart)", "step_hang_one"),
         ("hang-pair", "backend-1 and backend-3 hang together (one restart, the other waits out the cooldown)",
