@@ -573,8 +573,7 @@ def gate_replay(targets: Mapping[str, TargetReplay], policy: gate.GatePolicy,
         alert = model.AlertFacts(status="firing",
                                 labels={"alertname": note.alert, "target": note.target, "remediation": "restart"},
                                 fingerprint=f"{note.alert}:{note.target}", starts_at=note.active_at)
-        decision = gate.decide(alert, fleet, journal, policy, now)
-        effects = gate.effects_of(decision, alert, fleet, journal, policy, now)
+        decision, effects = gate.ruling(alert, fleet, journal, policy, now)
         intent = Intent("backtest", note.target, now + RESTART_TIMEOUT) if effects.intent else None
         journal = with_effects(journal, effects, alert, now, intent)
         decisions.append(GateDecision(now, note.target, note.alert, decision.allowed, decision.reason, decision.detail))

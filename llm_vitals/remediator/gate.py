@@ -14,7 +14,8 @@ refusal wins:
 10.  `allow`: a dry run says what it would do; else the decision carries its `Plan` (plan.py): what
      to act on and how long it may take, worked out here once and carried out by acting.py.
 
-`effects_of` is the state change a decision implies, committed before acting. The pieces live where
+`effects_of` is the state change a decision implies, committed before acting; `ruling` gives both at
+once, the one call an alert's commit makes into the gate. The pieces live where
 their job is: the reasons (reasons.py), the policy (policy.py), the data (model.py), the fleet's
 storm (storm.py), the ladder (ladder.py). This module names them all, so callers import the gate.
 
@@ -108,6 +109,7 @@ __all__ = [
     "precheck",
     "restarting",
     "restarts_in_window",
+    "ruling",
     "taint_value",
     "template_index",
     "unhealthy_limit",
@@ -299,6 +301,14 @@ HELD_REFRESH = 120.0
 # A backoff refusal is written again only this long after the last one written: Alertmanager's HA
 # copies and re-sends of one hang must not each become a write to the shared state.
 BACKOFF_REFUSAL_GRANULARITY = 300.0
+
+
+def ruling(alert: AlertFacts, fleet: FleetView | None, journal: GateState, policy: GatePolicy,
+           now: float) -> tuple[Decision, Effects]:
+    """The decision on an alert and the state change it implies: the one question an alert's commit asks
+    the gate (remediator/state.py, and the backtest's replay of the gate)."""
+    decision = decide(alert, fleet, journal, policy, now)
+    return decision, effects_of(decision, alert, fleet, journal, policy, now)
 
 
 def effects_of(

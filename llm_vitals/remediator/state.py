@@ -39,9 +39,8 @@ def decided(alert: AlertFacts, fleet: FleetView | None, state: GateState, policy
     """The gate's decision on `state` (a claim past its expiry ended first), the claim an allowed one
     takes, and the state its effects make: the one pure step an alert's commit applies (ledger.py)."""
     state = claim_lapsed(state, now)
-    decision = gate.decide(alert, fleet, state, policy, now)
+    decision, effects = gate.ruling(alert, fleet, state, policy, now)
     intent = claim_of(claim, decision.plan, now, state) if decision.allowed and decision.plan is not None else None
-    effects = gate.effects_of(decision, alert, fleet, state, policy, now)
     return decision, intent, with_effects(state, effects, alert, now, intent)
 
 

@@ -50,7 +50,7 @@ from llm_vitals.exporter.verdict.model import (
     Verdict,
     initial,
 )
-from llm_vitals.exporter.verdict.plan import Conclusion, ReadPlan, conclude, plan_read
+from llm_vitals.exporter.verdict.plan import Conclusion, ReadPlan, canary_overlapped, conclude, plan_read
 from llm_vitals.exporter.verdict.probes import (
     drain_holds,
     is_live,
@@ -63,7 +63,6 @@ from llm_vitals.exporter.verdict.reads import (
     LATE_SHARE,
     SLOW_READ_FACTOR,
     canary_due,
-    canary_overlapped,
     exporter_late,
     health_check_due,
     pause_ask_due,

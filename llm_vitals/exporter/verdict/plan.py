@@ -69,9 +69,17 @@ def conclude(previous: Verdict, observation: Observation, now: float, target: Ta
     `paused` is the pause route's answer asked since the last read (None: none); `pause_route`
     whether the engine has one (and no ask of it is still out); `draining` whether the target drained before it.
     """
-    overlap = reads.canary_overlapped(last_canary_sent, canary_in_flight, previous.snapshot_at)
+    overlap = canary_overlapped(last_canary_sent, canary_in_flight, previous.snapshot_at)
     verdict = judge(previous, observation, now, target, health=health, canary_overlap=overlap, paused=paused)
-    ask_pause = pause_route and reads.pause_ask_due(verdict, now, target, poll_interval)
-    send = reads.canary_due(verdict, observation, last_canary_sent, now, target, poll_interval=poll_interval,
-                      in_flight=canary_in_flight)
+    ask_pause, send = reads.follow_ups(verdict, observation, now, target, poll_interval, pause_route=pause_route,
+                                       last_canary_sent=last_canary_sent, canary_in_flight=canary_in_flight)
     return Conclusion(verdict, ask_pause, send, drain_holds(draining, previous, verdict))
+
+
+def canary_overlapped(last_sent: float | None, in_flight: bool, since: float | None) -> bool:
+    """Whether the exporter's own canary may have moved the counters since the read at `since`.
+
+    A canary is sent right after a read (with its `now`), so one sent at or after `since`, or still
+    in flight, ran inside the interval the next read measures.
+    """
+    return in_flight or (last_sent is not None and since is not None and last_sent >= since)

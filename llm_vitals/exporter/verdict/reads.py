@@ -122,15 +122,6 @@ def pause_ask_due(verdict: Verdict, now: float, target: TargetSettings, poll_int
     return now + 2 * poll_interval - verdict.last_progress >= target.stuck_after
 
 
-def canary_overlapped(last_sent: float | None, in_flight: bool, since: float | None) -> bool:
-    """Whether the exporter's own canary may have moved the counters since the read at `since`.
-
-    A canary is sent right after a read (with its `now`), so one sent at or after `since`, or still
-    in flight, ran inside the interval the next read measures.
-    """
-    return in_flight or (last_sent is not None and since is not None and last_sent >= since)
-
-
 def canary_due(
     verdict: Verdict,
     observation: Observation,
@@ -163,3 +154,12 @@ def canary_due(
         return not observation.pending and verdict.state in ("idle", "unresponsive")
     # An engine with no /metrics cannot show its load; its models answer is the best we have.
     return isinstance(observation, ModelsOk) and engine_of(target.engine).parse is None
+
+
+def follow_ups(verdict: Verdict, observation: Observation, now: float, target: TargetSettings, poll_interval: float, *,
+               pause_route: bool, last_canary_sent: float | None, canary_in_flight: bool) -> tuple[bool, bool]:
+    """After a read's verdict: whether to ask the engine's pause route (where it has one and no ask is
+    out), and whether to send a canary."""
+    ask_pause = pause_route and pause_ask_due(verdict, now, target, poll_interval)
+    return ask_pause, canary_due(verdict, observation, last_canary_sent, now, target, poll_interval=poll_interval,
+                                 in_flight=canary_in_flight)
