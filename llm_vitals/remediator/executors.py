@@ -186,8 +186,12 @@ class DockerExecutor:
         except TimeoutError:
             return ExecResult("timeout", f"docker restart {self.container}: no answer within {self.timeout:g}s")
         except aiohttp.ClientError as exc:
-            hint = socket_hint(_os_errno(exc))
-            return ExecResult("error", f"docker socket {self.socket_path}: {_describe(exc)}" + (f" ({hint})" if hint else ""))
+            code = _os_errno(exc)
+            hint = socket_hint(code)
+            # The socket's own errno, not the client library's wording of it: the journal's text stays
+            # what the operator can look up (and what it was before the move from httpx to aiohttp).
+            what = f"cannot connect: [Errno {code}] {os.strerror(code)}" if code is not None else _describe(exc)
+            return ExecResult("error", f"docker socket {self.socket_path}: {what}" + (f" ({hint})" if hint else ""))
         if status == 204:
             return ExecResult("ok", f"docker restarted {self.container}")
         return ExecResult("error", f"docker restart {self.container}: HTTP {status}: {_engine_message(body)}")

@@ -111,7 +111,7 @@ def test_a_socket_without_permission(engine: Engine, image: str):
                             timeout=120)
         result, detail = run.stdout.strip().splitlines()
         assert result == "error"
-        assert detail == ("docker socket /var/run/docker.sock: ConnectError: [Errno 13] Permission denied"
+        assert detail == ("docker socket /var/run/docker.sock: cannot connect: [Errno 13] Permission denied"
                           " (this process's user may not use the socket: run as root or in the socket's group)")
         assert engine.identity(name)[1] == started
         assert "restart" not in _actions(engine, name, since)
@@ -120,7 +120,7 @@ def test_a_socket_without_permission(engine: Engine, image: str):
 async def test_a_daemon_that_is_down(engine: Engine, crashed_daemon: Path):
     result = await _executor(engine, "llm-vitals-sim-a", socket_path=crashed_daemon).restart()
     assert result.result == "error"
-    assert result.detail == (f"docker socket {crashed_daemon}: ConnectError: [Errno 111] Connection refused"
+    assert result.detail == (f"docker socket {crashed_daemon}: cannot connect: [Errno 111] Connection refused"
                              " (nothing listens on the socket: the Docker daemon is down)")
     crashed_daemon.unlink()
     gone = await _executor(engine, "llm-vitals-sim-a", socket_path=crashed_daemon).restart()

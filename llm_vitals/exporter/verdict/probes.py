@@ -64,7 +64,7 @@ def is_live(verdict: Verdict, target: TargetSettings, now: float, *, holding: bo
             held_at: float | None = None) -> bool:
     """Liveness fails only on sustained, shown lack of progress: stuck for longer than the budget.
 
-    With the remediator's gate (exporter/backstop.py): never while the backstop is `holding`, and the
+    With the remediator's gate (exporter/backstop_rule.py): never while the backstop is `holding`, and the
     budget counts from the end of the last hold (`held_at`) too, so the remediator, whose alert fires
     on the same stuck server, has the first go once a hold ends."""
     if verdict.state != "stuck" or verdict.last_progress is None or holding:
