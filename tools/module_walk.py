@@ -3,6 +3,7 @@
     .venv/bin/python tools/module_walk.py alert   # one firing alert: webhook payload -> decision -> restart
     .venv/bin/python tools/module_walk.py poll    # one poll of one target by the exporter's poller
     .venv/bin/python tools/module_walk.py poll --packages   # a subpackage (verdict/, engines/, store/) as one module
+    .venv/bin/python tools/module_walk.py alert --functions  # and each entry's function
 
 Real parts, in-process, under `sys.setprofile` (and `threading.setprofile`):
 - alert: the real `Remediator` service (its `GateLoop`, gate, `Actor`, journal and the SQLite store in a
@@ -14,7 +15,7 @@ Real parts, in-process, under `sys.setprofile` (and `threading.setprofile`):
 An entry is a call into a module's function from another module's (or from no `llm_vitals` frame: a task
 the event loop starts, marked `*`); a call within one module, and a coroutine's resumption, are no entry.
 Pure data accessors are left out: functions without a source file under `llm_vitals/` (dataclass- and
-NamedTuple-generated methods), properties, and an `__init__` that only stores attributes.
+NamedTuple-generated methods), properties, and an `__init__` that only stores attributes, with what they call.
 Printed: the modules in the order entered (`m x3`: three entries in a row, from one caller), then each
 module's entries and returns (entries after the first).
 """
@@ -100,6 +101,7 @@ class Walk:
     def __init__(self, skip: set[types.CodeType], packages: bool = False) -> None:
         self.skip, self.packages = skip, packages
         self.entries: list[str] = []
+        self.functions: list[str] = []  # each entry's function, for --functions
         self.seen: set[int] = set()
         self.frames: list[types.FrameType] = []  # kept alive so that their ids stay unique while watched
 
@@ -120,11 +122,16 @@ class Walk:
         self.frames.append(frame)
         caller = frame.f_back
         while caller is not None and self._module(caller) is None:
+            if caller.f_code in self.skip:
+                return  # what an accessor calls is part of it (`AlertFacts.key` -> `model.dedupe_key`)
             caller = caller.f_back
         if caller is None:
             self.entries.append(f"*{module}")  # started by the event loop (a task) or a thread
         elif self._module(caller) != module:
             self.entries.append(module)
+        else:
+            return
+        self.functions.append(f"{self.entries[-1]}:{frame.f_code.co_qualname}")
 
     def __enter__(self) -> Walk:
         threading.setprofile(self.hook)
@@ -194,7 +201,7 @@ def fleet_view() -> Any:
     return FleetView({name: TargetStatus("stuck" if name == "a" else "idle", process_start_time=old) for name in "abcde"})
 
 
-async def walk_alert(skip: set[types.CodeType], packages: bool) -> list[str]:
+async def walk_alert(skip: set[types.CodeType], packages: bool) -> Walk:
     from llm_vitals.remediator.journal import Journal
     from llm_vitals.remediator.payload import WebhookPayload
     from llm_vitals.remediator.service import Remediator, store_for
@@ -231,13 +238,13 @@ async def walk_alert(skip: set[types.CodeType], packages: bool) -> list[str]:
     decided = [d["decision"] for d in outcome.decisions]
     if decided != ["restart"]:
         raise SystemExit(f"the alert was not allowed: {outcome.decisions}")
-    return walk.entries
+    return walk
 
 
 # -- the poll ----------------------------------------------------------------------------------
 
 
-async def walk_poll(skip: set[types.CodeType], packages: bool) -> list[str]:
+async def walk_poll(skip: set[types.CodeType], packages: bool) -> Walk:
     import aiohttp
     from aiohttp import web
 
@@ -277,19 +284,22 @@ async def walk_poll(skip: set[types.CodeType], packages: bool) -> list[str]:
             await poller.stop()
     finally:
         await runner.cleanup()
-    return walk.entries
+    return walk
 
 
 def main(argv: list[str]) -> int:
     paths = {"alert": walk_alert, "poll": walk_poll}
-    packages = "--packages" in argv
-    argv = [arg for arg in argv if arg != "--packages"]
+    packages, functions = "--packages" in argv, "--functions" in argv
+    argv = [arg for arg in argv if arg not in ("--packages", "--functions")]
     if len(argv) != 1 or argv[0] not in paths:
-        print(f"usage: {Path(__file__).name} alert|poll [--packages]", file=sys.stderr)
+        print(f"usage: {Path(__file__).name} alert|poll [--packages] [--functions]", file=sys.stderr)
         return 2
     skip = accessors()
-    entries = asyncio.run(paths[argv[0]](skip, packages))
-    print(report(argv[0] + (" (by package)" if packages else ""), entries))
+    walk = asyncio.run(paths[argv[0]](skip, packages))
+    print(report(argv[0] + (" (by package)" if packages else ""), walk.entries))
+    if functions:
+        print("  functions entered, in order:")
+        print("\n".join(f"    {name}" for name in walk.functions))
     return 0
 
 
