@@ -19,7 +19,7 @@ from llm_vitals.exporter.canary import ModelRejected, resolve_model, run_canarie
 from llm_vitals.exporter.clock import Clock, as_clock
 from llm_vitals.exporter.decoupled import CONFIG_RETRY_SECONDS, config_due, unjudged
 from llm_vitals.exporter.discovery.targetset import Changes
-from llm_vitals.exporter.engines import Page, PageError, PageReading
+from llm_vitals.exporter.engines import Engine, Page, PageError, PageReading
 from llm_vitals.exporter.engines.table import engine_of, read_page
 from llm_vitals.exporter.gpu_faults import GpuFaultState
 from llm_vitals.exporter.gpu_faults.dcgm import DcgmSource, SharedPages, fetch_page
@@ -231,20 +231,20 @@ class Poller:
         loop = asyncio.get_running_loop()
         started = loop.time()
         before_fault = record.gpu_fault
+        entry = engine_of(record.settings.engine)  # asked once per poll: the reads below take it
         if not self.gpu_faults.wants(record.settings):  # no gather: its two tasks a poll showed at 5,000 targets (bench_scale.py)
-            observation, health = await self.observe(record)
+            observation, health = await self.observe(record, entry)
             duration = loop.time() - started
             if record.gpu_faults.reads:
                 record.set_gpu_faults(GpuFaultState())  # a source it no longer has (the node watch stopped)
         else:
             (observation, health), faults = await asyncio.gather(
-                self.observe(record), self.gpu_faults.read(record.settings, record.gpu_faults))
+                self.observe(record, entry), self.gpu_faults.read(record.settings, record.gpu_faults))
             duration = loop.time() - started
             record.set_gpu_faults(faults)  # the one writer of the target's GPU faults
         log_gpu_fault_change(record, before_fault)
         now = self.clock.now()
         before = record.verdict
-        entry = engine_of(record.settings.engine)
         ask = self._pause_asks.get(record)
         # The core's word on this read (verdict/plan.py): the new verdict, the pause ask, the canary.
         # Its /metrics lines are not rendered here: the next scrape renders what changed (llm_vitals/exporter/page.py).
@@ -270,7 +270,7 @@ class Poller:
         if concluded.send_canary:
             record.canary_sent(asyncio.create_task(self._canary(record), name=f"canary:{record.name}"), now.mono)
 
-    async def observe(self, record: TargetRecord) -> tuple[Observation, tuple[str, int] | None]:
+    async def observe(self, record: TargetRecord, entry: Engine) -> tuple[Observation, tuple[str, int] | None]:
         """What one poll sees (a PageReading, the model list, or a PollError) and `/health`'s status when asked.
 
         Never raises for upstream trouble. A read that timed out while the exporter's own loop
@@ -284,18 +284,17 @@ class Poller:
         reading_metrics = False  # a second probe follows only a /metrics read that got no answer
         reading_ready = False  # the model-ready route, read after a good page: its failure is no /metrics failure
         try:
-            entry = engine_of(target.engine)
             if target.role == "proxy" or entry.parse is None:
                 timeout = self.settings.models_timeout
                 return ModelsOk(tuple(await read_models(self.session, target, timeout))), None
             reading_metrics = True
-            snapshot = await self._read_metrics(record, timeout)
+            snapshot = await self._read_metrics(record, timeout, entry)
             reading_metrics = False
             if entry.model_config_path is not None and config_due(
                     entry, target.model, record.model_config, record.model_config_tried,
                     asyncio.get_running_loop().time(), CONFIG_RETRY_SECONDS):
                 await self._read_model_config(record)
-            health = await self._read_health(record) if plan.health_due(snapshot) else None
+            health = await self._read_health(record, entry) if plan.health_due(snapshot) else None
             if not snapshot.pending:
                 timeout = self.settings.health_timeout
                 reading_ready = True
@@ -307,10 +306,10 @@ class Poller:
                                        self.lag.worst_since(started) if self.lag is not None else None,
                                        timeout, metrics=reading_metrics)
             if probe:
-                error = await self._second_probe(record, error, plan)
+                error = await self._second_probe(record, error, plan, entry)
             return error, None
 
-    async def _second_probe(self, record: TargetRecord, error: PollError, plan: ReadPlan) -> PollError:
+    async def _second_probe(self, record: TargetRecord, error: PollError, plan: ReadPlan, entry: Engine) -> PollError:
         """`error` (a /metrics read that connected and got no answer) with what one more request saw.
 
         The engine's first health route (vLLM's /health is answered by its API server, which stays
@@ -322,7 +321,6 @@ class Poller:
         is gone; no answer is `unanswered` (frozen whole), unless the exporter's own loop was too
         late to tell.
         """
-        entry = engine_of(record.settings.engine)
         health = bool(entry.health_paths)
         if health or entry.models_path is not None:
             url = record.settings.base_url + (entry.health_paths[0] if health else entry.models_path or "")
@@ -338,8 +336,7 @@ class Poller:
         return plan.probed(error, path, answer, self.lag.worst_since(started) if self.lag is not None else None,
                            health_route=health)
 
-    async def _read_metrics(self, record: TargetRecord, timeout: float) -> PageReading:
-        entry = engine_of(record.settings.engine)
+    async def _read_metrics(self, record: TargetRecord, timeout: float, entry: Engine) -> PageReading:
         # Worked out once per record (its settings never change): a poll only reads it.
         known = self._metrics_urls.get(record)
         if known is None:
@@ -353,14 +350,14 @@ class Poller:
             raise PageError("http_status", f"{entry.metrics_path} answered HTTP {status}")
         return read_page(entry, Page(body, headers))
 
-    async def _read_health(self, record: TargetRecord) -> tuple[str, int] | None:
+    async def _read_health(self, record: TargetRecord, entry: Engine) -> tuple[str, int] | None:
         """The first of the engine's health routes that answers 503, as (path, 503); else the last answer, or None.
 
         Only a 503 is news to the verdict; a route that does not answer is skipped (a server really
         gone fails its next metrics read).
         """
         seen = None
-        for path in engine_of(record.settings.engine).health_paths:
+        for path in entry.health_paths:
             try:
                 status, _ = await bounded_get(
                     self.session, record.settings.base_url + path,
