@@ -179,13 +179,26 @@ def _freed_and_hung(fleet: Fleet, pods: list[PodSeen]) -> tuple[PodSeen, PodSeen
     return freed, hung
 
 
+def _clear_fault(server: str, tries: int = 5) -> tuple[httpx.Response, int]:
+    """The simulator's fault cleared (idempotent), asked again when the connection through the host's
+    forwarder into the cluster's namespace drops unanswered: one run read `Server disconnected without
+    sending a response` here, with the hung server's clients still holding their connections."""
+    for attempt in range(1, tries + 1):
+        try:
+            return httpx.post(f"{server}/admin/fault", json={"fault": "none"}, timeout=10, trust_env=False), attempt
+        except httpx.TransportError:
+            if attempt == tries:
+                raise
+            time.sleep(2)
+    raise AssertionError("unreachable")
+
+
 def _end_the_storm(fleet: Fleet, w: Workload, freed: PodSeen, hung: PodSeen) -> dict[str, Any]:
     """The storm's cause gone from one server (its hang cleared: `none` on the simulator): one of two hung
     is within the gate's limit (max_unhealthy 1), so the storm is over. Watch who restarts the other."""
     tier = fleet.tier
     restarts_before = fleet.restarts_run()
-    answer = httpx.post(f"{tier.url(freed.node, w.server_port)}/admin/fault", json={"fault": "none"}, timeout=10,
-                        trust_env=False)
+    answer, tries = _clear_fault(tier.url(freed.node, w.server_port))
     assert answer.status_code == 200, answer.text
     lifted_at = time.time()
     serving = tier.history.wait(lambda: (t := fleet.target(freed.name)) and t["state"] in ("idle", "busy") and time.time(),
@@ -203,7 +216,8 @@ def _end_the_storm(fleet: Fleet, w: Workload, freed: PodSeen, hung: PodSeen) -> 
     if deleted_at is not None:
         tier.history.wait(lambda: fleet.restarts_run() - restarts_before >= 1, 30, "the restart counted")
     time.sleep(5)  # a second restart (the other replica's, or the freed pod's) would be counted by now
-    return {"freed": freed.name, "hung": hung.name, "outcome": outcome, "serving_again_s": round(serving - lifted_at, 1),
+    return {"freed": freed.name, "hung": hung.name, "outcome": outcome, "clear_tries": tries,
+            "serving_again_s": round(serving - lifted_at, 1),
             "deleted_at": deleted_at,
             "deleted_after_lift_s": None if deleted_at is None else round(deleted_at - lifted_at, 1),
             "restarts_run": fleet.restarts_run() - restarts_before,
