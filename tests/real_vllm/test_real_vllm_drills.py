@@ -14,7 +14,7 @@ from collections import Counter
 
 import httpx
 from real_engine import drills
-from real_engine.engine import Kit, sigstopped
+from real_engine.engine import Kit
 from real_engine.harness import HTTP_TIMEOUT_S, canaries, detection_seconds
 from real_engine.load import Load
 from real_engine.report import Drill
@@ -96,8 +96,10 @@ def test_pause_keep_under_load_is_paused_never_restartable_pages_past_pause_budg
         busy = watcher.wait_for(lambda s: s.state == "busy" and s.reason == "progress", timeout=30, what="busy after /resume",
                                 after=t_resume)
         held = [s for s in watcher.since(t_pause) if s.t <= held_until]
-        kit.wait_working(load)
-        with sigstopped(server.find("VLLM::EngineCore")) as fault:
+        # The engine's own freeze: it SIGSTOPs EngineCore only once its frozen page shows work pending (in
+        # CI the six clients' requests, released together by /resume, once all ended just before the
+        # SIGSTOP: the frozen page read 0 running, 0 waiting, rightly idle, then unresponsive).
+        with kit.engine.freeze_engine(kit, load) as fault:
             stuck = watcher.wait_for(lambda s: s.state == "stuck", timeout=settings.stuck_after + 30, what="stuck",
                                      after=fault.t)
             live_fail = watcher.wait_for(lambda s: s.live != 200, timeout=settings.liveness + 30, what="live 503",
@@ -118,6 +120,7 @@ def test_pause_keep_under_load_is_paused_never_restartable_pages_past_pause_budg
         "is_paused_answer": is_paused,
         "paused_too_long_s": round(too_long.t - t_pause, 1),
         "busy_after_resume_s": round(busy.t - t_resume, 1),
+        **fault.facts,
         "sigstop_to_stuck_s": round(stuck.t - fault.t, 1),
         "sigstop_to_live_503_s": round(live_fail.t - fault.t, 1),
         "restartable_bound_s": bound,
