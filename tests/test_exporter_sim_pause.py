@@ -40,6 +40,31 @@ async def test_the_simulator_pauses_and_resumes_as_vllm_does() -> None:
         assert not await is_paused()
 
 
+async def test_a_vllm_paused_with_nothing_pending_on_its_page_is_paused_and_its_canaries_stop(aiohttp_client) -> None:
+    # The page reads 0 running, 0 waiting (as a real paused vLLM's did for 11 s in CI with requests
+    # kept in it): the route is asked a poll before each canary, so the pause is read before one goes.
+    async with Fleet(SimConfig(), backends=1) as fleet, aiohttp.ClientSession() as http:
+        url = fleet.backend_urls[0]
+        client = await start_exporter(aiohttp_client, make_settings(
+            [sim_target("rl", url, canary={"interval": 1.0, "timeout": 1})], poll_interval=POLL, health_timeout=0.5))
+        rl = record(client, "rl")
+        await wait_for(lambda: sum(rl.canaries.values()) >= 2, what="two idle canaries")
+        async with http.post(f"{url}/pause", params={"mode": "keep"}) as r:
+            assert r.status == 200
+        sent_at_pause = sum(rl.canaries.values()) + (1 if rl.canary_task is not None else 0)
+        await wait_for(lambda: rl.verdict.state == "paused", timeout=1.0 + 3 * POLL + SLACK, what="paused")
+        sent_when_paused = sum(rl.canaries.values()) + (1 if rl.canary_task is not None else 0)
+        # At most the one canary whose ask went just before the pause, and none while paused.
+        assert sent_when_paused - sent_at_pause <= 1
+        await asyncio.sleep(4 * 1.0)
+        assert (rl.verdict.state, rl.verdict.reason) == ("paused", "paused"), rl.verdict.detail
+        assert sum(rl.canaries.values()) + (1 if rl.canary_task is not None else 0) == sent_when_paused
+        async with http.post(f"{url}/resume") as r:
+            assert r.status == 200
+        await wait_for(lambda: sum(rl.canaries.values()) > sent_when_paused, timeout=1.0 + 3 * POLL + SLACK,
+                       what="a canary after /resume")
+
+
 async def test_a_pause_under_load_is_paused_pages_past_its_budget_and_a_hang_after_resume_is_stuck(
         aiohttp_client) -> None:
     async with Fleet(SimConfig(max_num_seqs=2, tokens_per_second=100), backends=1) as fleet, \

@@ -39,6 +39,7 @@ from llm_vitals.exporter.verdict import (
     pause_exceeded,
     record_canary,
 )
+from llm_vitals.exporter.verdict.reads import follow_ups
 from llm_vitals.remediator.exporter_client import parse_targets
 from llm_vitals.targets import NOT_READY_STATES, RESTARTABLE_STATES, STATES, UNHEALTHY_STATES
 
@@ -156,6 +157,56 @@ def test_the_pause_route_is_asked_only_when_the_next_read_could_be_stuck(
     assert pause_ask_due(verdict, at, settings, POLL) is due
     # A failed read is no ground to ask.
     assert not pause_ask_due(replace(verdict, up=False, state="busy", reason="progress"), at, settings, POLL)
+
+
+@pytest.mark.parametrize(("state", "pending", "last_sent", "now", "in_flight", "ask", "send"), [
+    # Idle, the next canary due at 27.5 (30 s interval, half a 5 s poll early): asked one poll before it ...
+    ("idle", False, 0.0, 20.0, False, False, False),
+    ("idle", False, 0.0, 25.0, False, True, False),
+    # ... and the canary goes with the read after (the route said not paused), with no ask beside it.
+    ("idle", False, 0.0, 30.0, False, False, True),
+    # A quiet read after work (the next may be idle, and its canary due): asked.
+    ("busy", False, 0.0, 25.0, False, True, False),
+    # Work pending: the canary rule sends none, and the stuck rule alone asks (not within two polls here).
+    ("busy", True, 0.0, 25.0, False, False, False),
+    # A canary still out: none may go with the next read, so no ask for it.
+    ("idle", False, 0.0, 25.0, True, False, False),
+])
+def test_the_pause_route_is_asked_a_poll_before_a_canary_may_go(state: str, pending: bool, last_sent: float,
+                                                                 now: float, in_flight: bool, ask: bool,
+                                                                 send: bool) -> None:
+    settings = target("vllm", canary={"enabled": True, "interval": 30})
+    snap = observe("vllm", VLLM_FROZEN if pending else VLLM_IDLE)
+    assert isinstance(snap, PageReading)
+    verdict = replace(judge(None, snap, 0, settings), state=state, reason=state, up=True,  # type: ignore[arg-type]
+                      reads_without_progress=0, last_progress=now)
+    assert follow_ups(verdict, snap, now, settings, POLL, pause_route=True, last_canary_sent=last_sent,
+                      canary_in_flight=in_flight) == (ask, send)
+    # Without a pause route nothing is asked, and the canary rule is the same.
+    assert follow_ups(verdict, snap, now, settings, POLL, pause_route=False, last_canary_sent=last_sent,
+                      canary_in_flight=in_flight) == (False, send)
+
+
+def test_a_vllm_paused_while_its_page_reads_nothing_pending_gets_no_canary() -> None:
+    # A real run (CI, vLLM 0.32 on CPU): /pause?mode=keep landed as the six clients' requests ended and
+    # the next six went in; the page read 0 running, 0 waiting for 11 s (vLLM publishes its counts
+    # only with a step's outputs) while they sat kept in the paused engine. The route, asked a poll
+    # before each canary, says paused: no canary goes to queue behind the pause, and nothing restarts.
+    settings = target("vllm", canary={"enabled": True, "interval": 30})
+    snap = observe("vllm", VLLM_IDLE)
+    assert isinstance(snap, PageReading)
+    verdict, ask, last_sent, sent = None, False, None, []
+    for at in range(0, 300, 5):
+        paused = (at >= 50) if ask else None  # paused at 50 s; the route's answer only where it was asked
+        verdict = judge(verdict, snap, at, settings, paused=paused)
+        ask, send = follow_ups(verdict, snap, at, settings, POLL, pause_route=True, last_canary_sent=last_sent,
+                               canary_in_flight=False)
+        if send:
+            last_sent = at
+            sent.append(at)
+    assert sent == [5, 35] and last_sent is not None  # idle: one canary each interval, up to the pause
+    assert (verdict.state, verdict.reason) == ("paused", "paused")
+    assert not any(at >= 50 for at in sent)
 
 
 def test_an_idle_paused_vllm_is_paused_and_gets_no_canary_and_its_canary_failure_does_not_count() -> None:

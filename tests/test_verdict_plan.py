@@ -22,9 +22,9 @@ from llm_vitals.exporter.verdict import (
     health_check_due,
     initial,
     judge,
-    pause_ask_due,
     plan_read,
 )
+from llm_vitals.exporter.verdict.reads import follow_ups
 
 TIMEOUT = 10.0
 
@@ -130,9 +130,12 @@ def test_the_conclusion_is_each_rule_it_gathers(previous: Verdict, seen: PageRea
                     pause_route=pause_route)
     overlap = in_flight or (last_sent is not None and previous.snapshot_at is not None and last_sent >= previous.snapshot_at)
     verdict = judge(previous, seen, now, settings, canary_overlap=overlap, paused=paused)
+    # The pause route is asked before a canary may go (follow_ups), so the two rules are gathered as one.
     assert got == Conclusion(
-        verdict, pause_route and pause_ask_due(verdict, now, settings, 5.0),
-        canary_due(verdict, seen, last_sent, now, settings, poll_interval=5.0, in_flight=in_flight), False)
+        verdict, *follow_ups(verdict, seen, now, settings, 5.0, pause_route=pause_route, last_canary_sent=last_sent,
+                             canary_in_flight=in_flight), False)
+    assert got.send_canary == canary_due(verdict, seen, last_sent, now, settings, poll_interval=5.0, in_flight=in_flight)
+    assert not got.ask_pause or pause_route
 
 
 def test_a_restart_ends_a_drain_and_nothing_else_does() -> None:

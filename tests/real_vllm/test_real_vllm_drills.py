@@ -128,10 +128,16 @@ def test_pause_keep_under_load_is_paused_never_restartable_pages_past_pause_budg
         "statuses": dict(Counter(str(o.status) for o in outcomes)),
     }
     assert held_until - t_pause >= 3 * settings.stuck_after, drill.facts
-    assert set(drill.facts["states_while_paused"]) <= {"busy", "paused"}, drill.timeline
+    # Idle only where the engine's own page read nothing pending: a pause that lands as the clients'
+    # requests end and the next go in reads 0 running, 0 waiting (vLLM publishes its counts only with
+    # a step's outputs; CI once read it for 11 s). The route is asked a poll before each canary, so
+    # at most the one canary whose ask went out just before the pause can go.
+    idle_reads = [s for s in held if s.state == "idle"]
+    assert set(drill.facts["states_while_paused"]) <= {"busy", "paused", "idle"}, drill.timeline
+    assert all(s.running == 0 and s.waiting == 0 for s in idle_reads), drill.timeline
     assert all(s.live == 200 for s in held), drill.timeline
     assert is_paused == {"is_paused": True}, drill.facts
-    assert drill.canaries["sent"] == 0, drill.canaries
+    assert drill.canaries["sent"] <= (1 if idle_reads else 0), drill.canaries
     assert stuck.reason == "no_progress", stuck
     assert drill.facts["sigstop_to_live_503_s"] <= bound, drill.facts
     assert drill.facts["restarts_total_delta"] == 0 and after.restarts == paused.restarts, drill.facts

@@ -98,7 +98,8 @@ def health_check_due(previous: Verdict, snap: PageReading) -> bool:
         for unit, old in unit_pairs(base, snap)))
 
 
-def pause_ask_due(verdict: Verdict, now: float, target: TargetSettings, poll_interval: float) -> bool:
+def pause_ask_due(verdict: Verdict, now: float, target: TargetSettings, poll_interval: float, *,
+                  canary_soon: bool = False) -> bool:
     """Whether to ask the engine's pause route (vLLM's GET /is_paused) after the read that judged `verdict`.
 
     The answer is for the next read (the poller asks in the background, so a hung engine, which
@@ -106,7 +107,11 @@ def pause_ask_due(verdict: Verdict, now: float, target: TargetSettings, poll_int
     (work pending, nothing moved at the last read, and `stuck_after` within two polls of passing) or
     already is; when an idle-looking server's canary failed (a paused vLLM queues it); or while the
     verdict rests on the route's word (`paused`, reason `paused`), so a pause stays a pause until
-    the engine says it ended. The poller asks only engines whose table entry has a pause route.
+    the engine says it ended; and, with nothing pending, when a canary may go with the next read
+    (`canary_soon`): a paused vLLM's page can read 0 running, 0 waiting while requests sit kept in
+    it (it publishes its counts only with a step's outputs, and a paused engine takes no step), so
+    the engine's word comes before the canary, which would only queue behind the pause. The
+    poller asks only engines whose table entry has a pause route.
     """
     if verdict.state == "paused" and verdict.reason == "paused":
         return True
@@ -114,7 +119,7 @@ def pause_ask_due(verdict: Verdict, now: float, target: TargetSettings, poll_int
     if snap is None or not verdict.up:
         return False
     if not snap.pending:
-        return verdict.state in ("idle", "unresponsive") and verdict.canary_failures > 0
+        return canary_soon or (verdict.state in ("idle", "unresponsive") and verdict.canary_failures > 0)
     if verdict.state == "stuck":
         return verdict.reason == "no_progress"
     if verdict.reads_without_progress < 1 or verdict.last_progress is None:
@@ -139,14 +144,7 @@ def canary_due(
     """
     if not target.sends_canary or in_flight or verdict.state == "asleep":
         return False
-    # A canary to the process before the last detected restart says nothing about this one: a
-    # new process must show it serves before an idle server is ready, so its canary goes at once.
-    before_restart = last_sent is not None and verdict.last_restart_at is not None and last_sent < verdict.last_restart_at
-    # Due from half a poll before the interval is up: a canary can only go out with a poll, so
-    # waiting for the full interval made every gap interval + up to one poll (4 s for 3 s on
-    # the real vLLM); with the half-poll allowance the gaps average the configured interval.
-    due_after = target.canary.interval - poll_interval / 2
-    if last_sent is not None and not before_restart and now - last_sent < due_after:
+    if now < canary_next_due(verdict, last_sent, target, poll_interval):
         return False
     if isinstance(observation, PageReading):
         # Idle by the verdict: a whole interval with nothing pending and nothing moving, not just
@@ -156,10 +154,28 @@ def canary_due(
     return isinstance(observation, ModelsOk) and engine_of(target.engine).parse is None
 
 
+def canary_next_due(verdict: Verdict, last_sent: float | None, target: TargetSettings, poll_interval: float) -> float:
+    """From when the next canary may go (-inf: at once), whatever the next read shows."""
+    # A canary to the process before the last detected restart says nothing about this one: a
+    # new process must show it serves before an idle server is ready, so its canary goes at once.
+    if last_sent is None or (verdict.last_restart_at is not None and last_sent < verdict.last_restart_at):
+        return float("-inf")
+    # Due from half a poll before the interval is up: a canary can only go out with a poll, so
+    # waiting for the full interval made every gap interval + up to one poll (4 s for 3 s on
+    # the real vLLM); with the half-poll allowance the gaps average the configured interval.
+    return last_sent + target.canary.interval - poll_interval / 2
+
+
 def follow_ups(verdict: Verdict, observation: Observation, now: float, target: TargetSettings, poll_interval: float, *,
                pause_route: bool, last_canary_sent: float | None, canary_in_flight: bool) -> tuple[bool, bool]:
     """After a read's verdict: whether to ask the engine's pause route (where it has one and no ask is
     out), and whether to send a canary."""
-    ask_pause = pause_route and pause_ask_due(verdict, now, target, poll_interval)
-    return ask_pause, canary_due(verdict, observation, last_canary_sent, now, target, poll_interval=poll_interval,
-                                 in_flight=canary_in_flight)
+    send = canary_due(verdict, observation, last_canary_sent, now, target, poll_interval=poll_interval,
+                      in_flight=canary_in_flight)
+    # A canary may go with the next read (none goes now, none is out, and the next read may judge
+    # idle): the pause route is asked first, for that read (pause_ask_due).
+    canary_soon = (not send and not canary_in_flight and target.sends_canary
+                   and verdict.state in ("idle", "unresponsive", "busy")
+                   and now + poll_interval >= canary_next_due(verdict, last_canary_sent, target, poll_interval))
+    ask_pause = pause_route and pause_ask_due(verdict, now, target, poll_interval, canary_soon=canary_soon)
+    return ask_pause, send
