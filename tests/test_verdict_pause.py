@@ -189,8 +189,8 @@ def test_the_pause_route_is_asked_a_poll_before_a_canary_may_go(state: str, pend
 
 def test_a_vllm_paused_while_its_page_reads_nothing_pending_gets_no_canary() -> None:
     # A real run (CI, vLLM 0.32 on CPU): /pause?mode=keep landed as the six clients' requests ended and
-    # the next six went in; the page read 0 running, 0 waiting for 11 s (vLLM publishes its counts
-    # only with a step's outputs) while they sat kept in the paused engine. The route, asked a poll
+    # the next six went in; the page read 0 running, 0 waiting for 11 s (a paused vLLM takes no step,
+    # so its page keeps its last step's counts) while they sat kept in the paused engine. The route, asked a poll
     # before each canary, says paused: no canary goes to queue behind the pause, and nothing restarts.
     settings = target("vllm", canary={"enabled": True, "interval": 30})
     snap = observe("vllm", VLLM_IDLE)

@@ -129,8 +129,8 @@ def test_pause_keep_under_load_is_paused_never_restartable_pages_past_pause_budg
     }
     assert held_until - t_pause >= 3 * settings.stuck_after, drill.facts
     # Idle only where the engine's own page read nothing pending: a pause that lands as the clients'
-    # requests end and the next go in reads 0 running, 0 waiting (vLLM publishes its counts only with
-    # a step's outputs; CI once read it for 11 s). The route is asked a poll before each canary, so
+    # requests end and the next go in reads 0 running, 0 waiting (a paused vLLM takes no step, so its
+    # page keeps its last step's counts; CI once read it for 11 s). The route is asked a poll before each canary, so
     # at most the one canary whose ask went out just before the pause can go.
     idle_reads = [s for s in held if s.state == "idle"]
     assert set(drill.facts["states_while_paused"]) <= {"busy", "paused", "idle"}, drill.timeline

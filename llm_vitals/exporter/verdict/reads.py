@@ -108,9 +108,10 @@ def pause_ask_due(verdict: Verdict, now: float, target: TargetSettings, poll_int
     already is; when an idle-looking server's canary failed (a paused vLLM queues it); or while the
     verdict rests on the route's word (`paused`, reason `paused`), so a pause stays a pause until
     the engine says it ended; and, with nothing pending, when a canary may go with the next read
-    (`canary_soon`): a paused vLLM's page can read 0 running, 0 waiting while requests sit kept in
-    it (it publishes its counts only with a step's outputs, and a paused engine takes no step), so
-    the engine's word comes before the canary, which would only queue behind the pause. The
+    (`canary_soon`): a paused vLLM takes no step, so its page keeps its last step's counts (0
+    running, 0 waiting where the pause landed between requests, the next ones kept in it: its
+    scheduler counts nothing unfinished under PAUSED_ALL), so the engine's word comes before the
+    canary, which would only queue behind the pause. The
     poller asks only engines whose table entry has a pause route.
     """
     if verdict.state == "paused" and verdict.reason == "paused":
