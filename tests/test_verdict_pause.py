@@ -187,6 +187,21 @@ def test_the_pause_route_is_asked_a_poll_before_a_canary_may_go(state: str, pend
                       canary_in_flight=in_flight) == (False, send)
 
 
+def test_sglang_s_ready_is_not_asked_before_a_canary() -> None:
+    # SGLang 0.5.23's /ready is 503 while paused and also after a /health_generate timed out, until one
+    # succeeds: its real tier, after the hang drill, read an idle server `paused` for good, canaries stopped.
+    settings = target("sglang", canary={"enabled": True, "interval": 30})
+    snap = observe("sglang", SGLANG_IDLE)
+    assert isinstance(snap, PageReading)
+    verdict = replace(judge(None, snap, 0, settings), state="idle", reason="idle", up=True)
+    assert follow_ups(verdict, snap, 25.0, settings, POLL, pause_route=True, last_canary_sent=0.0,
+                      canary_in_flight=False) == (False, False)
+    # The rules before it stay: asked once an idle-looking SGLang's canary failed.
+    failed = replace(verdict, canary_failures=1)
+    assert follow_ups(failed, snap, 25.0, settings, POLL, pause_route=True, last_canary_sent=0.0,
+                      canary_in_flight=False) == (True, False)
+
+
 def test_a_vllm_paused_while_its_page_reads_nothing_pending_gets_no_canary() -> None:
     # A real run (CI, vLLM 0.32 on CPU): /pause?mode=keep landed as the six clients' requests ended and
     # the next six went in; the page read 0 running, 0 waiting for 11 s (a paused vLLM takes no step,

@@ -304,6 +304,11 @@ class Engine:
     # when the next read could be stuck, or an idle-looking server's canary failed (verdict.pause_ask_due).
     pause_path: str | None = None
     pause_answer: Callable[[int, bytes], bool | None] | None = None
+    # The pause route says the pause alone, so it is asked a poll before each idle canary too (vLLM's
+    # /is_paused: a paused vLLM's page can read nothing pending). Not SGLang's /ready: 0.5.23 answers
+    # 503 as well after a /health_generate timed out, until one succeeds, and an idle SGLang so
+    # marked would read `paused` and get no canary (its real tier, after the hang drill).
+    pause_before_canary: bool = False
     # A response header of /metrics whose value is an opaque restart token (compared for inequality).
     restart_header: str | None = None
     # Seconds the server keeps an idle connection open, where each connection holds one thread of a

@@ -218,4 +218,5 @@ ENGINE = Engine(
     health_paths=("/health",),
     pause_path=PAUSE_PATH,
     pause_answer=pause_answer,
+    pause_before_canary=True,
 )

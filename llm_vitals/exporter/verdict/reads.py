@@ -111,8 +111,8 @@ def pause_ask_due(verdict: Verdict, now: float, target: TargetSettings, poll_int
     (`canary_soon`): a paused vLLM takes no step, so its page keeps its last step's counts (0
     running, 0 waiting where the pause landed between requests, the next ones kept in it: its
     scheduler counts nothing unfinished under PAUSED_ALL), so the engine's word comes before the
-    canary, which would only queue behind the pause. The
-    poller asks only engines whose table entry has a pause route.
+    canary, which would only queue behind the pause (only where the route says the pause alone: the
+    engine table's `pause_before_canary`). The poller asks only engines whose table entry has a pause route.
     """
     if verdict.state == "paused" and verdict.reason == "paused":
         return True
@@ -174,8 +174,9 @@ def follow_ups(verdict: Verdict, observation: Observation, now: float, target: T
     send = canary_due(verdict, observation, last_canary_sent, now, target, poll_interval=poll_interval,
                       in_flight=canary_in_flight)
     # A canary may go with the next read (none goes now, none is out, and the next read may judge
-    # idle): the pause route is asked first, for that read (pause_ask_due).
+    # idle): the pause route is asked first, for that read (pause_ask_due), where it says the pause alone.
     canary_soon = (not send and not canary_in_flight and target.sends_canary
+                   and engine_of(target.engine).pause_before_canary
                    and verdict.state in ("idle", "unresponsive", "busy")
                    and now + poll_interval >= canary_next_due(verdict, last_canary_sent, target, poll_interval))
     ask_pause = pause_route and pause_ask_due(verdict, now, target, poll_interval, canary_soon=canary_soon)
