@@ -23,6 +23,7 @@ its workload's other replicas (same model, same settings) can.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -158,6 +159,17 @@ def judge_unit(own: Measure, peers: Iterable[Measure], rules: PaceRules) -> Unit
     return "judged", mine / median, count, "", mine, median
 
 
+@functools.lru_cache(maxsize=1024)
+def _not_judged(basis: Basis, peers: int, note: str) -> Pace:
+    """The judgement of a replica not judged, one shared (immutable) Pace per outcome.
+
+    A replica without peers (a workload of one) reads the same at each of its pace reads: the
+    judgement it already holds comes back, which the poller keeps without comparing it field by
+    field (TargetRecord.set_pace), and no new Pace is made (a third of such a read's pace work).
+    """
+    return Pace(basis=basis, peers=peers, note=note)
+
+
 def judge_pace(units: Sequence[tuple[str, Measure, Sequence[Measure]]], previous: Pace, now: float, rules: PaceRules,
                ) -> Pace:
     """A target's pace judgement now: each of its units against its peers, the slowest counting.
@@ -177,7 +189,7 @@ def judge_pace(units: Sequence[tuple[str, Measure, Sequence[Measure]]], previous
             # evidence either way. Longer, it is idle or hung, and not judged.
             return Pace(basis=basis, peers=count, note=note, degraded=previous.degraded,
                         slow_since=previous.slow_since, since=previous.since, slow_at=previous.slow_at)
-        return Pace(basis=basis, peers=count, note=note)
+        return _not_judged(basis, count, note)
     name, (basis, ratio, count, note, own, median) = max(with_ratio, key=lambda unit: unit[1][1] or 0.0)
     assert ratio is not None
     if ratio < rules.ratio:
