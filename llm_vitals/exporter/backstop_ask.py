@@ -22,6 +22,7 @@ from llm_vitals.backstop_word import BackstopWord, word_in
 from llm_vitals.exporter.clock import Clock
 from llm_vitals.exporter.settings import BackstopSettings
 from llm_vitals.exporter.state import StateStore
+from llm_vitals.http_body import read_upto
 from llm_vitals.logs import log_event
 
 log = logging.getLogger("llm_vitals.exporter")
@@ -41,7 +42,7 @@ async def ask(session: aiohttp.ClientSession, base_url: str, token: SecretStr | 
             if response.status != 200:
                 why = f"the remediator answered HTTP {response.status}"
                 return dict.fromkeys(workloads, why)
-            body = await response.content.read(BODY_LIMIT + 1)
+            body = await read_upto(response, BODY_LIMIT + 1)
     except (TimeoutError, aiohttp.ClientError):
         return None
     if len(body) > BODY_LIMIT:

@@ -18,6 +18,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import aiohttp
 
+from llm_vitals.http_body import read_upto
 from llm_vitals.kube.client import KubeClient
 from llm_vitals.kube.errors import ApiError, KubeConfigError, KubeTimeout, KubeUnavailable
 from llm_vitals.kube.evictions import PodAction, PodRef, PodRemover, Sweep
@@ -125,7 +126,7 @@ _BODY_LIMIT = 64 * 1024
 async def _answer(request: Any) -> tuple[int, bytes]:
     """The status and the start of the body of an aiohttp request (`session.get(...)`), its connection released."""
     async with request as response:
-        return response.status, await response.content.read(_BODY_LIMIT)
+        return response.status, await read_upto(response, _BODY_LIMIT)
 
 
 class HttpExecutor:
