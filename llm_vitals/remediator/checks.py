@@ -9,12 +9,12 @@ holds nothing there. So the word and the decision cannot drift: the first check 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain
 
-from .ladder import LADDER, Step, ladder_step, node_suspect, page_detail, paged
+from .ladder import LADDER, Step, ladder_step, node_suspect, page_detail
 from .model import FleetView, GateState, TargetStatus
 from .policy import GatePolicy
 from .reasons import Reason
@@ -68,6 +68,16 @@ class Check:
 
     reason: Reason
     held: Callable[[Subject], Held | None]
+
+
+def first_refusal(table: Iterable[Check], subject: Subject) -> tuple[Check, Held] | None:
+    """The first check of `table` that holds `subject`, with why; None when none does. The one walk of
+    the table: `gate.decide` asks it about an alert, the backstop's word (gate_word.py) about a workload."""
+    for check in table:
+        held = check.held(subject)
+        if held is not None:
+            return check, held
+    return None
 
 
 def _paused(s: Subject) -> Held | None:
@@ -218,6 +228,11 @@ CHECKS: tuple[Check, ...] = (
     Check("fleet_gate", _fleet_gate),
     Check("storm_cooldown", _storm_cooldown),
 )
+
+
+def paged(journal: GateState, workload: str) -> bool:
+    """The workload was paged and no human has released it (a `page` ladder step of an older state counts)."""
+    return workload in journal.pages or (journal.ladder.get(workload) or ("",))[0] == "page"
 
 
 def paused(journal: GateState, now: float) -> bool:

@@ -44,12 +44,14 @@ from .checks import (
     backoff_left,
     backoff_streak,
     cordoned_count,
+    first_refusal,
     in_progress,
+    paged,
     paused,
     restarting,
     restarts_in_window,
 )
-from .ladder import LADDER, Step, ladder_step, node_suspect, paged
+from .ladder import LADDER, Step, ladder_step, node_suspect
 from .model import AlertFacts, FleetView, GateState, HeldAlert, TargetStatus, dedupe_key, workload_of
 from .plan import Action, Group, Plan, group_of, plan_of, taint_value
 from .policy import DEFAULT_POD_TIMEOUT, GatePolicy, TemplateMatch, template_index
@@ -96,6 +98,7 @@ __all__ = [
     "decide",
     "dedupe_key",
     "effects_of",
+    "first_refusal",
     "fleet_storm",
     "group_of",
     "in_progress",
@@ -214,14 +217,8 @@ def held_back(subject: Subject) -> Decision | None:
     """Steps 5-9b: the table of checks (CHECKS), in order; the first that holds refuses. The backstop's
     word (gate_word.py) walks the same table. A degraded replica is no hang to hold: without evidence
     against its node it is refused before the table."""
-    unmoved = UNMOVED.held(subject)
-    if unmoved is not None:
-        return Decision(False, UNMOVED.reason, unmoved.detail)
-    for check in CHECKS:
-        held = check.held(subject)
-        if held is not None:
-            return Decision(False, check.reason, held.detail)
-    return None
+    refusal = first_refusal((UNMOVED, *CHECKS), subject)
+    return None if refusal is None else Decision(False, refusal[0].reason, refusal[1].detail)
 
 
 def allow(target: str, subject: Subject) -> Decision:

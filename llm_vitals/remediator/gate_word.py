@@ -31,7 +31,7 @@ same word, and a restarted replica the word it answered before.
 from __future__ import annotations
 
 from llm_vitals.backstop_word import BackstopWord, act, hold
-from llm_vitals.remediator.checks import CHECKS, Subject
+from llm_vitals.remediator.checks import CHECKS, Subject, first_refusal
 from llm_vitals.remediator.model import GateState, TargetStatus
 from llm_vitals.remediator.policy import GatePolicy
 from llm_vitals.remediator.reasons import HOLDING
@@ -77,11 +77,10 @@ def word_for(workload: str, journal: GateState, policy: GatePolicy, now: float, 
     if lost:
         return hold(workload, "state_lost", None, "the remediator's shared state is lost: nothing restarts until a"
                                                   " human re-initialises it")
-    subject = Subject(journal, policy, workload, now)
-    for check in CHECKS:
-        held = check.held(subject)
-        if held is not None:
-            return hold(workload, check.reason, held.since, held.detail)
+    refusal = first_refusal(CHECKS, Subject(journal, policy, workload, now))
+    if refusal is not None:
+        check, held = refusal
+        return hold(workload, check.reason, held.since, held.detail)
     entries = sorted((h.since, t, h) for t, h in journal.held.items()
                      if h.workload == workload and 0 <= now - h.at < HELD_STALE)
     if entries:
