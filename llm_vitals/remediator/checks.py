@@ -61,6 +61,23 @@ class Subject:
                                                                     node, self.fleet)
         return climbed if LADDER.index(climbed) > LADDER.index(step) else step
 
+    # What the checks count, worked out once a subject: a decision's effects (gate.effects_of) read the
+    # same storm, restarts and streak its checks did, never counted again.
+    @cached_property
+    def storm(self) -> str | None:
+        """Why the fleet is in a storm (storm.py), or None; None without a fleet (the word)."""
+        return fleet_storm(self.fleet, self.policy) if self.fleet is not None else None
+
+    @cached_property
+    def used(self) -> int:
+        """The workload's restarts within the budget window now."""
+        return restarts_in_window(self.journal, self.policy, self.workload, self.now)
+
+    @cached_property
+    def streak(self) -> int:
+        """The restarts in the workload's backoff streak now."""
+        return backoff_streak(self.journal, self.policy, self.workload, self.now)
+
 
 @dataclass(frozen=True)
 class Check:
@@ -173,7 +190,7 @@ def _circuit_open(s: Subject) -> Held | None:
     since = times[-1] if times else None
     if s.workload in s.journal.open_circuits:
         return Held(since, f"restart budget exhausted for {s.workload}; POST /api/v1/circuit/reset")
-    used = restarts_in_window(s.journal, s.policy, s.workload, s.now)
+    used = s.used
     if used >= s.policy.max_restarts:
         return Held(since, f"{used} restarts of {s.workload} within the budget window")
     return None
@@ -181,10 +198,10 @@ def _circuit_open(s: Subject) -> Held | None:
 
 def _backoff(s: Subject) -> Held | None:
     """Each restart of a streak makes the next wait longer (a loop slower than the window is still a loop)."""
-    wait = backoff_left(s.journal, s.policy, s.workload, s.now)
+    streak = s.streak
+    wait = backoff_left(s.journal, s.policy, s.workload, s.now, streak)
     if wait <= 0:
         return None
-    streak = backoff_streak(s.journal, s.policy, s.workload, s.now)
     return Held(s.journal.backoff[s.workload][1], f"{streak} restarts of {s.workload} in a row (none quiet for"
                                                   f" {s.policy.backoff_reset:.0f}s): {wait:.0f}s of backoff left")
 
@@ -193,8 +210,7 @@ def _fleet_gate(s: Subject) -> Held | None:
     """A mass failure points elsewhere (network, storage, the exporter). The word has no fleet: it holds
     for STORM_HOLD after the storm the state saw (the storm cooldown, where it runs, holds as itself)."""
     if s.fleet is not None:
-        storm = fleet_storm(s.fleet, s.policy)
-        return None if storm is None else Held(s.now, storm)
+        return None if s.storm is None else Held(s.now, s.storm)
     seen = s.journal.storm_seen_at
     if s.status is None and seen is not None and 0 <= s.now - seen < STORM_HOLD and _storm_cooldown(s) is None:
         return Held(seen, "the fleet was in a storm: no restart anywhere until it has passed")
@@ -280,9 +296,10 @@ def backoff_streak(journal: GateState, policy: GatePolicy, workload: str, now: f
     return entry[0]
 
 
-def backoff_left(journal: GateState, policy: GatePolicy, workload: str, now: float) -> float:
-    """Seconds until the workload's backoff lets its next restart start (0: now)."""
-    streak = backoff_streak(journal, policy, workload, now)
+def backoff_left(journal: GateState, policy: GatePolicy, workload: str, now: float, streak: int | None = None) -> float:
+    """Seconds until the workload's backoff lets its next restart start (0: now); `streak`: `backoff_streak`'s
+    answer, when known."""
+    streak = backoff_streak(journal, policy, workload, now) if streak is None else streak
     if streak == 0:
         return 0.0
     return max(0.0, journal.backoff[workload][1] + backoff_delay(policy, streak) - now)

@@ -96,6 +96,7 @@ __all__ = [
     "backoff_streak",
     "cordoned_count",
     "decide",
+    "decide_with_subject",
     "dedupe_key",
     "effects_of",
     "first_refusal",
@@ -164,22 +165,29 @@ def decide(
 ) -> Decision:
     """The whole gate, steps 1-10. `fleet` is None when the exporter could not be reached, and
     `journal` None when the shared state (the Kubernetes Lease) could not be read."""
+    return decide_with_subject(alert, fleet, journal, policy, now)[0]
+
+
+def decide_with_subject(alert: AlertFacts, fleet: FleetView | None, journal: GateState | None, policy: GatePolicy,
+                        now: float) -> tuple[Decision, Subject | None]:
+    """`decide`'s decision, and the subject its checks read (None when it was refused before them): what
+    they worked out (the storm, the restarts counted) is carried to its effects, never worked out again."""
     refused = precheck(alert, journal or GateState(), policy, now)
     if refused is not None:
-        return refused
+        return refused, None
     if journal is None:
-        return Decision(False, "state_unreachable", "cannot read the shared state; nothing is restarted")
+        return Decision(False, "state_unreachable", "cannot read the shared state; nothing is restarted"), None
     if fleet is None:
-        return Decision(False, "exporter_unreachable", "cannot re-check: the exporter did not answer")
+        return Decision(False, "exporter_unreachable", "cannot re-check: the exporter did not answer"), None
     target = alert.target
     assert target is not None
     status = recheck(alert, target, fleet, policy)
     if isinstance(status, Decision):
-        return status
+        return status, None
     degraded = alert.alertname == DEGRADED_ALERT  # only ever a move (5a), never a restart
     subject = Subject(journal, policy, workload_of(target, status), now, status, fleet, degraded)
     refused = held_back(subject)
-    return refused if refused is not None else allow(target, subject)
+    return (refused if refused is not None else allow(target, subject)), subject
 
 
 def recheck(alert: AlertFacts, target: str, fleet: FleetView, policy: GatePolicy) -> TargetStatus | Decision:
@@ -304,30 +312,33 @@ def ruling(alert: AlertFacts, fleet: FleetView | None, journal: GateState, polic
            now: float) -> tuple[Decision, Effects]:
     """The decision on an alert and the state change it implies: the one question an alert's commit asks
     the gate (remediator/state.py, and the backtest's replay of the gate)."""
-    decision = decide(alert, fleet, journal, policy, now)
-    return decision, effects_of(decision, alert, fleet, journal, policy, now)
+    decision, subject = decide_with_subject(alert, fleet, journal, policy, now)
+    return decision, effects_of(decision, alert, fleet, journal, policy, now, subject)
 
 
 def effects_of(
-    decision: Decision, alert: AlertFacts, fleet: FleetView | None, journal: GateState, policy: GatePolicy, now: float
+    decision: Decision, alert: AlertFacts, fleet: FleetView | None, journal: GateState, policy: GatePolicy, now: float,
+    subject: Subject | None = None,
 ) -> Effects:
-    """The state change a decision implies (pure): what the caller must commit before acting."""
+    """The state change a decision implies (pure): what the caller must commit before acting. `subject`:
+    the one the decision's checks read (`ruling`), with what they counted; else one is made here."""
     target = alert.target or ""
-    status = fleet.targets.get(target) if fleet is not None else None
-    workload = workload_of(target, status)
+    if subject is None:
+        status = fleet.targets.get(target) if fleet is not None else None
+        subject = Subject(journal, policy, workload_of(target, status), now, status, fleet)
+    status, workload = subject.status, subject.workload
     storm_at = None
     # The storm is recorded whatever the storm cooldown: every replica's backstop word holds the fleet after it.
-    if (fleet is not None and decision.reason not in _BEFORE_FLEET
-            and fleet_storm(fleet, policy) is not None
+    if (decision.reason not in _BEFORE_FLEET and subject.storm is not None
             and (journal.storm_seen_at is None or now - journal.storm_seen_at >= STORM_RECORD_GRANULARITY)):
         storm_at = now
     if decision.allowed:
-        used = restarts_in_window(journal, policy, workload, now)
+        used = subject.used
         step = node = None
         if policy.escalate_within is not None:
             step = "cordon_and_move" if decision.reason == "cordon_and_move" else "restart"
             node = status.node if status is not None else None
-        backoff = (backoff_streak(journal, policy, workload, now) + 1, now) if policy.backoff_initial > 0 else None
+        backoff = (subject.streak + 1, now) if policy.backoff_initial > 0 else None
         return Effects(intent=True, open_circuit=used + 1 >= policy.max_restarts, storm_seen_at=storm_at,
                        workload=workload, step=step, node=node, backoff=backoff, unhold=target in journal.held)
     opens = decision.reason == "circuit_open" and workload not in journal.open_circuits
