@@ -2,9 +2,11 @@
 
 Each `Check` is a reason and a predicate: given a `Subject` (the state, the policy, the workload, the
 time and, for a decision, the target's status and the fleet), it says since when and why it holds, or
-None. `gate.decide` walks `CHECKS` for an alert once the target's own checks passed; the backstop's word
-(gate_word.py) walks the same table for a workload, without a target's reading: a check that needs one
-holds nothing there. So the word and the decision cannot drift: the first check that holds wins both.
+None. `first_refusal` is the one walk of the table: `gate.decide` asks it about an alert once the target's
+own checks passed, the backstop's word (gate_word.py) about a workload, without a target's reading: a check
+that needs one holds nothing there. So the word and the decision cannot drift: the first check that holds
+wins both. What the checks count (the ladder's step, the storm, the budget, the backoff streak) the
+`Subject` keeps, so that the decision's effects (gate.effects_of) read it rather than count again.
 """
 
 from __future__ import annotations

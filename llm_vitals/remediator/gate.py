@@ -10,12 +10,13 @@ refusal wins:
 4.   `recheck`: the exporter still sees the target stuck, not restarted since the alert began;
 5-9. `held_back`: the table of checks (checks.py `CHECKS`: pages, GPU faults, the ladder, the cordon
      limit, one restart at a time, the cooldown, the budget, the backoff, the fleet gate and its
-     cooldown), the same table the backstop's word walks (gate_word.py);
+     cooldown), walked by `checks.first_refusal`, as the backstop's word walks it (gate_word.py);
 10.  `allow`: a dry run says what it would do; else the decision carries its `Plan` (plan.py): what
      to act on and how long it may take, worked out here once and carried out by acting.py.
 
 `effects_of` is the state change a decision implies, committed before acting; `ruling` gives both at
-once, the one call an alert's commit makes into the gate. The pieces live where
+once, the one call an alert's commit makes into the gate: it hands `effects_of` the subject the checks
+read (`decide_with_subject`), so that the storm, the budget and the backoff streak are counted once. The pieces live where
 their job is: the reasons (reasons.py), the policy (policy.py), the data (model.py), the fleet's
 storm (storm.py), the ladder (ladder.py). This module names them all, so callers import the gate.
 
@@ -222,8 +223,8 @@ def recheck(alert: AlertFacts, target: str, fleet: FleetView, policy: GatePolicy
 
 
 def held_back(subject: Subject) -> Decision | None:
-    """Steps 5-9b: the table of checks (CHECKS), in order; the first that holds refuses. The backstop's
-    word (gate_word.py) walks the same table. A degraded replica is no hang to hold: without evidence
+    """Steps 5-9b: the table of checks (CHECKS), in order (`checks.first_refusal`); the first that holds
+    refuses. The backstop's word (gate_word.py) walks the same table. A degraded replica is no hang to hold: without evidence
     against its node it is refused before the table."""
     refusal = first_refusal((UNMOVED, *CHECKS), subject)
     return None if refusal is None else Decision(False, refusal[0].reason, refusal[1].detail)
