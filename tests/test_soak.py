@@ -74,17 +74,25 @@ def test_the_short_soak_meets_every_incident_and_is_deterministic(reports):
 
 def decide_with(monkeypatch, change):
     """Monkeypatch the gate: `change(decision, alert, fleet, state)` may replace each decision; a
-    replacement `allow(...)` makes is carried out as the gate's own would be."""
-    real = gate.decide
+    replacement `allow(...)` makes is carried out as the gate's own would be. The gate's decisions all
+    come from `decide_with_subject` (`decide` and `ruling` ask it), else, in an older gate, `decide`."""
+    name = "decide_with_subject" if hasattr(gate, "decide_with_subject") else "decide"
+    real = getattr(gate, name)
 
-    def decide(alert, fleet, journal, policy, now, *args, **kwargs):
-        decision = real(alert, fleet, journal, policy, now, *args, **kwargs)
+    def replaced_by(decision, alert, fleet, journal, policy):
         replaced = change(decision, alert, fleet, journal)
         if isinstance(replaced, Allow):
             return replaced.decision(alert, fleet, policy)
         return replaced or decision
 
-    monkeypatch.setattr(gate, "decide", decide)
+    def decide(alert, fleet, journal, policy, now, *args, **kwargs):
+        answer = real(alert, fleet, journal, policy, now, *args, **kwargs)
+        if name == "decide":
+            return replaced_by(answer, alert, fleet, journal, policy)
+        decision, subject = answer  # the subject's counts stay true whatever the decision becomes
+        return replaced_by(decision, alert, fleet, journal, policy), subject
+
+    monkeypatch.setattr(gate, name, decide)
 
 
 class Allow:

@@ -2,19 +2,21 @@
 
 Each `Check` is a reason and a predicate: given a `Subject` (the state, the policy, the workload, the
 time and, for a decision, the target's status and the fleet), it says since when and why it holds, or
-None. `gate.decide` walks `CHECKS` for an alert once the target's own checks passed; the backstop's word
-(gate_word.py) walks the same table for a workload, without a target's reading: a check that needs one
-holds nothing there. So the word and the decision cannot drift: the first check that holds wins both.
+None. `first_refusal` is the one walk of the table: `gate.decide` asks it about an alert once the target's
+own checks passed, the backstop's word (gate_word.py) about a workload, without a target's reading: a check
+that needs one holds nothing there. So the word and the decision cannot drift: the first check that holds
+wins both. What the checks count (the ladder's step, the storm, the budget, the backoff streak) the
+`Subject` keeps, so that the decision's effects (gate.effects_of) read it rather than count again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain
 
-from .ladder import LADDER, Step, ladder_step, node_suspect, page_detail, paged
+from .ladder import LADDER, Step, ladder_step, node_suspect, page_detail
 from .model import FleetView, GateState, TargetStatus
 from .policy import GatePolicy
 from .reasons import Reason
@@ -61,6 +63,23 @@ class Subject:
                                                                     node, self.fleet)
         return climbed if LADDER.index(climbed) > LADDER.index(step) else step
 
+    # What the checks count, worked out once a subject: a decision's effects (gate.effects_of) read the
+    # same storm, restarts and streak its checks did, never counted again.
+    @cached_property
+    def storm(self) -> str | None:
+        """Why the fleet is in a storm (storm.py), or None; None without a fleet (the word)."""
+        return fleet_storm(self.fleet, self.policy) if self.fleet is not None else None
+
+    @cached_property
+    def used(self) -> int:
+        """The workload's restarts within the budget window now."""
+        return restarts_in_window(self.journal, self.policy, self.workload, self.now)
+
+    @cached_property
+    def streak(self) -> int:
+        """The restarts in the workload's backoff streak now."""
+        return backoff_streak(self.journal, self.policy, self.workload, self.now)
+
 
 @dataclass(frozen=True)
 class Check:
@@ -68,6 +87,16 @@ class Check:
 
     reason: Reason
     held: Callable[[Subject], Held | None]
+
+
+def first_refusal(table: Iterable[Check], subject: Subject) -> tuple[Check, Held] | None:
+    """The first check of `table` that holds `subject`, with why; None when none does. The one walk of
+    the table: `gate.decide` asks it about an alert, the backstop's word (gate_word.py) about a workload."""
+    for check in table:
+        held = check.held(subject)
+        if held is not None:
+            return check, held
+    return None
 
 
 def _paused(s: Subject) -> Held | None:
@@ -163,7 +192,7 @@ def _circuit_open(s: Subject) -> Held | None:
     since = times[-1] if times else None
     if s.workload in s.journal.open_circuits:
         return Held(since, f"restart budget exhausted for {s.workload}; POST /api/v1/circuit/reset")
-    used = restarts_in_window(s.journal, s.policy, s.workload, s.now)
+    used = s.used
     if used >= s.policy.max_restarts:
         return Held(since, f"{used} restarts of {s.workload} within the budget window")
     return None
@@ -171,10 +200,10 @@ def _circuit_open(s: Subject) -> Held | None:
 
 def _backoff(s: Subject) -> Held | None:
     """Each restart of a streak makes the next wait longer (a loop slower than the window is still a loop)."""
-    wait = backoff_left(s.journal, s.policy, s.workload, s.now)
+    streak = s.streak
+    wait = backoff_left(s.journal, s.policy, s.workload, s.now, streak)
     if wait <= 0:
         return None
-    streak = backoff_streak(s.journal, s.policy, s.workload, s.now)
     return Held(s.journal.backoff[s.workload][1], f"{streak} restarts of {s.workload} in a row (none quiet for"
                                                   f" {s.policy.backoff_reset:.0f}s): {wait:.0f}s of backoff left")
 
@@ -183,8 +212,7 @@ def _fleet_gate(s: Subject) -> Held | None:
     """A mass failure points elsewhere (network, storage, the exporter). The word has no fleet: it holds
     for STORM_HOLD after the storm the state saw (the storm cooldown, where it runs, holds as itself)."""
     if s.fleet is not None:
-        storm = fleet_storm(s.fleet, s.policy)
-        return None if storm is None else Held(s.now, storm)
+        return None if s.storm is None else Held(s.now, s.storm)
     seen = s.journal.storm_seen_at
     if s.status is None and seen is not None and 0 <= s.now - seen < STORM_HOLD and _storm_cooldown(s) is None:
         return Held(seen, "the fleet was in a storm: no restart anywhere until it has passed")
@@ -218,6 +246,11 @@ CHECKS: tuple[Check, ...] = (
     Check("fleet_gate", _fleet_gate),
     Check("storm_cooldown", _storm_cooldown),
 )
+
+
+def paged(journal: GateState, workload: str) -> bool:
+    """The workload was paged and no human has released it (a `page` ladder step of an older state counts)."""
+    return workload in journal.pages or (journal.ladder.get(workload) or ("",))[0] == "page"
 
 
 def paused(journal: GateState, now: float) -> bool:
@@ -265,9 +298,10 @@ def backoff_streak(journal: GateState, policy: GatePolicy, workload: str, now: f
     return entry[0]
 
 
-def backoff_left(journal: GateState, policy: GatePolicy, workload: str, now: float) -> float:
-    """Seconds until the workload's backoff lets its next restart start (0: now)."""
-    streak = backoff_streak(journal, policy, workload, now)
+def backoff_left(journal: GateState, policy: GatePolicy, workload: str, now: float, streak: int | None = None) -> float:
+    """Seconds until the workload's backoff lets its next restart start (0: now); `streak`: `backoff_streak`'s
+    answer, when known."""
+    streak = backoff_streak(journal, policy, workload, now) if streak is None else streak
     if streak == 0:
         return 0.0
     return max(0.0, journal.backoff[workload][1] + backoff_delay(policy, streak) - now)

@@ -10,12 +10,13 @@ refusal wins:
 4.   `recheck`: the exporter still sees the target stuck, not restarted since the alert began;
 5-9. `held_back`: the table of checks (checks.py `CHECKS`: pages, GPU faults, the ladder, the cordon
      limit, one restart at a time, the cooldown, the budget, the backoff, the fleet gate and its
-     cooldown), the same table the backstop's word walks (gate_word.py);
+     cooldown), walked by `checks.first_refusal`, as the backstop's word walks it (gate_word.py);
 10.  `allow`: a dry run says what it would do; else the decision carries its `Plan` (plan.py): what
      to act on and how long it may take, worked out here once and carried out by acting.py.
 
 `effects_of` is the state change a decision implies, committed before acting; `ruling` gives both at
-once, the one call an alert's commit makes into the gate. The pieces live where
+once, the one call an alert's commit makes into the gate: it hands `effects_of` the subject the checks
+read (`decide_with_subject`), so that the storm, the budget and the backoff streak are counted once. The pieces live where
 their job is: the reasons (reasons.py), the policy (policy.py), the data (model.py), the fleet's
 storm (storm.py), the ladder (ladder.py). This module names them all, so callers import the gate.
 
@@ -44,12 +45,14 @@ from .checks import (
     backoff_left,
     backoff_streak,
     cordoned_count,
+    first_refusal,
     in_progress,
+    paged,
     paused,
     restarting,
     restarts_in_window,
 )
-from .ladder import LADDER, Step, ladder_step, node_suspect, paged
+from .ladder import LADDER, Step, ladder_step, node_suspect
 from .model import AlertFacts, FleetView, GateState, HeldAlert, TargetStatus, dedupe_key, workload_of
 from .plan import Action, Group, Plan, group_of, plan_of, taint_value
 from .policy import DEFAULT_POD_TIMEOUT, GatePolicy, TemplateMatch, template_index
@@ -94,8 +97,10 @@ __all__ = [
     "backoff_streak",
     "cordoned_count",
     "decide",
+    "decide_with_subject",
     "dedupe_key",
     "effects_of",
+    "first_refusal",
     "fleet_storm",
     "group_of",
     "in_progress",
@@ -161,22 +166,29 @@ def decide(
 ) -> Decision:
     """The whole gate, steps 1-10. `fleet` is None when the exporter could not be reached, and
     `journal` None when the shared state (the Kubernetes Lease) could not be read."""
+    return decide_with_subject(alert, fleet, journal, policy, now)[0]
+
+
+def decide_with_subject(alert: AlertFacts, fleet: FleetView | None, journal: GateState | None, policy: GatePolicy,
+                        now: float) -> tuple[Decision, Subject | None]:
+    """`decide`'s decision, and the subject its checks read (None when it was refused before them): what
+    they worked out (the storm, the restarts counted) is carried to its effects, never worked out again."""
     refused = precheck(alert, journal or GateState(), policy, now)
     if refused is not None:
-        return refused
+        return refused, None
     if journal is None:
-        return Decision(False, "state_unreachable", "cannot read the shared state; nothing is restarted")
+        return Decision(False, "state_unreachable", "cannot read the shared state; nothing is restarted"), None
     if fleet is None:
-        return Decision(False, "exporter_unreachable", "cannot re-check: the exporter did not answer")
+        return Decision(False, "exporter_unreachable", "cannot re-check: the exporter did not answer"), None
     target = alert.target
     assert target is not None
     status = recheck(alert, target, fleet, policy)
     if isinstance(status, Decision):
-        return status
+        return status, None
     degraded = alert.alertname == DEGRADED_ALERT  # only ever a move (5a), never a restart
     subject = Subject(journal, policy, workload_of(target, status), now, status, fleet, degraded)
     refused = held_back(subject)
-    return refused if refused is not None else allow(target, subject)
+    return (refused if refused is not None else allow(target, subject)), subject
 
 
 def recheck(alert: AlertFacts, target: str, fleet: FleetView, policy: GatePolicy) -> TargetStatus | Decision:
@@ -211,17 +223,11 @@ def recheck(alert: AlertFacts, target: str, fleet: FleetView, policy: GatePolicy
 
 
 def held_back(subject: Subject) -> Decision | None:
-    """Steps 5-9b: the table of checks (CHECKS), in order; the first that holds refuses. The backstop's
-    word (gate_word.py) walks the same table. A degraded replica is no hang to hold: without evidence
+    """Steps 5-9b: the table of checks (CHECKS), in order (`checks.first_refusal`); the first that holds
+    refuses. The backstop's word (gate_word.py) walks the same table. A degraded replica is no hang to hold: without evidence
     against its node it is refused before the table."""
-    unmoved = UNMOVED.held(subject)
-    if unmoved is not None:
-        return Decision(False, UNMOVED.reason, unmoved.detail)
-    for check in CHECKS:
-        held = check.held(subject)
-        if held is not None:
-            return Decision(False, check.reason, held.detail)
-    return None
+    refusal = first_refusal((UNMOVED, *CHECKS), subject)
+    return None if refusal is None else Decision(False, refusal[0].reason, refusal[1].detail)
 
 
 def allow(target: str, subject: Subject) -> Decision:
@@ -307,30 +313,33 @@ def ruling(alert: AlertFacts, fleet: FleetView | None, journal: GateState, polic
            now: float) -> tuple[Decision, Effects]:
     """The decision on an alert and the state change it implies: the one question an alert's commit asks
     the gate (remediator/state.py, and the backtest's replay of the gate)."""
-    decision = decide(alert, fleet, journal, policy, now)
-    return decision, effects_of(decision, alert, fleet, journal, policy, now)
+    decision, subject = decide_with_subject(alert, fleet, journal, policy, now)
+    return decision, effects_of(decision, alert, fleet, journal, policy, now, subject)
 
 
 def effects_of(
-    decision: Decision, alert: AlertFacts, fleet: FleetView | None, journal: GateState, policy: GatePolicy, now: float
+    decision: Decision, alert: AlertFacts, fleet: FleetView | None, journal: GateState, policy: GatePolicy, now: float,
+    subject: Subject | None = None,
 ) -> Effects:
-    """The state change a decision implies (pure): what the caller must commit before acting."""
+    """The state change a decision implies (pure): what the caller must commit before acting. `subject`:
+    the one the decision's checks read (`ruling`), with what they counted; else one is made here."""
     target = alert.target or ""
-    status = fleet.targets.get(target) if fleet is not None else None
-    workload = workload_of(target, status)
+    if subject is None:
+        status = fleet.targets.get(target) if fleet is not None else None
+        subject = Subject(journal, policy, workload_of(target, status), now, status, fleet)
+    status, workload = subject.status, subject.workload
     storm_at = None
     # The storm is recorded whatever the storm cooldown: every replica's backstop word holds the fleet after it.
-    if (fleet is not None and decision.reason not in _BEFORE_FLEET
-            and fleet_storm(fleet, policy) is not None
+    if (decision.reason not in _BEFORE_FLEET and subject.storm is not None
             and (journal.storm_seen_at is None or now - journal.storm_seen_at >= STORM_RECORD_GRANULARITY)):
         storm_at = now
     if decision.allowed:
-        used = restarts_in_window(journal, policy, workload, now)
+        used = subject.used
         step = node = None
         if policy.escalate_within is not None:
             step = "cordon_and_move" if decision.reason == "cordon_and_move" else "restart"
             node = status.node if status is not None else None
-        backoff = (backoff_streak(journal, policy, workload, now) + 1, now) if policy.backoff_initial > 0 else None
+        backoff = (subject.streak + 1, now) if policy.backoff_initial > 0 else None
         return Effects(intent=True, open_circuit=used + 1 >= policy.max_restarts, storm_seen_at=storm_at,
                        workload=workload, step=step, node=node, backoff=backoff, unhold=target in journal.held)
     opens = decision.reason == "circuit_open" and workload not in journal.open_circuits

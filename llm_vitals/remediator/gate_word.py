@@ -6,8 +6,8 @@ remediator (GET /api/v1/backstop, read token) for its workload's word, and while
 its liveness answers 200 however long the server is stuck (llm_vitals/exporter/backstop_rule.py). The
 word's type and its wire shape are the shared contract's (llm_vitals/backstop_word.py).
 
-The word walks the gate's own table of checks (checks.py `CHECKS`, the list `gate.decide` walks), asked about
-the workload rather than an alert, then the shared state's holds; the first that holds wins:
+The word walks the gate's own table of checks (checks.py `CHECKS`, through `checks.first_refusal` as
+`gate.decide` does), asked about the workload rather than an alert, then the shared state's holds; the first that holds wins:
 - `state_lost`: the shared state is lost, and the gate restarts nothing until a human re-initialises it;
 - each check of `CHECKS` that needs no fresh reading of a target: `paused`, `escalated_to_human`
   (paged), `restart_in_progress` (a restart of this workload; another's is the cooldown's),
@@ -31,7 +31,7 @@ same word, and a restarted replica the word it answered before.
 from __future__ import annotations
 
 from llm_vitals.backstop_word import BackstopWord, act, hold
-from llm_vitals.remediator.checks import CHECKS, Subject
+from llm_vitals.remediator.checks import CHECKS, Subject, first_refusal
 from llm_vitals.remediator.model import GateState, TargetStatus
 from llm_vitals.remediator.policy import GatePolicy
 from llm_vitals.remediator.reasons import HOLDING
@@ -77,11 +77,10 @@ def word_for(workload: str, journal: GateState, policy: GatePolicy, now: float, 
     if lost:
         return hold(workload, "state_lost", None, "the remediator's shared state is lost: nothing restarts until a"
                                                   " human re-initialises it")
-    subject = Subject(journal, policy, workload, now)
-    for check in CHECKS:
-        held = check.held(subject)
-        if held is not None:
-            return hold(workload, check.reason, held.since, held.detail)
+    refusal = first_refusal(CHECKS, Subject(journal, policy, workload, now))
+    if refusal is not None:
+        check, held = refusal
+        return hold(workload, check.reason, held.since, held.detail)
     entries = sorted((h.since, t, h) for t, h in journal.held.items()
                      if h.workload == workload and 0 <= now - h.at < HELD_STALE)
     if entries:

@@ -31,7 +31,7 @@ def ladder_step(journal: GateState, policy: GatePolicy, workload: str, now: floa
     """The ladder's next step for `workload`, whose stuck pod is on `node` now: within `escalate_within`
     of a restart, `cordon_and_move` when the hang came back on the node the restart left it on and that
     node is suspect on its own (`node_suspect`), else `page`; after a move, `page`. Outside
-    `escalate_within` (or with the ladder off): `restart`. A held page is not the ladder's to end (`paged`)."""
+    `escalate_within` (or with the ladder off): `restart`. A held page is not the ladder's to end (checks.py `paged`)."""
     last = journal.ladder.get(workload)
     if policy.escalate_within is None or last is None or now - last[1] >= policy.escalate_within:
         return "restart"
@@ -64,11 +64,6 @@ def node_suspect(journal: GateState, policy: GatePolicy, workload: str, node: st
                 and journal.ladder_nodes.get(other) == node):
             return other
     return None
-
-
-def paged(journal: GateState, workload: str) -> bool:
-    """The workload was paged and no human has released it (a `page` ladder step of an older state counts)."""
-    return workload in journal.pages or (journal.ladder.get(workload) or ("",))[0] == "page"
 
 
 def page_detail(journal: GateState, workload: str, status: TargetStatus) -> str:

@@ -244,7 +244,8 @@ class Ledger:
         assert decision.plan is not None
         executor = self.executor_kind(decision.plan)
         action_id = await self.journal.record_intent(committed.now, facts, executor, reason=decision.reason,
-                                                     detail=decision.detail, **evidence_of(facts.target, status))
+                                                     detail=decision.detail,
+                                                     **evidence_of(facts.target, status, decision.plan.workload))
         self.metrics.decisions.labels(facts.target, decision.reason).inc()
         log_event(log, "restart allowed", target=facts.target, fingerprint=facts.fingerprint, action_id=action_id,
                   executor=executor, reason=decision.reason)
@@ -454,10 +455,10 @@ class Ledger:
         return discarded
 
 
-def evidence_of(target: str | None, status: TargetStatus | None) -> dict[str, Any]:
+def evidence_of(target: str | None, status: TargetStatus | None, workload: str | None = None) -> dict[str, Any]:
     """The journal's evidence columns for a decision made on `status` (nothing when the exporter had
-    none), and the workload it counted against."""
+    none), and the workload it counted against (`workload`: the plan's, worked out by the gate)."""
     if status is None:
         return {"evidence": None, "evidence_from": None, "workload": None}
     raw: Mapping[str, Any] = status.raw
-    return {"evidence": raw, "evidence_from": status.source, "workload": workload_of(target or "", status)}
+    return {"evidence": raw, "evidence_from": status.source, "workload": workload or workload_of(target or "", status)}

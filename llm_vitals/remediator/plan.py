@@ -9,6 +9,7 @@ the pod's node (the taint's value says why), then move the pod by its UID.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,6 +72,11 @@ def group_of(status: TargetStatus | None) -> Group | None:
     if len(parts) != 4 or parts[0] != "LeaderWorkerSet" or parts[1] != status.namespace or not parts[2] or not parts[3]:
         return None
     return Group(parts[1], parts[2], parts[3])
+
+
+def groups_of(statuses: Mapping[str, TargetStatus | None]) -> dict[str, Group | None]:
+    """Each target's LeaderWorkerSet group (`group_of`), or None: the fleet gate counts a group as one server."""
+    return {name: group_of(status) for name, status in statuses.items()}
 
 
 def plan_of(target: str, workload: str, status: TargetStatus, policy: GatePolicy, moving: bool) -> Plan:

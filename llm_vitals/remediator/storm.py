@@ -12,7 +12,7 @@ from llm_vitals.remediator import fleet_limit
 from llm_vitals.targets import UNHEALTHY_STATES
 
 from .model import FleetView, TargetStatus
-from .plan import group_of
+from .plan import groups_of
 from .policy import GatePolicy, template_index
 
 
@@ -38,10 +38,11 @@ def fleet_storm(fleet: FleetView, policy: GatePolicy) -> str | None:
     """Why the fleet is in a storm (more unhealthy servers than allowed), or None.
 
     A LeaderWorkerSet group is one server: its pods count once, unhealthy when any of them is."""
+    statuses = {name: fleet.targets.get(name) or fleet.withheld.get(name) for name in managed_targets(policy, fleet)}
     units: dict[str, bool] = {}
-    for name in managed_targets(policy, fleet):
-        status = fleet.targets.get(name) or fleet.withheld.get(name)
-        unit = status.workload if status is not None and group_of(status) is not None and status.workload else name
+    for name, group in groups_of(statuses).items():
+        status = statuses[name]
+        unit = status.workload if status is not None and group is not None and status.workload else name
         units[unit] = units.get(unit, False) or is_unhealthy(status)
     limit = unhealthy_limit(policy, len(units))
     unhealthy = sum(units.values())
