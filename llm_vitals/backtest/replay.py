@@ -314,7 +314,10 @@ class TargetReplay:
         self.engine = engine
         self.settings = settings
         self.rules = tuple(rules)
-        self._rule_states = frozenset(rule.state for rule in self.rules)
+        # Per state, the rules on it (in the rules' order) and their names: a read walks only those.
+        self._rules_on: dict[str, tuple[AlertRule, ...]] = {
+            state: tuple(rule for rule in self.rules if rule.state == state) for state in {r.state for r in self.rules}}
+        self._names_on = {state: frozenset(rule.name for rule in rules) for state, rules in self._rules_on.items()}
         self.step = step
         self.record_from = record_from
         self.workload = workload or name
@@ -462,10 +465,13 @@ class TargetReplay:
     def _evaluate(self, verdict: Verdict, at: float) -> None:
         state = verdict.state
         active = self._rules
-        if not active and state not in self._rule_states:
+        walk = self._rules_on.get(state, ())
+        if active and not active.keys() <= self._names_on.get(state, frozenset()):
+            walk = self.rules  # a rule of another state was active: it ends here (all walked, in order)
+        elif not walk:
             return  # no rule holds, none was active: nothing to count (most reads of a healthy fleet)
         waiting = verdict.snapshot.waiting if verdict.snapshot is not None else 0.0
-        for rule in self.rules:
+        for rule in walk:
             held = active.get(rule.name)
             if state != rule.state or (rule.needs_waiting and not waiting > 0):
                 if held is not None:
