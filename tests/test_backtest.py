@@ -454,3 +454,21 @@ def test_jobs_default_to_the_cores() -> None:
 
     args = cli.build_parser().parse_args(["--prometheus", "http://127.0.0.1:9", "--start", "0", "--end", "60"])
     assert args.jobs == (os.cpu_count() or 1)
+
+
+@pytest.mark.parametrize(("lines", "expected"), [
+    ({'c{e="0"}': 5.0, 'b{e="0",le="10"}': 3.0}, (5.0, 3.0)),
+    # Two engines: summed; a NaN line is left out, not a NaN sum.
+    ({'c{e="0"}': 5.0, 'c{e="1"}': math.nan, 'b{e="0",le="10"}': 3.0, 'b{e="1",le="10"}': 1.0}, (5.0, 4.0)),
+    # The smallest bound >= the timeout with a finite value: 10 is NaN throughout, so 20.
+    ({'c{e="0"}': 5.0, 'b{e="0",le="5"}': 1.0, 'b{e="0",le="10"}': math.nan, 'b{e="0",le="20"}': 4.0}, (5.0, 4.0)),
+    ({'c{e="0"}': math.inf, 'b{e="0",le="10"}': 3.0}, None),  # no finite count
+    ({'c{e="0"}': 5.0, 'b{e="0",le="5"}': 3.0}, None),  # no bound at or above the timeout
+    ({"up": 1.0}, None),
+])
+def test_the_watchdog_reads_the_queue_time_lines_it_is_given(lines: dict[str, float], expected) -> None:
+    from llm_vitals.backtest.replay import _queue_counts, _queue_lines
+
+    renamed = {prefix.replace("c{", "vllm:request_queue_time_seconds_count{")
+               .replace("b{", "vllm:request_queue_time_seconds_bucket{"): value for prefix, value in lines.items()}
+    assert _queue_counts(renamed, _queue_lines(tuple(renamed), 10.0)) == expected

@@ -64,6 +64,9 @@ BACKLOG_HORIZON = 300.0
 QUEUE_TIME_BUCKET = "vllm:request_queue_time_seconds_bucket"
 QUEUE_TIME_COUNT = "vllm:request_queue_time_seconds_count"
 QUEUE_TIME_FAMILIES = (QUEUE_TIME_BUCKET, QUEUE_TIME_COUNT)
+# Of a read's off-page lines: the queue-time count's, and the bucket lines at each bound >= timeout, smallest first.
+QueueLayout = tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]
+isfinite = math.isfinite
 
 
 @functools.cache
@@ -161,6 +164,9 @@ class Watchdog:
     _finishes: deque[tuple[float, float]] = field(default_factory=deque)  # (time, finished) over the horizon
     _lines: Mapping[str, float] | None = None
     _lines_queue: tuple[float, float] | None = None
+    # The names of the last lines read and their layout (_queue_lines): the same names scrape after scrape.
+    _names: frozenset[str] = frozenset()
+    _layout: QueueLayout = ((), ())
 
     def feed(self, at: float, snap: PageReading | None, lines: Mapping[str, float], restarted: bool,
              unreachable: bool = False) -> None:
@@ -180,7 +186,9 @@ class Watchdog:
         last, last_at = (None, None) if restarted else (self._last, self._last_at)
         if lines is not self._lines:
             # The same scrape's lines (a run of identical reads) are the same object: counted once.
-            self._lines, self._lines_queue = lines, _queue_counts(lines, self.timeout) if lines else None
+            if lines.keys() != self._names:
+                self._names, self._layout = frozenset(lines), _queue_lines(tuple(lines), self.timeout)
+            self._lines, self._lines_queue = lines, _queue_counts(lines, self._layout)
         queue = self._lines_queue
         if restarted or not pending:
             self._slow_queue = False
@@ -251,23 +259,32 @@ def _moved(before: PageReading, after: PageReading) -> bool:
     return steps or done
 
 
-def _queue_counts(lines: Mapping[str, float], timeout: float) -> tuple[float, float] | None:
+def _queue_counts(lines: Mapping[str, float], layout: QueueLayout) -> tuple[float, float] | None:
     """(requests scheduled, those that waited <= the smallest bucket bound >= timeout) in a read's lines, or None.
 
-    Only finite values count; the bound is the smallest one >= timeout with a finite value."""
-    counts, bounds = _queue_lines(tuple(lines), timeout)
-    finite = [value for prefix in counts if math.isfinite(value := lines[prefix])]
-    if not finite:
+    `layout` is `_queue_lines` of these lines. Only finite values count; the bound is the smallest one >= timeout
+    with a finite value. (Loops, not comprehensions and sum: this runs at every busy read.)"""
+    counts, bounds = layout
+    scheduled, seen = 0.0, False
+    for prefix in counts:
+        value = lines[prefix]
+        if isfinite(value):
+            scheduled, seen = scheduled + value, True
+    if not seen:
         return None
     for prefixes in bounds:
-        at_bound = [value for prefix in prefixes if math.isfinite(value := lines[prefix])]
-        if at_bound:
-            return sum(finite), sum(at_bound)
+        at_bound, seen = 0.0, False
+        for prefix in prefixes:
+            value = lines[prefix]
+            if isfinite(value):
+                at_bound, seen = at_bound + value, True
+        if seen:
+            return scheduled, at_bound
     return None
 
 
 @functools.lru_cache(maxsize=256)
-def _queue_lines(prefixes: tuple[str, ...], timeout: float) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+def _queue_lines(prefixes: tuple[str, ...], timeout: float) -> QueueLayout:
     """Of a read's off-page lines (the same set scrape after scrape: worked out once): the queue-time count's,
     and the bucket lines at each bound >= timeout, smallest bound first."""
     counts: list[str] = []
