@@ -371,47 +371,53 @@ class TargetReplay:
     def feed(self, read: Read) -> None:
         """Judge one read, as the exporter's poll would have."""
         self.reads += 1
+        at = read.at
         observation, snap = self._observe(read)
         if self.first_read is None:
-            self.first_read = read.at
-        self.last_read = read.at
+            self.first_read = at
+        self.last_read = at
         run = self._steady
-        if run is not None and snap is not None and snap is self._judged_snap and run.covers(read.at):
+        if run is not None and snap is not None and snap is self._judged_snap and run.covers(at):
             # The same snapshot again, in a run judge answers alike but for the time (steady.py): its
             # verdict stands, and only what counts time (the alert rules' for:, the watchdog) moves on.
             verdict = run.verdict
-            self._evaluate(verdict, read.at)
-            self.watchdog.feed(read.at, snap, read.extra, False)
-            self._trace(read.at, verdict, snap)
+            self._evaluate(verdict, at)
+            self.watchdog.feed(at, snap, read.extra, False)
+            if self.trace is not None:
+                self._trace(at, verdict, snap)
             return
         before = self.verdict if run is None else run.current()
-        verdict = judge(before, observation, read.at, self.settings, self.engine.facts)
+        verdict = judge(before, observation, at, self.settings, self.engine.facts)
         self.verdict = verdict
-        self._steady = (steady(before, self._judged_at, verdict, read.at, self.settings)
+        self._steady = (steady(before, self._judged_at, verdict, at, self.settings)
                         if self.skip and snap is not None and snap is self._judged_snap else None)
-        self._judged_snap, self._judged_at = snap, read.at
+        self._judged_snap, self._judged_at = snap, at
         restarted = before is not None and verdict.restarts > before.restarts
         if restarted:
             old = before.snapshot.process_start_time if before is not None and before.snapshot else None
             new = snap.process_start_time if snap is not None else None
             how = ("a new process start time" if old is not None and new is not None and old != new
                    else "counters fell")
-            self.restarts_seen.append(Restart(read.at, how))
+            self.restarts_seen.append(Restart(at, how))
         if snap is not None and (not self.start_times or self.start_times[-1][1] != snap.process_start_time):
-            self.start_times.append((read.at, snap.process_start_time))
-        self._episode(verdict, read.at)
+            self.start_times.append((at, snap.process_start_time))
+        if self._open is None or self._open[0] != verdict.state:
+            self._episode(verdict, at)
         for flag in FLAGS:
             if getattr(verdict, flag, False):
-                self._flags.setdefault(flag, (read.at, verdict.detail))
+                self._flags.setdefault(flag, (at, verdict.detail))
             elif flag in self._flags:
-                self._close_flag(flag, read.at)
-        self._evaluate(verdict, read.at)
-        self.watchdog.feed(read.at, snap, read.extra, restarted, unreachable=not read.scraped and read.extra.get(UP) == 0.0)
-        self._trace(read.at, verdict, snap)
+                self._close_flag(flag, at)
+        self._evaluate(verdict, at)
+        self.watchdog.feed(at, snap, read.extra, restarted,
+                           unreachable=snap is None and not read.scraped and read.extra.get(UP) == 0.0)
+        if self.trace is not None:
+            self._trace(at, verdict, snap)
 
     def _observe(self, read: Read) -> tuple[PageReading | PollError, PageReading | None]:
         """What the exporter's poll would have seen: the adapter's snapshot of the scrape, or the PollError."""
-        if not read.scraped:
+        found = read.found
+        if found is None and read.page is None:  # not read.scraped
             self.missed_reads += 1
             if not read.extra and self._unscraped_since is None:
                 self._unscraped_since = read.at
@@ -423,10 +429,10 @@ class TargetReplay:
         self._unscraped_since = None
         try:
             # The adapter is pure: the same page (a quiet or hung server's) is the same snapshot.
-            key = read.key if read.found is not None else read.page
+            key = read.key if found is not None else read.page
             if (key is not self._last_page and key != self._last_page) or self._last_snap is None:
                 self._last_snap, self._last_page = None, key
-                self._last_snap = (read_found(self.engine, read.found) if read.found is not None
+                self._last_snap = (read_found(self.engine, found) if found is not None
                                    else read_page(self.engine, Page(str(read.page).encode())))
             return self._last_snap, self._last_snap
         except PageError as exc:
@@ -437,7 +443,7 @@ class TargetReplay:
             return PollError(exc.reason, exc.detail), None
 
     def _trace(self, at: float, verdict: Verdict, snap: PageReading | None) -> None:
-        if self.trace is not None:
+        if self.trace is not None:  # (feed calls this only with a trace)
             self.trace.at.append(at)
             self.trace.state.append(STATE_INDEX.get(verdict.state, -1))
             last = verdict.snapshot
