@@ -286,6 +286,20 @@ async def test_a_503_is_retried_and_the_answer_read(aiohttp_server) -> None:
     assert len(calls) == 2
 
 
+async def test_values_are_read_as_floats_and_one_that_is_none_is_nan_and_an_empty_series_is_empty(aiohttp_server) -> None:
+    import asyncio
+
+    matrix = {"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"__name__": "m", "instance": "a"}, "values": [[1.5, "+Inf"], [16.5, "x"], [31.5, "-1e3"]]},
+        {"metric": {"__name__": "m", "instance": "b"}, "values": []}]}}
+    url, _ = await serve(aiohttp_server, [(200, matrix)])
+    client = Prometheus(url, timeout=5, sleep=lambda _: None)
+    one, empty = await asyncio.to_thread(client.samples, '{__name__="m"}', 0.0, 40.0)
+    assert list(one.times) == [1.5, 16.5, 31.5] and one.values[0] == math.inf and one.values[2] == -1000.0
+    assert math.isnan(one.values[1])
+    assert (list(empty.times), list(empty.values)) == ([], [])
+
+
 TOO_MANY = {"status": "error", "errorType": "execution",
             "error": "query processing would load too many samples into memory in query execution"}
 
