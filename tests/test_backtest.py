@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 from dataclasses import replace
 
 import pytest
@@ -464,10 +465,18 @@ def test_the_cli_tells_its_version_and_prints_the_exporter_s_example_config(caps
 
 
 def test_jobs_default_to_the_cores() -> None:
-    import os
-
     args = cli.build_parser().parse_args(["--prometheus", "http://127.0.0.1:9", "--start", "0", "--end", "60"])
-    assert args.jobs == (os.cpu_count() or 1)
+    assert args.jobs == (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no sched_getaffinity")
+def test_jobs_default_to_the_cores_this_process_may_run_on_not_the_host_s(monkeypatch) -> None:
+    # A container's cpuset (or taskset) of one core on a host of many: one reading process, not one per host core.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert cli.cores() == 1
+    args = cli.build_parser().parse_args(["--prometheus", "http://127.0.0.1:9", "--start", "0", "--end", "60"])
+    assert args.jobs == 1
 
 
 @pytest.mark.parametrize(("lines", "expected"), [
