@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 from dataclasses import replace
 
 import pytest
@@ -286,6 +287,20 @@ async def test_a_503_is_retried_and_the_answer_read(aiohttp_server) -> None:
     assert len(calls) == 2
 
 
+async def test_values_are_read_as_floats_and_one_that_is_none_is_nan_and_an_empty_series_is_empty(aiohttp_server) -> None:
+    import asyncio
+
+    matrix = {"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"__name__": "m", "instance": "a"}, "values": [[1.5, "+Inf"], [16.5, "x"], [31.5, "-1e3"]]},
+        {"metric": {"__name__": "m", "instance": "b"}, "values": []}]}}
+    url, _ = await serve(aiohttp_server, [(200, matrix)])
+    client = Prometheus(url, timeout=5, sleep=lambda _: None)
+    one, empty = await asyncio.to_thread(client.samples, '{__name__="m"}', 0.0, 40.0)
+    assert list(one.times) == [1.5, 16.5, 31.5] and one.values[0] == math.inf and one.values[2] == -1000.0
+    assert math.isnan(one.values[1])
+    assert (list(empty.times), list(empty.values)) == ([], [])
+
+
 TOO_MANY = {"status": "error", "errorType": "execution",
             "error": "query processing would load too many samples into memory in query execution"}
 
@@ -450,7 +465,33 @@ def test_the_cli_tells_its_version_and_prints_the_exporter_s_example_config(caps
 
 
 def test_jobs_default_to_the_cores() -> None:
-    import os
-
     args = cli.build_parser().parse_args(["--prometheus", "http://127.0.0.1:9", "--start", "0", "--end", "60"])
-    assert args.jobs == (os.cpu_count() or 1)
+    assert args.jobs == (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no sched_getaffinity")
+def test_jobs_default_to_the_cores_this_process_may_run_on_not_the_host_s(monkeypatch) -> None:
+    # A container's cpuset (or taskset) of one core on a host of many: one reading process, not one per host core.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert cli.cores() == 1
+    args = cli.build_parser().parse_args(["--prometheus", "http://127.0.0.1:9", "--start", "0", "--end", "60"])
+    assert args.jobs == 1
+
+
+@pytest.mark.parametrize(("lines", "expected"), [
+    ({'c{e="0"}': 5.0, 'b{e="0",le="10"}': 3.0}, (5.0, 3.0)),
+    # Two engines: summed; a NaN line is left out, not a NaN sum.
+    ({'c{e="0"}': 5.0, 'c{e="1"}': math.nan, 'b{e="0",le="10"}': 3.0, 'b{e="1",le="10"}': 1.0}, (5.0, 4.0)),
+    # The smallest bound >= the timeout with a finite value: 10 is NaN throughout, so 20.
+    ({'c{e="0"}': 5.0, 'b{e="0",le="5"}': 1.0, 'b{e="0",le="10"}': math.nan, 'b{e="0",le="20"}': 4.0}, (5.0, 4.0)),
+    ({'c{e="0"}': math.inf, 'b{e="0",le="10"}': 3.0}, None),  # no finite count
+    ({'c{e="0"}': 5.0, 'b{e="0",le="5"}': 3.0}, None),  # no bound at or above the timeout
+    ({"up": 1.0}, None),
+])
+def test_the_watchdog_reads_the_queue_time_lines_it_is_given(lines: dict[str, float], expected) -> None:
+    from llm_vitals.backtest.replay import _queue_counts, _queue_lines
+
+    renamed = {prefix.replace("c{", "vllm:request_queue_time_seconds_count{")
+               .replace("b{", "vllm:request_queue_time_seconds_bucket{"): value for prefix, value in lines.items()}
+    assert _queue_counts(renamed, _queue_lines(tuple(renamed), 10.0)) == expected

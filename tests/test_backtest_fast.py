@@ -105,6 +105,23 @@ def late_target() -> list[Series]:
             + as_series("gpu-c:8000", scrapes(T0 + 1800, [Phase("hang", 1800)])))
 
 
+def _column(series: list[Series], name: str, value_at) -> list[Series]:
+    """`name`'s series with each value replaced by value_at(index, value)."""
+    return [replace(s, values=[value_at(i, v) for i, v in enumerate(s.values)]) if s.name == name else s for s in series]
+
+
+def held_lines_that_are_not_quite_held() -> list[Series]:
+    # The fast path shares one sample per line whose value held over a chunk (Columns._make): a gauge at
+    # -0.0 that is 0.0 at one scrape (the page writes the two apart), a NaN at every scrape (equal to
+    # nothing), a line that holds only until the chunk's last scrape, and a finished reason that moves
+    # beside four that hold; chunks of 97 reads cut them at odd places.
+    series = as_series("gpu-a:8000", scrapes(T0, [Phase("idle", 1500), Phase("saturated", 1500), Phase("hang", 1500)]))
+    series = _column(series, "vllm:kv_cache_usage_perc", lambda i, v: 0.0 if i == 130 else -0.0)
+    series = _column(series, "vllm:num_requests_waiting", lambda i, v: -0.0 if i % 97 == 96 and not v else v)
+    series = _column(series, "vllm:prompt_tokens_total", lambda i, v: math.nan if 200 <= i < 300 else v)
+    return _column(series, "process_start_time_seconds", lambda i, v: v + (1.0 if i == 96 else 0.0))
+
+
 HISTORIES = {
     "hang_and_restart": (hang_and_restart, T0 + 4800),
     "idle_then_hang": (idle_then_hang, T0 + 4800),
@@ -114,6 +131,7 @@ HISTORIES = {
     "labels_change_mid_window": (labels_change_mid_window, T0 + 3600),
     "up_0_then_gone": (up_0_then_gone, T0 + 2400),
     "late_target": (late_target, T0 + 3600 - STEP),
+    "held_lines_that_are_not_quite_held": (held_lines_that_are_not_quite_held, T0 + 4500 - STEP),
 }
 
 

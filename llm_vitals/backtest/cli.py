@@ -47,6 +47,15 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def cores() -> int:
+    """The cores this process may run on: a container's cpuset or a `taskset`, not every core of the host
+    (os.cpu_count's), which would start more reading processes than there are cores to run them."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # no sched_getaffinity (macOS)
+        return os.cpu_count() or 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -76,9 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the request-based watchdog's probe timeout to compare with (default 10s)")
     parser.add_argument("--timeout", type=_duration, default=60.0, metavar="DURATION",
                         help="per Prometheus query (default 60s)")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+    parser.add_argument("--jobs", type=int, default=cores(), metavar="N",
                         help="read and replay the targets in N processes (default: the cores, here "
-                             f"{os.cpu_count() or 1}; the gate runs once, over all)")
+                             f"{cores()}; the gate runs once, over all)")
     parser.add_argument("--incidents", type=Path, default=None, metavar="FILE",
                         help="your own incidents (YAML or CSV: target or selector, start, end, kind hang|slow|down, "
                              "note): each policy's caught, missed, false alarms and lead time (docs/backtest.md)")

@@ -16,8 +16,10 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from llm_vitals.exporter.engines.scan import Sample
 
@@ -154,8 +156,15 @@ class Column:
         return self.name + self.label_text
 
 
-# Columns._layout: the families' lines, the off-page lines, every column's label set, each family's slice.
-Layout = tuple[list[tuple[str, list[tuple[str, int]]]], list[tuple[str, int]], tuple[str, ...], list[tuple[str, int, int]]]
+# Columns._layout: the families' lines (label set, column), the off-page lines (prefix, column).
+Layout = tuple[list[tuple[str, list[tuple[str, int]]]], list[tuple[str, int]]]
+# Columns._make: the families' names; per scrape, each family's samples; the off-page prefixes; per scrape, their values.
+# Columns._make: the families in page order (those whose lines held, with their samples); the families of one
+# line that moved (name, label set, column); those of several lines, one of which moved, each line's (label set,
+# column, its sample where it held); the off-page lines; the scrapes that left a line out (None in their row),
+# whose samples are made as each is read.
+Made = tuple[dict[str, list[Sample]], list[tuple[str, str, int]], list[tuple[str, list[tuple[str, int, Sample | None]]]],
+             list[tuple[str, int]], frozenset[int]] | tuple[()]
 
 
 @dataclass
@@ -172,10 +181,11 @@ class Columns:
     times: list[float]
     rows: list[tuple[float | None, ...]]  # per scrape, per column: its value, None where it wrote none
     duplicates: set[str] = field(default_factory=set)
+    complete: bool = False  # every scrape wrote every line (no None in any row)
     # The last scrape built: (its index, its row, key, samples, off-page lines).
     _last: tuple[int, tuple[float | None, ...], object, Mapping[str, list[Sample]] | None, dict[str, float]] | None = None
     _groups: Layout | None = None
-    _built: tuple[list[Sample], tuple[float | None, ...]] | None = None  # the last full row's samples, and the row
+    _made: Made | None = None  # what the chunk's scrapes share (`_make`)
 
     @classmethod
     def of(cls, series: Sequence[Series], extra_names: Iterable[str] = ()) -> Columns:
@@ -201,6 +211,7 @@ class Columns:
             # The common case: every series was scraped at every scrape (arrays compare in C).
             times = list(first)
             rows = list(zip(*(group[0].values for group in members), strict=True)) if members else []
+            complete = True
         else:
             times = sorted({at for group in members for one in group for at in one.times})
             where = {at: i for i, at in enumerate(times)}
@@ -216,7 +227,8 @@ class Columns:
                         values[row] = value
                 table.append(values)
             rows = list(zip(*table, strict=True)) if table else []
-        return cls(tuple(columns), times, rows, duplicates)
+            complete = all(None not in values for values in table)
+        return cls(tuple(columns), times, rows, duplicates, complete)
 
     def read_at(self, at: float, step: float, start: int = 0) -> tuple[Read, int]:
         """The read at `at` and the scrape index to start the next read's search from (reads come in order)."""
@@ -229,59 +241,91 @@ class Columns:
             # A scrape equal to the last one built (an idle or hung server's) keeps its samples and key:
             # the same objects, so what is read of them (the snapshot) is read once per run.
             same = last is not None and (last[1] is row or last[1] == row)
-            self._last = last = (index, *last[1:]) if same and last is not None else (index, row, *self._found(row))
+            self._last = last = (index, *last[1:]) if same and last is not None else (index, row, *self._found(index))
         _, _, key, found_now, extra_now = last
         # A scrape with nothing of the engine's (only `up`, at 0: Prometheus's scrape failed) is no page.
         return Read(at, None, self.times[index], extra_now, found_now, key), index
 
-    def _found(self, row: tuple[float | None, ...]) -> tuple[object, Mapping[str, list[Sample]] | None, dict[str, float]]:
-        """(key, the samples by family the scanner would have found, the off-page lines) of one scrape's row."""
-        groups, off_page, label_texts, spans = self._layout()
-        found: dict[str, list[Sample]]
-        if label_texts and None not in row:
-            # Every line present (the common scrape), sliced by family. A line whose value is that of the
-            # last row built (a gauge that held, a counter that did not move: most of them) keeps its
-            # sample: only the lines that moved are made anew.
-            built = self._built
-            if built is None:
-                samples = list(map(_new_sample, itertools.repeat(Sample), zip(label_texts, row, strict=True)))
-            else:
-                samples = [old if a == b and (a or math.copysign(1.0, a) == math.copysign(1.0, b))  # type: ignore[arg-type]
-                           else _new_sample(Sample, (old[0], b)) for old, a, b in zip(*built, row, strict=True)]
-            self._built = (samples, row)
-            found = {name: samples[low:high] for name, low, high in spans}
-        else:
-            found = {}
-            for name, members in groups:
-                some = [_new_sample(Sample, (label_text, row[i])) for label_text, i in members if row[i] is not None]
-                if some:
-                    found[name] = some
+    def _found(self, index: int) -> tuple[object, Mapping[str, list[Sample]] | None, dict[str, float]]:
+        """(key, the samples by family the scanner would have found, the off-page lines) of one scrape."""
+        row = self.rows[index]
+        made = self._made if self._made is not None else self._make()
+        if made and index not in made[4]:
+            # Every line present (the common scrape): the lines that held over the chunk are shared, only
+            # the families that moved are made (in page order: their place in the dict is kept).
+            held, moving_lines, moving, off_page, _ = made
+            found = held.copy()
+            for name, label_text, i in moving_lines:
+                found[name] = [_new_sample(Sample, (label_text, row[i]))]
+            for name, lines in moving:
+                found[name] = [_new_sample(Sample, (label_text, row[i])) if sample is None else sample
+                               for label_text, i, sample in lines]
+            # A complete row has no None: what mypy cannot know of the row's type.
+            return (self.columns, row), found, {prefix: row[i] for prefix, i in off_page}  # type: ignore[misc]
+        groups, off_page = self._layout()
+        found = {}
+        for name, members in groups:
+            some = [_new_sample(Sample, (label_text, row[i])) for label_text, i in members if row[i] is not None]
+            if some:
+                found[name] = some
         extra = {prefix: value for prefix, i in off_page if (value := row[i]) is not None}
         return ((self.columns, row) if found else None), (found or None), extra
 
+    def _make(self) -> Made:
+        """What every scrape of the chunk that wrote every line shares: the samples of the lines whose value held
+        over the whole chunk (a gauge at rest, a counter that did not move, a sleep state: one sample, and one
+        list for a family of them, for all), and the families with a line that moved, made at each scrape.
+        () where a family has no line (no scrape is a page): each scrape's samples are made as it is read."""
+        groups, off_page = self._layout()
+        rows = self.rows
+        if not groups or not rows:
+            self._made = ()
+            return ()
+        partial = frozenset() if self.complete else frozenset(i for i, row in enumerate(rows) if None in row)
+        columns = list(zip(*rows, strict=True))  # per line, its value at each scrape
+        held: dict[str, list[Sample]] = {}
+        moving_lines: list[tuple[str, str, int]] = []
+        moving: list[tuple[str, list[tuple[str, int, Sample | None]]]] = []
+        for name, members in groups:
+            shared = [_held(label_text, columns[i], partial) for label_text, i in members]
+            if all(sample is not None for sample in shared):
+                held[name] = shared  # type: ignore[assignment]
+            else:
+                held[name] = []  # its place in page order; each scrape's own list replaces it
+                if len(members) == 1:
+                    moving_lines.append((name, *members[0]))
+                    continue
+                moving.append((name, [(label_text, i, sample) for (label_text, i), sample in zip(members, shared, strict=True)]))
+        self._made = (held, moving_lines, moving, off_page, partial)
+        return self._made
+
     def _layout(self) -> Layout:
-        # The page's families in page order, each with its lines' (label set, column); the off-page
-        # lines; and for a row with every line present, each column's label set (off-page ones too)
-        # and each family's slice of them.
+        # The page's families in page order, each with its lines' (label set, column); the off-page lines.
         if self._groups is None:
             groups: dict[str, list[tuple[str, int]]] = {}
             for i, column in enumerate(self.columns):
                 if not column.off_page:
                     groups.setdefault(column.name, []).append((column.label_text, i))
-            order = [i for members in groups.values() for _, i in members]
-            if order == list(range(len(order))):
-                # The families' lines are the first columns, in order: a slice per family.
-                spans, low = [], 0
-                for name, members in groups.items():
-                    spans.append((name, low, low + len(members)))
-                    low += len(members)
-                label_texts = tuple(c.label_text for c in self.columns)
-            else:
-                spans, label_texts = [], ()
-            self._groups = (list(groups.items()), [(c.prefix, i) for i, c in enumerate(self.columns) if c.off_page],
-                            label_texts, spans)
+            self._groups = (list(groups.items()), [(c.prefix, i) for i, c in enumerate(self.columns) if c.off_page])
         return self._groups
 
     def page_names(self) -> frozenset[str]:
         """The families of the engine's own on this target's page."""
         return frozenset(column.name for column in self.columns if not column.off_page)
+
+
+def _held(label_text: str, values: Sequence[float | None], partial: frozenset[int]) -> Sample | None:
+    """The one sample of a line whose value held over every scrape that wrote every line, else None.
+
+    Held means the same float, bit for bit: 0.0 and -0.0 are written apart on the page ("-0.0"), and a
+    NaN, equal to nothing, is a sample of its own at each scrape."""
+    whole = [value for k, value in enumerate(values) if k not in partial] if partial else values
+    if not whole:
+        return None
+    first = whole[0]
+    # list.count matches by identity or ==: a NaN other than the first object never counts.
+    if first is None or whole.count(first) != len(whole):
+        return None
+    if not first and array("d", cast("Sequence[float]", whole)).tobytes() != array("d", (first,)).tobytes() * len(whole):
+        return None
+    return _new_sample(Sample, (label_text, first))

@@ -64,6 +64,9 @@ BACKLOG_HORIZON = 300.0
 QUEUE_TIME_BUCKET = "vllm:request_queue_time_seconds_bucket"
 QUEUE_TIME_COUNT = "vllm:request_queue_time_seconds_count"
 QUEUE_TIME_FAMILIES = (QUEUE_TIME_BUCKET, QUEUE_TIME_COUNT)
+# Of a read's off-page lines: the queue-time count's, and the bucket lines at each bound >= timeout, smallest first.
+QueueLayout = tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]
+isfinite = math.isfinite
 
 
 @functools.cache
@@ -161,6 +164,9 @@ class Watchdog:
     _finishes: deque[tuple[float, float]] = field(default_factory=deque)  # (time, finished) over the horizon
     _lines: Mapping[str, float] | None = None
     _lines_queue: tuple[float, float] | None = None
+    # The names of the last lines read and their layout (_queue_lines): the same names scrape after scrape.
+    _names: frozenset[str] = frozenset()
+    _layout: QueueLayout = ((), ())
 
     def feed(self, at: float, snap: PageReading | None, lines: Mapping[str, float], restarted: bool,
              unreachable: bool = False) -> None:
@@ -180,7 +186,9 @@ class Watchdog:
         last, last_at = (None, None) if restarted else (self._last, self._last_at)
         if lines is not self._lines:
             # The same scrape's lines (a run of identical reads) are the same object: counted once.
-            self._lines, self._lines_queue = lines, _queue_counts(lines, self.timeout) if lines else None
+            if lines.keys() != self._names:
+                self._names, self._layout = frozenset(lines), _queue_lines(tuple(lines), self.timeout)
+            self._lines, self._lines_queue = lines, _queue_counts(lines, self._layout)
         queue = self._lines_queue
         if restarted or not pending:
             self._slow_queue = False
@@ -251,23 +259,32 @@ def _moved(before: PageReading, after: PageReading) -> bool:
     return steps or done
 
 
-def _queue_counts(lines: Mapping[str, float], timeout: float) -> tuple[float, float] | None:
+def _queue_counts(lines: Mapping[str, float], layout: QueueLayout) -> tuple[float, float] | None:
     """(requests scheduled, those that waited <= the smallest bucket bound >= timeout) in a read's lines, or None.
 
-    Only finite values count; the bound is the smallest one >= timeout with a finite value."""
-    counts, bounds = _queue_lines(tuple(lines), timeout)
-    finite = [value for prefix in counts if math.isfinite(value := lines[prefix])]
-    if not finite:
+    `layout` is `_queue_lines` of these lines. Only finite values count; the bound is the smallest one >= timeout
+    with a finite value. (Loops, not comprehensions and sum: this runs at every busy read.)"""
+    counts, bounds = layout
+    scheduled, seen = 0.0, False
+    for prefix in counts:
+        value = lines[prefix]
+        if isfinite(value):
+            scheduled, seen = scheduled + value, True
+    if not seen:
         return None
     for prefixes in bounds:
-        at_bound = [value for prefix in prefixes if math.isfinite(value := lines[prefix])]
-        if at_bound:
-            return sum(finite), sum(at_bound)
+        at_bound, seen = 0.0, False
+        for prefix in prefixes:
+            value = lines[prefix]
+            if isfinite(value):
+                at_bound, seen = at_bound + value, True
+        if seen:
+            return scheduled, at_bound
     return None
 
 
 @functools.lru_cache(maxsize=256)
-def _queue_lines(prefixes: tuple[str, ...], timeout: float) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+def _queue_lines(prefixes: tuple[str, ...], timeout: float) -> QueueLayout:
     """Of a read's off-page lines (the same set scrape after scrape: worked out once): the queue-time count's,
     and the bucket lines at each bound >= timeout, smallest bound first."""
     counts: list[str] = []
@@ -314,7 +331,10 @@ class TargetReplay:
         self.engine = engine
         self.settings = settings
         self.rules = tuple(rules)
-        self._rule_states = frozenset(rule.state for rule in self.rules)
+        # Per state, the rules on it (in the rules' order) and their names: a read walks only those.
+        self._rules_on: dict[str, tuple[AlertRule, ...]] = {
+            state: tuple(rule for rule in self.rules if rule.state == state) for state in {r.state for r in self.rules}}
+        self._names_on = {state: frozenset(rule.name for rule in rules) for state, rules in self._rules_on.items()}
         self.step = step
         self.record_from = record_from
         self.workload = workload or name
@@ -351,47 +371,53 @@ class TargetReplay:
     def feed(self, read: Read) -> None:
         """Judge one read, as the exporter's poll would have."""
         self.reads += 1
+        at = read.at
         observation, snap = self._observe(read)
         if self.first_read is None:
-            self.first_read = read.at
-        self.last_read = read.at
+            self.first_read = at
+        self.last_read = at
         run = self._steady
-        if run is not None and snap is not None and snap is self._judged_snap and run.covers(read.at):
+        if run is not None and snap is not None and snap is self._judged_snap and run.covers(at):
             # The same snapshot again, in a run judge answers alike but for the time (steady.py): its
             # verdict stands, and only what counts time (the alert rules' for:, the watchdog) moves on.
             verdict = run.verdict
-            self._evaluate(verdict, read.at)
-            self.watchdog.feed(read.at, snap, read.extra, False)
-            self._trace(read.at, verdict, snap)
+            self._evaluate(verdict, at)
+            self.watchdog.feed(at, snap, read.extra, False)
+            if self.trace is not None:
+                self._trace(at, verdict, snap)
             return
         before = self.verdict if run is None else run.current()
-        verdict = judge(before, observation, read.at, self.settings, self.engine.facts)
+        verdict = judge(before, observation, at, self.settings, self.engine.facts)
         self.verdict = verdict
-        self._steady = (steady(before, self._judged_at, verdict, read.at, self.settings)
+        self._steady = (steady(before, self._judged_at, verdict, at, self.settings)
                         if self.skip and snap is not None and snap is self._judged_snap else None)
-        self._judged_snap, self._judged_at = snap, read.at
+        self._judged_snap, self._judged_at = snap, at
         restarted = before is not None and verdict.restarts > before.restarts
         if restarted:
             old = before.snapshot.process_start_time if before is not None and before.snapshot else None
             new = snap.process_start_time if snap is not None else None
             how = ("a new process start time" if old is not None and new is not None and old != new
                    else "counters fell")
-            self.restarts_seen.append(Restart(read.at, how))
+            self.restarts_seen.append(Restart(at, how))
         if snap is not None and (not self.start_times or self.start_times[-1][1] != snap.process_start_time):
-            self.start_times.append((read.at, snap.process_start_time))
-        self._episode(verdict, read.at)
+            self.start_times.append((at, snap.process_start_time))
+        if self._open is None or self._open[0] != verdict.state:
+            self._episode(verdict, at)
         for flag in FLAGS:
             if getattr(verdict, flag, False):
-                self._flags.setdefault(flag, (read.at, verdict.detail))
+                self._flags.setdefault(flag, (at, verdict.detail))
             elif flag in self._flags:
-                self._close_flag(flag, read.at)
-        self._evaluate(verdict, read.at)
-        self.watchdog.feed(read.at, snap, read.extra, restarted, unreachable=not read.scraped and read.extra.get(UP) == 0.0)
-        self._trace(read.at, verdict, snap)
+                self._close_flag(flag, at)
+        self._evaluate(verdict, at)
+        self.watchdog.feed(at, snap, read.extra, restarted,
+                           unreachable=snap is None and not read.scraped and read.extra.get(UP) == 0.0)
+        if self.trace is not None:
+            self._trace(at, verdict, snap)
 
     def _observe(self, read: Read) -> tuple[PageReading | PollError, PageReading | None]:
         """What the exporter's poll would have seen: the adapter's snapshot of the scrape, or the PollError."""
-        if not read.scraped:
+        found = read.found
+        if found is None and read.page is None:  # not read.scraped
             self.missed_reads += 1
             if not read.extra and self._unscraped_since is None:
                 self._unscraped_since = read.at
@@ -403,10 +429,10 @@ class TargetReplay:
         self._unscraped_since = None
         try:
             # The adapter is pure: the same page (a quiet or hung server's) is the same snapshot.
-            key = read.key if read.found is not None else read.page
+            key = read.key if found is not None else read.page
             if (key is not self._last_page and key != self._last_page) or self._last_snap is None:
                 self._last_snap, self._last_page = None, key
-                self._last_snap = (read_found(self.engine, read.found) if read.found is not None
+                self._last_snap = (read_found(self.engine, found) if found is not None
                                    else read_page(self.engine, Page(str(read.page).encode())))
             return self._last_snap, self._last_snap
         except PageError as exc:
@@ -417,7 +443,7 @@ class TargetReplay:
             return PollError(exc.reason, exc.detail), None
 
     def _trace(self, at: float, verdict: Verdict, snap: PageReading | None) -> None:
-        if self.trace is not None:
+        if self.trace is not None:  # (feed calls this only with a trace)
             self.trace.at.append(at)
             self.trace.state.append(STATE_INDEX.get(verdict.state, -1))
             last = verdict.snapshot
@@ -462,10 +488,13 @@ class TargetReplay:
     def _evaluate(self, verdict: Verdict, at: float) -> None:
         state = verdict.state
         active = self._rules
-        if not active and state not in self._rule_states:
+        walk = self._rules_on.get(state, ())
+        if active and not active.keys() <= self._names_on.get(state, frozenset()):
+            walk = self.rules  # a rule of another state was active: it ends here (all walked, in order)
+        elif not walk:
             return  # no rule holds, none was active: nothing to count (most reads of a healthy fleet)
         waiting = verdict.snapshot.waiting if verdict.snapshot is not None else 0.0
-        for rule in self.rules:
+        for rule in walk:
             held = active.get(rule.name)
             if state != rule.state or (rule.needs_waiting and not waiting > 0):
                 if held is not None:

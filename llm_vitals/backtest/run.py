@@ -394,15 +394,19 @@ def _feed(replay: TargetReplay, found: Scrapes | Columns | None, reads_at: Seque
                 replay.feed(_missed(at))
         return
     first = found.times[0] if found.times else None
-    position = 0
+    feed = replay.feed
+    if isinstance(found, Columns):
+        position = 0
+        for at in reads_at:
+            if replay.first_read is None and (first is None or first > at):
+                continue  # not in the history yet (a target that appears mid-window)
+            one, position = found.read_at(at, step, position)
+            feed(one)
+        return
     for at in reads_at:
         if replay.first_read is None and (first is None or first > at):
-            continue  # not in the history yet (a target that appears mid-window)
-        if isinstance(found, Columns):
-            one, position = found.read_at(at, step, position)
-        else:
-            one = found.read_at(at, step)
-        replay.feed(one)
+            continue
+        feed(found.read_at(at, step))
 
 
 def _read_group(source_factory: Callable[[], Source], window: Window, options: Options,
