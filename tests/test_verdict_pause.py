@@ -307,9 +307,9 @@ def test_an_operation_in_flight_is_paused_then_stuck_past_pause_budget(family: s
 
 def test_an_operation_gauge_at_zero_is_no_operation() -> None:
     snap = observe("vllm", ops(ops(VLLM_IDLE, WEIGHT_OPS, update=0, finish=0), SLEEP_OPS, wake=0, sleep=0))
-    assert isinstance(snap, PageReading) and snap.in_flight() == ()
+    assert isinstance(snap, PageReading) and snap.in_flight == ()
     snap = observe("vllm", ops(VLLM_IDLE, SLEEP_OPS, wake=1, sleep=0))
-    assert isinstance(snap, PageReading) and snap.in_flight() == ("sleep_mode:wake",)
+    assert isinstance(snap, PageReading) and snap.in_flight == ("sleep_mode:wake",)
 
 
 def test_a_wake_up_that_hangs_reads_paused_then_stuck_not_asleep_forever() -> None:
@@ -340,7 +340,7 @@ def with_gauge(text: str, name: str, value: float) -> str:
 def test_sglang_requests_paused_for_a_weight_sync_are_paused_not_stuck() -> None:
     page = sglang_page(SGLANG_FROZEN, num_running_reqs=0, num_queue_reqs=0, num_paused_reqs=3)
     snap = observe("sglang", page)
-    assert isinstance(snap, PageReading) and snap.paused == 3 and snap.pending and "3 paused" in snap.load()
+    assert isinstance(snap, PageReading) and snap.paused == 3 and snap.pending and "3 paused" in snap.load
     verdicts = run("sglang", [(0, page, None), (35, page, None), (70, page, None), (200, page, None)])
     assert {(v.state, v.reason) for v in verdicts} == {("paused", "paused")}
     # The same page with those requests running and nothing paused: stuck, as before.

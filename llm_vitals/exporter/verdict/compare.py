@@ -19,13 +19,13 @@ def progressed(before: PageReading, after: PageReading) -> bool:
     compared: a series that appeared or went away (a Triton model loaded or unloaded) is not movement,
     nor is a series that started again from 0 (the model reloaded).
     """
-    old_counters = before.monotone()
-    for name, new in after.monotone().items():
+    old_counters = before.monotone
+    for name, new in after.monotone.items():
         old = old_counters.get(name)
         if old is not None and new is not None and new > old:
             return True
-    old_gauges = before.gauges()
-    for name, new in after.gauges().items():
+    old_gauges = before.gauges
+    for name, new in after.gauges.items():
         old = old_gauges.get(name)
         if old is not None and new is not None and old != new:
             return True
@@ -46,8 +46,8 @@ def went_backwards(before: PageReading, after: PageReading, *, gap: bool = False
     """
     if before.series and after.series:
         return _series_reset(before.series, after.series, gap)
-    old_counters = before.monotone()
-    new_counters = after.monotone()
+    old_counters = before.monotone
+    new_counters = after.monotone
     for name, new in new_counters.items():
         old = old_counters.get(name)
         if old is not None and new is not None and new < old:
@@ -181,6 +181,6 @@ def moved_beside(before: PageReading, after: PageReading, unit: str) -> bool:
     old = {name: value for name, value in before.series if not name.startswith(prefix)}
     if any(name in old and value > old[name] for name, value in after.series if not name.startswith(prefix)):
         return True
-    old_gauges = before.gauges()
+    old_gauges = before.gauges
     return any(old_gauges.get(name) is not None and new is not None and old_gauges[name] != new
-               for name, new in after.gauges().items())
+               for name, new in after.gauges.items())

@@ -78,7 +78,7 @@ def _on_snapshot(previous: Verdict, snap: PageReading, now: float, target: Targe
         # (exporter/decoupled.py): its own series moving is no progress on an idle-looking read.
         moved = moved_beside(same_life, snap, snap.unjudged.unit)
     changes = _good_read(previous, snap, now, same_life, restarted)
-    load = snap.load()
+    load = snap.load
 
     if restarted:
         # A new process: `starting` until a read of its own shows it servable. `started` is the
@@ -250,10 +250,10 @@ def _on_purpose(previous: Verdict, snap: PageReading, now: float, target: Target
     if moved and not snap.operations:
         changes["operation_since"] = None  # the common read: work moving, no operation on the page
         return None
-    ops = snap.in_flight()
+    ops = snap.in_flight
     since = (previous.operation_since if previous.operation_since is not None else now) if ops else None
     changes.update(operation_since=since)
-    load = snap.load()
+    load = snap.load
     if ops and since is not None and now - since >= target.pause_budget:
         wedged_at = since + target.pause_budget
         changes.update(last_progress=wedged_at, stuck_seconds=now - wedged_at,
