@@ -180,10 +180,10 @@ def test_the_pause_route_is_asked_a_poll_before_a_canary_may_go(state: str, pend
     assert isinstance(snap, PageReading)
     verdict = replace(judge(None, snap, 0, settings), state=state, reason=state, up=True,  # type: ignore[arg-type]
                       reads_without_progress=0, last_progress=now)
-    assert follow_ups(verdict, snap, now, settings, POLL, pause_route=True, last_canary_sent=last_sent,
+    assert follow_ups(verdict, snap, now, settings, engine_of(settings.engine), POLL, pause_route=True, last_canary_sent=last_sent,
                       canary_in_flight=in_flight) == (ask, send)
     # Without a pause route nothing is asked, and the canary rule is the same.
-    assert follow_ups(verdict, snap, now, settings, POLL, pause_route=False, last_canary_sent=last_sent,
+    assert follow_ups(verdict, snap, now, settings, engine_of(settings.engine), POLL, pause_route=False, last_canary_sent=last_sent,
                       canary_in_flight=in_flight) == (False, send)
 
 
@@ -194,11 +194,11 @@ def test_sglang_s_ready_is_not_asked_before_a_canary() -> None:
     snap = observe("sglang", SGLANG_IDLE)
     assert isinstance(snap, PageReading)
     verdict = replace(judge(None, snap, 0, settings), state="idle", reason="idle", up=True)
-    assert follow_ups(verdict, snap, 25.0, settings, POLL, pause_route=True, last_canary_sent=0.0,
+    assert follow_ups(verdict, snap, 25.0, settings, engine_of(settings.engine), POLL, pause_route=True, last_canary_sent=0.0,
                       canary_in_flight=False) == (False, False)
     # The rules before it stay: asked once an idle-looking SGLang's canary failed.
     failed = replace(verdict, canary_failures=1)
-    assert follow_ups(failed, snap, 25.0, settings, POLL, pause_route=True, last_canary_sent=0.0,
+    assert follow_ups(failed, snap, 25.0, settings, engine_of(settings.engine), POLL, pause_route=True, last_canary_sent=0.0,
                       canary_in_flight=False) == (True, False)
 
 
@@ -214,7 +214,7 @@ def test_a_vllm_paused_while_its_page_reads_nothing_pending_gets_no_canary() -> 
     for at in range(0, 300, 5):
         paused = (at >= 50) if ask else None  # paused at 50 s; the route's answer only where it was asked
         verdict = judge(verdict, snap, at, settings, paused=paused)
-        ask, send = follow_ups(verdict, snap, at, settings, POLL, pause_route=True, last_canary_sent=last_sent,
+        ask, send = follow_ups(verdict, snap, at, settings, engine_of(settings.engine), POLL, pause_route=True, last_canary_sent=last_sent,
                                canary_in_flight=False)
         if send:
             last_sent = at
