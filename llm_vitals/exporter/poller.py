@@ -32,7 +32,7 @@ from llm_vitals.exporter.gpu_faults.reader import GpuFaultReader
 from llm_vitals.exporter.keep_warm import warm_times
 from llm_vitals.exporter.loop_lag import LoopLag
 from llm_vitals.exporter.settings import ExporterSettings
-from llm_vitals.exporter.state import StateStore, TargetRecord, log_gpu_fault_change
+from llm_vitals.exporter.state import StateStore, TargetRecord
 from llm_vitals.exporter.upstream import (
     METRICS_HEADERS,
     MODELS_MAX_BYTES,
@@ -231,7 +231,6 @@ class Poller:
         """One poll: observe, judge, cache, log a state change, maybe send a canary."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        before_fault = record.gpu_fault
         entry = engine_of(record.settings.engine)  # asked once per poll: the reads below take it
         if not self.gpu_faults.wants(record.settings):  # no gather: its two tasks a poll showed at 5,000 targets (bench_scale.py)
             observation, health, page = await self.observe(record, entry)
@@ -243,7 +242,6 @@ class Poller:
                 self.observe(record, entry), self.gpu_faults.read(record.settings, record.gpu_faults))
             duration = loop.time() - started
             record.set_gpu_faults(faults)  # the one writer of the target's GPU faults
-        log_gpu_fault_change(record, before_fault)
         now = self.clock.now()
         before = record.verdict
         ask = self._pause_asks.get(record)
@@ -255,16 +253,16 @@ class Poller:
             paused=ask.fresh_for(before.last_poll) if ask is not None else None,
             pause_route=entry.pause_path is not None and (ask is None or ask.task is None), draining=record.draining,
             page=page)
-        record.record_poll(concluded.verdict, now.mono, duration, wall=now.wall)
+        # Its pace beside its workload's peers (exporter/pace.py): `degraded`, never a state; recorded with the verdict.
+        pace = self.store.pace.observe(
+            record.name, record.peer_group,
+            observation if isinstance(observation, PageReading) else None, now.mono, self.settings.pace.rules, record.pace)
+        record.record_poll(concluded.verdict, now.mono, duration, wall=now.wall, pace=pace)
         if concluded.ask_pause:
             ask = self._pause_asks[record] = PauseAsk(now.mono)
             ask.task = asyncio.create_task(self._ask_pause(record, ask), name=f"pause:{record.name}")
         if record.verdict.restarts != before.restarts and record.model_config is not None:
             record.set_model_config(None, None)  # a new process may serve the model with another config
-        # Its pace beside its workload's peers (exporter/pace.py): `degraded`, never a state.
-        record.set_pace(self.store.pace.observe(
-            record.name, record.peer_group,
-            observation if isinstance(observation, PageReading) else None, now.mono, self.settings.pace.rules, record.pace))
         if record.draining and not concluded.draining:
             record.set_draining(False)
             log_event(log, "undrain", target=record.name, reason="restart_detected")
