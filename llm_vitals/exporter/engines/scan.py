@@ -249,7 +249,11 @@ def total(found: dict[str, list[Sample]], name: str) -> float | None:
 
 def totals(found: dict[str, list[Sample]], names: Iterable[str]) -> list[float | None]:
     """Each of `names`' `total`, in order (the first sum that is not finite raises): an adapter's sums in one call."""
-    return [total(found, name) for name in names]
+    sums: list[float | None] = []
+    for name in names:
+        samples = found.get(name)
+        sums.append(finite_sum(name, samples) if samples else None)
+    return sums
 
 
 def labelled(samples: Iterable[Sample], label: str, value: str) -> list[Sample]:

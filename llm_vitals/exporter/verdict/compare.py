@@ -3,8 +3,7 @@ stuck. Pure, on the engines' readings alone (llm_vitals/exporter/engines/)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from llm_vitals.exporter.engines import PageReading, Unit
 
@@ -92,10 +91,10 @@ def same_lifetime(before: PageReading, after: PageReading) -> bool | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class Comparison:
+class Comparison(NamedTuple):
     """A read's page against the verdict's last good one, worked out once per read (`compare`): the
-    health-check decision (reads.health_check_due) and `judge` both take it as it is."""
+    health-check decision (reads.health_check_due) and `judge` both take it as it is. A NamedTuple, as
+    `Unit` is: made at every poll, and a frozen dataclass's __init__ cost four times as much (callgrind)."""
 
     # A new process: its start time or restart token changed, or (neither on the page) a monotone
     # counter fell or every one went (went_backwards, with the gap of failed reads in between).

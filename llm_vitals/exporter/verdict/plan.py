@@ -9,6 +9,7 @@ goes out. Both are pure and plain data, table-tested in tests/test_verdict_plan.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from llm_vitals.exporter.engines import Engine, PageReading
 from llm_vitals.exporter.settings import TargetSettings
@@ -19,8 +20,7 @@ from llm_vitals.exporter.verdict.model import Observation, PollError, Verdict
 from llm_vitals.exporter.verdict.probes import drain_holds
 
 
-@dataclass(frozen=True, slots=True)
-class PageCheck:
+class PageCheck(NamedTuple):
     """What a read's page says before the health route is asked, worked out once: `conclude` takes it."""
 
     comparison: Comparison  # the page against the last good read (compare): judge takes it as it is
