@@ -128,17 +128,8 @@ def pause_ask_due(verdict: Verdict, now: float, target: TargetSettings, poll_int
     return now + 2 * poll_interval - verdict.last_progress >= target.stuck_after
 
 
-def canary_due(
-    verdict: Verdict,
-    observation: Observation,
-    last_sent: float | None,
-    now: float,
-    target: TargetSettings,
-    *,
-    poll_interval: float,
-    in_flight: bool = False,
-    engine: Engine | None = None,
-) -> bool:
+def canary_due(verdict: Verdict, observation: Observation, last_sent: float | None, now: float, target: TargetSettings, *,
+               poll_interval: float, in_flight: bool = False, engine: Engine | None = None) -> bool:
     """May a canary go out with the poll that just judged `observation` into `verdict`?
 
     The product's key rule: never to a server this very poll saw working, so the canary cannot
