@@ -28,7 +28,7 @@ Partial evidence (docs/states.md):
   nothing moving. The first read of a lifetime cannot show that: it is `starting`.
 
 The package, one job a module, each importing only those below it:
-- `plan`: the poller's one question per read, before it (`plan_read`) and after it (`conclude`);
+- `plan`: the poller's questions of one read: before it (`plan_read`), on its page (`check_page`), after it (`conclude`);
 - `judge`: the verdict of a read that saw a page or the model list, and of a canary's answer;
 - `unread`: the verdict of a read that failed (missed, slow, frozen, late, gone);
 - `reads`: the read's own rules (deadline, second probe, lateness; when to ask health, pause, canary);

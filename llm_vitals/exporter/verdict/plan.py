@@ -1,9 +1,11 @@
-"""The poller's one question per read: what to do (`plan_read`, before it) and what it came to (`conclude`, after).
+"""The poller's questions of one read, one at each step its I/O leaves it: what to do (`plan_read`, before
+it), what its page says (`ReadPlan.check_page`, before the health route) and what it came to (`conclude`).
 
 The poller does the I/O and nothing else: the plan says the read's deadline, when the health route
-is asked beside the page, and how a failed read is judged (the exporter's own lateness, a second
-probe); the conclusion says the new verdict, whether to ask the pause route, and whether a canary
-goes out. Both are pure and plain data, table-tested in tests/test_verdict_plan.py.
+is asked beside the page (from the page's one comparison with the last good read, which `conclude`
+hands to `judge`), and how a failed read is judged (the exporter's own lateness, a second probe);
+the conclusion says the new verdict, whether to ask the pause route, and whether a canary goes out.
+All are pure and plain data, table-tested in tests/test_verdict_plan.py.
 """
 
 from __future__ import annotations
