@@ -109,5 +109,5 @@ def test_a_snapshots_signals_are_its_progress_and_monotone_fields_in_order_then_
                        more_counters=(("realtime_tokens", 7.0),), more_gauges=(("used_tokens", 8.0),))
     fixed = {name: getattr(snap, name) for name in PageReading.PROGRESS}
     assert list(snap.counters().items()) == [*fixed.items(), ("realtime_tokens", 7.0), ("used_tokens", 8.0)]
-    assert list(snap.monotone().items()) == [*((name, fixed[name]) for name in PageReading.MONOTONE), ("realtime_tokens", 7.0)]
+    assert list(snap.monotone.items()) == [*((name, fixed[name]) for name in PageReading.MONOTONE), ("realtime_tokens", 7.0)]
     assert list(PageReading(0, 0).counters()) == list(PageReading.PROGRESS)

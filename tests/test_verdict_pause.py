@@ -180,10 +180,10 @@ def test_the_pause_route_is_asked_a_poll_before_a_canary_may_go(state: str, pend
     assert isinstance(snap, PageReading)
     verdict = replace(judge(None, snap, 0, settings), state=state, reason=state, up=True,  # type: ignore[arg-type]
                       reads_without_progress=0, last_progress=now)
-    assert follow_ups(verdict, snap, now, settings, POLL, pause_route=True, last_canary_sent=last_sent,
+    assert follow_ups(verdict, snap, now, settings, engine_of(settings.engine), POLL, pause_route=True, last_canary_sent=last_sent,
                       canary_in_flight=in_flight) == (ask, send)
     # Without a pause route nothing is asked, and the canary rule is the same.
-    assert follow_ups(verdict, snap, now, settings, POLL, pause_route=False, last_canary_sent=last_sent,
+    assert follow_ups(verdict, snap, now, settings, engine_of(settings.engine), POLL, pause_route=False, last_canary_sent=last_sent,
                       canary_in_flight=in_flight) == (False, send)
 
 
@@ -194,11 +194,11 @@ def test_sglang_s_ready_is_not_asked_before_a_canary() -> None:
     snap = observe("sglang", SGLANG_IDLE)
     assert isinstance(snap, PageReading)
     verdict = replace(judge(None, snap, 0, settings), state="idle", reason="idle", up=True)
-    assert follow_ups(verdict, snap, 25.0, settings, POLL, pause_route=True, last_canary_sent=0.0,
+    assert follow_ups(verdict, snap, 25.0, settings, engine_of(settings.engine), POLL, pause_route=True, last_canary_sent=0.0,
                       canary_in_flight=False) == (False, False)
     # The rules before it stay: asked once an idle-looking SGLang's canary failed.
     failed = replace(verdict, canary_failures=1)
-    assert follow_ups(failed, snap, 25.0, settings, POLL, pause_route=True, last_canary_sent=0.0,
+    assert follow_ups(failed, snap, 25.0, settings, engine_of(settings.engine), POLL, pause_route=True, last_canary_sent=0.0,
                       canary_in_flight=False) == (True, False)
 
 
@@ -214,7 +214,7 @@ def test_a_vllm_paused_while_its_page_reads_nothing_pending_gets_no_canary() -> 
     for at in range(0, 300, 5):
         paused = (at >= 50) if ask else None  # paused at 50 s; the route's answer only where it was asked
         verdict = judge(verdict, snap, at, settings, paused=paused)
-        ask, send = follow_ups(verdict, snap, at, settings, POLL, pause_route=True, last_canary_sent=last_sent,
+        ask, send = follow_ups(verdict, snap, at, settings, engine_of(settings.engine), POLL, pause_route=True, last_canary_sent=last_sent,
                                canary_in_flight=False)
         if send:
             last_sent = at
@@ -307,9 +307,9 @@ def test_an_operation_in_flight_is_paused_then_stuck_past_pause_budget(family: s
 
 def test_an_operation_gauge_at_zero_is_no_operation() -> None:
     snap = observe("vllm", ops(ops(VLLM_IDLE, WEIGHT_OPS, update=0, finish=0), SLEEP_OPS, wake=0, sleep=0))
-    assert isinstance(snap, PageReading) and snap.in_flight() == ()
+    assert isinstance(snap, PageReading) and snap.in_flight == ()
     snap = observe("vllm", ops(VLLM_IDLE, SLEEP_OPS, wake=1, sleep=0))
-    assert isinstance(snap, PageReading) and snap.in_flight() == ("sleep_mode:wake",)
+    assert isinstance(snap, PageReading) and snap.in_flight == ("sleep_mode:wake",)
 
 
 def test_a_wake_up_that_hangs_reads_paused_then_stuck_not_asleep_forever() -> None:
@@ -340,7 +340,7 @@ def with_gauge(text: str, name: str, value: float) -> str:
 def test_sglang_requests_paused_for_a_weight_sync_are_paused_not_stuck() -> None:
     page = sglang_page(SGLANG_FROZEN, num_running_reqs=0, num_queue_reqs=0, num_paused_reqs=3)
     snap = observe("sglang", page)
-    assert isinstance(snap, PageReading) and snap.paused == 3 and snap.pending and "3 paused" in snap.load()
+    assert isinstance(snap, PageReading) and snap.paused == 3 and snap.pending and "3 paused" in snap.load
     verdicts = run("sglang", [(0, page, None), (35, page, None), (70, page, None), (200, page, None)])
     assert {(v.state, v.reason) for v in verdicts} == {("paused", "paused")}
     # The same page with those requests running and nothing paused: stuck, as before.

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from llm_vitals.exporter.engines import PageReading
+from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict import (
     LATE_SHARE,
@@ -18,6 +19,7 @@ from llm_vitals.exporter.verdict import (
     PollError,
     Verdict,
     canary_due,
+    compare,
     conclude,
     health_check_due,
     initial,
@@ -72,7 +74,9 @@ def test_the_plan_gives_the_reads_deadline(previous: Verdict, deadline: float) -
     (initial(0), snap(2, 1), False),  # nothing to compare with yet
 ])
 def test_the_plan_asks_the_health_route_as_the_rule_says(previous: Verdict, page: PageReading, asked: bool) -> None:
-    assert plan_read(previous, TIMEOUT).health_due(page) is asked is health_check_due(previous, page)
+    checked = plan_read(previous, TIMEOUT).check_page(page)
+    assert checked.health_due is asked is health_check_due(previous, page)
+    assert checked.comparison == compare(previous, page)  # the one comparison, carried into conclude
 
 
 @pytest.mark.parametrize(("error", "lag", "metrics", "reason", "probe"), [
@@ -107,7 +111,7 @@ def test_the_plan_judges_the_second_probe_on_the_reads_deadline(answer: int | Po
 def concluded(previous: Verdict, seen: PageReading | PollError | ModelsOk, now: float, settings: TargetSettings, *,
               last_sent: float | None = None, in_flight: bool = False, paused: bool | None = None,
               pause_route: bool = True, draining: bool = False) -> Conclusion:
-    return conclude(previous, seen, now, settings, health=None, poll_interval=5.0, last_canary_sent=last_sent,
+    return conclude(previous, seen, now, settings, engine_of(settings.engine), health=None, poll_interval=5.0, last_canary_sent=last_sent,
                     canary_in_flight=in_flight, paused=paused, pause_route=pause_route, draining=draining)
 
 
@@ -132,8 +136,8 @@ def test_the_conclusion_is_each_rule_it_gathers(previous: Verdict, seen: PageRea
     verdict = judge(previous, seen, now, settings, canary_overlap=overlap, paused=paused)
     # The pause route is asked before a canary may go (follow_ups), so the two rules are gathered as one.
     assert got == Conclusion(
-        verdict, *follow_ups(verdict, seen, now, settings, 5.0, pause_route=pause_route, last_canary_sent=last_sent,
-                             canary_in_flight=in_flight), False)
+        verdict, *follow_ups(verdict, seen, now, settings, engine_of(settings.engine), 5.0, pause_route=pause_route,
+                             last_canary_sent=last_sent, canary_in_flight=in_flight), False)
     assert got.send_canary == canary_due(verdict, seen, last_sent, now, settings, poll_interval=5.0, in_flight=in_flight)
     assert not got.ask_pause or pause_route
 

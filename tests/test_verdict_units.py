@@ -196,7 +196,7 @@ def test_the_deferred_count_is_read_and_shown() -> None:
     snap = observe("vllm", deferred(VLLM_FROZEN, 0, 8, 3))
     assert isinstance(snap, PageReading) and (snap.waiting, snap.deferred) == (8, 3)
     assert observe("vllm", VLLM_BUSY).deferred == 0  # type: ignore[union-attr]
-    assert "3 deferred" in snap.load()
+    assert "3 deferred" in snap.load
 
 
 def test_waiting_on_peer_is_a_known_state_neither_restartable_nor_unhealthy_and_stays_ready() -> None:

@@ -165,7 +165,7 @@ def _not_judged(basis: Basis, peers: int, note: str) -> Pace:
 
     A replica without peers (a workload of one) reads the same at each of its pace reads: the
     judgement it already holds comes back, which the poller keeps without comparing it field by
-    field (TargetRecord.set_pace), and no new Pace is made (a third of such a read's pace work).
+    field (TargetRecord.record_poll), and no new Pace is made (a third of such a read's pace work).
     """
     return Pace(basis=basis, peers=peers, note=note)
 

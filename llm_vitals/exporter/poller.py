@@ -32,7 +32,7 @@ from llm_vitals.exporter.gpu_faults.reader import GpuFaultReader
 from llm_vitals.exporter.keep_warm import warm_times
 from llm_vitals.exporter.loop_lag import LoopLag
 from llm_vitals.exporter.settings import ExporterSettings
-from llm_vitals.exporter.state import StateStore, TargetRecord, log_gpu_fault_change
+from llm_vitals.exporter.state import StateStore, TargetRecord
 from llm_vitals.exporter.upstream import (
     METRICS_HEADERS,
     MODELS_MAX_BYTES,
@@ -45,6 +45,7 @@ from llm_vitals.exporter.verdict import (
     CanaryOutcome,
     ModelsOk,
     Observation,
+    PageCheck,
     PollError,
     ReadPlan,
     conclude,
@@ -230,39 +231,38 @@ class Poller:
         """One poll: observe, judge, cache, log a state change, maybe send a canary."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        before_fault = record.gpu_fault
         entry = engine_of(record.settings.engine)  # asked once per poll: the reads below take it
         if not self.gpu_faults.wants(record.settings):  # no gather: its two tasks a poll showed at 5,000 targets (bench_scale.py)
-            observation, health = await self.observe(record, entry)
+            observation, health, page = await self.observe(record, entry)
             duration = loop.time() - started
             if record.gpu_faults.reads:
                 record.set_gpu_faults(GpuFaultState())  # a source it no longer has (the node watch stopped)
         else:
-            (observation, health), faults = await asyncio.gather(
+            (observation, health, page), faults = await asyncio.gather(
                 self.observe(record, entry), self.gpu_faults.read(record.settings, record.gpu_faults))
             duration = loop.time() - started
             record.set_gpu_faults(faults)  # the one writer of the target's GPU faults
-        log_gpu_fault_change(record, before_fault)
         now = self.clock.now()
         before = record.verdict
         ask = self._pause_asks.get(record)
         # The core's word on this read (verdict/plan.py): the new verdict, the pause ask, the canary.
         # Its /metrics lines are not rendered here: the next scrape renders what changed (llm_vitals/exporter/page.py).
         concluded = conclude(
-            before, observation, now.mono, record.settings, health=health, poll_interval=self.settings.poll_interval,
+            before, observation, now.mono, record.settings, entry, health=health, poll_interval=self.settings.poll_interval,
             last_canary_sent=record.last_canary_sent, canary_in_flight=record.canary_task is not None,
             paused=ask.fresh_for(before.last_poll) if ask is not None else None,
-            pause_route=entry.pause_path is not None and (ask is None or ask.task is None), draining=record.draining)
-        record.record_poll(concluded.verdict, now.mono, duration, wall=now.wall)
+            pause_route=entry.pause_path is not None and (ask is None or ask.task is None), draining=record.draining,
+            page=page)
+        # Its pace beside its workload's peers (exporter/pace.py): `degraded`, never a state; recorded with the verdict.
+        pace = self.store.pace.observe(
+            record.name, record.peer_group,
+            observation if isinstance(observation, PageReading) else None, now.mono, self.settings.pace.rules, record.pace)
+        record.record_poll(concluded.verdict, now.mono, duration, wall=now.wall, pace=pace)
         if concluded.ask_pause:
             ask = self._pause_asks[record] = PauseAsk(now.mono)
             ask.task = asyncio.create_task(self._ask_pause(record, ask), name=f"pause:{record.name}")
         if record.verdict.restarts != before.restarts and record.model_config is not None:
             record.set_model_config(None, None)  # a new process may serve the model with another config
-        # Its pace beside its workload's peers (exporter/pace.py): `degraded`, never a state.
-        record.set_pace(self.store.pace.observe(
-            record.name, record.peer_group,
-            observation if isinstance(observation, PageReading) else None, now.mono, self.settings.pace.rules, record.pace))
         if record.draining and not concluded.draining:
             record.set_draining(False)
             log_event(log, "undrain", target=record.name, reason="restart_detected")
@@ -270,8 +270,9 @@ class Poller:
         if concluded.send_canary:
             record.canary_sent(asyncio.create_task(self._canary(record), name=f"canary:{record.name}"), now.mono)
 
-    async def observe(self, record: TargetRecord, entry: Engine) -> tuple[Observation, tuple[str, int] | None]:
-        """What one poll sees (a PageReading, the model list, or a PollError) and `/health`'s status when asked.
+    async def observe(self, record: TargetRecord, entry: Engine) -> tuple[Observation, tuple[str, int] | None, PageCheck | None]:
+        """What one poll sees (a PageReading, the model list, or a PollError), `/health`'s status when asked,
+        and the plan's check of a page (its comparison with the last one, which `conclude` takes as it is).
 
         Never raises for upstream trouble. A read that timed out while the exporter's own loop
         lagged comes back as `exporter_late` (verdict.exporter_late); one that connected and got no
@@ -286,7 +287,7 @@ class Poller:
         try:
             if target.role == "proxy" or entry.parse is None:
                 timeout = self.settings.models_timeout
-                return ModelsOk(tuple(await read_models(self.session, target, timeout))), None
+                return ModelsOk(tuple(await read_models(self.session, target, timeout))), None, None
             reading_metrics = True
             snapshot = await self._read_metrics(record, timeout, entry)
             reading_metrics = False
@@ -294,20 +295,23 @@ class Poller:
                     entry, target.model, record.model_config, record.model_config_tried,
                     asyncio.get_running_loop().time(), CONFIG_RETRY_SECONDS):
                 await self._read_model_config(record)
-            health = await self._read_health(record, entry) if plan.health_due(snapshot) else None
+            if record.model_config is not None:
+                snapshot = self._judged_model(record, snapshot, entry)
+            page = plan.check_page(snapshot)
+            health = await self._read_health(record, entry) if page.health_due else None
             if not snapshot.pending:
                 timeout = self.settings.health_timeout
                 reading_ready = True
                 await self._check_model_ready(record)
                 reading_ready = False
-            return (snapshot if record.model_config is None else self._judged_model(record, snapshot)), health
+            return snapshot, health, page
         except PageError as exc:
             error, probe = plan.failed(PollError(exc.reason, exc.detail, ready_route=reading_ready),
                                        self.lag.worst_since(started) if self.lag is not None else None,
                                        timeout, metrics=reading_metrics)
             if probe:
                 error = await self._second_probe(record, error, plan, entry)
-            return error, None
+            return error, None, None
 
     async def _second_probe(self, record: TargetRecord, error: PollError, plan: ReadPlan, entry: Engine) -> PollError:
         """`error` (a /metrics read that connected and got no answer) with what one more request saw.
@@ -405,9 +409,9 @@ class Poller:
             record.set_model_config(None, now)
             log_event(log, "model config unread", logging.DEBUG, target=record.name, reason=exc.reason, detail=exc.detail)
 
-    def _judged_model(self, record: TargetRecord, snapshot: PageReading) -> PageReading:
+    def _judged_model(self, record: TargetRecord, snapshot: PageReading, entry: Engine) -> PageReading:
         """`snapshot`, naming the target's model where no signal of the page can judge it (exporter/decoupled.py)."""
-        found = unjudged(engine_of(record.settings.engine), record.settings.model, record.model_config, snapshot)
+        found = unjudged(entry, record.settings.model, record.model_config, snapshot)
         return snapshot if found is None else replace(snapshot, unjudged=found)
 
     async def _check_model_ready(self, record: TargetRecord) -> None:

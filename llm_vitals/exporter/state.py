@@ -208,12 +208,16 @@ class TargetRecord:
 
     # Its changes: one method each, each bumps the version.
 
-    def record_poll(self, verdict: Verdict, now: float, duration: float, wall: float | None = None) -> None:
-        """A poll's verdict: counted (and its error reason, if any), and kept in the history.
+    def record_poll(self, verdict: Verdict, now: float, duration: float, wall: float | None = None,
+                    pace: Pace | None = None) -> None:
+        """A poll's verdict: counted (and its error reason, if any), and kept in the history; and its
+        pace beside its workload's peers, judged after it (pace_track.py; None: kept as it was).
 
         The history is what the status page and the history route show: it is kept in wall time
         (`wall`, the same instant as the monotonic `now`; `now` itself when not given).
         """
+        if pace is not None and pace is not self._pace and pace != self._pace:  # most polls hand it back as it was
+            self._pace = pace
         shown = now if wall is None else wall
         self._verdict = verdict
         self._poll_duration = duration
@@ -231,22 +235,23 @@ class TargetRecord:
         """Its pace beside its workload's peers (exporter/pace.py): `degraded`, never a state."""
         return self._pace
 
-    def set_pace(self, pace: Pace) -> None:
-        """The pace judged after a poll (pace_track.py)."""
-        if pace is not self._pace and pace != self._pace:  # most polls hand back the judgement as it was
-            self._pace = pace
-            self._version += 1
-
     def count_poll_error(self, reason: str) -> None:
         """A poll that ended without a verdict (`internal`: an exception in the exporter itself)."""
         self._poll_errors[reason] += 1
         self._version += 1
 
     def set_gpu_faults(self, faults: GpuFaultState) -> None:
-        """The GPU-fault sources' reads of this poll (gpu_faults/reader.py): the one door for GPU faults."""
+        """The GPU-fault sources' reads of this poll (gpu_faults/reader.py): the one door for GPU faults,
+        and one log line when the target's combined fault appears, changes or clears."""
         if faults != self._gpu_faults:
+            before = self.gpu_fault
             self._gpu_faults = faults
             self._version += 1
+            after = self.gpu_fault
+            if after != before:
+                fault = self.fault
+                log_event(log, "gpu fault flagged" if after else "gpu fault cleared", logging.WARNING,
+                          target=self.name, source=fault.source if fault else None, detail=after)
 
     def canary_sent(self, task: asyncio.Task[None], now: float) -> None:
         self._canary_task, self._last_canary_sent = task, now
@@ -433,12 +438,3 @@ def backstop_view(record: TargetRecord, now: float) -> BackstopView | None:
                         word_since=heard.word.since if heard.word is not None else None,
                         word_age_seconds=_round(None if heard.heard_at is None else now - heard.heard_at),
                         answered_age_seconds=_round(None if heard.answered_at is None else now - heard.answered_at))
-
-
-def log_gpu_fault_change(record: TargetRecord, before: str | None) -> None:
-    """One log line when the target's combined GPU fault appears, changes or clears."""
-    after = record.gpu_fault
-    if after != before:
-        fault = record.fault
-        log_event(log, "gpu fault flagged" if after else "gpu fault cleared", logging.WARNING,
-                  target=record.name, source=fault.source if fault else None, detail=after)

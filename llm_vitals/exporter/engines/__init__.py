@@ -133,17 +133,54 @@ class PageReading:
     # Every signal whose movement counts as progress (KV usage moves during a long chunked prefill).
     PROGRESS = ("steps", "generation_tokens", "prompt_tokens", "finished", "kv_usage")
 
-    @property
-    def pending(self) -> bool:
-        return (self.running > 0 or self.waiting > 0 or self.deferred > 0 or self.paused > 0
-                or any(value > 0 for _, value in self.busy_signs))
+    # Views derived from the fields above, computed once when the reading is built (`__post_init__`,
+    # again by `replace`), never passed: each poll compares two readings' views and shows one's load,
+    # and a reading is built once and read many times. Read-only by convention (plain dicts, as fast
+    # as a lookup gets); tests/test_engine_table.py holds them to PROGRESS and MONOTONE.
+    # True when work is owed: running, waiting, deferred or paused requests, or a busy sign above 0.
+    pending: bool = field(init=False, repr=False, compare=False)
+    # The counters a restart resets, by name: per series where the adapter gives them, else MONOTONE
+    # (in order) then the engine's own.
+    monotone: dict[str, float | None] = field(init=False, repr=False, compare=False)
+    # The gauges whose movement, either way, is progress.
+    gauges: dict[str, float | None] = field(init=False, repr=False, compare=False)
+    # Running and waiting, plus any busy sign above 0: the words a verdict's detail starts with.
+    load: str = field(init=False, repr=False, compare=False)
+    # The names of the engine operations in flight now (a weight update, a wake-up).
+    in_flight: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
-    def in_flight(self) -> tuple[str, ...]:
-        """The names of the engine operations in flight now (a weight update, a wake-up)."""
-        return tuple(name for name, value in self.operations if value > 0)
+    # The counters that only ever grow within one process lifetime.
+    MONOTONE = ("steps", "generation_tokens", "prompt_tokens", "finished")
+    # Every signal whose movement counts as progress (KV usage moves during a long chunked prefill).
+    PROGRESS = ("steps", "generation_tokens", "prompt_tokens", "finished", "kv_usage")
 
-    # Each poll compares two reads' signals three times: written out, not looked up name by name by
-    # getattr (a third of the time); tests/test_engine_table.py holds them to PROGRESS and MONOTONE.
+    def __post_init__(self) -> None:
+        # Written out, not looked up name by name by getattr (a third of the time).
+        setter = object.__setattr__  # the class is frozen: its own views are set once, here
+        setter(self, "pending", self.running > 0 or self.waiting > 0 or self.deferred > 0 or self.paused > 0
+               or any(value > 0 for _, value in self.busy_signs))
+        if self.series:
+            monotone: dict[str, float | None] = dict(self.series)
+        else:
+            monotone = {"steps": self.steps, "generation_tokens": self.generation_tokens,
+                        "prompt_tokens": self.prompt_tokens, "finished": self.finished}
+            if self.more_counters:
+                monotone.update(self.more_counters)
+        setter(self, "monotone", monotone)
+        gauges: dict[str, float | None] = {"kv_usage": self.kv_usage}
+        if self.more_gauges:
+            gauges.update(self.more_gauges)
+        setter(self, "gauges", gauges)
+        text = f"running {self.running:g}, waiting {self.waiting:g}"
+        if self.deferred:
+            text += f" ({self.deferred:g} deferred by the engine)"
+        if self.paused:
+            text += f" ({self.paused:g} paused by the engine)"
+        if self.busy_signs:
+            signs = [f"{name} {value:g}" for name, value in self.busy_signs if value > 0]
+            text += f" ({', '.join(signs)})" if signs else ""
+        setter(self, "load", text)
+        setter(self, "in_flight", tuple(name for name, value in self.operations if value > 0) if self.operations else ())
 
     def counters(self) -> dict[str, float | None]:
         """Every progress signal by name: the fixed ones (PROGRESS, in order), then the engine's own."""
@@ -156,35 +193,6 @@ class PageReading:
         if self.more_gauges:
             named.update(self.more_gauges)
         return named
-
-    def gauges(self) -> dict[str, float | None]:
-        """The gauges whose movement, either way, is progress."""
-        named: dict[str, float | None] = {"kv_usage": self.kv_usage}
-        named.update(self.more_gauges)
-        return named
-
-    def monotone(self) -> dict[str, float | None]:
-        """The counters a restart resets, by name: per series where the adapter gives them, else
-        MONOTONE (in order) then the engine's own."""
-        if self.series:
-            return dict(self.series)
-        named: dict[str, float | None] = {
-            "steps": self.steps, "generation_tokens": self.generation_tokens, "prompt_tokens": self.prompt_tokens,
-            "finished": self.finished,
-        }
-        if self.more_counters:
-            named.update(self.more_counters)
-        return named
-
-    def load(self) -> str:
-        """Running and waiting, plus any busy sign above 0: the words a verdict's detail starts with."""
-        text = f"running {self.running:g}, waiting {self.waiting:g}"
-        if self.deferred:
-            text += f" ({self.deferred:g} deferred by the engine)"
-        if self.paused:
-            text += f" ({self.paused:g} paused by the engine)"
-        signs = [f"{name} {value:g}" for name, value in self.busy_signs if value > 0]
-        return text + (f" ({', '.join(signs)})" if signs else "")
 
 
 class PageError(Exception):

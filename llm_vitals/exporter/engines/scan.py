@@ -107,6 +107,11 @@ class Scanner:
         return found
 
 
+    def read(self, body: bytes) -> dict[str, list[Sample]]:
+        """`scan` of a page's body, decoded first (strict UTF-8: `decode`): an adapter's one call per page."""
+        return self.scan(decode(body))
+
+
 def _trie_branches(names: Iterable[str]) -> list[str]:
     """Regexes matching exactly `names`, factored by common prefix: one per first character.
 
@@ -240,6 +245,20 @@ def total(found: dict[str, list[Sample]], name: str) -> float | None:
     """The finite sum of `name`'s samples (`finite_sum`), None when the page has none."""
     samples = found.get(name)
     return finite_sum(name, samples) if samples else None
+
+
+def totals(found: dict[str, list[Sample]], names: Iterable[str]) -> list[float | None]:
+    """Each of `names`' `total`, in order (the first sum that is not finite raises): an adapter's sums in one call."""
+    sums: list[float | None] = []
+    for name in names:
+        samples = found.get(name)
+        sums.append(finite_sum(name, samples) if samples else None)
+    return sums
+
+
+def labelled(samples: Iterable[Sample], label: str, value: str) -> list[Sample]:
+    """The samples whose `label` is `value`; PageError("bad_metrics") for a malformed label set."""
+    return [sample for sample in samples if sample.labels().get(label) == value]
 
 
 def snapshot_of(found: dict[str, list[Sample]], *, running: str, waiting: str, steps: str | None = None,

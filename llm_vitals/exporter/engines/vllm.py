@@ -43,7 +43,7 @@ import json
 import math
 
 from llm_vitals.exporter.engines import Engine, PageError, PageReading, Unit
-from llm_vitals.exporter.engines.scan import Sample, Scanner, by_label, decode, finite, finite_sum, total
+from llm_vitals.exporter.engines.scan import Sample, Scanner, by_label, finite_sum, labelled, totals
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -132,19 +132,22 @@ def parse_found(found: dict[str, list[Sample]]) -> PageReading:
         missing = RUNNING if RUNNING not in found else WAITING
         raise PageError("bad_metrics", f"no {missing} on the page (not a vLLM /metrics page?)")
     # An optional gauge that reads NaN or ±Inf is absent, not a reason to reject the page.
-    kv_values = [v for s in found.get(KV_USAGE) or found.get(KV_USAGE_BEFORE_0_10) or [] if (v := finite(s.value)) is not None]
-    start_times = [v for s in found.get(START_TIME, []) if (v := finite(s.value)) is not None]
+    kv_values = [s.value for s in found.get(KV_USAGE) or found.get(KV_USAGE_BEFORE_0_10) or [] if math.isfinite(s.value)]
+    start_times = [s.value for s in found.get(START_TIME, []) if math.isfinite(s.value)]
     by_reason = found.get(WAITING_BY_REASON)
-    deferred = [s for s in by_reason if s.labels().get("reason") == "deferred"] if by_reason else []
+    deferred = labelled(by_reason, "reason", "deferred") if by_reason else []
     running = found[RUNNING]
     pace_names = _pace_names(found)
+    # The page-wide sums in one call, each refused when not finite (a present family with no sample sums to 0).
+    running_sum, waiting_sum, steps, generation_tokens, prompt_tokens, finished = totals(
+        found, (RUNNING, WAITING, STEPS, GENERATION_TOKENS, PROMPT_TOKENS, FINISHED))
     return PageReading(
-        running=finite_sum(RUNNING, running),
-        waiting=finite_sum(WAITING, found[WAITING]),
-        steps=total(found, STEPS),
-        generation_tokens=total(found, GENERATION_TOKENS),
-        prompt_tokens=total(found, PROMPT_TOKENS),
-        finished=total(found, FINISHED),
+        running=running_sum or 0.0,
+        waiting=waiting_sum or 0.0,
+        steps=steps,
+        generation_tokens=generation_tokens,
+        prompt_tokens=prompt_tokens,
+        finished=finished,
         # A usage fraction is not additive across data-parallel engines: report their mean.
         kv_usage=sum(kv_values) / len(kv_values) if kv_values else None,
         process_start_time=start_times[0] if start_times else None,
@@ -182,8 +185,8 @@ def operations(found: dict[str, list[Sample]]) -> tuple[tuple[str, float], ...]:
     ops: dict[str, float] = {}
     for family, word in OPERATIONS.items():
         for sample in found.get(family, ()):
-            value = finite(sample.value)
-            if value:
+            value = sample.value
+            if value and math.isfinite(value):  # NaN or ±Inf: absent, as any optional gauge
                 name = f"{word}:{sample.labels().get('operation', '')}"
                 ops[name] = ops.get(name, 0.0) + value
     return tuple(ops.items())
@@ -207,7 +210,7 @@ def _pair(seconds: float | None, work: float | None) -> tuple[float, float] | No
 
 def parse_page(body: bytes) -> PageReading:
     """Decode (strict UTF-8) and parse a `/metrics` body; raises PageError."""
-    return parse_text(decode(body))
+    return parse_found(SCANNER.read(body))
 
 
 ENGINE = Engine(

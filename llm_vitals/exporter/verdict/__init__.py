@@ -28,18 +28,18 @@ Partial evidence (docs/states.md):
   nothing moving. The first read of a lifetime cannot show that: it is `starting`.
 
 The package, one job a module, each importing only those below it:
-- `plan`: the poller's one question per read, before it (`plan_read`) and after it (`conclude`);
+- `plan`: the poller's questions of one read: before it (`plan_read`), on its page (`check_page`), after it (`conclude`);
 - `judge`: the verdict of a read that saw a page or the model list, and of a canary's answer;
 - `unread`: the verdict of a read that failed (missed, slow, frozen, late, gone);
 - `reads`: the read's own rules (deadline, second probe, lateness; when to ask health, pause, canary);
 - `probes`: what the probes and the fleet gate read off a verdict;
-- `compare`: two readings of one server compared (moved, restarted, units);
+- `compare`: two readings of one server compared, once per read (`Comparison`: moved, restarted, units);
 - `model`: what a poll saw, the Verdict, and `move`.
 """
 
 from __future__ import annotations
 
-from llm_vitals.exporter.verdict.compare import progressed, same_lifetime, saturated, unit_clocks, went_backwards
+from llm_vitals.exporter.verdict.compare import Comparison, compare, progressed, same_lifetime, saturated, went_backwards
 from llm_vitals.exporter.verdict.judge import judge, record_canary
 from llm_vitals.exporter.verdict.model import (
     SLEEP_LEVEL_WORDS,
@@ -50,7 +50,7 @@ from llm_vitals.exporter.verdict.model import (
     Verdict,
     initial,
 )
-from llm_vitals.exporter.verdict.plan import Conclusion, ReadPlan, canary_overlapped, conclude, plan_read
+from llm_vitals.exporter.verdict.plan import Conclusion, PageCheck, ReadPlan, canary_overlapped, conclude, plan_read
 from llm_vitals.exporter.verdict.probes import (
     drain_holds,
     is_live,
@@ -75,9 +75,9 @@ from llm_vitals.targets import NOT_READY_STATES, STATES, UNHEALTHY_STATES
 
 __all__ = [  # the verdict's public names, wherever in the package they live
     "DOWN_AT_ONCE", "LATE_SHARE", "NOT_READY_STATES", "SLEEP_LEVEL_WORDS", "SLOW_READS_HELD", "SLOW_READ_FACTOR", "STATES",
-    "UNHEALTHY_STATES", "CanaryOutcome", "Conclusion", "ModelsOk", "Observation", "PollError", "ReadPlan", "Verdict",
-    "canary_due", "canary_overlapped", "conclude", "drain_holds", "exporter_late", "health_check_due", "initial", "is_live",
-    "is_ready", "is_started", "judge", "pause_ask_due", "pause_exceeded", "plan_read", "progressed", "read_deadline",
-    "recently_unhealthy", "record_canary", "same_lifetime", "saturated", "second_probe_due", "unit_clocks",
-    "went_backwards", "with_second_probe",
+    "UNHEALTHY_STATES", "CanaryOutcome", "Comparison", "Conclusion", "ModelsOk", "Observation", "PageCheck", "PollError",
+    "ReadPlan", "Verdict", "canary_due", "canary_overlapped", "compare", "conclude", "drain_holds", "exporter_late",
+    "health_check_due", "initial", "is_live", "is_ready", "is_started", "judge", "pause_ask_due", "pause_exceeded",
+    "plan_read", "progressed", "read_deadline", "recently_unhealthy", "record_canary", "same_lifetime", "saturated",
+    "second_probe_due", "went_backwards", "with_second_probe",
 ]

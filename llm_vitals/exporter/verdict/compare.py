@@ -3,7 +3,7 @@ stuck. Pure, on the engines' readings alone (llm_vitals/exporter/engines/)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from llm_vitals.exporter.engines import PageReading, Unit
 
@@ -19,13 +19,13 @@ def progressed(before: PageReading, after: PageReading) -> bool:
     compared: a series that appeared or went away (a Triton model loaded or unloaded) is not movement,
     nor is a series that started again from 0 (the model reloaded).
     """
-    old_counters = before.monotone()
-    for name, new in after.monotone().items():
+    old_counters = before.monotone
+    for name, new in after.monotone.items():
         old = old_counters.get(name)
         if old is not None and new is not None and new > old:
             return True
-    old_gauges = before.gauges()
-    for name, new in after.gauges().items():
+    old_gauges = before.gauges
+    for name, new in after.gauges.items():
         old = old_gauges.get(name)
         if old is not None and new is not None and old != new:
             return True
@@ -46,8 +46,8 @@ def went_backwards(before: PageReading, after: PageReading, *, gap: bool = False
     """
     if before.series and after.series:
         return _series_reset(before.series, after.series, gap)
-    old_counters = before.monotone()
-    new_counters = after.monotone()
+    old_counters = before.monotone
+    new_counters = after.monotone
     for name, new in new_counters.items():
         old = old_counters.get(name)
         if old is not None and new is not None and new < old:
@@ -91,6 +91,64 @@ def same_lifetime(before: PageReading, after: PageReading) -> bool | None:
     return None
 
 
+class Comparison(NamedTuple):
+    """A read's page against the verdict's last good one, worked out once per read (`compare`): the
+    health-check decision (reads.health_check_due) and `judge` both take it as it is. A NamedTuple, as
+    `Unit` is: made at every poll, and a frozen dataclass's __init__ cost four times as much (callgrind)."""
+
+    # A new process: its start time or restart token changed, or (neither on the page) a monotone
+    # counter fell or every one went (went_backwards, with the gap of failed reads in between).
+    restarted: bool
+    # A counter that fell although the start time says one lifetime: the page is no one process's counters.
+    backwards: str | None
+    # Any work signal moved since the last read (progressed), whatever the lifetimes (False: no last read).
+    progressed: bool
+    # A unit with work pending and none of its own signals moved since the last read.
+    unit_stalled: bool
+    # What steps and generated tokens grew by within this lifetime (None: no earlier read of it, a
+    # signal missing, or a sum that fell because a series went: no rate, never a negative one).
+    steps_grew: float | None
+    generation_tokens_grew: float | None
+    # For each unit of the page, in order: whether its stuck clock starts again at this read (no
+    # earlier read of it in this lifetime, nothing pending, or it moved or started again).
+    unit_resets: tuple[bool, ...]
+
+
+def compare(previous: Verdict, snap: PageReading) -> Comparison:
+    """`snap` against `previous.snapshot`, the last good read (failed reads in between: `previous.failed_reads`)."""
+    base = previous.snapshot
+    if base is None:
+        return Comparison(False, None, False, False, None, None, (True,) * len(snap.units))
+    lifetime = same_lifetime(base, snap)
+    backwards = None
+    if lifetime is None:
+        # No start time nor token (e.g. --api-server-count > 1, SGLang, Triton, TGI): a monotone
+        # counter that fell, or a fresh page, is a restart; reads that failed in between (the
+        # server was away) let a model that counted nothing show no reset (Triton).
+        restarted = went_backwards(base, snap, gap=previous.failed_reads > 0) is not None
+    else:
+        restarted = not lifetime
+        if lifetime:
+            backwards = went_backwards(base, snap)
+    stalled = False
+    resets = []
+    for unit, old in unit_pairs(base, snap) if snap.units else ():
+        moved = old is not None and unit_moved(old, unit)
+        stalled = stalled or (unit.pending and old is not None and not moved)
+        resets.append(restarted or old is None or not unit.pending or moved or unit_restarted(old, unit))
+    same_life = not restarted
+    return Comparison(
+        restarted, backwards, progressed(base, snap), stalled,
+        _grew(base.steps, snap.steps) if same_life else None,
+        _grew(base.generation_tokens, snap.generation_tokens) if same_life else None,
+        tuple(resets))
+
+
+def _grew(before: float | None, after: float | None) -> float | None:
+    # A sum that fell within one lifetime lost a series (a Triton model unloaded): no growth.
+    return None if before is None or after is None or after < before else after - before
+
+
 def saturated(snap: PageReading | None) -> bool:
     """Work queued behind running work: every slot busy and requests waiting for one (llama.cpp's
     `requests_deferred`, vLLM's waiting queue), as one read shows it.
@@ -101,13 +159,6 @@ def saturated(snap: PageReading | None) -> bool:
     or below its slots) cannot be told apart from a frozen one by its page: it is not saturated here.
     """
     return snap is not None and snap.running > 0 and snap.waiting > 0
-
-
-def rate(before: float | None, after: float | None, seconds: float) -> float | None:
-    # A sum that fell within one lifetime lost a series (a Triton model unloaded): no rate, never a negative one.
-    if before is None or after is None or seconds <= 0 or after < before:
-        return None
-    return (after - before) / seconds
 
 
 def unit_pairs(base: PageReading, snap: PageReading) -> list[tuple[Unit, Unit | None]]:
@@ -125,26 +176,6 @@ def unit_moved(before: Unit, after: Unit) -> bool:
 def unit_restarted(before: Unit, after: Unit) -> bool:
     # A counter of the unit fell: it started again (a Triton model reloaded), a lifetime of its own.
     return any(old is not None and new is not None and new < old for old, new in zip(before.counters, after.counters, strict=False))
-
-
-def unit_clocks(previous: Verdict, base: PageReading | None, snap: PageReading, now: float) -> tuple[tuple[str, float, int], ...]:
-    """Each unit's stuck clock after this read: (name, its last progress, its reads without progress).
-
-    A unit's clock runs while it has work pending and none of its own signals moves, as the
-    target's does over the sums; `base` is the last read of this process lifetime (None: none).
-    """
-    if not snap.units:
-        return ()
-    clocks = {name: (since, reads) for name, since, reads in previous.unit_clocks}
-    start = previous.snapshot_at if previous.snapshot_at is not None else now
-    out = []
-    for unit, old in (unit_pairs(base, snap) if base is not None else [(unit, None) for unit in snap.units]):
-        if old is None or not unit.pending or unit_moved(old, unit) or unit_restarted(old, unit):
-            out.append((unit.name, now, 0))
-        else:
-            since, reads = clocks.get(unit.name, (start, 0))
-            out.append((unit.name, since, reads + 1))
-    return tuple(out)
 
 
 def worst_unit(snap: PageReading, clocks: tuple[tuple[str, float, int], ...], now: float,
@@ -181,6 +212,6 @@ def moved_beside(before: PageReading, after: PageReading, unit: str) -> bool:
     old = {name: value for name, value in before.series if not name.startswith(prefix)}
     if any(name in old and value > old[name] for name, value in after.series if not name.startswith(prefix)):
         return True
-    old_gauges = before.gauges()
+    old_gauges = before.gauges
     return any(old_gauges.get(name) is not None and new is not None and old_gauges[name] != new
-               for name, new in after.gauges().items())
+               for name, new in after.gauges.items())

@@ -8,17 +8,7 @@ from typing import Any
 from llm_vitals.exporter.engines import EngineFacts, PageReading
 from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.settings import TargetSettings
-from llm_vitals.exporter.verdict.compare import (
-    moved_beside,
-    on_peer,
-    progressed,
-    rate,
-    same_lifetime,
-    unit_clocks,
-    unit_load,
-    went_backwards,
-    worst_unit,
-)
+from llm_vitals.exporter.verdict.compare import Comparison, compare, moved_beside, on_peer, unit_load, worst_unit
 from llm_vitals.exporter.verdict.model import SLEEP_LEVEL_WORDS, CanaryOutcome, ModelsOk, Observation, PollError, Verdict, initial, move
 from llm_vitals.exporter.verdict.unread import on_error, on_failure, unslowed
 from llm_vitals.targets import Reason, State
@@ -26,7 +16,7 @@ from llm_vitals.targets import Reason, State
 
 def judge(previous: Verdict | None, observation: Observation, now: float, target: TargetSettings,
           facts: EngineFacts | None = None, *, health: tuple[str, int] | None = None,
-          canary_overlap: bool = False, paused: bool | None = None) -> Verdict:
+          canary_overlap: bool = False, paused: bool | None = None, comparison: Comparison | None = None) -> Verdict:
     """The new verdict for `target` after one poll that saw `observation` at time `now`.
 
     `facts` are the engine table's facts about `target.engine` (given explicitly by table tests).
@@ -35,7 +25,9 @@ def judge(previous: Verdict | None, observation: Observation, now: float, target
     exporter's own canary ran since the last read (`canary_overlapped`), so counters it moved on an
     idle server are not work. `paused` is the engine's pause route's answer, asked since the last
     read (`pause_ask_due`): True, the engine paused on purpose; False or None (not asked, no answer:
-    a hung vLLM EngineCore does not answer /is_paused) is no pause.
+    a hung vLLM EngineCore does not answer /is_paused) is no pause. `comparison` is the page's against
+    the last good read, as the health-check decision took it (`compare(previous, observation)`, which
+    works it out where it is not given).
     """
     previous = previous or initial(now)
     facts = facts if facts is not None else engine_of(target.engine).facts
@@ -47,7 +39,9 @@ def judge(previous: Verdict | None, observation: Observation, now: float, target
         return on_failure(previous, observation, now, target, facts)
     if isinstance(observation, ModelsOk):
         return unslowed(_on_models(previous, observation, now, target))
-    return unslowed(_on_snapshot(previous, observation, now, target, canary_overlap, paused))
+    if comparison is None:
+        comparison = compare(previous, observation)
+    return unslowed(_on_snapshot(previous, observation, now, target, comparison, canary_overlap, paused))
 
 
 def _on_models(previous: Verdict, seen: ModelsOk, now: float, target: TargetSettings) -> Verdict:
@@ -65,20 +59,24 @@ def _on_models(previous: Verdict, seen: ModelsOk, now: float, target: TargetSett
     return move(previous, now, "idle", "models_ok", f"/v1/models lists {len(seen.models)} model(s)", **common)
 
 
-def _on_snapshot(previous: Verdict, snap: PageReading, now: float, target: TargetSettings,
+def _on_snapshot(previous: Verdict, snap: PageReading, now: float, target: TargetSettings, comparison: Comparison,
                  canary_overlap: bool = False, paused: bool | None = None) -> Verdict:
-    restarted, bad = _lifetime(previous, snap, now, target)
-    if bad is not None:
-        return bad
+    if comparison.backwards is not None:
+        # Same lifetime, yet a counter fell: the page is not one process's counters (a proxy
+        # mixing backends, a broken exporter). Re-base on it so one bad read stays one.
+        return on_error(previous, PollError(
+            "bad_metrics", f"counter {comparison.backwards} went backwards in the same process lifetime"),
+            now, target, snapshot=snap, snapshot_at=now)
+    restarted = comparison.restarted
     # Counters are compared only within one lifetime; the first read of a lifetime compares nothing.
     same_life = previous.snapshot if not restarted else None
-    moved = same_life is not None and progressed(same_life, snap)
+    moved = same_life is not None and comparison.progressed
     if moved and same_life is not None and snap.unjudged is not None and not snap.pending:
         # An unjudged model's counters move as its requests go in, not as its responses go out
         # (exporter/decoupled.py): its own series moving is no progress on an idle-looking read.
         moved = moved_beside(same_life, snap, snap.unjudged.unit)
-    changes = _good_read(previous, snap, now, same_life, restarted)
-    load = snap.load()
+    changes = _good_read(previous, snap, now, comparison, same_life is not None)
+    load = snap.load
 
     if restarted:
         # A new process: `starting` until a read of its own shows it servable. `started` is the
@@ -119,42 +117,40 @@ def _on_snapshot(previous: Verdict, snap: PageReading, now: float, target: Targe
     return _on_pending(previous, snap, now, target, moved, same_life is not None, load, changes)
 
 
-def _lifetime(previous: Verdict, snap: PageReading, now: float, target: TargetSettings) -> tuple[bool, Verdict | None]:
-    """Whether `snap` comes from a new process, and the verdict of a page that is no one process's counters (else None)."""
-    base = previous.snapshot
-    if base is None:
-        return False, None
-    lifetime = same_lifetime(base, snap)
-    if lifetime is None:
-        # No start time nor token (e.g. --api-server-count > 1, SGLang, Triton, TGI): a monotone
-        # counter that fell, or a fresh page, is a restart; reads that failed in between (the
-        # server was away) let a model that counted nothing show no reset (Triton).
-        return went_backwards(base, snap, gap=previous.failed_reads > 0) is not None, None
-    if not lifetime:
-        return True, None
-    backwards = went_backwards(base, snap)
-    if backwards:
-        # Same lifetime, yet a counter fell: the page is not one process's counters (a proxy
-        # mixing backends, a broken exporter). Re-base on it so one bad read stays one.
-        return False, on_error(
-            previous, PollError("bad_metrics", f"counter {backwards} went backwards in the same process lifetime"),
-            now, target, snapshot=snap, snapshot_at=now)
-    return False, None
-
-
-def _good_read(previous: Verdict, snap: PageReading, now: float, same_life: PageReading | None, restarted: bool) -> dict[str, Any]:
+def _good_read(previous: Verdict, snap: PageReading, now: float, comparison: Comparison, same_life: bool) -> dict[str, Any]:
     """What every good read sets: the reading, its rates against the last one of this lifetime, the units' clocks."""
-    elapsed = now - previous.snapshot_at if same_life is not None and previous.snapshot_at is not None else 0.0
+    elapsed = now - previous.snapshot_at if same_life and previous.snapshot_at is not None else 0.0
+    restarted = comparison.restarted
     return dict(
         up=True, started=True, error_reason=None, snapshot=snap, snapshot_at=now, last_good_read=now, failed_reads=0,
         restarts=previous.restarts + (1 if restarted else 0),
         last_restart_at=now if restarted else previous.last_restart_at,
-        steps_per_second=rate(same_life.steps, snap.steps, elapsed) if same_life else None,
-        generation_tokens_per_second=(
-            rate(same_life.generation_tokens, snap.generation_tokens, elapsed) if same_life else None
-        ),
-        unit=None, unit_clocks=unit_clocks(previous, same_life, snap, now),
+        steps_per_second=_per_second(comparison.steps_grew, elapsed),
+        generation_tokens_per_second=_per_second(comparison.generation_tokens_grew, elapsed),
+        unit=None, unit_clocks=_unit_clocks(previous, snap, comparison.unit_resets, now) if snap.units else (),
     )
+
+
+def _per_second(grew: float | None, elapsed: float) -> float | None:
+    return grew / elapsed if grew is not None and elapsed > 0 else None
+
+
+def _unit_clocks(previous: Verdict, snap: PageReading, resets: tuple[bool, ...], now: float) -> tuple[tuple[str, float, int], ...]:
+    """Each unit's stuck clock after this read: (name, its last progress, its reads without progress).
+
+    A unit's clock runs while it has work pending and none of its own signals moves, as the
+    target's does over the sums (`resets`: the clocks that start again, Comparison.unit_resets).
+    """
+    clocks = {name: (since, reads) for name, since, reads in previous.unit_clocks}
+    start = previous.snapshot_at if previous.snapshot_at is not None else now
+    out = []
+    for unit, reset in zip(snap.units, resets, strict=True):
+        if reset:
+            out.append((unit.name, now, 0))
+        else:
+            since, reads = clocks.get(unit.name, (start, 0))
+            out.append((unit.name, since, reads + 1))
+    return tuple(out)
 
 
 def _on_quiet(previous: Verdict, snap: PageReading, now: float, target: TargetSettings, same_life: PageReading | None,
@@ -250,10 +246,10 @@ def _on_purpose(previous: Verdict, snap: PageReading, now: float, target: Target
     if moved and not snap.operations:
         changes["operation_since"] = None  # the common read: work moving, no operation on the page
         return None
-    ops = snap.in_flight()
+    ops = snap.in_flight
     since = (previous.operation_since if previous.operation_since is not None else now) if ops else None
     changes.update(operation_since=since)
-    load = snap.load()
+    load = snap.load
     if ops and since is not None and now - since >= target.pause_budget:
         wedged_at = since + target.pause_budget
         changes.update(last_progress=wedged_at, stuck_seconds=now - wedged_at,

@@ -4,10 +4,10 @@ does the I/O, each rule here says when and what it means (ReadPlan, in plan.py, 
 
 from __future__ import annotations
 
-from llm_vitals.exporter.engines import PageReading
+from llm_vitals.exporter.engines import Engine, PageReading
 from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.settings import TargetSettings
-from llm_vitals.exporter.verdict.compare import progressed, unit_moved, unit_pairs
+from llm_vitals.exporter.verdict.compare import Comparison, compare
 from llm_vitals.exporter.verdict.model import ModelsOk, Observation, PollError, Verdict
 
 # How much of a read's timeout the exporter's own loop lag must reach for the timeout to be blamed
@@ -78,7 +78,7 @@ def with_second_probe(error: PollError, path: str, answer: int | PollError, *, h
     return error
 
 
-def health_check_due(previous: Verdict, snap: PageReading) -> bool:
+def health_check_due(previous: Verdict, snap: PageReading, comparison: Comparison | None = None) -> bool:
     """Whether this poll should also ask the engine's health route (vLLM answers 503 when dead).
 
     - Work pending and nothing moved since the last read: is the engine dead, or only slow?
@@ -86,16 +86,16 @@ def health_check_due(previous: Verdict, snap: PageReading) -> bool:
       (vLLM 0.32 aborts every request when its Worker dies, and then reads idle), so an idle page is
       no proof of life. Its own health route says dead at once, where the canary would take
       `failures_before_unresponsive` intervals to say only `unresponsive`.
+
+    `comparison`: the page's against the last read (`compare(previous, snap)`, worked out where not given).
     """
     if not snap.pending:
         return previous.canary_failures > 0
-    base = previous.snapshot
-    if base is None:
+    if previous.snapshot is None:
         return False
+    seen = comparison if comparison is not None else compare(previous, snap)
     # One unit with work and nothing of its own moving asks too: a dead data-parallel engine is 503.
-    return not progressed(base, snap) or (bool(snap.units) and any(
-        unit.pending and old is not None and not unit_moved(old, unit)
-        for unit, old in unit_pairs(base, snap)))
+    return not seen.progressed or seen.unit_stalled
 
 
 def pause_ask_due(verdict: Verdict, now: float, target: TargetSettings, poll_interval: float, *,
@@ -128,20 +128,13 @@ def pause_ask_due(verdict: Verdict, now: float, target: TargetSettings, poll_int
     return now + 2 * poll_interval - verdict.last_progress >= target.stuck_after
 
 
-def canary_due(
-    verdict: Verdict,
-    observation: Observation,
-    last_sent: float | None,
-    now: float,
-    target: TargetSettings,
-    *,
-    poll_interval: float,
-    in_flight: bool = False,
-) -> bool:
+def canary_due(verdict: Verdict, observation: Observation, last_sent: float | None, now: float, target: TargetSettings, *,
+               poll_interval: float, in_flight: bool = False, engine: Engine | None = None) -> bool:
     """May a canary go out with the poll that just judged `observation` into `verdict`?
 
     The product's key rule: never to a server this very poll saw working, so the canary cannot
     queue behind the load it guards. `last_sent` is when the previous canary went out (None: never).
+    `engine`: the target's engine table entry (None: looked up by its name).
     """
     if not target.sends_canary or in_flight or verdict.state == "asleep":
         return False
@@ -152,7 +145,7 @@ def canary_due(
         # gauges at 0 at the instant of this read.
         return not observation.pending and verdict.state in ("idle", "unresponsive")
     # An engine with no /metrics cannot show its load; its models answer is the best we have.
-    return isinstance(observation, ModelsOk) and engine_of(target.engine).parse is None
+    return isinstance(observation, ModelsOk) and (engine or engine_of(target.engine)).parse is None
 
 
 def canary_next_due(verdict: Verdict, last_sent: float | None, target: TargetSettings, poll_interval: float) -> float:
@@ -167,16 +160,17 @@ def canary_next_due(verdict: Verdict, last_sent: float | None, target: TargetSet
     return last_sent + target.canary.interval - poll_interval / 2
 
 
-def follow_ups(verdict: Verdict, observation: Observation, now: float, target: TargetSettings, poll_interval: float, *,
-               pause_route: bool, last_canary_sent: float | None, canary_in_flight: bool) -> tuple[bool, bool]:
+def follow_ups(verdict: Verdict, observation: Observation, now: float, target: TargetSettings, engine: Engine,
+               poll_interval: float, *, pause_route: bool, last_canary_sent: float | None,
+               canary_in_flight: bool) -> tuple[bool, bool]:
     """After a read's verdict: whether to ask the engine's pause route (where it has one and no ask is
-    out), and whether to send a canary."""
+    out), and whether to send a canary. `engine`: the target's engine table entry."""
     send = canary_due(verdict, observation, last_canary_sent, now, target, poll_interval=poll_interval,
-                      in_flight=canary_in_flight)
+                      in_flight=canary_in_flight, engine=engine)
     # A canary may go with the next read (none goes now, none is out, and the next read may judge
     # idle): the pause route is asked first, for that read (pause_ask_due), where it says the pause alone.
     canary_soon = (not send and not canary_in_flight and target.sends_canary
-                   and engine_of(target.engine).pause_before_canary
+                   and engine.pause_before_canary
                    and verdict.state in ("idle", "unresponsive", "busy")
                    and now + poll_interval >= canary_next_due(verdict, last_canary_sent, target, poll_interval))
     ask_pause = pause_route and pause_ask_due(verdict, now, target, poll_interval, canary_soon=canary_soon)

@@ -149,7 +149,7 @@ def _on_unanswered(previous: Verdict, error: PollError, now: float, target: Targ
     owed = "while work was pending" if previous.snapshot is not None and previous.snapshot.pending else (
         "after an idle read")
     if starved and previous.snapshot is not None:
-        owed = (f"after a saturated read ({previous.snapshot.load()}: the reads may wait behind the clients' "
+        owed = (f"after a saturated read ({previous.snapshot.load}: the reads may wait behind the clients' "
                 f"own requests; stuck once nothing moved for {target.stuck_after:g}s)")
     detail = (f"/metrics accepted the connection and never answered ({error.detail}) {owed}; "
               f"no good read for {unread_for:.1f}s over {failed} read(s), no progress seen for {stuck_for:.1f}s")
