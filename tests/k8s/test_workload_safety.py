@@ -215,7 +215,8 @@ async def test_a_disruption_budget_refuses_the_eviction_and_no_pod_goes(
     assert [(r["decision"], r["reason"], r["result"]) for r in refused] == [("refused", "disruption_budget", None)]
     assert "The disruption budget vllm needs 2 healthy pods and has 2 currently" in refused[0]["detail"]
     # Nothing was spent: the re-send (Alertmanager's repeat, here to the other replica) is judged afresh.
-    state = shared_state(cp, namespace)
+    # The refusal is journaled before the take-back's Lease write (ledger.taken_back): wait for the write.
+    state = await wait_until(lambda: asyncio.sleep(0, _taken_back(cp, namespace)), 30, "the take-back in the Lease")
     assert state["in_progress"] is None and state["last_restart_started"] is None
     assert state["restart_times"] == {} and state["decided"] == []
     again = await b.webhook(payload)
@@ -231,6 +232,12 @@ async def test_a_disruption_budget_refuses_the_eviction_and_no_pod_goes(
     assert len(budget_events) == 1  # one per alert episode and reason, whichever replica wrote it
     assert "disruption budget" in budget_events[0]["message"]
     assert workload_of(cp, stuck) in shared_state(cp, namespace)["disrupted"]
+
+
+def _taken_back(cp: ControlPlane, namespace: str) -> dict[str, Any]:
+    """The shared state once no restart is in progress in it (the claim taken back), else {}."""
+    state = shared_state(cp, namespace)
+    return state if state["in_progress"] is None else {}
 
 
 async def _refusals(replica: Replica) -> list[dict[str, Any]]:
