@@ -309,3 +309,27 @@ def test_a_budget_spent_within_a_window_is_an_open_circuit_past_the_window():
     assert spent([0.0, 600.0, 1200.0], 3, 3600.0)
     assert not spent([0.0, 3000.0, 6000.0], 3, 3600.0)
     assert not spent([0.0, 600.0], 3, 3600.0)
+
+
+async def test_a_first_commit_landing_between_the_marker_and_the_lease_reads_is_no_loss(tmp_path):
+    """Two replicas with no memory start at once: B's first commit (the Lease, then its marker) lands
+    while A reads. A reads the marker before the Lease, so it sees either neither or the Lease; read the
+    other way round, it saw no Lease, then B's marker, and refused every alert as `state_lost`."""
+    clock = Clock(T0)
+    leases = MemoryLeases(clock)
+    a, b = store(leases, clock, tmp_path / "a.epoch"), store(leases, clock, tmp_path / "b.epoch", name="replica-b")
+    real_get = leases.get_lease
+    reads = 0
+
+    async def a_reads(namespace: str, name: str):
+        nonlocal reads
+        reads += 1
+        if reads == 2:  # between A's two reads: B's first commit, Lease and marker
+            leases.get_lease = real_get
+            await update(b, lambda s: node_cordoned(s, "gpu-7"))
+            leases.get_lease = a_reads
+        return await real_get(namespace, name)
+
+    leases.get_lease = a_reads  # type: ignore[method-assign]
+    state, _ = await a.read()
+    assert reads == 2 and state.cordoned_nodes == frozenset({"gpu-7"}) and not a.health.lost

@@ -221,12 +221,15 @@ class LeaseStore:
         return claim_lapsed(local)
 
     async def read(self) -> tuple[GateState, Snapshot]:
-        lease = await self._get()
-        where = f"Lease {self.ref.namespace}/{self.ref.name}"
         seen = self.memory.epoch
         if seen is None:
-            # No memory of its own (no epoch file): the marker beside the Lease is the fleet's.
+            # No memory of its own (no epoch file): the marker beside the Lease is the fleet's. Read
+            # before the Lease: a marker is written after its Lease, so the marker read first and the
+            # Lease absent after it is a deletion, never another replica's first commit landing
+            # between the two reads (the k8s tier's two replicas starting at once read `state_lost`).
             seen = await self._marked_epoch()
+        lease = await self._get()
+        where = f"Lease {self.ref.namespace}/{self.ref.name}"
         text = ((lease or {}).get("metadata", {}).get("annotations") or {}).get(STATE_ANNOTATION)
         if not text:
             if seen is not None:
