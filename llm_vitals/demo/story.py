@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import aiohttp
 
 from llm_vitals.demo.configs import backend_name
-from llm_vitals.demo.load import Load
+from llm_vitals.demo.load import HeldRequest, Load
 from llm_vitals.demo.ports import BACKENDS
 from llm_vitals.demo.timings import Timings
 from llm_vitals.targets import RESTARTABLE_STATES
@@ -198,6 +198,7 @@ class Story:
     status: Status
     background: list[Load] = field(init=False)
     batch: Load = field(init=False)
+    held: list[HeldRequest] = field(init=False, default_factory=list)  # open across a hang (hang())
 
     def __post_init__(self) -> None:
         # Two clients pinned to each backend keep work in flight on every one of them, so that a hang
@@ -221,8 +222,23 @@ class Story:
         if fault != "none":
             self.observer.on_event(f"story: {fault} {backend_name(index)}")
 
+    async def hang(self, *indices: int) -> None:
+        """Hang these backends, each with a long request surely in flight (load.HeldRequest says why)."""
+        held = [HeldRequest(self.session, self.backend_urls[i]) for i in indices]
+        self.held.extend(held)
+        opened = await asyncio.gather(*(request.open(self.timings.step_timeout / 4) for request in held))
+        if not all(opened):
+            names = ", ".join(backend_name(i) for i, ok in zip(indices, opened, strict=True) if not ok)
+            raise StepTimeout(f"no request could be held open on {names} before the hang")
+        await asyncio.gather(*(self.fault(i, "hang") for i in indices))
+
+    async def close_held(self) -> None:
+        held, self.held = self.held, []
+        await asyncio.gather(*(request.close() for request in held))
+
     async def clear_faults(self) -> None:
         await asyncio.gather(*(self.fault(i, "none") for i in range(BACKENDS)))
+        await self.close_held()
         self.observer.on_event("story: hang cleared on every backend")
 
     async def until(self, what: str, predicate: Callable[[], bool], timeout: float | None = None) -> None:
@@ -285,7 +301,7 @@ class Story:
 
     async def step_hang_one(self, result: StepResult) -> None:
         b2 = backend_name(1)
-        await self.fault(1, "hang")
+        await self.hang(1)
         self.status.detail = f"backend-2's engine stopped stepping; stuck after {self.timings.stuck_after:g}s without progress"
         await self.until("a restart of backend-2", lambda: bool(self.restarts(result, b2)))
         self.status.detail = "backend-2 restarted; waiting for it to serve again"
@@ -296,7 +312,7 @@ class Story:
 
     async def step_hang_pair(self, result: StepResult) -> None:
         b1, b3 = backend_name(0), backend_name(2)
-        await asyncio.gather(self.fault(0, "hang"), self.fault(2, "hang"))
+        await self.hang(0, 2)
         self.status.detail = "backend-1 and backend-3 hung together: one restart now, the other after the cooldown"
         await self.until("a first restart", lambda: len(self.restarts(result)) >= 1)
         first = self.restarts(result)[0]
@@ -321,7 +337,7 @@ class Story:
         result.check(f"the two restarts are {gap:.0f}s apart (cooldown {self.timings.cooldown:g}s)", gap >= self.timings.cooldown - 0.5)
 
     async def step_hang_all(self, result: StepResult) -> None:
-        await asyncio.gather(*(self.fault(i, "hang") for i in range(BACKENDS)))
+        await self.hang(*range(BACKENDS))
         self.status.detail = "all three hung: the fleet gate should refuse (max_unhealthy 2)"
 
         def gate_refusals() -> list[dict[str, Any]]:
@@ -376,6 +392,7 @@ class Story:
         return results
 
     async def stop_load(self) -> None:
+        await self.close_held()
         for load in (*self.background, self.batch):
             await load.stop()
 
