@@ -11,6 +11,7 @@ import logging
 import random
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import aiohttp
 from yarl import URL
@@ -64,6 +65,14 @@ from llm_vitals.targets import UNHEALTHY_STATES
 log = logging.getLogger("llm_vitals.exporter")
 
 
+class Reach(NamedTuple):
+    """How a record's target is read: its engine table entry and where its page is (parsed once)."""
+
+    entry: Engine
+    metrics_url: str
+    parsed: URL | None  # `metrics_url` as aiohttp would parse it at each request (upstream.parsed_url)
+
+
 @dataclass(slots=True)
 class PauseAsk:
     """One ask of a target's pause route (vLLM's GET /is_paused), sent in the background after a read.
@@ -105,7 +114,7 @@ class Poller:
         # The event loop's own lateness: a read that timed out while it was high is `exporter_late`.
         self.lag = lag
         self.tasks: dict[str, asyncio.Task[None]] = {}  # one poll loop per watched target, by name
-        self._metrics_urls: dict[TargetRecord, tuple[str, URL | None]] = {}  # each record's, worked out at its first poll
+        self._reaches: dict[TargetRecord, Reach] = {}  # how each record is read, worked out at its first poll
         self._pause_asks: dict[TargetRecord, PauseAsk] = {}  # each record's last ask of its pause route
         # The GPU-fault sources (llm_vitals/exporter/gpu_faults/), read through one aggregate per poll.
         gpu = settings.gpu_faults
@@ -178,7 +187,7 @@ class Poller:
             task.cancel()
         record = self.store.remove(name)
         if record is not None:
-            self._metrics_urls.pop(record, None)
+            self._reaches.pop(record, None)
             ask = self._pause_asks.pop(record, None)
             if ask is not None and ask.task is not None:
                 ask.task.cancel()
@@ -237,17 +246,18 @@ class Poller:
         """One poll: the core's read carried out, its conclusion cached, a state change logged, maybe a canary sent."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        entry = engine_of(record.settings.engine)  # asked once per poll: the reads below take it
+        reach = self._reaches.get(record) or self._reach(record)
+        entry = reach.entry  # the reads below take it
         # The core's read (verdict/plan.py): it asks for each request in turn, and decides everything.
         steps = read(record.verdict, record.settings, entry, self.settings.metrics_timeout)
         if not self.gpu_faults.wants(record.settings):  # no gather: its two tasks a poll showed at 5,000 targets (bench_scale.py)
-            await self._carry_out(record, entry, steps)
+            await self._carry_out(record, reach, steps)
             duration = loop.time() - started
             if record.gpu_faults.reads:
                 record.set_gpu_faults(GpuFaultState())  # a source it no longer has (the node watch stopped)
         else:
             _, faults = await asyncio.gather(
-                self._carry_out(record, entry, steps), self.gpu_faults.read(record.settings, record.gpu_faults))
+                self._carry_out(record, reach, steps), self.gpu_faults.read(record.settings, record.gpu_faults))
             duration = loop.time() - started
             record.set_gpu_faults(faults)  # the one writer of the target's GPU faults
         now = self.clock.now()
@@ -267,7 +277,7 @@ class Poller:
         record.record_poll(concluded.verdict, now.mono, duration, wall=now.wall, pace=pace)
         if concluded.ask_pause:
             ask = self._pause_asks[record] = PauseAsk(now.mono)
-            ask.task = asyncio.create_task(self._ask_pause(record, ask), name=f"pause:{record.name}")
+            ask.task = asyncio.create_task(self._ask_pause(record, entry, ask), name=f"pause:{record.name}")
         if record.verdict.restarts != before.restarts and record.model_config is not None:
             record.set_model_config(None, None)  # a new process may serve the model with another config
         if record.draining and not concluded.draining:
@@ -277,7 +287,14 @@ class Poller:
         if concluded.send_canary:
             record.canary_sent(asyncio.create_task(self._canary(record), name=f"canary:{record.name}"), now.mono)
 
-    async def _carry_out(self, record: TargetRecord, entry: Engine, steps: Generator[object, object, Conclusion]) -> None:
+    def _reach(self, record: TargetRecord) -> Reach:
+        """How `record` is read, kept for its life: its settings never change (a changed target is a new record)."""
+        entry = engine_of(record.settings.engine)
+        url = entry.metrics_url(record.settings)
+        reach = self._reaches[record] = Reach(entry, url, parsed_url(url))
+        return reach
+
+    async def _carry_out(self, record: TargetRecord, reach: Reach, steps: Generator[object, object, Conclusion]) -> None:
         """Carry out each request of the core's read, in order, sending its answer back, until it asks
         for the moment to conclude at (`AskNow`). Never raises for upstream trouble: a failure is an answer."""
         started = asyncio.get_running_loop().time()  # a failed read's lag is the loop's worst since here
@@ -285,21 +302,21 @@ class Poller:
         while not isinstance(request, AskNow):
             answer: object
             if isinstance(request, ReadPage):
-                answer = await self._read_page(record, entry, request.deadline, started)
+                answer = await self._read_page(record, reach, request.deadline, started)
             elif isinstance(request, AskHealth):
-                answer = await self._read_health(record, entry)
+                answer = await self._read_health(record, reach.entry)
             elif isinstance(request, AskReady):
-                answer = await self._check_model_ready(record, started)
+                answer = await self._check_model_ready(record, reach.entry, started)
             elif isinstance(request, SecondProbe):
-                answer = await self._second_probe(record, entry, request.deadline)
+                answer = await self._second_probe(record, reach, request.deadline)
             else:
                 raise TypeError(f"the core asked for {request!r}")  # a bug in the core, counted `internal`
             request = steps.send(answer)
 
-    async def _read_page(self, record: TargetRecord, entry: Engine, deadline: float, started: float) -> Observation | Failed:
+    async def _read_page(self, record: TargetRecord, reach: Reach, deadline: float, started: float) -> Observation | Failed:
         """What the read sees: a PageReading within `deadline`, or the model list for a proxy or an engine with
         no page; or how it failed. The engine's own model config is read beside the page when due (Triton)."""
-        target = record.settings
+        target, entry = record.settings, reach.entry
         timeout = deadline
         reading_metrics = False  # a second probe follows only a /metrics read that got no answer
         try:
@@ -307,12 +324,12 @@ class Poller:
                 timeout = self.settings.models_timeout
                 return ModelsOk(tuple(await read_models(self.session, target, timeout)))
             reading_metrics = True
-            snapshot = await self._read_metrics(record, timeout, entry)
+            snapshot = await self._read_metrics(reach, timeout)
             reading_metrics = False
             if entry.model_config_path is not None and config_due(
                     entry, target.model, record.model_config, record.model_config_tried,
                     asyncio.get_running_loop().time(), CONFIG_RETRY_SECONDS):
-                await self._read_model_config(record)
+                await self._read_model_config(record, entry)
             if record.model_config is not None:
                 snapshot = self._judged_model(record, snapshot, entry)
             return snapshot
@@ -322,7 +339,7 @@ class Poller:
     def _failed(self, error: PollError, started: float, timeout: float, *, metrics: bool = False) -> Failed:
         return Failed(error, self.lag.worst_since(started) if self.lag is not None else None, timeout, metrics)
 
-    async def _second_probe(self, record: TargetRecord, entry: Engine, deadline: float) -> Probed:
+    async def _second_probe(self, record: TargetRecord, reach: Reach, deadline: float) -> Probed:
         """What one more request saw after a /metrics read that connected and got no answer.
 
         The engine's first health route (vLLM's /health is answered by its API server, which stays
@@ -332,11 +349,12 @@ class Poller:
         answers every route late, and must not be read as frozen (the core judges the answer:
         verdict/reads.py's `with_second_probe`).
         """
+        entry = reach.entry
         health = bool(entry.health_paths)
         if health or entry.models_path is not None:
             url = record.settings.base_url + (entry.health_paths[0] if health else entry.models_path or "")
         else:
-            url = self._metrics_urls[record][0]
+            url = reach.metrics_url
         path = "/" + url.split("//", 1)[-1].partition("/")[2]
         started = asyncio.get_running_loop().time()
         answer: int | PollError
@@ -346,19 +364,14 @@ class Poller:
             answer = PollError(exc.reason, exc.detail)
         return Probed(path, answer, self.lag.worst_since(started) if self.lag is not None else None, health)
 
-    async def _read_metrics(self, record: TargetRecord, timeout: float, entry: Engine) -> PageReading:
-        # Worked out once per record (its settings never change): a poll only reads it.
-        known = self._metrics_urls.get(record)
-        if known is None:
-            url = entry.metrics_url(record.settings)
-            known = self._metrics_urls[record] = (url, parsed_url(url))
+    async def _read_metrics(self, reach: Reach, timeout: float) -> PageReading:
         status, body, headers = await bounded_get_with_headers(
-            self.session, known[0], parsed=known[1], headers=METRICS_HEADERS,
+            self.session, reach.metrics_url, parsed=reach.parsed, headers=METRICS_HEADERS,
             timeout=timeout, max_bytes=self.settings.max_page_bytes,
         )
         if status != 200:
-            raise PageError("http_status", f"{entry.metrics_path} answered HTTP {status}")
-        return read_page(entry, Page(body, headers))
+            raise PageError("http_status", f"{reach.entry.metrics_path} answered HTTP {status}")
+        return read_page(reach.entry, Page(body, headers))
 
     async def _read_health(self, record: TargetRecord, entry: Engine) -> tuple[str, int] | None:
         """The first of the engine's health routes that answers 503, as (path, 503); else the last answer, or None.
@@ -380,9 +393,8 @@ class Poller:
                 break
         return seen
 
-    async def _ask_pause(self, record: TargetRecord, ask: PauseAsk) -> None:
+    async def _ask_pause(self, record: TargetRecord, entry: Engine, ask: PauseAsk) -> None:
         """Ask the engine's pause route (vLLM's GET /is_paused) once: True paused; None unanswered or unreadable."""
-        entry = engine_of(record.settings.engine)
         try:
             if entry.pause_path is not None and entry.pause_answer is not None:
                 status, body = await bounded_get(self.session, record.settings.base_url + entry.pause_path,
@@ -393,14 +405,13 @@ class Poller:
         finally:
             ask.task = None
 
-    async def _read_model_config(self, record: TargetRecord) -> None:
+    async def _read_model_config(self, record: TargetRecord, entry: Engine) -> None:
         """The engine's own config of the target's model (Triton: is it decoupled?), kept for the process's life.
 
         A failure (a timeout, PyTriton's 403 on a locked API, a page that is no config) leaves it
         unknown, tried again after CONFIG_RETRY_SECONDS: the model keeps the plain canary, whose 501
         is a rejection, never a failure.
         """
-        entry = engine_of(record.settings.engine)
         now = asyncio.get_running_loop().time()
         if entry.model_config_path is None or entry.model_config is None or not record.settings.model:
             return
@@ -420,13 +431,13 @@ class Poller:
         found = unjudged(entry, record.settings.model, record.model_config, snapshot)
         return snapshot if found is None else replace(snapshot, unjudged=found)
 
-    async def _check_model_ready(self, record: TargetRecord, started: float) -> Failed | None:
+    async def _check_model_ready(self, record: TargetRecord, entry: Engine, started: float) -> Failed | None:
         """None when the model can serve (or the engine has no ready route); else the read's failure.
 
         An idle-looking page is idle only once the model can serve: a Triton (re)starting has its
         page up before the model is loaded, and a canary then fails (404) as if the server hung.
         """
-        path = engine_of(record.settings.engine).ready_path
+        path = entry.ready_path
         if path is None or not record.settings.model:
             return None
         path = path.replace("{model}", record.settings.model)
