@@ -95,8 +95,8 @@ def conclude(previous: Verdict, observation: Observation, now: float, target: Ta
     verdict = judge(previous, observation, now, target, engine.facts, health=health, canary_overlap=overlap,
                     paused=paused, comparison=comparison)
     ask_pause, send = follow_ups(verdict, observation, now, target, engine, poll_interval,
-                                       pause_route=pause_route, last_canary_sent=last_canary_sent,
-                                       canary_in_flight=canary_in_flight)
+                                 pause_route=pause_route, last_canary_sent=last_canary_sent,
+                                 canary_in_flight=canary_in_flight)
     return Conclusion(verdict, ask_pause, send, drain_holds(draining, previous, verdict), observation)
 
 
@@ -107,6 +107,9 @@ def canary_overlapped(last_sent: float | None, in_flight: bool, since: float | N
     in flight, ran inside the interval the next read measures.
     """
     return in_flight or (last_sent is not None and since is not None and last_sent >= since)
+
+
+# -- what follows a verdict: the pause ask and the canary -----------------------------------------
 
 
 def pause_ask_due(verdict: Verdict, now: float, target: TargetSettings, poll_interval: float, *,
