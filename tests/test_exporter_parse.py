@@ -155,3 +155,24 @@ def test_bad_page_is_a_bad_metrics_error_not_a_crash(body: bytes, fragment: str)
         parse_page(body)
     assert caught.value.reason == "bad_metrics"
     assert fragment in caught.value.detail
+
+
+RUNNING, WAITING = b"vllm:num_requests_running 1\n", b"vllm:num_requests_waiting 0\n"
+SLEEP_BROKEN = b"vllm:engine_sleep_state{awake} 1\n"
+DEFERRED_NAN = b'vllm:num_requests_waiting_by_reason{reason="deferred"} NaN\n'
+BY_REASON_BROKEN = b"vllm:num_requests_waiting_by_reason{deferred} 1\n"
+
+
+@pytest.mark.parametrize("body,fragment", [
+    # The adapter's checks in their order (one call into the scanner takes the first three):
+    # the families it needs, the deferred requests' labels, the sums, the sleep state's labels, the deferred sum.
+    (BY_REASON_BROKEN + WAITING, "no vllm:num_requests_running"),
+    (BY_REASON_BROKEN + RUNNING.replace(b"1", b"NaN") + WAITING, "malformed label set '{deferred}'"),
+    (RUNNING.replace(b"1", b"NaN") + WAITING + SLEEP_BROKEN, "vllm:num_requests_running is NaN"),
+    (RUNNING + WAITING + SLEEP_BROKEN + DEFERRED_NAN, "malformed label set '{awake}'"),
+    (RUNNING + WAITING + DEFERRED_NAN, "vllm:num_requests_waiting_by_reason is NaN"),
+])
+def test_a_page_broken_twice_reads_its_first_error(body: bytes, fragment: str) -> None:
+    with pytest.raises(PageError) as caught:
+        parse_page(body)
+    assert fragment in caught.value.detail

@@ -39,7 +39,7 @@ from llm_vitals.exporter.verdict import (
     pause_exceeded,
     record_canary,
 )
-from llm_vitals.exporter.verdict.reads import follow_ups
+from llm_vitals.exporter.verdict.plan import follow_ups
 from llm_vitals.remediator.exporter_client import parse_targets
 from llm_vitals.targets import NOT_READY_STATES, RESTARTABLE_STATES, STATES, UNHEALTHY_STATES
 

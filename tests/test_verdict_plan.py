@@ -1,10 +1,13 @@
-"""The poller's one question per read (exporter/verdict/plan.py), as tables: before the read, its
-deadline, when the health route is asked and how a failed read is judged; after it, the verdict,
-the pause ask and the canary, each the rule it gathers would give alone."""
+"""The core's one read (exporter/verdict/plan.py's `read`), driven as the poller drives it, as tables:
+the requests it makes in order (the page within its deadline, the health route when the rule says,
+the ready route, the second probe) and how a failed read is judged; then the verdict, the pause ask
+and the canary, each the rule it gathers would give alone."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -12,21 +15,29 @@ from llm_vitals.exporter.engines import PageReading
 from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict import (
+    ASK_HEALTH,
+    ASK_NOW,
+    ASK_READY,
     LATE_SHARE,
     SLOW_READ_FACTOR,
     Conclusion,
+    Failed,
     ModelsOk,
+    Moment,
     PollError,
+    Probed,
+    ReadPage,
+    SecondProbe,
     Verdict,
     canary_due,
     compare,
     conclude,
+    follow_ups,
     health_check_due,
     initial,
     judge,
-    plan_read,
+    read,
 )
-from llm_vitals.exporter.verdict.reads import follow_ups
 
 TIMEOUT = 10.0
 
@@ -57,13 +68,29 @@ SLOW = after((0, snap(2, 1)), (5, PollError("timeout", "/metrics took longer tha
 FAILED_CANARY = replace(IDLE, canary_failures=1)
 
 
+def driven(previous: Verdict, answers: Sequence[Any], settings: TargetSettings | None = None) -> tuple[list[object], Conclusion]:
+    """The requests `read` makes, given these answers in turn (the last, to AskNow, a Moment at 10 s), and its conclusion."""
+    settings = settings or target()
+    steps = read(previous, settings, engine_of(settings.engine), TIMEOUT)
+    asked = [next(steps)]
+    for answer in answers:
+        asked.append(steps.send(answer))
+    assert asked[-1] == ASK_NOW
+    try:
+        steps.send(Moment(previous, 10.0, 5.0, None, False, None, True, False))
+    except StopIteration as done:
+        return asked, done.value
+    raise AssertionError("the read asked for more than its moment")
+
+
 @pytest.mark.parametrize(("previous", "deadline"), [
     (initial(0), TIMEOUT),
     (BUSY, TIMEOUT),
     (SLOW, SLOW_READ_FACTOR * TIMEOUT),  # a slow page earns the next read a longer deadline
 ])
-def test_the_plan_gives_the_reads_deadline(previous: Verdict, deadline: float) -> None:
-    assert plan_read(previous, TIMEOUT).deadline == deadline
+def test_the_read_asks_the_page_within_its_deadline(previous: Verdict, deadline: float) -> None:
+    asked, _ = driven(previous, [snap(2, 12)])
+    assert asked[0] == ReadPage(deadline)
 
 
 @pytest.mark.parametrize(("previous", "page", "asked"), [
@@ -73,10 +100,22 @@ def test_the_plan_gives_the_reads_deadline(previous: Verdict, deadline: float) -
     (FAILED_CANARY, snap(), True),  # idle-looking, and its last canary failed
     (initial(0), snap(2, 1), False),  # nothing to compare with yet
 ])
-def test_the_plan_asks_the_health_route_as_the_rule_says(previous: Verdict, page: PageReading, asked: bool) -> None:
-    checked = plan_read(previous, TIMEOUT).check_page(page)
-    assert checked.health_due is asked is health_check_due(previous, page)
-    assert checked.comparison == compare(previous, page)  # the one comparison, carried into conclude
+def test_the_read_asks_the_health_route_as_the_rule_says(previous: Verdict, page: PageReading, asked: bool) -> None:
+    # Beside a page with nothing pending the model's ready route is asked too, after the health route.
+    answers: list[Any] = [page, *([("/health", 200)] if asked else []), *([None] if not page.pending else [])]
+    requests, concluded = driven(previous, answers)
+    assert (ASK_HEALTH in requests) is asked is health_check_due(previous, page)
+    assert (ASK_READY in requests) is not page.pending
+    # The one comparison, carried into judge: the verdict is the one judge gives with it.
+    health = ("/health", 200) if asked else None
+    assert concluded.verdict == judge(previous, page, 10.0, target(), health=health, comparison=compare(previous, page))
+
+
+def test_a_failed_ready_route_is_the_reads_failure() -> None:
+    not_ready = PollError("http_status", "/v2/models/m/ready answered HTTP 400", ready_route=True)
+    requests, concluded = driven(IDLE, [snap(), Failed(not_ready, None, 2.0)])
+    assert requests == [ReadPage(TIMEOUT), ASK_READY, ASK_NOW]
+    assert concluded.observation == not_ready
 
 
 @pytest.mark.parametrize(("error", "lag", "metrics", "reason", "probe"), [
@@ -86,9 +125,12 @@ def test_the_plan_asks_the_health_route_as_the_rule_says(previous: Verdict, page
     (PollError("refused", "refused"), 5.0, True, "refused", False),  # its own evidence, late or not
     (PollError("timeout", "no answer", probe="unanswered"), None, True, "timeout", False),  # already probed
 ])
-def test_the_plan_judges_a_failed_read(error: PollError, lag: float | None, metrics: bool, reason: str, probe: bool) -> None:
-    judged, second = plan_read(BUSY, TIMEOUT).failed(error, lag, TIMEOUT, metrics=metrics)
-    assert (judged.reason, second) == (reason, probe)
+def test_the_read_judges_a_failed_read(error: PollError, lag: float | None, metrics: bool, reason: str, probe: bool) -> None:
+    probed = Probed("/health", PollError("timeout", "no answer"), None, True)
+    requests, concluded = driven(BUSY, [Failed(error, lag, TIMEOUT, metrics), *([probed] if probe else [])])
+    assert (SecondProbe(TIMEOUT) in requests) is probe
+    assert isinstance(concluded.observation, PollError)
+    assert concluded.observation.reason == reason
 
 
 UNANSWERED = PollError("timeout", "/metrics took longer than 30s")
@@ -102,10 +144,19 @@ UNANSWERED = PollError("timeout", "/metrics took longer than 30s")
     (PollError("timeout", "no answer"), None, "timeout", "unanswered"),
     (PollError("refused", "refused"), 3.0, "refused", None),
 ])
-def test_the_plan_judges_the_second_probe_on_the_reads_deadline(answer: int | PollError, lag: float | None, reason: str,
-                                                                 probe: str | None) -> None:
-    judged = plan_read(SLOW, TIMEOUT).probed(UNANSWERED, "/health", answer, lag, health_route=True)
+def test_the_read_judges_the_second_probe_on_its_deadline(answer: int | PollError, lag: float | None, reason: str,
+                                                          probe: str | None) -> None:
+    requests, concluded = driven(SLOW, [Failed(UNANSWERED, None, 3 * TIMEOUT, True), Probed("/health", answer, lag, True)])
+    assert requests[1] == SecondProbe(SLOW_READ_FACTOR * TIMEOUT)
+    judged = concluded.observation
+    assert isinstance(judged, PollError)
     assert (judged.reason, judged.probe) == (reason, probe)
+
+
+def test_an_engine_judged_by_its_model_list_asks_nothing_beside_it() -> None:
+    requests, concluded = driven(IDLE, [ModelsOk(("tiny",))])
+    assert requests == [ReadPage(TIMEOUT), ASK_NOW]
+    assert concluded.observation == ModelsOk(("tiny",))
 
 
 def concluded(previous: Verdict, seen: PageReading | PollError | ModelsOk, now: float, settings: TargetSettings, *,
@@ -137,7 +188,7 @@ def test_the_conclusion_is_each_rule_it_gathers(previous: Verdict, seen: PageRea
     # The pause route is asked before a canary may go (follow_ups), so the two rules are gathered as one.
     assert got == Conclusion(
         verdict, *follow_ups(verdict, seen, now, settings, engine_of(settings.engine), 5.0, pause_route=pause_route,
-                             last_canary_sent=last_sent, canary_in_flight=in_flight), False)
+                             last_canary_sent=last_sent, canary_in_flight=in_flight), False, seen)
     assert got.send_canary == canary_due(verdict, seen, last_sent, now, settings, poll_interval=5.0, in_flight=in_flight)
     assert not got.ask_pause or pause_route
 

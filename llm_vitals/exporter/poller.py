@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import aiohttp
 from yarl import URL
@@ -42,20 +43,34 @@ from llm_vitals.exporter.upstream import (
     read_models,
 )
 from llm_vitals.exporter.verdict import (
+    AskHealth,
+    AskNow,
+    AskReady,
     CanaryOutcome,
+    Conclusion,
+    Failed,
     ModelsOk,
+    Moment,
     Observation,
-    PageCheck,
     PollError,
-    ReadPlan,
-    conclude,
-    plan_read,
+    Probed,
+    ReadPage,
+    SecondProbe,
+    read,
     record_canary,
 )
 from llm_vitals.logs import log_event
 from llm_vitals.targets import UNHEALTHY_STATES
 
 log = logging.getLogger("llm_vitals.exporter")
+
+
+class Reach(NamedTuple):
+    """How a record's target is read: its engine table entry and where its page is (parsed once)."""
+
+    entry: Engine
+    metrics_url: str
+    parsed: URL | None  # `metrics_url` as aiohttp would parse it at each request (upstream.parsed_url)
 
 
 @dataclass(slots=True)
@@ -99,7 +114,7 @@ class Poller:
         # The event loop's own lateness: a read that timed out while it was high is `exporter_late`.
         self.lag = lag
         self.tasks: dict[str, asyncio.Task[None]] = {}  # one poll loop per watched target, by name
-        self._metrics_urls: dict[TargetRecord, tuple[str, URL | None]] = {}  # each record's, worked out at its first poll
+        self._reaches: dict[TargetRecord, Reach] = {}  # how each record is read, worked out at its first poll
         self._pause_asks: dict[TargetRecord, PauseAsk] = {}  # each record's last ask of its pause route
         # The GPU-fault sources (llm_vitals/exporter/gpu_faults/), read through one aggregate per poll.
         gpu = settings.gpu_faults
@@ -172,7 +187,7 @@ class Poller:
             task.cancel()
         record = self.store.remove(name)
         if record is not None:
-            self._metrics_urls.pop(record, None)
+            self._reaches.pop(record, None)
             ask = self._pause_asks.pop(record, None)
             if ask is not None and ask.task is not None:
                 ask.task.cancel()
@@ -228,31 +243,33 @@ class Poller:
         await asyncio.sleep(max(0.0, start + wait - loop.time()))
 
     async def poll_once(self, record: TargetRecord) -> None:
-        """One poll: observe, judge, cache, log a state change, maybe send a canary."""
+        """One poll: the core's read carried out, its conclusion cached, a state change logged, maybe a canary sent."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        entry = engine_of(record.settings.engine)  # asked once per poll: the reads below take it
+        reach = self._reaches.get(record) or self._reach(record)
+        entry = reach.entry  # the reads below take it
+        # The core's read (verdict/plan.py): it asks for each request in turn, and decides everything.
+        steps = read(record.verdict, record.settings, entry, self.settings.metrics_timeout)
         if not self.gpu_faults.wants(record.settings):  # no gather: its two tasks a poll showed at 5,000 targets (bench_scale.py)
-            observation, health, page = await self.observe(record, entry)
+            await self._carry_out(record, reach, steps)
             duration = loop.time() - started
             if record.gpu_faults.reads:
                 record.set_gpu_faults(GpuFaultState())  # a source it no longer has (the node watch stopped)
         else:
-            (observation, health, page), faults = await asyncio.gather(
-                self.observe(record, entry), self.gpu_faults.read(record.settings, record.gpu_faults))
+            _, faults = await asyncio.gather(
+                self._carry_out(record, reach, steps), self.gpu_faults.read(record.settings, record.gpu_faults))
             duration = loop.time() - started
             record.set_gpu_faults(faults)  # the one writer of the target's GPU faults
         now = self.clock.now()
         before = record.verdict
         ask = self._pause_asks.get(record)
-        # The core's word on this read (verdict/plan.py): the new verdict, the pause ask, the canary.
-        # Its /metrics lines are not rendered here: the next scrape renders what changed (llm_vitals/exporter/page.py).
-        concluded = conclude(
-            before, observation, now.mono, record.settings, entry, health=health, poll_interval=self.settings.poll_interval,
-            last_canary_sent=record.last_canary_sent, canary_in_flight=record.canary_task is not None,
-            paused=ask.fresh_for(before.last_poll) if ask is not None else None,
-            pause_route=entry.pause_path is not None and (ask is None or ask.task is None), draining=record.draining,
-            page=page)
+        # The core's word on this read: the new verdict, the pause ask, the canary. Its /metrics lines
+        # are not rendered here: the next scrape renders what changed (llm_vitals/exporter/page.py).
+        concluded = _concluded(steps, Moment(
+            before, now.mono, self.settings.poll_interval, record.last_canary_sent, record.canary_task is not None,
+            ask.fresh_for(before.last_poll) if ask is not None else None,
+            entry.pause_path is not None and (ask is None or ask.task is None), record.draining))
+        observation = concluded.observation
         # Its pace beside its workload's peers (exporter/pace.py): `degraded`, never a state; recorded with the verdict.
         pace = self.store.pace.observe(
             record.name, record.peer_group,
@@ -260,7 +277,7 @@ class Poller:
         record.record_poll(concluded.verdict, now.mono, duration, wall=now.wall, pace=pace)
         if concluded.ask_pause:
             ask = self._pause_asks[record] = PauseAsk(now.mono)
-            ask.task = asyncio.create_task(self._ask_pause(record, ask), name=f"pause:{record.name}")
+            ask.task = asyncio.create_task(self._ask_pause(record, entry, ask), name=f"pause:{record.name}")
         if record.verdict.restarts != before.restarts and record.model_config is not None:
             record.set_model_config(None, None)  # a new process may serve the model with another config
         if record.draining and not concluded.draining:
@@ -270,89 +287,91 @@ class Poller:
         if concluded.send_canary:
             record.canary_sent(asyncio.create_task(self._canary(record), name=f"canary:{record.name}"), now.mono)
 
-    async def observe(self, record: TargetRecord, entry: Engine) -> tuple[Observation, tuple[str, int] | None, PageCheck | None]:
-        """What one poll sees (a PageReading, the model list, or a PollError), `/health`'s status when asked,
-        and the plan's check of a page (its comparison with the last one, which `conclude` takes as it is).
+    def _reach(self, record: TargetRecord) -> Reach:
+        """How `record` is read, kept for its life: its settings never change (a changed target is a new record)."""
+        entry = engine_of(record.settings.engine)
+        url = entry.metrics_url(record.settings)
+        reach = self._reaches[record] = Reach(entry, url, parsed_url(url))
+        return reach
 
-        Never raises for upstream trouble. A read that timed out while the exporter's own loop
-        lagged comes back as `exporter_late` (verdict.exporter_late); one that connected and got no
-        answer carries what a second probe saw (`_second_probe`).
-        """
-        target = record.settings
-        started = asyncio.get_running_loop().time()
-        plan = plan_read(record.verdict, self.settings.metrics_timeout)
-        timeout = plan.deadline
+    async def _carry_out(self, record: TargetRecord, reach: Reach, steps: Generator[object, object, Conclusion]) -> None:
+        """Carry out each request of the core's read, in order, sending its answer back, until it asks
+        for the moment to conclude at (`AskNow`). Never raises for upstream trouble: a failure is an answer."""
+        started = asyncio.get_running_loop().time()  # a failed read's lag is the loop's worst since here
+        request = next(steps)
+        while not isinstance(request, AskNow):
+            answer: object
+            if isinstance(request, ReadPage):
+                answer = await self._read_page(record, reach, request.deadline, started)
+            elif isinstance(request, AskHealth):
+                answer = await self._read_health(record, reach.entry)
+            elif isinstance(request, AskReady):
+                answer = await self._check_model_ready(record, reach.entry, started)
+            elif isinstance(request, SecondProbe):
+                answer = await self._second_probe(record, reach, request.deadline)
+            else:
+                raise TypeError(f"the core asked for {request!r}")  # a bug in the core, counted `internal`
+            request = steps.send(answer)
+
+    async def _read_page(self, record: TargetRecord, reach: Reach, deadline: float, started: float) -> Observation | Failed:
+        """What the read sees: a PageReading within `deadline`, or the model list for a proxy or an engine with
+        no page; or how it failed. The engine's own model config is read beside the page when due (Triton)."""
+        target, entry = record.settings, reach.entry
+        timeout = deadline
         reading_metrics = False  # a second probe follows only a /metrics read that got no answer
-        reading_ready = False  # the model-ready route, read after a good page: its failure is no /metrics failure
         try:
             if target.role == "proxy" or entry.parse is None:
                 timeout = self.settings.models_timeout
-                return ModelsOk(tuple(await read_models(self.session, target, timeout))), None, None
+                return ModelsOk(tuple(await read_models(self.session, target, timeout)))
             reading_metrics = True
-            snapshot = await self._read_metrics(record, timeout, entry)
+            snapshot = await self._read_metrics(reach, timeout)
             reading_metrics = False
             if entry.model_config_path is not None and config_due(
                     entry, target.model, record.model_config, record.model_config_tried,
                     asyncio.get_running_loop().time(), CONFIG_RETRY_SECONDS):
-                await self._read_model_config(record)
+                await self._read_model_config(record, entry)
             if record.model_config is not None:
                 snapshot = self._judged_model(record, snapshot, entry)
-            page = plan.check_page(snapshot)
-            health = await self._read_health(record, entry) if page.health_due else None
-            if not snapshot.pending:
-                timeout = self.settings.health_timeout
-                reading_ready = True
-                await self._check_model_ready(record)
-                reading_ready = False
-            return snapshot, health, page
+            return snapshot
         except PageError as exc:
-            error, probe = plan.failed(PollError(exc.reason, exc.detail, ready_route=reading_ready),
-                                       self.lag.worst_since(started) if self.lag is not None else None,
-                                       timeout, metrics=reading_metrics)
-            if probe:
-                error = await self._second_probe(record, error, plan, entry)
-            return error, None, None
+            return self._failed(PollError(exc.reason, exc.detail), started, timeout, metrics=reading_metrics)
 
-    async def _second_probe(self, record: TargetRecord, error: PollError, plan: ReadPlan, entry: Engine) -> PollError:
-        """`error` (a /metrics read that connected and got no answer) with what one more request saw.
+    def _failed(self, error: PollError, started: float, timeout: float, *, metrics: bool = False) -> Failed:
+        return Failed(error, self.lag.worst_since(started) if self.lag is not None else None, timeout, metrics)
+
+    async def _second_probe(self, record: TargetRecord, reach: Reach, deadline: float) -> Probed:
+        """What one more request saw after a /metrics read that connected and got no answer.
 
         The engine's first health route (vLLM's /health is answered by its API server, which stays
         quick while a saturated engine makes /metrics slow), else its model list (SGLang's HTTP
         server answers it without its scheduler; its /health submits a generation), else its
-        metrics page again, within the read's own deadline (`plan.deadline`): an API server starved by load
-        answers every route late, and must not be read as frozen. Any answer is `answered`; a
-        health route's 503 is the engine's word that it is dead, and a refused connection that it
-        is gone; no answer is `unanswered` (frozen whole), unless the exporter's own loop was too
-        late to tell.
+        metrics page again, within the read's own `deadline`: an API server starved by load
+        answers every route late, and must not be read as frozen (the core judges the answer:
+        verdict/reads.py's `with_second_probe`).
         """
+        entry = reach.entry
         health = bool(entry.health_paths)
         if health or entry.models_path is not None:
             url = record.settings.base_url + (entry.health_paths[0] if health else entry.models_path or "")
         else:
-            url = self._metrics_urls[record][0]
+            url = reach.metrics_url
         path = "/" + url.split("//", 1)[-1].partition("/")[2]
         started = asyncio.get_running_loop().time()
         answer: int | PollError
         try:
-            answer, _ = await bounded_get(self.session, url, timeout=plan.deadline, max_bytes=64 * 1024)
+            answer, _ = await bounded_get(self.session, url, timeout=deadline, max_bytes=64 * 1024)
         except PageError as exc:
             answer = PollError(exc.reason, exc.detail)
-        return plan.probed(error, path, answer, self.lag.worst_since(started) if self.lag is not None else None,
-                           health_route=health)
+        return Probed(path, answer, self.lag.worst_since(started) if self.lag is not None else None, health)
 
-    async def _read_metrics(self, record: TargetRecord, timeout: float, entry: Engine) -> PageReading:
-        # Worked out once per record (its settings never change): a poll only reads it.
-        known = self._metrics_urls.get(record)
-        if known is None:
-            url = entry.metrics_url(record.settings)
-            known = self._metrics_urls[record] = (url, parsed_url(url))
+    async def _read_metrics(self, reach: Reach, timeout: float) -> PageReading:
         status, body, headers = await bounded_get_with_headers(
-            self.session, known[0], parsed=known[1], headers=METRICS_HEADERS,
+            self.session, reach.metrics_url, parsed=reach.parsed, headers=METRICS_HEADERS,
             timeout=timeout, max_bytes=self.settings.max_page_bytes,
         )
         if status != 200:
-            raise PageError("http_status", f"{entry.metrics_path} answered HTTP {status}")
-        return read_page(entry, Page(body, headers))
+            raise PageError("http_status", f"{reach.entry.metrics_path} answered HTTP {status}")
+        return read_page(reach.entry, Page(body, headers))
 
     async def _read_health(self, record: TargetRecord, entry: Engine) -> tuple[str, int] | None:
         """The first of the engine's health routes that answers 503, as (path, 503); else the last answer, or None.
@@ -374,9 +393,8 @@ class Poller:
                 break
         return seen
 
-    async def _ask_pause(self, record: TargetRecord, ask: PauseAsk) -> None:
+    async def _ask_pause(self, record: TargetRecord, entry: Engine, ask: PauseAsk) -> None:
         """Ask the engine's pause route (vLLM's GET /is_paused) once: True paused; None unanswered or unreadable."""
-        entry = engine_of(record.settings.engine)
         try:
             if entry.pause_path is not None and entry.pause_answer is not None:
                 status, body = await bounded_get(self.session, record.settings.base_url + entry.pause_path,
@@ -387,14 +405,13 @@ class Poller:
         finally:
             ask.task = None
 
-    async def _read_model_config(self, record: TargetRecord) -> None:
+    async def _read_model_config(self, record: TargetRecord, entry: Engine) -> None:
         """The engine's own config of the target's model (Triton: is it decoupled?), kept for the process's life.
 
         A failure (a timeout, PyTriton's 403 on a locked API, a page that is no config) leaves it
         unknown, tried again after CONFIG_RETRY_SECONDS: the model keeps the plain canary, whose 501
         is a rejection, never a failure.
         """
-        entry = engine_of(record.settings.engine)
         now = asyncio.get_running_loop().time()
         if entry.model_config_path is None or entry.model_config is None or not record.settings.model:
             return
@@ -414,18 +431,26 @@ class Poller:
         found = unjudged(entry, record.settings.model, record.model_config, snapshot)
         return snapshot if found is None else replace(snapshot, unjudged=found)
 
-    async def _check_model_ready(self, record: TargetRecord) -> None:
-        # An idle-looking page is idle only once the model can serve: a Triton (re)starting has its
-        # page up before the model is loaded, and a canary then fails (404) as if the server hung.
-        path = engine_of(record.settings.engine).ready_path
+    async def _check_model_ready(self, record: TargetRecord, entry: Engine, started: float) -> Failed | None:
+        """None when the model can serve (or the engine has no ready route); else the read's failure.
+
+        An idle-looking page is idle only once the model can serve: a Triton (re)starting has its
+        page up before the model is loaded, and a canary then fails (404) as if the server hung.
+        """
+        path = entry.ready_path
         if path is None or not record.settings.model:
-            return
+            return None
         path = path.replace("{model}", record.settings.model)
-        status, _ = await bounded_get(
-            self.session, record.settings.base_url + path, timeout=self.settings.health_timeout, max_bytes=64 * 1024,
-        )
+        timeout = self.settings.health_timeout
+        try:
+            status, _ = await bounded_get(self.session, record.settings.base_url + path, timeout=timeout,
+                                          max_bytes=64 * 1024)
+        except PageError as exc:
+            return self._failed(PollError(exc.reason, exc.detail, ready_route=True), started, timeout)
         if status != 200:
-            raise PageError("http_status", f"{path} answered HTTP {status}: the model is not ready")
+            return self._failed(PollError("http_status", f"{path} answered HTTP {status}: the model is not ready",
+                                          ready_route=True), started, timeout)
+        return None
 
     async def _canary(self, record: TargetRecord) -> None:
         target = record.settings
@@ -473,3 +498,11 @@ class Poller:
             detail=after.detail, restarts=after.restarts, counters=snap.counters() if snap else {},
         )
 
+
+def _concluded(steps: Generator[object, object, Conclusion], moment: Moment) -> Conclusion:
+    """The core's read, sent the moment it is concluded at: what it returns."""
+    try:
+        steps.send(moment)
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError("the core's read asked for more than its moment")  # a bug in the core, counted `internal`

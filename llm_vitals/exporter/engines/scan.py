@@ -52,10 +52,27 @@ class Sample(NamedTuple):
         return _labels_of(self.label_text)
 
 
-class Scanner:
-    """A compiled scan for a fixed set of full sample names (`..._total`, `..._count` as written)."""
+class Tally(NamedTuple):
+    """What an adapter reads of a page in one call into this module (`Scanner.read`, `Scanner.tally`)."""
 
-    def __init__(self, names: Iterable[str]) -> None:
+    found: dict[str, list[Sample]]  # the wanted samples by name, in page order
+    sums: list[float | None]  # each of the scanner's `sums`' `total`, in order
+    picked: list[Sample]  # the scanner's `pick` family's samples whose label has the value (`labelled`)
+    # Their `finite_sum` (0 for none), or the error it gives, which the adapter raises in its own turn.
+    picked_sum: float | PageError
+
+
+class Scanner:
+    """A compiled scan for a fixed set of full sample names (`..._total`, `..._count` as written).
+
+    An adapter that names them also gets, in the same call (`read`, `tally`), the families its page
+    must have (`required`, named in the error as a `kind` page), its page-wide sums (`sums`) and the
+    samples of one family picked by a label's value (`pick`: family, label, value), with their sum.
+    """
+
+    def __init__(self, names: Iterable[str], *, required: tuple[str, ...] = (), kind: str = "",
+                 sums: tuple[str, ...] = (), pick: tuple[str, str, str] | None = None) -> None:
+        self.required, self.kind, self.sums, self.pick = required, kind, sums, pick
         self.names = tuple(dict.fromkeys(names))
         for name in self.names:
             if not _NAME_CHARS.fullmatch(name):
@@ -107,9 +124,29 @@ class Scanner:
         return found
 
 
-    def read(self, body: bytes) -> dict[str, list[Sample]]:
-        """`scan` of a page's body, decoded first (strict UTF-8: `decode`): an adapter's one call per page."""
-        return self.scan(decode(body))
+    def read(self, body: bytes) -> Tally:
+        """`tally` of the `scan` of a page's body, decoded first (strict UTF-8: `decode`): an adapter's one call per page."""
+        return self.tally(self.scan(decode(body)))
+
+    def tally(self, found: dict[str, list[Sample]]) -> Tally:
+        """The `required` families checked, the `pick` made and the `sums` taken, in that order, so that a
+        page broken twice reads the first error as before; the picked samples' sum, or its error, is
+        returned for the adapter to raise after its own checks (vLLM: after its sleep state's labels)."""
+        for name in self.required:
+            if name not in found:
+                raise PageError("bad_metrics", f"no {name} on the page (not a {self.kind} /metrics page?)")
+        picked: list[Sample] = []
+        if self.pick is not None:
+            samples = found.get(self.pick[0])
+            picked = labelled(samples, self.pick[1], self.pick[2]) if samples else []
+        sums = totals(found, self.sums)
+        picked_sum: float | PageError = 0.0
+        if picked:
+            try:
+                picked_sum = finite_sum(self.pick[0] if self.pick else "", picked)
+            except PageError as exc:
+                picked_sum = exc
+        return Tally(found, sums, picked, picked_sum)
 
 
 def _trie_branches(names: Iterable[str]) -> list[str]:

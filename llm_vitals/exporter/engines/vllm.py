@@ -43,7 +43,7 @@ import json
 import math
 
 from llm_vitals.exporter.engines import Engine, PageError, PageReading, Unit
-from llm_vitals.exporter.engines.scan import Sample, Scanner, by_label, finite_sum, labelled, totals
+from llm_vitals.exporter.engines.scan import Sample, Scanner, Tally, by_label
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -71,9 +71,13 @@ PACE = ("vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_second
 PACE_BEFORE_0_11 = ("vllm:time_per_output_token_seconds_sum", "vllm:time_per_output_token_seconds_count")
 
 
+# The page-wide sums are each refused when not finite (a present family with no sample sums to 0); the
+# deferred requests are the waiting ones the engine marks so.
 SCANNER = Scanner((RUNNING, WAITING, WAITING_BY_REASON, STEPS, GENERATION_TOKENS, PROMPT_TOKENS, FINISHED, KV_USAGE,
                    KV_USAGE_BEFORE_0_10, START_TIME, SLEEP_STATE, WEIGHT_UPDATE_OPS, SLEEP_MODE_OPS, *PACE,
-                   *PACE_BEFORE_0_11))
+                   *PACE_BEFORE_0_11), required=(RUNNING, WAITING), kind="vLLM",
+                  sums=(RUNNING, WAITING, STEPS, GENERATION_TOKENS, PROMPT_TOKENS, FINISHED),
+                  pick=(WAITING_BY_REASON, "reason", "deferred"))
 
 
 def _pace_names(found: dict[str, list[Sample]]) -> tuple[str, str] | None:
@@ -128,19 +132,21 @@ def parse_text(text: str) -> PageReading:
 
 def parse_found(found: dict[str, list[Sample]]) -> PageReading:
     """The PageReading of the samples `SCANNER.scan` found (the backtest builds them from Prometheus's samples)."""
-    if RUNNING not in found or WAITING not in found:
-        missing = RUNNING if RUNNING not in found else WAITING
-        raise PageError("bad_metrics", f"no {missing} on the page (not a vLLM /metrics page?)")
+    return reading(SCANNER.tally(found))
+
+
+def reading(tally: Tally) -> PageReading:
+    """The PageReading of a page's `Tally` (its samples, sums and deferred requests: one call into the scanner)."""
+    found, deferred = tally.found, tally.picked
     # An optional gauge that reads NaN or ±Inf is absent, not a reason to reject the page.
     kv_values = [s.value for s in found.get(KV_USAGE) or found.get(KV_USAGE_BEFORE_0_10) or [] if math.isfinite(s.value)]
     start_times = [s.value for s in found.get(START_TIME, []) if math.isfinite(s.value)]
-    by_reason = found.get(WAITING_BY_REASON)
-    deferred = labelled(by_reason, "reason", "deferred") if by_reason else []
     running = found[RUNNING]
     pace_names = _pace_names(found)
-    # The page-wide sums in one call, each refused when not finite (a present family with no sample sums to 0).
-    running_sum, waiting_sum, steps, generation_tokens, prompt_tokens, finished = totals(
-        found, (RUNNING, WAITING, STEPS, GENERATION_TOKENS, PROMPT_TOKENS, FINISHED))
+    running_sum, waiting_sum, steps, generation_tokens, prompt_tokens, finished = tally.sums
+    level = sleep_level(found.get(SLEEP_STATE, []))
+    if isinstance(tally.picked_sum, PageError):
+        raise tally.picked_sum  # after the sleep state's labels: a page broken twice reads the same first error
     return PageReading(
         running=running_sum or 0.0,
         waiting=waiting_sum or 0.0,
@@ -151,8 +157,8 @@ def parse_found(found: dict[str, list[Sample]]) -> PageReading:
         # A usage fraction is not additive across data-parallel engines: report their mean.
         kv_usage=sum(kv_values) / len(kv_values) if kv_values else None,
         process_start_time=start_times[0] if start_times else None,
-        sleep_level=sleep_level(found.get(SLEEP_STATE, [])),
-        deferred=finite_sum(WAITING_BY_REASON, deferred) if deferred else 0.0,
+        sleep_level=level,
+        deferred=tally.picked_sum,
         operations=operations(found),
         # One engine writes one running line: the per-engine work only for a data-parallel page.
         units=_units(found, deferred, pace_names) if len(running) > 1 else (),
@@ -210,7 +216,7 @@ def _pair(seconds: float | None, work: float | None) -> tuple[float, float] | No
 
 def parse_page(body: bytes) -> PageReading:
     """Decode (strict UTF-8) and parse a `/metrics` body; raises PageError."""
-    return parse_found(SCANNER.read(body))
+    return reading(SCANNER.read(body))
 
 
 ENGINE = Engine(

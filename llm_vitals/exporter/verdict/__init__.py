@@ -28,10 +28,10 @@ Partial evidence (docs/states.md):
   nothing moving. The first read of a lifetime cannot show that: it is `starting`.
 
 The package, one job a module, each importing only those below it:
-- `plan`: the poller's questions of one read: before it (`plan_read`), on its page (`check_page`), after it (`conclude`);
+- `plan`: one read, driven (`read`: a generator yielding each request, returning the `Conclusion`), and what follows its verdict;
 - `judge`: the verdict of a read that saw a page or the model list, and of a canary's answer;
 - `unread`: the verdict of a read that failed (missed, slow, frozen, late, gone);
-- `reads`: the read's own rules (deadline, second probe, lateness; when to ask health, pause, canary);
+- `reads`: the read's I/O steps (`observe`) and their rules (deadline, second probe, lateness, when to ask health);
 - `probes`: what the probes and the fleet gate read off a verdict;
 - `compare`: two readings of one server compared, once per read (`Comparison`: moved, restarted, units);
 - `model`: what a poll saw, the Verdict, and `move`.
@@ -50,7 +50,18 @@ from llm_vitals.exporter.verdict.model import (
     Verdict,
     initial,
 )
-from llm_vitals.exporter.verdict.plan import Conclusion, PageCheck, ReadPlan, canary_overlapped, conclude, plan_read
+from llm_vitals.exporter.verdict.plan import (
+    ASK_NOW,
+    AskNow,
+    Conclusion,
+    Moment,
+    canary_due,
+    canary_overlapped,
+    conclude,
+    follow_ups,
+    pause_ask_due,
+    read,
+)
 from llm_vitals.exporter.verdict.probes import (
     drain_holds,
     is_live,
@@ -60,12 +71,18 @@ from llm_vitals.exporter.verdict.probes import (
     recently_unhealthy,
 )
 from llm_vitals.exporter.verdict.reads import (
+    ASK_HEALTH,
+    ASK_READY,
     LATE_SHARE,
     SLOW_READ_FACTOR,
-    canary_due,
+    AskHealth,
+    AskReady,
+    Failed,
+    Probed,
+    ReadPage,
+    SecondProbe,
     exporter_late,
     health_check_due,
-    pause_ask_due,
     read_deadline,
     second_probe_due,
     with_second_probe,
@@ -74,10 +91,11 @@ from llm_vitals.exporter.verdict.unread import DOWN_AT_ONCE, SLOW_READS_HELD
 from llm_vitals.targets import NOT_READY_STATES, STATES, UNHEALTHY_STATES
 
 __all__ = [  # the verdict's public names, wherever in the package they live
-    "DOWN_AT_ONCE", "LATE_SHARE", "NOT_READY_STATES", "SLEEP_LEVEL_WORDS", "SLOW_READS_HELD", "SLOW_READ_FACTOR", "STATES",
-    "UNHEALTHY_STATES", "CanaryOutcome", "Comparison", "Conclusion", "ModelsOk", "Observation", "PageCheck", "PollError",
-    "ReadPlan", "Verdict", "canary_due", "canary_overlapped", "compare", "conclude", "drain_holds", "exporter_late",
-    "health_check_due", "initial", "is_live", "is_ready", "is_started", "judge", "pause_ask_due", "pause_exceeded",
-    "plan_read", "progressed", "read_deadline", "recently_unhealthy", "record_canary", "same_lifetime", "saturated",
-    "second_probe_due", "went_backwards", "with_second_probe",
+    "ASK_HEALTH", "ASK_NOW", "ASK_READY", "DOWN_AT_ONCE", "LATE_SHARE", "NOT_READY_STATES", "SLEEP_LEVEL_WORDS",
+    "SLOW_READS_HELD", "SLOW_READ_FACTOR", "STATES", "UNHEALTHY_STATES", "AskHealth", "AskNow", "AskReady", "CanaryOutcome",
+    "Comparison", "Conclusion", "Failed", "ModelsOk", "Moment", "Observation", "PollError", "Probed", "ReadPage",
+    "SecondProbe", "Verdict", "canary_due", "canary_overlapped", "compare", "conclude", "drain_holds", "exporter_late",
+    "follow_ups", "health_check_due", "initial", "is_live", "is_ready", "is_started", "judge", "pause_ask_due",
+    "pause_exceeded", "progressed", "read", "read_deadline", "recently_unhealthy", "record_canary", "same_lifetime",
+    "saturated", "second_probe_due", "went_backwards", "with_second_probe",
 ]

@@ -1,14 +1,17 @@
-"""How one read is carried out: its deadline, its second probe and the exporter's own lateness,
-and what it asks beside the page (the health route, the pause route, a canary). Pure: the poller
-does the I/O, each rule here says when and what it means (ReadPlan, in plan.py, gathers them)."""
+"""How one read is carried out: its I/O steps in order (`observe`, a generator that yields each
+request and receives its answer), its deadline, its second probe, the exporter's own lateness and
+when the health route is asked beside the page. Pure: the poller does the I/O; plan.py's `read`
+drives this and concludes (the verdict, the pause ask, the canary)."""
 
 from __future__ import annotations
 
-from llm_vitals.exporter.engines import Engine, PageReading
-from llm_vitals.exporter.engines.table import engine_of
-from llm_vitals.exporter.settings import TargetSettings
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from llm_vitals.exporter.engines import PageReading
 from llm_vitals.exporter.verdict.compare import Comparison, compare
-from llm_vitals.exporter.verdict.model import ModelsOk, Observation, PollError, Verdict
+from llm_vitals.exporter.verdict.model import Observation, PollError, Verdict
 
 # How much of a read's timeout the exporter's own loop lag must reach for the timeout to be blamed
 # on the exporter. A read takes about ten turns of the event loop (connect, request, headers, body
@@ -98,80 +101,97 @@ def health_check_due(previous: Verdict, snap: PageReading, comparison: Compariso
     return not seen.progressed or seen.unit_stalled
 
 
-def pause_ask_due(verdict: Verdict, now: float, target: TargetSettings, poll_interval: float, *,
-                  canary_soon: bool = False) -> bool:
-    """Whether to ask the engine's pause route (vLLM's GET /is_paused) after the read that judged `verdict`.
+# -- the read's steps, as the requests it makes of the poller ----------------------------------
+# Plain data: the poller carries each out and sends back its answer (the sans-I/O shape of h11).
+# Requests are dataclasses, never tuples: two requests of one shape (a deadline) must not compare equal.
 
-    The answer is for the next read (the poller asks in the background, so a hung engine, which
-    never answers, delays nothing). Never on every poll: only when the next read could be `stuck`
-    (work pending, nothing moved at the last read, and `stuck_after` within two polls of passing) or
-    already is; when an idle-looking server's canary failed (a paused vLLM queues it); or while the
-    verdict rests on the route's word (`paused`, reason `paused`), so a pause stays a pause until
-    the engine says it ended; and, with nothing pending, when a canary may go with the next read
-    (`canary_soon`): a paused vLLM takes no step, so its page keeps its last step's counts (0
-    running, 0 waiting where the pause landed between requests, the next ones kept in it: its
-    scheduler counts nothing unfinished under PAUSED_ALL), so the engine's word comes before the
-    canary, which would only queue behind the pause (only where the route says the pause alone: the
-    engine table's `pause_before_canary`). The poller asks only engines whose table entry has a pause route.
+
+@dataclass(frozen=True, slots=True)
+class ReadPage:
+    """Read the target's page (or, for an engine judged by its model list, that list) within `deadline`.
+
+    Answered with what it saw (a PageReading or ModelsOk) or with how it failed (`Failed`).
     """
-    if verdict.state == "paused" and verdict.reason == "paused":
-        return True
-    snap = verdict.snapshot
-    if snap is None or not verdict.up:
-        return False
-    if not snap.pending:
-        return canary_soon or (verdict.state in ("idle", "unresponsive") and verdict.canary_failures > 0)
-    if verdict.state == "stuck":
-        return verdict.reason == "no_progress"
-    if verdict.reads_without_progress < 1 or verdict.last_progress is None:
-        return False
-    return now + 2 * poll_interval - verdict.last_progress >= target.stuck_after
+
+    deadline: float
 
 
-def canary_due(verdict: Verdict, observation: Observation, last_sent: float | None, now: float, target: TargetSettings, *,
-               poll_interval: float, in_flight: bool = False, engine: Engine | None = None) -> bool:
-    """May a canary go out with the poll that just judged `observation` into `verdict`?
+class Failed(NamedTuple):
+    """A read that failed, as the poller saw it."""
 
-    The product's key rule: never to a server this very poll saw working, so the canary cannot
-    queue behind the load it guards. `last_sent` is when the previous canary went out (None: never).
-    `engine`: the target's engine table entry (None: looked up by its name).
+    error: PollError
+    loop_lag: float | None  # the exporter's event loop's worst lag since the read began (None: not known)
+    timeout: float  # the failed request's own
+    metrics: bool = False  # the /metrics read itself (only its failure may call for a second probe)
+
+
+@dataclass(frozen=True, slots=True)
+class AskHealth:
+    """Ask the engine's health routes: answered with the first (path, 503), else the last (path, status), or None."""
+
+
+@dataclass(frozen=True, slots=True)
+class AskReady:
+    """Ask the model's ready route, where the engine has one: answered with None (ready, or no route) or `Failed`."""
+
+
+@dataclass(frozen=True, slots=True)
+class SecondProbe:
+    """One more request after a /metrics read that connected and got no answer, within `deadline`: answered with `Probed`."""
+
+    deadline: float
+
+
+class Probed(NamedTuple):
+    """What the second probe got at `path`: its HTTP status, or its own failure."""
+
+    path: str
+    answer: int | PollError
+    loop_lag: float | None  # the loop's worst lag during the probe (None: not known)
+    health_route: bool  # `path` is a health route (its 503 is the engine's word that it is dead)
+
+
+ASK_HEALTH = AskHealth()
+ASK_READY = AskReady()
+Step = ReadPage | AskHealth | AskReady | SecondProbe
+Seen = tuple[Observation, tuple[str, int] | None, Comparison | None]
+
+
+def observe(previous: Verdict, metrics_timeout: float) -> Generator[Step, Any, Seen]:
+    """One read's I/O steps after the verdict `previous`, in order; returns what it saw: the observation
+    (a PageReading, the model list, or a PollError as judged), the health route's answer when asked,
+    and the page's one comparison with the last good read (`compare`), which `judge` takes as it is.
+
+    The page first, within `read_deadline`; beside a page, the health route when `health_check_due`;
+    then, with nothing pending, the model's ready route (a Triton page is up before its model is
+    loaded), whose failure is the read's. A failure is judged for the exporter's lateness, and a
+    /metrics read that connected and got no answer gets a second probe (`_failure`).
     """
-    if not target.sends_canary or in_flight or verdict.state == "asleep":
-        return False
-    if now < canary_next_due(verdict, last_sent, target, poll_interval):
-        return False
-    if isinstance(observation, PageReading):
-        # Idle by the verdict: a whole interval with nothing pending and nothing moving, not just
-        # gauges at 0 at the instant of this read.
-        return not observation.pending and verdict.state in ("idle", "unresponsive")
-    # An engine with no /metrics cannot show its load; its models answer is the best we have.
-    return isinstance(observation, ModelsOk) and (engine or engine_of(target.engine)).parse is None
+    deadline = read_deadline(previous, metrics_timeout)
+    seen = yield ReadPage(deadline)
+    if isinstance(seen, Failed):
+        return (yield from _failure(seen, deadline)), None, None
+    if not isinstance(seen, PageReading):
+        return seen, None, None  # the model list: no page to compare, no health route beside it
+    comparison = compare(previous, seen)
+    health = (yield ASK_HEALTH) if health_check_due(previous, seen, comparison) else None
+    if not seen.pending:
+        ready = yield ASK_READY
+        if ready is not None:
+            return (yield from _failure(ready, deadline)), None, None
+    return seen, health, comparison
 
 
-def canary_next_due(verdict: Verdict, last_sent: float | None, target: TargetSettings, poll_interval: float) -> float:
-    """From when the next canary may go (-inf: at once), whatever the next read shows."""
-    # A canary to the process before the last detected restart says nothing about this one: a
-    # new process must show it serves before an idle server is ready, so its canary goes at once.
-    if last_sent is None or (verdict.last_restart_at is not None and last_sent < verdict.last_restart_at):
-        return float("-inf")
-    # Due from half a poll before the interval is up: a canary can only go out with a poll, so
-    # waiting for the full interval made every gap interval + up to one poll (4 s for 3 s on
-    # the real vLLM); with the half-poll allowance the gaps average the configured interval.
-    return last_sent + target.canary.interval - poll_interval / 2
-
-
-def follow_ups(verdict: Verdict, observation: Observation, now: float, target: TargetSettings, engine: Engine,
-               poll_interval: float, *, pause_route: bool, last_canary_sent: float | None,
-               canary_in_flight: bool) -> tuple[bool, bool]:
-    """After a read's verdict: whether to ask the engine's pause route (where it has one and no ask is
-    out), and whether to send a canary. `engine`: the target's engine table entry."""
-    send = canary_due(verdict, observation, last_canary_sent, now, target, poll_interval=poll_interval,
-                      in_flight=canary_in_flight, engine=engine)
-    # A canary may go with the next read (none goes now, none is out, and the next read may judge
-    # idle): the pause route is asked first, for that read (pause_ask_due), where it says the pause alone.
-    canary_soon = (not send and not canary_in_flight and target.sends_canary
-                   and engine.pause_before_canary
-                   and verdict.state in ("idle", "unresponsive", "busy")
-                   and now + poll_interval >= canary_next_due(verdict, last_canary_sent, target, poll_interval))
-    ask_pause = pause_route and pause_ask_due(verdict, now, target, poll_interval, canary_soon=canary_soon)
-    return ask_pause, send
+def _failure(failed: Failed, deadline: float) -> Generator[Step, Any, PollError]:
+    """A failed read as judged: `exporter_late` given the loop's lag, then, where `second_probe_due`
+    (only the /metrics read), with what one more request within the read's own `deadline` saw."""
+    error = failed.error
+    if failed.loop_lag is not None:
+        error = exporter_late(error, failed.loop_lag, failed.timeout)
+    if not (failed.metrics and second_probe_due(error)):
+        return error
+    probed: Probed = yield SecondProbe(deadline)
+    answer = probed.answer
+    if isinstance(answer, PollError) and probed.loop_lag is not None:
+        answer = exporter_late(answer, probed.loop_lag, deadline)  # judged as the read was
+    return with_second_probe(error, probed.path, answer, health_route=probed.health_route)
