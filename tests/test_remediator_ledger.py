@@ -19,8 +19,8 @@ from llm_vitals.remediator.model import Claim, GateState
 from llm_vitals.remediator.state import decided, with_effects
 
 REMEDIATOR = REPO / "llm_vitals" / "remediator"
-# What writes: the ledger's transaction (a function), a store's commit and the journal's writes (methods).
-WRITES = {"transact", "update", ".commit", ".record_decision", ".record_intent", ".record_pause",
+# What writes: the ledger's transaction (a function), a store's door and commit and the journal's writes (methods).
+WRITES = {"transact", "update", ".transact", ".commit", ".record_decision", ".record_intent", ".record_pause",
           ".record_pre_restart", ".finish", ".refuse_intent", ".record_circuit_reset", ".record_node_release",
           ".record_workload_release", ".record_state_reinit"}
 
@@ -41,7 +41,7 @@ def test_only_the_ledger_writes_the_state_or_the_journal():
     # The stores implement the commit (store/), the journal its own writes; the ledger alone calls them.
     assert {path: names for path, names in writers.items()
             if names and path not in ("ledger.py", "journal.py") and not path.startswith("store/")} == {}
-    assert {"transact", "update", ".commit", ".record_intent", ".finish", ".refuse_intent"} <= set(writers["ledger.py"])
+    assert {"transact", "update", ".transact", ".record_intent", ".finish", ".refuse_intent"} <= set(writers["ledger.py"])
 
 
 def test_the_decision_is_one_pure_step_with_its_claim():

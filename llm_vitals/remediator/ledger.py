@@ -57,7 +57,7 @@ from .state import (
     unheld,
     workload_released,
 )
-from .store import CONFLICT_RETRIES, Ambiguous, Conflicted, GateStore, StateLost, StateUnavailable
+from .store import Ambiguous, GateStore, StateLost, StateUnavailable
 from .store.lease import LeaseStore
 
 log = logging.getLogger("llm_vitals.remediator")
@@ -71,23 +71,9 @@ T = TypeVar("T")
 
 
 async def transact(store: GateStore[Any], step: Callable[[GateState], tuple[T, GateState]]) -> T:
-    """Read, apply `step` (no I/O: the state in, its result and the new state out), commit; on a
-    conflict read again and step again. An unchanged state is not written. Raises StateUnavailable."""
-    for _ in range(CONFLICT_RETRIES):
-        state, version = await store.read()
-        result, new = step(state)
-        if new == state:
-            return result
-        try:
-            committed = await store.commit(version, new)
-        except StateLost:
-            raise
-        except StateUnavailable as exc:
-            # The write may have been applied with its answer lost: the caller must find out.
-            raise Ambiguous(str(exc), result) from None
-        if committed:
-            return result
-    raise Conflicted(f"the gate's state kept changing ({CONFLICT_RETRIES} conflicts)")
+    """The store's door (`GateStore.transact`) for a step that needs no time: the state in, its result
+    and the new state out. Raises StateUnavailable."""
+    return await store.transact(lambda state, now: step(state))
 
 
 async def update(store: GateStore[Any], change: Callable[[GateState], GateState]) -> GateState:
@@ -157,8 +143,7 @@ class Ledger:
         A restart of a pod not `checked` yet commits nothing: it asks for the identity check first."""
         claim = Claim(f"{self.identity}/{uuid.uuid4().hex[:12]}", self.claim_margin if self.store.claims_expire else None)
 
-        def step(state: GateState) -> tuple[Committed, GateState]:
-            now = self.store.now()
+        def step(state: GateState, now: float) -> tuple[Committed, GateState]:
             state = self._orphan_ended(state)
             decision, intent, new = decided(facts, fleet, state, self.policy, now, claim)
             # A dry run runs every check a live run does, the identity included: its "would restart" is then true.
@@ -167,7 +152,7 @@ class Ledger:
             return Committed(decision, now, intent), new
 
         try:
-            committed = await transact(self.store, step)
+            committed = await self.store.transact(step)
         except Ambiguous as exc:
             landed = await self._landed(exc.result, facts)
             if landed is None:

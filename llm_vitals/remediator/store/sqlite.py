@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from .. import state_codec
 from ..model import GateState, dedupe_key
 from ..state import claim_lapsed, pruned
-from . import StateUnavailable, StoreHealth
+from . import CONFLICT_RETRIES, Ambiguous, Conflicted, StateUnavailable, Step, StoreHealth
 
 T = TypeVar("T")
 
@@ -92,18 +92,41 @@ class SqliteStore:
         async with self._lock:
             if version != self._version:
                 return False
-            new = self._pruned(state, self.clock())
-            try:
-                await self._run(self._write, version, version + 1, self._text(new))
-            except Exception as exc:
-                self.health.failed("write", f"{type(exc).__name__}: {exc}")
-                # A failed COMMIT may still have reached the file: memory follows the file again, or
-                # every later commit would meet a version it does not know (GateLoop re-reads the intent).
-                await self._reload()
-                raise StateUnavailable(f"{self.path}: write the gate's state: {type(exc).__name__}: {exc}") from None
-            self.health.ok()
-            self._state, self._version = new, version + 1
+            await self._commit(state)
         return True
+
+    async def transact(self, step: Step[T]) -> T:
+        """The door (`store.GateStore.transact`): the state from memory and this replica's clock, the
+        step, then the commit under the lock. A conflict is another task of this process committing
+        while this one waited for the lock (its write in flight): read again, step again."""
+        for _ in range(CONFLICT_RETRIES):
+            state, version = await self.read()
+            result, new = step(state, self.clock())
+            if new == state:
+                return result
+            async with self._lock:
+                if version == self._version:
+                    try:
+                        await self._commit(new)
+                    except StateUnavailable as exc:
+                        # The write may have been applied with its answer lost: the caller must find out.
+                        raise Ambiguous(str(exc), result) from None
+                    return result
+        raise Conflicted(f"the gate's state kept changing ({CONFLICT_RETRIES} conflicts)")
+
+    async def _commit(self, state: GateState) -> None:
+        """Write `state`, pruned, as the next version (under the lock). Raises StateUnavailable."""
+        new = self._pruned(state, self.clock())
+        try:
+            await self._run(self._write, self._version, self._version + 1, self._text(new))
+        except Exception as exc:
+            self.health.failed("write", f"{type(exc).__name__}: {exc}")
+            # A failed COMMIT may still have reached the file: memory follows the file again, or
+            # every later commit would meet a version it does not know (GateLoop re-reads the intent).
+            await self._reload()
+            raise StateUnavailable(f"{self.path}: write the gate's state: {type(exc).__name__}: {exc}") from None
+        self.health.ok()
+        self._state, self._version = new, self._version + 1
 
     async def _reload(self) -> None:
         """Memory as the file holds it now (after a write whose outcome is unknown); kept when unreadable."""
