@@ -17,20 +17,17 @@ failures by operation, for `llm_vitals_remediator_state_up` and `..._state_error
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from ..model import GateState
+from ..state import Step
 
 # A conflict means another writer committed in between: read again and retry, this many times.
 CONFLICT_RETRIES = 8
 
 V = TypeVar("V")
 T = TypeVar("T")
-
-# A transaction's pure step: the state read and the store's time in; its result and the new state out.
-Step = Callable[[GateState, float], tuple[T, GateState]]
 
 
 class StateUnavailable(Exception):

@@ -30,8 +30,8 @@ from typing import Any, TypeVar
 
 from .. import state_codec
 from ..model import GateState, dedupe_key
-from ..state import claim_lapsed, pruned
-from . import CONFLICT_RETRIES, Ambiguous, Conflicted, StateUnavailable, Step, StoreHealth
+from ..state import Pruning, Step, claim_lapsed, pruned, transition
+from . import CONFLICT_RETRIES, Ambiguous, Conflicted, StateUnavailable, StoreHealth
 
 T = TypeVar("T")
 
@@ -52,12 +52,12 @@ class SqliteStore:
 
     last_is_current = True  # the only writer: memory is the committed state
     # This replica's claim ends when its restart does, or at its next start; one whose end could not be
-    # written (a conflict with its other commits) at the next decision (ledger.Ledger._orphan_ended).
+    # written (a conflict with its other commits) at the next decision (state.orphan_ended).
     claims_expire = False
 
     def __init__(self, path: Path | str, budget_window: float, clock: Callable[[], float]):
         self.path = Path(path)
-        self.budget_window = budget_window
+        self.pruning = Pruning(budget_window, key_memory=LOCAL_KEY_MEMORY_SECONDS, max_keys=None)
         self.clock = clock
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-state")
         self._conn: sqlite3.Connection | None = None
@@ -92,7 +92,7 @@ class SqliteStore:
         async with self._lock:
             if version != self._version:
                 return False
-            await self._commit(state)
+            await self._written(self._pruned(state, self.clock()))
         return True
 
     async def transact(self, step: Step[T]) -> T:
@@ -101,22 +101,21 @@ class SqliteStore:
         while this one waited for the lock (its write in flight): read again, step again."""
         for _ in range(CONFLICT_RETRIES):
             state, version = await self.read()
-            result, new = step(state, self.clock())
-            if new == state:
+            result, new = transition(step, state, self.clock(), self.pruning)
+            if new is None:
                 return result
             async with self._lock:
                 if version == self._version:
                     try:
-                        await self._commit(new)
+                        await self._written(new)
                     except StateUnavailable as exc:
                         # The write may have been applied with its answer lost: the caller must find out.
                         raise Ambiguous(str(exc), result) from None
                     return result
         raise Conflicted(f"the gate's state kept changing ({CONFLICT_RETRIES} conflicts)")
 
-    async def _commit(self, state: GateState) -> None:
-        """Write `state`, pruned, as the next version (under the lock). Raises StateUnavailable."""
-        new = self._pruned(state, self.clock())
+    async def _written(self, new: GateState) -> None:
+        """Write `new` (pruned) as the next version, under the lock. Raises StateUnavailable."""
         try:
             await self._run(self._write, self._version, self._version + 1, self._text(new))
         except Exception as exc:
@@ -190,7 +189,7 @@ class SqliteStore:
         return state_codec.dump(state_codec.Stored(state, carried=self._carried))
 
     def _pruned(self, state: GateState, now: float) -> GateState:
-        return pruned(state, now, self.budget_window, key_memory=LOCAL_KEY_MEMORY_SECONDS, max_keys=None)
+        return pruned(state, now, self.pruning.budget_window, self.pruning.key_memory, self.pruning.max_keys)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
