@@ -47,7 +47,6 @@ from .state import (
     alert_decided,
     circuit_opened,
     circuits_reset,
-    claim_lapsed,
     disruption_refused,
     held_for,
     node_cordoned,
@@ -116,17 +115,6 @@ class Ledger:
         self.unreleased: dict[str, str | None] = {}
 
     # -- an alert's decision ------------------------------------------------------------------
-
-    async def precheck(self, facts: AlertFacts) -> Decision | None:
-        """Steps 1-3 of the gate on the state as last seen, without I/O (`gate.precheck`: most of a storm
-        ends here as `duplicate`): the refusal, journaled, or None when the exporter must be asked.
-        The intents whose commit's outcome is unknown are re-read first (`resolve`)."""
-        if self.unresolved:
-            await self.resolve()
-        # The pause is not checked here: a paused refusal holds the target (GateState.held), which is
-        # committed with the decision.
-        refused = gate.precheck(facts, claim_lapsed(self.store.last, self.store.now()), self.policy)
-        return None if refused is None else (await self.refused(facts, refused, None)).decision
 
     async def decide(self, facts: AlertFacts, fleet: FleetView | None, status: TargetStatus | None,
                      checked: bool) -> Committed:
