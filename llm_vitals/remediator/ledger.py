@@ -1,16 +1,18 @@
 """The one door for writes: every change to the gate's state is committed here, with its journal row.
 
-A write is one method. Its change is a pure transition (state.py) committed through the store
-(store/: read, apply, commit at the version read, again on a conflict); its journal row says what
+A write is one method. Its change is a pure transition (state.py) committed through the store's
+door (`GateStore.transact`: the state and the store's time read once, the step applied, its state
+committed at the version read, again on a conflict); its journal row says what
 it was, with the exporter's evidence, a count in the metrics and a log line. Nothing else in the
 remediator writes the state or the journal:
 
 - an alert's decision (`decide`): the gate's decision on the state read and the state its effects
-  make (`state.decided`, pure), committed once; then its row: a refusal queued for the journal's
+  make (`state.alert_decided`, pure), committed once; then its row: a refusal queued for the journal's
   group commit (its answer never waits for the disk), a restart's row (result `pending`) committed
   before the restart runs. A commit whose answer was lost (`Ambiguous`) is re-read: its intent is
   carried out once, or released (`resolve`), never left a `duplicate` for good;
-- a decision made without a commit (`refused`: a duplicate on the state as last seen, the pod not
+- a decision made without a commit (`refused`: a duplicate on the state as last seen, asked by the
+  loop's `gate.precheck`, the pod not
   confirmed by the API server): its row, and the end of the target's hold where it is one;
 - a restart's end (`finished`): its result on its row, then one commit releasing its claim and
   marking the node it cordoned; a restart the API server refused outright (`taken_back`): its row
