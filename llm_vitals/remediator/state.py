@@ -62,8 +62,8 @@ def transition(step: Step[T], state: GateState, now: float, pruning: Pruning) ->
 class Committed:
     """An alert's decision as committed: when it was made, and for a restart its claim and journal row.
     `needs_identity`: nothing was committed, the pod it would act on must be confirmed first.
-    `found`: the holder of the claim the decision found; `orphaned`: that claim, ended by the decision
-    (`orphan_ended`)."""
+    `found`: the holder of the claim the decision found; `orphaned`: whether the decision ended that
+    claim, one no restart of this process runs (`orphan_ended`)."""
 
     decision: Decision
     now: float
