@@ -29,7 +29,7 @@ from llm_vitals.remediator.model import AlertFacts, FleetView, GateState, Intent
 from llm_vitals.remediator.policy import policy_from
 from llm_vitals.remediator.state import node_cordoned, paused_state, pruned, with_effects
 from llm_vitals.remediator.state_codec import BadState, from_json, to_json
-from llm_vitals.remediator.store import CONFLICT_RETRIES, StoreHealth
+from llm_vitals.remediator.store import CONFLICT_RETRIES, ReadStepCommit, StoreHealth
 from llm_vitals.remediator.store.sqlite import SqliteStore
 
 T0 = 1_800_000_000.0
@@ -45,7 +45,7 @@ def alert(target: str, fingerprint: str | None = None, starts_at: float = T0 - 6
     return AlertFacts("firing", labels, fingerprint or f"fp-{target}", starts_at)
 
 
-class MemoryStore:
+class MemoryStore(ReadStepCommit):
     """The store protocol in memory, as the Lease behaves: its last state may be stale, claims
     expire, and `meddle` (another replica) may commit first between a read and a commit."""
 

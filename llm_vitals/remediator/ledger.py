@@ -1,16 +1,18 @@
 """The one door for writes: every change to the gate's state is committed here, with its journal row.
 
-A write is one method. Its change is a pure transition (state.py) committed through the store
-(store/: read, apply, commit at the version read, again on a conflict); its journal row says what
+A write is one method. Its change is a pure transition (state.py) committed through the store's
+door (`GateStore.transact`: the state and the store's time read once, the step applied, its state
+committed at the version read, again on a conflict); its journal row says what
 it was, with the exporter's evidence, a count in the metrics and a log line. Nothing else in the
 remediator writes the state or the journal:
 
 - an alert's decision (`decide`): the gate's decision on the state read and the state its effects
-  make (`state.decided`, pure), committed once; then its row: a refusal queued for the journal's
+  make (`state.alert_decided`, pure), committed once; then its row: a refusal queued for the journal's
   group commit (its answer never waits for the disk), a restart's row (result `pending`) committed
   before the restart runs. A commit whose answer was lost (`Ambiguous`) is re-read: its intent is
   carried out once, or released (`resolve`), never left a `duplicate` for good;
-- a decision made without a commit (`refused`: a duplicate on the state as last seen, the pod not
+- a decision made without a commit (`refused`: a duplicate on the state as last seen, asked by the
+  loop's `gate.precheck`, the pod not
   confirmed by the API server): its row, and the end of the target's hold where it is one;
 - a restart's end (`finished`): its result on its row, then one commit releasing its claim and
   marking the node it cordoned; a restart the API server refused outright (`taken_back`): its row
@@ -28,7 +30,8 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from functools import partial
 from typing import Any, TypeVar
 
 from llm_vitals.logs import log_event
@@ -41,23 +44,24 @@ from .metrics import UNKNOWN_TARGET, RemediatorMetrics
 from .model import AlertFacts, Claim, FleetView, GateState, Intent, TargetStatus, decision_word, workload_of
 from .pods import CordonAndMoveExecutor, GroupExecutor, PodExecutor
 from .state import (
+    Committed,
+    OwnClaims,
+    alert_decided,
     circuit_opened,
     circuits_reset,
-    claim_lapsed,
-    decided,
     disruption_refused,
-    finished,
     held_for,
     node_cordoned,
     node_released,
     paused_state,
+    restart_ended,
     restart_seen,
     seen_kept,
     undone,
     unheld,
     workload_released,
 )
-from .store import CONFLICT_RETRIES, Ambiguous, Conflicted, GateStore, StateLost, StateUnavailable
+from .store import Ambiguous, GateStore, StateLost, StateUnavailable
 from .store.lease import LeaseStore
 
 log = logging.getLogger("llm_vitals.remediator")
@@ -71,23 +75,9 @@ T = TypeVar("T")
 
 
 async def transact(store: GateStore[Any], step: Callable[[GateState], tuple[T, GateState]]) -> T:
-    """Read, apply `step` (no I/O: the state in, its result and the new state out), commit; on a
-    conflict read again and step again. An unchanged state is not written. Raises StateUnavailable."""
-    for _ in range(CONFLICT_RETRIES):
-        state, version = await store.read()
-        result, new = step(state)
-        if new == state:
-            return result
-        try:
-            committed = await store.commit(version, new)
-        except StateLost:
-            raise
-        except StateUnavailable as exc:
-            # The write may have been applied with its answer lost: the caller must find out.
-            raise Ambiguous(str(exc), result) from None
-        if committed:
-            return result
-    raise Conflicted(f"the gate's state kept changing ({CONFLICT_RETRIES} conflicts)")
+    """The store's door (`GateStore.transact`) for a step that needs no time: the state in, its result
+    and the new state out. Raises StateUnavailable."""
+    return await store.transact(lambda state, now: step(state))
 
 
 async def update(store: GateStore[Any], change: Callable[[GateState], GateState]) -> GateState:
@@ -98,18 +88,6 @@ async def update(store: GateStore[Any], change: Callable[[GateState], GateState]
         return new, new
 
     return await transact(store, step)
-
-
-@dataclass(frozen=True)
-class Committed:
-    """An alert's decision as committed: when it was made, and for a restart its claim and journal row.
-    `needs_identity`: nothing was committed, the pod it would act on must be confirmed first."""
-
-    decision: Decision
-    now: float
-    intent: Intent | None = None
-    action_id: int | None = None
-    needs_identity: bool = False
 
 
 class Ledger:
@@ -134,42 +112,24 @@ class Ledger:
         self.unresolved: dict[str, tuple[Intent, tuple[str, float]]] = {}
         # The claims this process committed whose restart's end is not written yet (one replica: every
         # claim in its row is this process's), and those ended whose release could not be written:
-        # holder -> the workload it restarted. A claim in neither is orphaned (`_orphan_ended`).
+        # holder -> the workload it restarted. A claim in neither is orphaned (`state.orphan_ended`).
         self.running: set[str] = set()
         self.unreleased: dict[str, str | None] = {}
 
     # -- an alert's decision ------------------------------------------------------------------
-
-    async def precheck(self, facts: AlertFacts) -> Decision | None:
-        """Steps 1-3 of the gate on the state as last seen, without I/O (`gate.precheck`: most of a storm
-        ends here as `duplicate`): the refusal, journaled, or None when the exporter must be asked.
-        The intents whose commit's outcome is unknown are re-read first (`resolve`)."""
-        if self.unresolved:
-            await self.resolve()
-        # The pause is not checked here: a paused refusal holds the target (GateState.held), which is
-        # committed with the decision.
-        refused = gate.precheck(facts, claim_lapsed(self.store.last, self.store.now()), self.policy)
-        return None if refused is None else (await self.refused(facts, refused, None)).decision
 
     async def decide(self, facts: AlertFacts, fleet: FleetView | None, status: TargetStatus | None,
                      checked: bool) -> Committed:
         """Decide the alert on the state read, commit the state its effects make, and write its row.
         A restart of a pod not `checked` yet commits nothing: it asks for the identity check first."""
         claim = Claim(f"{self.identity}/{uuid.uuid4().hex[:12]}", self.claim_margin if self.store.claims_expire else None)
-
-        def step(state: GateState) -> tuple[Committed, GateState]:
-            now = self.store.now()
-            state = self._orphan_ended(state)
-            decision, intent, new = decided(facts, fleet, state, self.policy, now, claim)
-            # A dry run runs every check a live run does, the identity included: its "would restart" is then true.
-            if (decision.allowed or decision.reason == "dry_run") and not checked:
-                return Committed(decision, now, needs_identity=True), state
-            return Committed(decision, now, intent), new
-
+        # This process's own claims as they are when the step runs (a conflict steps again, later).
+        own = None if self.store.claims_expire else OwnClaims(self.running, self.unreleased)
+        step = partial(alert_decided, facts, fleet, self.policy, claim, checked, own)
         try:
-            committed = await transact(self.store, step)
+            committed = self._found(await self.store.transact(step))
         except Ambiguous as exc:
-            landed = await self._landed(exc.result, facts)
+            landed = await self._landed(self._found(exc.result), facts)
             if landed is None:
                 return await self.refused(facts, Decision(False, "state_unreachable", str(exc)[:500]), status)
             committed = landed
@@ -192,21 +152,15 @@ class Ledger:
             raise
         return replace(committed, action_id=action_id)
 
-    def _orphan_ended(self, state: GateState) -> GateState:
-        """`state` without a claim no restart of this process runs, where claims never expire (one replica):
-        its restart ended (or never started) and its end could not be written (a conflict with this
-        process's other commits, a failed write, a task cancelled). It is released as its end would have
-        been, else lapsed (`state.claim_lapsed`: its alert judged afresh); its budget and cooldown spent.
-        Asked under the decision lock, where no claim is between its commit and its start."""
-        holder = state.in_progress_by
-        for gone in [h for h in self.unreleased if h != holder]:  # their claims ended
+    def _found(self, committed: Committed) -> Committed:
+        """Forget the ended claims the decision no longer found (`state.alert_decided`: their release
+        is written or lapsed), and say so where it ended an orphaned one (one replica: a claim no
+        restart of this process runs, released as its end would have been, else lapsed)."""
+        for gone in [h for h in self.unreleased if h != committed.found]:
             del self.unreleased[gone]
-        if self.store.claims_expire or holder is None or holder in self.running:
-            return state
-        log.warning("a restart's claim outlived its restart (%s): ended", state.in_progress)
-        if holder in self.unreleased:
-            return finished(state, holder, self.unreleased[holder])
-        return claim_lapsed(state)
+        if committed.orphaned:
+            log.warning("a restart's claim outlived its restart (%s): ended", committed.found)
+        return committed
 
     async def refused(self, facts: AlertFacts, decision: Decision, status: TargetStatus | None) -> Committed:
         """A refusal made without the transaction (on the state as last seen, or at the loop's edges):
@@ -326,13 +280,9 @@ class Ledger:
             log.exception("cannot journal a restart's result")
         ran = (intent.workload or target) if result.result == "ok" else None
         node = result.cordoned
-
-        def change(state: GateState) -> GateState:
-            return finished(node_cordoned(state, node) if node is not None else state, intent.holder, ran)
-
         self.running.discard(intent.holder)
         try:
-            await update(self.store, change)
+            await self.store.transact(partial(restart_ended, intent.holder, ran, node))
             return
         except StateUnavailable as exc:
             # A claim that expires ends then; no other restart starts before. A cordon not marked stands,
@@ -340,7 +290,7 @@ class Ledger:
             log_event(log, "cannot release the restart in the gate's state", level=logging.WARNING, error=str(exc),
                       cordoned=node)
         except Exception:
-            # One replica: the claim is orphaned; the next decision ends it (`_orphan_ended`).
+            # One replica: the claim is orphaned; the next decision ends it (`state.orphan_ended`).
             log.exception("cannot release the restart in the gate's state (cordoned: %s)", node)
         if not self.store.claims_expire:
             self.unreleased[intent.holder] = ran

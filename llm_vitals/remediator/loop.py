@@ -1,14 +1,15 @@
 """The gate loop, one alert at a time: decide once, commit once with its journal row, then carry out.
 
 For one alert, each module entered once:
-  1. steps 1-3 of the gate on the store's last state, without I/O (`Ledger.precheck`: most of a
-     storm ends here as `duplicate`, journaled); every time is the store's (`GateStore.now`:
-     replicas judge by the API server's clock);
+  1. steps 1-3 of the gate on the store's last state, without I/O (`gate.precheck`: most of a
+     storm ends here as `duplicate`, its row written by the ledger); every time is the store's
+     (`GateStore.now`: replicas judge by the API server's clock);
   2. re-check through the exporter, or every exporter shard at once (`exporter_client`);
-  3. under this replica's decision lock, the ledger's one transaction (ledger.py): read the state,
-     decide on it (`state.decided`: the pure gate, its effects and, for a restart, the claim), commit
-     the state it makes at the version read (a conflict reads again and decides again), then write
-     its journal row: a refusal queued, a restart's row committed before it runs;
+  3. under this replica's decision lock, the ledger's one transaction through the store's door
+     (`GateStore.transact`): the state and the store's time read once, the decision on them
+     (`state.alert_decided`: the pure gate, its effects and, for a restart, the claim), the state it
+     makes committed at the version read (a conflict reads again and decides again), then its
+     journal row (ledger.py): a refusal queued, a restart's row committed before it runs;
   3b. a restart of a pod the exporter names commits nothing yet: the pod is read from the API
      server (identity.py: its UID, IP and node must match, its workload is read from its owners),
      and step 3 runs again on what the API server says, or the alert is refused `identity_mismatch`
@@ -35,6 +36,7 @@ from .acting import Actor
 from .gate import Decision, GatePolicy
 from .ledger import Ledger
 from .model import AlertFacts, FleetView, TargetStatus, workload_of
+from .state import claim_lapsed
 from .store import StateUnavailable
 
 log = logging.getLogger("llm_vitals.remediator")
@@ -65,9 +67,14 @@ class GateLoop:
 
     async def handle(self, facts: AlertFacts) -> Decision:
         """Decide one alert, commit and journal the decision, and carry it out."""
-        refused = await self.ledger.precheck(facts)
+        if self.ledger.unresolved:  # restart intents whose commit's outcome is unknown: re-read first
+            await self.ledger.resolve()
+        # Steps 1-3 of the gate on the state as last seen, without I/O: most of a storm ends here as
+        # `duplicate`, its row written by the ledger. The pause is not checked here: a paused refusal
+        # holds the target (GateState.held), which is committed with the decision.
+        refused = gate.precheck(facts, claim_lapsed(self.store.last, self.store.now()), self.policy)
         if refused is not None:
-            return refused
+            return (await self.ledger.refused(facts, refused, None)).decision
         fleet = await self.exporter.fleet()
         status = fleet.targets.get(facts.target or "") if fleet is not None else None
         # A pod the exporter names is acted on only as the API server says it is (identity.py): the

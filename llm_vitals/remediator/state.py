@@ -9,7 +9,9 @@ stored form is state_codec.py's.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Set
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from . import gate
 from .gate import Decision, Effects, GatePolicy, Plan
@@ -32,6 +34,88 @@ HELD_MEMORY_SECONDS = 3600.0
 MAX_HELD = 500
 # A backoff streak older than this is over (settings.py caps `budget.backoff.reset_after` at 7d).
 BACKOFF_MEMORY_SECONDS = 7 * 86400.0
+
+T = TypeVar("T")
+# A transaction's pure step (`store.GateStore.transact`): the state read and the store's time in; its
+# result and the new state out.
+Step = Callable[[GateState, float], tuple[T, GateState]]
+
+
+@dataclass(frozen=True)
+class Pruning:
+    """How a store prunes what it commits (`pruned`): one replica remembers keys longer than the Lease."""
+
+    budget_window: float
+    key_memory: float = KEY_MEMORY_SECONDS
+    max_keys: int | None = MAX_KEYS
+
+
+def transition(step: Step[T], state: GateState, now: float, pruning: Pruning) -> tuple[T, GateState | None]:
+    """A transaction's step on `state` at `now`: its result, and the state to commit, pruned (None: the
+    step changed nothing, and nothing is written)."""
+    result, new = step(state, now)
+    return result, None if new == state else pruned(new, now, pruning.budget_window, pruning.key_memory,
+                                                     pruning.max_keys)
+
+
+@dataclass(frozen=True)
+class Committed:
+    """An alert's decision as committed: when it was made, and for a restart its claim and journal row.
+    `needs_identity`: nothing was committed, the pod it would act on must be confirmed first.
+    `found`: the holder of the claim the decision found; `orphaned`: whether the decision ended that
+    claim, one no restart of this process runs (`orphan_ended`)."""
+
+    decision: Decision
+    now: float
+    intent: Intent | None = None
+    action_id: int | None = None
+    needs_identity: bool = False
+    found: str | None = None
+    orphaned: bool = False
+
+
+@dataclass(frozen=True)
+class OwnClaims:
+    """What one replica (its claims never expire) knows of the claims it committed: those whose restart
+    runs, and those ended whose release could not be written (holder -> the workload it restarted)."""
+
+    running: Set[str]
+    unreleased: Mapping[str, str | None]
+
+
+def alert_decided(alert: AlertFacts, fleet: FleetView | None, policy: GatePolicy, claim: Claim, checked: bool,
+                  own: OwnClaims | None, state: GateState, now: float) -> tuple[Committed, GateState]:
+    """An alert's transaction (ledger.Ledger.decide): a claim no restart of this process runs ended
+    (`own`: one replica; None where claims expire), then the decision (`decided`). A restart or a dry
+    run of a pod not `checked` yet commits only that ending and asks for the identity check first."""
+    holder = state.in_progress_by
+    orphaned = own is not None and holder is not None and holder not in own.running
+    state = orphan_ended(state, own)
+    decision, intent, new = decided(alert, fleet, state, policy, now, claim)
+    # A dry run runs every check a live run does, the identity included: its "would restart" is then true.
+    if (decision.allowed or decision.reason == "dry_run") and not checked:
+        return Committed(decision, now, needs_identity=True, found=holder, orphaned=orphaned), state
+    return Committed(decision, now, intent, found=holder, orphaned=orphaned), new
+
+
+def orphan_ended(state: GateState, own: OwnClaims | None) -> GateState:
+    """`state` without its claim, which no restart of this process runs (one replica): its restart ended
+    (or never started) and its end could not be written (a conflict with this process's other commits,
+    a failed write, a task cancelled). It is released as its end would have been, else lapsed
+    (`claim_lapsed`: its alert judged afresh); its budget and cooldown spent."""
+    holder = state.in_progress_by
+    if own is None or holder is None or holder in own.running:
+        return state
+    if holder in own.unreleased:
+        return finished(state, holder, own.unreleased[holder])
+    return claim_lapsed(state)
+
+
+def restart_ended(holder: str, ran: str | None, node: str | None, state: GateState,
+                  now: float) -> tuple[None, GateState]:
+    """A restart's end as a transaction's step (ledger.Ledger.finished): its claim released, the node
+    it cordoned marked (`node`), and, where it ran (`ran`: its workload), its refusal streak ended."""
+    return None, finished(node_cordoned(state, node) if node is not None else state, holder, ran)
 
 
 def decided(alert: AlertFacts, fleet: FleetView | None, state: GateState, policy: GatePolicy, now: float,

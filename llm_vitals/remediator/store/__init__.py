@@ -1,10 +1,11 @@
 """Where the gate's state lives, behind one protocol: `read() -> (state, version)` and
-`commit(version, state) -> bool`, as kured's lock and NodeHealthCheck's status are kept.
+`commit(version, state) -> bool`, as kured's lock and NodeHealthCheck's status are kept, and one
+door on them, `transact(step)`.
 
-A commit writes the state that a pure transition (state.py) makes of the state read at `version`,
-and only if nothing was committed since: False is a conflict, and the caller reads again and
-decides again (`ledger.transact`: the ledger is the only writer, each change with its journal row).
-Two stores implement the protocol:
+A transaction reads the state and the store's time once, calls a pure step (state.py's transitions:
+the state read and the time in, its result and the new state out) and commits the new state only if
+nothing was committed since the read: a conflict reads again and steps again. The ledger is the
+only caller, each change with its journal row (ledger.py). Two stores implement the protocol:
 
 - `sqlite.SqliteStore`: one replica, one row in its SQLite file (beside the journal); the default.
 - `lease.LeaseStore`: replicas, one annotation of a `coordination.k8s.io/v1` Lease, written only
@@ -20,11 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from ..model import GateState
+from ..state import Step
 
 # A conflict means another writer committed in between: read again and retry, this many times.
 CONFLICT_RETRIES = 8
 
 V = TypeVar("V")
+T = TypeVar("T")
 
 
 class StateUnavailable(Exception):
@@ -104,3 +107,32 @@ class GateStore(Protocol[V]):
     async def commit(self, version: V, state: GateState) -> bool:
         """Make `state` the committed state if it is still at `version`; False on a conflict."""
         ...
+
+    async def transact(self, step: Step[T]) -> T:
+        """Read the state and the time once, apply `step`, commit what it makes (`ReadStepCommit`).
+        Raises StateUnavailable (Ambiguous: the commit's answer was lost; Conflicted)."""
+        ...
+
+
+class ReadStepCommit:
+    """The door, for a store whose every `read` may be stale (another replica, the Lease): read, take
+    the time after the read (the Lease's read corrects its clock by the API server's answer), step,
+    commit at the version read; on a conflict read again and step again. An unchanged state is not
+    written."""
+
+    async def transact(self: GateStore[Any], step: Step[T]) -> T:
+        for _ in range(CONFLICT_RETRIES):
+            state, version = await self.read()
+            result, new = step(state, self.now())
+            if new == state:
+                return result
+            try:
+                committed = await self.commit(version, new)
+            except StateLost:
+                raise
+            except StateUnavailable as exc:
+                # The write may have been applied with its answer lost: the caller must find out.
+                raise Ambiguous(str(exc), result) from None
+            if committed:
+                return result
+        raise Conflicted(f"the gate's state kept changing ({CONFLICT_RETRIES} conflicts)")

@@ -35,7 +35,7 @@ from .. import state_codec
 from ..model import GateState
 from ..settings import LeaseRef
 from ..state import claim_lapsed, prune_window, pruned
-from . import CONFLICT_RETRIES, Conflicted, StateLost, StateUnavailable, StoreHealth
+from . import CONFLICT_RETRIES, Conflicted, ReadStepCommit, StateLost, StateUnavailable, StoreHealth
 
 STATE_ANNOTATION = "llm-vitals.io/state"
 # The epoch's marker: a second Lease beside the state's (`<name>-epoch`), holding the epoch of the state
@@ -130,8 +130,9 @@ def accepts(seen: str | None, stored: state_codec.Stored) -> bool:
     return stored.epoch is not None and (stored.reinitialised or {}).get("epoch") == stored.epoch
 
 
-class LeaseStore:
-    """The shared state in one Lease, read and written with resourceVersion preconditions."""
+class LeaseStore(ReadStepCommit):
+    """The shared state in one Lease, read and written with resourceVersion preconditions; its
+    transactions (`ReadStepCommit.transact`) take the time after each read."""
 
     last_is_current = False  # another replica may have written since
     claims_expire = True

@@ -30,8 +30,8 @@ from typing import Any, TypeVar
 
 from .. import state_codec
 from ..model import GateState, dedupe_key
-from ..state import claim_lapsed, pruned
-from . import StateUnavailable, StoreHealth
+from ..state import Pruning, Step, claim_lapsed, pruned, transition
+from . import CONFLICT_RETRIES, Ambiguous, Conflicted, StateUnavailable, StoreHealth
 
 T = TypeVar("T")
 
@@ -52,12 +52,12 @@ class SqliteStore:
 
     last_is_current = True  # the only writer: memory is the committed state
     # This replica's claim ends when its restart does, or at its next start; one whose end could not be
-    # written (a conflict with its other commits) at the next decision (ledger.Ledger._orphan_ended).
+    # written (a conflict with its other commits) at the next decision (state.orphan_ended).
     claims_expire = False
 
     def __init__(self, path: Path | str, budget_window: float, clock: Callable[[], float]):
         self.path = Path(path)
-        self.budget_window = budget_window
+        self.pruning = Pruning(budget_window, key_memory=LOCAL_KEY_MEMORY_SECONDS, max_keys=None)
         self.clock = clock
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-state")
         self._conn: sqlite3.Connection | None = None
@@ -92,18 +92,40 @@ class SqliteStore:
         async with self._lock:
             if version != self._version:
                 return False
-            new = self._pruned(state, self.clock())
-            try:
-                await self._run(self._write, version, version + 1, self._text(new))
-            except Exception as exc:
-                self.health.failed("write", f"{type(exc).__name__}: {exc}")
-                # A failed COMMIT may still have reached the file: memory follows the file again, or
-                # every later commit would meet a version it does not know (GateLoop re-reads the intent).
-                await self._reload()
-                raise StateUnavailable(f"{self.path}: write the gate's state: {type(exc).__name__}: {exc}") from None
-            self.health.ok()
-            self._state, self._version = new, version + 1
+            await self._written(self._pruned(state, self.clock()))
         return True
+
+    async def transact(self, step: Step[T]) -> T:
+        """The door (`store.GateStore.transact`): the state from memory and this replica's clock, the
+        step, then the commit under the lock. A conflict is another task of this process committing
+        while this one waited for the lock (its write in flight): read again, step again."""
+        for _ in range(CONFLICT_RETRIES):
+            state, version = await self.read()
+            result, new = transition(step, state, self.clock(), self.pruning)
+            if new is None:
+                return result
+            async with self._lock:
+                if version == self._version:
+                    try:
+                        await self._written(new)
+                    except StateUnavailable as exc:
+                        # The write may have been applied with its answer lost: the caller must find out.
+                        raise Ambiguous(str(exc), result) from None
+                    return result
+        raise Conflicted(f"the gate's state kept changing ({CONFLICT_RETRIES} conflicts)")
+
+    async def _written(self, new: GateState) -> None:
+        """Write `new` (pruned) as the next version, under the lock. Raises StateUnavailable."""
+        try:
+            await self._run(self._write, self._version, self._version + 1, self._text(new))
+        except Exception as exc:
+            self.health.failed("write", f"{type(exc).__name__}: {exc}")
+            # A failed COMMIT may still have reached the file: memory follows the file again, or
+            # every later commit would meet a version it does not know (GateLoop re-reads the intent).
+            await self._reload()
+            raise StateUnavailable(f"{self.path}: write the gate's state: {type(exc).__name__}: {exc}") from None
+        self.health.ok()
+        self._state, self._version = new, self._version + 1
 
     async def _reload(self) -> None:
         """Memory as the file holds it now (after a write whose outcome is unknown); kept when unreadable."""
@@ -167,7 +189,7 @@ class SqliteStore:
         return state_codec.dump(state_codec.Stored(state, carried=self._carried))
 
     def _pruned(self, state: GateState, now: float) -> GateState:
-        return pruned(state, now, self.budget_window, key_memory=LOCAL_KEY_MEMORY_SECONDS, max_keys=None)
+        return pruned(state, now, self.pruning.budget_window, self.pruning.key_memory, self.pruning.max_keys)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
