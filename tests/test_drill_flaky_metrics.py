@@ -10,13 +10,13 @@ other engines' hang). The time to stuck of each engine is written to .cache/dril
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import REPO
+from drill_report import add_figures
 from flaky_proxy import FlakyProxy
 from test_exporter_helpers import make_settings, make_target, record, requests_in_flight, start_exporter, wait_for
 
@@ -47,11 +47,8 @@ def load(url: str, engine: str, workers: int):
     return requests_in_flight(url + path, body, workers)
 
 
-def report(engine: str, figures: dict[str, Any]) -> None:
-    REPORT.parent.mkdir(exist_ok=True)
-    kept = json.loads(REPORT.read_text()) if REPORT.exists() else {}
-    kept[engine] = figures
-    REPORT.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+def report(engine: str, figures: dict) -> None:
+    add_figures(REPORT, engine, figures)
 
 
 @pytest.mark.parametrize("engine", sorted(SIM_ENGINES))

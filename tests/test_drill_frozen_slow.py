@@ -19,7 +19,6 @@ times to stuck and to /live failing are written to .cache/drill-frozen-slow.json
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,6 +26,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO
+from drill_report import add_figures
 from flaky_proxy import FlakyProxy
 from test_drill_flaky_metrics import load
 from test_exporter_helpers import make_settings, make_target, record, start_exporter, wait_for
@@ -53,10 +53,7 @@ FROZEN_POLL = POLL * 1.1 + 2 * METRICS_TIMEOUT
 
 
 def report(key: str, figures: dict) -> None:
-    REPORT.parent.mkdir(exist_ok=True)
-    kept = json.loads(REPORT.read_text()) if REPORT.exists() else {}
-    kept[key] = figures
-    REPORT.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+    add_figures(REPORT, key, figures)
 
 
 SLOTS = 2  # the simulator's max_num_seqs: more clients than this queue, and the server reads saturated

@@ -13,13 +13,13 @@ The times to degraded are written to .cache/drill-pace.json.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from conftest import REPO
+from drill_report import add_figures
 from test_drill_flaky_metrics import load
 from test_exporter_helpers import make_settings, make_target, record, start_exporter, wait_for
 
@@ -36,10 +36,7 @@ REPORT = REPO / ".cache" / "drill-pace.json"
 
 
 def report(key: str, figures: dict) -> None:
-    REPORT.parent.mkdir(exist_ok=True)
-    kept = json.loads(REPORT.read_text()) if REPORT.exists() else {}
-    kept[key] = figures
-    REPORT.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+    add_figures(REPORT, key, figures)
 
 
 @asynccontextmanager
