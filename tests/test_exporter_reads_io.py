@@ -20,7 +20,7 @@ from fake_http import app_of
 from test_exporter_helpers import BUSY_PAGE, make_settings, make_target, record, start_exporter, wait_for
 
 from llm_vitals.exporter.engines import PageError
-from llm_vitals.exporter.upstream import bounded_get
+from llm_vitals.exporter.upstream import Get, bounded_get, carry_out
 from llm_vitals.targets import RESTARTABLE_STATES
 
 STEPS = re.compile(rb'^(vllm:iteration_tokens_total_count\{[^}]*\} )[0-9.]+$', re.M)
@@ -141,6 +141,29 @@ async def test_a_slow_page_is_a_timeout_under_a_short_deadline_and_arrives_under
         assert caught.value.reason == "timeout"
         status, _ = await bounded_get(session, url, timeout=0.15 * 3, max_bytes=1 << 20)
     assert status == 200
+
+
+
+async def test_carry_out_does_each_get_in_order_and_throws_a_failure_in_where_it_was_asked(aiohttp_server) -> None:
+    # The poll's GETs, one call into upstream (issue 42): each answer sent back, a failure thrown in.
+    url = str((await aiohttp_server(Stoppable().app())).make_url("/metrics"))
+    refused = f"http://127.0.0.1:{free_port()}/health"
+    seen: list[object] = []
+
+    def gets():
+        status, body, _ = yield Get(url, 1.0, 1 << 20)
+        seen.append((status, bool(body)))
+        try:
+            yield Get(refused, 1.0, 1024)
+        except PageError as exc:
+            seen.append(exc.reason)
+        status, _, _ = yield Get(url, 1.0, 1 << 20)
+        seen.append(status)
+
+    asked = gets()
+    async with aiohttp.ClientSession() as session:
+        await carry_out(session, asked, next(asked))
+    assert seen == [(200, True), "refused", 200]
 
 
 POLL = 0.2

@@ -21,6 +21,7 @@ from llm_vitals.exporter.clock import Clock, as_clock
 from llm_vitals.exporter.decoupled import CONFIG_RETRY_SECONDS, config_due, unjudged
 from llm_vitals.exporter.discovery.targetset import Changes
 from llm_vitals.exporter.engines import Engine, Page, PageError, PageReading
+from llm_vitals.exporter.engines.openai import parse_models
 from llm_vitals.exporter.engines.table import engine_of, read_page
 from llm_vitals.exporter.gpu_faults import GpuFaultState
 from llm_vitals.exporter.gpu_faults.dcgm import DcgmSource, SharedPages, fetch_page
@@ -37,10 +38,12 @@ from llm_vitals.exporter.state import StateStore, TargetRecord
 from llm_vitals.exporter.upstream import (
     METRICS_HEADERS,
     MODELS_MAX_BYTES,
+    Get,
+    Got,
+    auth_headers,
     bounded_get,
-    bounded_get_with_headers,
+    carry_out,
     parsed_url,
-    read_models,
 )
 from llm_vitals.exporter.verdict import (
     AskHealth,
@@ -66,11 +69,13 @@ log = logging.getLogger("llm_vitals.exporter")
 
 
 class Reach(NamedTuple):
-    """How a record's target is read: its engine table entry and where its page is (parsed once)."""
+    """How a record's target is read: its engine table entry, where its page is (parsed once), and the
+    headers its model list is asked with (its API key)."""
 
     entry: Engine
     metrics_url: str
     parsed: URL | None  # `metrics_url` as aiohttp would parse it at each request (upstream.parsed_url)
+    models_headers: dict[str, str]  # upstream.auth_headers
 
 
 @dataclass(slots=True)
@@ -291,29 +296,40 @@ class Poller:
         """How `record` is read, kept for its life: its settings never change (a changed target is a new record)."""
         entry = engine_of(record.settings.engine)
         url = entry.metrics_url(record.settings)
-        reach = self._reaches[record] = Reach(entry, url, parsed_url(url))
+        reach = self._reaches[record] = Reach(entry, url, parsed_url(url), auth_headers(record.settings.api_key))
         return reach
 
     async def _carry_out(self, record: TargetRecord, reach: Reach, steps: Generator[object, object, Conclusion]) -> None:
-        """Carry out each request of the core's read, in order, sending its answer back, until it asks
-        for the moment to conclude at (`AskNow`). Never raises for upstream trouble: a failure is an answer."""
+        """Carry out the core's read: its requests, as GETs (`_gets`), done by upstream in one call, in order.
+
+        `_gets` is started here, so upstream only resumes it: the poll enters upstream once, for every GET.
+        """
+        gets = self._gets(record, reach, steps)
+        first = next(gets, None)  # the page's GET (a read always asks for its page first)
+        if first is not None:
+            await carry_out(self.session, gets, first)
+
+    def _gets(self, record: TargetRecord, reach: Reach, steps: Generator[object, object, Conclusion]) -> Generator[Get, Got, None]:
+        """Each request of the core's read, in order, as the GETs it takes (each answer sent back to the core),
+        until it asks for the moment to conclude at (`AskNow`). Never raises for upstream trouble: a failure is an answer."""
         started = asyncio.get_running_loop().time()  # a failed read's lag is the loop's worst since here
         request = next(steps)
         while not isinstance(request, AskNow):
             answer: object
             if isinstance(request, ReadPage):
-                answer = await self._read_page(record, reach, request.deadline, started)
+                answer = yield from self._read_page(record, reach, request.deadline, started)
             elif isinstance(request, AskHealth):
-                answer = await self._read_health(record, reach.entry)
+                answer = yield from self._read_health(record, reach.entry)
             elif isinstance(request, AskReady):
-                answer = await self._check_model_ready(record, reach.entry, started)
+                answer = yield from self._check_model_ready(record, reach.entry, started)
             elif isinstance(request, SecondProbe):
-                answer = await self._second_probe(record, reach, request.deadline)
+                answer = yield from self._second_probe(record, reach, request.deadline)
             else:
                 raise TypeError(f"the core asked for {request!r}")  # a bug in the core, counted `internal`
             request = steps.send(answer)
 
-    async def _read_page(self, record: TargetRecord, reach: Reach, deadline: float, started: float) -> Observation | Failed:
+    def _read_page(self, record: TargetRecord, reach: Reach, deadline: float,
+                   started: float) -> Generator[Get, Got, Observation | Failed]:
         """What the read sees: a PageReading within `deadline`, or the model list for a proxy or an engine with
         no page; or how it failed. The engine's own model config is read beside the page when due (Triton)."""
         target, entry = record.settings, reach.entry
@@ -322,14 +338,14 @@ class Poller:
         try:
             if target.role == "proxy" or entry.parse is None:
                 timeout = self.settings.models_timeout
-                return ModelsOk(tuple(await read_models(self.session, target, timeout)))
+                return ModelsOk(tuple((yield from self._read_models(record, reach, timeout))))
             reading_metrics = True
-            snapshot = await self._read_metrics(reach, timeout)
+            snapshot = yield from self._read_metrics(reach, timeout)
             reading_metrics = False
             if entry.model_config_path is not None and config_due(
                     entry, target.model, record.model_config, record.model_config_tried,
                     asyncio.get_running_loop().time(), CONFIG_RETRY_SECONDS):
-                await self._read_model_config(record, entry)
+                yield from self._read_model_config(record, entry)
             if record.model_config is not None:
                 snapshot = self._judged_model(record, snapshot, entry)
             return snapshot
@@ -339,7 +355,7 @@ class Poller:
     def _failed(self, error: PollError, started: float, timeout: float, *, metrics: bool = False) -> Failed:
         return Failed(error, self.lag.worst_since(started) if self.lag is not None else None, timeout, metrics)
 
-    async def _second_probe(self, record: TargetRecord, reach: Reach, deadline: float) -> Probed:
+    def _second_probe(self, record: TargetRecord, reach: Reach, deadline: float) -> Generator[Get, Got, Probed]:
         """What one more request saw after a /metrics read that connected and got no answer.
 
         The engine's first health route (vLLM's /health is answered by its API server, which stays
@@ -359,21 +375,26 @@ class Poller:
         started = asyncio.get_running_loop().time()
         answer: int | PollError
         try:
-            answer, _ = await bounded_get(self.session, url, timeout=deadline, max_bytes=64 * 1024)
+            answer, _, _ = yield Get(url, deadline, 64 * 1024)
         except PageError as exc:
             answer = PollError(exc.reason, exc.detail)
         return Probed(path, answer, self.lag.worst_since(started) if self.lag is not None else None, health)
 
-    async def _read_metrics(self, reach: Reach, timeout: float) -> PageReading:
-        status, body, headers = await bounded_get_with_headers(
-            self.session, reach.metrics_url, parsed=reach.parsed, headers=METRICS_HEADERS,
-            timeout=timeout, max_bytes=self.settings.max_page_bytes,
-        )
+    def _read_metrics(self, reach: Reach, timeout: float) -> Generator[Get, Got, PageReading]:
+        status, body, headers = yield Get(reach.metrics_url, timeout, self.settings.max_page_bytes,
+                                          METRICS_HEADERS, reach.parsed)
         if status != 200:
             raise PageError("http_status", f"{reach.entry.metrics_path} answered HTTP {status}")
         return read_page(reach.entry, Page(body, headers))
 
-    async def _read_health(self, record: TargetRecord, entry: Engine) -> tuple[str, int] | None:
+    def _read_models(self, record: TargetRecord, reach: Reach, timeout: float) -> Generator[Get, Got, list[str]]:
+        """Model ids from the target's `/v1/models` (sent with its API key), in order; raises PageError."""
+        status, body, _ = yield Get(record.settings.base_url + "/v1/models", timeout, MODELS_MAX_BYTES, reach.models_headers)
+        if status != 200:
+            raise PageError("http_status", f"/v1/models answered HTTP {status}")
+        return parse_models(body)
+
+    def _read_health(self, record: TargetRecord, entry: Engine) -> Generator[Get, Got, tuple[str, int] | None]:
         """The first of the engine's health routes that answers 503, as (path, 503); else the last answer, or None.
 
         Only a 503 is news to the verdict; a route that does not answer is skipped (a server really
@@ -382,10 +403,7 @@ class Poller:
         seen = None
         for path in entry.health_paths:
             try:
-                status, _ = await bounded_get(
-                    self.session, record.settings.base_url + path,
-                    timeout=self.settings.health_timeout, max_bytes=64 * 1024,
-                )
+                status, _, _ = yield Get(record.settings.base_url + path, self.settings.health_timeout, 64 * 1024)
             except PageError:
                 continue
             seen = (path, status)
@@ -405,7 +423,7 @@ class Poller:
         finally:
             ask.task = None
 
-    async def _read_model_config(self, record: TargetRecord, entry: Engine) -> None:
+    def _read_model_config(self, record: TargetRecord, entry: Engine) -> Generator[Get, Got, None]:
         """The engine's own config of the target's model (Triton: is it decoupled?), kept for the process's life.
 
         A failure (a timeout, PyTriton's 403 on a locked API, a page that is no config) leaves it
@@ -417,8 +435,7 @@ class Poller:
             return
         path = entry.model_config_path.replace("{model}", record.settings.model)
         try:
-            status, body = await bounded_get(self.session, record.settings.base_url + path,
-                                             timeout=self.settings.health_timeout, max_bytes=MODELS_MAX_BYTES)
+            status, body, _ = yield Get(record.settings.base_url + path, self.settings.health_timeout, MODELS_MAX_BYTES)
             if status != 200:
                 raise PageError("http_status", f"{path} answered HTTP {status}")
             record.set_model_config(entry.model_config(body), now)
@@ -431,7 +448,7 @@ class Poller:
         found = unjudged(entry, record.settings.model, record.model_config, snapshot)
         return snapshot if found is None else replace(snapshot, unjudged=found)
 
-    async def _check_model_ready(self, record: TargetRecord, entry: Engine, started: float) -> Failed | None:
+    def _check_model_ready(self, record: TargetRecord, entry: Engine, started: float) -> Generator[Get, Got, Failed | None]:
         """None when the model can serve (or the engine has no ready route); else the read's failure.
 
         An idle-looking page is idle only once the model can serve: a Triton (re)starting has its
@@ -443,8 +460,7 @@ class Poller:
         path = path.replace("{model}", record.settings.model)
         timeout = self.settings.health_timeout
         try:
-            status, _ = await bounded_get(self.session, record.settings.base_url + path, timeout=timeout,
-                                          max_bytes=64 * 1024)
+            status, _, _ = yield Get(record.settings.base_url + path, timeout, 64 * 1024)
         except PageError as exc:
             return self._failed(PollError(exc.reason, exc.detail, ready_route=True), started, timeout)
         if status != 200:

@@ -1,16 +1,20 @@
-"""Bounded HTTP reads of an upstream server: a size cap, a hard deadline, and errors turned into data."""
+"""Bounded HTTP reads of an upstream server: a size cap, a hard deadline, and errors turned into data.
+
+A poll's reads are carried out by one call (`carry_out`): the poller hands it a generator that asks
+for each GET (`Get`) and works out, from each answer, the next; this module only does the GETs.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
 
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from llm_vitals.exporter.engines import PageError
-from llm_vitals.exporter.engines.openai import parse_models
 
 MODELS_MAX_BYTES = 1024 * 1024
 
@@ -99,6 +103,41 @@ async def bounded_get_with_headers(
         raise PageError("connect", f"/{path}: {type(exc).__name__}: {_os_reason(exc)}") from None
 
 
+@dataclass(frozen=True, slots=True)
+class Get:
+    """One bounded GET a read asks for: `bounded_get_with_headers`'s arguments."""
+
+    url: str
+    timeout: float
+    max_bytes: int
+    headers: Mapping[str, str] | None = None
+    parsed: URL | None = None  # `url` parsed once, for a URL asked at every poll (parsed_url)
+
+
+# A GET's answer: its status, body and headers (read-only).
+Got = tuple[int, bytes, Mapping[str, str]]
+
+
+async def carry_out(session: aiohttp.ClientSession, gets: Generator[Get, Got, object], get: Get) -> None:
+    """Do `get`, then each GET `gets` asks for next, in order, until it returns.
+
+    Each answer is sent back into `gets`; a failed GET's PageError is thrown into it at the `yield`
+    that asked, so the asking code handles it where it would an awaited `bounded_get`'s. `gets` is
+    already started (`get` is its first request): it is the caller's to start, this one only resumes it.
+    """
+    while True:
+        answer: Got | PageError
+        try:
+            answer = await bounded_get_with_headers(session, get.url, timeout=get.timeout, max_bytes=get.max_bytes,
+                                                    headers=get.headers, parsed=get.parsed)
+        except PageError as exc:
+            answer = exc
+        try:
+            get = gets.throw(answer) if isinstance(answer, PageError) else gets.send(answer)
+        except StopIteration:
+            return  # `gets` asks for nothing more
+
+
 def _connect_within(session: aiohttp.ClientSession, timeout: float) -> aiohttp.ClientTimeout:
     """The request's aiohttp timeouts: a connect ends before the whole read's deadline does.
 
@@ -134,17 +173,6 @@ async def read_capped(response: aiohttp.ClientResponse, max_bytes: int, what: st
             raise PageError("too_large", f"{what} is over the {max_bytes}-byte cap")
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-async def read_models(session: aiohttp.ClientSession, target, timeout: float) -> list[str]:
-    """Model ids from the target's `/v1/models` (sent with its API key), in order; raises PageError."""
-    status, body = await bounded_get(
-        session, target.base_url + "/v1/models", timeout=timeout, max_bytes=MODELS_MAX_BYTES,
-        headers=auth_headers(target.api_key),
-    )
-    if status != 200:
-        raise PageError("http_status", f"/v1/models answered HTTP {status}")
-    return parse_models(body)
 
 
 def _os_reason(exc: BaseException) -> str:
