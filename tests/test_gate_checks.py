@@ -18,7 +18,8 @@ import pytest
 from test_remediator_loop import OLD, POLICY, T0, alert
 
 from llm_vitals.remediator import gate, gate_word
-from llm_vitals.remediator.checks import CHECKS, STORM_HOLD
+from llm_vitals.remediator.checks import STORM_HOLD
+from llm_vitals.remediator.gate import CHECKS
 from llm_vitals.remediator.model import FleetView, GateState, TargetStatus
 from llm_vitals.remediator.reasons import HOLDING, REASONS
 
