@@ -18,7 +18,8 @@ import pytest
 from test_remediator_loop import OLD, POLICY, T0, alert
 
 from llm_vitals.remediator import gate, gate_word
-from llm_vitals.remediator.checks import CHECKS, STORM_HOLD
+from llm_vitals.remediator.checks import STORM_HOLD
+from llm_vitals.remediator.gate import CHECKS
 from llm_vitals.remediator.model import FleetView, GateState, TargetStatus
 from llm_vitals.remediator.reasons import HOLDING, REASONS
 
@@ -108,3 +109,21 @@ def test_the_word_keeps_no_order_of_its_own():
     table = list(dict.fromkeys(c.reason for c in CHECKS))
     assert list(gate_word.HOLD_REASONS[1:1 + len(table)]) == table
     assert set(gate_word.HOLD_REASONS) >= HOLDING
+
+
+DEGRADED_ALERT = replace(alert("a"), labels={**alert("a").labels, "alertname": gate.DEGRADED_ALERT})
+PAUSED_STATE = state_of(("paused",))
+
+
+@pytest.mark.parametrize(("facts", "fleet", "unpaused"), [
+    (alert("a"), None, "exporter_unreachable"),
+    (alert("a"), FleetView({"a": IDLE}), "not_stuck"),  # the re-check (step 4)
+    (DEGRADED_ALERT, FleetView({"a": replace(IDLE, degraded=True)}), "not_stuck"),  # degraded, no evidence (UNMOVED)
+    (alert("a"), FleetView({"a": replace(STUCK, gpu_fault=True)}), "gpu_fault"),  # the first of checks.HOLDS
+], ids=["no exporter", "not stuck", "degraded alone", "gpu fault"])
+def test_the_pause_is_step_3_and_outranks_every_later_refusal(facts, fleet, unpaused):
+    """The pause is the gate's step 3 (`precheck`), not a check of the table walked after the re-check:
+    it refuses before the exporter's absence, the re-check, a degraded replica and the whole table."""
+    assert gate.decide(facts, fleet, GateState(), STORMY, T0).reason == unpaused
+    assert gate.decide(facts, fleet, PAUSED_STATE, STORMY, T0).reason == "paused"
+    assert gate.CHECKS[0] is gate.PAUSED and gate.PAUSED not in gate.HOLDS

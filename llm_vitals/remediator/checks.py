@@ -1,4 +1,6 @@
-"""The gate's one table of checks (kured's blockers): every reason it holds a stuck target back, in order.
+"""The gate's one table of checks (kured's blockers): every reason it holds a stuck target back after its
+re-check, in order (`HOLDS`; the pause, the one hold that needs no exporter, is the gate's step 3 and
+heads the table the word walks, gate.CHECKS).
 
 Each `Check` is a reason and a predicate: given a `Subject` (the state, the policy, the workload, the
 time and, for a decision, the target's status and the fleet), it says since when and why it holds, or
@@ -97,13 +99,6 @@ def first_refusal(table: Iterable[Check], subject: Subject) -> tuple[Check, Held
         if held is not None:
             return check, held
     return None
-
-
-def _paused(s: Subject) -> Held | None:
-    if not paused(s.journal, s.now):
-        return None
-    reason = f": {s.journal.pause_reason}" if s.journal.pause_reason else ""
-    return Held(None, f"the remediator is paused until {s.journal.paused_until:.0f}{reason}"[:500])
 
 
 def _paged(s: Subject) -> Held | None:
@@ -227,13 +222,12 @@ def _storm_cooldown(s: Subject) -> Held | None:
     return Held(seen, f"the fleet was in a storm; {s.policy.storm_cooldown - (s.now - seen):.0f}s of storm cooldown left")
 
 
-PAUSED = Check("paused", _paused)
 # A degraded replica with no evidence against its node: no hang, so no hold; `decide` refuses it before the table.
 UNMOVED = Check("not_stuck", _degraded)
-# Every reason the gate holds a stuck target back, in the order they are checked: `decide` walks it
-# after the target's own checks, and the backstop's word walks it for a workload (gate_word.py).
-CHECKS: tuple[Check, ...] = (
-    PAUSED,
+# Every reason the gate holds a stuck target back after its re-check, in the order they are checked:
+# `decide` walks it after the target's own checks, and the backstop's word walks it for a workload after
+# the pause (gate.CHECKS: the pause is the gate's step 3, asked before the exporter's answer counts).
+HOLDS: tuple[Check, ...] = (
     Check("escalated_to_human", _paged),  # a page holds until a human releases the workload
     Check("gpu_fault", _gpu_fault),  # a GPU fault fails the same way after a restart: refuse, or move it
     Check("gpu_fault", _degraded_cordoned),
@@ -251,10 +245,6 @@ CHECKS: tuple[Check, ...] = (
 def paged(journal: GateState, workload: str) -> bool:
     """The workload was paged and no human has released it (a `page` ladder step of an older state counts)."""
     return workload in journal.pages or (journal.ladder.get(workload) or ("",))[0] == "page"
-
-
-def paused(journal: GateState, now: float) -> bool:
-    return journal.paused_until is not None and now < journal.paused_until
 
 
 def in_progress(journal: GateState, now: float) -> str | None:

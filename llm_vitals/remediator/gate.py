@@ -8,9 +8,10 @@ refusal wins:
 1-3. `precheck`: the alert is firing, asks for a restart, names a target the gate knows, is not a
      copy of one decided, and the remediator is not paused (no exporter needed);
 4.   `recheck`: the exporter still sees the target stuck, not restarted since the alert began;
-5-9. `held_back`: the table of checks (checks.py `CHECKS`: pages, GPU faults, the ladder, the cordon
+5-9. `held_back`: the table of checks (checks.py `HOLDS`: pages, GPU faults, the ladder, the cordon
      limit, one restart at a time, the cooldown, the budget, the backoff, the fleet gate and its
-     cooldown), walked by `checks.first_refusal`, as the backstop's word walks it (gate_word.py);
+     cooldown), walked by `checks.first_refusal`, as the backstop's word walks it after the pause
+     (`CHECKS`, gate_word.py);
 10.  `allow`: a dry run says what it would do; else the decision carries its `Plan` (plan.py): what
      to act on and how long it may take, worked out here once and carried out by acting.py.
 
@@ -34,8 +35,7 @@ from typing import NamedTuple
 from llm_vitals.targets import RESTARTABLE_STATES, UNHEALTHY_STATES
 
 from .checks import (
-    CHECKS,
-    PAUSED,
+    HOLDS,
     STORM_HOLD,
     UNMOVED,
     Check,
@@ -48,7 +48,6 @@ from .checks import (
     first_refusal,
     in_progress,
     paged,
-    paused,
     restarting,
     restarts_in_window,
 )
@@ -68,6 +67,7 @@ __all__ = [
     "DEGRADED_ALERT",
     "HELD_REFRESH",
     "HOLDING",
+    "HOLDS",
     "HUMAN_REFUSALS",
     "LADDER",
     "PAUSED",
@@ -152,9 +152,29 @@ def precheck(alert: AlertFacts, journal: GateState, policy: GatePolicy, now: flo
         return _UNKNOWN
     if alert.key in journal.decided_keys:
         return Decision(False, "duplicate", "this fingerprint and startsAt were already decided")
-    if now is not None and (held := PAUSED.held(Subject(journal, policy, target, now))) is not None:
+    if now is not None and (held := _paused(journal, now)) is not None:
         return Decision(False, PAUSED.reason, held.detail)
     return None
+
+
+def paused(journal: GateState, now: float) -> bool:
+    """Whether a human's pause holds every restart now (POST /api/v1/pause)."""
+    return journal.paused_until is not None and now < journal.paused_until
+
+
+def _paused(journal: GateState, now: float) -> Held | None:
+    if not paused(journal, now):
+        return None
+    reason = f": {journal.pause_reason}" if journal.pause_reason else ""
+    return Held(None, f"the remediator is paused until {journal.paused_until:.0f}{reason}"[:500])
+
+
+# The pause is step 3 (`precheck`), the one hold that needs neither the exporter nor a workload: asked
+# before the exporter's answer counts, it is not in the table `held_back` walks after the re-check.
+PAUSED = Check("paused", lambda s: _paused(s.journal, s.now))
+# The gate's whole table, as the backstop's word walks it for a workload (gate_word.py): the pause, then
+# the holds, in the order `decide` refuses with them.
+CHECKS: tuple[Check, ...] = (PAUSED, *HOLDS)
 
 
 def decide(
@@ -223,10 +243,10 @@ def recheck(alert: AlertFacts, target: str, fleet: FleetView, policy: GatePolicy
 
 
 def held_back(subject: Subject) -> Decision | None:
-    """Steps 5-9b: the table of checks (CHECKS), in order (`checks.first_refusal`); the first that holds
+    """Steps 5-9b: the table of checks (HOLDS), in order (`checks.first_refusal`); the first that holds
     refuses. The backstop's word (gate_word.py) walks the same table. A degraded replica is no hang to hold: without evidence
     against its node it is refused before the table."""
-    refusal = first_refusal((UNMOVED, *CHECKS), subject)
+    refusal = first_refusal((UNMOVED, *HOLDS), subject)
     return None if refusal is None else Decision(False, refusal[0].reason, refusal[1].detail)
 
 

@@ -6,8 +6,9 @@ remediator (GET /api/v1/backstop, read token) for its workload's word, and while
 its liveness answers 200 however long the server is stuck (llm_vitals/exporter/backstop_rule.py). The
 word's type and its wire shape are the shared contract's (llm_vitals/backstop_word.py).
 
-The word walks the gate's own table of checks (checks.py `CHECKS`, through `checks.first_refusal` as
-`gate.decide` does), asked about the workload rather than an alert, then the shared state's holds; the first that holds wins:
+The word walks the gate's own table of checks (gate.py `CHECKS`: the pause, then checks.py `HOLDS`, through
+`checks.first_refusal` as `gate.decide` does), asked about the workload rather than an alert, then the
+shared state's holds; the first that holds wins:
 - `state_lost`: the shared state is lost, and the gate restarts nothing until a human re-initialises it;
 - each check of `CHECKS` that needs no fresh reading of a target: `paused`, `escalated_to_human`
   (paged), `restart_in_progress` (a restart of this workload; another's is the cooldown's),
@@ -31,7 +32,8 @@ same word, and a restarted replica the word it answered before.
 from __future__ import annotations
 
 from llm_vitals.backstop_word import BackstopWord, act, hold
-from llm_vitals.remediator.checks import CHECKS, Subject, first_refusal
+from llm_vitals.remediator.checks import Subject, first_refusal
+from llm_vitals.remediator.gate import CHECKS
 from llm_vitals.remediator.model import GateState, TargetStatus
 from llm_vitals.remediator.policy import GatePolicy
 from llm_vitals.remediator.reasons import HOLDING
