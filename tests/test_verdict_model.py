@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from llm_vitals.exporter.verdict import Verdict, initial
-from llm_vitals.exporter.verdict.model import move
+from llm_vitals.exporter.verdict.model import move, move_with
 
 
 def test_a_move_is_replace_with_the_state_its_clock_and_the_poll_time():
@@ -34,3 +34,10 @@ def test_a_moved_verdict_is_frozen_and_a_field_it_lacks_is_refused():
     with pytest.raises(TypeError, match="no field 'stat'"):
         move(initial(0.0), 1.0, "idle", "idle", "quiet", stat="x")
     assert hash(after) == hash(dataclasses.replace(after))
+
+
+def test_move_with_a_dict_is_move_with_its_keywords():
+    before = dataclasses.replace(initial(10.0), state="stuck", since=10.0, last_unhealthy_at=10.0)
+    changes = {"last_progress": 30.0, "stuck_seconds": 0.0, "since": 1.0}  # since is move's to set, not the caller's
+    assert move_with(before, 30.0, "busy", "progress", "moving", dict(changes)) \
+        == move(before, 30.0, "busy", "progress", "moving", **changes)

@@ -117,9 +117,20 @@ def initial(now: float) -> Verdict:
 
 
 def move(previous: Verdict, now: float, state: State, reason: Reason, detail: str, **changes: Any) -> Verdict:
+    """The verdict moved to `state` at `now` (its `since` kept in the same state), with `changes` set."""
+    return move_with(previous, now, state, reason, detail, changes)
+
+
+def move_with(previous: Verdict, now: float, state: State, reason: Reason, detail: str, changes: dict[str, Any]) -> Verdict:
+    """`move`, its changes given as a dict that it takes over (and changes): the caller's own, built for this move.
+
+    judge builds some 20 changes a read in one dict; passed as `**changes` they were spread into keywords
+    and gathered into a new dict again, each name checked against the parameters' (19,800 instructions
+    a read of the backtest, callgrind: a tenth of it)."""
     changes.setdefault("last_poll", now)
-    changes.update(state=state, reason=reason, detail=detail, since=previous.since if state == previous.state else now,
-                   last_unhealthy_at=now if state in UNHEALTHY_STATES else previous.last_unhealthy_at)
+    changes["state"], changes["reason"], changes["detail"] = state, reason, detail
+    changes["since"] = previous.since if state == previous.state else now
+    changes["last_unhealthy_at"] = now if state in UNHEALTHY_STATES else previous.last_unhealthy_at
     return _replaced(previous, changes)
 
 
