@@ -131,14 +131,15 @@ def _good_read(previous: Verdict, snap: PageReading, now: float, comparison: Com
     """What every good read sets: the reading, its rates against the last one of this lifetime, the units' clocks."""
     elapsed = now - previous.snapshot_at if same_life and previous.snapshot_at is not None else 0.0
     restarted = comparison.restarted
-    return dict(
-        up=True, started=True, error_reason=None, snapshot=snap, snapshot_at=now, last_good_read=now, failed_reads=0,
-        restarts=previous.restarts + (1 if restarted else 0),
-        last_restart_at=now if restarted else previous.last_restart_at,
-        steps_per_second=_per_second(comparison.steps_grew, elapsed),
-        generation_tokens_per_second=_per_second(comparison.generation_tokens_grew, elapsed),
-        unit=None, unit_clocks=_unit_clocks(previous, snap, comparison.unit_resets, now) if snap.units else (),
-    )
+    # A dict display, not dict(...) with keywords: they would be gathered into one dict, then copied.
+    return {
+        "up": True, "started": True, "error_reason": None, "snapshot": snap, "snapshot_at": now, "last_good_read": now,
+        "failed_reads": 0, "restarts": previous.restarts + (1 if restarted else 0),
+        "last_restart_at": now if restarted else previous.last_restart_at,
+        "steps_per_second": _per_second(comparison.steps_grew, elapsed),
+        "generation_tokens_per_second": _per_second(comparison.generation_tokens_grew, elapsed),
+        "unit": None, "unit_clocks": _unit_clocks(previous, snap, comparison.unit_resets, now) if snap.units else (),
+    }
 
 
 def _per_second(grew: float | None, elapsed: float) -> float | None:
