@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llm_vitals.exporter.engines import EngineFacts, PageReading
 from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict.compare import Comparison, compare, moved_beside, on_peer, unit_load, worst_unit
-from llm_vitals.exporter.verdict.model import (
-    SLEEP_LEVEL_WORDS,
-    CanaryOutcome,
-    ModelsOk,
-    Observation,
-    PollError,
-    Verdict,
-    initial,
-    move,
-    move_with,
-)
+from llm_vitals.exporter.verdict.model import SLEEP_LEVEL_WORDS, CanaryOutcome, ModelsOk, PollError, Verdict, initial, move, move_with
 from llm_vitals.exporter.verdict.unread import on_error, on_failure, unslowed
 from llm_vitals.targets import Reason, State
+
+if TYPE_CHECKING:
+    from llm_vitals.exporter.verdict.model import Observation
 
 
 def judge(previous: Verdict | None, observation: Observation, now: float, target: TargetSettings,
