@@ -52,10 +52,16 @@ def went_backwards(before: PageReading, after: PageReading, *, gap: bool = False
         old = old_counters.get(name)
         if old is not None and new is not None and new < old:
             return name
-    had = [name for name, value in old_counters.items() if value is not None]
-    if had and all(new_counters.get(name) is None for name in had):
-        return f"{had[0]} (gone from the page)"
-    return None
+    # Gone only if every counter the earlier read had is gone: one still on the page ends the look
+    # (at once on a busy read, with no list of them built each poll).
+    first = None
+    for name, old in old_counters.items():
+        if old is not None:
+            if new_counters.get(name) is not None:
+                return None
+            if first is None:
+                first = name
+    return f"{first} (gone from the page)" if first is not None else None
 
 
 def _series_reset(before: tuple[tuple[str, float], ...], after: tuple[tuple[str, float], ...], gap: bool) -> str | None:

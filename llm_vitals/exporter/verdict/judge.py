@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llm_vitals.exporter.engines import EngineFacts, PageReading
 from llm_vitals.exporter.engines.table import engine_of
 from llm_vitals.exporter.settings import TargetSettings
 from llm_vitals.exporter.verdict.compare import Comparison, compare, moved_beside, on_peer, unit_load, worst_unit
-from llm_vitals.exporter.verdict.model import SLEEP_LEVEL_WORDS, CanaryOutcome, ModelsOk, Observation, PollError, Verdict, initial, move
+from llm_vitals.exporter.verdict.model import SLEEP_LEVEL_WORDS, CanaryOutcome, ModelsOk, PollError, Verdict, initial, move, move_with
 from llm_vitals.exporter.verdict.unread import on_error, on_failure, unslowed
 from llm_vitals.targets import Reason, State
+
+if TYPE_CHECKING:
+    from llm_vitals.exporter.verdict.model import Observation
 
 
 def judge(previous: Verdict | None, observation: Observation, now: float, target: TargetSettings,
@@ -86,7 +89,7 @@ def _on_snapshot(previous: Verdict, snap: PageReading, now: float, target: Targe
         changes.update(started=False, canary_failures=0, last_served=None, canary_rejected=None, last_progress=now,
                        reads_without_progress=0, stuck_seconds=0.0, operation_since=None)
         detail = f"process restarted (restart #{changes['restarts']}); {load}; judged from the next read of this process"
-        return move(previous, now, "starting", "restart", detail, **changes)
+        return move_with(previous, now, "starting", "restart", detail, changes)
 
     if moved:
         changes.update(last_progress=now, last_served=now, reads_without_progress=0, stuck_seconds=0.0,
@@ -107,7 +110,7 @@ def _on_snapshot(previous: Verdict, snap: PageReading, now: float, target: Targe
             # sleeps, so it is never stuck and never a restart candidate, and it gets no canary (on a
             # GPU a request to a sleeping vLLM has crashed it: vLLM issue #15483). Not ready, still live.
             changes.update(canary_failures=0)
-            return move(previous, now, "asleep", "asleep", f"{asleep}; {load}", **changes)
+            return move_with(previous, now, "asleep", "asleep", f"{asleep}; {load}", changes)
         # Work pending on a sleeping engine is owed (a wake-up that hangs with requests queued): it
         # is judged as any pending work, so nothing moving for stuck_after is `stuck`, never `asleep`.
         load = f"{load}; {asleep}"
@@ -121,14 +124,15 @@ def _good_read(previous: Verdict, snap: PageReading, now: float, comparison: Com
     """What every good read sets: the reading, its rates against the last one of this lifetime, the units' clocks."""
     elapsed = now - previous.snapshot_at if same_life and previous.snapshot_at is not None else 0.0
     restarted = comparison.restarted
-    return dict(
-        up=True, started=True, error_reason=None, snapshot=snap, snapshot_at=now, last_good_read=now, failed_reads=0,
-        restarts=previous.restarts + (1 if restarted else 0),
-        last_restart_at=now if restarted else previous.last_restart_at,
-        steps_per_second=_per_second(comparison.steps_grew, elapsed),
-        generation_tokens_per_second=_per_second(comparison.generation_tokens_grew, elapsed),
-        unit=None, unit_clocks=_unit_clocks(previous, snap, comparison.unit_resets, now) if snap.units else (),
-    )
+    # A dict display, not dict(...) with keywords: they would be gathered into one dict, then copied.
+    return {
+        "up": True, "started": True, "error_reason": None, "snapshot": snap, "snapshot_at": now, "last_good_read": now,
+        "failed_reads": 0, "restarts": previous.restarts + (1 if restarted else 0),
+        "last_restart_at": now if restarted else previous.last_restart_at,
+        "steps_per_second": _per_second(comparison.steps_grew, elapsed),
+        "generation_tokens_per_second": _per_second(comparison.generation_tokens_grew, elapsed),
+        "unit": None, "unit_clocks": _unit_clocks(previous, snap, comparison.unit_resets, now) if snap.units else (),
+    }
 
 
 def _per_second(grew: float | None, elapsed: float) -> float | None:
@@ -158,32 +162,32 @@ def _on_quiet(previous: Verdict, snap: PageReading, now: float, target: TargetSe
     """A read with nothing pending: starting, busy (work flowed since the last read), unresponsive or idle."""
     if same_life is None:
         # The first read of this process: nothing to compare with, so no interval seen quiet yet.
-        return move(previous, now, "starting", "startup",
-                    f"{load} on the first read; idle once a second read shows nothing moved", **changes)
+        return move_with(previous, now, "starting", "startup",
+                         f"{load} on the first read; idle once a second read shows nothing moved", changes)
     # Counters the exporter's own canary moved on an idle server are not work.
     own_canary = canary_overlap and previous.state in ("idle", "unresponsive") and not same_life.pending
     if moved and not own_canary:
         # Work flowed since the last read, though nothing is pending at this instant (vLLM's API
         # server may feed its engine one request at a time): busy, and no canary.
-        return move(previous, now, "busy", "progress",
-                    f"{load} at this read, but engine signals moved since the last one", **changes)
+        return move_with(previous, now, "busy", "progress",
+                         f"{load} at this read, but engine signals moved since the last one", changes)
     if same_life.pending:
-        return move(previous, now, "busy", "waiting_for_progress",
-                    f"{load} now, with work pending at the last read; idle once a whole interval is quiet",
-                    **changes)
+        return move_with(previous, now, "busy", "waiting_for_progress",
+                         f"{load} now, with work pending at the last read; idle once a whole interval is quiet",
+                         changes)
     failures = previous.canary_failures if not moved else 0
     if failures >= target.canary.failures_before_unresponsive and snap.unjudged is None:
-        return move(previous, now, "unresponsive", "canary_failed",
-                    f"idle-looking, but {failures} canaries in a row failed", **changes)
+        return move_with(previous, now, "unresponsive", "canary_failed",
+                         f"idle-looking, but {failures} canaries in a row failed", changes)
     if previous.canary_rejected is not None:
-        return move(previous, now, "idle", "canary_rejected", _rejected_detail(previous.canary_rejected), **changes)
+        return move_with(previous, now, "idle", "canary_rejected", _rejected_detail(previous.canary_rejected), changes)
     if snap.unjudged is not None:
         # Nothing pending and nothing moving says nothing about a model no signal follows: not
         # idle by evidence, and its canary may wait behind streams no counter shows.
         changes.update(unit=snap.unjudged.unit)
-        return move(previous, now, "idle", "unjudgeable", _unjudged_detail(snap.unjudged.why, failures), **changes)
-    return move(previous, now, "idle", "idle", "nothing running or waiting, and nothing moved since the last read",
-                **changes)
+        return move_with(previous, now, "idle", "unjudgeable", _unjudged_detail(snap.unjudged.why, failures), changes)
+    return move_with(previous, now, "idle", "idle", "nothing running or waiting, and nothing moved since the last read",
+                     changes)
 
 
 
@@ -204,14 +208,14 @@ def _on_pending(previous: Verdict, snap: PageReading, now: float, target: Target
         if reads >= 2 and stuck_for >= target.stuck_after:
             if on_peer(snap.running, snap.deferred) and (worst is None or worst[0] != "stuck"):
                 changes.update(unit=worst[1].name if worst else None)
-                return move(previous, now, "waiting_on_peer", "waiting_on_peer",
-                            f"{load}; nothing moved for {stuck_for:.1f}s over {reads} reads, with nothing running "
-                            f"and {snap.deferred:g} request(s) the engine deferred (KV transfer, a peer): "
-                            f"a restart of this server does not fix its peer", **changes)
+                return move_with(previous, now, "waiting_on_peer", "waiting_on_peer",
+                                 f"{load}; nothing moved for {stuck_for:.1f}s over {reads} reads, with nothing running "
+                                 f"and {snap.deferred:g} request(s) the engine deferred (KV transfer, a peer): "
+                                 f"a restart of this server does not fix its peer", changes)
             changes.update(unit=worst[1].name if worst else None)
             longest = f"; stuck longest: unit {worst[1].name}" if worst else ""
-            return move(previous, now, "stuck", "no_progress",
-                        f"{load}; no engine signal moved for {stuck_for:.1f}s over {reads} reads{longest}", **changes)
+            return move_with(previous, now, "stuck", "no_progress",
+                             f"{load}; no engine signal moved for {stuck_for:.1f}s over {reads} reads{longest}", changes)
         state, reason = "busy", "waiting_for_progress"
         detail = f"{load}; nothing moved for {stuck_for:.1f}s ({reads} read(s))"
 
@@ -222,13 +226,13 @@ def _on_pending(previous: Verdict, snap: PageReading, now: float, target: Target
         stuck_for = now - since
         changes.update(unit=unit.name, last_progress=since, reads_without_progress=reads, stuck_seconds=stuck_for)
         if unit_state == "stuck":
-            return move(previous, now, "stuck", "no_progress",
-                        f"unit {unit.name} stuck: {unit_load(unit)}, and none of its own signals moved for "
-                        f"{stuck_for:.1f}s over {reads} reads (the whole server: {load})", **changes)
-        return move(previous, now, "waiting_on_peer", "waiting_on_peer",
-                    f"unit {unit.name} waiting on a peer: {unit_load(unit)}, nothing running and nothing of its "
-                    f"own moved for {stuck_for:.1f}s over {reads} reads (the whole server: {load})", **changes)
-    return move(previous, now, state, reason, detail, **changes)
+            return move_with(previous, now, "stuck", "no_progress",
+                             f"unit {unit.name} stuck: {unit_load(unit)}, and none of its own signals moved for "
+                             f"{stuck_for:.1f}s over {reads} reads (the whole server: {load})", changes)
+        return move_with(previous, now, "waiting_on_peer", "waiting_on_peer",
+                         f"unit {unit.name} waiting on a peer: {unit_load(unit)}, nothing running and nothing of its "
+                         f"own moved for {stuck_for:.1f}s over {reads} reads (the whole server: {load})", changes)
+    return move_with(previous, now, state, reason, detail, changes)
 
 
 def _on_purpose(previous: Verdict, snap: PageReading, now: float, target: TargetSettings, moved: bool,
@@ -254,9 +258,9 @@ def _on_purpose(previous: Verdict, snap: PageReading, now: float, target: Target
         wedged_at = since + target.pause_budget
         changes.update(last_progress=wedged_at, stuck_seconds=now - wedged_at,
                        reads_without_progress=previous.reads_without_progress + 1)
-        return move(previous, now, "stuck", "operation_stuck",
-                    f"{', '.join(ops)} still in flight after {now - since:.1f}s, past pause_budget "
-                    f"{target.pause_budget:g}s: the engine is wedged inside it; {load}", **changes)
+        return move_with(previous, now, "stuck", "operation_stuck",
+                         f"{', '.join(ops)} still in flight after {now - since:.1f}s, past pause_budget "
+                         f"{target.pause_budget:g}s: the engine is wedged inside it; {load}", changes)
     if moved:
         return None
     if ops:
@@ -276,7 +280,7 @@ def _on_purpose(previous: Verdict, snap: PageReading, now: float, target: Target
     held = now - (previous.since if previous.state == "paused" else now)
     over = (f"; paused {held:.1f}s, past pause_budget {target.pause_budget:g}s: pages (LLMServerPausedTooLong), "
             f"never restarted") if held > target.pause_budget else ""
-    return move(previous, now, "paused", reason, f"{why}; {load}: paused on purpose, not stuck{over}", **changes)
+    return move_with(previous, now, "paused", reason, f"{why}; {load}: paused on purpose, not stuck{over}", changes)
 
 
 def _unjudged_detail(why: str, failures: int) -> str:
