@@ -149,11 +149,6 @@ class PageReading:
     # The names of the engine operations in flight now (a weight update, a wake-up).
     in_flight: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
-    # The counters that only ever grow within one process lifetime.
-    MONOTONE = ("steps", "generation_tokens", "prompt_tokens", "finished")
-    # Every signal whose movement counts as progress (KV usage moves during a long chunked prefill).
-    PROGRESS = ("steps", "generation_tokens", "prompt_tokens", "finished", "kv_usage")
-
     def __post_init__(self) -> None:
         # Written out, not looked up name by name by getattr (a third of the time).
         setter = object.__setattr__  # the class is frozen: its own views are set once, here
