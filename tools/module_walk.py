@@ -13,7 +13,8 @@ Real parts, in-process, under `sys.setprofile` (and `threading.setprofile`):
   (tests/fixtures/vllm/); one unwatched poll first, so the watched one is a steady-state read.
 
 An entry is a call into a module's function from another module's (or from no `llm_vitals` frame: a task
-the event loop starts, marked `*`); a call within one module, and a coroutine's resumption, are no entry.
+the event loop starts, marked `*`); a call within one module, and a coroutine's or a generator's
+resumption (its frame entered before), are no entry.
 Pure data accessors are left out: functions without a source file under `llm_vitals/` (dataclass- and
 NamedTuple-generated methods), properties, and an `__init__` that only stores attributes, with what they call.
 Printed: the modules in the order entered (`m x3`: three entries in a row, from one caller), then each
@@ -117,7 +118,7 @@ class Walk:
             return
         module = self._module(frame)
         if module is None or id(frame) in self.seen:
-            return  # outside the package, an accessor, or a coroutine resumed
+            return  # outside the package, an accessor, or a coroutine or generator resumed
         self.seen.add(id(frame))
         self.frames.append(frame)
         caller = frame.f_back
