@@ -70,7 +70,7 @@ from soak_invariants import (  # noqa: E402
 from llm_vitals.remediator import identity  # noqa: E402
 from llm_vitals.remediator.acting import Actor  # noqa: E402
 from llm_vitals.remediator.executors import ExecResult  # noqa: E402
-from llm_vitals.remediator.gate import Decision, group_of  # noqa: E402
+from llm_vitals.remediator.gate import Decision  # noqa: E402
 from llm_vitals.remediator.journal import Journal  # noqa: E402
 from llm_vitals.remediator.model import AlertFacts, FleetView, GateState, TargetStatus  # noqa: E402
 from llm_vitals.remediator.payload import WebhookPayload  # noqa: E402
@@ -177,7 +177,7 @@ class SimActor(Actor):
 
     def executor_for(self, facts: AlertFacts, decision: Decision, status: TargetStatus | None) -> SimExecutor:
         kind = ("cordon_and_move" if decision.reason == "cordon_and_move"
-                else "group_restart" if group_of(status) is not None else "restart")
+                else "group_restart" if status is not None and status.group is not None else "restart")
         return SimExecutor(self.soak, kind, facts, status, self.identity)
 
 

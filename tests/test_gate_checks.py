@@ -22,6 +22,7 @@ from llm_vitals.remediator.checks import STORM_HOLD
 from llm_vitals.remediator.gate import CHECKS
 from llm_vitals.remediator.model import FleetView, GateState, TargetStatus
 from llm_vitals.remediator.reasons import HOLDING, REASONS
+from llm_vitals.remediator.state import claim_lapsed
 
 STUCK = TargetStatus("stuck", process_start_time=OLD)
 IDLE = TargetStatus("idle", process_start_time=OLD)
@@ -127,3 +128,26 @@ def test_the_pause_is_step_3_and_outranks_every_later_refusal(facts, fleet, unpa
     assert gate.decide(facts, fleet, GateState(), STORMY, T0).reason == unpaused
     assert gate.decide(facts, fleet, PAUSED_STATE, STORMY, T0).reason == "paused"
     assert gate.CHECKS[0] is gate.PAUSED and gate.PAUSED not in gate.HOLDS
+
+
+RUNNING = alert("a")
+# The claim of RUNNING's restart, running until T0 + 30: its key decided with it.
+CLAIMED = GateState(decided_keys=frozenset({RUNNING.key}), in_progress="a", in_progress_by="replica-0/abc",
+                    in_progress_expires=T0 + 30, in_progress_key=RUNNING.key, last_restart_started=T0 - 5)
+
+
+@pytest.mark.parametrize(("facts", "state", "look", "at", "decided"), [
+    (RUNNING, CLAIMED, None, T0, "duplicate"),  # its claim holds: the transaction calls it a duplicate
+    (RUNNING, CLAIMED, None, T0 + 31, "cooldown"),  # its claim lapsed: judged afresh (state.claim_lapsed)
+    (alert("a", "fp-other"), replace(CLAIMED, decided_keys=CLAIMED.decided_keys | {alert("a", "fp-other").key}),
+     "duplicate", T0, "duplicate"),  # a key no claim holds is a duplicate at the look, before any I/O
+    (replace(RUNNING, status="resolved"), CLAIMED, "not_firing", T0, "not_firing"),
+], ids=["claim holds", "claim lapsed", "decided, no claim", "resolved"])
+def test_the_look_before_io_leaves_the_claimed_alert_to_the_transaction(facts, state, look, at, decided):
+    """The loop's look (`gate.precheck` without a time, on the state as last seen) refuses what no time
+    can change; the one alert whose restart holds the claim goes on to the transaction, which alone can
+    tell, at the store's time, whether the claim lapsed (its alert judged afresh) or holds (a duplicate)."""
+    looked = gate.precheck(facts, state, POLICY)
+    assert (looked.reason if looked is not None else None) == look
+    ruled, _ = gate.ruling(facts, QUIET, claim_lapsed(state, at), POLICY, at)
+    assert ruled.reason == decided

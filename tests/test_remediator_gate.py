@@ -21,7 +21,6 @@ from llm_vitals.remediator.gate import (
     backoff_delay,
     decide,
     effects_of,
-    group_of,
     ladder_step,
     managed_targets,
     node_suspect,
@@ -557,7 +556,7 @@ def test_effects_of_a_decision(alert, fleet_view, journal, policy, expected):
 ], ids=["group", "two-digit index", "deployment", "other namespace", "no index", "no name", "older exporter",
         "static target"])
 def test_a_group_is_a_leaderworkerset_workload_of_a_pod_in_its_namespace(status, group):
-    assert group_of(status) == group
+    assert status.group == group
     if group is not None:
         assert group.selector == "leaderworkerset.sigs.k8s.io/name=big,leaderworkerset.sigs.k8s.io/group-index=" + group.index
 

@@ -52,8 +52,8 @@ from .checks import (
     restarts_in_window,
 )
 from .ladder import LADDER, Step, ladder_step, node_suspect
-from .model import AlertFacts, FleetView, GateState, HeldAlert, TargetStatus, dedupe_key, workload_of
-from .plan import Action, Group, Plan, group_of, plan_of, taint_value
+from .model import AlertFacts, FleetView, GateState, Group, HeldAlert, TargetStatus, dedupe_key, workload_of
+from .plan import Action, Plan, plan_of, taint_value
 from .policy import DEFAULT_POD_TIMEOUT, GatePolicy, TemplateMatch, template_index
 from .reasons import AFTER_GATE, AT_EDGE, HOLDING, HUMAN_REFUSALS, REASONS, UNHOLDING, Reason
 from .storm import fleet_storm, is_unhealthy, managed_targets, unhealthy_limit
@@ -102,7 +102,6 @@ __all__ = [
     "effects_of",
     "first_refusal",
     "fleet_storm",
-    "group_of",
     "in_progress",
     "is_unhealthy",
     "ladder_step",
@@ -133,6 +132,17 @@ class Decision(NamedTuple):
     detail: str = ""
     plan: Plan | None = None  # set exactly when allowed
 
+    @property
+    def word(self) -> str:
+        """What the decision is called in the journal's `decision` column and the webhook's answer, from
+        the decision alone: restart | refused | dry_run | paused | resolved (`not_firing`: Alertmanager
+        sends an alert firing or resolved, so one not firing is resolved)."""
+        if self.allowed:
+            return "restart"
+        if self.reason in ("dry_run", "paused"):
+            return self.reason
+        return "resolved" if self.reason == "not_firing" else "refused"
+
 
 _UNKNOWN = Decision(False, "unknown_target", "target is not in the remediator's config")
 
@@ -141,7 +151,11 @@ def precheck(alert: AlertFacts, journal: GateState, policy: GatePolicy, now: flo
     """Steps 1-3, which need no exporter: a refusal, or None when the exporter must be asked.
 
     A target that is not static may still be taken by a template: that needs the exporter's view,
-    so it is decided in `decide`. The pause is checked only when `now` is given.
+    so it is decided in `decide`. The pause is checked only when `now` is given. Without `now` (the
+    loop's look at the state as last seen, before any I/O), the alert whose restart holds the claim
+    is not called a duplicate here: its claim may have lapsed (`state.claim_lapsed`, its alert judged
+    afresh), which only the transaction, at the store's time, can tell. One claim is held at a time,
+    so that is one alert's re-sends.
     """
     if alert.status != "firing":
         return Decision(False, "not_firing", f"alert is {alert.status}")
@@ -150,7 +164,7 @@ def precheck(alert: AlertFacts, journal: GateState, policy: GatePolicy, now: flo
     target = alert.target
     if target is None or (target not in policy.targets and not policy.templates):
         return _UNKNOWN
-    if alert.key in journal.decided_keys:
+    if alert.key in journal.decided_keys and (now is not None or alert.key != journal.in_progress_key):
         return Decision(False, "duplicate", "this fingerprint and startsAt were already decided")
     if now is not None and (held := _paused(journal, now)) is not None:
         return Decision(False, PAUSED.reason, held.detail)

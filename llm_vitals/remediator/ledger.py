@@ -41,7 +41,7 @@ from .executors import ExecResult
 from .gate import Decision, GatePolicy, Plan
 from .journal import Journal
 from .metrics import UNKNOWN_TARGET, RemediatorMetrics
-from .model import AlertFacts, Claim, FleetView, GateState, Intent, TargetStatus, decision_word, workload_of
+from .model import AlertFacts, Claim, FleetView, GateState, Intent, TargetStatus, workload_of
 from .pods import CordonAndMoveExecutor, GroupExecutor, PodExecutor
 from .state import (
     Committed,
@@ -184,7 +184,7 @@ class Ledger:
         if decision.reason == "restarted_since_alert":
             actor = gate_word.restart_actor(status, self.store.last, workload_of(facts.target or "", status),
                                            facts.starts_at)
-        word = decision_word(facts, decision.allowed, decision.reason)
+        word = decision.word
         self.journal.record_decision(now, facts, word, decision.reason, decision.detail, **evidence_of(target, status),
                                      actor=actor)
         self.metrics.decisions.labels(target or UNKNOWN_TARGET, decision.reason).inc()

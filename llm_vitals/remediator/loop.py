@@ -1,9 +1,10 @@
 """The gate loop, one alert at a time: decide once, commit once with its journal row, then carry out.
 
 For one alert, each module entered once:
-  1. steps 1-3 of the gate on the store's last state, without I/O (`gate.precheck`: most of a
-     storm ends here as `duplicate`, its row written by the ledger); every time is the store's
-     (`GateStore.now`: replicas judge by the API server's clock);
+  1. steps 1-3 of the gate on the store's last state, without I/O and without a time (`gate.precheck`:
+     most of a storm ends here as `duplicate`, its row written by the ledger; the one alert whose
+     restart holds the claim goes on, for the transaction to tell whether its claim lapsed); every
+     time is the store's (`GateStore.now`: replicas judge by the API server's clock);
   2. re-check through the exporter, or every exporter shard at once (`exporter_client`);
   3. under this replica's decision lock, the ledger's one transaction through the store's door
      (`GateStore.transact`): the state and the store's time read once, the decision on them
@@ -36,7 +37,6 @@ from .acting import Actor
 from .gate import Decision, GatePolicy
 from .ledger import Ledger
 from .model import AlertFacts, FleetView, TargetStatus, workload_of
-from .state import claim_lapsed
 from .store import StateUnavailable
 
 log = logging.getLogger("llm_vitals.remediator")
@@ -72,7 +72,7 @@ class GateLoop:
         # Steps 1-3 of the gate on the state as last seen, without I/O: most of a storm ends here as
         # `duplicate`, its row written by the ledger. The pause is not checked here: a paused refusal
         # holds the target (GateState.held), which is committed with the decision.
-        refused = gate.precheck(facts, claim_lapsed(self.store.last, self.store.now()), self.policy)
+        refused = gate.precheck(facts, self.store.last, self.policy)
         if refused is not None:
             return (await self.ledger.refused(facts, refused, None)).decision
         fleet = await self.exporter.fleet()

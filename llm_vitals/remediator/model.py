@@ -1,6 +1,6 @@
 """The remediator's data: what the gate reads (an alert, the exporter's view of the fleet), the state
 it keeps (`GateState`) and a restart's claim on it (`Intent`). Plain frozen data, no logic beyond
-naming: what the gate decides (`Decision` in gate.py, its `Plan` in plan.py, the `Reason` in
+naming and reading a status's group once (`group_of`): what the gate decides (`Decision` in gate.py, its `Plan` in plan.py, the `Reason` in
 reasons.py) is the gate's; how the state changes is state.py's, how it is stored state_codec.py's
 and store/'s.
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from llm_vitals.kube.owners import LWS_GROUP_INDEX_LABEL, LWS_NAME_LABEL
 
 
 @dataclass(frozen=True)
@@ -39,14 +41,18 @@ def dedupe_key(fingerprint: str, starts_at: float) -> tuple[str, float]:
     return (fingerprint, round(starts_at, 3))
 
 
-def decision_word(alert: AlertFacts, allowed: bool, reason: str) -> str:
-    """What a decision on `alert` is called in the journal's `decision` column and the webhook's answer:
-    restart | refused | dry_run | paused | resolved."""
-    if allowed:
-        return "restart"
-    if reason in ("dry_run", "paused"):
-        return reason
-    return "resolved" if alert.status == "resolved" else "refused"
+@dataclass(frozen=True)
+class Group:
+    """A LeaderWorkerSet group: restarted as one, every pod of it by UID (RecreateGroupOnRestart)."""
+
+    namespace: str
+    name: str
+    index: str
+
+    @property
+    def selector(self) -> str:
+        """The label selector of the group's pods (leader and workers)."""
+        return f"{LWS_NAME_LABEL}={self.name},{LWS_GROUP_INDEX_LABEL}={self.index}"
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,23 @@ class TargetStatus:
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     # The exporter (its URL, without userinfo) that reported this object: journaled beside the evidence.
     source: str | None = field(default=None, compare=False)
+    # The LeaderWorkerSet group its workload names (`group_of`), read once from the status as it is
+    # made: the fleet gate counts a group as one server, and the plan restarts it as one.
+    group: Group | None = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "group", group_of(self))
+
+
+def group_of(status: TargetStatus) -> Group | None:
+    """The LeaderWorkerSet group a pod target belongs to (its workload `LeaderWorkerSet/<ns>/<name>/<index>`,
+    in the pod's own namespace), or None."""
+    if not status.workload or not status.pod or not status.namespace:
+        return None
+    parts = status.workload.split("/")
+    if len(parts) != 4 or parts[0] != "LeaderWorkerSet" or parts[1] != status.namespace or not parts[2] or not parts[3]:
+        return None
+    return Group(parts[1], parts[2], parts[3])
 
 
 def workload_of(target: str, status: TargetStatus | None) -> str:

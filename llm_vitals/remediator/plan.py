@@ -9,14 +9,12 @@ the pod's node (the taint's value says why), then move the pod by its UID.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from llm_vitals.kube.owners import LWS_GROUP_INDEX_LABEL, LWS_NAME_LABEL
 from llm_vitals.targets import RESTARTABLE_STATES
 
-from .model import TargetStatus
+from .model import Group, TargetStatus
 from .policy import DEFAULT_POD_TIMEOUT, GatePolicy, template_index
 
 # The taint value of the ladder's cordon (a GPU fault's is the fault's reason: `taint_value`).
@@ -49,36 +47,6 @@ class Plan:
     template: int | None = None  # the target_templates entry taking the target; None for a static target
 
 
-@dataclass(frozen=True)
-class Group:
-    """A LeaderWorkerSet group: restarted as one, every pod of it by UID (RecreateGroupOnRestart)."""
-
-    namespace: str
-    name: str
-    index: str
-
-    @property
-    def selector(self) -> str:
-        """The label selector of the group's pods (leader and workers)."""
-        return f"{LWS_NAME_LABEL}={self.name},{LWS_GROUP_INDEX_LABEL}={self.index}"
-
-
-def group_of(status: TargetStatus | None) -> Group | None:
-    """The LeaderWorkerSet group a pod target belongs to (its workload `LeaderWorkerSet/<ns>/<name>/<index>`,
-    in the pod's own namespace), or None."""
-    if status is None or not status.workload or not status.pod or not status.namespace:
-        return None
-    parts = status.workload.split("/")
-    if len(parts) != 4 or parts[0] != "LeaderWorkerSet" or parts[1] != status.namespace or not parts[2] or not parts[3]:
-        return None
-    return Group(parts[1], parts[2], parts[3])
-
-
-def groups_of(statuses: Mapping[str, TargetStatus | None]) -> dict[str, Group | None]:
-    """Each target's LeaderWorkerSet group (`group_of`), or None: the fleet gate counts a group as one server."""
-    return {name: group_of(status) for name, status in statuses.items()}
-
-
 def plan_of(target: str, workload: str, status: TargetStatus, policy: GatePolicy, moving: bool) -> Plan:
     """What an allowed decision acts on, and for how long: worked out once, carried out by acting.py."""
     static = target in policy.targets
@@ -105,7 +73,7 @@ def plan_of(target: str, workload: str, status: TargetStatus, policy: GatePolicy
     if static:
         return Plan(target, workload, "restart", timeout, pre + timeout, status.namespace, status.pod, status.pod_uid,
                     status.node)
-    group = group_of(status)
+    group = status.group
     action: Action = "restart_group" if group is not None else "restart_pod"
     return Plan(target, workload, action, timeout, pre + timeout, status.namespace, status.pod, status.pod_uid,
                 status.node, group, template=index)

@@ -37,7 +37,7 @@ from .journal import Journal
 from .ledger import Ledger
 from .loop import GateLoop
 from .metrics import RemediatorMetrics
-from .model import AlertFacts, GateState, decision_word
+from .model import AlertFacts, GateState
 from .payload import Alert, WebhookPayload
 from .pods import IdentityReader
 from .policy import policy_from
@@ -134,7 +134,7 @@ class Remediator:
                 entry.update(decision="error", reason="internal_error", detail=type(exc).__name__)
                 retry_safe_failure = True
             else:
-                entry.update(decision=decision_word(facts, decision.allowed, decision.reason), reason=decision.reason,
+                entry.update(decision=decision.word, reason=decision.reason,
                              detail=decision.detail)
                 started |= decision.allowed
                 retry_safe_failure |= decision.reason in RETRY_SAFE_REASONS

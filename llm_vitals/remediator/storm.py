@@ -12,7 +12,6 @@ from llm_vitals.remediator import fleet_limit
 from llm_vitals.targets import UNHEALTHY_STATES
 
 from .model import FleetView, TargetStatus
-from .plan import groups_of
 from .policy import GatePolicy, template_index
 
 
@@ -40,9 +39,8 @@ def fleet_storm(fleet: FleetView, policy: GatePolicy) -> str | None:
     A LeaderWorkerSet group is one server: its pods count once, unhealthy when any of them is."""
     statuses = {name: fleet.targets.get(name) or fleet.withheld.get(name) for name in managed_targets(policy, fleet)}
     units: dict[str, bool] = {}
-    for name, group in groups_of(statuses).items():
-        status = statuses[name]
-        unit = status.workload if status is not None and group is not None and status.workload else name
+    for name, status in statuses.items():
+        unit = status.workload if status is not None and status.group is not None and status.workload else name
         units[unit] = units.get(unit, False) or is_unhealthy(status)
     limit = unhealthy_limit(policy, len(units))
     unhealthy = sum(units.values())
