@@ -1,6 +1,6 @@
 """Which `llm_vitals` modules one alert, or one poll, walks through, and how often it comes back to each (issue 42).
 
-    .venv/bin/python tools/module_walk.py alert   # one firing alert: webhook payload -> decision -> restart
+    .venv/bin/python tools/module_walk.py alert   # one firing alert: webhook payload -> decision; then its restart's task
     .venv/bin/python tools/module_walk.py poll    # one poll of one target by the exporter's poller
     .venv/bin/python tools/module_walk.py poll --packages   # a subpackage (verdict/, engines/, store/) as one module
     .venv/bin/python tools/module_walk.py alert --functions  # and each entry's function
@@ -8,7 +8,9 @@
 Real parts, in-process, under `sys.setprofile` (and `threading.setprofile`):
 - alert: the real `Remediator` service (its `GateLoop`, gate, `Actor`, journal and the SQLite store in a
   temporary directory) gets the captured Alertmanager payload aimed at target `a`; the fleet read and the
-  executor are stubs, as tests/test_remediator_loop.py builds them. Then the service waits for the restart.
+  executor are stubs, as tests/test_remediator_loop.py builds them, up to the webhook's answer. The restart
+  it started runs in a task of its own, the second path (`restart`: the action, then its end through the
+  ledger), watched while the tool waits for the task.
 - poll: the exporter's `Poller.poll_once` on one vLLM target served from loopback with the real busy page
   (tests/fixtures/vllm/); one unwatched poll first, so the watched one is a steady-state read.
 
@@ -202,7 +204,7 @@ def fleet_view() -> Any:
     return FleetView({name: TargetStatus("stuck" if name == "a" else "idle", process_start_time=old) for name in "abcde"})
 
 
-async def walk_alert(skip: set[types.CodeType], packages: bool) -> Walk:
+async def walk_alert(skip: set[types.CodeType], packages: bool) -> list[tuple[str, Walk]]:
     from llm_vitals.remediator.journal import Journal
     from llm_vitals.remediator.payload import WebhookPayload
     from llm_vitals.remediator.service import Remediator, store_for
@@ -232,20 +234,24 @@ async def walk_alert(skip: set[types.CodeType], packages: bool) -> Walk:
                 parsed = WebhookPayload.model_validate(payload)
                 with Walk(skip, packages) as walk:
                     outcome = await service.handle_payload(parsed)
-                    await service.wait_idle()
+                # The restart the answer started runs in a task of its own (acting.Actor._run): its own path,
+                # waited for here without entering the package (service.wait_idle would be an entry).
+                tasks = getattr(getattr(service, "actor", None), "_tasks", None)
+                with Walk(skip, packages) as restart:
+                    await (asyncio.gather(*list(tasks)) if tasks is not None else service.wait_idle())
                 await service.shutdown()
         finally:
             await journal.close()
     decided = [d["decision"] for d in outcome.decisions]
     if decided != ["restart"]:
         raise SystemExit(f"the alert was not allowed: {outcome.decisions}")
-    return walk
+    return [("alert", walk), ("restart", restart)]
 
 
 # -- the poll ----------------------------------------------------------------------------------
 
 
-async def walk_poll(skip: set[types.CodeType], packages: bool) -> Walk:
+async def walk_poll(skip: set[types.CodeType], packages: bool) -> list[tuple[str, Walk]]:
     import aiohttp
     from aiohttp import web
 
@@ -285,7 +291,7 @@ async def walk_poll(skip: set[types.CodeType], packages: bool) -> Walk:
             await poller.stop()
     finally:
         await runner.cleanup()
-    return walk
+    return [("poll", walk)]
 
 
 def main(argv: list[str]) -> int:
@@ -296,11 +302,15 @@ def main(argv: list[str]) -> int:
         print(f"usage: {Path(__file__).name} alert|poll [--packages] [--functions]", file=sys.stderr)
         return 2
     skip = accessors()
-    walk = asyncio.run(paths[argv[0]](skip, packages))
-    print(report(argv[0] + (" (by package)" if packages else ""), walk.entries))
-    if functions:
-        print("  functions entered, in order:")
-        print("\n".join(f"    {name}" for name in walk.functions))
+    walks = asyncio.run(paths[argv[0]](skip, packages))
+    for title, walk in walks:
+        print(report(title + (" (by package)" if packages else ""), walk.entries))
+        if functions:
+            print("  functions entered, in order:")
+            print("\n".join(f"    {name}" for name in walk.functions))
+    if len(walks) > 1:  # the paths one after the other: what the task enters again of what the answer entered
+        print(report(" then ".join(title for title, _ in walks) + (" (by package)" if packages else ""),
+                     [entry for _, walk in walks for entry in walk.entries]).split("\n")[0])
     return 0
 
 
