@@ -19,17 +19,36 @@ def counts(printed: str) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"^    (\S+): (\d+) \(\d+\)$", printed, re.M)}
 
 
-def test_the_alert_walks_from_the_service_to_the_journal_and_the_restart():
+def reports(printed: str) -> dict[str, tuple[tuple[int, int, int], dict[str, int], str]]:
+    """Each path's report: (entries, modules, returns) as its summary line says, its table, and its sequence."""
+    out = {}
+    for block in re.split(r"^(?=\S)", printed, flags=re.M):
+        head = re.match(r"(.+?): (\d+) entries into (\d+) modules, (\d+) returns", block)
+        if head is not None and block.count("\n") > 1:
+            out[head[1]] = ((int(head[2]), int(head[3]), int(head[4])), counts(block), block.splitlines()[1].strip())
+    return out
+
+
+def test_the_alert_walks_from_the_service_to_its_answer_then_the_restart_in_its_task():
     printed = walk("alert")
-    assert printed.startswith("alert: ")
-    sequence = printed.splitlines()[1]
-    assert sequence.lstrip().startswith("*remediator.service -> remediator.loop")  # the webhook's call
-    seen = counts(printed)
-    assert {"remediator.loop", "remediator.gate", "remediator.journal", "remediator.acting"} <= set(seen)
-    # The summary line agrees with the table.
-    head = re.match(r"alert: (\d+) entries into (\d+) modules, (\d+) returns", printed)
-    assert head is not None
-    assert (int(head[1]), int(head[2]), int(head[3])) == (sum(seen.values()), len(seen), sum(seen.values()) - len(seen))
+    paths = reports(printed)
+    assert list(paths) == ["alert", "restart"]
+    for (entries, modules, returns), seen, _ in paths.values():  # each summary line agrees with its table
+        assert (entries, modules, returns) == (sum(seen.values()), len(seen), sum(seen.values()) - len(seen))
+    (_, _, returns), seen, sequence = paths["alert"]
+    assert sequence.startswith("*remediator.service -> remediator.loop -> remediator.gate")  # the webhook's call, the look
+    assert {"remediator.ledger", "remediator.store.sqlite", "remediator.journal", "remediator.acting"} <= set(seen)
+    # The one return: the gate's look before any I/O, then its decision in the transaction (docs/testing.md).
+    assert returns == 1 and seen["remediator.gate"] == 2
+    (_, _, returns), seen, sequence = paths["restart"]
+    assert sequence.startswith("*remediator.acting -> ")  # a task of its own, started by the answer's carry_out
+    assert returns == 0 and {"remediator.ledger", "remediator.journal"} <= set(seen)
+
+
+def test_the_poll_enters_each_module_once():
+    paths = reports(walk("poll"))
+    (_, _, returns), _, sequence = paths["poll"]
+    assert sequence.startswith("*exporter.poller -> ") and returns == 0
 
 
 def test_the_poll_walks_from_the_poller_through_the_verdict_by_package():
