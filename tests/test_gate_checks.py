@@ -151,3 +151,21 @@ def test_the_look_before_io_leaves_the_claimed_alert_to_the_transaction(facts, s
     assert (looked.reason if looked is not None else None) == look
     ruled, _ = gate.ruling(facts, QUIET, claim_lapsed(state, at), POLICY, at)
     assert ruled.reason == decided
+
+
+@pytest.mark.parametrize(("facts", "state", "look", "at", "decided"), [
+    (RUNNING, CLAIMED, None, T0, "duplicate"),
+    (RUNNING, CLAIMED, None, T0 + 31, "cooldown"),
+    (replace(RUNNING, status="resolved"), CLAIMED, "not_firing", T0, "not_firing"),
+], ids=["claim holds", "claim lapsed", "resolved"])
+def test_the_gate_on_one_alert_looks_then_rules_on_each_state_sent(facts, state, look, at, decided):
+    """`gate.on_alert`, the gate on one alert in one frame (the loop starts it, the transaction resumes
+    it): its look is `precheck` without a time, and each (fleet, state, now) sent is ruled on as
+    `ruling` rules, again and again (a conflict's second read, the pod confirmed)."""
+    on_alert = gate.on_alert(facts, POLICY, state)
+    looked = next(on_alert)
+    assert (looked[0].reason if looked is not None else None) == look
+    assert looked is None or not looked[1]  # the look changes nothing
+    for sent in (claim_lapsed(state, at), GateState(), claim_lapsed(state, at)):
+        assert on_alert.send((QUIET, sent, at)) == gate.ruling(facts, QUIET, sent, POLICY, at)
+    assert on_alert.send((QUIET, claim_lapsed(state, at), at))[0].reason == decided

@@ -38,8 +38,8 @@ def test_the_alert_walks_from_the_service_to_its_answer_then_the_restart_in_its_
     (_, _, returns), seen, sequence = paths["alert"]
     assert sequence.startswith("*remediator.service -> remediator.loop -> remediator.gate")  # the webhook's call, the look
     assert {"remediator.ledger", "remediator.store.sqlite", "remediator.journal", "remediator.acting"} <= set(seen)
-    # The one return: the gate's look before any I/O, then its decision in the transaction (docs/testing.md).
-    assert returns == 1 and seen["remediator.gate"] == 2
+    # The gate's look and its decision in the transaction are one frame (gate.on_alert): entered once.
+    assert returns == 0 and seen["remediator.gate"] == 1
     (_, _, returns), seen, sequence = paths["restart"]
     assert sequence.startswith("*remediator.acting -> ")  # a task of its own, started by the answer's carry_out
     assert returns == 0 and {"remediator.ledger", "remediator.journal"} <= set(seen)

@@ -44,6 +44,13 @@ def calls_in(path: Path) -> set[str]:
     return found
 
 
+def rule(facts):
+    """The gate on `facts` as the loop starts it (`gate.on_alert`), past its look: what the transaction resumes."""
+    on_alert = gate.on_alert(facts, POLICY, GateState())
+    next(on_alert)
+    return on_alert.send
+
+
 def test_only_the_ledger_writes_the_state_or_the_journal():
     writers = {path.relative_to(REMEDIATOR).as_posix(): sorted(calls_in(path) & WRITES)
                for path in REMEDIATOR.rglob("*.py")}
@@ -57,17 +64,17 @@ def test_the_decision_is_one_pure_step_with_its_claim():
     """`state.decided`: the gate's decision, the claim it takes and the state its effects make, from
     plain data (no Actor, no store): what the ledger commits, and all it commits for an alert."""
     claim = Claim("replica-0/abc", 15.0)
-    decision, intent, state = decided(alert("a"), FLEET, GateState(), POLICY, T0, claim)
+    decision, intent, state = decided(alert("a"), FLEET, GateState(), rule(alert("a")), T0, claim)
     assert decision.allowed and decision.plan is not None and intent is not None
     # The claim outlives the plan's timeouts by its margin, and remembers what its commit replaced.
     assert (intent.holder, intent.target, intent.expires) == ("replica-0/abc", "a", T0 + decision.plan.claim_for + 15.0)
     effects = gate.effects_of(decision, alert("a"), FLEET, GateState(), POLICY, T0)
     assert state == with_effects(GateState(), effects, alert("a"), T0, intent)
     # A store whose claims never expire (one replica): the claim holds until its restart ends.
-    assert decided(alert("a"), FLEET, GateState(), POLICY, T0, Claim("r/1", None))[1].expires is None  # type: ignore[union-attr]
+    assert decided(alert("a"), FLEET, GateState(), rule(alert("a")), T0, Claim("r/1", None))[1].expires is None  # type: ignore[union-attr]
     # A refusal takes no claim.
     busy = with_effects(GateState(), effects, alert("a"), T0, INTENT)
-    refused, none, _ = decided(alert("b"), FLEET, busy, POLICY, T0 + 1, claim)
+    refused, none, _ = decided(alert("b"), FLEET, busy, rule(alert("b")), T0 + 1, claim)
     assert (refused.allowed, none) == (False, None)
 
 
@@ -75,10 +82,10 @@ def test_an_alerts_transaction_is_one_pure_step_over_the_state_and_the_stores_ti
     """`state.alert_decided`, the step the store's door applies (`GateStore.transact`): the decision
     at the store's time, and a pod not checked yet commits nothing of the decision."""
     claim = Claim("replica-0/abc", 15.0)
-    committed, state = alert_decided(alert("a"), FLEET, POLICY, claim, True, None, GateState(), T0)
+    committed, state = alert_decided(alert("a"), FLEET, rule(alert("a")), claim, True, None, GateState(), T0)
     assert committed.decision.allowed and committed.now == T0 and committed.intent is not None
-    assert state == decided(alert("a"), FLEET, GateState(), POLICY, T0, claim)[2]
-    unchecked, kept = alert_decided(alert("a"), FLEET, POLICY, claim, False, None, GateState(), T0)
+    assert state == decided(alert("a"), FLEET, GateState(), rule(alert("a")), T0, claim)[2]
+    unchecked, kept = alert_decided(alert("a"), FLEET, rule(alert("a")), claim, False, None, GateState(), T0)
     assert unchecked.needs_identity and unchecked.intent is None and kept == GateState()
     # An unchanged state is nothing to write; a changed one is pruned by the store's rules, at its time.
     assert transition(lambda s, now: ("same", s), GateState(), T0, Pruning(3600.0)) == ("same", None)

@@ -29,6 +29,7 @@ not replace. A pod the remediator evicts comes back under a new name; its Deploy
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -87,7 +88,10 @@ __all__ = [
     "Held",
     "HeldAlert",
     "Plan",
+    "Read",
     "Reason",
+    "Rule",
+    "Ruled",
     "Step",
     "Subject",
     "TargetStatus",
@@ -107,6 +111,7 @@ __all__ = [
     "ladder_step",
     "managed_targets",
     "node_suspect",
+    "on_alert",
     "paged",
     "paused",
     "plan_of",
@@ -388,6 +393,31 @@ def effects_of(
                    workload=workload, step="page" if page else None, page=page, backoff_refused=backoff_refused,
                    hold=decision.reason if holds_anew(journal, alert, workload, decision.reason, now) else None,
                    unhold=decision.reason in UNHOLDING and target in journal.held)
+
+
+# The gate's answer for one alert: the decision and the state change it implies.
+Ruled = tuple[Decision, Effects]
+# What a transaction sends the gate: the exporter's view (None: it did not answer), the state it read,
+# and the store's time.
+Read = tuple[FleetView | None, GateState, float]
+# The ruling on each state a transaction reads (`on_alert`'s send): what `state.alert_decided` applies.
+Rule = Callable[[Read], Ruled | None]
+
+
+def on_alert(alert: AlertFacts, policy: GatePolicy, last: GateState) -> Generator[Ruled | None, Read, None]:
+    """The gate on one alert, in one frame from the webhook's look to the transaction's decision (the
+    shape of the exporter's read, verdict/plan.py): the loop starts it, the transaction resumes it.
+
+    First it yields the look, before any I/O and without a time: steps 1-3 on the state as last seen
+    (`precheck`), a refusal that changes nothing (most of a storm: `duplicate`), or None to go on to
+    the exporter and the transaction. Then, for each (fleet, state, now) the transaction sends (again
+    after a conflict, or once the API server confirmed the pod), it yields the ruling on it (`ruling`:
+    the whole gate, steps 1-10, on the state read)."""
+    refused = precheck(alert, last, policy)
+    read = yield (None if refused is None else (refused, Effects()))
+    while True:
+        fleet, state, now = read
+        read = yield ruling(alert, fleet, state, policy, now)
 
 
 def holds_anew(journal: GateState, alert: AlertFacts, workload: str, reason: Reason, now: float) -> bool:

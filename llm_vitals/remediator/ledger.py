@@ -38,7 +38,7 @@ from llm_vitals.logs import log_event
 
 from . import gate, gate_word, holds
 from .executors import ExecResult
-from .gate import Decision, GatePolicy, Plan
+from .gate import Decision, GatePolicy, Plan, Rule
 from .journal import Journal
 from .metrics import UNKNOWN_TARGET, RemediatorMetrics
 from .model import AlertFacts, Claim, FleetView, GateState, Intent, TargetStatus, workload_of
@@ -119,13 +119,14 @@ class Ledger:
     # -- an alert's decision ------------------------------------------------------------------
 
     async def decide(self, facts: AlertFacts, fleet: FleetView | None, status: TargetStatus | None,
-                     checked: bool) -> Committed:
-        """Decide the alert on the state read, commit the state its effects make, and write its row.
-        A restart of a pod not `checked` yet commits nothing: it asks for the identity check first."""
+                     checked: bool, rule: Rule) -> Committed:
+        """Decide the alert on the state read (`rule`: the gate on this alert, `gate.on_alert`), commit
+        the state its effects make, and write its row. A restart of a pod not `checked` yet commits
+        nothing: it asks for the identity check first."""
         claim = Claim(f"{self.identity}/{uuid.uuid4().hex[:12]}", self.claim_margin if self.store.claims_expire else None)
         # This process's own claims as they are when the step runs (a conflict steps again, later).
         own = None if self.store.claims_expire else OwnClaims(self.running, self.unreleased)
-        step = partial(alert_decided, facts, fleet, self.policy, claim, checked, own)
+        step = partial(alert_decided, facts, fleet, rule, claim, checked, own)
         try:
             committed = self._found(await self.store.transact(step))
         except Ambiguous as exc:

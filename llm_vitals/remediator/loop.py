@@ -1,16 +1,19 @@
 """The gate loop, one alert at a time: decide once, commit once with its journal row, then carry out.
 
 For one alert, each module entered once:
-  1. steps 1-3 of the gate on the store's last state, without I/O and without a time (`gate.precheck`:
-     most of a storm ends here as `duplicate`, its row written by the ledger; the one alert whose
-     restart holds the claim goes on, for the transaction to tell whether its claim lapsed); every
-     time is the store's (`GateStore.now`: replicas judge by the API server's clock);
+  1. the gate on this alert is started (`gate.on_alert`: one frame from its look to its decision,
+     the shape of the exporter's read). Its look: steps 1-3 on the store's last state, without I/O
+     and without a time (`gate.precheck`). Most of a storm ends here as `duplicate`, its row written
+     by the ledger; the one alert whose restart holds the claim goes on, for the transaction to tell
+     whether its claim lapsed. Every time is the store's (`GateStore.now`: replicas judge by the API
+     server's clock);
   2. re-check through the exporter, or every exporter shard at once (`exporter_client`);
   3. under this replica's decision lock, the ledger's one transaction through the store's door
      (`GateStore.transact`): the state and the store's time read once, the decision on them
-     (`state.alert_decided`: the pure gate, its effects and, for a restart, the claim), the state it
-     makes committed at the version read (a conflict reads again and decides again), then its
-     journal row (ledger.py): a refusal queued, a restart's row committed before it runs;
+     (`state.alert_decided`: the gate of step 1 resumed on them, the state its effects make and, for
+     a restart, the claim), committed at the version read (a conflict reads again and the gate
+     rules again), then its journal row (ledger.py): a refusal queued, a restart's row committed
+     before it runs;
   3b. a restart of a pod the exporter names commits nothing yet: the pod is read from the API
      server (identity.py: its UID, IP and node must match, its workload is read from its owners),
      and step 3 runs again on what the API server says, or the alert is refused `identity_mismatch`
@@ -69,12 +72,14 @@ class GateLoop:
         """Decide one alert, commit and journal the decision, and carry it out."""
         if self.ledger.unresolved:  # restart intents whose commit's outcome is unknown: re-read first
             await self.ledger.resolve()
-        # Steps 1-3 of the gate on the state as last seen, without I/O: most of a storm ends here as
+        # The gate on this alert, one frame from its look to the transaction's decision (gate.on_alert).
+        # Its look, steps 1-3 on the state as last seen without I/O: most of a storm ends here as
         # `duplicate`, its row written by the ledger. The pause is not checked here: a paused refusal
         # holds the target (GateState.held), which is committed with the decision.
-        refused = gate.precheck(facts, self.store.last, self.policy)
-        if refused is not None:
-            return (await self.ledger.refused(facts, refused, None)).decision
+        gate_on_alert = gate.on_alert(facts, self.policy, self.store.last)
+        looked = next(gate_on_alert)
+        if looked is not None:
+            return (await self.ledger.refused(facts, looked[0], None)).decision
         fleet = await self.exporter.fleet()
         status = fleet.targets.get(facts.target or "") if fleet is not None else None
         # A pod the exporter names is acted on only as the API server says it is (identity.py): the
@@ -82,7 +87,7 @@ class GateLoop:
         checked = not (identity.names_a_pod(status) and self._checks(facts.target or ""))
         while True:
             async with self._decision_lock:
-                committed = await self.ledger.decide(facts, fleet, status, checked)
+                committed = await self.ledger.decide(facts, fleet, status, checked, gate_on_alert.send)
                 if not committed.needs_identity:
                     self.actor.carry_out(facts, committed, status)
                     return committed.decision

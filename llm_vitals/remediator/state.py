@@ -13,8 +13,7 @@ from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from . import gate
-from .gate import Decision, Effects, GatePolicy, Plan
+from .gate import Decision, Effects, Plan, Rule
 from .model import AlertFacts, Claim, FleetView, GateState, HeldAlert, Intent, Undo
 
 # Alert keys older than this are dropped from the Lease's state.
@@ -83,7 +82,7 @@ class OwnClaims:
     unreleased: Mapping[str, str | None]
 
 
-def alert_decided(alert: AlertFacts, fleet: FleetView | None, policy: GatePolicy, claim: Claim, checked: bool,
+def alert_decided(alert: AlertFacts, fleet: FleetView | None, rule: Rule, claim: Claim, checked: bool,
                   own: OwnClaims | None, state: GateState, now: float) -> tuple[Committed, GateState]:
     """An alert's transaction (ledger.Ledger.decide): a claim no restart of this process runs ended
     (`own`: one replica; None where claims expire), then the decision (`decided`). A restart or a dry
@@ -91,7 +90,7 @@ def alert_decided(alert: AlertFacts, fleet: FleetView | None, policy: GatePolicy
     holder = state.in_progress_by
     orphaned = own is not None and holder is not None and holder not in own.running
     state = orphan_ended(state, own)
-    decision, intent, new = decided(alert, fleet, state, policy, now, claim)
+    decision, intent, new = decided(alert, fleet, state, rule, now, claim)
     # A dry run runs every check a live run does, the identity included: its "would restart" is then true.
     if (decision.allowed or decision.reason == "dry_run") and not checked:
         return Committed(decision, now, needs_identity=True, found=holder, orphaned=orphaned), state
@@ -118,12 +117,15 @@ def restart_ended(holder: str, ran: str | None, node: str | None, state: GateSta
     return None, finished(node_cordoned(state, node) if node is not None else state, holder, ran)
 
 
-def decided(alert: AlertFacts, fleet: FleetView | None, state: GateState, policy: GatePolicy, now: float,
+def decided(alert: AlertFacts, fleet: FleetView | None, state: GateState, rule: Rule, now: float,
             claim: Claim) -> tuple[Decision, Intent | None, GateState]:
     """The gate's decision on `state` (a claim past its expiry ended first), the claim an allowed one
-    takes, and the state its effects make: the one pure step an alert's commit applies (ledger.py)."""
+    takes, and the state its effects make: the one pure step an alert's commit applies (ledger.py).
+    `rule`: the gate on this alert (`gate.on_alert`, resumed), which rules on the state sent."""
     state = claim_lapsed(state, now)
-    decision, effects = gate.ruling(alert, fleet, state, policy, now)
+    ruled = rule((fleet, state, now))
+    assert ruled is not None, "only the gate's look answers None"
+    decision, effects = ruled
     intent = claim_of(claim, decision.plan, now, state) if decision.allowed and decision.plan is not None else None
     return decision, intent, with_effects(state, effects, alert, now, intent)
 
