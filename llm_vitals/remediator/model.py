@@ -1,8 +1,8 @@
 """The remediator's data: what the gate reads (an alert, the exporter's view of the fleet), the state
 it keeps (`GateState`) and a restart's claim on it (`Intent`). Plain frozen data, no logic beyond
-naming and reading a status's group once (`group_of`): what the gate decides (`Decision` in gate.py, its `Plan` in plan.py, the `Reason` in
-reasons.py) is the gate's; how the state changes is state.py's, how it is stored state_codec.py's
-and store/'s.
+naming and reading a status's group once (`group_of`): what the gate decides (`Decision` in gate.py,
+its `Plan` in plan.py, the `Reason` in reasons.py) is the gate's; how the state changes is state.py's,
+how it is stored state_codec.py's and store/'s.
 """
 
 from __future__ import annotations

@@ -134,8 +134,7 @@ class Remediator:
                 entry.update(decision="error", reason="internal_error", detail=type(exc).__name__)
                 retry_safe_failure = True
             else:
-                entry.update(decision=decision.word, reason=decision.reason,
-                             detail=decision.detail)
+                entry.update(decision=decision.word, reason=decision.reason, detail=decision.detail)
                 started |= decision.allowed
                 retry_safe_failure |= decision.reason in RETRY_SAFE_REASONS
             outcome.decisions.append(entry)
