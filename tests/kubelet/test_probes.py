@@ -47,6 +47,7 @@ from .workloads import SERVER, SHIM_STUCK_AFTER, Workload, find, llama_server, s
 
 LOAD_SECONDS = 90  # drill 1: the simulated weight load
 SATURATION_SECONDS = 180  # drill 2
+KILL_EVENT_SLACK_S = 1.0  # drill 5: how long before the daemon's SIGKILL event a `down` view may be the kill read
 WORKLOADS = {
     "long-load": Workload("vllm-load", 8010, 9510, simulator(8010, load_seconds=LOAD_SECONDS)),
     "saturation": Workload("vllm-busy", 8020, 9520, simulator(8020)),
@@ -301,11 +302,17 @@ def drill_frozen_whole(tier: Tier) -> dict[str, Any]:
     frozen, restarted = _in_loop(body)
     record = _hang_record(tier, w, pod.name, pod.node, applied, frozen, restarted, shim_id, views)
     stuck_reasons = sorted({v["reason"] for _, v in views if v["state"] == "stuck"})
-    kills = [(round(float(e["timeNano"]) / 1e9 - frozen, 1), e["Actor"]["Attributes"].get("signal"))
-             for e in tier.docker_events(pod.node, server_id, frozen - 1) if e.get("Action") == "kill"]
-    sigkill = next((frozen + t for t, sig in kills if sig == "9"), restarted)
+    signals = [(float(e["timeNano"]) / 1e9, e["Actor"]["Attributes"].get("signal"))
+               for e in tier.docker_events(pod.node, server_id, frozen - 1) if e.get("Action") == "kill"]
+    kills = [(round(t - frozen, 1), sig) for t, sig in signals]
+    sigkill = next((t for t, sig in signals if sig == "9"), restarted)
     # `down` before the SIGKILL would be a frozen server read as gone, which liveness never acts on.
-    down_before_kill = [(round(t - frozen, 1), v["reason"]) for t, v in views if v["state"] == "down" and t < sigkill]
+    # The daemon logs its kill event after it sends the signal, and a view's time is when the shim's
+    # answer came back, so a view within KILL_EVENT_SLACK_S of the event may already be the kill read
+    # (CI once saw `refused` 0.0 s before the event, timed to the tenth). The freeze it guards against
+    # lasted minutes before the SIGKILL.
+    down_before_kill = [(round(t - frozen, 1), v["reason"]) for t, v in views
+                        if v["state"] == "down" and t < sigkill - KILL_EVENT_SLACK_S]
     record |= {"stuck_reasons": stuck_reasons, "down_before_kill": down_before_kill, "server_kills": kills}
     record |= _after_restart(tier, w, pod.name, pod.node, frozen)
     record["endpoints"] = endpoints_story(tier, pod.name, applied)
