@@ -15,6 +15,7 @@ import functools
 import importlib
 import re
 import statistics
+import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
@@ -428,7 +429,13 @@ def _read_in_processes(source_factory: Callable[[], Source], window: Window, opt
     # More groups than processes, each process taking the next group as it finishes one: a group of
     # busy servers (every read judged) and one of idle ones (most reads steady) end together.
     count = min(len(names), jobs * GROUPS_PER_JOB)
-    groups = [{name: targets[name] for name in names[i::count]} for i in range(count)]
+    # Dealt in the order of the names' CRC-32 (the same in every run), not by name: names run in
+    # patterns (a workload's replicas side by side, every other one busy), and a stride over sorted
+    # names gathered like with like. The bench's fleet, busy and half-idle targets alternating, made
+    # four groups of busy servers, the last of which ran alone: the week's wall was 1.14x its CPU per
+    # core (93.7-112.4 s), 1.02x dealt this way (83.4-89.8 s).
+    dealt = sorted(names, key=lambda name: (zlib.crc32(name.encode()), name))
+    groups = [{name: targets[name] for name in dealt[i::count]} for i in range(count)]
     quiet = replace(options, progress=None, source_factory=None)
     merged = HistoryRead({})
     notes: dict[tuple[float | None, str], Note] = {}
