@@ -309,7 +309,7 @@ def drill_frozen_whole(tier: Tier) -> dict[str, Any]:
     # `down` before the SIGKILL would be a frozen server read as gone, which liveness never acts on.
     # The daemon logs its kill event after it sends the signal, and a view's time is when the shim's
     # answer came back, so a view within KILL_EVENT_SLACK_S of the event may already be the kill read
-    # (CI once saw `refused` 0.0 s before the event, timed to the tenth). The freeze it guards against
+    # (CI once saw a `refused` view in the same tenth of a second as the event). The freeze it guards against
     # lasted minutes before the SIGKILL.
     down_before_kill = [(round(t - frozen, 1), v["reason"]) for t, v in views
                         if v["state"] == "down" and t < sigkill - KILL_EVENT_SLACK_S]
