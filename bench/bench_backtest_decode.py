@@ -12,7 +12,7 @@ Reported: the client's CPU per sample, per target-read (every series the backtes
 target, at one scrape), and what that makes for a week at 15 s of 200 targets, against the 120 CPU
 seconds that a minute's wall on two cores holds (issue 41's target).
 
-    .venv/bin/python bench/bench_backtest_decode.py [--rounds 3]
+    .venv/bin/python bench/bench_backtest_decode.py [--rounds 3] [--runs 3]
 """
 
 from __future__ import annotations
@@ -46,12 +46,12 @@ _NAME = re.compile(r'__name__="([^"]*)"')
 
 
 def _go_float(value: float) -> str:
-    """A value as Prometheus writes it (Go's strconv.FormatFloat(v, 'f', -1, 64)), e.g. 1500 and 0.5."""
+    """A value as Prometheus writes it (Go's strconv.FormatFloat(v, 'f', -1, 64): the shortest digits), e.g. 1500 and 0.5."""
     if value != value:
         return "NaN"
     if value in (float("inf"), float("-inf")):
         return "+Inf" if value > 0 else "-Inf"
-    return format(value, ".17g") if not value.is_integer() else str(int(value))
+    return str(int(value)) if value.is_integer() else repr(value)
 
 
 def answers(names: list[str]) -> dict[str, bytes]:
