@@ -35,13 +35,14 @@ from bench_backtest import T0, FleetHistory, SyntheticSource, _range  # noqa: E4
 from loopback import free_port, wait_http  # noqa: E402
 
 from llm_vitals.backtest.prometheus import CHUNK_POINTS, Prometheus, name_selector  # noqa: E402
-from llm_vitals.backtest.run import families  # noqa: E402
+from llm_vitals.backtest.run import GROUPS_PER_JOB, families  # noqa: E402
 from llm_vitals.exporter.engines.table import ENGINES  # noqa: E402
 
 STEP = 15.0
-GROUP = 25  # targets per answer: a group of bench_backtest's 200 targets on 2 jobs (run.GROUPS_PER_JOB 4)
-WEEK_READS = 200 * 7 * 86400 // int(STEP)
-BUDGET_CPU_S = 120.0  # a minute's wall on two cores
+TARGETS, JOBS = 200, 2  # bench_backtest's week
+GROUP = TARGETS // (JOBS * GROUPS_PER_JOB)  # targets per answer: one of the groups `--jobs 2` reads
+WEEK_READS = TARGETS * 7 * 86400 // int(STEP)
+BUDGET_CPU_S = 60.0 * JOBS  # a minute's wall on the two cores
 _NAME = re.compile(r'__name__="([^"]*)"')
 
 
@@ -119,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         server.kill()
     week = [WEEK_READS * cost for cost in per_read]
     print(f"reading Prometheus's answers (the backtest's client, loopback): "
-          f"{_range([cost * 1e6 for cost in per_read], '.1f')} us per target-read; a week at {STEP:g}s of 200 targets "
+          f"{_range([cost * 1e6 for cost in per_read], '.1f')} us per target-read; a week at {STEP:g}s of {TARGETS} targets "
           f"({WEEK_READS:,} target-reads): {_range(week, '.0f')} CPU s for the answers alone, of the "
-          f"{BUDGET_CPU_S:g} CPU s a minute on two cores holds")
+          f"{BUDGET_CPU_S:g} CPU s a minute on {JOBS} cores holds")
     return 0
 
 
