@@ -79,7 +79,7 @@ def controllers(control_plane: ControlPlane) -> Iterator[ControlPlane]:
 
 
 async def journal(replicas: list[Replica]) -> list[dict[str, Any]]:
-    """Every replica's journal, oldest first."""
+    """Every replica's journal, oldest first by each row's time (two replicas' clocks agree within a second)."""
     rows = [row for r in replicas for row in await r.actions()]
     return sorted(rows, key=lambda row: row["time"])
 
@@ -409,11 +409,15 @@ async def test_the_ladder_restarts_then_cordons_and_moves_then_pages_and_a_faile
     assert set(shared_state(cp, namespace)["ladder"]) == {workload, other, f"StatefulSet/{namespace}/neighbour",
                                                          f"StatefulSet/{namespace}/neighbour2"}
 
-    # Every step journaled with its outcome.
+    # Every step journaled with its outcome, once. Not in the order of the rows' times: each replica times
+    # its rows by its own clock corrected by the API server's whole-second Date headers (store/lease.py),
+    # so two replicas' rows under a second apart may sort either way (a cold CI run sorted vllm-2's row, of
+    # replica b, before vllm-1's, of replica a, 0.65 s earlier). The steps' order is what the answers above assert.
     steps = [(r["target"].split("/")[1], r["reason"], r["result"]) for r in rows if r["decision"] != "resolved"]
-    assert steps == [("neighbour-0", "allowed", "ok"), ("vllm-1", "allowed", "ok"), ("vllm-2", "cordon_and_move", "ok"),
-                     ("vllm-3", "escalated_to_human", None), ("neighbour-1", "allowed", "ok"), ("sglang-0", "allowed", "ok"),
-                     ("sglang-1", "cordon_and_move", "error")], steps
+    assert sorted(steps, key=str) == sorted([
+        ("neighbour-0", "allowed", "ok"), ("vllm-1", "allowed", "ok"), ("vllm-2", "cordon_and_move", "ok"),
+        ("vllm-3", "escalated_to_human", None), ("neighbour-1", "allowed", "ok"), ("sglang-0", "allowed", "ok"),
+        ("sglang-1", "cordon_and_move", "error")], key=str), steps
     escalated = events(cp, namespace, "LLMVitalsEscalated")
     assert [e["involvedObject"]["name"] for e in escalated] == ["vllm-3"]
 
